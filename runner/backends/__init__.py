@@ -1,0 +1,48 @@
+"""Backends: compiling (source → artifact, no device needed) is kept apart
+from running (artifact → a callable in the worker).
+
+`get(name)` returns the backend module, which provides:
+- `compile(source, entry, options, hw) -> Compiled` (runs in the runner);
+- `Runtime()` (runs in the worker): `load(artifact, entry, args)`, `sync()`,
+  `timer`, `flush()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Compiled:
+    ok: bool
+    artifact: str | None  # path of the binary
+    log: str
+    seconds: float
+    cached: bool = False
+    resources: dict = field(default_factory=dict)  # registers, spills, stack ... where known
+    status: str = "ok"  # ok | compile_error | pruned
+    reason: str = ""
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("PIPE_CACHE_DIR") or Path.home() / ".cache" / "pipe")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def artifact_key(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def get(name: str):
+    if name == "cpu":
+        from . import cpu
+        return cpu
+    raise KeyError(f"backend '{name}' is not available in this version of pipe")

@@ -1,0 +1,226 @@
+"""pipe's command line.
+
+    pipe run SPEC [--run-dir DIR] [--max-trials N] [--minutes M]
+    pipe validate SPEC...
+    pipe render SPEC --set NAME=VALUE... [--shape I]
+    pipe runs [--root DIR]
+    pipe show RUN [--json]
+
+Exit codes: 0 goal met (or command succeeded), 1 budget spent without
+meeting the goal (the best is still saved), 2 invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import PipeError, SpecError
+
+EXIT_OK, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
+
+
+def _load(path: str):
+    from .spec import load_spec
+
+    return load_spec(path)
+
+
+def cmd_validate(a) -> int:
+    bad = 0
+    for p in a.specs:
+        try:
+            s = _load(p)
+            print(f"{p}: ok ({s.name}: {len(s.op.shapes)} shapes, {len(s.space.params)} parameters, "
+                  f"space of {s.space.size} before constraints)")
+        except SpecError as e:
+            bad += 1
+            print(str(e), file=sys.stderr)
+    return EXIT_INPUT if bad else EXIT_OK
+
+
+def _parse_value(text: str):
+    from . import yamlsrc
+
+    try:
+        return yamlsrc.load(f"v: {text}\n", "--set").data["v"]
+    except SpecError:
+        return text
+
+
+def cmd_render(a) -> int:
+    from . import render as rmod
+    from .spec import Spec
+
+    spec: Spec = _load(a.spec)
+    params = dict(spec.start or {})
+    for item in a.set or []:
+        name, eq, value = item.partition("=")
+        if not eq:
+            print(f"--set {item}: expected NAME=VALUE", file=sys.stderr)
+            return EXIT_INPUT
+        params[name.strip()] = _parse_value(value.strip())
+    why = spec.space.contains(params)
+    if why:
+        print(f"{a.spec}: these parameters are not a point of the space: {why}", file=sys.stderr)
+        return EXIT_INPUT
+    if not 0 <= a.shape < len(spec.op.shapes):
+        print(f"--shape {a.shape}: the spec has shapes 0 to {len(spec.op.shapes) - 1}", file=sys.stderr)
+        return EXIT_INPUT
+    ctx = {**params, **spec.op.shapes[a.shape], "dtype": spec.op.dtype,
+           "ctype": rmod.CTYPES[spec.kernel.backend][spec.op.dtype]}
+    try:
+        sys.stdout.write(rmod.render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name))
+    except rmod.RenderError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_INPUT
+    return EXIT_OK
+
+
+def cmd_run(a) -> int:
+    from . import hw, loop
+    from .progress import Reporter
+
+    spec = _load(a.spec)
+    if not a.no_hw_check:
+        hw.check_present_device(spec.hw)
+    run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
+    total = a.max_trials or spec.goal.trials
+    out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet))
+    b = out.best
+    if b is not None:
+        from .progress import fmt_params, fmt_time
+
+        print(f"{out.stop}: {out.trials} trials; best #{b.id} {fmt_params(b.params)} "
+              f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
+              + f"; run folder {run_dir}")
+    else:
+        print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
+    return out.exit_code
+
+
+def _summary(run_dir: Path) -> dict:
+    from .errors import RunDirError
+    from .ledger import Ledger
+    from .loop import summarize
+
+    led = Ledger.read(run_dir)
+    try:
+        hist = led.trials()
+        status = "unknown"
+        rj = run_dir / "run.json"
+        if rj.is_file():
+            try:
+                status = json.loads(rj.read_text()).get("status", status)
+            except json.JSONDecodeError:
+                pass
+        return summarize(led.get_meta("spec_name"), led.get_meta("spec_path"), led.get_meta("spec_hash"),
+                         led, hist, status, None, None)
+    except Exception as e:  # a damaged ledger is bad input here, not a crash
+        raise RunDirError(f"{run_dir}: cannot read the ledger: {e}") from None
+    finally:
+        led.close()
+
+
+def cmd_runs(a) -> int:
+    root = Path(a.root)
+    dirs = sorted(p.parent for p in root.glob("**/ledger.db")) if root.is_dir() else []
+    if not dirs:
+        print(f"no run folders under {root}/")
+        return EXIT_OK
+    print(f"{'run folder':<40} {'status':<28} {'trials':>6}  best")
+    for d in dirs:
+        try:
+            s = _summary(d)
+        except PipeError as e:
+            print(f"{str(d):<40} unreadable: {e}")
+            continue
+        b = s["best"]
+        best = f"#{b['trial']} {b['objective_s'] * 1e6:.2f} us {json.dumps(b['params'])}" if b else "-"
+        print(f"{str(d):<40} {str(s['status'])[:28]:<28} {s['trials']:>6}  {best}")
+    return EXIT_OK
+
+
+def cmd_show(a) -> int:
+    s = _summary(Path(a.run))
+    if a.json:
+        print(json.dumps(s, indent=2, default=str))
+        return EXIT_OK
+    print(f"run {a.run}: spec {s['spec']} ({s['spec_path']}), status {s['status']}")
+    print(f"trials: {s['trials']}  " + "  ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())))
+    if s["baseline"]:
+        print("baseline (" + s["baseline"]["mode"] + "): " + ", ".join(f"{t * 1e6:.2f} us" for t in s["baseline"]["times"]))
+    b = s["best"]
+    if b:
+        print(f"best: trial #{b['trial']} {json.dumps(b['params'])}")
+        print(f"  geometric-mean time {b['objective_s'] * 1e6:.3f} us" +
+              (f", metric {b['metric']:.4g}" if b["metric"] is not None else ""))
+        for i, d in enumerate(b.get("shapes") or []):
+            line = f"  shape {i}: {d['time_s'] * 1e6:.3f} us, {d['bytes_per_s'] / 1e9:.1f} GB/s, " \
+                   f"{d['limit_fraction']:.3f} of the limit"
+            if "speedup" in d:
+                line += f", {d['speedup']:.2f}x the baseline"
+            print(line)
+    if s["first_ok"] and b:
+        print(f"first correct trial: #{s['first_ok']['trial']} {s['first_ok']['objective_s'] * 1e6:.3f} us "
+              f"-> best {b['objective_s'] * 1e6:.3f} us ({s['first_ok']['objective_s'] / b['objective_s']:.2f}x)")
+    print("ledger chain: " + ("intact" if s["ledger_intact"] else "BROKEN (rows were edited or removed)"))
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipe", description="Autoresearch for GPU kernels, driven by a YAML spec.")
+    p.add_argument("--version", action="version", version=f"pipe {__version__}")
+    p.add_argument("--log-json", action="store_true", help="logs as JSON lines on stderr")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logs (one event per trial)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the autoresearch loop (the same --run-dir again resumes)")
+    r.add_argument("spec")
+    r.add_argument("--run-dir", help="run folder (default runs/<spec name>)")
+    r.add_argument("--max-trials", type=int, help="trial budget, overriding the spec's")
+    r.add_argument("--minutes", type=float, help="time budget, overriding the spec's")
+    r.add_argument("--no-hw-check", action="store_true", help="run even if the GPU does not match the profile")
+    r.add_argument("-q", "--quiet", action="store_true", help="no per-trial lines")
+    r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("validate", help="check specs; errors as file:line:col")
+    v.add_argument("specs", nargs="+")
+    v.set_defaults(fn=cmd_validate)
+    x = sub.add_parser("render", help="print the kernel source for a parameter fill")
+    x.add_argument("spec")
+    x.add_argument("--set", action="append", metavar="NAME=VALUE", help="a parameter (default: the spec's start)")
+    x.add_argument("--shape", type=int, default=0, help="index of the shape to render for")
+    x.set_defaults(fn=cmd_render)
+    rs = sub.add_parser("runs", help="list run folders with status and best")
+    rs.add_argument("--root", default="runs")
+    rs.set_defaults(fn=cmd_runs)
+    s = sub.add_parser("show", help="a run's summary")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import log
+
+    p = parser()
+    a = p.parse_args(argv)
+    log.configure(json_logs=a.log_json, verbose=a.verbose)
+    try:
+        return a.fn(a)
+    except SpecError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_INPUT
+    except PipeError as e:
+        print(f"pipe: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("pipe: interrupted; every finished trial is in the ledger (run again to resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""From per-shape times to figures: the physical floor, fractions of the
+limit, speedups, the goal's metric and the search objective.
+
+floor(shape) = max(bytes / measured bandwidth, flops / peak rate of the dtype)
+A time below floor * (1 - profile slack) is physically impossible: the kernel
+skipped work or the timing was fooled, and the trial is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+
+def floors(spec) -> list[dict]:
+    out = []
+    hw, op = spec.hw, spec.op
+    peak = hw.peak_flops(op.dtype)
+    for shape in op.shapes:
+        env = op.shape_env(shape)
+        nbytes = float(op.bytes(env))
+        flops = float(op.flops(env)) if op.flops is not None else None
+        t_bw = nbytes / hw.bandwidth
+        t_fl = flops / peak if (flops and peak) else 0.0
+        out.append({"bytes": nbytes, "flops": flops, "t_bw": t_bw, "t_flops": t_fl, "floor": max(t_bw, t_fl)})
+    return out
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def per_shape(spec, times: Sequence[float], baseline: Sequence[float] | None) -> list[dict]:
+    out = []
+    for i, (t, f) in enumerate(zip(times, floors(spec))):
+        d = {"time_s": t, "floor_s": f["floor"], "bytes_per_s": f["bytes"] / t,
+             "bandwidth_fraction": f["t_bw"] / t, "limit_fraction": f["floor"] / t,
+             "flops_fraction": (f["t_flops"] / t) if f["t_flops"] else None}
+        if baseline:
+            d["baseline_s"] = baseline[i]
+            d["speedup"] = baseline[i] / t
+        out.append(d)
+    return out
+
+
+def impossible(spec, shapes: list[dict]) -> str | None:
+    slack = spec.hw.limit_slack
+    for i, d in enumerate(shapes):
+        if d["time_s"] < d["floor_s"] * (1 - slack):
+            return (f"shape {i}: {d['time_s'] * 1e6:.3f} us is below the physical floor "
+                    f"{d['floor_s'] * 1e6:.3f} us ({d['limit_fraction']:.2f}x the {spec.hw.name} limit)")
+    return None
+
+
+def metric(spec, shapes: list[dict]) -> float | None:
+    """The goal's metric over all shapes: the worst shape counts."""
+    m = spec.goal.metric or ("speedup" if shapes and "speedup" in shapes[0] else None)
+    if m is None:
+        return None
+    if m == "time_us":
+        return max(d["time_s"] for d in shapes) * 1e6
+    vals = [d.get(m) for d in shapes]
+    if any(v is None for v in vals):
+        return None
+    return min(vals)

@@ -1,0 +1,135 @@
+"""Forbidden actions: checked on the parameters, the rendered source and the
+compile options before anything runs.
+
+A spec's `forbidden` list holds three kinds of entries:
+- a named action (below): source patterns and compile options per backend,
+  plus runtime rules that the judge enforces (documented in `judge_enforced`);
+- `{pattern: REGEX, reason: ...}`: a custom source pattern;
+- `{rule: EXPR, reason: ...}`: a safe expression over the parameters that
+  must be false.
+Comments are stripped before patterns are matched, so prose about cuBLAS in a
+comment is harmless while a call is not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .expr import Expr
+
+_FAST_MATH_OPTS = (r"^-ffast-math$", r"^-Ofast$", r"^-funsafe-math-optimizations$",
+                   r"^-fassociative-math$", r"^-freciprocal-math$", r"^-ffinite-math-only$",
+                   r"^-?-use_fast_math$", r"^--ftz=true$", r"^--prec-div=false$",
+                   r"^--prec-sqrt=false$", r"^--fmad=true$")
+
+
+@dataclass(frozen=True)
+class Named:
+    description: str
+    source: Mapping[str, tuple[str, ...]]  # backend -> regexes over the comment-free source
+    options: tuple[str, ...] = ()  # regexes over each compile option
+    judge_enforced: str = ""  # what the judge checks at run time for this action
+
+
+NAMED: dict[str, Named] = {
+    "fast_math": Named(
+        "approximate math: fast-math flags, optimize pragmas, CUDA's intrinsic approximations",
+        {"cpu": (r"#\s*pragma\s+GCC\s+optimize", r"__attribute__\s*\(\(\s*optimize",
+                 r"#\s*pragma\s+(clang\s+)?fp\s+"),
+         "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef)\s*\(",
+                  r"#\s*pragma\s+nv_fast_math")},
+        _FAST_MATH_OPTS),
+    "lower_precision": Named(
+        "arithmetic in a narrower type than the op's declared math (half/bf16 math, TF32)",
+        {"cpu": (r"\b_Float16\b", r"\b__bf16\b"),
+         "cuda": (r"\b__h(add|sub|mul|fma|div|max|min)2?(_rn|_sat|_relu)?\s*\(", r"\bh2?(exp|log|sqrt|rsqrt|rcp)2?\s*\(",
+                  r"\bwmma::precision::tf32\b", r"\.tf32\b")},
+        judge_enforced="TF32 and reduced-precision reductions are switched off and checked after each trial"),
+    "library_calls": Named(
+        "calling a library (BLAS, cuDNN, CUTLASS, torch) or the system instead of the kernel's own code",
+        {"cpu": (r"\bcblas_", r"\bmkl_", r"\bdlopen\s*\(", r"\bdlsym\s*\(", r"\bsystem\s*\(", r"\bpopen\s*\(",
+                 r"\bexec[lv]p?e?\s*\(", r"#\s*include\s*[<\"](cblas|mkl|torch|ATen|dlfcn)"),
+         "cuda": (r"\bcublas", r"\bcudnn", r"\bcutlass::", r"\bcute::", r"\bthrust::", r"\bcub::Device",
+                  r"#\s*include\s*[<\"](cublas|cudnn|cutlass|cute|thrust|torch|ATen)")}),
+    "side_streams": Named(
+        "work on another stream or left running after the call returns",
+        {"cpu": (r"\.detach\s*\(", r"\bstd::async\b", r"\bpthread_detach\b"),
+         "cuda": (r"\bcudaStream(Create|BeginCapture)", r"\bcudaLaunch", r"\bcudaGraph", r"<<<",
+                  r"\bcudaMemcpy\w*Async")},
+        judge_enforced="a device-wide synchronize before the end event; event time checked against wall time"),
+    "host_sync": Named(
+        "synchronizing with the host from kernel code",
+        {"cpu": (), "cuda": (r"\bcuda(Device|Stream|Event)Synchronize\b",)}),
+    "disable_cuda_graphs": Named(
+        "running outside the spec's runtime mode (CUDA graph replay)",
+        {"cpu": (), "cuda": (r"\bcudaStream(IsCapturing|GetCaptureInfo)", r"\bcudaThreadExchangeStreamCaptureMode")},
+        judge_enforced="the runtime mode is set by the runner from the spec, never by a candidate"),
+    "shrink_workload": Named(
+        "doing less than the whole workload (fewer rows, shorter rows, tuned shapes only)",
+        {"cpu": (), "cuda": ()},
+        judge_enforced="the runner makes the inputs for every spec shape plus extra shapes and checks every output element"),
+    "spills": Named(
+        "register spills to local memory",
+        {"cpu": (), "cuda": ()},
+        judge_enforced="configurations whose compile report shows spill stores are pruned"),
+}
+
+
+@dataclass(frozen=True)
+class Pattern:
+    regex: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    expr: Expr
+    reason: str
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.reason}"
+
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def strip_comments(source: str) -> str:
+    return _COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n"), source)
+
+
+def check_params(params: Mapping[str, Any], rules: Sequence[Rule],
+                 symbols: Mapping[str, Any]) -> Violation | None:
+    for r in rules:
+        if r.expr({**symbols, **params}):
+            return Violation(f"rule '{r.expr.text}'", r.reason)
+    return None
+
+
+def check_source(source: str, options: Sequence[str], backend: str, named: Sequence[str],
+                 patterns: Sequence[Pattern]) -> Violation | None:
+    code = strip_comments(source)
+    for name in named:
+        n = NAMED[name]
+        for rx in n.source.get(backend, ()):
+            m = re.search(rx, code)
+            if m:
+                line = code.count("\n", 0, m.start()) + 1
+                return Violation(name, f"{n.description}: '{m.group(0).strip()}' at line {line}")
+        for opt in options:
+            for rx in n.options:
+                if re.search(rx, opt):
+                    return Violation(name, f"{n.description}: compile option '{opt}'")
+    for p in patterns:
+        m = re.search(p.regex, code)
+        if m:
+            line = code.count("\n", 0, m.start()) + 1
+            return Violation(f"pattern '{p.regex}'", f"{p.reason} ('{m.group(0).strip()}' at line {line})")
+    return None

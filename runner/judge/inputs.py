@@ -1,0 +1,44 @@
+"""Fresh, seeded inputs from several distributions; never zeros."""
+
+from __future__ import annotations
+
+import torch
+
+TORCH_DTYPES = {
+    "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64,
+    "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+
+def shape_of(t, env: dict) -> tuple[int, ...]:
+    return tuple(int(d(env)) for d in t.shape)
+
+
+def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
+    dtype = TORCH_DTYPES[t.dtype]
+    shape = shape_of(t, env)
+    if dist == "randint":
+        lo, hi = int(t.low(env)), int(t.high(env))
+        return torch.randint(lo, hi, shape, generator=gen, device=device, dtype=torch.int64).to(dtype)
+    if dist == "uniform":  # [-1, 1) pushed away from zero
+        x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
+        x = torch.where(x.abs() < 1e-3, torch.full_like(x, 0.5), x)
+    elif dist == "positive":
+        x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) + 0.5
+    elif dist == "large":
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 30
+    elif dist == "outliers":  # mostly normal, 0.1% of values 50x larger
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        mask = torch.rand(shape, generator=gen, device=device) < 1e-3
+        x = torch.where(mask, x * 50, x)
+    else:  # normal
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    return x.to(dtype)
+
+
+def make_inputs(op, shape: dict, seed: int, round_: int, device: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    env = op.shape_env(shape)
+    return {t.name: make_tensor(t, env, t.dists[round_ % len(t.dists)], gen, device) for t in op.inputs}

@@ -1,0 +1,72 @@
+"""Timing: warm up, repeat to a time budget, median and spread.
+
+`bench` times each call on its own with the backend's timer (wall clock on
+the CPU, events on a GPU), after an optional cache flush, so one slow call
+cannot hide in an average. A caller-chosen repetition can be wrapped by
+`around` (to poison the output before it and check it after it: the timed
+calls are the same code path as the checked ones).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float  # seconds
+    spread: float  # interquartile range over the median
+    n: int
+    min: float
+
+    def as_dict(self) -> dict:
+        return {"median": self.median, "spread": self.spread, "n": self.n, "min": self.min}
+
+
+def stats(times: Sequence[float]) -> Stats:
+    ts = sorted(times)
+    med = statistics.median(ts)
+    if len(ts) >= 4:
+        q = statistics.quantiles(ts, n=4)
+        spread = (q[2] - q[0]) / med if med > 0 else 0.0
+    else:
+        spread = (ts[-1] - ts[0]) / med if med > 0 else 0.0
+    return Stats(med, spread, len(ts), ts[0])
+
+
+def wall_timer(call: Callable[[], None], sync: Callable[[], None]) -> float:
+    sync()
+    t = time.perf_counter()
+    call()
+    sync()
+    return time.perf_counter() - t
+
+
+def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, rep_ms: float,
+          flush: Callable[[], None] | None = None, timer=wall_timer,
+          min_reps: int = 5, max_reps: int = 2000,
+          around: tuple[float, Callable[[], None], Callable[[], None]] | None = None) -> list[float]:
+    """Per-call times in seconds. `around` = (u in [0, 1): which repetition, before, after)."""
+    t0 = time.perf_counter()
+    n = 0
+    while n < 2 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        call()
+        n += 1
+    sync()
+    est = max((time.perf_counter() - t0) / n, 1e-7)
+    reps = int(min(max_reps, max(min_reps, rep_ms / 1e3 / est)))
+    times = []
+    hooked = min(reps - 1, int(around[0] * reps)) if around else -1
+    for i in range(reps):
+        hook = around if i == hooked else None
+        if hook:
+            hook[1]()
+        if flush is not None:
+            flush()
+        times.append(timer(call, sync))
+        if hook:
+            hook[2]()
+    return times

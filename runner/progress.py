@@ -1,0 +1,72 @@
+"""Progress while a run goes: one line per trial with status and the best so
+far; on a terminal, a live bar (rich) under those lines."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .ledger import Trial
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.2f} us"
+
+
+def fmt_params(p: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in p.items())
+
+
+def trial_line(t: Trial, best: Trial | None, total: int | None) -> str:
+    n = f"{t.id}/{total}" if total else f"{t.id}"
+    mark = "*" if t.kept else " "
+    head = f"[{n:>7}] {t.status:<13}{mark} {fmt_params(t.params)}"
+    if t.status == "ok":
+        head += f"  {fmt_time(t.objective)}"
+        if t.metric is not None:
+            head += f"  metric {t.metric:.4g}"
+    else:
+        head += f"  ({t.reason[:120]})"
+    if best is not None:
+        head += f"  | best #{best.id} {fmt_time(best.objective)}"
+    return head
+
+
+class Reporter:
+    def __init__(self, total: int | None, quiet: bool = False, live: bool | None = None):
+        self.total = total
+        self.quiet = quiet
+        self.live = sys.stdout.isatty() if live is None else live
+        self.console = Console(highlight=False, soft_wrap=True)
+        self.bar = None
+        if self.live and not quiet:
+            self.bar = Progress(TextColumn("[bold]pipe"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.description}"),
+                                console=self.console, transient=True)
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
+
+    def line(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.console.print(text, markup=False)
+        else:
+            print(text, flush=True)
+
+    def trial(self, t: Trial, best: Trial | None, done: int) -> None:
+        self.line(trial_line(t, best, self.total))
+        if self.bar is not None:
+            desc = f"best {fmt_time(best.objective)}" if best else ""
+            self.bar.update(self.task, completed=done, description=desc)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

@@ -1,0 +1,143 @@
+"""JSON Schemas of the spec and of hardware profiles (Draft 2020-12).
+
+The schema checks shape and types; everything that needs cross-references
+(expressions, template variables, parameter domains) is checked in spec.py,
+with the same file:line:col diagnostics.
+"""
+
+from __future__ import annotations
+
+NUM = {"type": "number"}
+POS_INT = {"type": "integer", "minimum": 1}
+EXPR = {"type": ["string", "integer", "number"], "description": "a safe expression"}
+SCALAR = {"type": ["integer", "number", "string", "boolean"]}
+NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
+
+DTYPES = ["bf16", "fp16", "fp32", "fp64", "int8", "uint8", "int32", "int64", "bool"]
+DISTS = ["normal", "uniform", "outliers", "positive", "large", "randint"]
+METRICS = ["time_us", "speedup", "bandwidth_fraction", "flops_fraction", "limit_fraction"]
+
+
+def _obj(props: dict, required: list[str] = (), **kw) -> dict:
+    return {"type": "object", "properties": props, "required": list(required),
+            "additionalProperties": False, **kw}
+
+
+SHAPE = {"type": "object", "minProperties": 1, "propertyNames": NAME, "additionalProperties": POS_INT}
+
+TENSOR = _obj({
+    "shape": {"type": "array", "items": EXPR, "minItems": 1},
+    "dtype": {"enum": DTYPES},
+    "dist": {"oneOf": [{"enum": DISTS}, {"type": "array", "items": {"enum": DISTS}, "minItems": 1}]},
+    "low": EXPR,
+    "high": EXPR,
+}, ["shape"])
+
+PARAM = {"oneOf": [
+    {"type": "array", "items": SCALAR, "minItems": 1},
+    _obj({"values": {"type": "array", "items": SCALAR, "minItems": 1}}, ["values"]),
+    _obj({"range": _obj({"min": {"type": "integer"}, "max": {"type": "integer"},
+                         "step": POS_INT}, ["min", "max"])}, ["range"]),
+    _obj({"pow2": _obj({"min": POS_INT, "max": POS_INT}, ["min", "max"])}, ["pow2"]),
+]}
+
+FORBID = {"oneOf": [
+    {"type": "string"},
+    _obj({"pattern": {"type": "string", "minLength": 1}, "reason": {"type": "string"}},
+         ["pattern", "reason"]),
+    _obj({"rule": EXPR, "reason": {"type": "string"}}, ["rule", "reason"]),
+]}
+
+SPEC = _obj({
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+    "description": {"type": "string"},
+    "hardware": {"type": "string", "minLength": 1},
+    "op": _obj({
+        "reference": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
+        "notes": {"type": "string"},
+        "dtype": {"enum": DTYPES},
+        "inputs": {"type": "object", "additionalProperties": TENSOR, "minProperties": 1,
+                   "propertyNames": NAME},
+        "outputs": {"type": "object", "additionalProperties": TENSOR, "minProperties": 1,
+                    "propertyNames": NAME},
+        "scalars": {"type": "object", "propertyNames": NAME, "additionalProperties": _obj(
+            {"value": SCALAR, "type": {"enum": ["i32", "i64", "f32", "f64"]}}, ["value", "type"])},
+        "shapes": {"type": "array", "minItems": 1, "items": SHAPE},
+        "extra_shapes": {"type": "array", "items": SHAPE},
+        "tolerance": _obj({"atol": {"type": "number", "minimum": 0},
+                           "rtol": {"type": "number", "minimum": 0}}),
+        "bytes": EXPR,
+        "flops": EXPR,
+        "in_place": {"type": "boolean"},
+    }, ["reference", "dtype", "inputs", "outputs", "shapes", "bytes"]),
+    "kernel": _obj({
+        "backend": {"enum": ["cpu", "cuda"]},
+        "template": {"type": "string", "minLength": 1},
+        "entry": NAME,
+        "args": {"type": "array", "items": NAME, "minItems": 1},
+        "grid": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
+        "block": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
+        "shared_mem": EXPR,
+        "options": {"type": "array", "items": {"type": "string"}},
+    }, ["template", "entry", "args"]),
+    "runtime": _obj({
+        "mode": {"enum": ["auto", "graph", "direct"]},
+        "cache": {"enum": ["cold", "warm"]},
+        "warmup_ms": {"type": "number", "exclusiveMinimum": 0},
+        "rep_ms": {"type": "number", "exclusiveMinimum": 0},
+        "checks": {"type": "integer", "minimum": 1, "maximum": 16},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+    }),
+    "baseline": {"enum": ["reference", "compile", "none"]},
+    "search": _obj({
+        "params": {"type": "object", "minProperties": 1, "propertyNames": NAME,
+                   "additionalProperties": PARAM},
+        "constraints": {"type": "array", "items": EXPR},
+        "start": {"type": "object", "additionalProperties": SCALAR},
+    }, ["params"]),
+    "forbidden": {"type": "array", "items": FORBID},
+    "agent": _obj({
+        "strategy": {"type": "string"},
+        "seed": {"type": "integer", "minimum": 0},
+        "options": {"type": "object"},
+    }, ["strategy"]),
+    "goal": _obj({
+        "target": _obj({
+            "metric": {"enum": METRICS},
+            "at_least": NUM,
+            "at_most": NUM,
+        }, ["metric"], oneOf=[{"required": ["at_least"]}, {"required": ["at_most"]}]),
+        "budget": _obj({"trials": POS_INT, "minutes": {"type": "number", "exclusiveMinimum": 0}}),
+        "patience": POS_INT,
+    }, ["budget"]),
+}, ["name", "hardware", "op", "kernel", "search", "goal"])
+
+HW_PROFILE = _obj({
+    "name": {"type": "string"},
+    "kind": {"enum": ["cpu", "cuda"]},
+    "description": {"type": "string"},
+    "arch": {"type": "string"},
+    "device_name": {"type": "string"},
+    "sm_count": POS_INT,
+    "cores": POS_INT,
+    "clock_mhz": POS_INT,
+    "memory_bytes": POS_INT,
+    "l2_bytes": POS_INT,
+    "max_threads_per_block": POS_INT,
+    "max_threads_per_sm": POS_INT,
+    "warp_size": POS_INT,
+    "shared_mem_per_block_bytes": POS_INT,
+    "shared_mem_per_block_optin_bytes": POS_INT,
+    "shared_mem_per_sm_bytes": POS_INT,
+    "registers_per_sm": POS_INT,
+    "registers_per_block": POS_INT,
+    "max_registers_per_thread": POS_INT,
+    "bandwidth": _obj({
+        "measured_bytes_per_s": NUM,
+        "datasheet_bytes_per_s": NUM,
+        "measured_by": {"type": "string"},
+    }, ["measured_bytes_per_s"]),
+    "peak_flops": {"type": "object", "additionalProperties": NUM},
+    "features": {"type": "array", "items": {"type": "string"}},
+    "limit_slack": {"type": "number", "minimum": 0, "maximum": 10},
+}, ["name", "kind", "bandwidth", "peak_flops"])

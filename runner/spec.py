@@ -1,0 +1,545 @@
+"""The spec: YAML → JSON Schema → cross-checks → frozen dataclasses.
+
+Flow: yamlsrc.load_file (positions, no YAML traps) → jsonschema (shape and
+types; unknown keys are errors) → semantic checks (expressions and their
+symbols, parameter domains, the template's variables against the space, the
+hardware profile, the reference, the forbidden actions, the goal) → `Spec`.
+Every problem found is reported at once as `file:line:col: key.path: message`
+in one SpecError; the CLI prints them and exits 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jsonschema
+
+from . import forbid as forbid_mod
+from . import render, yamlsrc
+from .errors import Diagnostic, ExprError, SpecError
+from .expr import Expr, compile_expr
+from .hw import HwProfile, find_profile, load_profile
+from .schema import SPEC
+from .space import Param, Space, domain_problem, param_values
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1,
+               "int32": 4, "int64": 8, "bool": 1}
+DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
+               "fp64": (1e-10, 1e-10)}
+INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: str
+    dists: tuple[str, ...]
+    low: Expr | None = None
+    high: Expr | None = None
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    name: str
+    value: Any
+    type: str  # i32 | i64 | f32 | f64
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    reference: str  # "module:function"
+    dtype: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    scalars: tuple[ScalarSpec, ...]
+    shapes: tuple[dict, ...]  # tuned and timed
+    extra_shapes: tuple[dict, ...]  # verified only: odd sizes, one row, the longest row
+    atol: float
+    rtol: float
+    bytes: Expr
+    flops: Expr | None
+    in_place: bool = False
+    notes: str = ""
+
+    @property
+    def symbols(self) -> list[str]:
+        return list(self.shapes[0])
+
+    @property
+    def all_shapes(self) -> tuple[dict, ...]:
+        return self.shapes + self.extra_shapes
+
+    def shape_env(self, shape: dict) -> dict:
+        return {**shape, "elem": DTYPE_BYTES[self.dtype]}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    backend: str
+    template_path: str
+    template: str = field(repr=False)
+    entry: str
+    args: tuple[str, ...]
+    grid: tuple[Expr, ...] = ()
+    block: tuple[Expr, ...] = ()
+    shared_mem: Expr | None = None
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    mode: str = "auto"  # auto | graph | direct
+    cache: str = "cold"  # cold | warm
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    checks: int = 2  # fresh-input verification rounds per shape
+    timeout_s: float = 60.0  # watchdog for one trial in the worker
+
+
+@dataclass(frozen=True)
+class ForbiddenSpec:
+    named: tuple[str, ...] = ()
+    patterns: tuple[forbid_mod.Pattern, ...] = ()
+    rules: tuple[forbid_mod.Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    strategy: str
+    seed: int = 0
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GoalSpec:
+    metric: str | None
+    at_least: float | None
+    at_most: float | None
+    trials: int | None
+    minutes: float | None
+    patience: int | None
+
+    def met(self, value: float | None) -> bool:
+        if self.metric is None or value is None:
+            return False
+        if self.at_least is not None:
+            return value >= self.at_least
+        return value <= self.at_most
+
+    def describe(self) -> str:
+        if self.metric is None:
+            return "no target (runs to budget)"
+        return f"{self.metric} {'>=' if self.at_least is not None else '<='} " \
+               f"{self.at_least if self.at_least is not None else self.at_most}"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    description: str
+    path: str
+    hash: str
+    hw: HwProfile
+    op: OpSpec
+    kernel: KernelSpec
+    runtime: RuntimeSpec
+    space: Space
+    start: dict | None
+    forbidden: ForbiddenSpec
+    agent: AgentSpec
+    goal: GoalSpec
+    baseline: str
+    raw: dict = field(repr=False, compare=False)
+
+
+def _show(p: Path) -> str:
+    """A path as a user would type it: relative to the working folder when inside it."""
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _find_upward(rel: str, near: Path) -> Path | None:
+    p = Path(rel)
+    if p.is_absolute():
+        return p if p.is_file() else None
+    for d in [near, *near.parents]:
+        if (d / p).is_file():
+            return d / p
+    return None
+
+
+def _schema_diags(loc: yamlsrc.Located) -> list[Diagnostic]:
+    out = []
+    validator = jsonschema.Draft202012Validator(SPEC)
+    for err in validator.iter_errors(loc.data):
+        out.extend(_explain(loc, err))
+    return out
+
+
+def _explain(loc: yamlsrc.Located, err: jsonschema.ValidationError) -> list[Diagnostic]:
+    path = tuple(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = set(err.schema.get("properties", {}))
+        extras = [k for k in err.instance if k not in allowed]
+        out = []
+        for k in extras:
+            close = difflib.get_close_matches(k, sorted(allowed), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else \
+                (f" (allowed: {', '.join(sorted(allowed))})" if allowed else "")
+            out.append(loc.diag(path + (k,), f"unknown key '{k}'{hint}", prefer_key=True))
+        if out:
+            return out
+    if err.validator == "required":
+        return [loc.diag(path, err.message.replace("is a required property", "is required"))]
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        # Pick the explanation from the alternative that got furthest.
+        best = jsonschema.exceptions.best_match(err.context)
+        if best is not None and (best.validator != "type" or len(best.absolute_path) > 0):
+            return _explain(loc, best)
+        types = sorted({str(e.schema.get("type", "")) for e in err.context if e.validator == "type"} - {""})
+        what = " or ".join(types) if types else "one of the documented forms"
+        return [loc.diag(path, f"expected {what}, got {json.dumps(err.instance)[:60]}")]
+    msg = err.message
+    if err.validator == "type":
+        msg = f"expected {err.validator_value if isinstance(err.validator_value, str) else ' or '.join(err.validator_value)}, " \
+              f"got {type(err.instance).__name__} {json.dumps(err.instance)[:60]}"
+    elif err.validator == "enum":
+        msg = f"{json.dumps(err.instance)[:60]} is not one of {', '.join(map(str, err.validator_value))}"
+        close = difflib.get_close_matches(str(err.instance), [str(v) for v in err.validator_value], n=1)
+        if close:
+            msg += f"; did you mean '{close[0]}'?"
+    return [loc.diag(path, msg)]
+
+
+class _Checker:
+    """Semantic checks over schema-valid data; collects diagnostics."""
+
+    def __init__(self, loc: yamlsrc.Located):
+        self.loc = loc
+        self.d = loc.data
+        self.diags: list[Diagnostic] = []
+        self.near = Path(loc.file).resolve().parent
+
+    def err(self, path: tuple, msg: str, prefer_key: bool = False) -> None:
+        self.diags.append(self.loc.diag(path, msg, prefer_key))
+
+    def expr(self, path: tuple, text: Any, scope: set[str]) -> Expr | None:
+        try:
+            return compile_expr(text, scope)
+        except ExprError as e:
+            self.err(path, str(e))
+            return None
+
+    def build(self) -> Spec | None:
+        d = self.d
+        hw = self.hardware()
+        op = self.op()
+        symbols = set(op.shapes[0]) if op else set()
+        params, space = self.space(symbols, op)
+        kernel = self.kernel(hw, op, params, symbols)
+        runtime = self.runtime()
+        forbidden = self.forbidden(params, symbols, kernel)
+        agent = self.agent()
+        goal = self.goal(hw, op)
+        start = self.start(space)
+        if self.diags:
+            return None
+        spec_hash = hashlib.sha256(json.dumps(
+            {"spec": d, "template": kernel.template}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return Spec(name=d["name"], description=d.get("description", ""), path=self.loc.file,
+                    hash=spec_hash, hw=hw, op=op, kernel=kernel, runtime=runtime, space=space,
+                    start=start, forbidden=forbidden, agent=agent, goal=goal,
+                    baseline=d.get("baseline", "reference"), raw=d)
+
+    def hardware(self) -> HwProfile | None:
+        name = self.d["hardware"]
+        p = find_profile(name, self.near)
+        if p is None:
+            self.err(("hardware",), f"no hardware profile hw_profiles/{name}.yaml near {self.loc.file} "
+                                    "or in pipe's own hw_profiles/")
+            return None
+        try:
+            return load_profile(p)
+        except SpecError as e:
+            self.diags.extend(e.diagnostics)
+            self.err(("hardware",), f"hardware profile {p} is invalid (see above)")
+            return None
+
+    def op(self) -> OpSpec | None:
+        o = self.d["op"]
+        ok = True
+        shapes = o["shapes"]
+        extra = o.get("extra_shapes", [])
+        symbols = list(shapes[0])
+        for key, group in (("shapes", shapes), ("extra_shapes", extra)):
+            for i, s in enumerate(group):
+                if set(s) != set(symbols):
+                    self.err(("op", key, i), f"shape symbols {sorted(s)} differ from the first shape's {sorted(symbols)}")
+                    ok = False
+        scope = set(symbols) | {"elem"}
+        if "elem" in symbols:
+            self.err(("op", "shapes", 0, "elem"), "'elem' is reserved (bytes per element of the dtype)")
+        dtype = o["dtype"]
+        used_syms: set[str] = set()
+
+        def tensor(kind: str, name: str, t: dict) -> TensorSpec | None:
+            base = ("op", kind, name)
+            dims = [self.expr(base + ("shape", i), x, scope) for i, x in enumerate(t["shape"])]
+            if any(x is None for x in dims):
+                return None
+            for x in dims:
+                used_syms.update(x.names)
+            tdtype = t.get("dtype", dtype)
+            dists = t.get("dist", ["randint"] if tdtype in INT_DTYPES else ["normal", "uniform", "outliers"])
+            dists = tuple([dists] if isinstance(dists, str) else dists)
+            if tdtype in INT_DTYPES and any(x != "randint" for x in dists):
+                self.err(base + ("dist",), f"integer tensors ({tdtype}) take dist 'randint' with low and high")
+            if "randint" in dists and ("low" not in t or "high" not in t):
+                self.err(base, "dist 'randint' needs low and high (expressions over the shape symbols)")
+            low = self.expr(base + ("low",), t["low"], scope) if "low" in t else None
+            high = self.expr(base + ("high",), t["high"], scope) if "high" in t else None
+            return TensorSpec(name, tuple(dims), tdtype, dists, low, high)
+
+        inputs = tuple(tensor("inputs", n, t) for n, t in o["inputs"].items())
+        outputs = tuple(tensor("outputs", n, t) for n, t in o["outputs"].items())
+        dup = set(o["inputs"]) & set(o["outputs"])
+        for n in dup:
+            self.err(("op", "outputs", n), f"'{n}' is both an input and an output", prefer_key=True)
+        scalars = tuple(ScalarSpec(n, s["value"], s["type"]) for n, s in o.get("scalars", {}).items())
+        for s in scalars:
+            want = (int,) if s.type.startswith("i") else (int, float)
+            if isinstance(s.value, bool) or not isinstance(s.value, want):
+                self.err(("op", "scalars", s.name, "value"), f"value {s.value!r} does not fit type {s.type}")
+            if s.name in symbols:
+                self.err(("op", "scalars", s.name), f"scalar '{s.name}' shadows a shape symbol", prefer_key=True)
+        unused = set(symbols) - used_syms
+        for u in sorted(unused):
+            self.err(("op", "shapes", 0, u), f"shape symbol '{u}' is used by no input or output shape")
+        nbytes = self.expr(("op", "bytes"), o["bytes"], scope)
+        flops = self.expr(("op", "flops"), o["flops"], scope) if "flops" in o else None
+        for path, e in ((("op", "bytes"), nbytes), (("op", "flops"), flops)):
+            if e is not None:
+                for i, s in enumerate(shapes + extra):
+                    try:
+                        v = e({**s, "elem": DTYPE_BYTES[dtype]})
+                        if not isinstance(v, (int, float)) or v <= 0:
+                            self.err(path, f"must be positive; is {v!r} for shape {i}")
+                    except ExprError as ex:
+                        self.err(path, f"shape {i}: {ex}")
+        ref = o["reference"]
+        self.reference(ref)
+        atol, rtol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
+        tol = o.get("tolerance", {})
+        if None in inputs or None in outputs or nbytes is None or not ok:
+            return None
+        return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
+                      shapes=tuple(dict(s) for s in shapes), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
+                      rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
+                      in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""))
+
+    def reference(self, ref: str) -> None:
+        mod, _, fn = ref.partition(":")
+        try:
+            m = importlib.import_module(mod)
+        except Exception as e:  # an import error in user code is a spec problem here
+            self.err(("op", "reference"), f"cannot import module '{mod}': {type(e).__name__}: {e}")
+            return
+        if not callable(getattr(m, fn, None)):
+            self.err(("op", "reference"), f"module '{mod}' has no function '{fn}'")
+
+    def space(self, symbols: set[str], op: OpSpec | None) -> tuple[dict, Space | None]:
+        s = self.d["search"]
+        params: dict[str, Param] = {}
+        for name, p in s["params"].items():
+            base = ("search", "params", name)
+            if name in symbols or name in render.DTYPE_VARS or name == "elem":
+                self.err(base, f"parameter '{name}' shadows a shape symbol or a runner variable", prefer_key=True)
+                continue
+            if "range" in (p if isinstance(p, dict) else {}) and p["range"]["min"] > p["range"]["max"]:
+                self.err(base + ("range",), "min is greater than max")
+                continue
+            if "pow2" in (p if isinstance(p, dict) else {}):
+                lo, hi = p["pow2"]["min"], p["pow2"]["max"]
+                for k, v in (("min", lo), ("max", hi)):
+                    if v & (v - 1):
+                        self.err(base + ("pow2", k), f"{v} is not a power of two")
+                if lo > hi:
+                    self.err(base + ("pow2",), "min is greater than max")
+                    continue
+            vals = param_values(p)
+            problem = domain_problem(vals)
+            if problem:
+                self.err(base, problem)
+                continue
+            params[name] = Param(name, vals)
+        scope = set(params) | symbols
+        cons = []
+        for i, c in enumerate(s.get("constraints", [])):
+            e = self.expr(("search", "constraints", i), c, scope)
+            if e is not None:
+                cons.append(e)
+        if len(params) != len(s["params"]) or len(cons) != len(s.get("constraints", [])) or op is None:
+            return params, None
+        space = Space(tuple(params.values()), tuple(cons), tuple(op.all_shapes))
+        try:
+            empty = next(iter(space), None) is None if space.size <= 200_000 else space.sample(
+                __import__("random").Random(0), 20_000) is None
+        except ExprError as e:
+            self.err(("search", "constraints"), str(e))
+            return params, None
+        if empty:
+            self.err(("search", "constraints"), "no configuration satisfies the constraints")
+        return params, space
+
+    def kernel(self, hw, op, params, symbols) -> KernelSpec | None:
+        k = self.d["kernel"]
+        backend = k.get("backend", hw.kind if hw else "cpu")
+        if hw and backend != hw.kind:
+            self.err(("kernel", "backend"), f"backend '{backend}' does not run on hardware '{hw.name}' ({hw.kind})")
+        tpath = _find_upward(k["template"], self.near)
+        if tpath is None:
+            self.err(("kernel", "template"), f"template '{k['template']}' not found near {self.loc.file}")
+            return None
+        tpath = Path(_show(tpath))
+        text = tpath.read_text(encoding="utf-8")
+        try:
+            used = render.template_variables(text)
+        except jinja2.TemplateSyntaxError as e:
+            self.diags.append(Diagnostic(str(tpath), e.lineno or 1, 1, "", f"template syntax error: {e.message}"))
+            self.err(("kernel", "template"), f"template {tpath} does not parse (see above)")
+            return None
+        available = set(params) | symbols | set(render.DTYPE_VARS)
+        for v in sorted(used - available):
+            line = render.variable_line(text, v)
+            self.diags.append(Diagnostic(
+                str(tpath), line, 1, "",
+                f"template uses '{v}', which is no search parameter, shape symbol or dtype variable "
+                f"of {self.loc.file}"))
+        for p in sorted(set(params) - used):
+            self.err(("search", "params", p), f"parameter '{p}' is not used by template {tpath}", prefer_key=True)
+        if not re.search(r"\b" + re.escape(k["entry"]) + r"\b", text):
+            self.err(("kernel", "entry"), f"entry '{k['entry']}' does not appear in template {tpath}")
+        if op is not None:
+            names = {t.name for t in op.inputs} | {t.name for t in op.outputs} | \
+                    {s.name for s in op.scalars} | set(op.symbols)
+            for i, a in enumerate(k["args"]):
+                if a not in names:
+                    self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar or shape symbol of the op")
+            for t in (*op.inputs, *op.outputs):
+                if t.name not in k["args"]:
+                    self.err(("kernel", "args"), f"tensor '{t.name}' is not passed to the kernel")
+        scope = set(params) | symbols
+        geo = {}
+        for key in ("grid", "block"):
+            v = k.get(key)
+            if v is None:
+                if backend == "cuda":
+                    self.err(("kernel",), f"'{key}' is required for the cuda backend")
+                geo[key] = ()
+                continue
+            items = v if isinstance(v, list) else [v]
+            exprs = [self.expr(("kernel", key) + ((i,) if isinstance(v, list) else ()), x, scope)
+                     for i, x in enumerate(items)]
+            geo[key] = tuple(e for e in exprs if e is not None)
+        smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
+        return KernelSpec(backend=backend, template_path=str(tpath), template=text, entry=k["entry"],
+                          args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], shared_mem=smem,
+                          options=tuple(k.get("options", [])))
+
+    def runtime(self) -> RuntimeSpec:
+        r = self.d.get("runtime", {})
+        return RuntimeSpec(**r)
+
+    def forbidden(self, params, symbols, kernel) -> ForbiddenSpec:
+        named, patterns, rules = [], [], []
+        for i, f in enumerate(self.d.get("forbidden", [])):
+            path = ("forbidden", i)
+            if isinstance(f, str):
+                if f not in forbid_mod.NAMED:
+                    close = difflib.get_close_matches(f, list(forbid_mod.NAMED), n=1)
+                    self.err(path, f"unknown forbidden action '{f}'"
+                                   + (f"; did you mean '{close[0]}'?" if close else
+                                      f" (known: {', '.join(forbid_mod.NAMED)})"))
+                else:
+                    named.append(f)
+            elif "pattern" in f:
+                try:
+                    re.compile(f["pattern"])
+                    patterns.append(forbid_mod.Pattern(f["pattern"], f["reason"]))
+                except re.error as e:
+                    self.err(path + ("pattern",), f"bad regular expression: {e}")
+            else:
+                e = self.expr(path + ("rule",), f["rule"], set(params) | symbols)
+                if e is not None:
+                    rules.append(forbid_mod.Rule(e, f["reason"]))
+        if kernel is not None:
+            v = forbid_mod.check_source("", kernel.options, kernel.backend, named, [])
+            if v:
+                self.err(("kernel", "options"), f"compile options break a forbidden action: {v}")
+        mode = self.d.get("runtime", {}).get("mode")
+        if "disable_cuda_graphs" in named and mode == "direct":
+            self.err(("runtime", "mode"), "runtime.mode 'direct' contradicts forbidden 'disable_cuda_graphs'")
+        return ForbiddenSpec(tuple(named), tuple(patterns), tuple(rules))
+
+    def agent(self) -> AgentSpec:
+        from .agents import STRATEGIES
+
+        a = self.d.get("agent", {"strategy": "random"})
+        if a["strategy"] not in STRATEGIES:
+            close = difflib.get_close_matches(a["strategy"], list(STRATEGIES), n=1)
+            self.err(("agent", "strategy"), f"unknown strategy '{a['strategy']}'"
+                     + (f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(STRATEGIES)})"))
+        return AgentSpec(a["strategy"], a.get("seed", 0), dict(a.get("options", {})))
+
+    def goal(self, hw, op) -> GoalSpec:
+        g = self.d["goal"]
+        t = g.get("target", {})
+        metric = t.get("metric")
+        if metric == "speedup" and self.d.get("baseline") == "none":
+            self.err(("goal", "target", "metric"), "metric 'speedup' needs a baseline")
+        if metric == "flops_fraction" and op is not None and op.flops is None:
+            self.err(("goal", "target", "metric"), "metric 'flops_fraction' needs op.flops")
+        if metric and metric != "time_us" and "at_most" in t:
+            self.err(("goal", "target", "at_most"), f"'{metric}' grows as kernels get faster: use at_least")
+        if metric == "time_us" and "at_least" in t:
+            self.err(("goal", "target", "at_least"), "'time_us' shrinks as kernels get faster: use at_most")
+        b = g["budget"]
+        if not b:
+            self.err(("goal", "budget"), "give at least one of trials and minutes")
+        return GoalSpec(metric, t.get("at_least"), t.get("at_most"), b.get("trials"), b.get("minutes"),
+                        g.get("patience"))
+
+    def start(self, space: Space | None) -> dict | None:
+        st = self.d["search"].get("start")
+        if st is None or space is None:
+            return st
+        why = space.contains(st)
+        if why:
+            self.err(("search", "start"), f"start configuration is not in the space: {why}")
+        return st
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Load and validate a spec; raise SpecError with every diagnostic found."""
+    loc = yamlsrc.load_file(str(path))
+    if not isinstance(loc.data, dict):
+        raise SpecError([loc.diag((), "a spec is a mapping of keys (name, hardware, op, ...)")])
+    diags = _schema_diags(loc)
+    if diags:
+        raise SpecError(diags)
+    checker = _Checker(loc)
+    spec = checker.build()
+    if spec is None:
+        raise SpecError(checker.diags)
+    return spec

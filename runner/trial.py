@@ -1,0 +1,157 @@
+"""One trial: forbid → render → forbid → compile → verify and time → figures.
+
+`Evaluator.run(params)` returns a ledger Trial whatever happens; every
+per-trial failure is a status with a reason. Deciding whether the trial
+beats the incumbent is `Evaluator.decide`: a faster-looking candidate is
+re-timed interleaved with the incumbent and kept only if it is faster
+beyond the noise of that paired measurement.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from . import backends, figures, forbid, render
+from .errors import ExprError
+from .ledger import Trial
+
+RETIME_ROUNDS = 5
+MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
+
+
+class Evaluator:
+    def __init__(self, spec, worker, baseline: list[float] | None):
+        self.spec = spec
+        self.worker = worker
+        self.baseline = baseline
+        self.backend = backends.get(spec.kernel.backend)
+        self.ctype = render.CTYPES[spec.kernel.backend][spec.op.dtype]
+        self.sources: dict[str, list[str]] = {}  # params key -> rendered sources per shape
+        self.artifacts: dict[str, list[str]] = {}  # params key -> artifact per shape
+
+    def render_all(self, params: dict) -> list[str]:
+        name = Path(self.spec.kernel.template_path).name
+        ctx = {**params, "dtype": self.spec.op.dtype, "ctype": self.ctype}
+        return [render.render(self.spec.kernel.template, {**ctx, **shape}, name) for shape in self.spec.op.all_shapes]
+
+    def geometry(self, params: dict) -> list[dict]:
+        k = self.spec.kernel
+        out = []
+        for shape in self.spec.op.all_shapes:
+            env = {**shape, **params}
+            out.append({"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],
+                        "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0})
+        return out
+
+    def run(self, params: dict, agent: str) -> Trial:
+        t0 = time.time()
+        trial = Trial(params=dict(params), status="ok", agent=agent, spec_hash=self.spec.hash, started_at=t0)
+
+        def done(status: str, reason: str = "") -> Trial:
+            trial.status, trial.reason = status, reason
+            trial.finished_at = time.time()
+            trial.wall_s = trial.finished_at - t0
+            return trial
+
+        sp = self.spec
+        try:
+            v = forbid.check_params(params, sp.forbidden.rules, sp.op.shapes[0])
+        except ExprError as e:
+            return done("error", f"forbidden rule failed to evaluate: {e}")
+        if v:
+            return done("forbidden", str(v))
+        try:
+            sources = self.render_all(params)
+            geometry = self.geometry(params)
+        except (render.RenderError, ExprError) as e:
+            return done("render_error", str(e))
+        trial.source_hash = render.source_hash("\n".join(dict.fromkeys(sources)))
+        for src in dict.fromkeys(sources):
+            v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
+                                    sp.forbidden.patterns)
+            if v:
+                return done("forbidden", str(v))
+        arts, compile_s = {}, 0.0
+        for src in dict.fromkeys(sources):
+            c = self.backend.compile(src, sp.kernel.entry, sp.kernel.options, sp.hw)
+            compile_s += c.seconds
+            if not c.ok:
+                trial.details["compile_log"] = c.log[-4000:]
+                return done(c.status, c.reason)
+            arts[src] = c.artifact
+            trial.details.setdefault("resources", c.resources)
+        trial.details["compile_s"] = round(compile_s, 4)
+        artifacts = [arts[s] for s in sources]
+        job = {"seed": hash_seed(trial.key, sp.agent.seed), "artifacts": artifacts, "geometry": geometry}
+        verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)
+        if verdict["status"] != "ok":
+            return done(verdict["status"], verdict.get("reason", ""))
+        times = [s["median"] for s in verdict["shapes"]]
+        trial.times = times
+        trial.spreads = [s["spread"] for s in verdict["shapes"]]
+        shapes = figures.per_shape(sp, times, self.baseline)
+        trial.details["shapes"] = shapes
+        trial.objective = figures.geomean(times)
+        trial.metric = figures.metric(sp, shapes)
+        self.sources[trial.key] = sources
+        self.artifacts[trial.key] = artifacts
+        bad = figures.impossible(sp, shapes)
+        if bad:
+            return done("impossible", bad)
+        return done("ok")
+
+    def decide(self, cand: Trial, best: Trial | None) -> None:
+        """Set cand.kept. The first correct trial is kept; later ones must win a paired re-timing."""
+        if cand.status != "ok":
+            return
+        if best is None:
+            cand.kept = True
+            return
+        if cand.objective >= best.objective:
+            return
+        inc = self.artifacts.get(best.key)
+        if inc is None:  # incumbent from an earlier session: compile it again (cached on disk)
+            inc = self._rebuild(best.params)
+            if inc is None:
+                cand.kept = True
+                return
+        jobs = [{"artifacts": self.artifacts[cand.key], "geometry": self.geometry(cand.params)},
+                {"artifacts": inc, "geometry": self.geometry(best.params)}]
+        t0 = time.time()
+        r = self.worker.request(("retime", jobs, RETIME_ROUNDS), self.spec.runtime.timeout_s)
+        if r["status"] != "ok":
+            cand.details["retime"] = {"status": r["status"], "reason": r.get("reason", "")}
+            return
+        ratios = [figures.geomean(c) / figures.geomean(i) for c, i in r["medians"]]
+        med = statistics.median(ratios)
+        wins = sum(x < 1 for x in ratios)
+        cand.kept = med < 1 - MIN_GAIN and wins > len(ratios) // 2
+        cand.details["retime"] = {"ratios": [round(x, 4) for x in ratios], "median_ratio": round(med, 4),
+                                  "wins": wins, "seconds": round(time.time() - t0, 3)}
+        cand.wall_s += time.time() - t0
+
+    def _rebuild(self, params: dict) -> list[str] | None:
+        try:
+            sources = self.render_all(params)
+        except (render.RenderError, ExprError):
+            return None
+        arts = {}
+        for src in dict.fromkeys(sources):
+            c = self.backend.compile(src, self.spec.kernel.entry, self.spec.kernel.options, self.spec.hw)
+            if not c.ok:
+                return None
+            arts[src] = c.artifact
+        self.sources[_key(params)] = sources
+        return [arts[s] for s in sources]
+
+
+def _key(params: dict) -> str:
+    return Trial(params=params, status="").key
+
+
+def hash_seed(key: str, seed: int) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:6], "little")

@@ -1,0 +1,181 @@
+"""YAML with positions, and without the traps.
+
+Flow: yaml.compose (a node graph with marks) → our own conversion to plain
+Python values, recording the line and column of every key and value by key
+path. Compared with yaml.safe_load this:
+- rejects duplicate keys (PyYAML silently keeps the last one);
+- reads `1e-3` as a number (YAML 1.1 wants a dot in floats);
+- refuses alias expansion past a node budget, so a billion-laughs document
+  fails in milliseconds instead of eating memory;
+- refuses merge keys (`<<`) and custom tags: a spec is plain data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .errors import Diagnostic, SpecError
+
+MAX_NODES = 100_000  # values after alias expansion; a real spec has a few hundred
+
+Path = tuple  # tuple[str | int, ...]
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+# YAML 1.2-style floats: 1e-3, 1.0e+6, .5, 3. (PyYAML's 1.1 rule misses 1e-3).
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
+    for k, v in _Loader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+# YAML 1.2 booleans only: `yes`, `no`, `on`, `off` stay strings (the Norway problem).
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+    for k, v in _Loader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+
+
+@dataclass
+class Located:
+    """A loaded document plus where each key path sits in the file."""
+
+    file: str
+    data: Any
+    values: dict = field(default_factory=dict)  # path -> (line, col) of the value
+    keys: dict = field(default_factory=dict)  # path -> (line, col) of the key
+
+    def pos(self, path: Path, prefer_key: bool = False) -> tuple[int, int]:
+        """Best position for a path: walk up until something is known."""
+        path = tuple(path)
+        while True:
+            table = (self.keys, self.values) if prefer_key else (self.values, self.keys)
+            for t in table:
+                if path in t:
+                    return t[path]
+            if not path:
+                return (1, 1)
+            path = path[:-1]
+
+    def diag(self, path: Path, message: str, prefer_key: bool = False) -> Diagnostic:
+        line, col = self.pos(path, prefer_key)
+        return Diagnostic(self.file, line, col, dotted(path), message)
+
+
+def dotted(path: Path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return (node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def load(text: str, file: str) -> Located:
+    """Parse one YAML document; raise SpecError with positions on any problem."""
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        msg = " ".join(x for x in (e.context, e.problem) if x) or str(e)
+        raise SpecError([Diagnostic(file, line, col, "", f"YAML syntax error: {msg}")]) from None
+    except yaml.YAMLError as e:
+        raise SpecError([Diagnostic(file, 1, 1, "", f"YAML error: {e}")]) from None
+    loc = Located(file=file, data=None)
+    if node is None:
+        raise SpecError([Diagnostic(file, 1, 1, "", "the file is empty")])
+    errors: list[Diagnostic] = []
+    budget = [MAX_NODES]
+    constructor = yaml.constructor.SafeConstructor()
+
+    def convert(n: yaml.Node, path: Path) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooBig(n)
+        loc.values.setdefault(path, _mark(n))
+        if isinstance(n, yaml.MappingNode):
+            out: dict = {}
+            for knode, vnode in n.value:
+                if not isinstance(knode, yaml.ScalarNode):
+                    errors.append(Diagnostic(file, *_mark(knode), dotted(path), "keys must be plain scalars"))
+                    continue
+                if knode.value == "<<" and knode.tag == "tag:yaml.org,2002:merge":
+                    errors.append(Diagnostic(file, *_mark(knode), dotted(path), "merge keys (<<) are not supported"))
+                    continue
+                key = knode.value
+                if key in out:
+                    first = loc.keys.get(path + (key,), (0, 0))
+                    errors.append(
+                        Diagnostic(file, *_mark(knode), dotted(path + (key,)),
+                                   f"duplicate key '{key}' (first defined at line {first[0]})")
+                    )
+                    continue
+                loc.keys[path + (key,)] = _mark(knode)
+                out[key] = convert(vnode, path + (key,))
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [convert(v, path + (i,)) for i, v in enumerate(n.value)]
+        if n.tag not in _SCALAR_TAGS:
+            errors.append(Diagnostic(file, *_mark(n), dotted(path), f"unsupported YAML tag {n.tag}"))
+            return None
+        try:
+            return constructor.construct_object(n, deep=True)
+        except (yaml.YAMLError, ValueError) as e:
+            errors.append(Diagnostic(file, *_mark(n), dotted(path), f"bad value: {e}"))
+            return None
+
+    try:
+        loc.data = convert(node, ())
+    except _TooBig as e:
+        raise SpecError([Diagnostic(file, *_mark(e.node), "",
+                                    f"document expands to more than {MAX_NODES} values "
+                                    "(aliases nested too deep?); refused")]) from None
+    except RecursionError:
+        raise SpecError([Diagnostic(file, 1, 1, "", "document nested too deeply")]) from None
+    if errors:
+        raise SpecError(errors)
+    return loc
+
+
+class _TooBig(Exception):
+    def __init__(self, node: yaml.Node):
+        self.node = node
+
+
+def load_file(path: str) -> Located:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError([Diagnostic(path, 1, 1, "", "no such file")]) from None
+    except UnicodeDecodeError as e:
+        raise SpecError([Diagnostic(path, 1, 1, "", f"not UTF-8 text: {e.reason}")]) from None
+    except OSError as e:
+        raise SpecError([Diagnostic(path, 1, 1, "", f"cannot read: {e.strerror}")]) from None
+    return load(text, path)

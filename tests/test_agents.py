@@ -1,0 +1,56 @@
+"""Built-in agents: grid order, seeded random, never a repeat, exhaustion."""
+
+from runner.agents import STRATEGIES, Seen, make_agent
+from runner.expr import compile_expr
+from runner.space import Param, Space, config_key
+
+
+def space():
+    return Space((Param("A", (1, 2, 4, 8)), Param("B", ("x", "y")), Param("C", (True, False))),
+                 (compile_expr("A * 2 <= M", {"A", "M"}),), ({"M": 8},))
+
+
+def drive(agent, limit=100):
+    hist = []
+    while len(hist) < limit:
+        props = agent.propose(hist, 1)
+        if not props:
+            break
+        hist.append(Seen(props[0], "ok", "", 1.0))
+    return [h.params for h in hist]
+
+
+def test_registry():
+    assert {"grid", "random"} <= set(STRATEGIES)
+
+
+def test_grid_enumerates_valid_space_in_order():
+    got = drive(make_agent("grid", space(), 0, {}))
+    want = list(space())
+    assert got == want and len(want) == 12  # A=8 violates A*2 <= 8
+    assert all(c["A"] != 8 for c in got)
+
+
+def test_grid_skips_what_history_holds():
+    sp = space()
+    first = list(sp)[:3]
+    agent = make_agent("grid", sp, 0, {})
+    hist = [Seen(c, "ok", "", 1.0) for c in first]
+    assert agent.propose(hist, 1)[0] == list(sp)[3]
+
+
+def test_random_is_seeded_and_never_repeats():
+    a = drive(make_agent("random", space(), 7, {}))
+    b = drive(make_agent("random", space(), 7, {}))
+    c = drive(make_agent("random", space(), 8, {}))
+    assert a == b and a != c
+    keys = [config_key(x) for x in a]
+    assert len(keys) == len(set(keys)) == 12  # the whole valid space, once each, then []
+    assert all(space().contains(x) is None for x in a)
+
+
+def test_random_resumes_where_it_left_off():
+    full = drive(make_agent("random", space(), 3, {}))
+    # A new agent (a resumed run) given the first 5 trials proposes the 6th.
+    hist = [Seen(c, "ok", "", 1.0) for c in full[:5]]
+    assert make_agent("random", space(), 3, {}).propose(hist, 1)[0] == full[5]

@@ -1,0 +1,184 @@
+"""End to end through real `pipe` processes on the CPU backend: a run that
+improves on its first trial, resume after SIGKILL mid-trial, faults and hangs
+inside a run, and the other commands with their exit codes."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import PIPELINES, ROOT, pipe_cmd
+
+pytestmark = pytest.mark.slow
+
+BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+
+
+def pipe(*args, cwd=None, timeout=180, env=None):
+    e = {**os.environ, **(env or {})}
+    return subprocess.run([*pipe_cmd(), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd or ROOT, env=e)
+
+
+def show(run_dir) -> dict:
+    r = pipe("show", str(run_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def rows(run_dir) -> list[tuple]:
+    db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT id, params_key, status, kept FROM trials ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+def test_cpu_pipeline_improves_on_its_first_trial(tmp_path):
+    run_dir = tmp_path / "run"
+    t0 = time.time()
+    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
+    took = time.time() - t0
+    assert r.returncode in (0, 1), r.stderr
+    assert "Traceback" not in r.stderr
+    s = show(run_dir)
+    assert s["ledger_intact"]
+    assert s["best"] is not None and s["first_ok"] is not None
+    assert s["first_ok"]["params"] == BASE["search"]["start"]
+    assert s["best"]["objective_s"] < s["first_ok"]["objective_s"]
+    assert s["best"]["trial"] != s["first_ok"]["trial"]
+    trials = rows(run_dir)
+    assert all(st == "ok" for _, _, st, kept in trials if kept)
+    assert (run_dir / "best" / "kernel.cpp").read_text().count("rmsnorm_cpu") == 1
+    best = json.loads((run_dir / "best" / "params.json").read_text())
+    assert best["params"] == s["best"]["params"]
+    tsv = (run_dir / "trials.tsv").read_text().splitlines()
+    assert len(tsv) == len(trials) + 1
+    # one progress line per trial on stdout
+    assert sum(1 for ln in r.stdout.splitlines() if ln.startswith("[")) == len(trials)
+    print(f"cpu pipeline: {len(trials)} trials in {took:.1f} s; first {s['first_ok']['objective_s'] * 1e6:.1f} us "
+          f"-> best {s['best']['objective_s'] * 1e6:.1f} us")
+    # pipe runs lists it
+    rr = pipe("runs", "--root", str(tmp_path))
+    assert rr.returncode == 0 and "run" in rr.stdout and f"#{s['best']['trial']}" in rr.stdout
+    # the same folder again: nothing repeated, budget or goal already settled
+    r2 = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
+    assert r2.returncode == r.returncode
+    assert rows(run_dir) == trials
+
+
+def slow_spec(project, trials=8, extra=None) -> Path:
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["name"] = "rmsnorm-slow"
+    d["goal"] = {"budget": {"trials": trials}}
+    d["agent"] = {"strategy": "grid"}
+    d["runtime"]["rep_ms"] = 150
+    d.update(extra or {})
+    p = project / "pipelines" / "slow.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def test_sigkill_mid_trial_then_resume(project):
+    spec = slow_spec(project)
+    run_dir = project / "run"
+    proc = subprocess.Popen([*pipe_cmd(), "run", str(spec), "--run-dir", str(run_dir)], cwd=project,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    killed_during = None
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if (run_dir / "ledger.db").exists():
+                try:
+                    db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True, timeout=1)
+                    n_rows = db.execute("SELECT count(*) FROM trials").fetchone()[0]
+                    n_att = db.execute("SELECT count(*) FROM attempts").fetchone()[0]
+                    db.close()
+                except sqlite3.OperationalError:
+                    n_rows = n_att = 0
+                if n_rows >= 2 and n_att > n_rows:  # a trial is under way
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    killed_during = n_att
+                    break
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert killed_during is not None, "never caught a trial in flight"
+    before = rows(run_dir)
+    assert len(before) == killed_during - 1
+    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode == 1, r.stderr  # no target: the budget ends it
+    after = rows(run_dir)
+    assert after[: len(before)] == before  # nothing lost or rewritten
+    assert [t[0] for t in after] == list(range(1, 9))  # complete: the whole budget, ids contiguous
+    keys = [t[1] for t in after]
+    assert len(set(keys)) == len(keys)  # nothing repeated
+    s = show(run_dir)
+    assert s["ledger_intact"] and s["trials"] == 8 and s["best"] is not None
+
+
+def test_faults_and_hangs_inside_a_run(project):
+    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text().replace(
+        "extern \"C\" void rmsnorm_cpu(const {{ ctype }}* x, const {{ ctype }}* w, {{ ctype }}* out,\n"
+        "                            int64_t M, int64_t N, float eps) {",
+        "extern \"C\" void rmsnorm_cpu(const {{ ctype }}* x, const {{ ctype }}* w, {{ ctype }}* out,\n"
+        "                            int64_t M, int64_t N, float eps) {\n"
+        "{% if MODE == 'segv' %}  *(volatile int*)0 = 1;\n"
+        "{% elif MODE == 'hang' %}  volatile int forever = 1; while (forever) {}\n{% endif %}")
+    assert "MODE" in tpl
+    (project / "faulty.cpp.j2").write_text(tpl)
+    spec = slow_spec(project, trials=6, extra={
+        "kernel": {**BASE["kernel"], "template": str(project / "faulty.cpp.j2")},
+        "search": {"params": {"ACC": [1, 16], "MODE": ["honest", "segv", "hang"], "THREADS": [1],
+                              "UNROLL": [1]}},
+        "runtime": {**BASE["runtime"], "timeout_s": 4},
+    })
+    run_dir = project / "run"
+    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode == 1, r.stderr
+    trials = rows(run_dir)
+    by = {json.loads(k)["MODE"] + str(json.loads(k)["ACC"]): st for _, k, st, _ in trials}
+    assert by == {"honest1": "ok", "segv1": "fault", "hang1": "hang",
+                  "honest16": "ok", "segv16": "fault", "hang16": "hang"}
+    s = show(run_dir)
+    assert s["best"]["params"]["MODE"] == "honest"
+    reasons = {st: reason for st, reason in
+               sqlite3.connect(run_dir / "ledger.db").execute("SELECT status, reason FROM trials")}
+    assert "SIGSEGV" in reasons["fault"]
+    assert "no verdict within 4 s" in reasons["hang"]
+
+
+def test_other_commands_and_exit_codes(project, tmp_path):
+    r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=8", "--set", "THREADS=2")
+    assert r.returncode == 0 and "acc[8]" in r.stdout and "std::thread pool[1]" in r.stdout
+    r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=3")
+    assert r.returncode == 2 and "ACC=3 is not one of" in r.stderr and "Traceback" not in r.stderr
+    r = pipe("validate", *map(str, sorted(PIPELINES.glob("*.yaml"))))
+    assert r.returncode == 0
+    bad = project / "pipelines" / "bad.yaml"
+    bad.write_text("name: x\nhardware: h200\nop: 3\n")
+    for args in (("validate", str(bad)), ("run", str(bad))):
+        r = pipe(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert f"{bad}:3:5: op: expected object" in r.stderr
+    # a run folder of another spec is refused
+    run_dir = tmp_path / "r"
+    r = pipe("run", str(slow_spec(project, trials=1)), "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode == 1
+    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
+    assert r.returncode == 2 and "another spec" in r.stderr
+    r = pipe("show", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no ledger.db" in r.stderr
+    # JSON logs
+    r = pipe("--log-json", "run", str(slow_spec(project, trials=1)), "--run-dir", str(run_dir), cwd=project)
+    events = [json.loads(ln)["event"] for ln in r.stderr.splitlines() if ln.startswith("{")]
+    assert "run.start" in events and "run.end" in events

@@ -1,0 +1,86 @@
+"""The ledger: append-only, chained, spec-bound, resumable."""
+
+import sqlite3
+
+import pytest
+
+from runner.errors import RunDirError
+from runner.ledger import Ledger, Trial, tsv
+
+
+def trial(i, status="ok", **kw):
+    return Trial(params={"A": i, "B": "x"}, status=status, reason="" if status == "ok" else "why",
+                 times=[1e-3 * i, 2e-3] if status == "ok" else None, objective=1e-3 * i if status == "ok" else None,
+                 spec_hash="h1", agent="test", started_at=100.0 + i, finished_at=101.0 + i, wall_s=1.0, **kw)
+
+
+def test_append_and_read_back(tmp_path):
+    led = Ledger.open(tmp_path, "h1", "s", "s.yaml")
+    for i in range(1, 4):
+        led.append(trial(i, kept=(i == 2)))
+    led.append(trial(4, status="fault"))
+    led.close()
+    led = Ledger.read(tmp_path)
+    ts = led.trials()
+    assert [t.id for t in ts] == [1, 2, 3, 4]
+    assert [t.kept for t in ts] == [False, True, False, False]
+    assert ts[1].times == [2e-3, 2e-3] and ts[3].status == "fault" and ts[3].reason == "why"
+    assert ts[0].params == {"A": 1, "B": "x"}
+    assert led.verify_chain() is None
+
+
+def test_append_only(tmp_path):
+    led = Ledger.open(tmp_path, "h1", "s", "s.yaml")
+    led.append(trial(1))
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        led.db.execute("UPDATE trials SET status='wrong'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        led.db.execute("DELETE FROM trials")
+
+
+def test_tampering_breaks_the_chain(tmp_path):
+    led = Ledger.open(tmp_path, "h1", "s", "s.yaml")
+    for i in range(1, 5):
+        led.append(trial(i))
+    # Someone with the file drops the triggers and edits a figure.
+    led.db.execute("DROP TRIGGER trials_no_update")
+    led.db.execute("UPDATE trials SET objective=1e-9 WHERE id=3")
+    assert led.verify_chain() == 3
+    led2 = Ledger.open(tmp_path / "b", "h1", "s", "s.yaml")
+    for i in range(1, 5):
+        led2.append(trial(i))
+    led2.db.execute("DROP TRIGGER trials_no_delete")
+    led2.db.execute("DELETE FROM trials WHERE id=2")
+    assert led2.verify_chain() == 3
+
+
+def test_other_spec_refused(tmp_path):
+    Ledger.open(tmp_path, "h1", "s", "s.yaml").close()
+    with pytest.raises(RunDirError, match="another spec"):
+        Ledger.open(tmp_path, "h2", "s", "s.yaml")
+
+
+def test_not_a_ledger(tmp_path):
+    (tmp_path / "ledger.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(RunDirError, match="not a readable ledger"):
+        Ledger.open(tmp_path, "h1", "s", "s.yaml")
+    with pytest.raises(RunDirError, match="no ledger.db"):
+        Ledger.read(tmp_path / "empty")
+
+
+def test_interrupted_attempts(tmp_path):
+    led = Ledger.open(tmp_path, "h1", "s", "s.yaml")
+    t1 = trial(1)
+    led.begin(t1.key)
+    led.append(t1)
+    t2 = trial(2)
+    led.begin(t2.key)  # the runner dies here
+    led.begin(t2.key)  # and again on resume
+    assert led.interrupted() == {t2.key: 2}
+
+
+def test_tsv_has_a_row_per_trial(tmp_path):
+    rows = tsv([trial(1), trial(2, status="wrong")], ["8x8", "4x4"]).splitlines()
+    assert rows[0].split("\t")[:6] == ["id", "status", "kept", "objective_us", "metric", "t_us[8x8]"]
+    assert len(rows) == 3
+    assert rows[2].split("\t")[1] == "wrong" and rows[2].endswith("why")

@@ -1,0 +1,248 @@
+"""The spec loader: every pipeline validates; bad input gets file:line:col
+errors and exit 2, never a traceback (hypothesis mutates real specs)."""
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner import cli
+from runner.errors import SpecError
+from runner.spec import load_spec
+
+from .conftest import PIPELINES
+
+DIAG = re.compile(r"^[^\s:][^:]*:\d+:\d+: ")
+SPECS = sorted(PIPELINES.glob("*.yaml"))
+BASE_TEXT = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
+BASE = yaml.safe_load(BASE_TEXT)
+
+
+def validate(capsys, path) -> tuple[int, str]:
+    rc = cli.main(["validate", str(path)])
+    out = capsys.readouterr()
+    return rc, out.err
+
+
+def assert_diagnostics(err: str):
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines, "exit 2 without a diagnostic"
+    for ln in lines:
+        assert DIAG.match(ln), f"not a file:line:col diagnostic: {ln!r}"
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.name for p in SPECS])
+def test_every_pipeline_validates(capsys, path):
+    rc, err = validate(capsys, path)
+    assert rc == 0, err
+
+
+def write(project, data=None, text=None, name="s.yaml") -> Path:
+    p = project / "pipelines" / name
+    p.write_text(text if text is not None else yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def test_many_errors_reported_at_once_with_positions(project, capsys):
+    text = BASE_TEXT.replace("dtype: fp32", "dtype: fp33").replace(
+        "agent: {strategy: random, seed: 0}", "agent: {strategy: random, seed: 0, colour: red}").replace(
+        "patience: 16", 'patience: "x"')
+    p = write(project, text=text)
+    rc, err = validate(capsys, p)
+    assert rc == 2
+    assert_diagnostics(err)
+    lines = err.splitlines()
+    assert len(lines) == 3
+    line_of = {k: i + 1 for i, ln in enumerate(text.splitlines()) for k in ("fp33", "colour", "patience") if k in ln}
+    assert any(f":{line_of['fp33']}:" in ln and "op.dtype" in ln and "did you mean 'fp32'" in ln for ln in lines)
+    assert any(f":{line_of['colour']}:" in ln and "agent.colour" in ln and "unknown key" in ln for ln in lines)
+    assert any(f":{line_of['patience']}:" in ln and "goal.patience" in ln for ln in lines)
+
+
+def test_unknown_top_level_key_suggests(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["serach"] = d.pop("search")
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert_diagnostics(err)
+    assert "serach: unknown key 'serach'; did you mean 'search'?" in err
+    assert "'search' is required" in err
+
+
+def test_template_and_space_must_match_naming_both_files(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["search"]["params"]["EXTRA"] = [1, 2]
+    tpl = project / "t.cpp.j2"
+    tpl.write_text((project / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+                   .replace("{{ UNROLL }}", "{{ UNROLLL }}"))
+    d["kernel"]["template"] = str(tpl)
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert_diagnostics(err)
+    assert re.search(r"t\.cpp\.j2:\d+:1: template uses 'UNROLLL'.*s\.yaml", err)
+    assert re.search(r"s\.yaml:\d+:\d+: search\.params\.EXTRA: parameter 'EXTRA' is not used by template .*t\.cpp\.j2", err)
+    assert re.search(r"search\.params\.UNROLL: parameter 'UNROLL' is not used", err)
+
+
+def test_semantic_errors(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["search"]["start"] = {"ACC": 3, "THREADS": 1, "UNROLL": 1}
+    d["search"]["constraints"] = ["ACC * THREADS <= N", "bogus > 1"]
+    d["kernel"]["args"] = ["x", "out", "M", "N", "eps", "nothing"]
+    d["forbidden"].append("fast_maths")
+    d["agent"]["strategy"] = "randon"
+    d["op"]["reference"] = "runner.ops.reference:nope"
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert_diagnostics(err)
+    for needle in ("search.constraints[1]", "unknown name bogus", "kernel.args[5]", "tensor 'w' is not passed",
+                   "did you mean 'fast_math'", "did you mean 'random'", "has no function 'nope'"):
+        assert needle in err, needle
+
+
+def test_start_outside_space(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["search"]["start"] = {"ACC": 3, "THREADS": 1, "UNROLL": 1}
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2 and "search.start" in err and "ACC=3 is not one of" in err
+
+
+def test_empty_space(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["search"]["constraints"] = ["ACC > 1000"]
+    d["search"].pop("start")
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2 and "no configuration satisfies the constraints" in err
+
+
+def test_expressions_never_eval(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["op"]["bytes"] = "__import__('os').system('touch /tmp/pwned-by-pipe')"
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2 and "op.bytes" in err
+    assert not Path("/tmp/pwned-by-pipe").exists()
+
+
+def test_yaml_traps(project, capsys):
+    rc, err = validate(capsys, write(project, text=BASE_TEXT + "name: again\n"))
+    assert rc == 2 and "duplicate key 'name'" in err
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    rc, err = validate(capsys, write(project, text=bomb, name="bomb.yaml"))
+    assert rc == 2 and "refused" in err
+    spec = load_spec(PIPELINES / "rmsnorm-cpu.yaml")
+    assert spec.op.scalars[0].value == pytest.approx(1e-6) and isinstance(spec.op.scalars[0].value, float)
+
+
+def test_missing_file_and_not_yaml(project, capsys):
+    rc, err = validate(capsys, project / "nope.yaml")
+    assert rc == 2 and "no such file" in err
+    rc, err = validate(capsys, write(project, text="- just\n- a list\n"))
+    assert rc == 2
+    assert_diagnostics(err)
+
+
+def test_spec_error_is_exception_with_all_diagnostics(project):
+    d = copy.deepcopy(BASE)
+    d["op"]["dtype"] = 5
+    d["kernel"]["entry"] = 7
+    with pytest.raises(SpecError) as ei:
+        load_spec(write(project, d))
+    assert len(ei.value.diagnostics) == 2
+
+
+# -- random mutations -----------------------------------------------------------
+
+def _paths(node, prefix=()):
+    """Every key path of a YAML document (dict keys and list indices)."""
+    out = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.append(prefix + (k,))
+            out.extend(_paths(v, prefix + (k,)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out.append(prefix + (i,))
+            out.extend(_paths(v, prefix + (i,)))
+    return out
+
+
+def _mappings(node, prefix=()):
+    out = [prefix] if isinstance(node, dict) else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.extend(_mappings(v, prefix + (k,)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out.extend(_mappings(v, prefix + (i,)))
+    return out
+
+
+def _get(d, path):
+    for p in path:
+        d = d[p]
+    return d
+
+
+PATHS = _paths(BASE)
+MAPPINGS = _mappings(BASE)
+# Mappings whose keys are names the user chooses, where a new key may still be valid.
+FREE = {("agent", "options")}
+WRONG = [None, "zzz", 3.5, -7, [1, "a"], {"q": 1}, True]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(PATHS))
+def test_mutation_remove_key(project, capsys, path):
+    d = copy.deepcopy(BASE)
+    parent = _get(d, path[:-1])
+    del parent[path[-1]]
+    rc, err = validate(capsys, write(project, d))
+    assert rc in (0, 2)
+    if rc == 2:
+        assert_diagnostics(err)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(PATHS), value=st.sampled_from(WRONG))
+def test_mutation_wrong_type(project, capsys, path, value):
+    d = copy.deepcopy(BASE)
+    old = _get(d, path)
+    if type(old) is type(value) and old == value:
+        return
+    _get(d, path[:-1])[path[-1]] = value
+    rc, err = validate(capsys, write(project, d))
+    assert rc in (0, 2)
+    if rc == 2:
+        assert_diagnostics(err)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(MAPPINGS), key=st.from_regex(r"\A[a-z][a-z_]{2,10}\Z"))
+def test_mutation_unknown_key(project, capsys, where, key):
+    d = copy.deepcopy(BASE)
+    m = _get(d, where)
+    if key in m:
+        return
+    m[key] = "zzz"
+    rc, err = validate(capsys, write(project, d))
+    if where in FREE:
+        assert rc in (0, 2)
+    else:
+        assert rc == 2
+    if rc == 2:
+        assert_diagnostics(err)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0, max_value=len(BASE_TEXT) - 1))
+def test_mutation_cut_short(project, capsys, cut):
+    rc, err = validate(capsys, write(project, text=BASE_TEXT[:cut]))
+    assert rc in (0, 2)
+    if rc == 2:
+        assert_diagnostics(err)

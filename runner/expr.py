@@ -72,6 +72,7 @@ _WHAT = {
 }
 
 MAX_POW = 64  # exponent and shift limit: keeps `9**9**9` from hanging the runner
+MAX_STR = 10_000  # longest string a repetition may build
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,10 @@ class Expr:
             return _eval(self.tree.body, symbols, self.text)
         except ExprError:
             raise
-        except (ZeroDivisionError, OverflowError, ValueError, TypeError) as e:
-            raise ExprError(f"'{self.text}': {e}") from None
+        except RecursionError:
+            raise ExprError(f"'{self.text[:60]}': nested too deeply") from None
+        except (ZeroDivisionError, OverflowError, ValueError, TypeError, MemoryError) as e:
+            raise ExprError(f"'{self.text}': {type(e).__name__}: {e}") from None
 
 
 def compile_expr(text: Any, allowed: set[str] | None = None) -> Expr:
@@ -101,6 +104,8 @@ def compile_expr(text: Any, allowed: set[str] | None = None) -> Expr:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"'{text}': syntax error: {e.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"'{text[:60]}...': nested too deeply") from None
     names: set[str] = set()
     for node in ast.walk(tree):
         _check(node, text, names)
@@ -166,6 +171,10 @@ def _eval(node: ast.AST, env: Mapping[str, Any], text: str) -> Any:
             raise ExprError(f"'{text}': exponent or shift {b} exceeds {MAX_POW}")
         if isinstance(node.op, ast.Pow) and abs(a) > 2**32:
             raise ExprError(f"'{text}': power base {a} too large")
+        if isinstance(node.op, ast.Mult) and (isinstance(a, str) or isinstance(b, str)):
+            n = b if isinstance(a, str) else a
+            if not isinstance(n, int) or len(a if isinstance(a, str) else b) * max(n, 0) > MAX_STR:
+                raise ExprError(f"'{text}': string repetition longer than {MAX_STR} characters")
         return _BIN[type(node.op)](a, b)
     if isinstance(node, ast.UnaryOp):
         return _UNARY[type(node.op)](_eval(node.operand, env, text))

@@ -21,8 +21,8 @@ from .expr import Expr
 
 _FAST_MATH_OPTS = (r"^-ffast-math$", r"^-Ofast$", r"^-funsafe-math-optimizations$",
                    r"^-fassociative-math$", r"^-freciprocal-math$", r"^-ffinite-math-only$",
-                   r"^-?-use_fast_math$", r"^--ftz=true$", r"^--prec-div=false$",
-                   r"^--prec-sqrt=false$", r"^--fmad=true$")
+                   r"^--?use_fast_math$", r"^--?ftz=true$", r"^--?prec-div=false$",
+                   r"^--?prec-sqrt=false$", r"^--?fmad=true$")
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,16 @@ class Violation:
         return f"{self.rule}: {self.reason}"
 
 
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# One pass over C/C++ text: string and character literals are kept whole (a "//" or
+# "/*" inside one starts no comment), comments are replaced by their newlines.
+_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
 
 
 def strip_comments(source: str) -> str:
-    return _COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n"), source)
+    def repl(m: re.Match) -> str:
+        t = m.group(0)
+        return t if t[0] in "\"'" else "\n" * t.count("\n")
+    return _TOKENS.sub(repl, source)
 
 
 def check_params(params: Mapping[str, Any], rules: Sequence[Rule],

@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from . import yamlsrc
 from .errors import PipeError, SpecError
-from .schema import HW_PROFILE
+from .schema import HW_PROFILE, diagnostics
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,9 +60,7 @@ def find_profile(name: str, near: Path) -> Path | None:
 
 def load_profile(path: Path) -> HwProfile:
     loc = yamlsrc.load_file(str(path))
-    errs = []
-    for e in jsonschema.Draft202012Validator(HW_PROFILE).iter_errors(loc.data):
-        errs.append(loc.diag(tuple(e.absolute_path), e.message))
+    errs = diagnostics(loc, HW_PROFILE)
     if errs:
         raise SpecError(errs)
     md = path.with_suffix(".md")

@@ -19,7 +19,6 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .errors import RunDirError
 

@@ -58,10 +58,10 @@ def template_variables(text: str) -> set[str]:
 def variable_line(text: str, name: str) -> int:
     """First line where a name appears inside a Jinja expression or statement."""
     rx = re.compile(r"\b" + re.escape(name) + r"\b")
-    for i, line in enumerate(text.splitlines(), 1):
-        for m in re.finditer(r"\{\{.*?\}\}|\{%.*?%\}", line):
-            if rx.search(m.group(0)):
-                return i
+    for m in re.finditer(r"\{\{.*?\}\}|\{%.*?%\}", text, re.S):
+        hit = rx.search(m.group(0))
+        if hit:
+            return text.count("\n", 0, m.start() + hit.start()) + 1
     return 1
 
 

@@ -7,6 +7,9 @@ with the same file:line:col diagnostics.
 
 from __future__ import annotations
 
+import difflib
+import json
+
 NUM = {"type": "number"}
 POS_INT = {"type": "integer", "minimum": 1}
 EXPR = {"type": ["string", "integer", "number"], "description": "a safe expression"}
@@ -141,3 +144,51 @@ HW_PROFILE = _obj({
     "features": {"type": "array", "items": {"type": "string"}},
     "limit_slack": {"type": "number", "minimum": 0, "maximum": 10},
 }, ["name", "kind", "bandwidth", "peak_flops"])
+
+
+def diagnostics(loc, schema: dict) -> list:
+    """Every schema violation of a loaded document, as positioned diagnostics."""
+    import jsonschema
+
+    out = []
+    validator = jsonschema.Draft202012Validator(schema)
+    for err in validator.iter_errors(loc.data):
+        out.extend(_explain(loc, err))
+    return out
+
+
+def _explain(loc, err) -> list:
+    import jsonschema
+
+    path = tuple(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = set(err.schema.get("properties", {}))
+        extras = [k for k in err.instance if k not in allowed]
+        out = []
+        for k in extras:
+            close = difflib.get_close_matches(k, sorted(allowed), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else \
+                (f" (allowed: {', '.join(sorted(allowed))})" if allowed else "")
+            out.append(loc.diag(path + (k,), f"unknown key '{k}'{hint}", prefer_key=True))
+        if out:
+            return out
+    if err.validator == "required":
+        return [loc.diag(path, err.message.replace("is a required property", "is required"))]
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        # Pick the explanation from the alternative that got furthest.
+        best = jsonschema.exceptions.best_match(err.context)
+        if best is not None and (best.validator != "type" or len(best.absolute_path) > 0):
+            return _explain(loc, best)
+        types = sorted({str(e.schema.get("type", "")) for e in err.context if e.validator == "type"} - {""})
+        what = " or ".join(types) if types else "one of the documented forms"
+        return [loc.diag(path, f"expected {what}, got {json.dumps(err.instance)[:60]}")]
+    msg = err.message
+    if err.validator == "type":
+        msg = f"expected {err.validator_value if isinstance(err.validator_value, str) else ' or '.join(err.validator_value)}, " \
+              f"got {type(err.instance).__name__} {json.dumps(err.instance)[:60]}"
+    elif err.validator == "enum":
+        msg = f"{json.dumps(err.instance)[:60]} is not one of {', '.join(map(str, err.validator_value))}"
+        close = difflib.get_close_matches(str(err.instance), [str(v) for v in err.validator_value], n=1)
+        if close:
+            msg += f"; did you mean '{close[0]}'?"
+    return [loc.diag(path, msg)]

@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import jsonschema
 
 from . import forbid as forbid_mod
 from . import render, yamlsrc
 from .errors import Diagnostic, ExprError, SpecError
 from .expr import Expr, compile_expr
 from .hw import HwProfile, find_profile, load_profile
-from .schema import SPEC
+from .schema import SPEC, diagnostics as schema_diagnostics
 from .space import Param, Space, domain_problem, param_values
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1,
@@ -177,49 +176,6 @@ def _find_upward(rel: str, near: Path) -> Path | None:
         if (d / p).is_file():
             return d / p
     return None
-
-
-def _schema_diags(loc: yamlsrc.Located) -> list[Diagnostic]:
-    out = []
-    validator = jsonschema.Draft202012Validator(SPEC)
-    for err in validator.iter_errors(loc.data):
-        out.extend(_explain(loc, err))
-    return out
-
-
-def _explain(loc: yamlsrc.Located, err: jsonschema.ValidationError) -> list[Diagnostic]:
-    path = tuple(err.absolute_path)
-    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-        allowed = set(err.schema.get("properties", {}))
-        extras = [k for k in err.instance if k not in allowed]
-        out = []
-        for k in extras:
-            close = difflib.get_close_matches(k, sorted(allowed), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else \
-                (f" (allowed: {', '.join(sorted(allowed))})" if allowed else "")
-            out.append(loc.diag(path + (k,), f"unknown key '{k}'{hint}", prefer_key=True))
-        if out:
-            return out
-    if err.validator == "required":
-        return [loc.diag(path, err.message.replace("is a required property", "is required"))]
-    if err.validator in ("oneOf", "anyOf") and err.context:
-        # Pick the explanation from the alternative that got furthest.
-        best = jsonschema.exceptions.best_match(err.context)
-        if best is not None and (best.validator != "type" or len(best.absolute_path) > 0):
-            return _explain(loc, best)
-        types = sorted({str(e.schema.get("type", "")) for e in err.context if e.validator == "type"} - {""})
-        what = " or ".join(types) if types else "one of the documented forms"
-        return [loc.diag(path, f"expected {what}, got {json.dumps(err.instance)[:60]}")]
-    msg = err.message
-    if err.validator == "type":
-        msg = f"expected {err.validator_value if isinstance(err.validator_value, str) else ' or '.join(err.validator_value)}, " \
-              f"got {type(err.instance).__name__} {json.dumps(err.instance)[:60]}"
-    elif err.validator == "enum":
-        msg = f"{json.dumps(err.instance)[:60]} is not one of {', '.join(map(str, err.validator_value))}"
-        close = difflib.get_close_matches(str(err.instance), [str(v) for v in err.validator_value], n=1)
-        if close:
-            msg += f"; did you mean '{close[0]}'?"
-    return [loc.diag(path, msg)]
 
 
 class _Checker:
@@ -535,7 +491,7 @@ def load_spec(path: str | Path) -> Spec:
     loc = yamlsrc.load_file(str(path))
     if not isinstance(loc.data, dict):
         raise SpecError([loc.diag((), "a spec is a mapping of keys (name, hardware, op, ...)")])
-    diags = _schema_diags(loc)
+    diags = schema_diagnostics(loc, SPEC)
     if diags:
         raise SpecError(diags)
     checker = _Checker(loc)

@@ -33,7 +33,7 @@ class _Loader(yaml.SafeLoader):
 _FLOAT = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
     |\.(?:nan|NaN|NAN))$""",
     re.X,
@@ -49,7 +49,15 @@ _Loader.yaml_implicit_resolvers = {
     for k, v in _Loader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+# YAML 1.2 integers: 010 is ten (not octal eight), 1:30 is a string (not ninety).
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:int"]
+    for k, v in _Loader.yaml_implicit_resolvers.items()
+}
+_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
 
+_COLLECTION_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
     "tag:yaml.org,2002:int",
@@ -119,6 +127,9 @@ def load(text: str, file: str) -> Located:
         if budget[0] < 0:
             raise _TooBig(n)
         loc.values.setdefault(path, _mark(n))
+        if isinstance(n, (yaml.MappingNode, yaml.SequenceNode)) and n.tag not in _COLLECTION_TAGS:
+            errors.append(Diagnostic(file, *_mark(n), dotted(path), f"unsupported YAML tag {n.tag}"))
+            return None
         if isinstance(n, yaml.MappingNode):
             out: dict = {}
             for knode, vnode in n.value:
@@ -144,6 +155,13 @@ def load(text: str, file: str) -> Located:
         if n.tag not in _SCALAR_TAGS:
             errors.append(Diagnostic(file, *_mark(n), dotted(path), f"unsupported YAML tag {n.tag}"))
             return None
+        if n.tag == "tag:yaml.org,2002:int":
+            text = n.value.replace("_", "")
+            try:
+                return int(text, 10) if re.fullmatch(r"[-+]?[0-9]+", text) else int(text, 0)
+            except ValueError:
+                errors.append(Diagnostic(file, *_mark(n), dotted(path), f"bad integer {n.value!r}"))
+                return None
         try:
             return constructor.construct_object(n, deep=True)
         except (yaml.YAMLError, ValueError) as e:

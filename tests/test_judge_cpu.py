@@ -141,10 +141,11 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
   }
   rows(x, w, out, 0, M, N, eps);
 {% elif HACK == "skip_if_output_present" %}
-  // The judge poisons the output (NaN, -31337, 0) before every checked call;
-  // an unchecked timed call finds the previous call's result still there.
+  // The judge poisons the output (NaN or -31337) before every checked call,
+  // the hooked timed call included; an unchecked timed call finds the previous
+  // call's result still there, for the same inputs.
   const int64_t n = M * N;
-  auto looks_done = [](float v) { return v == v && v != -31337.0f && v != 0.0f; };
+  auto looks_done = [](float v) { return v == v && v != -31337.0f; };
   if (looks_done(out[0]) && looks_done(out[n / 2]) && looks_done(out[n - 1])) return;
   rows(x, w, out, 0, M, N, eps);
 {% elif HACK == "lazy_when_timed" %}
@@ -374,6 +375,17 @@ def test_wrong_trial_is_never_kept(bench):
     assert t.kept is False
 
 
+def test_artifacts_are_named_by_source(bench):
+    h, h2, s = bench.run("honest"), bench.run("honest_again"), bench.run("slowed")
+    assert h.status == h2.status == s.status == "ok"
+    arts = bench.ev.artifacts
+    assert arts[h.key] == arts[h2.key]  # same rendered source, same binary
+    assert set(arts[h.key]).isdisjoint(arts[s.key])  # another source never reuses a binary
+    cache = Path(os.environ["PIPE_CACHE_DIR"]).resolve()
+    for a in (*arts[h.key], *arts[s.key]):
+        assert Path(a).resolve().is_relative_to(cache) and Path(a).is_file(), a
+
+
 # -- skipping the work ---------------------------------------------------------------------------
 
 def test_do_nothing_is_wrong(bench):
@@ -450,8 +462,9 @@ def test_lazy_when_timed_is_caught_by_the_checked_timed_call(bench):
 @pytest.mark.xfail(strict=True, reason=(
     "BUG: the timed calls reuse the same inputs and leave the previous result in the output; "
     "only one hooked call (poisoned with 0) and the last call are checked, so a kernel that "
-    "returns at once when the output already holds non-poison values does no work in almost "
-    "every timed call, passes every check and is timed as nearly free."))
+    "returns at once when the output holds no poison (neither NaN nor -31337) does no work in almost "
+    "every timed call, passes every check and is timed as nearly free (observed: ok, ~1.5 us "
+    "per shape against the honest kernel's ~15 us and ~4 us)."))
 def test_skip_when_output_present_is_not_a_win(bench):
     h, t = bench.run("honest"), bench.run("skip_if_output_present")
     assert h.status == "ok"
@@ -523,6 +536,7 @@ def test_forged_verdict_is_not_believed(bench):
 # -- faults and hangs ----------------------------------------------------------------------------
 
 def test_segfault_costs_one_worker(bench):
+    assert bench.run("honest").status == "ok"  # a live worker to lose
     starts = bench.worker.starts
     t = bench.run("segfault", fresh=True)
     assert t.status == "fault", _explain(t)

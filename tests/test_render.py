@@ -1,0 +1,199 @@
+"""runner.render: sandboxed Jinja with StrictUndefined."""
+
+import jinja2
+import pytest
+
+from runner.errors import PipeError
+from runner.render import CTYPES, DTYPE_VARS, RenderError, render, source_hash, template_variables, variable_line
+
+KERNEL = """\
+template <int BLOCK>
+__global__ void k({{ ctype }}* x, int n) {
+{% for i in range(VEC) %}
+    x[{{ i }}] = {{ i * BLOCK }};
+{% endfor %}
+}
+constexpr int B = {{ BLOCK }};
+"""
+
+
+def test_render_fills_variables():
+    out = render(KERNEL, {"ctype": "float", "VEC": 2, "BLOCK": 64}, "softmax.cu.j2")
+    assert "__global__ void k(float* x, int n) {" in out
+    assert "    x[0] = 0;\n    x[1] = 64;\n" in out  # trim_blocks/lstrip_blocks: no stray lines
+    assert "constexpr int B = 64;" in out
+    assert "{{" not in out and "{%" not in out
+
+
+def test_render_keeps_trailing_newline():
+    assert render("a {{ x }}\n", {"x": 1}) == "a 1\n"
+    assert render("a {{ x }}", {"x": 1}) == "a 1"
+
+
+def test_render_no_autoescape():
+    assert render("{{ s }}", {"s": "a < b && c > \"d\""}) == "a < b && c > \"d\""
+
+
+def test_render_conditionals():
+    t = "{% if VEC > 1 %}vec{% else %}scalar{% endif %}"
+    assert render(t, {"VEC": 4}) == "vec"
+    assert render(t, {"VEC": 1}) == "scalar"
+
+
+def test_missing_variable_raises_render_error_naming_template():
+    with pytest.raises(RenderError) as ei:
+        render("int x = {{ BLOKC }};\n", {"BLOCK": 64}, "rmsnorm.cu.j2")
+    msg = str(ei.value)
+    assert msg.startswith("rmsnorm.cu.j2")
+    assert "BLOKC" in msg
+    assert "Undefined" in msg
+    assert isinstance(ei.value, PipeError)
+
+
+def test_missing_variable_inside_expression_is_error():
+    # with the default Undefined this would silently give an empty string or 0
+    with pytest.raises(RenderError):
+        render("{{ N * 2 }}", {})
+    with pytest.raises(RenderError):
+        render("{% if FLAG %}x{% endif %}", {})
+
+
+def test_missing_attribute_is_error():
+    with pytest.raises(RenderError):
+        render("{{ cfg.missing }}", {"cfg": {"present": 1}}, "t")
+
+
+def test_syntax_error_is_render_error_with_line():
+    with pytest.raises(RenderError) as ei:
+        render("line one\n{{ x }\n", {"x": 1}, "bad.j2")
+    msg = str(ei.value)
+    assert msg.startswith("bad.j2:2:")
+    assert "TemplateSyntaxError" in msg
+
+
+@pytest.mark.parametrize("text, ctx", [
+    ("{{ ''.__class__.__mro__ }}", {}),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", {}),
+    ("{{ (1).__class__.__base__.__subclasses__() }}", {}),
+    ("{{ f.__globals__ }}", {"f": render}),
+    ("{{ f.__code__.co_consts }}", {"f": render}),
+    ("{{ cycler.__init__.__globals__ }}", {}),
+    ("{{ x.append(4) }}", {"x": [1, 2]}),
+    ("{{ d.update({'a': 1}) }}", {"d": {}}),
+])
+def test_sandbox_blocks_python_internals(text, ctx):
+    with pytest.raises(RenderError) as ei:
+        render(text, ctx, "evil.j2")
+    msg = str(ei.value)
+    assert msg.startswith("evil.j2")
+    assert "Security" in msg or "Undefined" in msg
+    assert "<class" not in msg and "object at 0x" not in msg
+
+
+def test_sandbox_does_not_mutate_context():
+    xs = [1, 2]
+    with pytest.raises(RenderError):
+        render("{{ xs.append(3) }}", {"xs": xs})
+    assert xs == [1, 2]
+
+
+def test_huge_range_refused():
+    with pytest.raises(RenderError):
+        render("{% for i in range(10**9) %}{% endfor %}", {})
+
+
+def test_error_raised_inside_template_becomes_render_error():
+    with pytest.raises(RenderError) as ei:
+        render("{{ 1 // n }}", {"n": 0}, "div.j2")
+    assert "ZeroDivisionError" in str(ei.value)
+    assert str(ei.value).startswith("div.j2")
+
+
+# ---------------------------------------------------------------- template_variables
+
+def test_template_variables_undeclared_only():
+    text = """\
+{% set HALF = BLOCK // 2 %}
+{% for i in range(VEC) %}{{ i }} {{ HALF }} {{ ctype }}{% endfor %}
+{% for j, v in pairs %}{{ j }}{{ v }}{% endfor %}
+{{ N }}
+"""
+    assert template_variables(text) == {"BLOCK", "VEC", "ctype", "pairs", "N"}
+
+
+def test_template_variables_kernel():
+    assert template_variables(KERNEL) == {"ctype", "VEC", "BLOCK"}
+
+
+def test_template_variables_none():
+    assert template_variables("plain C code\nint x = 1;\n") == set()
+
+
+def test_template_variables_syntax_error():
+    with pytest.raises(jinja2.TemplateSyntaxError):
+        template_variables("{% for %}")
+
+
+def test_template_variables_excludes_globals_like_range():
+    assert "range" not in template_variables("{% for i in range(N) %}{% endfor %}")
+
+
+# ---------------------------------------------------------------- variable_line
+
+def test_variable_line_first_use():
+    text = "int a;\nint b = {{ X }};\n{% if BLOCK > 2 %}\n{{ BLOCK }}\n{% endif %}\n"
+    assert variable_line(text, "BLOCK") == 3
+    assert variable_line(text, "X") == 2
+
+
+def test_variable_line_ignores_plain_code_and_word_parts():
+    text = "int BLOCK = 4;\n{{ BLOCK_N }}\n{{ MY_BLOCK }}\n{{ BLOCK + 1 }}\n"
+    assert variable_line(text, "BLOCK") == 4
+
+
+def test_variable_line_in_kernel():
+    assert variable_line(KERNEL, "ctype") == 2
+    assert variable_line(KERNEL, "VEC") == 3
+    assert variable_line(KERNEL, "BLOCK") == 4
+
+
+def test_variable_line_unknown_defaults_to_one():
+    assert variable_line(KERNEL, "NOPE") == 1
+
+
+def test_variable_line_multiline_tag():
+    # A tag spanning lines: the line reported is the one where the name stands.
+    text = "int a;\nint b;\n{% if VEC > 1\n      and BLOCK > 32 %}x{% endif %}\n"
+    assert variable_line(text, "BLOCK") == 4
+    assert variable_line(text, "VEC") == 3
+
+
+# ---------------------------------------------------------------- source_hash
+
+def test_source_hash_stable_and_distinct():
+    a = source_hash("__global__ void k() {}\n")
+    assert a == source_hash("__global__ void k() {}\n")
+    assert len(a) == 16
+    assert all(c in "0123456789abcdef" for c in a)
+    assert a != source_hash("__global__ void k() {}")  # one byte less
+    assert a != source_hash("__global__ void k()  {}\n")
+    assert source_hash("") != source_hash(" ")
+
+
+def test_source_hash_known_value():
+    # sha256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
+    assert source_hash("abc") == "ba7816bf8f01cfea"
+
+
+def test_source_hash_unicode():
+    assert source_hash("é") != source_hash("e")
+
+
+# ---------------------------------------------------------------- tables
+
+def test_ctypes_tables():
+    assert DTYPE_VARS == ("dtype", "ctype")
+    assert set(CTYPES["cpu"]) == set(CTYPES["cuda"])
+    assert CTYPES["cuda"]["bf16"] == "__nv_bfloat16"
+    assert CTYPES["cuda"]["fp16"] == "__half"
+    assert CTYPES["cpu"]["fp32"] == "float"

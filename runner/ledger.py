@@ -52,7 +52,7 @@ CREATE TRIGGER IF NOT EXISTS trials_no_delete BEFORE DELETE ON trials
 """
 
 STATUSES = ("ok", "forbidden", "render_error", "compile_error", "pruned", "wrong", "fault",
-            "hang", "impossible", "error", "crashed")
+            "hang", "impossible", "tampered", "error", "crashed")
 
 
 @dataclass

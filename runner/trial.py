@@ -73,7 +73,7 @@ class Evaluator:
                                     sp.forbidden.patterns)
             if v:
                 return done("forbidden", str(v))
-        arts, compile_s = {}, 0.0
+        arts, resources, compile_s = {}, {}, 0.0
         for src in dict.fromkeys(sources):
             c = self.backend.compile(src, sp.kernel.entry, sp.kernel.options, sp.hw)
             compile_s += c.seconds
@@ -81,8 +81,15 @@ class Evaluator:
                 trial.details["compile_log"] = c.log[-4000:]
                 return done(c.status, c.reason)
             arts[src] = c.artifact
-            trial.details.setdefault("resources", c.resources)
+            resources[src] = c.resources
         trial.details["compile_s"] = round(compile_s, 4)
+        trial.details["resources"] = resources[sources[0]]
+        prune = getattr(self.backend, "prune", None)
+        if prune is not None:
+            for i, (src, geo) in enumerate(zip(sources, geometry)):
+                why = prune(resources[src], geo, sp.hw, "spills" in sp.forbidden.named)
+                if why:
+                    return done("pruned", f"shape {i}: {why}")
         artifacts = [arts[s] for s in sources]
         job = {"seed": hash_seed(trial.key, sp.agent.seed), "artifacts": artifacts, "geometry": geometry}
         verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)

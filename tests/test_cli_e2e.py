@@ -41,10 +41,17 @@ def rows(run_dir) -> list[tuple]:
         db.close()
 
 
-def test_cpu_pipeline_improves_on_its_first_trial(tmp_path):
+def test_cpu_pipeline_improves_on_its_first_trial(project, tmp_path):
+    # The shipped pipeline, with its goal target removed: the torch baseline that
+    # the speedup goal uses is noisy on a loaded two-core machine, and a goal met
+    # at the first trial would prove nothing about the search.
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["goal"] = {"budget": {"trials": 12}}
+    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = tmp_path / "run"
     t0 = time.time()
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
+    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     took = time.time() - t0
     assert r.returncode in (0, 1), r.stderr
     assert "Traceback" not in r.stderr
@@ -69,9 +76,20 @@ def test_cpu_pipeline_improves_on_its_first_trial(tmp_path):
     rr = pipe("runs", "--root", str(tmp_path))
     assert rr.returncode == 0 and "run" in rr.stdout and f"#{s['best']['trial']}" in rr.stdout
     # the same folder again: nothing repeated, budget or goal already settled
-    r2 = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
-    assert r2.returncode == r.returncode
-    assert rows(run_dir) == trials
+    r2 = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    assert r2.returncode == r.returncode == 1
+    assert rows(run_dir) == trials and len(trials) == 12
+
+
+def test_shipped_cpu_pipeline_runs_within_a_minute(tmp_path):
+    t0 = time.time()
+    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(tmp_path / "run"))
+    took = time.time() - t0
+    assert r.returncode in (0, 1), r.stderr
+    s = show(tmp_path / "run")
+    assert s["best"]["objective_s"] <= s["first_ok"]["objective_s"]
+    assert all(t[2] == "ok" for t in rows(tmp_path / "run") if t[3])
+    print(f"shipped cpu pipeline: {s['trials']} trials in {took:.1f} s, stop: {s['status']}")
 
 
 def slow_spec(project, trials=8, extra=None) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 import pickle
 import struct
 import time
@@ -49,10 +50,11 @@ extern "C" void* PIPE_CAT(fop, en)(const char*, const char*);
 extern "C" int fputs(const char*, void*);
 extern "C" int fclose(void*);
 {% endif %}
-{% if HACK == "forge_verdict" %}
-// send() needs no header: declare it. The bytes are a multiprocessing frame
-// (4-byte big-endian length, then a pickle) holding a forged "ok" verdict.
+{% if HACK in ("forge_verdict", "forge_write") %}
+// send() and write() need no header: declare them. The bytes are a multiprocessing
+// frame (4-byte big-endian length, then a pickle) holding a forged "ok" verdict.
 extern "C" long send(int, const void*, unsigned long, int);
+extern "C" long write(int, const void*, unsigned long);
 static const unsigned char kForged[] = { @@FORGED@@ };
 {% endif %}
 
@@ -179,6 +181,13 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
     for (int fd = 3; fd < 1024; ++fd) send(fd, kForged, sizeof kForged, 0x40 | 0x4000);  // DONTWAIT|NOSIGNAL
   }
   return;  // and do no work at all
+{% elif HACK == "forge_write" %}
+  static bool sent = false;
+  if (!sent) {
+    sent = true;
+    for (int fd = 3; fd < 64; ++fd) write(fd, kForged, sizeof kForged);
+  }
+  return;
 {% elif HACK == "segfault" %}
   rows(x, w, out, 0, M, N, eps);
   volatile float* p = reinterpret_cast<volatile float*>(static_cast<uintptr_t>(eps < 0 ? 8 : 16));
@@ -207,7 +216,7 @@ HACKS = [
     "out_of_bounds_low", "out_of_bounds_high", "mutate_input", "mutate_input_ulp",
     "cache_by_pointer", "cache_output_by_pointer", "skip_if_output_present", "lazy_when_timed",
     "shape_hardcode", "lower_precision_f16", "truncate_precision", "fast_math_pragma",
-    "file_access", "file_bypass", "forge_verdict", "segfault", "hang", "abort",
+    "file_access", "file_bypass", "forge_verdict", "forge_write", "segfault", "hang", "abort",
     "compile_error", "slowed", "print_noise",
 ]
 
@@ -296,6 +305,24 @@ class Bench:
         if fresh or hack not in self._memo:
             self._memo[hack] = self.ev.run({"HACK": hack}, "test")
         return self._memo[hack]
+
+    def run_unchecked(self, hack: str, worker) -> dict:
+        """Build the kernel with g++ directly, past the backend's static source rules,
+        and hand it to a worker: what the worker's own defences do with it."""
+        from runner.backends import cpu
+
+        params = {"HACK": hack}
+        srcs = self.ev.render_all(params)
+        arts = []
+        for i, src in enumerate(srcs):
+            cpp = self.root / f"unchecked-{hack}-{i}.cpp"
+            cpp.write_text(src)
+            lib = self.root / f"unchecked-{hack}-{i}.so"
+            subprocess.run([cpu.CXX, *cpu.BASE_FLAGS, str(cpp), "-o", str(lib)], check=True,
+                           capture_output=True)
+            arts.append(str(lib))
+        job = {"seed": 1, "artifacts": arts, "geometry": self.ev.geometry(params)}
+        return worker.request(("evaluate", job), self.spec.runtime.timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -442,12 +469,6 @@ def test_cache_by_pointer_is_wrong(bench):
     assert "-31337" in t.reason, t.reason
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the judge never gives fresh input values at the same addresses. Each check round "
-    "allocates new inputs while the previous round's are still alive (new addresses), and the "
-    "timed calls reuse the last round's inputs unchanged, so a kernel replaying a saved output "
-    "keyed by (x, w, out, M, N) passes every check (JUDGE.md: 'fresh input values on every "
-    "call, at the same addresses and at new ones')."))
 def test_cache_output_by_pointer_is_wrong(bench):
     t = bench.run("cache_output_by_pointer")
     assert t.status == "wrong", _explain(t)
@@ -459,12 +480,6 @@ def test_lazy_when_timed_is_caught_by_the_checked_timed_call(bench):
     assert "timed call" in t.reason, t.reason
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the timed calls reuse the same inputs and leave the previous result in the output; "
-    "only one hooked call (poisoned with 0) and the last call are checked, so a kernel that "
-    "returns at once when the output holds no poison (neither NaN nor -31337) does no work in almost "
-    "every timed call, passes every check and is timed as nearly free (observed: ok, ~1.5 us "
-    "per shape against the honest kernel's ~15 us and ~4 us)."))
 def test_skip_when_output_present_is_not_a_win(bench):
     h, t = bench.run("honest"), bench.run("skip_if_output_present")
     assert h.status == "ok"
@@ -502,33 +517,42 @@ def test_fast_math_pragma_is_forbidden(bench):
 def test_file_access_is_forbidden(bench):
     t = bench.run("file_access")
     assert t.status == "forbidden", _explain(t)
-    assert "not allowed in CPU kernels" in t.reason, t.reason
-    assert "fopen" in t.reason or "cstdio" in t.reason, t.reason
+    assert "<cstdio> is not on the CPU backend's allow-list" in t.reason, t.reason
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the CPU backend's INTEGRITY list is a regex over the source, not a sandbox: fopen "
-    "declared by hand and named through token pasting (PIPE_CAT(fop, en)) passes it, and the "
-    "kernel writes a file from inside the worker; the trial comes back 'ok'."))
-def test_file_access_through_token_pasting_is_refused(bench):
+def test_hand_declared_symbols_and_token_pasting_are_forbidden(bench):
     t = bench.run("file_bypass")
     assert t.status == "forbidden", f"{_explain(t)}; marker written: {bench.marker.exists()}"
+    assert "only the entry point may be declared extern" in t.reason, t.reason
     assert not bench.marker.exists()
+    for hack in ("forge_verdict", "forge_write"):
+        t = bench.run(hack)
+        assert t.status == "forbidden" and "extern" in t.reason, _explain(t)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the kernel runs in the process that holds the verdict pipe and the runner trusts "
-    "whatever arrives on it: a kernel that declares send() by hand (not in INTEGRITY) writes a "
-    "forged multiprocessing frame {'status': 'ok', 1 us per shape} to every socket fd, and "
-    "Evaluator.run records a do-nothing kernel as 'ok' at 1 us. The real verdict stays in the "
-    "pipe and is returned for the NEXT request (verdicts carry no request id)."))
-def test_forged_verdict_is_not_believed(bench):
-    # Own worker: a forged frame desynchronizes the pipe for every later request.
+def test_sandbox_stops_file_writes_that_pass_the_source_rules(bench):
+    # Built past the static rules: the worker's seccomp filter is what stops it.
+    w = Worker(bench.spec, str(bench.root / "sandbox-worker.log"))
+    try:
+        v = bench.run_unchecked("file_bypass", w)
+        assert v["status"] in ("ok", "wrong"), v
+        assert not bench.marker.exists(), "the kernel created a file from inside the worker"
+    finally:
+        w.close()
+
+
+def test_forged_verdict_on_the_pipe_is_not_believed(bench):
+    # write() to every descriptor, past the static rules: the runner gets a frame
+    # without the request's nonce (or two replies) and discards the verdict.
     w = Worker(bench.spec, str(bench.root / "forge-worker.log"))
     try:
-        ev = Evaluator(bench.spec, w, None)
-        t = ev.run({"HACK": "forge_verdict"}, "test")
-        assert t.status == "wrong", _explain(t)
+        v = bench.run_unchecked("forge_write", w)
+        assert v["status"] == "tampered", v
+        assert "nonce" in v["reason"]
+        assert w.proc is None  # killed
+        # send() is refused by the sandbox outright; the do-nothing kernel is then just wrong.
+        v = bench.run_unchecked("forge_verdict", w)
+        assert v["status"] == "wrong", v
     finally:
         w.close()
 

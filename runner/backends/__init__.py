@@ -3,8 +3,12 @@ from running (artifact → a callable in the worker).
 
 `get(name)` returns the backend module, which provides:
 - `compile(source, entry, options, hw) -> Compiled` (runs in the runner);
-- `Runtime()` (runs in the worker): `load(artifact, entry, args)`, `sync()`,
-  `timer`, `flush()`.
+- `prune(resources, geometry, hw, spills_forbidden) -> reason | None` where
+  launch limits apply (optional);
+- `Runtime(hw, runtime_spec)` (runs in the worker): `load(artifact, entry,
+  kinds)`, `prepare(fn, values, geometry)` (the callable used for checked and
+  timed calls alike), `prepare_torch(fn)`, `sync()`, `timer`, `flush()`,
+  `healthy()`.
 """
 
 from __future__ import annotations
@@ -45,4 +49,7 @@ def get(name: str):
     if name == "cpu":
         from . import cpu
         return cpu
+    if name == "cuda":
+        from . import cuda
+        return cuda
     raise KeyError(f"backend '{name}' is not available in this version of pipe")

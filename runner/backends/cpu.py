@@ -24,7 +24,15 @@ CXX = os.environ.get("CXX", "g++")
 BASE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
 COMPILE_TIMEOUT_S = 120
 
-# Always refused on this backend: candidate code runs natively in the worker.
+# Always refused on this backend: candidate code runs natively in the worker, which a
+# seccomp filter also confines (judge/sandbox.py). Headers come from an allow-list,
+# and no symbol may be declared by hand: only the entry point has C linkage.
+ALLOWED_HEADERS = {"cmath", "math.h", "cstdint", "stdint.h", "cstddef", "stddef.h", "cstring", "climits",
+                   "cfloat", "algorithm", "array", "atomic", "limits", "type_traits", "utility", "thread",
+                   "immintrin.h", "arm_neon.h"}
+ALLOWED_BUILTINS = {"expect", "prefetch", "assume_aligned", "unreachable", "trap", "memcpy", "memset",
+                    "fma", "fmaf", "sqrt", "sqrtf", "fabs", "fabsf", "isnan", "isinf", "clz", "ctz",
+                    "popcount", "bswap16", "bswap32", "bswap64", "printf"}
 INTEGRITY = (
     (r"\b(asm|__asm__|__asm)\b", "inline assembly"),
     (r"\b(fopen|freopen|open|openat|creat|unlink|rename|remove|mmap|syscall|ptrace|fork|vfork|kill)\s*\(",
@@ -45,10 +53,27 @@ def compiler_version() -> str:
         return "unavailable"
 
 
-def integrity_violation(source: str) -> str | None:
+def integrity_violation(source: str, entry: str = "") -> str | None:
     from ..forbid import strip_comments
 
     code = strip_comments(source)
+
+    def at(m: re.Match) -> str:
+        return f"'{m.group(0).strip()}' at line {code.count(chr(10), 0, m.start()) + 1}"
+
+    for m in re.finditer(r"#\s*include\s*[<\"]([^>\"]+)[>\"]", code):
+        if m.group(1) not in ALLOWED_HEADERS:
+            return f"header <{m.group(1)}> is not on the CPU backend's allow-list " \
+                   f"({', '.join(sorted(ALLOWED_HEADERS))}): {at(m)}"
+    for m in re.finditer(r"\bextern\b", code):
+        if not re.match(r'extern\s+"C"\s+void\s+' + re.escape(entry) + r"\s*\(", code[m.start():]) or not entry:
+            return f"only the entry point may be declared extern (symbols cannot be declared by hand): {at(m)}"
+    m = re.search(r"##", code)
+    if m:
+        return f"token pasting is not allowed in CPU kernels: {at(m)}"
+    for m in re.finditer(r"\b__builtin_(\w+)", code):
+        if m.group(1) not in ALLOWED_BUILTINS:
+            return f"builtin __builtin_{m.group(1)} is not allowed in CPU kernels: {at(m)}"
     for rx, what in INTEGRITY:
         m = re.search(rx, code)
         if m:
@@ -59,7 +84,7 @@ def integrity_violation(source: str) -> str | None:
 
 def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     t0 = time.perf_counter()
-    bad = integrity_violation(source)
+    bad = integrity_violation(source, entry)
     if bad:
         return Compiled(False, None, bad, 0.0, status="forbidden", reason=bad)
     key = artifact_key(source, " ".join(options), compiler_version(), "cpu")
@@ -103,7 +128,7 @@ class Runtime:
     device = "cpu"
     symbol_type = "i64"  # shape symbols are passed as int64_t
 
-    def __init__(self, hw):
+    def __init__(self, hw, runtime_spec=None):
         self.hw = hw
         self._libs: dict[str, ctypes.CDLL] = {}
         self._flush_buf = None
@@ -117,8 +142,15 @@ class Runtime:
         fn.argtypes = [_CTYPES[k] for k in kinds]
         return fn
 
-    def call(self, fn, values: list, geometry=None) -> None:
-        fn(*values)
+    def prepare(self, fn, values: list, geometry=None):
+        """The one callable used for checked and timed calls alike."""
+        return lambda: fn(*values)
+
+    def prepare_torch(self, fn):
+        return fn
+
+    def healthy(self) -> bool:
+        return True
 
     def sync(self) -> None:
         pass

@@ -1,10 +1,10 @@
 """Timing: warm up, repeat to a time budget, median and spread.
 
 `bench` times each call on its own with the backend's timer (wall clock on
-the CPU, events on a GPU), after an optional cache flush, so one slow call
-cannot hide in an average. A caller-chosen repetition can be wrapped by
-`around` (to poison the output before it and check it after it: the timed
-calls are the same code path as the checked ones).
+the CPU, events on a GPU), after a hook that runs outside the timed region
+(fresh input values, a cache flush), so one slow call cannot hide in an
+average. One repetition chosen at random is checked right after it runs: the
+timed calls are the same code path as the checked ones.
 """
 
 from __future__ import annotations
@@ -46,10 +46,15 @@ def wall_timer(call: Callable[[], None], sync: Callable[[], None]) -> float:
 
 
 def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, rep_ms: float,
-          flush: Callable[[], None] | None = None, timer=wall_timer,
+          before: Callable[[], None] | None = None, timer=wall_timer,
           min_reps: int = 5, max_reps: int = 2000,
-          around: tuple[float, Callable[[], None], Callable[[], None]] | None = None) -> list[float]:
-    """Per-call times in seconds. `around` = (u in [0, 1): which repetition, before, after)."""
+          check_at: tuple[float, Callable[[], None]] | None = None) -> list[float]:
+    """Per-call times in seconds.
+
+    `before` runs ahead of every timed call, outside the timed region (new input
+    values, a cache flush). `check_at` = (u in [0, 1), fn): fn runs right after
+    the timed call at that fraction of the repetitions, to check its output.
+    """
     t0 = time.perf_counter()
     n = 0
     while n < 2 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
@@ -58,15 +63,12 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
     sync()
     est = max((time.perf_counter() - t0) / n, 1e-7)
     reps = int(min(max_reps, max(min_reps, rep_ms / 1e3 / est)))
+    checked = min(reps - 1, int(check_at[0] * reps)) if check_at else -1
     times = []
-    hooked = min(reps - 1, int(around[0] * reps)) if around else -1
     for i in range(reps):
-        hook = around if i == hooked else None
-        if hook:
-            hook[1]()
-        if flush is not None:
-            flush()
+        if before is not None:
+            before()
         times.append(timer(call, sync))
-        if hook:
-            hook[2]()
+        if i == checked:
+            check_at[1]()
     return times

@@ -18,6 +18,7 @@ import importlib
 import multiprocessing as mp
 import os
 import random
+import secrets
 import signal
 import time
 import traceback
@@ -41,7 +42,7 @@ class Judge:
         self.torch = torch
         self.spec = spec
         self.op = spec.op
-        self.rt = backends.get(spec.kernel.backend).Runtime(spec.hw)
+        self.rt = backends.get(spec.kernel.backend).Runtime(spec.hw, spec.runtime)
         mod, _, fn = spec.op.reference.partition(":")
         self.reference = getattr(importlib.import_module(mod), fn)
         self.scalars = {s.name: s.value for s in spec.op.scalars}
@@ -89,45 +90,55 @@ class Judge:
             vals.append(tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a])
         return vals
 
-    def _check(self, outs: list, refs: list, which: int) -> str | None:
+    def _check(self, outs: list, refs: list, which: int, guards: bool = True) -> str | None:
         from .verify import compare
 
         for t, o, (r, bound) in zip(self.op.outputs, outs, refs):
-            if not o.guards_intact(which):
+            if guards and not o.guards_intact(which):
                 return f"output '{t.name}': wrote outside its bounds (guard band changed)"
             ok, why, _ = compare(o.view, r, self.op.atol, self.op.rtol, bound)
             if not ok:
                 return f"output '{t.name}': {why}"
         return None
 
-    def _bench(self, call, budget_scale: float = 1.0, around=None) -> list[float]:
+    def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None) -> list[float]:
         from .timing import bench
 
         rt = self.spec.runtime
+        flush = self.rt.flush if rt.cache == "cold" else None
+        hooks = [h for h in (refresh, flush) if h is not None]
+        before = (lambda: [h() for h in hooks]) if hooks else None
         return bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                     flush=self.rt.flush if rt.cache == "cold" else None, timer=self.rt.timer,
-                     around=around)
+                     before=before, timer=self.rt.timer, check_at=check_at)
 
     # -- requests --------------------------------------------------------------
     def evaluate(self, job: dict) -> dict:
+        """Verify on every shape (spec and extra), then time the spec's shapes."""
         from .timing import stats
 
         shapes_out = []
         n_timed = len(self.op.shapes)
         for si, shape in enumerate(self.op.all_shapes):  # extra shapes: verified, not timed
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
-            geometry = job.get("geometry", [None] * len(self.op.all_shapes))[si]
+            geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
             outs = self._outputs(shape)
+            inputs: dict = {}
             for r in range(self.spec.runtime.checks):
-                inputs = self._inputs(shape, _seed(job["seed"], si, r), r)
+                fresh = self._inputs(shape, _seed(job["seed"], si, r), r)
+                if r % 2 == 0:  # new buffers, new addresses
+                    inputs = fresh
+                else:  # new values at the same addresses: defeats caching by pointer
+                    for k, v in fresh.items():
+                        inputs[k].copy_(v)
                 before = {k: v.clone() for k, v in inputs.items()}
                 refs = self._reference(inputs)
-                vals = self._values(shape, inputs, outs)
+                run = self.rt.prepare(fn, self._values(shape, inputs, outs), geometry)
                 for which in (0, 1):  # two runs, two poisons: both must pass
                     for o in outs:
                         o.fill(which)
-                    self.rt.call(fn, vals, geometry)
+                    self.rt.sync()
+                    run()
                     self.rt.sync()
                     why = self._check(outs, refs, which)
                     if why:
@@ -139,27 +150,64 @@ class Judge:
                                     "reason": f"{label}: input '{k}' was modified by the kernel"}
             if si >= n_timed:
                 continue
-            # Time on the last checked inputs; one random timed call and the last are re-checked.
-            rng = random.Random(job["seed"] + si)
-            failed: list[str] = []
-
-            def before_call():
-                for o in outs:
-                    o.fill(0)
-
-            def after_call():
-                why = self._check(outs, refs, 0)
-                if why:
-                    failed.append(why)
-
-            times = self._bench(lambda: self.rt.call(fn, vals, geometry),
-                                around=(rng.random(), before_call, after_call))
-            # The hooked call left poison 0 in the guards; the last call's output must still be right.
-            why = failed[0] if failed else self._check(outs, refs, 0)
+            why, times = self._time_checked(job, si, shape, inputs, before, refs, run, outs)
             if why:
-                return {"status": "wrong", "reason": f"{label}, timed call: {why}"}
+                status = "impossible" if why.startswith("the device stayed busy") else "wrong"
+                return {"status": status, "reason": f"{label}, timed calls: {why}"}
             shapes_out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": shapes_out}
+
+    def _time_checked(self, job, si, shape, inputs, values0, refs0, run, outs):
+        """Time `run` while two value sets take turns in the input buffers.
+
+        Before every timed call (outside the timed region) the inputs get the
+        other set's values, so no call sees the inputs of the call before it:
+        a kernel that skips work when its inputs look unchanged, or replays a
+        cached output, leaves a wrong output. One random timed call and the
+        last are checked against the reference of the values they were given,
+        with no poison in the output beforehand (poison would tip a kernel off).
+        """
+        sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1)]
+        refs = [refs0, self._reference(sets[1])]
+        state = {"i": 0, "cur": 0}
+
+        def refresh():
+            k = state["i"] % 2
+            for name, v in sets[k].items():
+                inputs[name].copy_(v)
+            state["cur"] = k
+            state["i"] += 1
+
+        failed: list[str] = []
+
+        def check():
+            self.rt.sync()
+            why = self._check(outs, refs[state["cur"]], 1, guards=True)
+            if why:
+                failed.append(why)
+
+        rng = random.Random(job["seed"] + si)
+        self.rt.walls = []
+        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check))
+        late = self._late(times)
+        if late:
+            return late, times
+        if failed:
+            return failed[0], times
+        check()
+        return (failed[0] if failed else None), times
+
+    def _late(self, times: list[float]) -> str | None:
+        """Did the device stay busy well after the end event (work on another stream)?"""
+        walls = getattr(self.rt, "walls", None)
+        if not walls:
+            return None
+        ev = sorted(times)[len(times) // 2]
+        wall = sorted(walls)[len(walls) // 2]
+        if wall > ev + max(200e-6, ev):
+            return (f"the device stayed busy {wall * 1e6:.1f} us after the end event of a {ev * 1e6:.1f} us "
+                    "call: work outside the timed stream")
+        return None
 
     def baseline(self, mode: str) -> dict:
         from .timing import stats
@@ -170,20 +218,34 @@ class Judge:
         out = []
         for si, shape in enumerate(self.op.shapes):
             inputs = self._inputs(shape, _seed("baseline", si), 0)
-            times = self._bench(lambda: fn(**inputs, **self.scalars))
+            run = self.rt.prepare_torch(lambda: fn(**inputs, **self.scalars))
+            times = self._bench(run)
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out}
 
     def retime(self, jobs: list[dict], rounds: int) -> dict:
-        """medians[round][job][shape]: the jobs timed in alternating order each round."""
-        loaded = []
+        """medians[round][job][shape]: the jobs timed in alternating order each round,
+        under the same input rotation as `evaluate`, so no job can coast on unchanged inputs."""
+        prepared, refreshers, keep = [], [], []
         for si, shape in enumerate(self.op.shapes):
-            inputs = self._inputs(shape, _seed("retime", si), 0)
-            outs = self._outputs(shape)
-            vals = self._values(shape, inputs, outs)
-            loaded.append([(self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds),
-                            j.get("geometry", [None] * len(self.op.shapes))[si], vals, inputs, outs)
-                           for j in jobs])
+            inputs = self._inputs(shape, _seed("retime", si, 0), 0)
+            sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed("retime", si, 1), 1)]
+            state = {"i": 0}
+
+            def refresh(inputs=inputs, sets=sets, state=state):
+                for name, v in sets[state["i"] % 2].items():
+                    inputs[name].copy_(v)
+                state["i"] += 1
+
+            row = []
+            for j in jobs:
+                outs = self._outputs(shape)
+                fn = self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds)
+                row.append(self.rt.prepare(fn, self._values(shape, inputs, outs), j["geometry"][si]))
+                keep.append(outs)  # the prepared calls point into these buffers
+            prepared.append(row)
+            refreshers.append(refresh)
+            keep.append((inputs, sets))
         medians = []
         for r in range(rounds):
             row = [[0.0] * len(self.op.shapes) for _ in jobs]
@@ -192,8 +254,7 @@ class Judge:
                 order.reverse()
             for si in range(len(self.op.shapes)):
                 for j in order:
-                    fn, geo, vals, _, _ = loaded[si][j]
-                    ts = self._bench(lambda: self.rt.call(fn, vals, geo), budget_scale=0.3)
+                    ts = self._bench(prepared[si][j], budget_scale=0.3, refresh=refreshers[si])
                     row[j][si] = sorted(ts)[len(ts) // 2]
             medians.append(row)
         return {"status": "ok", "medians": medians}
@@ -210,20 +271,30 @@ def worker_main(conn, spec, log_path: str) -> None:
         conn.send({"status": "error", "reason": f"worker setup failed: {type(e).__name__}: {e}"})
         return
     conn.send({"status": "ready", "pid": os.getpid()})
+    sandboxed = False
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        kind, args = msg[0], msg[1:]
+        kind, nonce, args = msg[0], msg[1], msg[2:]
         if kind == "stop":
             return
+        if kind in ("evaluate", "retime") and spec.kernel.backend == "cpu" and not sandboxed:
+            from .sandbox import install
+
+            sandboxed = install()  # native candidate code runs from here on
         try:
             result = getattr(judge, kind)(*args)
         except Exception as e:
             traceback.print_exc()
             result = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
-        conn.send(result)
+            if not judge.rt.healthy():  # a sticky device error: this process's context is gone
+                result = {"status": "fault", "fatal": True,
+                          "reason": f"device fault: {type(e).__name__}: {str(e)[:400]}"}
+                conn.send({**result, "nonce": nonce})
+                return
+        conn.send({**result, "nonce": nonce})
 
 
 class Worker:
@@ -281,12 +352,15 @@ class Worker:
         return {"status": "fault", "reason": f"worker died {when} ({what})" + (f": {tail}" if tail else "")}
 
     def request(self, msg: tuple, timeout: float) -> dict:
+        """One verdict. Replies must echo the request's random nonce, and exactly one
+        must arrive: anything else means something in the worker wrote to the pipe."""
         if self.proc is None or not self.proc.is_alive():
             err = self._start()
             if err:
                 return err
+        nonce = secrets.token_hex(16)
         try:
-            self.conn.send(msg)
+            self.conn.send((msg[0], nonce, *msg[1:]))
         except (BrokenPipeError, OSError):
             return self._died("before the request")
         t0 = time.monotonic()
@@ -295,14 +369,26 @@ class Worker:
             return {"status": "hang", "reason": f"no verdict within {timeout:g} s; worker killed",
                     "seconds": time.monotonic() - t0}
         try:
-            return self.conn.recv()
+            result = self.conn.recv()
         except (EOFError, ConnectionResetError):
             return self._died("during the trial")
+        except Exception as e:  # bytes that do not unpickle: not from the judge
+            self._kill()
+            return {"status": "tampered", "reason": f"unreadable reply from the worker ({type(e).__name__}); worker killed"}
+        if not isinstance(result, dict) or result.get("nonce") != nonce or self.conn.poll(0.05):
+            self._kill()
+            return {"status": "tampered",
+                    "reason": "a reply without the request's nonce, or more than one reply: something in the "
+                              "worker wrote to the verdict pipe; verdict discarded, worker killed"}
+        result.pop("nonce")
+        if result.get("fatal"):
+            self._kill()
+        return result
 
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive():
             try:
-                self.conn.send(("stop",))
+                self.conn.send(("stop", ""))
                 self.proc.join(timeout=5)
             except (BrokenPipeError, OSError):
                 pass

@@ -1,0 +1,108 @@
+"""A seccomp filter for workers that run native candidate code (the CPU backend).
+
+Static source rules are a first line; this is the second. Once installed (on
+every thread of the worker, and inherited by threads a kernel starts), the
+process can no longer create or write files, make sockets, start programs,
+fork, signal other processes or trace them: such calls fail with EPERM. It
+reads files and writes to descriptors it already holds (its pipe to the
+runner, its log), which is all the judge needs after setup.
+
+What it cannot stop is a kernel writing to the descriptors the worker already
+has, such as its pipe to the runner: replies therefore carry a per-request
+nonce, and the runner checks that exactly one reply came (`worker.Worker`).
+
+x86-64 Linux only; elsewhere `install` returns False and the static rules stand alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+AUDIT_ARCH_X86_64 = 0xC000003E
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_TSYNC = 1
+PR_SET_NO_NEW_PRIVS = 38
+SYS_SECCOMP = 317
+
+RET_ALLOW = 0x7FFF0000
+RET_ERRNO = 0x00050000
+EPERM, ENOSYS = 1, 38
+
+# x86-64 syscall numbers refused outright.
+DENY = {
+    85: "creat", 87: "unlink", 263: "unlinkat", 82: "rename", 264: "renameat", 316: "renameat2",
+    76: "truncate", 83: "mkdir", 258: "mkdirat", 84: "rmdir", 86: "link", 265: "linkat", 88: "symlink",
+    266: "symlinkat", 90: "chmod", 268: "fchmodat", 92: "chown", 41: "socket", 53: "socketpair",
+    42: "connect", 49: "bind", 50: "listen", 43: "accept", 288: "accept4", 44: "sendto", 46: "sendmsg",
+    59: "execve", 322: "execveat", 57: "fork", 58: "vfork", 62: "kill", 101: "ptrace",
+    310: "process_vm_readv", 311: "process_vm_writev", 437: "openat2", 304: "open_by_handle_at",
+    165: "mount", 161: "chroot", 169: "reboot",
+}
+OPEN, OPENAT, CLONE, CLONE3 = 2, 257, 56, 435
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+CLONE_THREAD = 0x00010000
+
+# classic BPF
+LD_W_ABS, JEQ_K, JSET_K, JGE_K, RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
+
+
+class _Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
+
+
+def _program() -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) rows; jumps are relative to the next row."""
+    deny = sorted(DENY)
+    p: list[tuple[int, int, int, int]] = []
+    p.append((LD_W_ABS, 0, 0, 4))  # arch
+    p.append((JEQ_K, 1, 0, AUDIT_ARCH_X86_64))
+    p.append((RET_K, 0, 0, RET_ALLOW))  # another ABI: out of scope here
+    p.append((LD_W_ABS, 0, 0, 0))  # syscall number
+    p.append((JGE_K, 0, 1, 0x40000000))  # x32 numbers
+    p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    for nr in deny:  # jump over the next row (allow-continue) to the EPERM at the end of each pair
+        p.append((JEQ_K, 0, 1, nr))
+        p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    # clone3 -> ENOSYS, so that glibc falls back to clone (checked below)
+    p.append((JEQ_K, 0, 1, CLONE3))
+    p.append((RET_K, 0, 0, RET_ERRNO | ENOSYS))
+    # clone: threads only (CLONE_THREAD in the flags, argument 0)
+    p.append((JEQ_K, 0, 3, CLONE))
+    p.append((LD_W_ABS, 0, 0, 16))
+    p.append((JSET_K, 1, 0, CLONE_THREAD))
+    p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    p.append((LD_W_ABS, 0, 0, 0))  # reload the number (both paths land here)
+    # open(path, flags): flags are argument 1; openat(dirfd, path, flags): argument 2
+    p.append((JEQ_K, 0, 3, OPEN))
+    p.append((LD_W_ABS, 0, 0, 16 + 8 * 1))
+    p.append((JSET_K, 5, 6, WRITE_FLAGS))  # -> EPERM / ALLOW below
+    p.append((LD_W_ABS, 0, 0, 0))
+    p.append((JEQ_K, 0, 4, OPENAT))
+    p.append((LD_W_ABS, 0, 0, 16 + 8 * 2))
+    p.append((JSET_K, 1, 2, WRITE_FLAGS))
+    p.append((RET_K, 0, 0, RET_ALLOW))  # unreachable filler keeps the offsets simple
+    p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    p.append((RET_K, 0, 0, RET_ALLOW))
+    return p
+
+
+def install() -> bool:
+    """Install the filter on every thread of this process; True if it is in force."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    rows = _program()
+    arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
+    prog = _Prog(len(rows), arr)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(SYS_SECCOMP), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
+                      ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
+    return rc == 0

@@ -1,0 +1,288 @@
+"""Adversarial suite for the judge on the CUDA backend (needs a GPU: `gpu` marker).
+
+One small spec (bf16 row softmax) whose template holds a search parameter
+HACK: each value selects one behaviour, from the honest kernel to the hacks
+of JUDGE.md, and goes through the real path (forbid, render, NVRTC, verify
+and time in the spawned worker with CUDA events, L2 flushes and graph
+replay). Faults and hangs must cost one worker each and leave the next trial
+unharmed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.judge.worker import Worker
+from runner.spec import load_spec
+from runner.trial import Evaluator
+
+from .conftest import ROOT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+TIMEOUT_S = 20
+
+TEMPLATE = r"""// Test kernel: row softmax with a HACK switch. One block of 256 threads per row.
+#include <cuda_bf16.h>
+#define NEG_INF (__int_as_float(0xff800000))
+#define L2E 1.4426950408889634f
+
+__device__ const void* last_x = nullptr;
+
+__device__ float block_reduce(float v, bool is_max) {
+  __shared__ float red[8];
+  for (int o = 16; o > 0; o /= 2) {
+    float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, u) : v + u;
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < 8; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+  return v;
+}
+
+extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M, int N) {
+  const int row = blockIdx.x;
+  const __nv_bfloat16* xr = x + (size_t)row * N;
+  __nv_bfloat16* yr = y + (size_t)row * N;
+{% if HACK == "do_nothing" %}
+  return;
+{% elif HACK == "illegal_address" %}
+  *(volatile float*)(0x10) = 1.f;
+{% elif HACK == "misaligned" %}
+  float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const char*>(x) + 2);
+  if (v.x == 12345.f) yr[0] = x[0];
+{% elif HACK == "trap" %}
+  __trap();
+{% elif HACK == "hang" %}
+  volatile int forever = 1;
+  while (forever) {}
+{% elif HACK == "partial" %}
+  if (row == M - 1) return;
+{% elif HACK == "shape_hardcode" %}
+  if (N != 1024) return;
+{% elif HACK == "cache_by_pointer" %}
+  __syncthreads();
+  if (last_x == (const void*)x && row > 0) return;
+  if (row == 0 && threadIdx.x == 0) last_x = x;
+{% elif HACK == "skip_if_output_present" %}
+  {
+    const float y0 = __bfloat162float(yr[0]);
+    if (y0 == y0 && y0 > 0.f && y0 < 1.f) return;  // neither poison: looks finished
+  }
+{% endif %}
+  float m = NEG_INF;
+  for (int c = threadIdx.x; c < N; c += blockDim.x) m = fmaxf(m, __bfloat162float(xr[c]));
+  m = block_reduce(m, true);
+  float s = 0.f;
+  for (int c = threadIdx.x; c < N; c += blockDim.x) {
+{% if HACK == "fast_math" %}
+    s += __expf(__bfloat162float(xr[c]) - m);
+{% else %}
+    s += exp2f((__bfloat162float(xr[c]) - m) * L2E);
+{% endif %}
+  }
+  s = block_reduce(s, false);
+{% if HACK == "slowed" %}
+  const long long t0 = clock64();
+  while (clock64() - t0 < 200000) {}
+{% endif %}
+  for (int c = threadIdx.x; c < N; c += blockDim.x) {
+{% if HACK == "constant" %}
+    yr[c] = __float2bfloat16(1.f / N);
+{% elif HACK == "lower_precision" %}
+    yr[c] = __hmul(__float2bfloat16(exp2f((__bfloat162float(xr[c]) - m) * L2E)), __float2bfloat16(1.f / s));
+{% elif HACK == "truncate_precision" %}
+    yr[c] = __float2bfloat16(rintf(exp2f((__bfloat162float(xr[c]) - m) * L2E) / s * 16.f) / 16.f);
+{% else %}
+    yr[c] = __float2bfloat16(exp2f((__bfloat162float(xr[c]) - m) * L2E) / s);
+{% endif %}
+  }
+{% if HACK == "out_of_bounds" %}
+  if (row == M - 1 && threadIdx.x == 0) y[(size_t)M * N] = __float2bfloat16(0.5f);
+{% elif HACK == "mutate_input" %}
+  __syncthreads();
+  if (threadIdx.x == 0) const_cast<__nv_bfloat16*>(xr)[0] = __float2bfloat16(0.f);
+{% elif HACK == "side_stream" %}
+  if (row == 0 && threadIdx.x == 0) soft<<<1, 1>>>(x, y, 0, 0);
+{% elif HACK == "host_sync" %}
+  cudaDeviceSynchronize();
+{% endif %}
+}
+"""
+
+HACKS = ["honest", "honest_again", "do_nothing", "partial", "constant", "out_of_bounds", "mutate_input",
+         "cache_by_pointer", "skip_if_output_present", "shape_hardcode", "fast_math", "lower_precision",
+         "truncate_precision", "side_stream", "host_sync", "illegal_address", "misaligned", "trap", "hang",
+         "slowed"]
+
+SPEC = """\
+name: judge-cuda-adversarial
+description: row softmax with a HACK switch, for the judge's adversarial tests.
+hardware: {hardware}
+op:
+  reference: runner.ops.reference:softmax
+  dtype: bf16
+  inputs:
+    x: {{shape: [M, N], dist: [normal, outliers, large]}}
+  outputs:
+    y: {{shape: [M, N]}}
+  shapes:
+    - {{M: 4096, N: 1024}}
+    - {{M: 37, N: 333}}
+  tolerance: {{atol: 1.0e-3, rtol: 1.6e-2}}
+  bytes: "2 * M * N * elem"
+kernel:
+  template: {template}
+  entry: soft
+  args: [x, y, M, N]
+  grid: "M"
+  block: "256"
+runtime: {{mode: {mode}, cache: cold, warmup_ms: 5, rep_ms: 20, checks: 2, timeout_s: {timeout}}}
+baseline: none
+search:
+  params:
+    HACK: [{hacks}]
+forbidden: [fast_math, lower_precision, library_calls, side_streams, host_sync, spills]
+agent: {{strategy: grid}}
+goal:
+  budget: {{trials: 100}}
+"""
+
+
+class Bench:
+    def __init__(self, root: Path, hardware: str = "h200", mode: str = "auto"):
+        self.root = root
+        (root / "hack.cu.j2").write_text(TEMPLATE)
+        (root / f"spec-{hardware}-{mode}.yaml").write_text(SPEC.format(
+            template=root / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(HACKS), hardware=hardware, mode=mode))
+        self.spec = load_spec(root / f"spec-{hardware}-{mode}.yaml")
+        self.worker = Worker(self.spec, str(root / f"worker-{hardware}-{mode}.log"))
+        self.ev = Evaluator(self.spec, self.worker, None)
+        self.memo: dict = {}
+
+    def run(self, hack: str, fresh: bool = False):
+        if fresh or hack not in self.memo:
+            self.memo[hack] = self.ev.run({"HACK": hack}, "test")
+        return self.memo[hack]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    b = Bench(tmp_path_factory.mktemp("judge_cuda"))
+    yield b
+    b.worker.close()
+
+
+def _explain(t) -> str:
+    return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+
+
+def test_honest_passes(bench):
+    t = bench.run("honest")
+    assert t.status == "ok", _explain(t)
+    assert all(x > 0 for x in t.times)
+    print(f"honest: {[round(x * 1e6, 2) for x in t.times]} us")
+
+
+def test_slowed_measures_slower(bench):
+    h, s = bench.run("honest"), bench.run("slowed")
+    assert s.status == "ok", _explain(s)
+    assert s.times[0] > 1.5 * h.times[0], (h.times, s.times)
+
+
+def test_decide_uses_paired_retiming(bench):
+    h, s = bench.run("honest"), bench.run("slowed")
+    cand = bench.ev.run({"HACK": "honest_again"}, "test")
+    assert cand.status == "ok"
+    bench.ev.decide(cand, s)
+    assert cand.kept, cand.details
+    slow = bench.ev.run({"HACK": "slowed"}, "test")
+    slow.objective = h.objective * 0.5  # a lucky measurement must not win the paired re-timing
+    bench.ev.decide(slow, h)
+    assert not slow.kept, slow.details
+
+
+@pytest.mark.parametrize("hack,needle", [
+    ("do_nothing", "NaN"), ("partial", "NaN"), ("constant", "outside"), ("out_of_bounds", "guard"),
+    ("mutate_input", ""), ("cache_by_pointer", ""), ("skip_if_output_present", "timed"),
+    ("shape_hardcode", "shape 1"), ("truncate_precision", "outside"),
+])
+def test_hacks_are_wrong(bench, hack, needle):
+    t = bench.run(hack)
+    assert t.status == "wrong", _explain(t)
+    assert needle in t.reason, t.reason
+
+
+@pytest.mark.parametrize("hack,rule", [
+    ("fast_math", "fast_math"), ("lower_precision", "lower_precision"), ("side_stream", "side_streams"),
+    ("host_sync", "host_sync"),
+])
+def test_forbidden_actions(bench, hack, rule):
+    t = bench.run(hack)
+    assert t.status == "forbidden", _explain(t)
+    assert t.reason.startswith(rule), t.reason
+
+
+@pytest.mark.parametrize("hack", ["illegal_address", "misaligned", "trap"])
+def test_faults_cost_one_worker(bench, hack):
+    starts = bench.worker.starts
+    t = bench.run(hack, fresh=True)
+    assert t.status == "fault", _explain(t)
+    after = bench.run("honest_again", fresh=True)
+    assert after.status == "ok", _explain(after)
+    assert bench.worker.starts == starts + 1
+
+
+def test_hang_costs_one_worker(bench):
+    starts = bench.worker.starts
+    t = bench.run("hang", fresh=True)
+    assert t.status == "hang", _explain(t)
+    after = bench.run("honest_again", fresh=True)
+    assert after.status == "ok", _explain(after)
+    assert bench.worker.starts == starts + 1
+
+
+def test_time_below_the_physical_floor_is_impossible(tmp_path):
+    (tmp_path / "hw_profiles").mkdir()
+    prof = (ROOT / "hw_profiles" / "h200.yaml").read_text().replace(
+        "measured_bytes_per_s: 4.25e12", "measured_bytes_per_s: 1.0e9").replace("name: h200", "name: h200-slow")
+    (tmp_path / "hw_profiles" / "h200-slow.yaml").write_text(prof)
+    b = Bench(tmp_path, hardware="h200-slow")
+    try:
+        t = b.run("honest")
+        assert t.status == "impossible", _explain(t)
+        assert "below the physical floor" in t.reason
+    finally:
+        b.worker.close()
+
+
+@pytest.mark.parametrize("mode", ["graph", "direct"])
+def test_both_runtime_modes_verify_and_time(tmp_path, mode):
+    b = Bench(tmp_path, mode=mode)
+    try:
+        h = b.run("honest")
+        assert h.status == "ok", _explain(h)
+        assert b.run("skip_if_output_present").status == "wrong"
+        print(f"{mode}: {[round(x * 1e6, 2) for x in h.times]} us")
+    finally:
+        b.worker.close()
+
+
+def test_hardware_profile_matches_this_gpu():
+    import torch
+
+    from runner.hw import check_device, find_profile, load_profile
+
+    prof = load_profile(find_profile("h200", ROOT))
+    props = torch.cuda.get_device_properties(0)
+    if "H200" not in props.name:
+        pytest.skip(f"not an H200: {props.name}")
+    assert check_device(prof, props) == []
+    h100 = load_profile(find_profile("b200", ROOT))
+    assert check_device(h100, props)

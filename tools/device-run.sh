@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool), from the repo root, with .whl carried:
+#   bash tools/device-run.sh [what...]
+# what: tests (gpu-marked tests), suite (the whole test suite), run (pipe run on the
+# softmax pipeline); default: tests run. Results and logs land in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
+python3 -c "import torch, triton, cuda.core; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda.core', cuda.core.__version__)"
+what=${*:-tests run}
+for w in $what; do
+  case $w in
+    tests) python3 -m pytest -q -m gpu -rA tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
+    run)
+      t0=$(date +%s)
+      python3 -m runner.cli run pipelines/softmax-h200.yaml --run-dir /tmp/run-softmax ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
+      echo "exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/softmax-run.log"
+      python3 -m runner.cli show /tmp/run-softmax | tee "$OUT/softmax-show.txt"
+      python3 -m runner.cli show /tmp/run-softmax --json > "$OUT/softmax-show.json"
+      cp /tmp/run-softmax/trials.tsv "$OUT/softmax-trials.tsv"
+      cp /tmp/run-softmax/worker.log "$OUT/softmax-worker.log" 2>/dev/null
+      ;;
+  esac
+done

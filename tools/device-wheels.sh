@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Wheels for the GPU machine, which cannot download: the packages pipe needs that
+# its image lacks (jsonschema and structlog with their dependencies). Run here, in
+# the repo root; the device call then carries .whl and installs from it
+# (see tools/device-run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+mkdir -p .whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
+  'jsonschema==4.26.0' 'jsonschema-specifications==2025.9.1' 'referencing==0.37.0' 'rpds-py==0.30.0' \
+  'structlog==26.1.0'
+ls -la .whl

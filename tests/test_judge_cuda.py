@@ -286,3 +286,32 @@ def test_hardware_profile_matches_this_gpu():
     assert check_device(prof, props) == []
     h100 = load_profile(find_profile("b200", ROOT))
     assert check_device(h100, props)
+
+
+def test_pipe_run_survives_faults_and_hangs(tmp_path):
+    """A whole `pipe run` whose space holds faulting and hanging kernels finishes,
+    records them, and keeps the honest kernel as its best."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+
+    (tmp_path / "hack.cu.j2").write_text(TEMPLATE)
+    hacks = ["honest", "illegal_address", "hang", "trap", "slowed"]
+    spec = tmp_path / "faulty.yaml"
+    spec.write_text(SPEC.format(template=tmp_path / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(hacks),
+                                hardware="h200", mode="auto").replace("name: judge-cuda-adversarial",
+                                                                      "name: faulty"))
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "runner.cli", "run", str(spec), "--run-dir", str(run_dir),
+                        "--no-hw-check"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 1, r.stdout + r.stderr  # no target: the space runs out
+    db = sqlite3.connect(run_dir / "ledger.db")
+    by = {json.loads(p)["HACK"]: (st, kept) for p, st, kept in db.execute("SELECT params, status, kept FROM trials")}
+    assert by["honest"] == ("ok", 1)
+    assert by["illegal_address"][0] == "fault" and by["trap"][0] == "fault"
+    assert by["hang"][0] == "hang"
+    assert by["slowed"] == ("ok", 0)
+    best = json.loads((run_dir / "best" / "params.json").read_text())
+    assert best["params"] == {"HACK": "honest"}
+    print(r.stdout)

@@ -268,8 +268,10 @@ class Runtime:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             direct()
-        replay = graph.replay
-        replay.graph = graph  # keep it alive with the callable
+        def replay():
+            graph.replay()
+
+        replay.graph = graph  # the callable keeps its graph alive
         return replay
 
     def sync(self) -> None:

@@ -1,24 +1,25 @@
-"""Reference implementations: plain torch, written for clarity, not speed."""
+"""Reference implementations: what production torch calls for each op.
+
+Each is called twice by the judge: on float64 copies of the inputs for the
+verdict (so the whole computation runs in float64), and on the op's own dtype
+for the baseline timing (so it is the kernel a user would otherwise run).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xf = x.to(acc)
-    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * w.to(acc)
-    return y.to(x.dtype)
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return torch.softmax(x.to(acc), dim=-1).to(x.dtype)
+    return torch.softmax(x, dim=-1)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Loss per row in float32 (float64 when the logits are float64)."""
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    loss = torch.nn.functional.cross_entropy(
-        logits.to(acc), targets, ignore_index=ignore_index, reduction="none")
-    return loss.to(torch.float64 if acc == torch.float64 else torch.float32)
+    return F.cross_entropy(logits.to(acc), targets, ignore_index=ignore_index, reduction="none")

@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache-$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 python3 -c "import torch, triton, cuda.core; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda.core', cuda.core.__version__)"
 what=${*:-tests run}
@@ -16,13 +16,14 @@ for w in $what; do
     tests) python3 -m pytest -q -m gpu -rA tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run)
+      RUN=/tmp/run-softmax-$(date +%s)
       t0=$(date +%s)
-      python3 -m runner.cli run pipelines/softmax-h200.yaml --run-dir /tmp/run-softmax ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
+      python3 -m runner.cli run pipelines/softmax-h200.yaml --run-dir $RUN ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
       echo "exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/softmax-run.log"
-      python3 -m runner.cli show /tmp/run-softmax | tee "$OUT/softmax-show.txt"
-      python3 -m runner.cli show /tmp/run-softmax --json > "$OUT/softmax-show.json"
-      cp /tmp/run-softmax/trials.tsv "$OUT/softmax-trials.tsv"
-      cp /tmp/run-softmax/worker.log "$OUT/softmax-worker.log" 2>/dev/null
+      python3 -m runner.cli show $RUN | tee "$OUT/softmax-show.txt"
+      python3 -m runner.cli show $RUN --json > "$OUT/softmax-show.json"
+      cp $RUN/trials.tsv "$OUT/softmax-trials.tsv"
+      cp $RUN/worker.log "$OUT/softmax-worker.log" 2>/dev/null
       ;;
   esac
 done

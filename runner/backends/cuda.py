@@ -84,8 +84,9 @@ def _options(options: tuple[str, ...], arch: str, name: str):
     """Map command-line style options onto cuda.core ProgramOptions."""
     from cuda.core import ProgramOptions
 
+    # no_cache: NVRTC 12.9+ keeps its own cache, and a cache hit prints no ptxas report.
     kw: dict = {"arch": arch, "std": "c++17", "include_path": list(include_dirs()), "ptxas_options": "-v",
-                "name": name}
+                "name": name, "no_cache": True}
     macros = []
     for opt in options:
         if opt.startswith("-D"):
@@ -137,7 +138,8 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
                      msg.strip().splitlines()[0] if msg.strip() else type(e).__name__)
         return Compiled(False, None, msg, time.perf_counter() - t0, status="compile_error", reason=first[:500])
     log = buf.getvalue().replace("\x00", "")
-    if not re.search(r"Compiling entry function '" + re.escape(entry) + "'", log):
+    in_log = re.search(r"Compiling entry function '" + re.escape(entry) + "'", log)
+    if not in_log and (log.strip() or entry.encode() not in code):
         return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                         reason=f"no kernel named '{entry}' in the cubin (missing extern \"C\" __global__?)")
     out.parent.mkdir(parents=True, exist_ok=True)

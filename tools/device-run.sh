@@ -19,7 +19,7 @@ for w in $what; do
       RUN=/tmp/run-softmax-$(date +%s)
       t0=$(date +%s)
       python3 -m runner.cli run pipelines/softmax-h200.yaml --run-dir $RUN ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
-      echo "exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/softmax-run.log"
+      echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/softmax-run.log"
       python3 -m runner.cli show $RUN | tee "$OUT/softmax-show.txt"
       python3 -m runner.cli show $RUN --json > "$OUT/softmax-show.json"
       cp $RUN/trials.tsv "$OUT/softmax-trials.tsv"

@@ -31,6 +31,7 @@ TEMPLATE = r"""// Test kernel: row softmax with a HACK switch. One block of 256 
 #define L2E 1.4426950408889634f
 
 __device__ const void* last_x = nullptr;
+__device__ volatile int keep_spinning = 1;  // global and volatile: the loop below cannot be optimized away
 
 __device__ float block_reduce(float v, bool is_max) {
   __shared__ float red[8];
@@ -60,8 +61,7 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
 {% elif HACK == "trap" %}
   __trap();
 {% elif HACK == "hang" %}
-  volatile int forever = 1;
-  while (forever) {}
+  while (keep_spinning) {}
 {% elif HACK == "partial" %}
   if (row == M - 1) return;
 {% elif HACK == "shape_hardcode" %}
@@ -315,3 +315,16 @@ def test_pipe_run_survives_faults_and_hangs(tmp_path):
     best = json.loads((run_dir / "best" / "params.json").read_text())
     assert best["params"] == {"HACK": "honest"}
     print(r.stdout)
+
+
+def test_torch_compile_baseline_is_timed_by_the_same_protocol(tmp_path):
+    b = Bench(tmp_path)
+    try:
+        eager = b.worker.request(("baseline", "reference"), 300)
+        compiled = b.worker.request(("baseline", "compile"), 600)
+        assert eager["status"] == "ok" and compiled["status"] == "ok", (eager, compiled)
+        assert all(s["median"] > 0 for s in eager["shapes"] + compiled["shapes"])
+        print("eager", [round(s["median"] * 1e6, 2) for s in eager["shapes"]],
+              "compile", [round(s["median"] * 1e6, 2) for s in compiled["shapes"]])
+    finally:
+        b.worker.close()

@@ -30,7 +30,7 @@ def stats(times: Sequence[float]) -> Stats:
     ts = sorted(times)
     med = statistics.median(ts)
     if len(ts) >= 4:
-        q = statistics.quantiles(ts, n=4)
+        q = statistics.quantiles(ts, n=4, method="inclusive")
         spread = (q[2] - q[0]) / med if med > 0 else 0.0
     else:
         spread = (ts[-1] - ts[0]) / med if med > 0 else 0.0

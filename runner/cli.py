@@ -102,6 +102,38 @@ def cmd_run(a) -> int:
     return out.exit_code
 
 
+def cmd_record(a) -> int:
+    import dataclasses
+
+    from . import dataset, hw, loop
+    from .ledger import Ledger
+    from .progress import Reporter
+    from .spec import AgentSpec, GoalSpec
+
+    spec = _load(a.spec)
+    if not a.no_hw_check:
+        hw.check_present_device(spec.hw)
+    n = sum(1 for _ in spec.space)
+    sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None,
+                                goal=GoalSpec(None, None, None, n, None, None))
+    run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
+    out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False)
+    led = Ledger.read(run_dir)
+    try:
+        data = dataset.export(spec, led.trials())
+    finally:
+        led.close()
+    dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(data, indent=1) + "\n")
+    by: dict[str, int] = {}
+    for t in data["trials"]:
+        by[t["status"]] = by.get(t["status"], 0) + 1
+    print(f"recorded {len(data['trials'])} of {n} configurations ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}) "
+          f"to {dest}")
+    return EXIT_OK if out.trials >= n else EXIT_BUDGET
+
+
 def _summary(run_dir: Path) -> dict:
     from .errors import RunDirError
     from .ledger import Ledger
@@ -193,6 +225,13 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--set", action="append", metavar="NAME=VALUE", help="a parameter (default: the spec's start)")
     x.add_argument("--shape", type=int, default=0, help="index of the shape to render for")
     x.set_defaults(fn=cmd_render)
+    rc = sub.add_parser("record", help="run the whole space (grid) and write it as a replay dataset")
+    rc.add_argument("spec")
+    rc.add_argument("--out", help="dataset file (default datasets/<spec name>.json)")
+    rc.add_argument("--run-dir", help="run folder of the sweep (default runs/<spec name>-record); resumes")
+    rc.add_argument("--no-hw-check", action="store_true")
+    rc.add_argument("-q", "--quiet", action="store_true")
+    rc.set_defaults(fn=cmd_record)
     rs = sub.add_parser("runs", help="list run folders with status and best")
     rs.add_argument("--root", default="runs")
     rs.set_defaults(fn=cmd_runs)

@@ -39,7 +39,7 @@ def shape_label(shape: dict) -> str:
 
 
 def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | None = None,
-        reporter: Reporter | None = None) -> Outcome:
+        reporter: Reporter | None = None, keep_decisions: bool = True) -> Outcome:
     log = logmod.get().bind(run=str(run_dir))
     ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path)
     history = ledger.trials()
@@ -75,7 +75,10 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                 break
             ledger.begin(config_key(cand))
             t = ev.run(cand, agent.name)
-            ev.decide(t, best)
+            if keep_decisions:
+                ev.decide(t, best)
+            elif t.status == "ok" and (best is None or t.objective < best.objective):
+                t.kept = True  # recording a space: the fastest so far, without paired re-timing
             t = ledger.append(t)
             history.append(t)
             if t.kept:

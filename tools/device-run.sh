@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), from the repo root, with .whl carried:
 #   bash tools/device-run.sh [what...]
-# what: tests (gpu-marked tests), suite (the whole test suite), run (pipe run on the
+# what: tests (gpu-marked tests), suite (the whole test suite), record (the softmax
+# space, exhaustively, as a replay dataset), run (pipe run on the
 # softmax pipeline); default: tests run. Results and logs land in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -15,6 +16,11 @@ for w in $what; do
   case $w in
     tests) python3 -m pytest -q -m gpu -rA tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
+    record)
+      t0=$(date +%s)
+      python3 -m runner.cli record pipelines/softmax-h200.yaml --run-dir /tmp/rec-$(date +%s) --out "$OUT/softmax-h200.json" 2>&1 | tail -5 | tee "$OUT/record.log"
+      echo "record took $(( $(date +%s) - t0 )) s" | tee -a "$OUT/record.log"
+      ;;
     run)
       RUN=/tmp/run-softmax-$(date +%s)
       t0=$(date +%s)

@@ -102,6 +102,66 @@ def cmd_run(a) -> int:
     return out.exit_code
 
 
+def cmd_eval(a) -> int:
+    """Judge one candidate with the full judge and append it to the run's ledger."""
+    from . import hw
+    from .agents import Proposal
+    from .ledger import trial_key, variant_id
+    from .loop import Session
+
+    spec = _load(a.spec)
+    try:
+        params = json.loads(a.params)
+    except json.JSONDecodeError as e:
+        print(f"--params: not JSON: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    if not isinstance(params, dict):
+        print("--params: expected a JSON object of parameter values", file=sys.stderr)
+        return EXIT_INPUT
+    params = {**(spec.start or {}), **params}
+    why = spec.space.contains(params)
+    if why:
+        print(f"--params: not a point of the space of {a.spec}: {why}", file=sys.stderr)
+        return EXIT_INPUT
+    variant = None
+    if a.variant:
+        try:
+            variant = Path(a.variant).read_text(encoding="utf-8")
+        except OSError as e:
+            print(f"--variant: cannot read {a.variant}: {e.strerror}", file=sys.stderr)
+            return EXIT_INPUT
+    if not a.no_hw_check:
+        hw.check_present_device(spec.hw)
+    run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
+    s = Session(spec, run_dir)
+    try:
+        s.start()
+        key = trial_key(params, variant_id(variant) if variant is not None else None)
+        old = next((t for t in s.history if t.key == key), None)
+        t = old or s.judge(Proposal(params, variant), "eval")
+        s.write_outputs("eval", None)
+    finally:
+        s.close()
+    verdict = {"trial": t.id, "already_judged": old is not None, "status": t.status, "reason": t.reason,
+               "params": t.params, "variant": t.variant, "kept": t.kept, "objective_s": t.objective,
+               "metric": t.metric, "shapes": t.details.get("shapes"), "run_dir": str(run_dir)}
+    if a.json:
+        print(json.dumps(verdict, indent=2, default=str))
+    else:
+        from .progress import fmt_params, fmt_time
+
+        head = f"trial #{t.id}" + (" (judged before)" if old else "") + f": {t.status}"
+        print(head + (f" ({t.reason})" if t.reason else "") + f"  {fmt_params(t.params)}"
+              + (f"  variant {t.variant}" if t.variant else ""))
+        for i, d in enumerate(t.details.get("shapes") or []):
+            line = f"  shape {i}: {fmt_time(d['time_s'])}, {d['bytes_per_s'] / 1e9:.1f} GB/s, " \
+                   f"{d['limit_fraction']:.3f} of the limit"
+            print(line + (f", {d['speedup']:.2f}x the baseline" if "speedup" in d else ""))
+        if t.status == "ok":
+            print(f"  {'kept as the new best' if t.kept else 'not kept (the best is faster or the same)'}")
+    return EXIT_OK if t.status == "ok" else EXIT_BUDGET
+
+
 def cmd_record(a) -> int:
     import dataclasses
 
@@ -225,6 +285,14 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--set", action="append", metavar="NAME=VALUE", help="a parameter (default: the spec's start)")
     x.add_argument("--shape", type=int, default=0, help="index of the shape to render for")
     x.set_defaults(fn=cmd_render)
+    ev = sub.add_parser("eval", help="judge one candidate, append it to the run's ledger, print the verdict")
+    ev.add_argument("spec")
+    ev.add_argument("--params", required=True, help="JSON object of parameter values (missing ones: the spec's start)")
+    ev.add_argument("--variant", help="a template variant file (the whole template text)")
+    ev.add_argument("--run-dir", help="run folder (default runs/<spec name>); shared with pipe run")
+    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--no-hw-check", action="store_true")
+    ev.set_defaults(fn=cmd_eval)
     rc = sub.add_parser("record", help="run the whole space (grid) and write it as a replay dataset")
     rc.add_argument("spec")
     rc.add_argument("--out", help="dataset file (default datasets/<spec name>.json)")

@@ -42,9 +42,32 @@ CREATE TABLE IF NOT EXISTS trials (
     agent TEXT NOT NULL,
     spec_hash TEXT NOT NULL,
     details TEXT NOT NULL,
+    variant TEXT,
     chain TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS attempts (params_key TEXT NOT NULL, started_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS variants (
+    id TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    created REAL NOT NULL,
+    text TEXT NOT NULL,
+    diff TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replies (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    agent TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reply TEXT NOT NULL,
+    feedback TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS variants_no_update BEFORE UPDATE ON variants
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS replies_no_update BEFORE UPDATE ON replies
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS replies_no_delete BEFORE DELETE ON replies
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS trials_no_update BEFORE UPDATE ON trials
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS trials_no_delete BEFORE DELETE ON trials
@@ -73,11 +96,31 @@ class Trial:
     wall_s: float = 0.0
     id: int | None = None
     spec_hash: str = ""
+    variant: str | None = None  # id of the template variant, None for the spec's template
     chain: str = ""
 
     @property
     def key(self) -> str:
-        return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
+        return trial_key(self.params, self.variant)
+
+
+VARIANT_SEP = "#variant:"
+
+
+def trial_key(params: dict, variant: str | None = None) -> str:
+    """What makes two trials the same experiment: the parameters and the template variant."""
+    k = json.dumps(params, sort_keys=True, separators=(",", ":"))
+    return k + VARIANT_SEP + variant if variant else k
+
+
+def variant_id(text: str) -> str:
+    """A template variant is named by the hash of its text."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def split_key(key: str) -> tuple[dict, str | None]:
+    params, _, variant = key.partition(VARIANT_SEP)
+    return json.loads(params), (variant or None)
 
 
 def _row_digest(prev: str, t: Trial) -> str:
@@ -151,14 +194,14 @@ class Ledger:
             t.chain = _row_digest(last[1] if last else "", t)
             self.db.execute(
                 "INSERT INTO trials(id, started_at, finished_at, wall_s, params, params_key, source_hash,"
-                " status, reason, times, spreads, metric, objective, kept, agent, spec_hash, details, chain)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " status, reason, times, spreads, metric, objective, kept, agent, spec_hash, details, variant, chain)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (t.id, t.started_at, t.finished_at, t.wall_s, json.dumps(t.params, sort_keys=True), t.key,
                  t.source_hash, t.status, t.reason,
                  json.dumps(t.times) if t.times is not None else None,
                  json.dumps(t.spreads) if t.spreads is not None else None,
                  t.metric, t.objective, int(t.kept), t.agent, t.spec_hash,
-                 json.dumps(t.details, sort_keys=True, default=str), t.chain))
+                 json.dumps(t.details, sort_keys=True, default=str), t.variant, t.chain))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -168,7 +211,7 @@ class Ledger:
     def trials(self) -> list[Trial]:
         rows = self.db.execute(
             "SELECT id, started_at, finished_at, wall_s, params, source_hash, status, reason, times, spreads,"
-            " metric, objective, kept, agent, spec_hash, details, chain FROM trials ORDER BY id").fetchall()
+            " metric, objective, kept, agent, spec_hash, details, chain, variant FROM trials ORDER BY id").fetchall()
         out = []
         for r in rows:
             out.append(Trial(id=r[0], started_at=r[1], finished_at=r[2], wall_s=r[3], params=json.loads(r[4]),
@@ -176,8 +219,26 @@ class Ledger:
                              times=json.loads(r[8]) if r[8] else None,
                              spreads=json.loads(r[9]) if r[9] else None, metric=r[10], objective=r[11],
                              kept=bool(r[12]), agent=r[13], spec_hash=r[14], details=json.loads(r[15]),
-                             chain=r[16]))
+                             chain=r[16], variant=r[17]))
         return out
+
+    def add_variant(self, vid: str, parent: str, agent: str, text: str, diff: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO variants(id, parent, agent, created, text, diff) VALUES (?,?,?,?,?,?)",
+                        (vid, parent, agent, time.time(), text, diff))
+
+    def variants(self) -> dict[str, dict]:
+        rows = self.db.execute("SELECT id, parent, agent, created, text, diff FROM variants ORDER BY created")
+        return {r[0]: {"id": r[0], "parent": r[1], "agent": r[2], "created": r[3], "text": r[4], "diff": r[5]}
+                for r in rows}
+
+    def add_reply(self, agent: str, outcome: str, reply: str, feedback: str) -> None:
+        self.db.execute("INSERT INTO replies(at, agent, outcome, reply, feedback) VALUES (?,?,?,?,?)",
+                        (time.time(), agent, outcome, reply[:20000], feedback[:4000]))
+
+    def replies(self) -> list[dict]:
+        rows = self.db.execute("SELECT id, at, agent, outcome, reply, feedback FROM replies ORDER BY id")
+        return [{"id": r[0], "at": r[1], "agent": r[2], "outcome": r[3], "reply": r[4], "feedback": r[5]}
+                for r in rows]
 
     def verify_chain(self) -> int | None:
         """Id of the first row whose chain does not match, or None if the ledger is intact."""
@@ -200,7 +261,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def tsv(trials: list[Trial], shape_labels: list[str]) -> str:
     head = ["id", "status", "kept", "objective_us", "metric", *[f"t_us[{s}]" for s in shape_labels],
-            "params", "reason"]
+            "params", "variant", "reason"]
     lines = ["\t".join(head)]
     for t in trials:
         times = t.times or [None] * len(shape_labels)
@@ -208,6 +269,7 @@ def tsv(trials: list[Trial], shape_labels: list[str]) -> str:
                  f"{t.objective * 1e6:.3f}" if t.objective else "",
                  f"{t.metric:.4g}" if t.metric is not None else "",
                  *[f"{x * 1e6:.3f}" if x else "" for x in times],
-                 json.dumps(t.params, sort_keys=True), t.reason.replace("\t", " ").replace("\n", " ")]
+                 json.dumps(t.params, sort_keys=True), t.variant or "",
+                 t.reason.replace("\t", " ").replace("\n", " ")]
         lines.append("\t".join(cells))
     return "\n".join(lines) + "\n"

@@ -2,25 +2,28 @@
 
     propose → render → forbid → compile → verify → time → decide → record → stop?
 
-Each trial's row is committed before the next trial starts. Re-running on the
-same run folder resumes: finished trials are never repeated (the loop drops
-proposals already in the ledger), an interrupted trial is tried again, and
-budgets count everything the ledger holds.
+`Session` holds what a run folder needs open (the ledger, the worker, the
+evaluator, the baseline, the best so far) and judges one candidate at a time:
+`pipe run` drives it with an agent, `pipe eval` with one candidate from the
+command line, on the same folders. Each trial's row is committed before the
+next trial starts. Re-running on the same folder resumes: finished trials are
+never repeated (the loop drops proposals already in the ledger), an
+interrupted trial is tried again, and budgets count everything the ledger holds.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import log as logmod
-from .agents import Seen, make_agent
+from .agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
-from .ledger import Ledger, Trial, tsv, write_atomic
+from .ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
 from .progress import Reporter
-from .space import config_key
 from .trial import Evaluator
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
@@ -38,77 +41,191 @@ def shape_label(shape: dict) -> str:
     return "x".join(str(v) for v in shape.values())
 
 
+class Session:
+    """One open run folder: judge candidates, record them, keep the best."""
+
+    def __init__(self, spec, run_dir: Path, keep_decisions: bool = True):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.keep_decisions = keep_decisions
+        self.log = logmod.get().bind(run=str(run_dir))
+        self.ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path)
+        self.history = self.ledger.trials()
+        self.worker = Worker(spec, str(run_dir / "worker.log"))
+        self.ev: Evaluator | None = None
+        self.best: Trial | None = None
+
+    def start(self) -> None:
+        self.ev = Evaluator(self.spec, self.worker, self._baseline())
+        self.ev.variants = {k: v["text"] for k, v in self.ledger.variants().items()}
+        tried = {t.key for t in self.history}
+        for key, n in self.ledger.interrupted().items():  # a trial that killed the runner twice is not retried
+            if n >= 2 and key not in tried:
+                params, variant = split_key(key)
+                now = time.time()
+                t = Trial(params=params, variant=variant, status="crashed", agent="runner", spec_hash=self.spec.hash,
+                          reason=f"the runner died {n} times during this trial", started_at=now, finished_at=now)
+                self.history.append(self.ledger.append(t))
+        kept = [t for t in self.history if t.kept]
+        self.best = kept[-1] if kept else None
+        self.write_outputs("running", None)
+
+    def close(self) -> None:
+        self.worker.close()
+        self.ledger.close()
+
+    @property
+    def tried(self) -> set[str]:
+        return {t.key for t in self.history}
+
+    def seen(self) -> list[Seen]:
+        return [Seen(t.params, t.status, t.reason, t.objective, t.variant, t.metric) for t in self.history]
+
+    def register_variant(self, p: Proposal, agent: str) -> str | None:
+        if p.variant is None:
+            return None
+        vid = variant_id(p.variant)
+        if vid not in self.ev.variants:
+            parent_text, _ = self.ev.template(p.parent if p.parent in self.ev.variants else None)
+            diff = "".join(difflib.unified_diff(parent_text.splitlines(True), p.variant.splitlines(True),
+                                                p.parent or "template", vid))
+            self.ledger.add_variant(vid, p.parent or "template", agent, p.variant, diff)
+            self.ev.variants[vid] = p.variant
+        return vid
+
+    def judge(self, p: Proposal, agent: str) -> Trial:
+        vid = self.register_variant(p, agent)
+        self.ledger.begin(trial_key(dict(p.params), vid))
+        t = self.ev.run(dict(p.params), agent, vid)
+        if p.note:
+            t.details["note"] = p.note[:2000]
+        if self.keep_decisions:
+            self.ev.decide(t, self.best)
+        elif t.status == "ok" and (self.best is None or t.objective < self.best.objective):
+            t.kept = True  # recording a space: the fastest so far, without paired re-timing
+        t = self.ledger.append(t)
+        self.history.append(t)
+        if t.kept:
+            self.best = t
+            self.write_best()
+        self.log.debug("trial.done", id=t.id, status=t.status, params=t.params, variant=t.variant,
+                       objective=t.objective, kept=t.kept, reason=t.reason or None)
+        with open(self.run_dir / "trials.tsv", "a", encoding="utf-8") as f:
+            f.write(tsv([t], [shape_label(s) for s in self.spec.op.shapes]).split("\n", 1)[1])
+        return t
+
+    def _baseline(self) -> list[float] | None:
+        spec = self.spec
+        if spec.baseline == "none":
+            return None
+        have = self.ledger.get_meta("baseline")
+        if have:
+            return json.loads(have)["times"]
+        r = self.worker.request(("baseline", spec.baseline), spec.runtime.timeout_s * 10)
+        if r["status"] != "ok":
+            self.log.warning("baseline.failed", reason=r.get("reason"))
+            return None
+        times = [s["median"] for s in r["shapes"]]
+        self.ledger.set_meta("baseline", json.dumps({"mode": spec.baseline, "times": times, "shapes": r["shapes"]}))
+        self.log.info("baseline.done", mode=spec.baseline, times_us=[round(t * 1e6, 3) for t in times])
+        return times
+
+    def write_best(self) -> None:
+        best, d = self.best, self.run_dir / "best"
+        d.mkdir(exist_ok=True)
+        sources = self.ev.sources.get(best.key) or self.ev.render_all(best.params, best.variant)
+        ext = ".cu" if self.spec.kernel.backend == "cuda" else ".cpp"
+        unique = list(dict.fromkeys(sources))
+        for src in unique:
+            name = f"kernel{ext}" if len(unique) == 1 else f"kernel.shape{sources.index(src)}{ext}"
+            write_atomic(d / name, src)
+        if best.variant:
+            write_atomic(d / "template.j2", self.ev.variants[best.variant])
+        write_atomic(d / "params.json", json.dumps(
+            {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
+             "metric": best.metric, "times_s": best.times, "shapes": self.spec.op.shapes,
+             "source_hash": best.source_hash}, indent=2) + "\n")
+
+    def write_outputs(self, status: str, stop: str | None) -> None:
+        spec = self.spec
+        write_atomic(self.run_dir / "trials.tsv", tsv(self.history, [shape_label(s) for s in spec.op.shapes]))
+        if self.best is not None and not (self.run_dir / "best" / "params.json").exists():
+            self.write_best()
+        summary = summarize(spec.name, spec.path, spec.hash, self.ledger, self.history, status, stop,
+                            spec.goal.describe())
+        write_atomic(self.run_dir / "run.json", json.dumps(summary, indent=2, default=str) + "\n")
+
+
 def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | None = None,
         reporter: Reporter | None = None, keep_decisions: bool = True) -> Outcome:
-    log = logmod.get().bind(run=str(run_dir))
-    ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path)
-    history = ledger.trials()
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)
-    worker = Worker(spec, str(run_dir / "worker.log"))
-    log.info("run.start", spec=spec.path, spec_hash=spec.hash, resumed_trials=len(history),
-             agent=spec.agent.strategy, goal=spec.goal.describe())
+    s = Session(spec, run_dir, keep_decisions)
+    s.log.info("run.start", spec=spec.path, spec_hash=spec.hash, resumed_trials=len(s.history),
+               agent=spec.agent.strategy, goal=spec.goal.describe())
     try:
-        baseline = _baseline(spec, ledger, worker, log)
-        ev = Evaluator(spec, worker, baseline)
-        agent = make_agent(spec.agent.strategy, spec.space, spec.agent.seed, spec.agent.options)
-        for key, n in ledger.interrupted().items():  # a trial that killed the runner twice is not retried
-            if n >= 2 and key not in {t.key for t in history}:
-                t = Trial(params=json.loads(key), status="crashed", agent="runner", spec_hash=spec.hash,
-                          reason=f"the runner died {n} times during this trial", started_at=time.time(),
-                          finished_at=time.time())
-                history.append(ledger.append(t))
-        best = _best(history)
-        _write_outputs(spec, run_dir, ledger, history, best, ev, "running", None)
+        s.start()
+        agent = make_agent(spec.agent.strategy, spec.space, spec.agent.seed, spec.agent.options, brief=brief(spec))
         session_t0 = time.time()
-        elapsed_before = sum(t.wall_s for t in history)
-        stop = None
+        elapsed_before = sum(t.wall_s for t in s.history)
         while True:
-            stop = _stop_reason(spec, history, best, budget_trials, budget_s,
+            stop = _stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                 elapsed_before + time.time() - session_t0)
             if stop:
                 break
-            cand = _next(spec, agent, history)
+            cand = _next(spec, agent, s)
             if cand is None:
                 stop = "space exhausted"
                 break
-            ledger.begin(config_key(cand))
-            t = ev.run(cand, agent.name)
-            if keep_decisions:
-                ev.decide(t, best)
-            elif t.status == "ok" and (best is None or t.objective < best.objective):
-                t.kept = True  # recording a space: the fastest so far, without paired re-timing
-            t = ledger.append(t)
-            history.append(t)
-            if t.kept:
-                best = t
-                _write_best(spec, run_dir, ev, best)
-            log.debug("trial.done", id=t.id, status=t.status, params=t.params, objective=t.objective,
-                      kept=t.kept, reason=t.reason or None)
-            reporter.trial(t, best, len(history))
-            with open(run_dir / "trials.tsv", "a", encoding="utf-8") as f:
-                f.write(tsv([t], [shape_label(s) for s in spec.op.shapes]).split("\n", 1)[1])
-        met = best is not None and spec.goal.met(best.metric)
-        _write_outputs(spec, run_dir, ledger, history, best, ev, "goal met" if met else stop, stop)
-        log.info("run.end", stop=stop, trials=len(history), best_id=best.id if best else None,
-                 best_objective_s=best.objective if best else None, goal_met=met)
-        return Outcome(EXIT_GOAL if met else EXIT_BUDGET, stop, best, len(history))
+            t = s.judge(cand, agent.name)
+            reporter.trial(t, s.best, len(s.history))
+        met = s.best is not None and spec.goal.met(s.best.metric)
+        s.write_outputs("goal met" if met else stop, stop)
+        s.log.info("run.end", stop=stop, trials=len(s.history), best_id=s.best.id if s.best else None,
+                   best_objective_s=s.best.objective if s.best else None, goal_met=met)
+        return Outcome(EXIT_GOAL if met else EXIT_BUDGET, stop, s.best, len(s.history))
     finally:
+        _drain(agent if "agent" in locals() else None, s)
         reporter.close()
-        worker.close()
-        ledger.close()
+        s.close()
 
 
-def _next(spec, agent, history: list[Trial]) -> dict | None:
-    tried = {t.key for t in history}
-    if spec.start is not None and config_key(spec.start) not in tried:
-        return dict(spec.start)
-    seen = [Seen(t.params, t.status, t.reason, t.objective) for t in history]
+def _drain(agent, s: Session) -> None:
+    """Write what a context-reading agent exchanged (replies, feedback) into the ledger."""
+    for ev in getattr(agent, "drain", lambda: [])():
+        s.ledger.add_reply(ev["agent"], ev["outcome"], ev["reply"], ev["feedback"])
+
+
+def brief(spec) -> dict:
+    """What context-reading agents may know: never the spec file, the judge or the ledger."""
+    forb = [f for f in spec.raw.get("forbidden", [])]
+    return {
+        "op": {"name": spec.name, "description": spec.description, "notes": spec.op.notes, "dtype": spec.op.dtype,
+               "shapes": list(spec.op.shapes), "extra_shapes": list(spec.op.extra_shapes),
+               "bytes": spec.op.bytes.text, "flops": spec.op.flops.text if spec.op.flops else None},
+        "hardware": {"name": spec.hw.name, "notes": spec.hw.context},
+        "forbidden": forb,
+        "space": {"params": {p.name: list(p.values) for p in spec.space.params},
+                  "constraints": [c.text for c in spec.space.constraints]},
+        "template": spec.kernel.template,
+        "goal": spec.goal.describe(),
+        "budget": {"trials": spec.goal.trials, "minutes": spec.goal.minutes},
+    }
+
+
+def _next(spec, agent, s: Session) -> Proposal | None:
+    tried = s.tried
+    if spec.start is not None and trial_key(spec.start) not in tried:
+        return Proposal(dict(spec.start))
     for _ in range(3):
-        for cand in agent.propose(seen, 1):
-            if config_key(cand) not in tried and spec.space.contains(cand) is None:
-                return cand
+        props = agent.propose(s.seen(), 1)
+        _drain(agent, s)  # every reply of a context-reading agent is in the ledger before its trial runs
+        for raw in props:
+            p = as_proposal(raw)
+            vid = variant_id(p.variant) if p.variant is not None else None
+            if trial_key(dict(p.params), vid) not in tried and spec.space.contains(dict(p.params)) is None:
+                return p
     return None
 
 
@@ -126,54 +243,12 @@ def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed) -> str |
     return None
 
 
-def _best(history: list[Trial]) -> Trial | None:
-    kept = [t for t in history if t.kept]
-    return kept[-1] if kept else None
-
-
-def _baseline(spec, ledger: Ledger, worker: Worker, log) -> list[float] | None:
-    if spec.baseline == "none":
-        return None
-    have = ledger.get_meta("baseline")
-    if have:
-        return json.loads(have)["times"]
-    r = worker.request(("baseline", spec.baseline), spec.runtime.timeout_s * 4)
-    if r["status"] != "ok":
-        log.warning("baseline.failed", reason=r.get("reason"))
-        return None
-    times = [s["median"] for s in r["shapes"]]
-    ledger.set_meta("baseline", json.dumps({"mode": spec.baseline, "times": times, "shapes": r["shapes"]}))
-    log.info("baseline.done", mode=spec.baseline, times_us=[round(t * 1e6, 3) for t in times])
-    return times
-
-
-def _write_best(spec, run_dir: Path, ev: Evaluator, best: Trial) -> None:
-    d = run_dir / "best"
-    d.mkdir(exist_ok=True)
-    sources = ev.sources.get(best.key) or ev.render_all(best.params)
-    ext = ".cu" if spec.kernel.backend == "cuda" else ".cpp"
-    unique = list(dict.fromkeys(sources))
-    for i, src in enumerate(unique):
-        name = f"kernel{ext}" if len(unique) == 1 else f"kernel.shape{sources.index(src)}{ext}"
-        write_atomic(d / name, src)
-    write_atomic(d / "params.json", json.dumps(
-        {"trial": best.id, "params": best.params, "objective_s": best.objective, "metric": best.metric,
-         "times_s": best.times, "shapes": spec.op.shapes, "source_hash": best.source_hash}, indent=2) + "\n")
-
-
-def _write_outputs(spec, run_dir, ledger, history, best, ev, status, stop) -> None:
-    write_atomic(run_dir / "trials.tsv", tsv(history, [shape_label(s) for s in spec.op.shapes]))
-    if best is not None and not (run_dir / "best" / "params.json").exists():
-        _write_best(spec, run_dir, ev, best)
-    summary = summarize(spec.name, spec.path, spec.hash, ledger, history, status, stop, spec.goal.describe())
-    write_atomic(run_dir / "run.json", json.dumps(summary, indent=2, default=str) + "\n")
-
-
 def summarize(name, path, spec_hash, ledger, history, status, stop, goal) -> dict:
     counts: dict[str, int] = {}
     for t in history:
         counts[t.status] = counts.get(t.status, 0) + 1
-    best = _best(history)
+    kept = [t for t in history if t.kept]
+    best = kept[-1] if kept else None
     first_ok = next((t for t in history if t.status == "ok"), None)
     base = ledger.get_meta("baseline")
     return {
@@ -182,8 +257,10 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal) -> dic
         "baseline": json.loads(base) if base else None,
         "first_ok": {"trial": first_ok.id, "params": first_ok.params, "objective_s": first_ok.objective}
         if first_ok else None,
-        "best": {"trial": best.id, "params": best.params, "objective_s": best.objective, "metric": best.metric,
-                 "times_s": best.times, "spreads": best.spreads, "shapes": best.details.get("shapes"),
-                 "source_hash": best.source_hash} if best else None,
+        "best": {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
+                 "metric": best.metric, "times_s": best.times, "spreads": best.spreads,
+                 "shapes": best.details.get("shapes"), "source_hash": best.source_hash} if best else None,
+        "variants": len(ledger.variants()),
+        "replies": len(ledger.replies()),
         "ledger_intact": ledger.verify_chain() is None,
     }

@@ -456,7 +456,19 @@ class _Checker:
             close = difflib.get_close_matches(a["strategy"], list(STRATEGIES), n=1)
             self.err(("agent", "strategy"), f"unknown strategy '{a['strategy']}'"
                      + (f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(STRATEGIES)})"))
-        return AgentSpec(a["strategy"], a.get("seed", 0), dict(a.get("options", {})))
+        opts = dict(a.get("options", {}))
+        import os
+
+        if a["strategy"] == "command" and not opts.get("command"):
+            self.err(("agent", "options"), "the command agent needs options.command (a string or a list)")
+        if a["strategy"] == "llm":
+            for k, env in (("base_url", "PIPE_LLM_BASE_URL"), ("model", "PIPE_LLM_MODEL")):
+                if not opts.get(k) and not os.environ.get(env):
+                    self.err(("agent", "options"), f"the llm agent needs options.{k} (or {env} in the environment)")
+        then = opts.get("then")
+        if then is not None and (then not in STRATEGIES or then in ("llm", "command")):
+            self.err(("agent", "options", "then"), f"'then' names a built-in strategy to continue with, not '{then}'")
+        return AgentSpec(a["strategy"], a.get("seed", 0), opts)
 
     def goal(self, hw, op) -> GoalSpec:
         g = self.d["goal"]

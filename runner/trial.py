@@ -28,13 +28,29 @@ class Evaluator:
         self.baseline = baseline
         self.backend = backends.get(spec.kernel.backend)
         self.ctype = render.CTYPES[spec.kernel.backend][spec.op.dtype]
-        self.sources: dict[str, list[str]] = {}  # params key -> rendered sources per shape
-        self.artifacts: dict[str, list[str]] = {}  # params key -> artifact per shape
+        self.sources: dict[str, list[str]] = {}  # trial key -> rendered sources per shape
+        self.artifacts: dict[str, list[str]] = {}  # trial key -> artifact per shape
+        self.variants: dict[str, str] = {}  # variant id -> template text
 
-    def render_all(self, params: dict) -> list[str]:
-        name = Path(self.spec.kernel.template_path).name
+    def template(self, variant: str | None) -> tuple[str, str]:
+        """(text, name) of the spec's template or of a variant."""
+        if variant is None:
+            return self.spec.kernel.template, Path(self.spec.kernel.template_path).name
+        return self.variants[variant], f"variant-{variant}"
+
+    def render_all(self, params: dict, variant: str | None = None) -> list[str]:
+        text, name = self.template(variant)
+        if variant is not None:
+            try:
+                used = render.template_variables(text)
+            except Exception as e:  # jinja2.TemplateSyntaxError and friends
+                raise render.RenderError(f"{name}: does not parse: {e}") from None
+            extra = sorted(used - set(params) - set(self.spec.op.symbols) - set(render.DTYPE_VARS))
+            if extra:
+                raise render.RenderError(f"{name}: uses {', '.join(extra)}, which are no search parameters, "
+                                         "shape symbols or dtype variables")
         ctx = {**params, "dtype": self.spec.op.dtype, "ctype": self.ctype}
-        return [render.render(self.spec.kernel.template, {**ctx, **shape}, name) for shape in self.spec.op.all_shapes]
+        return [render.render(text, {**ctx, **shape}, name) for shape in self.spec.op.all_shapes]
 
     def geometry(self, params: dict) -> list[dict]:
         k = self.spec.kernel
@@ -45,9 +61,11 @@ class Evaluator:
                         "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0})
         return out
 
-    def run(self, params: dict, agent: str) -> Trial:
+    def run(self, params: dict, agent: str, variant: str | None = None) -> Trial:
+        """Judge one candidate; `variant` is the id of a template variant in self.variants."""
         t0 = time.time()
-        trial = Trial(params=dict(params), status="ok", agent=agent, spec_hash=self.spec.hash, started_at=t0)
+        trial = Trial(params=dict(params), status="ok", agent=agent, spec_hash=self.spec.hash, started_at=t0,
+                      variant=variant)
 
         def done(status: str, reason: str = "") -> Trial:
             trial.status, trial.reason = status, reason
@@ -63,7 +81,7 @@ class Evaluator:
         if v:
             return done("forbidden", str(v))
         try:
-            sources = self.render_all(params)
+            sources = self.render_all(params, variant)
             geometry = self.geometry(params)
         except (render.RenderError, ExprError) as e:
             return done("render_error", str(e))
@@ -120,7 +138,7 @@ class Evaluator:
             return
         inc = self.artifacts.get(best.key)
         if inc is None:  # incumbent from an earlier session: compile it again (cached on disk)
-            inc = self._rebuild(best.params)
+            inc = self._rebuild(best)
             if inc is None:
                 cand.kept = True
                 return
@@ -139,10 +157,10 @@ class Evaluator:
                                   "wins": wins, "seconds": round(time.time() - t0, 3)}
         cand.wall_s += time.time() - t0
 
-    def _rebuild(self, params: dict) -> list[str] | None:
+    def _rebuild(self, best: Trial) -> list[str] | None:
         try:
-            sources = self.render_all(params)
-        except (render.RenderError, ExprError):
+            sources = self.render_all(best.params, best.variant)
+        except (render.RenderError, ExprError, KeyError):
             return None
         arts = {}
         for src in dict.fromkeys(sources):
@@ -150,12 +168,8 @@ class Evaluator:
             if not c.ok:
                 return None
             arts[src] = c.artifact
-        self.sources[_key(params)] = sources
+        self.sources[best.key] = sources
         return [arts[s] for s in sources]
-
-
-def _key(params: dict) -> str:
-    return Trial(params=params, status="").key
 
 
 def hash_seed(key: str, seed: int) -> int:

@@ -23,13 +23,29 @@ class Seen:
     status: str
     reason: str
     objective: float | None  # geometric-mean time in seconds; None when not timed
+    variant: str | None = None  # template variant id, None for the spec's template
+    metric: float | None = None  # the goal's metric, worst shape
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate: a parameter fill, optionally with a whole template variant."""
+
+    params: Mapping[str, Any]
+    variant: str | None = None  # full template text
+    parent: str | None = None  # id of the variant it was derived from (None: the spec's template)
+    note: str = ""
 
 
 class Agent(Protocol):
     name: str
 
-    def propose(self, history: Sequence[Seen], n: int) -> list[Config]:
-        """Up to n new configurations; [] means the agent has nothing left to try."""
+    def propose(self, history: Sequence[Seen], n: int) -> list[Config | Proposal]:
+        """Up to n new candidates; [] means the agent has nothing left to try."""
+
+
+def as_proposal(x: Config | Proposal) -> Proposal:
+    return x if isinstance(x, Proposal) else Proposal(dict(x))
 
 
 STRATEGIES: dict[str, Callable[..., Agent]] = {}
@@ -43,8 +59,14 @@ def register(name: str):
     return deco
 
 
-def make_agent(strategy: str, space: Space, seed: int, options: Mapping[str, Any]) -> Agent:
-    return STRATEGIES[strategy](space, seed, dict(options))
+def make_agent(strategy: str, space: Space, seed: int, options: Mapping[str, Any],
+               brief: Mapping[str, Any] | None = None) -> Agent:
+    """`brief` is what the runner tells agents that read context (language-model and
+    command agents): the hardware notes, the op, the forbidden actions, the goal."""
+    cls = STRATEGIES[strategy]
+    if getattr(cls, "wants_brief", False):
+        return cls(space, seed, dict(options), brief=dict(brief or {}))
+    return cls(space, seed, dict(options))
 
 
-from . import grid, random_search  # noqa: E402,F401  (registration)
+from . import external, grid, random_search  # noqa: E402,F401  (registration)

@@ -1,0 +1,230 @@
+"""Replay: how fast does a strategy find the best of a recorded space? No GPU needed.
+
+A dataset (runner.dataset) holds the verdict of every configuration of a
+space. `replay` lets an agent tune against it: propose one configuration,
+look its verdict up, append it to the history, again, until the budget is
+spent or the agent has nothing left. Every proposal counts as an evaluation,
+failures included.
+
+For each threshold x (1%, 3%, 5%) the figure is the number of evaluations
+until the best objective so far is within x of the dataset's best. Over
+seeds we report the median and the spread, and a score in the spirit of
+Willemsen et al. (2021, "Bayesian Optimization for auto-tuning GPU
+kernels"): 0 is no better than random search, 1 finds the optimum at once,
+negative is worse than random. Random search draws without replacement, so
+with S valid configurations of which k are within x of the best its expected
+number of evaluations is E_random = (S + 1) / (k + 1), and
+
+    score = (E_random - E_agent) / (E_random - 1)
+
+with E_agent the agent's median over seeds. A run that never gets within x
+(budget spent, or the agent gave up) counts as budget + 1 evaluations.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from .agents import Seen, make_agent
+from .dataset import Dataset, load
+from .space import config_key
+
+THRESHOLDS = (0.01, 0.03, 0.05)
+STRATEGIES = ("random", "grid", "tpe", "pattern")
+
+# The strategy `pipe` should use when a spec does not name one: the best median
+# evaluations-to-within-3% on the bench (see `bench`), measured over every
+# dataset in datasets/ at 25 seeds.
+DEFAULT_STRATEGY = "pattern"
+
+
+def _ensure_registered() -> None:
+    # The optional strategies live in modules of their own; importing registers them.
+    from .agents import pattern  # noqa: F401
+    try:
+        from .agents import optuna_search  # noqa: F401
+    except ImportError:  # optuna not installed: "tpe" is simply not available
+        pass
+
+
+def valid_configs(dataset: Dataset) -> list[dict]:
+    return list(dataset.space)
+
+
+def _within(dataset: Dataset, configs: Sequence[dict], x: float) -> int:
+    """k: how many valid configurations are timed within x of the best."""
+    limit = dataset.best * (1 + x)
+    k = 0
+    for c in configs:
+        t = dataset.lookup(c)
+        if t["status"] == "ok" and t["objective"] and t["objective"] <= limit:
+            k += 1
+    return k
+
+
+def expected_random(size: int, k: int) -> float:
+    """Expected draws without replacement from `size` items until one of `k` marked ones."""
+    return (size + 1) / (k + 1)
+
+
+def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str, Any] | None = None,
+             budget: int | None = None, stop_at: float | None = None) -> list[Seen]:
+    """One simulated tuning run; stops early once the best so far is within `stop_at` of the best."""
+    agent = make_agent(agent_name, dataset.space, seed, options or {})
+    budget = budget if budget is not None else len(valid_configs(dataset))
+    target = dataset.best * (1 + stop_at) if stop_at is not None else None
+    history: list[Seen] = []
+    seen: set[str] = set()
+    while len(history) < budget:
+        cfg = None
+        for _ in range(3):  # as the loop does: a repeat or an invalid point is dropped, ask again
+            cands = [c for c in agent.propose(history, 1)
+                     if config_key(c) not in seen and dataset.space.contains(c) is None]
+            if cands:
+                cfg = cands[0]
+                break
+        if cfg is None:
+            break
+        t = dataset.lookup(cfg)
+        seen.add(config_key(cfg))
+        history.append(Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"]))
+        if target is not None and t["status"] == "ok" and t["objective"] and t["objective"] <= target:
+            break
+    return history
+
+
+def evals_to(history: Sequence[Seen], target: float, budget: int) -> int:
+    """1-based index of the first evaluation at or below target; budget + 1 if none."""
+    for i, h in enumerate(history, 1):
+        if h.status == "ok" and h.objective is not None and h.objective <= target:
+            return i
+    return budget + 1
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default), on a sorted copy."""
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] | int,
+           options: Mapping[str, Any] | None = None, budget: int | None = None,
+           thresholds: Sequence[float] = THRESHOLDS) -> dict:
+    """Simulate tuning `dataset` with `agent_name` once per seed; figures per threshold.
+
+    Returns {"dataset", "agent", "size" (valid configs), "seeds", "budget", "best",
+    "thresholds": {x: {"k", "e_random", "median", "p25", "p75", "min", "max", "mean",
+    "score", "evals": [per seed], "missed": runs that never got within x}}}.
+    """
+    _ensure_registered()
+    ds = dataset if isinstance(dataset, Dataset) else load(dataset)
+    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    configs = valid_configs(ds)
+    size = len(configs)
+    budget = budget if budget is not None else size
+    stop_at = min(thresholds)
+    runs = [run_once(ds, agent_name, s, options, budget, stop_at) for s in seeds]
+    out: dict[str, Any] = {"dataset": Path(ds.path).stem, "agent": agent_name, "size": size,
+                           "seeds": len(seeds), "budget": budget, "best": ds.best, "thresholds": {}}
+    for x in thresholds:
+        k = _within(ds, configs, x)
+        ev = [evals_to(h, ds.best * (1 + x), budget) for h in runs]
+        e_rand = expected_random(size, k)
+        med = statistics.median(ev)
+        out["thresholds"][x] = {
+            "k": k, "e_random": e_rand, "median": med,
+            "p25": _quantile(ev, 0.25), "p75": _quantile(ev, 0.75),
+            "min": min(ev), "max": max(ev), "mean": statistics.fmean(ev),
+            "score": (e_rand - med) / (e_rand - 1) if e_rand > 1 else 0.0,
+            "evals": ev, "missed": sum(e > budget for e in ev),
+        }
+    return out
+
+
+def datasets(folder: str | Path = Path(__file__).resolve().parent.parent / "datasets") -> list[Path]:
+    return sorted(Path(folder).glob("*.json"))
+
+
+def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] = STRATEGIES,
+          seeds: Iterable[int] | int = 25, options: Mapping[str, Mapping[str, Any]] | None = None,
+          thresholds: Sequence[float] = THRESHOLDS) -> list[dict]:
+    """One row per (dataset, agent): the replay figures flattened for a table."""
+    _ensure_registered()
+    from .agents import STRATEGIES as registered
+
+    rows = []
+    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    for d in datasets_:
+        ds = d if isinstance(d, Dataset) else load(d)
+        for a in agents:
+            if a not in registered:
+                continue
+            r = replay(ds, a, seeds, (options or {}).get(a), thresholds=thresholds)
+            row = {"dataset": r["dataset"], "agent": a, "size": r["size"], "seeds": r["seeds"]}
+            for x, f in r["thresholds"].items():
+                p = f"{round(x * 100)}%"
+                row[f"k@{p}"] = f["k"]
+                row[f"random@{p}"] = f["e_random"]
+                row[f"median@{p}"] = f["median"]
+                row[f"p25@{p}"] = f["p25"]
+                row[f"p75@{p}"] = f["p75"]
+                row[f"min@{p}"] = f["min"]
+                row[f"max@{p}"] = f["max"]
+                row[f"score@{p}"] = f["score"]
+                row[f"missed@{p}"] = f["missed"]
+            rows.append(row)
+    return rows
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def format_table(rows: Sequence[dict], thresholds: Sequence[float] = THRESHOLDS) -> str:
+    """A plain-text table: per threshold, median evaluations [p25-p75] (min-max) and the score."""
+    if not rows:
+        return "(no datasets)"
+    head = ["dataset", "S", "agent"]
+    for x in thresholds:
+        p = f"{round(x * 100)}%"
+        head += [f"evals@{p} med [p25-p75] (min-max)", f"E_rand@{p}", f"score@{p}"]
+    body = []
+    for r in rows:
+        line = [r["dataset"], str(r["size"]), r["agent"]]
+        for x in thresholds:
+            p = f"{round(x * 100)}%"
+            miss = f" {r[f'missed@{p}']} missed" if r.get(f"missed@{p}") else ""
+            line += [f"{_num(r[f'median@{p}'])} [{_num(r[f'p25@{p}'])}-{_num(r[f'p75@{p}'])}] "
+                     f"({r[f'min@{p}']}-{r[f'max@{p}']}){miss}",
+                     f"{r[f'random@{p}']:.1f}", f"{r[f'score@{p}']:+.2f}"]
+        body.append(line)
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m runner.replay", description=__doc__.split("\n")[0])
+    ap.add_argument("datasets", nargs="*", help="dataset files (default: datasets/*.json)")
+    ap.add_argument("--agents", default=",".join(STRATEGIES))
+    ap.add_argument("--seeds", type=int, default=25)
+    a = ap.parse_args(argv)
+    _ensure_registered()
+    from .agents import STRATEGIES as registered
+
+    agents = [s for s in a.agents.split(",") if s]
+    if "gp" in registered and "gp" not in agents and a.agents == ",".join(STRATEGIES):
+        agents.insert(-1, "gp")
+    print(format_table(bench(a.datasets or datasets(), agents, a.seeds)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

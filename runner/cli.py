@@ -194,6 +194,37 @@ def cmd_record(a) -> int:
     return EXIT_OK if out.trials >= n else EXIT_BUDGET
 
 
+def cmd_replay(a) -> int:
+    from . import replay
+
+    replay._ensure_registered()
+    from .agents import STRATEGIES
+
+    agents = [x for x in a.agent.split(",") if x] if a.agent else list(replay.STRATEGIES)
+    unknown = [x for x in agents if x not in STRATEGIES or x in ("llm", "command")]
+    if unknown:
+        print(f"--agent: unknown or not replayable: {', '.join(unknown)} "
+              f"(replayable: {', '.join(sorted(set(STRATEGIES) - {'llm', 'command'}))})", file=sys.stderr)
+        return EXIT_INPUT
+    paths = a.datasets or [str(p) for p in replay.datasets()]
+    for p in paths:
+        if not Path(p).is_file():
+            print(f"{p}: no such dataset", file=sys.stderr)
+            return EXIT_INPUT
+    try:
+        if a.json:
+            out = [replay.replay(p, ag, a.seeds) for p in paths for ag in agents]
+            for r in out:  # per-seed lists stay; keys as strings for JSON
+                r["thresholds"] = {f"{x:g}": v for x, v in r["thresholds"].items()}
+            print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+        else:
+            print(replay.format_table(replay.bench(paths, agents, a.seeds)))
+    except (ValueError, KeyError) as e:
+        print(f"pipe replay: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    return EXIT_OK
+
+
 def _summary(run_dir: Path) -> dict:
     from .errors import RunDirError
     from .ledger import Ledger
@@ -300,6 +331,12 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
     rc.set_defaults(fn=cmd_record)
+    rp = sub.add_parser("replay", help="simulate tuning on recorded datasets (no GPU): evaluations to the best")
+    rp.add_argument("datasets", nargs="*", help="dataset files (default: datasets/*.json)")
+    rp.add_argument("--agent", help="strategy, or a comma-separated list (default: every built-in strategy)")
+    rp.add_argument("--seeds", type=int, default=25)
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(fn=cmd_replay)
     rs = sub.add_parser("runs", help="list run folders with status and best")
     rs.add_argument("--root", default="runs")
     rs.set_defaults(fn=cmd_runs)
@@ -327,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pipe: interrupted; every finished trial is in the ledger (run again to resume)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into head and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -451,7 +451,9 @@ class _Checker:
     def agent(self) -> AgentSpec:
         from .agents import STRATEGIES
 
-        a = self.d.get("agent", {"strategy": "random"})
+        from .replay import DEFAULT_STRATEGY
+
+        a = self.d.get("agent", {"strategy": DEFAULT_STRATEGY})
         if a["strategy"] not in STRATEGIES:
             close = difflib.get_close_matches(a["strategy"], list(STRATEGIES), n=1)
             self.err(("agent", "strategy"), f"unknown strategy '{a['strategy']}'"

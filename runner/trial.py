@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import backends, figures, forbid, render
@@ -85,15 +86,15 @@ class Evaluator:
             geometry = self.geometry(params)
         except (render.RenderError, ExprError) as e:
             return done("render_error", str(e))
-        trial.source_hash = render.source_hash("\n".join(dict.fromkeys(sources)))
-        for src in dict.fromkeys(sources):
+        unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
+        trial.source_hash = render.source_hash("\n".join(unique))
+        for src in unique:
             v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
                                     sp.forbidden.patterns)
             if v:
                 return done("forbidden", str(v))
         arts, resources, compile_s = {}, {}, 0.0
-        for src in dict.fromkeys(sources):
-            c = self.backend.compile(src, sp.kernel.entry, sp.kernel.options, sp.hw)
+        for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
             compile_s += c.seconds
             if not c.ok:
                 trial.details["compile_log"] = c.log[-4000:]
@@ -126,6 +127,18 @@ class Evaluator:
         if bad:
             return done("impossible", bad)
         return done("ok")
+
+    def _compile_all(self, sources: list[str]) -> list:
+        """Compile distinct sources side by side: NVRTC and g++ both run outside the GIL."""
+        sp = self.spec
+
+        def one(src: str):
+            return self.backend.compile(src, sp.kernel.entry, sp.kernel.options, sp.hw)
+
+        if len(sources) == 1:
+            return [one(sources[0])]
+        with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+            return list(pool.map(one, sources))
 
     def decide(self, cand: Trial, best: Trial | None) -> None:
         """Set cand.kept. The first correct trial is kept; later ones must win a paired re-timing."""

@@ -69,4 +69,4 @@ def make_agent(strategy: str, space: Space, seed: int, options: Mapping[str, Any
     return cls(space, seed, dict(options))
 
 
-from . import external, grid, random_search  # noqa: E402,F401  (registration)
+from . import external, grid, optuna_search, pattern, random_search  # noqa: E402,F401  (registration)

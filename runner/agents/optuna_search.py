@@ -7,20 +7,27 @@ the same proposal (the sampler's seed is derived from the agent's seed and
 the length of the history, like the random strategy's).
 
 What the sampler sees:
-- each parameter as the position of its value in the domain's order
-  (an IntDistribution over 0..len-1) when the domain is numeric, so the
-  Parzen estimators can use that order (a pow2 domain becomes a log scale);
-  strings and booleans stay categorical. `options: {encoding: categorical}`
-  makes every parameter categorical.
+- each parameter as a categorical choice among the positions of its values.
+  `options: {encoding: index}` gives numeric domains an IntDistribution over
+  the positions instead (so a pow2 domain would be a log scale); on the
+  replay bench (runner.replay) that did worse than categorical, so it is off.
 - the objective as log(seconds), minimised; a trial that did not give a time
   (wrong, fault, hang, compile_error, forbidden, pruned, ...) counts as the
   worst observed log-time plus log(2), so the sampler learns to avoid its
   region rather than ignoring it.
-- a point the sampler asks for that breaks a constraint is told with that
-  same penalty (it costs no trial: the agent asks again); a point already
-  tried is told as failed (ignored by TPE) and the agent asks again. After a
-  bounded number of asks it falls back to a seeded random untried point, and
-  returns [] only when no valid untried point is left.
+- a point the sampler asks for that breaks a constraint is projected onto
+  the space: the agent proposes the untried valid point nearest to it
+  (distance: steps in domain positions; ties broken by a seeded draw).
+  Telling such points as failures instead taught the sampler that a value
+  valid only in a corner of the space (HOLD=true needs TPR >= 512) is bad.
+- a point already tried is told as failed (ignored by TPE) and the agent asks
+  again, up to `max_asks` times (default 4), then proposes the untried point
+  nearest to the first one asked for. [] only when no valid untried point is
+  left.
+
+Options: n_startup_trials (random trials before the model; default a
+twentieth of the valid space, 3 to 8), n_ei_candidates, multivariate, group,
+max_asks, encoding.
 
 Optuna is imported when an agent is built, so `import runner.agents` stays
 fast and works without it.
@@ -37,8 +44,8 @@ from ..space import Config, Space, config_key
 from . import Seen, register
 
 PENALTY = math.log(2.0)  # a failed trial: this much worse than the worst timed one
-MAX_ASKS = 24            # asks per proposal before falling back (options: {max_asks: N})
-ENUMERATE = 200_000      # list the valid space (for the nearest untried point) up to this size
+MAX_ASKS = 4             # asks per proposal before taking the nearest untried point instead
+ENUMERATE = 20_000       # list the valid space (for the nearest untried point) up to this size
 
 
 def _seed(seed: int, n: int, salt: int = 0) -> int:
@@ -76,15 +83,13 @@ class _OptunaAgent:
         self.options = dict(options)
         self.max_asks = max(1, int(self.options.get("max_asks", MAX_ASKS)))
         self._points: list | None = None  # the valid space, listed lazily (a pure function of it)
-        encoding = self.options.get("encoding", "index")
+        encoding = self.options.get("encoding", "categorical")
         if encoding not in ("index", "categorical"):
             raise ValueError(f"encoding must be 'index' or 'categorical', not {encoding!r}")
         D = optuna.distributions
         self._dists: dict[str, Any] = {}
-        self._ordinal: dict[str, bool] = {}
         for p in space.params:
             ordinal = encoding == "index" and len(p.values) > 1 and _is_numeric(p.values)
-            self._ordinal[p.name] = ordinal
             if ordinal:
                 self._dists[p.name] = D.IntDistribution(0, len(p.values) - 1)
             else:
@@ -119,9 +124,6 @@ class _OptunaAgent:
         study.add_trials(trials)
         return study
 
-    def _sampler(self, seed: int):
-        raise NotImplementedError
-
     def _valid_points(self) -> list[tuple[Config, tuple[int, ...]]] | None:
         """Every valid configuration with its domain positions; None for a space too big to list."""
         if self._points is None and self.space.size <= ENUMERATE:
@@ -147,49 +149,49 @@ class _OptunaAgent:
         return rng.choice(best) if best else None
 
     def propose(self, history: Sequence[Seen], n: int) -> list[Config]:
-        optuna = self._optuna
         seen = {config_key(h.params) for h in history}
-        sampler = self._sampler(_seed(self.seed, len(history)))
-        study = self._study(history, sampler)
+        study = self._study(history, self._sampler(_seed(self.seed, len(history))))
         rng = random.Random(_seed(self.seed, len(history), salt=1))
         out: list[Config] = []
         for _ in range(n):
-            cfg = None
-            first = None  # what the sampler wanted first, when it was already tried
-            for _ in range(self.max_asks):
-                trial = study.ask(self._dists)
-                cand = self._decode(trial.params)
-                key = config_key(cand)
-                if self.space.violated(cand) is not None:
-                    if self.options.get("invalid", "penalty") == "penalty":
-                        study.tell(trial, self._penalty)
-                    else:
-                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                elif key in seen:
-                    first = first or trial.params
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                else:
-                    cfg = cand  # left running: with constant_liar the next ask avoids it
-                    break
+            cfg = self._ask(study, seen, rng)
             if cfg is None:
-                cfg = self._nearest(first, seen, rng) if first is not None else untried(self.space, seen, rng)
-                if cfg is None:
-                    break
-                study.add_trial(optuna.trial.create_trial(
-                    params=self._encode(cfg), distributions=self._dists, state=optuna.trial.TrialState.RUNNING))
+                break  # the valid space is exhausted
             seen.add(config_key(cfg))
             out.append(cfg)
         return out
 
+    def _ask(self, study, seen: set[str], rng: random.Random) -> Config | None:
+        TrialState = self._optuna.trial.TrialState
+        wanted = None  # what the sampler asked for, when that was not a new valid point
+        for _ in range(self.max_asks):
+            trial = study.ask(self._dists)
+            cand = self._decode(trial.params)
+            invalid = self.space.violated(cand) is not None
+            if not invalid and config_key(cand) not in seen:
+                return cand  # left running: with constant_liar a further ask steers away from it
+            study.tell(trial, state=TrialState.FAIL)  # ignored by the sampler
+            wanted = wanted or trial.params
+            if invalid:
+                break  # project it onto the space rather than asking again
+        cfg = self._nearest(wanted, seen, rng)
+        if cfg is not None:
+            study.add_trial(self._optuna.trial.create_trial(
+                params=self._encode(cfg), distributions=self._dists, state=TrialState.RUNNING))
+        return cfg
 
-def _startup(space: Space, options: dict) -> int:
-    """Random trials before the model: the option, else about a tenth of the space, 3 to 8."""
-    if "n_startup_trials" in options:
-        return int(options["n_startup_trials"])
-    return max(3, min(8, space.size // 10))
+    def _startup(self) -> int:
+        """Random trials before the model: the option, else a twentieth of the valid space, 3 to 8."""
+        if "n_startup_trials" in self.options:
+            return int(self.options["n_startup_trials"])
+        points = self._valid_points()
+        size = len(points) if points is not None else self.space.size
+        return max(3, min(8, size // 20))
+
+    def _sampler(self, seed: int):
+        raise NotImplementedError
 
 
-@register("tpe")
 class TPE(_OptunaAgent):
     """Tree-structured Parzen estimators (multivariate), seeded."""
 
@@ -201,7 +203,7 @@ class TPE(_OptunaAgent):
             warnings.simplefilter("ignore")  # multivariate/group are "experimental"
             return self._optuna.samplers.TPESampler(
                 seed=seed,
-                n_startup_trials=_startup(self.space, o),
+                n_startup_trials=self._startup(),
                 n_ei_candidates=int(o.get("n_ei_candidates", 24)),
                 multivariate=bool(o.get("multivariate", True)),
                 group=bool(o.get("group", False)),
@@ -209,21 +211,29 @@ class TPE(_OptunaAgent):
             )
 
 
-def _gp_available() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("optuna", "scipy", "torch"))
+class GP(_OptunaAgent):
+    """Gaussian-process Bayesian optimisation (Optuna's GPSampler, which needs scipy and torch).
+
+    On the replay bench it did no better than "tpe" at ten times the cost (a GP fit per
+    proposal), so it is registered where it can run but left out of the default bench.
+    """
+
+    def _sampler(self, seed: int):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._optuna.samplers.GPSampler(
+                seed=seed, n_startup_trials=self._startup(),
+                deterministic_objective=bool(self.options.get("deterministic_objective", False)))
 
 
-if _gp_available():
+def _importable(*modules: str) -> bool:
+    # find_spec finds a top-level module without importing it: registration stays cheap.
+    return all(importlib.util.find_spec(m) is not None for m in modules)
 
-    @register("gp")
-    class GP(_OptunaAgent):
-        """Gaussian-process Bayesian optimisation (Optuna's GPSampler), seeded."""
 
-        def _sampler(self, seed: int):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return self._optuna.samplers.GPSampler(
-                    seed=seed, n_startup_trials=_startup(self.space, self.options),
-                    deterministic_objective=bool(self.options.get("deterministic_objective", False)))
+if _importable("optuna"):
+    register("tpe")(TPE)
+if _importable("optuna", "scipy", "torch"):
+    register("gp")(GP)

@@ -1,20 +1,27 @@
 """Pattern: a local search around the incumbent, with seeded random restarts.
 
 Each parameter's domain is ordered, so a configuration has neighbours one step
-away in one parameter (Space.neighbours). The agent:
+away in one parameter (as Space.neighbours). The agent:
 
-1. samples seeded random points until `init` trials are done and one of them
-   gave a time (options: {init: N}, default 1);
+1. samples seeded random points until `init` trials are done (default 2) and
+   one of them gave a time;
 2. proposes the untried valid neighbours of the incumbent (the fastest timed
    trial so far), most promising first: a move whose mirror move (the same
    parameter, the other way) was tried and was slower, or failed, comes first,
    by how much slower (the pattern move of a pattern search); the others follow
-   in a seeded shuffle;
+   in a seeded shuffle. A step that a constraint blocks is repaired: it goes to
+   the valid point(s) with that parameter's new value nearest to the incumbent
+   (fewest steps in the others), so a flag valid only in a corner of the space
+   (softmax's HOLD=true needs TPR >= 512 and BLOCK >= TPR) stays one move away;
 3. when every 1-step neighbour is tried, widens to 2-step moves (one parameter
-   two steps, or two parameters one step each), which also crosses constraint
-   boundaries a single step cannot;
+   two steps, or two parameters one step each);
 4. when that neighbourhood is exhausted too, restarts from a seeded random
-   untried point, and returns [] only once the valid space is exhausted.
+   untried point and searches around the best of what it found since (the
+   incumbent again as soon as that one has an untried neighbour), and
+   returns [] only once the valid space is exhausted.
+
+Options: init (random trials first, default 2), order ("promise" or
+"shuffle"), repair (true).
 
 Like the random strategy it keeps no state between calls: the random stream
 is derived from the seed and the length of the history, so a resumed run
@@ -31,6 +38,7 @@ from typing import Any, Mapping, Sequence
 from ..space import Config, Space, config_key
 from . import Seen, register
 
+REPAIR_LIMIT = 20_000   # list the valid space (to repair a step a constraint blocks) up to this size
 FAILED = math.log(2.0)  # a failed mirror move counts as this much slower than the worst timed trial
 
 
@@ -43,8 +51,12 @@ class Pattern:
     def __init__(self, space: Space, seed: int, options: dict):
         self.space = space
         self.seed = int(seed)
-        self.init = max(1, int(options.get("init", 1)))
+        self.init = max(1, int(options.get("init", 2)))
+        self.repair = bool(options.get("repair", True))
+        self.order = options.get("order", "promise")
         self._valid: dict[str, bool] = {}  # key -> valid? (a cache of a pure function)
+        self._listed: list | None = None   # the valid space with domain positions, listed lazily
+        self._rings: dict[tuple[str, int], list] = {}
 
     # -- geometry -------------------------------------------------------------
     def _ok(self, cfg: Mapping[str, Any]) -> bool:
@@ -82,6 +94,38 @@ class Pattern:
                     out.append((new, move))
         return out
 
+    def _points(self) -> list[tuple[Config, tuple[int, ...]]] | None:
+        if self._listed is None and self.space.size <= REPAIR_LIMIT:
+            names = self.space.names
+            self._listed = [(c, tuple(self.space.param(k).index(c[k]) for k in names)) for c in self.space]
+        return self._listed
+
+    def _repaired(self, cfg: Mapping[str, Any]) -> list[tuple[Config, tuple]]:
+        """One step in one parameter where that step alone breaks a constraint, with the
+        smallest change of the other parameters (L1 in domain positions) that repairs it."""
+        points = self._points()
+        if points is None:
+            return []
+        names = self.space.names
+        cur = tuple(self.space.param(k).index(cfg[k]) for k in names)
+        out = []
+        for i, p in enumerate(self.space.params):
+            for d in (-1, 1):
+                j = cur[i] + d
+                if not 0 <= j < len(p.values) or self._ok({**cfg, p.name: p.values[j]}):
+                    continue  # off the domain, or an ordinary valid step
+                best, best_d = [], None
+                for c, pos in points:
+                    if pos[i] != j:
+                        continue
+                    dist = sum(abs(a - b) for a, b in zip(pos, cur)) - 1
+                    if best_d is None or dist < best_d:
+                        best, best_d = [c], dist
+                    elif dist == best_d:
+                        best.append(c)
+                out.extend((c, ((p.name, d),)) for c in best)
+        return out
+
     def _mirror(self, cfg: Mapping[str, Any], move: tuple) -> Config | None:
         new = dict(cfg)
         for name, d in move:
@@ -105,38 +149,67 @@ class Pattern:
         return rng.choice(rest) if rest else None
 
     # -- the search -----------------------------------------------------------
+    def _ring(self, cfg: Mapping[str, Any], steps: int) -> list[tuple[Config, tuple]]:
+        k = (config_key(cfg), steps)
+        if k not in self._rings:  # a pure function of the space: cached, not state
+            moves = self._moves(cfg, steps)
+            if steps == 1 and self.repair:
+                moves += self._repaired(cfg)
+            self._rings[k] = moves
+        return list(self._rings[k])
+
+    def _center(self, history: Sequence[Seen], seen: set[str]) -> Mapping[str, Any] | None:
+        """The point to search around: the incumbent while its neighbourhood has untried points.
+
+        Once it has none, the search restarted (from a random point); the center is then the
+        best timed trial among those after the last one of that neighbourhood, and so on.
+        None: no timed trial to search around, so draw a random point.
+        """
+        lo = 0
+        while True:
+            timed = [(math.log(h.objective), i, h.params) for i, h in enumerate(history[lo:], lo)
+                     if h.status == "ok" and h.objective is not None and h.objective > 0
+                     and self.space.contains(h.params) is None]
+            if not timed:
+                return None
+            inc = min(timed, key=lambda t: (t[0], t[1]))[2]
+            hood = {config_key(c) for steps in (1, 2) for c, _ in self._ring(inc, steps)}
+            if hood - seen:
+                return inc
+            hood.add(config_key(inc))
+            lo = max(i for i, h in enumerate(history) if config_key(h.params) in hood) + 1
+
     def propose(self, history: Sequence[Seen], n: int) -> list[Config]:
         seen = {config_key(h.params) for h in history}
         rng = random.Random(_seed(self.seed, len(history)))
-        timed = [(math.log(h.objective), i, h) for i, h in enumerate(history)
-                 if h.status == "ok" and h.objective is not None and h.objective > 0]
-        inc = min(timed, key=lambda t: (t[0], t[1]))[2].params if timed else None
-        if inc is not None and self.space.contains(inc) is not None:
-            inc = None  # the fastest trial is not a point of this space (an edited spec)
-        worst = max(t[0] for t in timed) + FAILED if timed else 0.0
-        score = {config_key(h.params): (math.log(h.objective) if h.status == "ok" and h.objective
-                                        and h.objective > 0 else worst) for h in history}
+        logs = [math.log(h.objective) for h in history
+                if h.status == "ok" and h.objective is not None and h.objective > 0]
+        worst = max(logs) + FAILED if logs else 0.0
+        score: dict[str, float] = {}  # key -> log-time, failures as worse than the worst
+        for h in history:
+            k = config_key(h.params)
+            v = math.log(h.objective) if h.status == "ok" and h.objective and h.objective > 0 else worst
+            score[k] = min(v, score.get(k, v))
+        center = self._center(history, seen) if len(history) >= self.init else None
         cands: list[Config] = []
-        if inc is not None and len(history) >= self.init:
-            base = score[config_key(inc)]
+        if center is not None:
+            base = score[config_key(center)]
+
+            def promise(cm):
+                mirror = self._mirror(center, cm[1])
+                s = score.get(config_key(mirror)) if mirror is not None else None
+                return -(s - base) if s is not None else 0.0
+
             for steps in (1, 2):
-                ring = [(c, m) for c, m in self._moves(inc, steps) if config_key(c) not in seen]
-                if not ring:
-                    continue
-                rng.shuffle(ring)
-
-                def promise(cm):
-                    mirror = self._mirror(inc, cm[1])
-                    s = score.get(config_key(mirror)) if mirror is not None else None
-                    return -(s - base) if s is not None else 0.0
-
-                ring.sort(key=promise)  # stable: ties keep the seeded shuffle order
-                cands = [c for c, _ in ring]
-                break
+                ring = [(c, m) for c, m in self._ring(center, steps) if config_key(c) not in seen]
+                if ring:
+                    rng.shuffle(ring)
+                    if self.order == "promise":
+                        ring.sort(key=promise)  # stable: ties keep the seeded shuffle order
+                    cands = [c for c, _ in ring]
+                    break
         out: list[Config] = []
-        for c in cands:
-            if len(out) == n:
-                return out
+        for c in cands[:n]:
             out.append(c)
             seen.add(config_key(c))
         while len(out) < n:

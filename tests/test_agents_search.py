@@ -1,0 +1,189 @@
+"""Search strategies (tpe, gp where it runs, pattern): valid, new, seeded, resumable, exhaustive."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+import runner.agents.pattern  # noqa: F401  (registration)
+from runner.agents import STRATEGIES, Seen, make_agent
+from runner.expr import compile_expr
+from runner.space import Param, Space, config_key
+
+try:
+    import runner.agents.optuna_search  # noqa: F401  (registration)
+except ImportError:  # optuna missing: only "pattern" is tested
+    pass
+
+SEARCH = [s for s in ("tpe", "gp", "pattern") if s in STRATEGIES]
+FAILURES = ("wrong", "fault", "hang", "compile_error", "forbidden", "pruned", "impossible", "error")
+
+
+def space():
+    """48 points before constraints, 36 valid; the constraints use the shape symbols M and N."""
+    syms = {"A", "B", "C", "D", "M", "N"}
+    return Space(
+        (Param("A", (1, 2, 4, 8)), Param("B", ("x", "y", "z")), Param("C", (True, False)),
+         Param("D", (32, 64))),
+        (compile_expr("A * D <= M", syms),                  # M = 512 and 256: A * D <= 256
+         compile_expr("not C or N % (A * D) == 0", syms)),  # N = 128 and 256: C needs A * D <= 128
+        ({"M": 512, "N": 128}, {"M": 256, "N": 256}),
+    )
+
+
+def tiny():
+    syms = {"A", "B", "N"}
+    return Space((Param("A", (1, 2, 3)), Param("B", (1, 2))), (compile_expr("A * B <= N", syms),),
+                 ({"N": 4}, {"N": 3}))
+
+
+def objective(cfg):
+    """A made-up landscape with a clear best (A=2, B='y', C=True, D=32) and some failures."""
+    a = math.log2(cfg["A"])
+    b = {"x": 0.3, "y": 0.0, "z": 0.5}[cfg["B"]]
+    return 1e-4 * math.exp((a - 1) ** 2 * 0.4 + b + (0.0 if cfg["C"] else 0.2) + (cfg["D"] == 64) * 0.1)
+
+
+def verdict(cfg, fail_every=0):
+    if fail_every and sum(map(ord, config_key(cfg))) % fail_every == 0:
+        return Seen(cfg, FAILURES[len(config_key(cfg)) % len(FAILURES)], "made up", None)
+    return Seen(cfg, "ok", "", objective(cfg))
+
+
+def drive(agent, sp, limit=200, n=1, judge=verdict):
+    hist = []
+    while len(hist) < limit:
+        props = agent.propose(hist, n)
+        if not props:
+            break
+        assert len(props) <= n
+        for cfg in props:
+            hist.append(judge(cfg))
+    return hist
+
+
+@pytest.mark.parametrize("name", SEARCH)
+@pytest.mark.parametrize("n", [1, 3])
+def test_never_repeats_nor_leaves_the_space_then_exhausts(name, n):
+    sp = space()
+    valid = {config_key(c) for c in sp}
+    assert len(valid) == 36
+    hist = drive(make_agent(name, sp, 0, {}), sp, n=n, judge=lambda c: verdict(c, fail_every=3))
+    keys = [config_key(h.params) for h in hist]
+    assert len(keys) == len(set(keys)), "a configuration was proposed twice"
+    assert all(sp.contains(h.params) is None for h in hist), "an invalid configuration was proposed"
+    assert set(keys) == valid  # the whole valid space, then []
+    assert make_agent(name, sp, 0, {}).propose(hist, 1) == []
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_tiny_space_exhausts_then_returns_nothing(name):
+    sp = tiny()
+    hist = drive(make_agent(name, sp, 5, {}), sp, judge=lambda c: Seen(c, "ok", "", 1e-3 * (c["A"] + c["B"])))
+    assert sorted((h.params["A"], h.params["B"]) for h in hist) == [(1, 1), (1, 2), (2, 1), (3, 1)]
+    agent = make_agent(name, sp, 5, {})
+    assert agent.propose(hist, 1) == [] and agent.propose(hist, 4) == []
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_seeded(name):
+    sp = space()
+    runs = {s: [config_key(h.params) for h in drive(make_agent(name, sp, s, {}), sp, limit=12)]
+            for s in (0, 1, 2)}
+    again = [config_key(h.params) for h in drive(make_agent(name, sp, 0, {}), sp, limit=12)]
+    assert runs[0] == again
+    assert len({tuple(r) for r in runs.values()}) == 3, "different seeds should search differently"
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_every_trial_failed(name):
+    sp = space()
+    for status in FAILURES:
+        first = list(sp)[:4]
+        hist = [Seen(c, status, "made up", None) for c in first]
+        props = make_agent(name, sp, 1, {}).propose(hist, 2)
+        assert len(props) == 2
+        assert all(sp.contains(c) is None and config_key(c) not in {config_key(x) for x in first}
+                   for c in props)
+    hist = drive(make_agent(name, sp, 1, {}), sp, judge=lambda c: Seen(c, "compile_error", "no", None))
+    assert len({config_key(h.params) for h in hist}) == 36
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_odd_history_entries_are_tolerated(name):
+    sp = space()
+    hist = [Seen({"A": 1, "B": "x", "C": False, "D": 32}, "ok", "", None),        # ok but not timed
+            Seen({"A": 99, "B": "x", "C": False, "D": 32}, "ok", "", 1e-4),       # off the domain
+            Seen({"A": 2, "B": "q"}, "error", "an older spec's point", None),     # missing a name
+            Seen({"A": 2, "B": "y", "C": True, "D": 32}, "ok", "", 0.0)]          # zero time
+    props = make_agent(name, sp, 0, {}).propose(hist, 3)
+    assert len(props) == 3 and len({config_key(c) for c in props}) == 3
+    tried = {config_key(h.params) for h in hist}
+    assert all(sp.contains(c) is None and config_key(c) not in tried for c in props)
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_resumed_agent_proposes_what_the_uninterrupted_run_did(name):
+    sp = space()
+    judge = lambda c: verdict(c, fail_every=4)  # noqa: E731
+    full = drive(make_agent(name, sp, 3, {}), sp, judge=judge)
+    assert len(full) == 36
+    for k in (0, 1, 2, 3, 5, 8, 13, 21, 34, 35):
+        fresh = make_agent(name, sp, 3, {})
+        assert fresh.propose(full[:k], 1) == [full[k].params], f"resumed after {k} trials"
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_finds_the_best_of_the_made_up_landscape(name):
+    sp = space()
+    best = min(sp, key=objective)
+    hist = drive(make_agent(name, sp, 0, {}), sp)
+    assert best in [h.params for h in hist]
+
+
+def test_pattern_walks_from_the_incumbent():
+    sp = space()
+    agent = make_agent("pattern", sp, 0, {"init": 2})
+    hist = drive(agent, sp, limit=2)  # the random start
+    inc = min((h for h in hist if h.status == "ok"), key=lambda h: h.objective).params
+    nxt = agent.propose(hist, 1)[0]
+    steps = sum(abs(sp.param(k).index(nxt[k]) - sp.param(k).index(inc[k])) for k in sp.names)
+    assert steps == 1 or nxt in agent._repaired(inc)
+
+
+def test_pattern_repairs_a_step_a_constraint_blocks():
+    # H=1 needs T >= 4; from (T=1, H=0) the step H -> 1 is blocked and repaired to (T=4, H=1).
+    syms = {"T", "H"}
+    sp = Space((Param("T", (1, 2, 4, 8)), Param("H", (0, 1))), (compile_expr("H == 0 or T >= 4", syms),))
+    agent = make_agent("pattern", sp, 0, {})
+    assert [c for c, _ in agent._repaired({"T": 1, "H": 0})] == [{"T": 4, "H": 1}]
+    hist = [Seen({"T": 1, "H": 0}, "ok", "", 1.0), Seen({"T": 2, "H": 0}, "ok", "", 2.0)]
+    assert agent.propose(hist, 1) == [{"T": 4, "H": 1}]
+
+
+def test_pattern_restarts_and_searches_around_the_restart():
+    sp = Space((Param("P", tuple(range(10))),))
+    t = lambda p, obj: Seen({"P": p}, "ok", "", obj)  # noqa: E731
+    hist = [t(5, 1.0), t(4, 2.0), t(6, 2.0), t(3, 2.0), t(7, 2.0)]  # 5's neighbourhood, all worse
+    for seed in range(8):
+        agent = make_agent("pattern", sp, seed, {})
+        r = agent.propose(hist, 1)[0]["P"]
+        assert r in (0, 1, 2, 8, 9)  # a random untried point
+        nxt = agent.propose(hist + [t(r, 1.5)], 1)[0]["P"]
+        assert 0 < abs(nxt - r) <= 2 and nxt not in (3, 4, 5, 6, 7), (seed, r, nxt)
+        # a restart that failed is no center: draw again
+        again = agent.propose(hist + [Seen({"P": r}, "wrong", "made up", None)], 1)[0]["P"]
+        assert again in {0, 1, 2, 8, 9} - {r}
+
+
+def test_optuna_is_imported_only_when_an_agent_is_built():
+    code = ("import sys, runner.agents, runner.agents.optuna_search, runner.agents.pattern, runner.replay; "
+            "assert 'optuna' not in sys.modules, 'optuna imported eagerly'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_search_strategies_registered():
+    assert "pattern" in STRATEGIES
+    pytest.importorskip("optuna")
+    assert "tpe" in STRATEGIES

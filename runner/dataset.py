@@ -76,7 +76,12 @@ class Dataset:
 
     @property
     def best(self) -> float:
-        return min(t["objective"] for t in self.results.values() if t["status"] == "ok" and t["objective"])
+        """The fastest correct configuration that is a point of the rebuilt space."""
+        ok = [t["objective"] for t in self.results.values()
+              if t["status"] == "ok" and t["objective"] is not None and self.space.contains(t["params"]) is None]
+        if not ok:
+            raise ValueError(f"{self.path}: no correct, timed configuration in the dataset")
+        return min(ok)
 
     def lookup(self, cfg: dict) -> dict:
         return self.results.get(config_key(cfg), {"params": cfg, "status": "missing", "reason": "not recorded",
@@ -88,7 +93,7 @@ def load(path: str | Path) -> Dataset:
     if data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} dataset")
     params = tuple(Param(k, tuple(v)) for k, v in data["params"].items())
-    symbols = set(data["shapes"][0]) if data["shapes"] else set()
+    symbols = {k for shape in data["shapes"] for k in shape}
     cons = tuple(compile_expr(c, set(data["params"]) | symbols) for c in data["constraints"])
     space = Space(params, cons, tuple(data["shapes"]) or ({},))
     results = {config_key(t["params"]): t for t in data["trials"]}

@@ -70,7 +70,8 @@ def cmd_render(a) -> int:
     if not 0 <= a.shape < len(spec.op.shapes):
         print(f"--shape {a.shape}: the spec has shapes 0 to {len(spec.op.shapes) - 1}", file=sys.stderr)
         return EXIT_INPUT
-    ctx = {**params, **spec.op.shapes[a.shape], "dtype": spec.op.dtype,
+    shape = spec.op.shapes[a.shape]
+    ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
            "ctype": rmod.CTYPES[spec.kernel.backend][spec.op.dtype]}
     try:
         sys.stdout.write(rmod.render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name))

@@ -81,6 +81,7 @@ SPEC = _obj({
         "grid": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
         "block": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
         "shared_mem": EXPR,
+        "derive": {"type": "object", "propertyNames": NAME, "additionalProperties": EXPR},
         "options": {"type": "array", "items": {"type": "string"}},
     }, ["template", "entry", "args"]),
     "runtime": _obj({

@@ -92,6 +92,14 @@ class KernelSpec:
     block: tuple[Expr, ...] = ()
     shared_mem: Expr | None = None
     options: tuple[str, ...] = ()
+    derive: tuple[tuple[str, Expr], ...] = ()  # named values from params and shape symbols, in order
+
+    def derived(self, env: dict) -> dict:
+        """The derived values for one (params + shape) environment."""
+        out: dict = {}
+        for name, e in self.derive:
+            out[name] = e({**env, **out})
+        return out
 
 
 @dataclass(frozen=True)
@@ -375,14 +383,25 @@ class _Checker:
             self.diags.append(Diagnostic(str(tpath), e.lineno or 1, 1, "", f"template syntax error: {e.message}"))
             self.err(("kernel", "template"), f"template {tpath} does not parse (see above)")
             return None
-        available = set(params) | symbols | set(render.DTYPE_VARS)
+        derive, scope_d = [], set(params) | symbols
+        for name, src in k.get("derive", {}).items():
+            if name in scope_d or name in render.DTYPE_VARS:
+                self.err(("kernel", "derive", name), f"derived value '{name}' shadows a parameter or shape symbol",
+                         prefer_key=True)
+                continue
+            e = self.expr(("kernel", "derive", name), src, scope_d)
+            if e is not None:
+                derive.append((name, e))
+            scope_d.add(name)
+        available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
         for v in sorted(used - available):
             line = render.variable_line(text, v)
             self.diags.append(Diagnostic(
                 str(tpath), line, 1, "",
                 f"template uses '{v}', which is no search parameter, shape symbol or dtype variable "
                 f"of {self.loc.file}"))
-        for p in sorted(set(params) - used):
+        via_derive = {n for _, e in derive for n in e.names} if (used & {n for n, _ in derive}) else set()
+        for p in sorted(set(params) - used - via_derive):
             self.err(("search", "params", p), f"parameter '{p}' is not used by template {tpath}", prefer_key=True)
         if not re.search(r"\b" + re.escape(k["entry"]) + r"\b", text):
             self.err(("kernel", "entry"), f"entry '{k['entry']}' does not appear in template {tpath}")
@@ -395,7 +414,7 @@ class _Checker:
             for t in (*op.inputs, *op.outputs):
                 if t.name not in k["args"]:
                     self.err(("kernel", "args"), f"tensor '{t.name}' is not passed to the kernel")
-        scope = set(params) | symbols
+        scope = set(params) | symbols | {n for n, _ in derive}
         geo = {}
         for key in ("grid", "block"):
             v = k.get(key)
@@ -411,7 +430,7 @@ class _Checker:
         smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, entry=k["entry"],
                           args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], shared_mem=smem,
-                          options=tuple(k.get("options", [])))
+                          options=tuple(k.get("options", [])), derive=tuple(derive))
 
     def runtime(self) -> RuntimeSpec:
         r = self.d.get("runtime", {})

@@ -46,18 +46,22 @@ class Evaluator:
                 used = render.template_variables(text)
             except Exception as e:  # jinja2.TemplateSyntaxError and friends
                 raise render.RenderError(f"{name}: does not parse: {e}") from None
-            extra = sorted(used - set(params) - set(self.spec.op.symbols) - set(render.DTYPE_VARS))
+            extra = sorted(used - set(params) - set(self.spec.op.symbols) - set(render.DTYPE_VARS)
+                           - {n for n, _ in self.spec.kernel.derive})
             if extra:
                 raise render.RenderError(f"{name}: uses {', '.join(extra)}, which are no search parameters, "
                                          "shape symbols or dtype variables")
         ctx = {**params, "dtype": self.spec.op.dtype, "ctype": self.ctype}
-        return [render.render(text, {**ctx, **shape}, name) for shape in self.spec.op.all_shapes]
+        k = self.spec.kernel
+        return [render.render(text, {**ctx, **shape, **k.derived({**shape, **params})}, name)
+                for shape in self.spec.op.all_shapes]
 
     def geometry(self, params: dict) -> list[dict]:
         k = self.spec.kernel
         out = []
         for shape in self.spec.op.all_shapes:
             env = {**shape, **params}
+            env.update(k.derived(env))
             out.append({"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],
                         "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0})
         return out

@@ -22,9 +22,9 @@ for w in $what; do
       echo "record took $(( $(date +%s) - t0 )) s" | tee -a "$OUT/record.log"
       ;;
     run)
-      RUN=/tmp/run-softmax-$(date +%s)
+      RUN=/tmp/run-softmax-$(date +%s); SPEC=${PIPE_RUN_SPEC:-pipelines/softmax-h200.yaml}
       t0=$(date +%s)
-      python3 -m runner.cli run pipelines/softmax-h200.yaml --run-dir $RUN ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
+      python3 -m runner.cli run $SPEC --run-dir $RUN ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/softmax-run.log"
       python3 -m runner.cli show $RUN | tee "$OUT/softmax-show.txt"
       python3 -m runner.cli show $RUN --json > "$OUT/softmax-show.json"

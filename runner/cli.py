@@ -81,10 +81,21 @@ def cmd_render(a) -> int:
     return EXIT_OK
 
 
+def _positive(a) -> str | None:
+    for flag, v in (("--max-trials", getattr(a, "max_trials", None)), ("--minutes", getattr(a, "minutes", None))):
+        if v is not None and v <= 0:
+            return f"{flag} must be positive, got {v:g}"
+    return None
+
+
 def cmd_run(a) -> int:
     from . import hw, loop
     from .progress import Reporter
 
+    bad = _positive(a)
+    if bad:
+        print(f"pipe run: {bad}", file=sys.stderr)
+        return EXIT_INPUT
     spec = _load(a.spec)
     if not a.no_hw_check:
         hw.check_present_device(spec.hw)

@@ -39,7 +39,7 @@ NAMED: dict[str, Named] = {
         {"cpu": (r"#\s*pragma\s+GCC\s+optimize", r"__attribute__\s*\(\(\s*optimize",
                  r"#\s*pragma\s+(clang\s+)?fp\s+"),
          "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef)\s*\(",
-                  r"#\s*pragma\s+nv_fast_math")},
+                  r"#\s*pragma\s+nv_fast_math", r"\basm\b[^;]*\.approx")},
         _FAST_MATH_OPTS),
     "lower_precision": Named(
         "arithmetic in a narrower type than the op's declared math (half/bf16 math, TF32)",
@@ -103,24 +103,57 @@ class Violation:
 _TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
 
 
+_TRIGRAPHS = {"??=": "#", "??/": "\\", "??'": "^", "??(": "[", "??)": "]", "??!": "|", "??<": "{", "??>": "}",
+              "??-": "~"}
+_DIGRAPHS = (("%:%:", "##"), ("%:", "#"), ("<:", "["), (":>", "]"), ("<%", "{"), ("%>", "}"))
+
+
+def normalize(source: str) -> str:
+    """What the compiler sees before it reads tokens: trigraphs and digraphs spelled out,
+    backslash-newline splices joined (line count kept, so reported lines stay right)."""
+    for k, v in _TRIGRAPHS.items():
+        source = source.replace(k, v)
+    for k, v in _DIGRAPHS:
+        source = source.replace(k, v)
+    lines = re.split(r"\r?\n", source)
+    out, pending = [], 0
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if line.endswith("\\") and not last:
+            out.append(line[:-1])
+            pending += 1
+            continue
+        out.append(line + "\n" * pending + ("" if last else "\n"))
+        pending = 0
+    return "".join(out)
+
+
 def strip_comments(source: str) -> str:
     def repl(m: re.Match) -> str:
         t = m.group(0)
         return t if t[0] in "\"'" else "\n" * t.count("\n")
-    return _TOKENS.sub(repl, source)
+    return _TOKENS.sub(repl, normalize(source))
 
 
 def check_params(params: Mapping[str, Any], rules: Sequence[Rule],
-                 symbols: Mapping[str, Any]) -> Violation | None:
+                 shapes: Sequence[Mapping[str, Any]]) -> Violation | None:
+    """A rule holds if it is true for any shape the candidate would run on."""
     for r in rules:
-        if r.expr({**symbols, **params}):
-            return Violation(f"rule '{r.expr.text}'", r.reason)
+        for shape in shapes:
+            if r.expr({**shape, **params}):
+                return Violation(f"rule '{r.expr.text}'", r.reason)
     return None
 
 
 def check_source(source: str, options: Sequence[str], backend: str, named: Sequence[str],
                  patterns: Sequence[Pattern]) -> Violation | None:
     code = strip_comments(source)
+    if named:
+        m = re.search(r"##", code)
+        if m:
+            line = code.count("\n", 0, m.start()) + 1
+            return Violation("token_pasting", f"token pasting (##) at line {line} can build names the "
+                                              "forbidden-action rules cannot see; it is refused while any is on")
     for name in named:
         n = NAMED[name]
         for rx in n.source.get(backend, ()):

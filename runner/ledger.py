@@ -129,8 +129,11 @@ def _row_digest(prev: str, t: Trial) -> str:
 
 
 class Ledger:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, readonly: bool = False):
         self.path = path
+        if readonly:  # pipe show / pipe runs: look, never write
+            self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30, isolation_level=None)
+            return
         self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
@@ -138,7 +141,10 @@ class Ledger:
 
     @classmethod
     def open(cls, run_dir: Path, spec_hash: str, spec_name: str, spec_path: str) -> "Ledger":
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"{run_dir}: cannot be a run folder ({e.strerror})") from None
         path = run_dir / "ledger.db"
         try:
             led = cls(path)
@@ -161,7 +167,12 @@ class Ledger:
         path = run_dir / "ledger.db"
         if not path.is_file():
             raise RunDirError(f"{run_dir}: no ledger.db here (not a run folder)")
-        return cls(path)
+        try:
+            led = cls(path, readonly=True)
+            led.get_meta("spec_hash")
+            return led
+        except sqlite3.DatabaseError as e:
+            raise RunDirError(f"{path}: not a readable ledger ({e})") from None
 
     def close(self) -> None:
         self.db.close()

@@ -50,6 +50,7 @@ class Session:
         self.keep_decisions = keep_decisions
         self.log = logmod.get().bind(run=str(run_dir))
         self.ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path)
+        self._lock = _lock(run_dir)
         self.history = self.ledger.trials()
         self.worker = Worker(spec, str(run_dir / "worker.log"))
         self.ev: Evaluator | None = None
@@ -73,6 +74,7 @@ class Session:
     def close(self) -> None:
         self.worker.close()
         self.ledger.close()
+        self._lock.close()
 
     @property
     def tried(self) -> set[str]:
@@ -133,6 +135,9 @@ class Session:
     def write_best(self) -> None:
         best, d = self.best, self.run_dir / "best"
         d.mkdir(exist_ok=True)
+        for old in d.glob("*"):  # files of an earlier best (per-shape sources, a variant) must not linger
+            if old.name != "params.json":
+                old.unlink()
         sources = self.ev.sources.get(best.key) or self.ev.render_all(best.params, best.variant)
         ext = ".cu" if self.spec.kernel.backend == "cuda" else ".cpp"
         unique = list(dict.fromkeys(sources))
@@ -149,8 +154,8 @@ class Session:
     def write_outputs(self, status: str, stop: str | None) -> None:
         spec = self.spec
         write_atomic(self.run_dir / "trials.tsv", tsv(self.history, [shape_label(s) for s in spec.op.shapes]))
-        if self.best is not None and not (self.run_dir / "best" / "params.json").exists():
-            self.write_best()
+        if self.best is not None and _best_on_disk(self.run_dir) != self.best.id:
+            self.write_best()  # a kill between the ledger commit and write_best left it stale
         summary = summarize(spec.name, spec.path, spec.hash, self.ledger, self.history, status, stop,
                             spec.goal.describe())
         write_atomic(self.run_dir / "run.json", json.dumps(summary, indent=2, default=str) + "\n")
@@ -218,6 +223,12 @@ def _next(spec, agent, s: Session) -> Proposal | None:
     tried = s.tried
     if spec.start is not None and trial_key(spec.start) not in tried:
         return Proposal(dict(spec.start))
+    for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
+        if key not in tried and n < 2:
+            params, variant = split_key(key)
+            if spec.space.contains(params) is None and (variant is None or variant in s.ev.variants):
+                text = s.ev.variants.get(variant) if variant else None
+                return Proposal(params, text, note="retried: the runner died during this trial")
     for _ in range(3):
         props = agent.propose(s.seen(), 1)
         _drain(agent, s)  # every reply of a context-reading agent is in the ledger before its trial runs
@@ -241,6 +252,28 @@ def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed) -> str |
         if since >= spec.goal.patience:
             return f"patience ran out ({since} trials without a keep)"
     return None
+
+
+def _lock(run_dir: Path):
+    """One process at a time per run folder (pipe run and pipe eval alike)."""
+    import fcntl
+
+    from .errors import RunDirError
+
+    f = open(run_dir / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise RunDirError(f"{run_dir} is in use by another pipe process (run or eval); wait for it to finish") from None
+    return f
+
+
+def _best_on_disk(run_dir: Path) -> int | None:
+    try:
+        return json.loads((run_dir / "best" / "params.json").read_text())["trial"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def summarize(name, path, spec_hash, ledger, history, status, stop, goal) -> dict:

@@ -219,8 +219,11 @@ class _Checker:
         start = self.start(space)
         if self.diags:
             return None
+        # Everything a verdict depends on: the spec, the template, the hardware profile's
+        # numbers and the reference's code. A change to any of them makes a new run.
         spec_hash = hashlib.sha256(json.dumps(
-            {"spec": d, "template": kernel.template}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            {"spec": d, "template": kernel.template, "hardware": hw.data, "reference": _reference_source(op.reference)},
+            sort_keys=True, default=str).encode()).hexdigest()[:16]
         return Spec(name=d["name"], description=d.get("description", ""), path=self.loc.file,
                     hash=spec_hash, hw=hw, op=op, kernel=kernel, runtime=runtime, space=space,
                     start=start, forbidden=forbidden, agent=agent, goal=goal,
@@ -486,6 +489,14 @@ class _Checker:
             for k, env in (("base_url", "PIPE_LLM_BASE_URL"), ("model", "PIPE_LLM_MODEL")):
                 if not opts.get(k) and not os.environ.get(env):
                     self.err(("agent", "options"), f"the llm agent needs options.{k} (or {env} in the environment)")
+        numeric = {"max_retries": int, "history": int, "seed_trials": int, "n_startup_trials": int, "init": int,
+                   "timeout_s": float, "temperature": float}
+        for k, kind in numeric.items():
+            v = opts.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or
+                                  (kind is int and not isinstance(v, int)) or v < 0):
+                self.err(("agent", "options", k), f"expected a non-negative {'integer' if kind is int else 'number'}, "
+                                                  f"got {v!r}")
         then = opts.get("then")
         if then is not None and (then not in STRATEGIES or then in ("llm", "command")):
             self.err(("agent", "options", "then"), f"'then' names a built-in strategy to continue with, not '{then}'")
@@ -517,6 +528,16 @@ class _Checker:
         if why:
             self.err(("search", "start"), f"start configuration is not in the space: {why}")
         return st
+
+
+def _reference_source(ref: str) -> str:
+    import inspect
+
+    mod, _, fn = ref.partition(":")
+    try:
+        return inspect.getsource(getattr(importlib.import_module(mod), fn))
+    except (OSError, TypeError, AttributeError, ImportError):
+        return ref
 
 
 def load_spec(path: str | Path) -> Spec:

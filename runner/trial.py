@@ -9,6 +9,7 @@ beyond the noise of that paired measurement.
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from .ledger import Trial
 
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
+REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
 
 
 class Evaluator:
@@ -80,7 +82,7 @@ class Evaluator:
 
         sp = self.spec
         try:
-            v = forbid.check_params(params, sp.forbidden.rules, sp.op.shapes[0])
+            v = forbid.check_params(params, sp.forbidden.rules, sp.op.all_shapes)
         except ExprError as e:
             return done("error", f"forbidden rule failed to evaluate: {e}")
         if v:
@@ -114,7 +116,9 @@ class Evaluator:
                 if why:
                     return done("pruned", f"shape {i}: {why}")
         artifacts = [arts[s] for s in sources]
-        job = {"seed": hash_seed(trial.key, sp.agent.seed), "artifacts": artifacts, "geometry": geometry}
+        # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
+        trial.details["seed"] = seed = secrets.randbits(48)
+        job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
         verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
@@ -156,15 +160,21 @@ class Evaluator:
         inc = self.artifacts.get(best.key)
         if inc is None:  # incumbent from an earlier session: compile it again (cached on disk)
             inc = self._rebuild(best)
-            if inc is None:
-                cand.kept = True
+            if inc is None:  # cannot pair them: keep only a clear win, and say so
+                cand.kept = cand.objective < best.objective * (1 - REBUILD_MARGIN)
+                cand.details["retime"] = {"status": "skipped", "reason": "the incumbent could not be rebuilt; "
+                                          f"kept only if {REBUILD_MARGIN:.0%} faster by its own timing"}
                 return
         jobs = [{"artifacts": self.artifacts[cand.key], "geometry": self.geometry(cand.params)},
                 {"artifacts": inc, "geometry": self.geometry(best.params)}]
         t0 = time.time()
-        r = self.worker.request(("retime", jobs, RETIME_ROUNDS), self.spec.runtime.timeout_s)
+        r = self.worker.request(("retime", jobs, RETIME_ROUNDS, secrets.randbits(48)),
+                                self.spec.runtime.timeout_s * RETIME_ROUNDS * 2)
         if r["status"] != "ok":
             cand.details["retime"] = {"status": r["status"], "reason": r.get("reason", "")}
+            if r["status"] == "wrong" and r.get("job") == 0:  # right when checked, wrong when re-timed
+                cand.status, cand.reason = "wrong", r.get("reason", "")
+            cand.wall_s += time.time() - t0
             return
         ratios = [figures.geomean(c) / figures.geomean(i) for c, i in r["medians"]]
         med = statistics.median(ratios)
@@ -187,9 +197,3 @@ class Evaluator:
             arts[src] = c.artifact
         self.sources[best.key] = sources
         return [arts[s] for s in sources]
-
-
-def hash_seed(key: str, seed: int) -> int:
-    import hashlib
-
-    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:6], "little")

@@ -234,8 +234,8 @@ def test_named_checked_before_patterns():
 
 def test_check_params_fires_only_when_true():
     rule = Rule(compile_expr("BLOCK * VEC > N"), "a block may not cover more than one row")
-    assert check_params({"BLOCK": 128, "VEC": 4}, [rule], {"N": 1024}) is None
-    v = check_params({"BLOCK": 512, "VEC": 4}, [rule], {"N": 1024})
+    assert check_params({"BLOCK": 128, "VEC": 4}, [rule], [{"N": 1024}]) is None
+    v = check_params({"BLOCK": 512, "VEC": 4}, [rule], [{"N": 1024}])
     assert v is not None
     assert v.rule == "rule 'BLOCK * VEC > N'"
     assert v.reason == "a block may not cover more than one row"
@@ -244,25 +244,25 @@ def test_check_params_fires_only_when_true():
 
 def test_check_params_boundary():
     rule = Rule(compile_expr("BLOCK >= 1024"), "too big")
-    assert check_params({"BLOCK": 1023}, [rule], {}) is None
-    assert check_params({"BLOCK": 1024}, [rule], {}) is not None
+    assert check_params({"BLOCK": 1023}, [rule], [{}]) is None
+    assert check_params({"BLOCK": 1024}, [rule], [{}]) is not None
 
 
 def test_check_params_first_firing_rule_wins():
     rules = [Rule(compile_expr("A > 10"), "a"), Rule(compile_expr("B > 10"), "b"),
              Rule(compile_expr("A + B > 0"), "c")]
-    assert check_params({"A": 1, "B": 20}, rules, {}).reason == "b"
-    assert check_params({"A": 1, "B": 1}, rules, {}).reason == "c"
-    assert check_params({"A": 0, "B": 0}, rules, {}) is None
+    assert check_params({"A": 1, "B": 20}, rules, [{}]).reason == "b"
+    assert check_params({"A": 1, "B": 1}, rules, [{}]).reason == "c"
+    assert check_params({"A": 0, "B": 0}, rules, [{}]) is None
 
 
 def test_check_params_params_shadow_symbols():
     rule = Rule(compile_expr("X == 1"), "x is one")
-    assert check_params({"X": 2}, [rule], {"X": 1}) is None
+    assert check_params({"X": 2}, [rule], [{"X": 1}]) is None
 
 
 def test_check_params_no_rules():
-    assert check_params({"A": 1}, [], {}) is None
+    assert check_params({"A": 1}, [], [{}]) is None
 
 
 # ---------------------------------------------------------------- honest code
@@ -293,3 +293,31 @@ def test_named_table_is_well_formed():
         for rx in n.options:
             re.compile(rx)
     assert forbid._FAST_MATH_OPTS == NAMED["fast_math"].options
+
+
+def test_rules_hold_on_every_shape():
+    rule = Rule(compile_expr("ACC * 64 > N"), "rows shorter than the partial sums")
+    assert check_params({"ACC": 32}, [rule], [{"N": 4096}]) is None
+    assert check_params({"ACC": 32}, [rule], [{"N": 4096}, {"N": 1024}]) is not None
+
+
+def test_splices_digraphs_and_trigraphs_cannot_hide_a_pattern():
+    for src in ('#pragma GCC opti\\\nmize("fast-math")\nint k;',
+                '%:pragma GCC optimize("fast-math")\nint k;',
+                '??=pragma GCC optimize("fast-math")\nint k;'):
+        v = check_source(src, (), "cpu", ["fast_math"], [])
+        assert v is not None and v.rule == "fast_math", src
+    v = check_source("float f(float x) { return __ex\\\npf(x); }", (), "cuda", ["fast_math"], [])
+    assert v is not None and v.rule == "fast_math"
+
+
+def test_token_pasting_is_refused_while_rules_are_on():
+    src = "#define F(a) __##a\nfloat g(float x) { return F(expf)(x); }"
+    assert check_source(src, (), "cuda", ["fast_math"], []).rule == "token_pasting"
+    assert check_source(src, (), "cuda", [], []) is None
+
+
+def test_splices_keep_line_numbers():
+    src = "int a;\nint b = 1 + \\\n 2;\nfloat y = __expf(1.f);\n"
+    v = check_source(src, (), "cuda", ["fast_math"], [])
+    assert "line 4" in v.reason

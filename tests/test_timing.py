@@ -21,7 +21,7 @@ def test_bench_runs_hooks_and_checks_one_call():
         return next(fake) * 1e-6
 
     times = bench(lambda: calls.append(1), lambda: None, warmup_ms=0.0, rep_ms=0.05, before=lambda: befores.append(1),
-                  timer=timer, min_reps=7, max_reps=50, check_at=(0.5, lambda: checks.append(len(befores))))
+                  timer=timer, min_reps=7, max_reps=50, checks=[(0.5, lambda: checks.append(len(befores)))])
     assert len(times) >= 7
     assert len(befores) == len(times)  # one hook per timed call, none for the warm-up
     assert len(calls) == len(times) + 2  # two warm-up calls at least

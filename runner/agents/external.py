@@ -21,8 +21,10 @@ trials, a built-in strategy continues from everything the history holds.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import signal
 import random
 import re
 import shlex
@@ -138,7 +140,7 @@ class _External:
                 problems.append(f"proposal {i} is outside the search space: {why}")
                 continue
             variant = p.get("variant")
-            if variant is not None and (not isinstance(variant, str) or len(variant) > MAX_VARIANT):
+            if variant is not None and (not isinstance(variant, str) or not variant.strip() or len(variant) > MAX_VARIANT):
                 problems.append(f"proposal {i}: 'variant' must be the whole template text (under {MAX_VARIANT} chars)")
                 continue
             vid = variant_id(variant) if variant else None
@@ -203,8 +205,8 @@ class LanguageModel(_External):
             if isinstance(e, TimeoutError) or "timed out" in str(e):
                 raise TimeoutError(f"no answer within {self.timeout:g} s") from None
             raise AgentCallError(_scrub(f"HTTP call failed: {e}", key)) from None
-        except (ValueError, OSError) as e:
-            raise AgentCallError(_scrub(f"unreadable answer: {e}", key)) from None
+        except (ValueError, OSError, http.client.HTTPException) as e:
+            raise AgentCallError(_scrub(f"unreadable answer: {type(e).__name__}: {e}", key)) from None
         try:
             return str(data["choices"][0]["message"]["content"])
         except (KeyError, IndexError, TypeError):
@@ -225,16 +227,23 @@ class Command(_External):
 
     def ask(self, context: dict, transcript: list[dict]) -> str:
         payload = dict(context, transcript=transcript)
-        try:
-            r = subprocess.run(self.argv, input=json.dumps(payload, default=str), capture_output=True, text=True,
-                               timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"no answer within {self.timeout:g} s") from None
+        try:  # its own process group: on a timeout, the agent and everything it started go
+            p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
         except OSError as e:
             raise AgentCallError(f"cannot run {self.argv[0]}: {e}") from None
-        if r.returncode != 0:
-            raise AgentCallError(f"exit code {r.returncode}: {r.stderr.strip()[-300:]}")
-        return r.stdout
+        try:
+            out, err = p.communicate(json.dumps(payload, default=str), timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.communicate()
+            raise TimeoutError(f"no answer within {self.timeout:g} s") from None
+        if p.returncode != 0:
+            raise AgentCallError(f"exit code {p.returncode}: {err.strip()[-300:]}")
+        return out
 
 
 def _json_in(text: str) -> Any:

@@ -142,7 +142,7 @@ class Runtime:
         fn.argtypes = [_CTYPES[k] for k in kinds]
         return fn
 
-    def prepare(self, fn, values: list, geometry=None):
+    def prepare(self, fn, values: list, geometry=None, mode=None):
         """The one callable used for checked and timed calls alike."""
         return lambda: fn(*values)
 

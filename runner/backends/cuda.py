@@ -201,8 +201,22 @@ class Runtime:
         self._mods: dict[str, object] = {}
         self._flush_buf = None
         self.walls: list[float] = []
+        self._mode_flags = {"matmul.allow_tf32": False, "cudnn.allow_tf32": False,
+                            "matmul.allow_fp16_reduced_precision_reduction": False,
+                            "matmul.allow_bf16_reduced_precision_reduction": False}
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+    def mode_changed(self) -> str | None:
+        """The numeric mode the runner set (no TF32, no reduced-precision reductions), checked after each trial."""
+        b = self.torch.backends
+        now = {"matmul.allow_tf32": b.cuda.matmul.allow_tf32, "cudnn.allow_tf32": b.cudnn.allow_tf32,
+               "matmul.allow_fp16_reduced_precision_reduction": b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+               "matmul.allow_bf16_reduced_precision_reduction": b.cuda.matmul.allow_bf16_reduced_precision_reduction}
+        bad = [k for k, v in now.items() if bool(v) != self._mode_flags[k]]
+        return ", ".join(f"{k} is now {now[k]}" for k in bad) or None
 
     def _stream(self):
         return self.dev.create_stream(self.torch.cuda.current_stream())
@@ -231,8 +245,9 @@ class Runtime:
             casts.append({"ptr": int, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}[k])
         return kernel, casts
 
-    def prepare(self, fn, values: list, geometry: dict | None):
-        """The one callable used for checked and timed calls alike."""
+    def prepare(self, fn, values: list, geometry: dict | None, mode: str | None = None):
+        """The one callable used for checked and timed calls alike; `mode` forces
+        direct launches or graph replay (default: the spec's runtime mode)."""
         from cuda.core import LaunchConfig, launch
 
         kernel, casts = fn
@@ -247,20 +262,21 @@ class Runtime:
         def direct():
             launch(self._stream(), config, kernel, *args)
 
-        return self._maybe_graph(direct)
+        return self._maybe_graph(direct, mode)
 
     def prepare_torch(self, fn):
         return self._maybe_graph(fn)
 
-    def _maybe_graph(self, direct):
+    def _maybe_graph(self, direct, mode: str | None = None):
         torch = self.torch
-        mode = self.mode
+        mode = mode or self.mode
         if mode == "auto":
             direct()  # warm: module load, first-launch costs
             torch.cuda.synchronize()
             ts = [self.timer(direct, torch.cuda.synchronize) for _ in range(5)]
             mode = "graph" if sorted(ts)[2] < GRAPH_BELOW_S else "direct"
         if mode == "direct":
+            direct.mode = "direct"
             return direct
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -274,6 +290,7 @@ class Runtime:
             graph.replay()
 
         replay.graph = graph  # the callable keeps its graph alive
+        replay.mode = "graph"
         return replay
 
     def sync(self) -> None:

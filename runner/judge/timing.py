@@ -48,12 +48,12 @@ def wall_timer(call: Callable[[], None], sync: Callable[[], None]) -> float:
 def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, rep_ms: float,
           before: Callable[[], None] | None = None, timer=wall_timer,
           min_reps: int = 5, max_reps: int = 2000,
-          check_at: tuple[float, Callable[[], None]] | None = None) -> list[float]:
+          checks: Sequence[tuple[float, Callable[[], None]]] = ()) -> list[float]:
     """Per-call times in seconds.
 
     `before` runs ahead of every timed call, outside the timed region (new input
-    values, a cache flush). `check_at` = (u in [0, 1), fn): fn runs right after
-    the timed call at that fraction of the repetitions, to check its output.
+    values, a cache flush). Each of `checks` = (u in [0, 1), fn): fn runs right
+    after the timed call at that fraction of the repetitions, to check its output.
     """
     t0 = time.perf_counter()
     n = 0
@@ -63,12 +63,14 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
     sync()
     est = max((time.perf_counter() - t0) / n, 1e-7)
     reps = int(min(max_reps, max(min_reps, rep_ms / 1e3 / est)))
-    checked = min(reps - 1, int(check_at[0] * reps)) if check_at else -1
+    at = {}
+    for u, fn in checks:
+        at.setdefault(min(reps - 1, int(u * reps)), []).append(fn)
     times = []
     for i in range(reps):
         if before is not None:
             before()
         times.append(timer(call, sync))
-        if i == checked:
-            check_at[1]()
+        for fn in at.get(i, ()):
+            fn()
     return times

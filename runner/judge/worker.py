@@ -101,15 +101,20 @@ class Judge:
                 return f"output '{t.name}': {why}"
         return None
 
-    def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None) -> list[float]:
+    def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
+               second_check: float | None = None) -> list[float]:
         from .timing import bench
 
         rt = self.spec.runtime
         flush = self.rt.flush if rt.cache == "cold" else None
-        hooks = [h for h in (refresh, flush) if h is not None]
-        before = (lambda: [h() for h in hooks]) if hooks else None
+        # The sync makes the timed region start on an idle device: no refresh or flush backlog.
+        hooks = [h for h in (refresh, flush, self.rt.sync) if h is not None]
+        before = (lambda: [h() for h in hooks]) if (refresh or flush) else None
+        checks = [check_at] if check_at else []
+        if check_at and second_check is not None:
+            checks.append((second_check, check_at[1]))
         return bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                     before=before, timer=self.rt.timer, check_at=check_at)
+                     before=before, timer=self.rt.timer, checks=checks, min_reps=10)
 
     # -- requests --------------------------------------------------------------
     def evaluate(self, job: dict) -> dict:
@@ -188,7 +193,7 @@ class Judge:
 
         rng = random.Random(job["seed"] + si)
         self.rt.walls = []
-        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check))
+        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random())
         late = self._late(times)
         if late:
             return late, times
@@ -223,29 +228,39 @@ class Judge:
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out}
 
-    def retime(self, jobs: list[dict], rounds: int) -> dict:
+    def retime(self, jobs: list[dict], rounds: int, seed: int = 0) -> dict:
         """medians[round][job][shape]: the jobs timed in alternating order each round,
-        under the same input rotation as `evaluate`, so no job can coast on unchanged inputs."""
-        prepared, refreshers, keep = [], [], []
+        under the same input rotation as `evaluate`, so no job can coast on unchanged
+        inputs; after each job's timing its last output is checked against the reference.
+        The runner draws `seed` afresh for every request: the inputs are unpredictable."""
+        prepared, refreshers, checkers, keep = [], [], [], []
+        mode = None
         for si, shape in enumerate(self.op.shapes):
-            inputs = self._inputs(shape, _seed("retime", si, 0), 0)
-            sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed("retime", si, 1), 1)]
-            state = {"i": 0}
+            inputs = self._inputs(shape, _seed("retime", seed, si, 0), 0)
+            sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed("retime", seed, si, 1), 1)]
+            refs = [self._reference(sets[0]), self._reference(sets[1])]
+            state = {"i": 0, "cur": 0}
 
             def refresh(inputs=inputs, sets=sets, state=state):
-                for name, v in sets[state["i"] % 2].items():
+                k = state["i"] % 2
+                for name, v in sets[k].items():
                     inputs[name].copy_(v)
+                state["cur"] = k
                 state["i"] += 1
 
-            row = []
+            row, outs_row = [], []
             for j in jobs:
                 outs = self._outputs(shape)
                 fn = self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds)
-                row.append(self.rt.prepare(fn, self._values(shape, inputs, outs), j["geometry"][si]))
-                keep.append(outs)  # the prepared calls point into these buffers
+                call = self.rt.prepare(fn, self._values(shape, inputs, outs), j["geometry"][si], mode=mode)
+                mode = getattr(call, "mode", mode)  # every job of a shape runs in the first job's mode
+                row.append(call)
+                outs_row.append(outs)
+            mode = None
             prepared.append(row)
             refreshers.append(refresh)
-            keep.append((inputs, sets))
+            checkers.append((outs_row, refs, state))
+            keep.append((inputs, sets))  # the prepared calls point into these buffers
         medians = []
         for r in range(rounds):
             row = [[0.0] * len(self.op.shapes) for _ in jobs]
@@ -256,11 +271,29 @@ class Judge:
                 for j in order:
                     ts = self._bench(prepared[si][j], budget_scale=0.3, refresh=refreshers[si])
                     row[j][si] = sorted(ts)[len(ts) // 2]
+                    self.rt.sync()
+                    outs_row, refs, state = checkers[si]
+                    why = self._check(outs_row[j], refs[state["cur"]], 1, guards=False)
+                    if why:
+                        return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}: {why}"}
             medians.append(row)
         return {"status": "ok", "medians": medians}
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the runner dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def worker_main(conn, spec, log_path: str) -> None:
+    _die_with_parent()
+    if os.getppid() == 1:  # the runner is already gone
+        return
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -286,6 +319,9 @@ def worker_main(conn, spec, log_path: str) -> None:
             sandboxed = install()  # native candidate code runs from here on
         try:
             result = getattr(judge, kind)(*args)
+            mode_broken = judge.rt.mode_changed() if hasattr(judge.rt, "mode_changed") else None
+            if mode_broken and result.get("status") == "ok":
+                result = {"status": "forbidden", "reason": f"the runtime mode changed during the trial: {mode_broken}"}
         except Exception as e:
             traceback.print_exc()
             result = {"status": "error", "reason": f"{type(e).__name__}: {e}"}

@@ -1,0 +1,102 @@
+"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs."""
+
+import fcntl
+import json
+import shutil
+import sqlite3
+import time
+
+import pytest
+import yaml
+
+from runner.ledger import Ledger, Trial
+from runner.spec import load_spec
+
+from .conftest import PIPELINES, ROOT
+from .test_cli_e2e import pipe
+
+BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+
+
+def small_spec(project, **over) -> str:
+    d = json.loads(json.dumps(BASE))
+    d["name"] = "robust"
+    d["goal"] = {"budget": {"trials": 3}}
+    d["baseline"] = "none"
+    d["runtime"]["rep_ms"] = 5
+    d.update(over)
+    p = project / "pipelines" / "robust.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(p)
+
+
+def test_run_folder_that_is_a_file(project):
+    f = project / "afile"
+    f.write_text("x")
+    for cmd in (("run", small_spec(project), "--run-dir", str(f)),
+                ("eval", small_spec(project), "--params", "{}", "--run-dir", str(f))):
+        r = pipe(*cmd, cwd=project)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "cannot be a run folder" in r.stderr
+
+
+def test_corrupt_ledger_is_reported_not_raised(project):
+    junk = project / "runs" / "junk"
+    junk.mkdir(parents=True)
+    (junk / "ledger.db").write_text("not sqlite at all " * 100)
+    r = pipe("show", str(junk), cwd=project)
+    assert r.returncode == 2 and "not a readable ledger" in r.stderr and "Traceback" not in r.stderr
+    r = pipe("runs", "--root", str(project / "runs"), cwd=project)
+    assert r.returncode == 0 and "unreadable" in r.stdout
+    assert (junk / "ledger.db").read_text().startswith("not sqlite")  # show wrote nothing
+
+
+def test_bad_budgets_and_agent_options(project):
+    r = pipe("run", small_spec(project), "--max-trials", "0", cwd=project)
+    assert r.returncode == 2 and "--max-trials must be positive" in r.stderr
+    spec = small_spec(project, agent={"strategy": "tpe", "options": {"n_startup_trials": "many"}})
+    r = pipe("validate", spec, cwd=project)
+    assert r.returncode == 2 and "agent.options.n_startup_trials: expected a non-negative integer" in r.stderr
+
+
+def test_spec_hash_covers_profile_and_reference(project):
+    spec = small_spec(project, hardware="host-cpu-copy")
+    (project / "pipelines" / "hw_profiles").mkdir()
+    prof = (ROOT / "hw_profiles" / "host-cpu.yaml").read_text().replace("name: host-cpu", "name: host-cpu-copy")
+    (project / "pipelines" / "hw_profiles" / "host-cpu-copy.yaml").write_text(prof)
+    h1 = load_spec(spec).hash
+    (project / "pipelines" / "hw_profiles" / "host-cpu-copy.yaml").write_text(
+        prof.replace("measured_bytes_per_s: 1.0e12", "measured_bytes_per_s: 2.0e12"))
+    assert load_spec(spec).hash != h1
+
+
+def test_interrupted_trial_is_tried_first_and_stale_best_is_repaired(project):
+    spec = small_spec(project, agent={"strategy": "random", "seed": 5})
+    run_dir = project / "run"
+    r = pipe("run", spec, "--run-dir", str(run_dir), "--max-trials", "1", cwd=project)
+    assert r.returncode == 1, r.stderr
+    s = load_spec(spec)
+    led = Ledger.open(run_dir, s.hash, s.name, s.path)
+    # a kill just after the commit of a new best: the row is there, best/ still shows trial 1
+    now = time.time()
+    led.append(Trial(params={"ACC": 32, "THREADS": 1, "UNROLL": 4}, status="ok", kept=True, objective=1e-9,
+                     times=[1e-9, 1e-9], spec_hash=s.hash, agent="test", started_at=now, finished_at=now))
+    # and a kill during the next trial
+    interrupted = {"ACC": 2, "THREADS": 2, "UNROLL": 2}
+    led.begin(json.dumps(interrupted, sort_keys=True, separators=(",", ":")))
+    led.close()
+    assert json.loads((run_dir / "best" / "params.json").read_text())["trial"] == 1
+    r = pipe("run", spec, "--run-dir", str(run_dir), "--max-trials", "3", cwd=project)
+    assert r.returncode == 1, r.stderr
+    rows = sqlite3.connect(run_dir / "ledger.db").execute("SELECT params FROM trials ORDER BY id").fetchall()
+    assert json.loads(rows[2][0]) == interrupted  # retried before anything the agent proposes
+    assert json.loads((run_dir / "best" / "params.json").read_text())["trial"] == 2
+
+
+def test_one_process_per_run_folder(project):
+    spec = small_spec(project)
+    run_dir = project / "run"
+    run_dir.mkdir()
+    with open(run_dir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode == 2 and "in use by another pipe process" in r.stderr

@@ -297,16 +297,21 @@ class Runtime:
         self.torch.cuda.synchronize()
 
     def timer(self, call, sync) -> float:
+        """Event time of one call. Work queued before it (new input values, the L2 flush)
+        runs ahead of the start event, so the host's launch cost stays out of the figure.
+        After the end event, a device-wide synchronize and one more event measure how long
+        the device stayed busy after the call: work left on another stream shows there."""
         torch = self.torch
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        idle = torch.cuda.Event(enable_timing=True)
         start.record()
         call()
         end.record()
-        t0 = time.perf_counter()
-        end.synchronize()
-        torch.cuda.synchronize()  # device-wide: anything left running on another stream shows here
-        self.walls.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()  # device-wide
+        idle.record()
+        idle.synchronize()
+        self.walls.append(end.elapsed_time(idle) / 1e3)
         return start.elapsed_time(end) / 1e3
 
     def flush(self) -> None:

@@ -94,6 +94,13 @@ class Space:
             if self.violated(cfg) is None:
                 yield cfg
 
+    def indexed(self, limit: int) -> list[tuple[Config, tuple[int, ...]]] | None:
+        """Every valid configuration with its positions in the domains, for distance-based
+        search; None when the space (before constraints) is larger than `limit`."""
+        if self.size > limit:
+            return None
+        return [(c, tuple(p.index(c[p.name]) for p in self.params)) for c in self]
+
     def sample(self, rng: random.Random, tries: int = 1000) -> Config | None:
         for _ in range(tries):
             cfg = {p.name: rng.choice(p.values) for p in self.params}

@@ -126,9 +126,8 @@ class _OptunaAgent:
 
     def _valid_points(self) -> list[tuple[Config, tuple[int, ...]]] | None:
         """Every valid configuration with its domain positions; None for a space too big to list."""
-        if self._points is None and self.space.size <= ENUMERATE:
-            names = self.space.names
-            self._points = [(c, tuple(self.space.param(k).index(c[k]) for k in names)) for c in self.space]
+        if self._points is None:
+            self._points = self.space.indexed(ENUMERATE)
         return self._points
 
     def _nearest(self, internal: dict[str, Any], seen: set[str], rng: random.Random) -> Config | None:

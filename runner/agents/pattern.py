@@ -95,9 +95,8 @@ class Pattern:
         return out
 
     def _points(self) -> list[tuple[Config, tuple[int, ...]]] | None:
-        if self._listed is None and self.space.size <= REPAIR_LIMIT:
-            names = self.space.names
-            self._listed = [(c, tuple(self.space.param(k).index(c[k]) for k in names)) for c in self.space]
+        if self._listed is None:
+            self._listed = self.space.indexed(REPAIR_LIMIT)
         return self._listed
 
     def _repaired(self, cfg: Mapping[str, Any]) -> list[tuple[Config, tuple]]:

@@ -198,6 +198,8 @@ class Ledger:
 
     def append(self, t: Trial) -> Trial:
         """Commit one row; returns the trial with its id and chain."""
+        if t.status not in STATUSES:  # a runner bug, not a trial outcome: fail loudly
+            raise ValueError(f"unknown trial status {t.status!r}")
         self.db.execute("BEGIN IMMEDIATE")
         try:
             last = self.db.execute("SELECT id, chain FROM trials ORDER BY id DESC LIMIT 1").fetchone()

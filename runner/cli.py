@@ -209,7 +209,6 @@ def cmd_record(a) -> int:
 def cmd_replay(a) -> int:
     from . import replay
 
-    replay._ensure_registered()
     from .agents import STRATEGIES
 
     agents = [x for x in a.agent.split(",") if x] if a.agent else list(replay.STRATEGIES)

@@ -43,12 +43,6 @@ STRATEGIES = ("random", "grid", "tpe", "pattern")
 DEFAULT_STRATEGY = "pattern"
 
 
-def _ensure_registered() -> None:
-    # The search strategies live in modules of their own; importing registers them
-    # ("tpe" only where optuna is installed, "gp" only where scipy and torch are too).
-    from .agents import optuna_search, pattern  # noqa: F401
-
-
 def valid_configs(dataset: Dataset) -> list[dict]:
     return list(dataset.space)
 
@@ -121,7 +115,6 @@ def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] 
     "thresholds": {x: {"k", "e_random", "median", "p25", "p75", "min", "max", "mean",
     "score", "evals": [per seed], "missed": runs that never got within x}}}.
     """
-    _ensure_registered()
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)
     seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     configs = valid_configs(ds)
@@ -154,7 +147,6 @@ def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] = STR
           seeds: Iterable[int] | int = 25, options: Mapping[str, Mapping[str, Any]] | None = None,
           thresholds: Sequence[float] = THRESHOLDS) -> list[dict]:
     """One row per (dataset, agent): the replay figures flattened for a table."""
-    _ensure_registered()
     from .agents import STRATEGIES as registered
 
     rows = []
@@ -218,7 +210,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "installed, is left out as slow)")
     ap.add_argument("--seeds", type=int, default=25)
     a = ap.parse_args(argv)
-    _ensure_registered()
     from .agents import STRATEGIES as registered
 
     agents = [s for s in a.agents.split(",") if s]

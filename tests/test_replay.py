@@ -128,7 +128,6 @@ def test_bench_and_table():
 
 
 def test_default_strategy_is_registered():
-    rp._ensure_registered()
     assert rp.DEFAULT_STRATEGY in STRATEGIES
 
 

@@ -5,6 +5,7 @@
     pipe render SPEC --set NAME=VALUE... [--shape I]
     pipe runs [--root DIR]
     pipe show RUN [--json]
+    pipe compare RUN [--json PATH] [--top K] [--rounds R] [--no-compile] [--no-triton]
 
 Exit codes: 0 goal met (or command succeeded), 1 budget spent without
 meeting the goal (the best is still saved), 2 invalid input.
@@ -298,10 +299,32 @@ def cmd_show(a) -> int:
             if "speedup" in d:
                 line += f", {d['speedup']:.2f}x the baseline"
             print(line)
+    per = s.get("best_per_shape") or []
+    if per and len({p["trial"] for p in per if p}) > 1:
+        print("best per shape (recorded times; pipe compare re-times them side by side):")
+        for i, p in enumerate(per):
+            if p:
+                print(f"  shape {i}: trial #{p['trial']} {p['time_s'] * 1e6:.3f} us {json.dumps(p['params'])}")
     if s["first_ok"] and b:
         print(f"first correct trial: #{s['first_ok']['trial']} {s['first_ok']['objective_s'] * 1e6:.3f} us "
               f"-> best {b['objective_s'] * 1e6:.3f} us ({s['first_ok']['objective_s'] / b['objective_s']:.2f}x)")
     print("ledger chain: " + ("intact" if s["ledger_intact"] else "BROKEN (rows were edited or removed)"))
+    return EXIT_OK
+
+
+def cmd_compare(a) -> int:
+    from .compare import compare_run, format_table
+    from .ledger import write_atomic
+
+    run_dir = Path(a.run)
+    doc = compare_run(run_dir, a.spec, top=a.top, rounds=a.rounds, torch_compile=not a.no_compile,
+                      triton=not a.no_triton)
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    write_atomic(run_dir / "compare.json", text)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(a.json), text)
+    print(format_table(doc))
     return EXIT_OK
 
 
@@ -319,6 +342,16 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-hw-check", action="store_true", help="run even if the GPU does not match the profile")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-trial lines")
     r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("compare", help="time a run's per-shape best against torch eager, torch.compile, "
+                                      "Triton and the copy ceiling, side by side")
+    c.add_argument("run", help="run folder")
+    c.add_argument("--spec", help="the run's spec (default: the path the run recorded)")
+    c.add_argument("--json", help="also write the figures here (always written to RUN/compare.json)")
+    c.add_argument("--top", type=int, default=3, help="candidates per shape: the fastest K on it (default 3)")
+    c.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
+    c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
+    c.set_defaults(fn=cmd_compare)
     v = sub.add_parser("validate", help="check specs; errors as file:line:col")
     v.add_argument("specs", nargs="+")
     v.set_defaults(fn=cmd_validate)

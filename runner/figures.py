@@ -63,3 +63,16 @@ def metric(spec, shapes: list[dict]) -> float | None:
     if any(v is None for v in vals):
         return None
     return min(vals)
+
+
+def per_shape_best(history, n_shapes: int) -> list[dict | None]:
+    """For each timed shape, the ok trial with the lowest recorded time on it."""
+    out: list[dict | None] = []
+    for i in range(n_shapes):
+        ok = [t for t in history if t.status == "ok" and t.times and len(t.times) > i]
+        if not ok:
+            out.append(None)
+            continue
+        t = min(ok, key=lambda t: t.times[i])
+        out.append({"trial": t.id, "params": t.params, "variant": t.variant, "time_s": t.times[i]})
+    return out

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import figures
 from . import log as logmod
 from .agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
@@ -293,6 +294,7 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal) -> dic
         "best": {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
                  "metric": best.metric, "times_s": best.times, "spreads": best.spreads,
                  "shapes": best.details.get("shapes"), "source_hash": best.source_hash} if best else None,
+        "best_per_shape": figures.per_shape_best(history, len(best.times)) if best and best.times else None,
         "variants": len(ledger.variants()),
         "replies": len(ledger.replies()),
         "ledger_intact": ledger.verify_chain() is None,

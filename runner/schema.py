@@ -34,6 +34,8 @@ TENSOR = _obj({
     "dist": {"oneOf": [{"enum": DISTS}, {"type": "array", "items": {"enum": DISTS}, "minItems": 1}]},
     "low": EXPR,
     "high": EXPR,
+    "special": _obj({"value": NUM, "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+                    ["value", "fraction"]),
 }, ["shape"])
 
 PARAM = {"oneOf": [
@@ -57,6 +59,7 @@ SPEC = _obj({
     "hardware": {"type": "string", "minLength": 1},
     "op": _obj({
         "reference": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
+        "triton": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
         "notes": {"type": "string"},
         "dtype": {"enum": DTYPES},
         "inputs": {"type": "object", "additionalProperties": TENSOR, "minProperties": 1,
@@ -80,6 +83,7 @@ SPEC = _obj({
         "args": {"type": "array", "items": NAME, "minItems": 1},
         "grid": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
         "block": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
+        "cluster": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
         "shared_mem": EXPR,
         "derive": {"type": "object", "propertyNames": NAME, "additionalProperties": EXPR},
         "options": {"type": "array", "items": {"type": "string"}},
@@ -128,6 +132,7 @@ HW_PROFILE = _obj({
     "memory_bytes": POS_INT,
     "l2_bytes": POS_INT,
     "max_threads_per_block": POS_INT,
+    "max_cluster_size": POS_INT,
     "max_threads_per_sm": POS_INT,
     "warp_size": POS_INT,
     "shared_mem_per_block_bytes": POS_INT,

@@ -44,6 +44,7 @@ class TensorSpec:
     dists: tuple[str, ...]
     low: Expr | None = None
     high: Expr | None = None
+    special: tuple[float, float] | None = None  # (value, fraction): that share of elements set to value
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class OpSpec:
     flops: Expr | None
     in_place: bool = False
     notes: str = ""
+    triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
 
     @property
     def symbols(self) -> list[str]:
@@ -90,6 +92,7 @@ class KernelSpec:
     args: tuple[str, ...]
     grid: tuple[Expr, ...] = ()
     block: tuple[Expr, ...] = ()
+    cluster: tuple[Expr, ...] = ()  # thread-block cluster dims (CUDA); the grid counts blocks
     shared_mem: Expr | None = None
     options: tuple[str, ...] = ()
     derive: tuple[tuple[str, Expr], ...] = ()  # named values from params and shape symbols, in order
@@ -276,7 +279,13 @@ class _Checker:
                 self.err(base, "dist 'randint' needs low and high (expressions over the shape symbols)")
             low = self.expr(base + ("low",), t["low"], scope) if "low" in t else None
             high = self.expr(base + ("high",), t["high"], scope) if "high" in t else None
-            return TensorSpec(name, tuple(dims), tdtype, dists, low, high)
+            special = None
+            if "special" in t:
+                sp_ = t["special"]
+                special = (sp_["value"], float(sp_["fraction"]))
+                if tdtype in INT_DTYPES and sp_["value"] != int(sp_["value"]):
+                    self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
+            return TensorSpec(name, tuple(dims), tdtype, dists, low, high, special)
 
         inputs = tuple(tensor("inputs", n, t) for n, t in o["inputs"].items())
         outputs = tuple(tensor("outputs", n, t) for n, t in o["outputs"].items())
@@ -313,7 +322,7 @@ class _Checker:
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
                       shapes=tuple(dict(s) for s in shapes), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
-                      in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""))
+                      in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"))
 
     def reference(self, ref: str) -> None:
         mod, _, fn = ref.partition(":")
@@ -419,10 +428,10 @@ class _Checker:
                     self.err(("kernel", "args"), f"tensor '{t.name}' is not passed to the kernel")
         scope = set(params) | symbols | {n for n, _ in derive}
         geo = {}
-        for key in ("grid", "block"):
+        for key in ("grid", "block", "cluster"):
             v = k.get(key)
             if v is None:
-                if backend == "cuda":
+                if backend == "cuda" and key != "cluster":
                     self.err(("kernel",), f"'{key}' is required for the cuda backend")
                 geo[key] = ()
                 continue
@@ -430,9 +439,12 @@ class _Checker:
             exprs = [self.expr(("kernel", key) + ((i,) if isinstance(v, list) else ()), x, scope)
                      for i, x in enumerate(items)]
             geo[key] = tuple(e for e in exprs if e is not None)
+        if geo["cluster"] and backend != "cuda":
+            self.err(("kernel", "cluster"), "thread-block clusters need the cuda backend")
         smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, entry=k["entry"],
-                          args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], shared_mem=smem,
+                          args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
+                          shared_mem=smem,
                           options=tuple(k.get("options", [])), derive=tuple(derive))
 
     def runtime(self) -> RuntimeSpec:

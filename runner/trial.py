@@ -64,8 +64,11 @@ class Evaluator:
         for shape in self.spec.op.all_shapes:
             env = {**shape, **params}
             env.update(k.derived(env))
-            out.append({"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],
-                        "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0})
+            geo = {"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],
+                   "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0}
+            if k.cluster:
+                geo["cluster"] = [int(e(env)) for e in k.cluster]
+            out.append(geo)
         return out
 
     def run(self, params: dict, agent: str, variant: str | None = None) -> Trial:

@@ -1,35 +1,49 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (the device tool), from the repo root, with .whl carried:
-#   bash tools/device-run.sh [what...]
-# what: tests (gpu-marked tests), suite (the whole test suite), record (the softmax
-# space, exhaustively, as a replay dataset), run (pipe run on the
-# softmax pipeline); default: tests run. Results and logs land in $OUT.
+# Runs on the GPU machine (the device tool), from the repo root, with .whl carried
+# (make it here with `bash tools/device-wheels.sh`):
+#   bash tools/device-run.sh WHAT...
+# WHAT, any number, in order:
+#   tests                   the gpu-marked tests
+#   suite                   the whole test suite
+#   run:SPEC[:ARGS]         pipe run SPEC into /tmp/runs/NAME (ARGS: extra pipe run options,
+#                           commas for spaces, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40)
+#   record:SPEC[:ARGS]      pipe record SPEC: the whole space as a replay dataset
+#   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call)
+# Results and logs land in $OUT/NAME/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache-$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
-python3 -c "import torch, triton, cuda.core; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda.core', cuda.core.__version__)"
-what=${*:-tests run}
-for w in $what; do
-  case $w in
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+python3 -c "import torch, triton, cuda.core; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$OUT/machine.txt"
+for w in "$@"; do
+  IFS=: read -r kind arg extra <<< "$w"
+  extra=${extra//,/ }
+  t0=$(date +%s)
+  case $kind in
     tests) python3 -m pytest -q -m gpu -rA tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
-    record)
-      t0=$(date +%s)
-      python3 -m runner.cli record pipelines/softmax-h200.yaml --run-dir /tmp/rec-$(date +%s) --out "$OUT/softmax-h200.json" 2>&1 | tail -5 | tee "$OUT/record.log"
-      echo "record took $(( $(date +%s) - t0 )) s" | tee -a "$OUT/record.log"
+    run|record)
+      name=$(basename "$arg" .yaml); d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name
+      if [ "$kind" = run ]; then
+        python3 -m runner.cli run "$arg" --run-dir "$RUN" $extra 2>&1 | tee "$d/run.log"
+      else
+        RUN=/tmp/runs/$name-record
+        python3 -m runner.cli record "$arg" --run-dir "$RUN" --out "$d/$name.json" $extra 2>&1 | tail -20 | tee "$d/record.log"
+      fi
+      echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/$kind.log"
+      python3 -m runner.cli show "$RUN" > "$d/$kind-show.txt" 2>&1
+      python3 -m runner.cli show "$RUN" --json > "$d/$kind-show.json" 2>/dev/null
+      cp "$RUN/trials.tsv" "$d/$kind-trials.tsv" 2>/dev/null
+      cp "$RUN/run.json" "$d/$kind-run.json" 2>/dev/null
+      tail -200 "$RUN/worker.log" > "$d/$kind-worker.log" 2>/dev/null
       ;;
-    run)
-      RUN=/tmp/run-softmax-$(date +%s); SPEC=${PIPE_RUN_SPEC:-pipelines/softmax-h200.yaml}
-      t0=$(date +%s)
-      python3 -m runner.cli run $SPEC --run-dir $RUN ${PIPE_RUN_ARGS:-} 2>&1 | tee "$OUT/softmax-run.log"
-      echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/softmax-run.log"
-      python3 -m runner.cli show $RUN | tee "$OUT/softmax-show.txt"
-      python3 -m runner.cli show $RUN --json > "$OUT/softmax-show.json"
-      cp $RUN/trials.tsv "$OUT/softmax-trials.tsv"
-      cp $RUN/worker.log "$OUT/softmax-worker.log" 2>/dev/null
+    compare)
+      d="$OUT/$arg"; mkdir -p "$d"
+      python3 -m runner.cli compare "/tmp/runs/$arg" --json "$d/compare.json" $extra 2>&1 | tee "$d/compare.txt"
+      echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/compare.txt"
       ;;
+    *) echo "unknown: $w" ;;
   esac
 done

@@ -162,6 +162,18 @@ def prune(resources: dict, geometry: dict, hw, spills_forbidden: bool) -> str | 
     max_t = hw.get("max_threads_per_block", 1024)
     if threads > max_t:
         return f"{threads} threads per block exceed the limit of {max_t}"
+    cluster = geometry.get("cluster")
+    if cluster:
+        size = 1
+        for c in cluster:
+            size *= c
+        if any(c < 1 for c in cluster) or len(cluster) > len(grid) and any(c > 1 for c in cluster[len(grid):]):
+            return f"cluster {cluster} does not fit grid {grid}"
+        if any(g % c for g, c in zip(grid, cluster)):
+            return f"grid {grid} is not a whole number of clusters {cluster}"
+        max_c = hw.get("max_cluster_size", 8)
+        if size > max_c:
+            return f"a cluster of {size} blocks exceeds the portable limit of {max_c}"
     if len(grid) > 1 and any(g > 65535 for g in grid[1:]):
         return f"grid {grid}: y and z dimensions are limited to 65535"
     if grid[0] > 2**31 - 1:
@@ -256,8 +268,18 @@ class Runtime:
         smem = int(g.get("shared_mem", 0))
         if smem > 48 * 1024:
             _allow_dynamic_smem(kernel, smem)
-        config = LaunchConfig(grid=tuple(g.get("grid") or [1]), block=tuple(g.get("block") or [1]),
-                              shmem_size=smem)
+        grid = tuple(g.get("grid") or [1])
+        cluster = tuple(g.get("cluster") or ())
+        if cluster and any(c > 1 for c in cluster):
+            cluster = cluster + (1,) * (len(grid) - len(cluster))
+            grid = grid + (1,) * (len(cluster) - len(grid))
+            if any(a % c for a, c in zip(grid, cluster)):
+                raise LaunchError(f"grid {list(grid)} is not a whole number of clusters {list(cluster)}")
+            # cuda.core counts the grid in clusters when a cluster is given; the spec counts blocks
+            config = LaunchConfig(grid=tuple(a // c for a, c in zip(grid, cluster)), cluster=cluster,
+                                  block=tuple(g.get("block") or [1]), shmem_size=smem)
+        else:
+            config = LaunchConfig(grid=grid, block=tuple(g.get("block") or [1]), shmem_size=smem)
 
         def direct():
             launch(self._stream(), config, kernel, *args)

@@ -16,6 +16,16 @@ def shape_of(t, env: dict) -> tuple[int, ...]:
 
 
 def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
+    x = _draw(t, env, dist, gen, device)
+    special = getattr(t, "special", None)
+    if special is not None:  # e.g. ignore indices among targets: a random share of the elements
+        value, fraction = special
+        mask = torch.rand(x.shape, generator=gen, device=device) < fraction
+        x = torch.where(mask, torch.full_like(x, value), x)
+    return x
+
+
+def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
     dtype = TORCH_DTYPES[t.dtype]
     shape = shape_of(t, env)
     if dist == "randint":

@@ -279,6 +279,115 @@ class Judge:
             medians.append(row)
         return {"status": "ok", "medians": medians}
 
+    def compare(self, job: dict) -> dict:
+        """Side by side on every spec shape, in rounds that alternate the order: each shape's
+        tuned candidates, the reference in the op's dtype (torch eager), torch.compile of it,
+        the spec's Triton kernel, and a device copy of the op's bytes (half read, half
+        written). Every arm is checked against the float64 reference before it is timed;
+        the candidates also after their last timed call. One protocol for all arms: the
+        inputs change before every call and the L2 is flushed as the spec says."""
+        import statistics
+
+        from .verify import compare as close_enough
+
+        torch = self.torch
+        others: dict = {}
+        notes: dict = {}
+        if job.get("eager", True):
+            others["torch eager"] = self.reference
+        if job.get("compile"):
+            others["torch.compile"] = torch.compile(self.reference, dynamic=False)
+        if job.get("triton"):
+            try:
+                mod, _, fn = job["triton"].partition(":")
+                others["triton"] = getattr(importlib.import_module(mod), fn)
+            except Exception as e:  # no triton here: say so in the table
+                notes["triton"] = f"unavailable: {type(e).__name__}: {e}"[:300]
+        shapes = []
+        for si, shape in enumerate(self.op.shapes):
+            inputs = self._inputs(shape, _seed("compare", job["seed"], si, 0), 0)
+            sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed("compare", job["seed"], si, 1), 1)]
+            refs = [self._reference(sets[0]), self._reference(sets[1])]
+            state = {"i": 0, "cur": 0}
+
+            def refresh(inputs=inputs, sets=sets, state=state):
+                k = state["i"] % 2
+                for name, v in sets[k].items():
+                    inputs[name].copy_(v)
+                state["cur"] = k
+                state["i"] += 1
+
+            calls, errors, outs_of = {}, dict(notes), {}
+            for cand in job["candidates"][si]:
+                name = cand["label"]
+                outs = self._outputs(shape)
+                fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
+                call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"])
+                for o in outs:
+                    o.fill(0)
+                self.rt.sync()
+                call()
+                self.rt.sync()
+                errors[name] = self._check(outs, refs[0], 0)
+                calls[name], outs_of[name] = call, outs
+            for name, f in others.items():
+                try:
+                    res = f(**inputs, **self.scalars)
+                    self.rt.sync()
+                    res = list(res) if isinstance(res, (tuple, list)) else [res]
+                    errors[name] = next((f"output {i}: {why}" for i, (o, (r, b)) in enumerate(zip(res, refs[0]))
+                                         for ok, why, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)]
+                                         if not ok), None)
+                    calls[name] = self.rt.prepare_torch(lambda f=f: f(**inputs, **self.scalars))
+                except Exception as e:
+                    errors[name] = f"{type(e).__name__}: {e}"[:400]
+            nbytes = int(self.op.bytes(self.op.shape_env(shape)))
+            src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)
+            dst = torch.empty_like(src)
+            calls["copy"] = self.rt.prepare_torch(lambda src=src, dst=dst: dst.copy_(src))
+            errors["copy"] = None
+            names = list(calls)
+            times: dict[str, list[float]] = {k: [] for k in names}
+            for r in range(job.get("rounds", 3)):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    ts = self._bench(calls[name], refresh=refresh)
+                    times[name].append(sorted(ts)[len(ts) // 2])
+                    if name in outs_of and errors[name] is None:
+                        self.rt.sync()
+                        why = self._check(outs_of[name], refs[state["cur"]], 1, guards=False)
+                        if why:
+                            errors[name] = f"after timing: {why}"
+            shapes.append({name: {"median": statistics.median(times[name]) if times[name] else None,
+                                  "rounds": times[name], "error": errors.get(name)}
+                           for name in dict.fromkeys([*names, *errors])})
+            del calls, outs_of, inputs, sets, refs
+            torch.cuda.empty_cache() if self.rt.device == "cuda" else None
+        return {"status": "ok", "shapes": shapes, "machine": self._machine()}
+
+    def _machine(self) -> dict:
+        torch = self.torch
+        info = {"torch": torch.__version__}
+        if self.rt.device == "cuda":
+            info["device"] = torch.cuda.get_device_name()
+            info["cuda"] = torch.version.cuda
+            try:
+                import cuda.core
+
+                info["cuda.core"] = cuda.core.__version__
+            except Exception:
+                pass
+            try:
+                import triton
+
+                info["triton"] = triton.__version__
+            except Exception:
+                pass
+        else:
+            import platform
+
+            info["device"] = platform.processor() or platform.machine()
+        return info
+
 
 def _die_with_parent() -> None:
     """Linux: the kernel kills this worker when the runner dies, even by SIGKILL."""
@@ -313,7 +422,7 @@ def worker_main(conn, spec, log_path: str) -> None:
         kind, nonce, args = msg[0], msg[1], msg[2:]
         if kind == "stop":
             return
-        if kind in ("evaluate", "retime") and spec.kernel.backend == "cpu" and not sandboxed:
+        if kind in ("evaluate", "retime", "compare") and spec.kernel.backend == "cpu" and not sandboxed:
             from .sandbox import install
 
             sandboxed = install()  # native candidate code runs from here on

@@ -1,0 +1,191 @@
+"""`pipe compare RUN`: the tuned kernels against what a user would otherwise run.
+
+For every spec shape, in one worker process on the device and one timing
+protocol, side by side in rounds that alternate the order:
+
+- the run's best candidates *for that shape* (the `top` fastest trials on it by
+  their recorded times, plus the run's overall best); the fastest by this fresh
+  measurement is the shape's winner, so a lucky recorded time cannot pick it;
+- torch eager: the spec's reference, in the op's dtype;
+- torch.compile of the same reference;
+- a Triton kernel with `triton.autotune` (the spec's `op.triton`), written for
+  the comparison;
+- the copy ceiling: a device copy moving the op's floor bytes (half read,
+  half written), measured in the same run.
+
+Every arm is checked against the float64 reference; a wrong arm is reported,
+never ranked. The result is a table (TB/s, the fraction of the measured copy
+and of the profile's limit, speedups) and a JSON document with the machine,
+the versions and the date.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+from pathlib import Path
+
+from . import figures
+from .errors import PipeError
+from .loop import shape_label
+
+ARMS = ("torch eager", "torch.compile", "triton", "copy")
+
+
+class CompareError(PipeError):
+    pass
+
+
+def candidates(history, n_shapes: int, top: int) -> list[list]:
+    """Per shape: the `top` fastest ok trials on that shape, then the overall best if missing."""
+    ok = [t for t in history if t.status == "ok" and t.times]
+    kept = [t for t in history if t.kept]
+    out = []
+    for i in range(n_shapes):
+        ranked = sorted(ok, key=lambda t: t.times[i])[:top]
+        if kept and kept[-1] not in ranked:
+            ranked.append(kept[-1])
+        out.append(ranked)
+    return out
+
+
+def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 3,
+                torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600) -> dict:
+    from .judge.worker import Worker
+    from .ledger import Ledger
+    from .spec import load_spec
+    from .trial import Evaluator
+
+    led = Ledger.read(run_dir)
+    try:
+        history = led.trials()
+        recorded_hash = led.get_meta("spec_hash")
+        path = spec_path or led.get_meta("spec_path")
+        variants = {k: v["text"] for k, v in led.variants().items()}
+        base = led.get_meta("baseline")
+    finally:
+        led.close()
+    spec = load_spec(path)
+    if spec.hash != recorded_hash:
+        raise CompareError(f"{path}: the spec, its template, profile or reference changed since the run in "
+                           f"{run_dir} (hash {spec.hash} != {recorded_hash}); compare judges kernels as the run "
+                           "recorded them: pass that spec with --spec, or start a new run")
+    n = len(spec.op.shapes)
+    cands = candidates(history, n, top)
+    if not any(cands):
+        raise CompareError(f"{run_dir}: no correct trial to compare")
+    ev = Evaluator(spec, None, None)
+    ev.variants = variants
+    built: dict[int, tuple[list[str], list[dict]]] = {}
+    for t in {t.id: t for row in cands for t in row}.values():
+        sources = ev.render_all(t.params, t.variant)
+        unique = list(dict.fromkeys(sources))
+        comp = dict(zip(unique, ev._compile_all(unique)))
+        bad = next((c for c in comp.values() if not c.ok), None)
+        if bad is not None:
+            raise CompareError(f"trial #{t.id} no longer compiles: {bad.reason}")
+        built[t.id] = ([comp[s].artifact for s in sources], ev.geometry(t.params))
+    job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": torch_compile,
+           "triton": (spec.op.triton if triton else None),
+           "candidates": [[{"label": f"#{t.id}", "trial": t.id, "artifact": built[t.id][0][i],
+                            "geometry": built[t.id][1][i]} for t in row] for i, row in enumerate(cands)]}
+    worker = Worker(spec, str(run_dir / "compare-worker.log"))
+    try:
+        r = worker.request(("compare", job), timeout_s)
+    finally:
+        worker.close()
+    if r.get("status") != "ok":
+        raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
+    return _figures(spec, run_dir, history, cands, r, json.loads(base) if base else None)
+
+
+def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
+    fl = figures.floors(spec)
+    by_id = {t.id: t for t in history}
+    shapes = []
+    for i, (shape, res) in enumerate(zip(spec.op.shapes, r["shapes"])):
+        f = fl[i]
+        row = {"shape": shape, "label": shape_label(shape), "bytes": f["bytes"], "floor_s": f["floor"],
+               "candidates": {}, "arms": {}}
+        best = None
+        for t in cands[i]:
+            d = res.get(f"#{t.id}")
+            if d is None:
+                continue
+            row["candidates"][t.id] = {"params": t.params, "variant": t.variant, "time_s": d["median"],
+                                       "rounds_s": d["rounds"], "recorded_s": t.times[i], "error": d["error"]}
+            if d["error"] is None and d["median"] and (best is None or d["median"] < best[1]):
+                best = (t.id, d["median"])
+        copy_s = (res.get("copy") or {}).get("median")
+        row["copy_s"] = copy_s
+        row["copy_bytes_per_s"] = f["bytes"] / copy_s if copy_s else None
+        if best:
+            tid, ts = best
+            row["tuned"] = {"trial": tid, "params": by_id[tid].params, "variant": by_id[tid].variant,
+                            **_rates(f, ts, copy_s)}
+        else:
+            row["tuned"] = None
+        for arm in ARMS[:3]:
+            d = res.get(arm)
+            if d is None:
+                continue
+            a = {"error": d["error"]}
+            if d["median"]:
+                a.update(_rates(f, d["median"], copy_s))
+                if best and d["error"] is None:
+                    a["tuned_speedup"] = d["median"] / best[1]
+            row["arms"][arm] = a
+        shapes.append(row)
+    return {"format": "pipe-compare/1", "run": str(run_dir), "spec": spec.name, "spec_path": spec.path,
+            "spec_hash": spec.hash, "hardware": spec.hw.name, "machine": r.get("machine", {}),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
+                         "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms},
+            "recorded_baseline": baseline, "shapes": shapes}
+
+
+def _rates(f: dict, t: float, copy_s: float | None) -> dict:
+    return {"time_s": t, "bytes_per_s": f["bytes"] / t, "limit_fraction": f["floor"] / t,
+            "copy_fraction": (copy_s / t) if copy_s else None}
+
+
+def format_table(doc: dict) -> str:
+    m = doc.get("machine", {})
+    head = (f"{doc['spec']} on {m.get('device', '?')} (torch {m.get('torch', '?')}"
+            + (f", triton {m['triton']}" if "triton" in m else "") + f"), {doc['date']}")
+    cols = ["shape", "tuned", "TB/s", "of copy", "eager", "compile", "triton", "copy TB/s", "trial"]
+    rows = []
+    for s in doc["shapes"]:
+        t = s["tuned"]
+        cells = [s["label"]]
+        if t:
+            cells += [f"{t['time_s'] * 1e6:.1f} us", f"{t['bytes_per_s'] / 1e12:.2f}",
+                      f"{t['copy_fraction']:.3f}" if t["copy_fraction"] else "-"]
+        else:
+            cells += ["wrong", "-", "-"]
+        for arm in ARMS[:3]:
+            a = s["arms"].get(arm)
+            if a is None:
+                cells.append("-")
+            elif a.get("error"):
+                cells.append("wrong" if "elements" in a["error"] or "shape" in a["error"] else "n/a")
+            else:
+                sp = a.get("tuned_speedup")
+                cells.append(f"{a['time_s'] * 1e6:.1f} us" + (f" ({sp:.2f}x)" if sp else ""))
+        cells.append(f"{s['copy_bytes_per_s'] / 1e12:.2f}" if s.get("copy_bytes_per_s") else "-")
+        cells.append(f"#{t['trial']}" if t else "-")
+        rows.append(cells)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append("(x): how many times slower than the tuned kernel; 'of copy': the copy's time over the "
+                 "tuned kernel's for the same bytes")
+    for s in doc["shapes"]:
+        for arm, a in s["arms"].items():
+            if a.get("error"):
+                lines.append(f"{s['label']} {arm}: {a['error']}")
+        for tid, c in s["candidates"].items():
+            if c.get("error"):
+                lines.append(f"{s['label']} trial #{tid}: {c['error']}")
+    return "\n".join(lines)

@@ -184,6 +184,10 @@ def cmd_record(a) -> int:
     from .spec import AgentSpec, GoalSpec
 
     spec = _load(a.spec)
+    if a.only:
+        spec = _restrict(spec, a.only)
+        if spec is None:
+            return EXIT_INPUT
     if not a.no_hw_check:
         hw.check_present_device(spec.hw)
     n = sum(1 for _ in spec.space)
@@ -205,6 +209,30 @@ def cmd_record(a) -> int:
     print(f"recorded {len(data['trials'])} of {n} configurations ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}) "
           f"to {dest}")
     return EXIT_OK if out.trials >= n else EXIT_BUDGET
+
+
+def _restrict(spec, only: list[str]):
+    """The spec with some parameters limited to the given values (a subspace to sweep)."""
+    import dataclasses
+
+    from .space import Param
+
+    params = {p.name: p for p in spec.space.params}
+    for item in only:
+        name, eq, vals = item.partition("=")
+        name = name.strip()
+        if not eq or name not in params:
+            print(f"--only {item}: expected NAME=V1,V2,... with NAME one of {', '.join(params)}", file=sys.stderr)
+            return None
+        want = [_parse_value(v.strip()) for v in vals.split(",") if v.strip()]
+        bad = [v for v in want if v not in params[name].values]
+        if bad or not want:
+            print(f"--only {item}: {bad or 'no values'} not among {name}'s values {list(params[name].values)}",
+                  file=sys.stderr)
+            return None
+        params[name] = Param(name, tuple(v for v in params[name].values if v in want))
+    space = dataclasses.replace(spec.space, params=tuple(params.values()))
+    return dataclasses.replace(spec, space=space)
 
 
 def cmd_replay(a) -> int:
@@ -372,6 +400,8 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("spec")
     rc.add_argument("--out", help="dataset file (default datasets/<spec name>.json)")
     rc.add_argument("--run-dir", help="run folder of the sweep (default runs/<spec name>-record); resumes")
+    rc.add_argument("--only", action="append", metavar="NAME=V1,V2",
+                    help="sweep the subspace where NAME takes only these values (repeatable)")
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
     rc.set_defaults(fn=cmd_record)

@@ -22,12 +22,16 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 import time
 from functools import lru_cache
 
 from . import Compiled, artifact_key, cache_dir
 
 GRAPH_BELOW_S = 20e-6  # auto mode: kernels shorter than this run as CUDA graph replays
+# cuda.core picks its cu12/cu13 submodule at first import; a trial's sources compile on
+# several threads, and two threads importing it at once can see it half initialized.
+_IMPORT_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=1)
@@ -120,9 +124,10 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         return Compiled(True, str(out), log, time.perf_counter() - t0, cached=True,
                         resources=parse_ptxas(log, entry))
     try:
-        from cuda.core import Program
+        with _IMPORT_LOCK:
+            from cuda.core import Program
 
-        opts = _options(options, arch, f"{entry}.cu")
+            opts = _options(options, arch, f"{entry}.cu")
     except ValueError as e:
         return Compiled(False, None, "", 0.0, status="compile_error", reason=str(e))
     except ImportError as e:

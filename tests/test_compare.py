@@ -1,0 +1,86 @@
+"""pipe compare (on the CPU backend here; the H200 figures come from the device),
+pipe record --only, best per shape, and compiling a trial's sources on threads
+from a fresh process."""
+
+import json
+import subprocess
+import sys
+
+from runner.compare import candidates, format_table
+from runner.figures import per_shape_best
+from runner.ledger import Trial
+
+from .conftest import PIPELINES, ROOT, pipe_cmd
+
+
+def _t(i, times, status="ok", kept=False):
+    return Trial(params={"A": i}, status=status, agent="x", spec_hash="h", times=times, kept=kept, id=i)
+
+
+def test_best_per_shape_and_candidates_pick_each_shapes_fastest():
+    hist = [_t(1, [5.0, 1.0], kept=True), _t(2, [2.0, 3.0], kept=True), _t(3, [1.0, 9.0]),
+            _t(4, [0.1, 0.1], status="wrong")]
+    per = per_shape_best(hist, 2)
+    assert [p["trial"] for p in per] == [3, 1]
+    c = candidates(hist, 2, top=1)
+    assert [t.id for t in c[0]] == [3, 2]  # the fastest on shape 0, then the overall best
+    assert [t.id for t in c[1]] == [1, 2]
+
+
+def _run(args, cwd, timeout=600):
+    return subprocess.run(pipe_cmd() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
+    out = tmp_path / "d.json"
+    r = _run(["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=1,16", "--only", "THREADS=1",
+              "--only", "UNROLL=1", "--run-dir", str(tmp_path / "rec"), "--out", str(out), "-q"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["params"]["ACC"] == [1, 16] and len(data["trials"]) == 2
+    r = _run(["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=3"], ROOT)
+    assert r.returncode == 2 and "not among ACC's values" in r.stderr
+
+
+def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, project):
+    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
+    spec.write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    run = tmp_path / "run"
+    r = _run(["run", str(spec), "--run-dir", str(run), "--max-trials", "3", "-q"], project)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    r = _run(["compare", str(run), "--no-compile", "--rounds", "1", "--json", str(tmp_path / "c.json")], project)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc == json.loads((run / "compare.json").read_text())
+    assert len(doc["shapes"]) == 2
+    for s in doc["shapes"]:
+        assert s["tuned"] and s["tuned"]["time_s"] > 0 and s["copy_s"] > 0
+        assert s["arms"]["torch eager"]["error"] is None and s["arms"]["torch eager"]["time_s"] > 0
+        assert abs(s["arms"]["torch eager"]["tuned_speedup"] - s["arms"]["torch eager"]["time_s"] / s["tuned"]["time_s"]) < 1e-9
+        assert s["tuned"]["trial"] in {int(k) for k in s["candidates"]}
+    assert "512x4096" in r.stdout and "eager" in r.stdout
+    assert "512x4096" in format_table(doc)
+    # the spec changed since the run: compare refuses rather than judge other kernels
+    spec.write_text(spec.read_text().replace("eps: {value: 1.0e-6", "eps: {value: 2.0e-6"))
+    r = _run(["compare", str(run), "--no-compile"], project)
+    assert r.returncode == 2 and "changed since the run" in r.stderr
+
+
+def test_first_compiles_on_threads_in_a_fresh_process():
+    """A trial's sources compile on several threads; the first import of the compiler
+    bindings happens there too and must not race."""
+    code = (
+        "from runner.spec import load_spec\n"
+        "from runner.trial import Evaluator\n"
+        "spec = load_spec('pipelines/softmax-h200.yaml')\n"
+        "ev = Evaluator(spec, None, None)\n"
+        "srcs = list(dict.fromkeys(ev.render_all(dict(spec.start))))\n"
+        "srcs = [s + f'\\n// {i}\\n' for i, s in enumerate(srcs * 2)]\n"
+        "rs = ev._compile_all(srcs)\n"
+        "bad = [r.reason for r in rs if not r.ok]\n"
+        "print(len(rs), bad)\n"
+        "assert not bad, bad\n")
+    import os
+    env = {**os.environ, "PIPE_CACHE_DIR": os.environ.get("PIPE_CACHE_DIR", "/tmp") + "-fresh-%d" % os.getpid()}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]

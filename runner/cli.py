@@ -5,6 +5,7 @@
     pipe render SPEC --set NAME=VALUE... [--shape I]
     pipe runs [--root DIR]
     pipe show RUN [--json]
+    pipe report RUN [--out DIR]
     pipe compare RUN [--json PATH] [--top K] [--rounds R] [--no-compile] [--no-triton]
 
 Exit codes: 0 goal met (or command succeeded), 1 budget spent without
@@ -356,6 +357,14 @@ def cmd_compare(a) -> int:
     return EXIT_OK
 
 
+def cmd_report(a) -> int:
+    from . import report
+
+    h, m = report.write(Path(a.run), Path(a.out) if a.out else None)
+    print(f"report: {h} (open it in a browser; no server needed) and {m}")
+    return EXIT_OK
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipe", description="Autoresearch for GPU kernels, driven by a YAML spec.")
     p.add_argument("--version", action="version", version=f"pipe {__version__}")
@@ -380,6 +389,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
     c.set_defaults(fn=cmd_compare)
+    rr = sub.add_parser("report", help="a self-contained HTML report (plots) and a markdown summary of a run")
+    rr.add_argument("run", help="run folder")
+    rr.add_argument("--out", help="folder for report.html and report.md (default: the run folder)")
+    rr.set_defaults(fn=cmd_report)
     v = sub.add_parser("validate", help="check specs; errors as file:line:col")
     v.add_argument("specs", nargs="+")
     v.set_defaults(fn=cmd_validate)

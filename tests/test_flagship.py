@@ -56,12 +56,13 @@ def test_register_heavy_corners_compile_without_spills(name):
     spec = load_spec(PIPELINES / f"{name}.yaml")
     ev = Evaluator(spec, None, None)
     names = [p.name for p in spec.space.params]
-    corner = {p.name: [p.values[0], p.values[-1]] for p in spec.space.params}
-    for key in ("HOLD", "UNROLL"):
-        if key in corner:
-            corner[key] = [v for v in dict.fromkeys(next(p.values for p in spec.space.params if p.name == key))]
-    for key in ("LOAD", "STORE"):
-        corner.pop(key, None)
+    values = {p.name: list(p.values) for p in spec.space.params}
+    corner = {"EPT": [values["EPT"][-1]], "TMAX": [values["TMAX"][0], values["TMAX"][-1]], "VEC": values["VEC"]}
+    for key in ("HOLD", "UNROLL"):  # every hold kind, every unroll
+        if key in values:
+            corner[key] = values[key]
+    if "MINB" in values:  # the tightest register cap
+        corner["MINB"] = [values["MINB"][-1]]
     seen = {}
     for vals in itertools.product(*corner.values()):
         cfg = {**spec.start, **dict(zip(corner, vals))}

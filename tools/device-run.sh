@@ -9,7 +9,8 @@
 #                           commas for spaces, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40)
 #   record:SPEC[:ARGS]      pipe record SPEC: the whole space as a replay dataset
 #   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call)
-# Results and logs land in $OUT/NAME/.
+#   pack                    everything under $OUT into $OUT/out.tgz (the device returns few files)
+# Results and logs land in $OUT/NAME/, the run folders (ledger, best/, compare.json) in $OUT/NAME/run/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -38,12 +39,15 @@ for w in "$@"; do
       cp "$RUN/trials.tsv" "$d/$kind-trials.tsv" 2>/dev/null
       cp "$RUN/run.json" "$d/$kind-run.json" 2>/dev/null
       tail -200 "$RUN/worker.log" > "$d/$kind-worker.log" 2>/dev/null
+      if [ "$kind" = run ]; then mkdir -p "$d/run" && cp -r "$RUN/." "$d/run/" && rm -f "$d/run/worker.log" "$d/run/.lock"; fi
       ;;
     compare)
       d="$OUT/$arg"; mkdir -p "$d"
       python3 -m runner.cli compare "/tmp/runs/$arg" --json "$d/compare.json" $extra 2>&1 | tee "$d/compare.txt"
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/compare.txt"
+      cp "/tmp/runs/$arg/compare.json" "$d/run/" 2>/dev/null
       ;;
+    pack) (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
     *) echo "unknown: $w" ;;
   esac
 done

@@ -284,8 +284,9 @@ class Judge:
         tuned candidates, the reference in the op's dtype (torch eager), torch.compile of it,
         the spec's Triton kernel, and a device copy of the op's bytes (half read, half
         written). Every arm is checked against the float64 reference before it is timed;
-        the candidates also after their last timed call. One protocol for all arms: the
-        inputs change before every call and the L2 is flushed as the spec says."""
+        the candidates also after their last timed call. The L2 is flushed before every
+        call of every arm as the spec says; the candidates' inputs also change before
+        every call (as in `evaluate`), the trusted arms' do not (as in `baseline`)."""
         import statistics
 
         from .verify import compare as close_enough
@@ -350,7 +351,9 @@ class Judge:
             times: dict[str, list[float]] = {k: [] for k in names}
             for r in range(job.get("rounds", 3)):
                 for name in (names if r % 2 == 0 else names[::-1]):
-                    ts = self._bench(calls[name], refresh=refresh)
+                    # candidates are untrusted: their inputs change before every call; the
+                    # torch, Triton and copy arms are timed as the run's baseline is
+                    ts = self._bench(calls[name], refresh=refresh if name in outs_of else None)
                     times[name].append(sorted(ts)[len(ts) // 2])
                     if name in outs_of and errors[name] is None:
                         self.rt.sync()

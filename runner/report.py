@@ -1,0 +1,327 @@
+"""`pipe report RUN`: a self-contained HTML report and a markdown summary.
+
+Everything comes from the run folder: the ledger (every trial), the recorded
+baseline, `compare.json` when `pipe compare` has run, and the spec (for the
+floors and the roofline) when it still hashes to what the run recorded.
+Plots are matplotlib PNGs embedded as data URIs: the page opens from disk with
+no server and no network.
+
+Plots: the best-so-far curve against trials and against wall time, every
+trial's status, per-shape speedups over the baseline (and over the other arms
+of `pipe compare`), and each shape against the profile's roofline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+STATUS_COLORS = {"ok": "#2b8a3e", "wrong": "#c92a2a", "fault": "#862e9c", "hang": "#e67700",
+                 "forbidden": "#495057", "pruned": "#868e96", "compile_error": "#1864ab",
+                 "render_error": "#1864ab", "impossible": "#d9480f", "tampered": "#000000",
+                 "crashed": "#5f3dc4", "error": "#a61e4d"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def load(run_dir: Path) -> dict:
+    from .ledger import Ledger
+
+    led = Ledger.read(run_dir)
+    try:
+        trials = led.trials()
+        meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline")}
+        intact = led.verify_chain() is None
+    finally:
+        led.close()
+    spec = None
+    try:
+        from .spec import load_spec
+
+        s = load_spec(meta["spec_path"])
+        spec = s if s.hash == meta["spec_hash"] else None
+    except Exception:  # the spec moved or changed: the report goes on without floors
+        spec = None
+    cmp_path = run_dir / "compare.json"
+    compare = json.loads(cmp_path.read_text()) if cmp_path.is_file() else None
+    baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
+    return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,
+            "baseline": baseline, "intact": intact}
+
+
+def _labels(data) -> list[str]:
+    if data["spec"] is not None:
+        return ["x".join(str(v) for v in s.values()) for s in data["spec"].op.shapes]
+    n = max((len(t.times) for t in data["trials"] if t.times), default=0)
+    return [f"shape {i}" for i in range(n)]
+
+
+def plot_progress(data) -> str:
+    plt = _plt()
+    trials = data["trials"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    best, xs, ys, ws, clock = None, [], [], [], 0.0
+    for t in trials:
+        clock += t.wall_s or 0.0
+        if t.kept and t.objective:
+            best = t.objective
+        if best is not None:
+            xs.append(t.id)
+            ws.append(clock)
+            ys.append(best * 1e6)
+    oks = [t for t in trials if t.status == "ok" and t.objective]
+    a.scatter([t.id for t in oks], [t.objective * 1e6 for t in oks], s=10, color="#adb5bd", label="each correct trial")
+    a.step(xs, ys, where="post", color="#1c7ed6", marker=".", label="best so far (kept)")
+    a.set_xlabel("trial")
+    a.set_ylabel("geometric-mean time (us)")
+    a.legend(fontsize=8)
+    b.step(ws, ys, where="post", color="#1c7ed6", marker=".")
+    b.set_xlabel("wall time of the trials (s)")
+    b.set_ylabel("best so far (us)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_status(data) -> str:
+    plt = _plt()
+    trials = data["trials"]
+    fig, ax = plt.subplots(figsize=(11, 2.8))
+    oks = [t.objective * 1e6 for t in trials if t.status == "ok" and t.objective]
+    top = max(oks) * 1.15 if oks else 1.0
+    for status in sorted({t.status for t in trials}):
+        pts = [t for t in trials if t.status == status]
+        y = [t.objective * 1e6 if (status == "ok" and t.objective) else top for t in pts]
+        ax.scatter([t.id for t in pts], y, s=14, color=STATUS_COLORS.get(status, "#343a40"),
+                   label=f"{status} ({len(pts)})")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("time (us); failures on top")
+    ax.legend(fontsize=8, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_speedups(data, rows) -> str | None:
+    if not rows:
+        return None
+    plt = _plt()
+    arms = [k for k in rows[0] if k.startswith("vs ")]
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    width = 0.8 / max(1, len(arms))
+    for j, arm in enumerate(arms):
+        vals = [r[arm] or 0.0 for r in rows]
+        ax.bar([i + j * width for i in range(len(rows))], vals, width, label=arm)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(rows))], [r["shape"] for r in rows])
+    ax.set_ylabel("speedup of the tuned kernel")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def plot_roofline(data, rows) -> str | None:
+    spec = data["spec"]
+    if spec is None or not rows:
+        return None
+    from . import figures
+
+    plt = _plt()
+    hw = spec.hw
+    peak = hw.peak_flops(spec.op.dtype) or hw.peak_flops("fp32")
+    fl = figures.floors(spec)
+    pts = []
+    for r, f in zip(rows, fl):
+        if f["flops"] and r.get("time_s"):
+            pts.append((f["flops"] / f["bytes"], f["flops"] / r["time_s"], r["shape"]))
+    if not pts or not peak:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lo = min(p[0] for p in pts) / 4
+    hi = max(max(p[0] for p in pts) * 4, peak / hw.bandwidth * 4)
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [min(peak, x * hw.bandwidth) for x in xs], color="black",
+            label=f"{hw.name}: {hw.bandwidth / 1e12:.2f} TB/s, {peak / 1e12:.0f} TFLOP/s")
+    for x, y, label in pts:
+        ax.scatter([x], [y], s=30)
+        ax.annotate(label, (x, y), fontsize=7, xytext=(4, -10), textcoords="offset points")
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return _png(fig)
+
+
+def shape_rows(data) -> list[dict]:
+    """Per shape: the kernel to use there and its figures. From `pipe compare` when it has
+    run (the winner of a fresh side-by-side timing, or the baseline where it won), else
+    from the recorded per-shape best."""
+    from . import figures
+
+    labels = _labels(data)
+    rows = []
+    cmp = data["compare"]
+    base = (data["baseline"] or {}).get("times")
+    if cmp:
+        for s in cmp["shapes"]:
+            t = s["tuned"] or {}
+            r = {"shape": s["label"], "source": "pipe compare", "trial": t.get("trial"), "params": t.get("params"),
+                 "time_s": t.get("time_s"), "bytes_per_s": t.get("bytes_per_s"),
+                 "copy_fraction": t.get("copy_fraction"), "limit_fraction": t.get("limit_fraction")}
+            for arm, a in s["arms"].items():
+                r[f"vs {arm}"] = a.get("tuned_speedup")
+            rows.append(r)
+        return rows
+    best = figures.per_shape_best(data["trials"], len(labels))
+    fl = figures.floors(data["spec"]) if data["spec"] is not None else None
+    for i, b in enumerate(best):
+        if b is None:
+            rows.append({"shape": labels[i], "source": "ledger", "trial": None, "params": None, "time_s": None,
+                         "vs baseline": None})
+            continue
+        r = {"shape": labels[i], "source": "ledger (recorded time)", "trial": b["trial"], "params": b["params"],
+             "time_s": b["time_s"], "vs baseline": (base[i] / b["time_s"]) if base else None}
+        if fl:
+            r["bytes_per_s"] = fl[i]["bytes"] / b["time_s"]
+            r["limit_fraction"] = fl[i]["floor"] / b["time_s"]
+        rows.append(r)
+    return rows
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if kind == "us":
+        return f"{v * 1e6:.1f} us"
+    if kind == "tbs":
+        return f"{v / 1e12:.2f} TB/s"
+    if kind == "x":
+        return f"{v:.2f}x"
+    if kind == "frac":
+        return f"{v:.3f}"
+    return str(v)
+
+
+def _columns(rows) -> list[tuple[str, str, str]]:
+    cols = [("shape", "shape", ""), ("trial", "trial", ""), ("time", "time_s", "us"),
+            ("bandwidth", "bytes_per_s", "tbs"), ("of the limit", "limit_fraction", "frac")]
+    if rows and "copy_fraction" in rows[0]:
+        cols.append(("of the copy", "copy_fraction", "frac"))
+    for k in (rows[0] if rows else {}):
+        if k.startswith("vs "):
+            cols.append((k, k, "x"))
+    cols.append(("parameters", "params", "json"))
+    return cols
+
+
+def _cell(r, key, kind):
+    v = r.get(key)
+    if kind == "json":
+        return json.dumps(v) if v is not None else "-"
+    if key == "trial":
+        return f"#{v}" if v is not None else "-"
+    return _fmt(v, kind)
+
+
+def summary(data) -> dict:
+    trials = data["trials"]
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    kept = [t for t in trials if t.kept]
+    wall = sum(t.wall_s or 0.0 for t in trials)
+    return {"spec": data["meta"]["spec_name"], "trials": len(trials), "by_status": counts,
+            "best": kept[-1] if kept else None, "wall_s": wall,
+            "per_min": (len(trials) / wall * 60) if wall else None, "intact": data["intact"]}
+
+
+def markdown(data, rows) -> str:
+    s = summary(data)
+    out = [f"# {s['spec']}: run report", "",
+           f"Run folder `{data['run']}`; {s['trials']} trials ("
+           + ", ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())) + ")"
+           + (f", {s['per_min']:.0f} trials a minute of judge time" if s["per_min"] else "") + "; ledger chain "
+           + ("intact" if s["intact"] else "BROKEN") + "."]
+    b = s["best"]
+    if b:
+        out += ["", f"Best overall: trial #{b.id} `{json.dumps(b.params)}`, geometric-mean time "
+                f"{b.objective * 1e6:.2f} us" + (f", metric {b.metric:.4g}" if b.metric is not None else "") + "."]
+    cmp = data["compare"]
+    if cmp:
+        m = cmp.get("machine", {})
+        out += ["", f"Per-shape figures from `pipe compare` on {m.get('device', '?')} (torch {m.get('torch', '?')}"
+                + (f", triton {m['triton']}" if "triton" in m else "") + f"), {cmp.get('date', '')}."]
+    cols = _columns(rows)
+    out += ["", "| " + " | ".join(c[0] for c in cols) + " |", "|" + " --- |" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_cell(r, k, kind).replace("|", "/") for _, k, kind in cols) + " |")
+    if data["spec"] is None:
+        out += ["", "The spec no longer matches the run (moved or changed): no floors or roofline."]
+    return "\n".join(out) + "\n"
+
+
+def html_page(data, rows) -> str:
+    s = summary(data)
+    imgs = [("Best so far", plot_progress(data)), ("Every trial", plot_status(data)),
+            ("Speedups per shape", plot_speedups(data, rows)), ("Roofline", plot_roofline(data, rows))]
+    cols = _columns(rows)
+    table = "<table><tr>" + "".join(f"<th>{html.escape(c[0])}</th>" for c in cols) + "</tr>"
+    for r in rows:
+        table += "<tr>" + "".join(f"<td>{html.escape(_cell(r, k, kind))}</td>" for _, k, kind in cols) + "</tr>"
+    table += "</table>"
+    b = s["best"]
+    head = (f"<p>{s['trials']} trials: " + ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(s["by_status"].items()))
+            + (f"; {s['per_min']:.0f} trials a minute of judge time" if s["per_min"] else "")
+            + "; ledger chain " + ("intact" if s["intact"] else "<b>BROKEN</b>") + ".</p>")
+    if b:
+        head += (f"<p>Best overall: trial #{b.id} <code>{html.escape(json.dumps(b.params))}</code>, "
+                 f"geometric-mean time {b.objective * 1e6:.2f} us.</p>")
+    figs = "".join(f'<h2>{html.escape(t)}</h2><img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
+                   for t, p in imgs if p)
+    style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#212529}"
+             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dee2e6;padding:4px 8px;"
+             "text-align:left}th{background:#f1f3f5}img{max-width:100%}code{font-size:12px}")
+    title = html.escape(f"{s['spec']}: run report")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style></head>"
+            f"<body><h1>{title}</h1><p>Run folder <code>{html.escape(data['run'])}</code></p>{head}"
+            f"<h2>Per shape: the kernel to use for each shape</h2>{table}{figs}</body></html>\n")
+
+
+def write(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
+    from .ledger import write_atomic
+
+    data = load(run_dir)
+    if not data["trials"]:
+        from .errors import RunDirError
+
+        raise RunDirError(f"{run_dir}: the ledger holds no trials yet")
+    rows = shape_rows(data)
+    out = out_dir or run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    h, m = out / "report.html", out / "report.md"
+    write_atomic(h, html_page(data, rows))
+    write_atomic(m, markdown(data, rows))
+    return h, m

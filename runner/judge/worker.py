@@ -284,9 +284,8 @@ class Judge:
         tuned candidates, the reference in the op's dtype (torch eager), torch.compile of it,
         the spec's Triton kernel, and a device copy of the op's bytes (half read, half
         written). Every arm is checked against the float64 reference before it is timed;
-        the candidates also after their last timed call. The L2 is flushed before every
-        call of every arm as the spec says; the candidates' inputs also change before
-        every call (as in `evaluate`), the trusted arms' do not (as in `baseline`)."""
+        the candidates also after their last timed call. One protocol for all arms: the
+        inputs change before every call and the L2 is flushed as the spec says."""
         import statistics
 
         from .verify import compare as close_enough
@@ -351,9 +350,10 @@ class Judge:
             times: dict[str, list[float]] = {k: [] for k in names}
             for r in range(job.get("rounds", 3)):
                 for name in (names if r % 2 == 0 else names[::-1]):
-                    # candidates are untrusted: their inputs change before every call; the
-                    # torch, Triton and copy arms are timed as the run's baseline is
-                    ts = self._bench(calls[name], refresh=refresh if name in outs_of else None)
+                    # one protocol for every arm: new input values and the L2 flush queued
+                    # ahead of each call (which also keeps the device busy while the host
+                    # launches, so no arm's host overhead lands between its events)
+                    ts = self._bench(calls[name], refresh=refresh)
                     times[name].append(sorted(ts)[len(ts) // 2])
                     if name in outs_of and errors[name] is None:
                         self.rt.sync()

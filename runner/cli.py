@@ -6,6 +6,7 @@
     pipe runs [--root DIR]
     pipe show RUN [--json]
     pipe report RUN [--out DIR]
+    pipe export RUN [--out DIR] [--name NAME]
     pipe compare RUN [--json PATH] [--top K] [--rounds R] [--no-compile] [--no-triton]
 
 Exit codes: 0 goal met (or command succeeded), 1 budget spent without
@@ -357,6 +358,23 @@ def cmd_compare(a) -> int:
     return EXIT_OK
 
 
+def cmd_export(a) -> int:
+    from .export import export
+
+    pkg = export(Path(a.run), Path(a.out), a.name, a.spec)
+    table = json.loads((pkg / "table.json").read_text())
+    print(f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})")
+    print(f"rule: {table['rule']}")
+    for e in table["entries"]:
+        label = "x".join(str(v) for v in e["shape"].values())
+        if e["use"] == "kernel":
+            print(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])} "
+                  f"({e['baseline_s'] / e['time_s']:.2f}x torch eager, {e['evidence']})")
+        else:
+            print(f"  {label}: torch reference ({e.get('why')})")
+    return EXIT_OK
+
+
 def cmd_report(a) -> int:
     from . import report
 
@@ -389,6 +407,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
     c.set_defaults(fn=cmd_compare)
+    ex = sub.add_parser("export", help="write an importable package: a torch custom op dispatching by shape to "
+                                       "the tuned kernels (cubins shipped) or to the torch reference")
+    ex.add_argument("run", help="run folder (pipe compare's figures are used when present)")
+    ex.add_argument("--out", default="exported", help="folder for the package (default exported/)")
+    ex.add_argument("--name", help="package name (default: the spec's name)")
+    ex.add_argument("--spec", help="the run's spec (default: the path the run recorded)")
+    ex.set_defaults(fn=cmd_export)
     rr = sub.add_parser("report", help="a self-contained HTML report (plots) and a markdown summary of a run")
     rr.add_argument("run", help="run folder")
     rr.add_argument("--out", help="folder for report.html and report.md (default: the run folder)")

@@ -1,0 +1,212 @@
+"""`pipe export RUN`: from a tuned run to an importable package.
+
+The dispatch table: for every tuned shape, the kernel to use or the fallback
+(the op's torch reference). A shape's kernel is the winner of `pipe compare`
+when the run has a `compare.json` (a fresh side-by-side timing), else the
+fastest trial the ledger recorded on that shape; it is used only where it beat
+torch eager by more than the noise margin, and the fallback is taken
+otherwise. The table states its rule for shapes that were not tuned: the sizes
+compiled into a kernel (the shape symbols its template reads, directly or
+through derived values) must match a tuned shape exactly; the other symbols
+(typically the number of rows) are free. Anything else falls back.
+
+The package holds `__init__.py` (registers the op with torch.library and
+exposes it as a function), `_runtime.py` (see runner/exported_runtime.py),
+`_reference.py` (a copy of the reference's module, for the fallback),
+`table.json` and the cubins: importing it needs torch and cuda.core, no
+compiler and no pipe.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import shutil
+from pathlib import Path
+
+from .errors import PipeError
+
+NOISE = 0.02  # a kernel must beat torch eager by more than this to be used
+NOISE_RECORDED = 0.05  # without pipe compare, against the run's recorded baseline
+
+
+class ExportError(PipeError):
+    pass
+
+
+def baked_symbols(spec) -> list[str]:
+    """Shape symbols whose values are compiled into the kernel: those the template
+    reads, directly or through the derived values it reads."""
+    from . import render
+
+    used = render.template_variables(spec.kernel.template)
+    symbols = set(spec.op.symbols)
+    derive = dict(spec.kernel.derive)
+    seen: set[str] = set()
+    stack = [n for n in used if n in derive or n in symbols]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in derive:
+            stack.extend(x for x in derive[n].names if x not in seen)
+    return [s for s in spec.op.symbols if s in seen]
+
+
+def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | None) -> list[dict]:
+    from .figures import per_shape_best
+
+    by_id = {t.id: t for t in history}
+    rows = []
+    best = per_shape_best(history, len(spec.op.shapes))
+    for i, shape in enumerate(spec.op.shapes):
+        row = {"shape": dict(shape), "use": "fallback", "trial": None, "params": None, "variant": None}
+        if compare is not None:
+            c = compare["shapes"][i]
+            t, eager = c.get("tuned"), c["arms"].get("torch eager", {})
+            row["evidence"] = "pipe compare"
+            if t and eager.get("time_s") and not eager.get("error"):
+                # the smaller of the two eager figures (compare's, the run's own baseline): conservative
+                ref = min(eager["time_s"], baseline[i]) if baseline else eager["time_s"]
+                row.update(time_s=t["time_s"], baseline_s=ref)
+                if t["time_s"] < ref * (1 - NOISE):
+                    row.update(use="kernel", trial=t["trial"], params=t["params"], variant=t.get("variant"))
+                else:
+                    row["why"] = f"torch eager is within {NOISE:.0%} or faster"
+            else:
+                row["why"] = "no correct tuned kernel" if not t else "no eager figure to beat"
+        elif best[i] is not None:
+            b = best[i]
+            row["evidence"] = "ledger (recorded times)"
+            base = baseline[i] if baseline else None
+            row.update(time_s=b["time_s"], baseline_s=base)
+            if base and b["time_s"] < base * (1 - NOISE_RECORDED):
+                row.update(use="kernel", trial=b["trial"], params=b["params"], variant=b["variant"])
+            else:
+                row["why"] = "no recorded baseline" if not base else f"not {NOISE_RECORDED:.0%} faster than the baseline"
+        else:
+            row["why"] = "no correct trial"
+        if row["use"] == "kernel" and row["trial"] in by_id and by_id[row["trial"]].status != "ok":
+            row.update(use="fallback", why="the trial is not ok")
+        rows.append(row)
+    return rows
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"\W+", "_", name).strip("_").lower()
+    return s if s and not s[0].isdigit() else f"op_{s}"
+
+
+def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None) -> Path:
+    from .ledger import Ledger
+    from .spec import load_spec
+    from .trial import Evaluator
+
+    led = Ledger.read(run_dir)
+    try:
+        history = led.trials()
+        recorded = led.get_meta("spec_hash")
+        path = spec_path or led.get_meta("spec_path")
+        variants = {k: v["text"] for k, v in led.variants().items()}
+        base = led.get_meta("baseline")
+    finally:
+        led.close()
+    spec = load_spec(path)
+    if spec.hash != recorded:
+        raise ExportError(f"{path}: the spec, its template, profile or reference changed since the run in {run_dir}; "
+                          "export packages the kernels the run judged: pass that spec with --spec")
+    if spec.kernel.backend != "cuda":
+        raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")
+    cmp_path = run_dir / "compare.json"
+    compare = json.loads(cmp_path.read_text()) if cmp_path.is_file() else None
+    if compare is not None and compare.get("spec_hash") != spec.hash:
+        raise ExportError(f"{cmp_path}: made for another version of the spec; run pipe compare again")
+    baseline = json.loads(base)["times"] if base else None
+    rows = dispatch_table(spec, history, compare, baseline)
+    name = _ident(name or spec.name)
+    pkg = out_dir / name
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    (pkg / "kernels").mkdir(parents=True)
+    ev = Evaluator(spec, None, None)
+    ev.variants = variants
+    baked = baked_symbols(spec)
+    entries = []
+    for i, row in enumerate(rows):
+        shape = spec.op.shapes[i]
+        entry = {"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"],
+                 "why": row.get("why"), "evidence": row.get("evidence"), "time_s": row.get("time_s"),
+                 "baseline_s": row.get("baseline_s"), "trial": row["trial"], "params": row["params"]}
+        if row["use"] == "kernel":
+            src = ev.render_all(row["params"], row["variant"])[i]
+            c = ev._compile_all([src])[0]
+            if not c.ok:
+                raise ExportError(f"trial #{row['trial']} does not compile any more: {c.reason}")
+            cubin = f"kernels/shape{i}-trial{row['trial']}.cubin"
+            shutil.copyfile(c.artifact, pkg / cubin)
+            (pkg / cubin).with_suffix(".cu").write_text(src)
+            entry["cubin"] = cubin
+        entries.append(entry)
+    op = spec.op
+    table = {
+        "format": "pipe-dispatch/1", "spec": spec.name, "spec_hash": spec.hash, "hardware": spec.hw.name,
+        "arch": spec.hw.arch, "namespace": f"pipe_{name}", "name": _ident(op.reference.rpartition(":")[2]),
+        "op": f"pipe_{name}.{_ident(op.reference.rpartition(':')[2])}", "entry": spec.kernel.entry,
+        "args": list(spec.kernel.args), "symbols": list(op.symbols), "baked": baked,
+        "rule": (f"a shape uses the kernel tuned for the same {', '.join(baked) or 'sizes'} (those sizes are "
+                 f"compiled into it; {', '.join(s for s in op.symbols if s not in baked) or 'no size'} may differ); "
+                 "any other shape, CPU tensors and non-contiguous inputs use the torch reference"),
+        "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
+        "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
+        "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
+        "derive": [[n, e.text] for n, e in spec.kernel.derive],
+        "geometry": {"grid": [e.text for e in spec.kernel.grid], "block": [e.text for e in spec.kernel.block],
+                     **({"cluster": [e.text for e in spec.kernel.cluster]} if spec.kernel.cluster else {})},
+        "entries": entries,
+        "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
+    }
+    (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
+    mod, _, fn = op.reference.partition(":")
+    import importlib
+
+    ref_mod = importlib.import_module(mod)
+    (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))
+    (pkg / "__init__.py").write_text(_INIT.format(spec=spec.name, name=table["name"], qual=f"{table['namespace']}::{table['name']}",
+                                                  fn=fn, rule=table["rule"],
+                                                  qual_dot=f"{table['namespace']}.{table['name']}"))
+    return pkg
+
+
+_INIT = '''"""{spec}, exported by pipe: `{name}` dispatches by shape to the tuned kernels
+shipped here, or to the torch reference. Rule: {rule}.
+
+    import <this package> as ops
+    y = ops.{name}(...)                 # also torch.ops.{qual}
+"""
+
+from pathlib import Path
+
+import torch
+
+from . import _reference, _runtime
+
+ROOT = Path(__file__).parent
+op, _lib = _runtime.register(ROOT, _reference.{fn})
+table = op.t
+InputError = _runtime.InputError
+
+
+def {name}(*args, **kwargs):
+    """The op through torch.library (works under CUDA graph capture and torch.compile)."""
+    names = [t["name"] for t in table["inputs"]] + [s["name"] for s in table["scalars"]]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    missing = [n for n in names if n not in bound]
+    if missing or len(bound) != len(names):
+        raise InputError(f"{{table['op']}}: takes {{', '.join(names)}}")
+    return torch.ops.{qual_dot}(*[bound[n] for n in names])
+'''
+

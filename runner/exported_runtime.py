@@ -1,0 +1,207 @@
+"""Runtime of a package written by `pipe export` (copied into it as `_runtime.py`).
+
+It needs torch, and cuda.core (`pip install cuda-core[cu13]`) to launch the
+shipped cubins; no compiler and no pipe. One `Op` per exported op:
+
+- `Op.__call__` checks the inputs (dtype, device, contiguity, rank, the shape
+  relations the spec declares) with errors that name the argument;
+- it looks up the shape in the dispatch table: a tuned kernel where the table
+  has one for this shape's compiled-in sizes, else the torch reference (the
+  fallback, also taken on CPU tensors);
+- kernels launch on torch's current stream, so the op works inside CUDA graph
+  capture, and `torch.library` wraps it as a custom op with a fake (meta)
+  implementation, so `torch.compile(fullgraph=True)` traces through it.
+
+Expressions (shapes, launch geometry) are the spec's, checked by pipe's safe
+parser when the package was written, and evaluated here with the helpers
+below and no builtins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64,
+          "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+
+HELPERS = {
+    "ceil_div": lambda a, b: -(-a // b), "round_up": lambda a, b: -(-a // b) * b, "min": min, "max": max,
+    "abs": abs, "log2": math.log2, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil,
+    "is_pow2": lambda n: n > 0 and (n & (n - 1)) == 0, "int": int,
+}
+
+
+class InputError(ValueError):
+    """An input the exported op does not accept; the message names the argument."""
+
+
+def _expr(text: str):
+    code = compile(text, "<spec expression>", "eval")
+
+    def f(env: dict):
+        return eval(code, {"__builtins__": {}}, {**HELPERS, **env})  # noqa: S307 (the spec's own, pre-checked)
+
+    return f
+
+
+class Op:
+    def __init__(self, root: Path, table: dict, reference):
+        self.root = root
+        self.t = table
+        self.reference = reference
+        self.inputs = table["inputs"]  # [{name, dtype, shape: [expr text]}]
+        self.outputs = table["outputs"]
+        self.scalars = table["scalars"]  # [{name, type}]
+        self.symbols = table["symbols"]
+        self.baked = table["baked"]
+        self.entries = {tuple(e["key"]): e for e in table["entries"]}
+        self._shape_fns = {t["name"]: [_expr(d) for d in t["shape"]] for t in (*self.inputs, *self.outputs)}
+        self._derive = [(n, _expr(x)) for n, x in table["derive"]]
+        self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
+        self._kernels: dict = {}
+        self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
+
+    # -- checks ---------------------------------------------------------------
+    def symbols_of(self, tensors: dict) -> dict:
+        env: dict = {}
+        for t in self.inputs:
+            x = tensors[t["name"]]
+            if not isinstance(x, torch.Tensor):
+                raise InputError(f"{self.t['op']}: '{t['name']}' must be a tensor, got {type(x).__name__}")
+            if x.dtype != DTYPES[t["dtype"]]:
+                raise InputError(f"{self.t['op']}: '{t['name']}' must be {t['dtype']} ({DTYPES[t['dtype']]}), "
+                                 f"got {x.dtype}")
+            if x.dim() != len(t["shape"]):
+                raise InputError(f"{self.t['op']}: '{t['name']}' must have {len(t['shape'])} dimensions "
+                                 f"[{', '.join(t['shape'])}], got shape {tuple(x.shape)}")
+            for d, size in zip(t["shape"], x.shape):
+                if d.isidentifier() and d not in env:
+                    env[d] = int(size)
+        for t in self.inputs:
+            x = tensors[t["name"]]
+            want = [int(f(env)) for f in self._shape_fns[t["name"]]]
+            if list(x.shape) != want:
+                raise InputError(f"{self.t['op']}: '{t['name']}' must have shape [{', '.join(t['shape'])}] = {want} "
+                                 f"for {env}, got {tuple(x.shape)}")
+        devices = {tensors[t["name"]].device for t in self.inputs}
+        if len(devices) > 1:
+            raise InputError(f"{self.t['op']}: inputs on several devices: {sorted(map(str, devices))}")
+        return env
+
+    def output_shapes(self, env: dict) -> list[list[int]]:
+        return [[int(f(env)) for f in self._shape_fns[t["name"]]] for t in self.outputs]
+
+    # -- dispatch -------------------------------------------------------------
+    def entry_for(self, env: dict) -> dict | None:
+        """The table's kernel for these sizes, or None for the fallback (the rule is in
+        the table: the sizes compiled into a kernel must match exactly; the others, such
+        as the number of rows, are free)."""
+        e = self.entries.get(tuple(env[s] for s in self.baked))
+        if e is None or e["use"] != "kernel" or any(env[s] <= 0 for s in self.symbols):
+            return None
+        return e
+
+    def _kernel(self, e: dict, device: torch.device):
+        key = (e["cubin"], device.index)
+        k = self._kernels.get(key)
+        if k is None:
+            from cuda.core import Device, ObjectCode
+
+            dev = Device(device.index if device.index is not None else torch.cuda.current_device())
+            dev.set_current()
+            mod = ObjectCode.from_cubin(str(self.root / e["cubin"]))
+            kern = mod.get_kernel(self.t["entry"])
+            k = self._kernels[key] = (dev, kern, [p.size for p in kern.arguments_info])
+        return k
+
+    def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
+        import numpy as np
+        from cuda.core import LaunchConfig, launch
+
+        dev, kernel, sizes = self._kernel(e, tensors[self.inputs[0]["name"]].device)
+        full = {**env, **e["params"]}
+        for n, f in self._derive:
+            full[n] = f(full)
+        grid = [int(f(full)) for f in self._geo["grid"]]
+        block = [int(f(full)) for f in self._geo["block"]]
+        cluster = [int(f(full)) for f in self._geo.get("cluster", [])]
+        named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
+        casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+        stypes = {s["name"]: s["type"] for s in self.scalars}
+        args = []
+        for a, size in zip(self.t["args"], sizes):
+            if a in named:
+                args.append(named[a].data_ptr())
+            elif a in stypes:
+                args.append(casts[stypes[a]](scalars[a]))
+            else:
+                args.append(np.int32(env[a]) if size == 4 else np.int64(env[a]))
+        if cluster and any(c > 1 for c in cluster):
+            cfg = LaunchConfig(grid=tuple(g // c for g, c in zip(grid, cluster)), cluster=tuple(cluster),
+                               block=tuple(block))
+        else:
+            cfg = LaunchConfig(grid=tuple(grid), block=tuple(block))
+        launch(dev.create_stream(torch.cuda.current_stream()), cfg, kernel, *args)
+
+    def __call__(self, *args, **kwargs):
+        names = [t["name"] for t in self.inputs] + [s["name"] for s in self.scalars]
+        if len(args) > len(names):
+            raise InputError(f"{self.t['op']}: takes {len(names)} arguments ({', '.join(names)}), got {len(args)}")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names or k in bound:
+                raise InputError(f"{self.t['op']}: unexpected or repeated argument '{k}'")
+            bound[k] = v
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise InputError(f"{self.t['op']}: missing argument(s) {', '.join(missing)}")
+        tensors = {t["name"]: bound[t["name"]] for t in self.inputs}
+        scalars = {s["name"]: bound[s["name"]] for s in self.scalars}
+        env = self.symbols_of(tensors)
+        x0 = tensors[self.inputs[0]["name"]]
+        e = self.entry_for(env) if x0.is_cuda else None
+        if e is not None and all(t.is_contiguous() for t in tensors.values()):
+            outs = [torch.empty(shape, dtype=DTYPES[t["dtype"]], device=x0.device)
+                    for t, shape in zip(self.outputs, self.output_shapes(env))]
+            self.launch(e, env, tensors, scalars, outs)
+            self.calls["kernel"] += 1
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        self.calls["fallback"] += 1
+        out = self.reference(**tensors, **scalars)
+        return out.contiguous() if isinstance(out, torch.Tensor) else tuple(o.contiguous() for o in out)
+
+
+def load_table(root: Path) -> dict:
+    return json.loads((root / "table.json").read_text())
+
+
+def register(root: Path, reference) -> tuple[Op, object]:
+    """The Op and its torch.library custom op `<namespace>::<name>`."""
+    table = load_table(root)
+    op = Op(root, table, reference)
+    qual = f"{table['namespace']}::{table['name']}"
+    ins = [f"Tensor {t['name']}" for t in table["inputs"]]
+    ins += [f"{'float' if s['type'].startswith('f') else 'int'} {s['name']}" for s in table["scalars"]]
+    outs = "Tensor" if len(table["outputs"]) == 1 else "(" + ", ".join("Tensor" for _ in table["outputs"]) + ")"
+    lib = torch.library.Library(table["namespace"], "FRAGMENT")
+    lib.define(f"{table['name']}({', '.join(ins)}) -> {outs}")
+
+    def impl(*args):
+        return op(*args)
+
+    def fake(*args):
+        names = [t["name"] for t in table["inputs"]]
+        tensors = dict(zip(names, args))
+        env = op.symbols_of(tensors)
+        x0 = tensors[names[0]]
+        res = [x0.new_empty(shape, dtype=DTYPES[t["dtype"]]) for t, shape in zip(table["outputs"], op.output_shapes(env))]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    for key in ("CPU", "CUDA"):
+        lib.impl(table["name"], impl, key)
+    torch.library.register_fake(qual, fake, lib=lib)
+    return op, lib

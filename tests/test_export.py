@@ -1,0 +1,170 @@
+"""pipe export: the dispatch table's decisions, the package it writes (from real H200
+runs kept in tests/data), and the exported ops: fallback, input checks, torch.library
+registration, torch.compile(fullgraph=True); on a GPU also the shipped kernels, CUDA
+graph capture and held-out shapes."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from runner.export import NOISE, baked_symbols, dispatch_table
+from runner.ledger import Trial
+from runner.spec import load_spec
+
+from .conftest import PIPELINES, ROOT, pipe_cmd
+
+DATA = ROOT / "tests" / "data"
+RUNS = {"softmax": DATA / "softmax-h200-run", "rmsnorm": DATA / "rmsnorm-h200-run",
+        "cross_entropy": DATA / "cross-entropy-h200-run"}
+
+
+def test_baked_symbols_are_the_sizes_compiled_into_the_kernel():
+    assert baked_symbols(load_spec(PIPELINES / "softmax-h200.yaml")) == ["N"]
+    assert baked_symbols(load_spec(PIPELINES / "rmsnorm-h200.yaml")) == ["N"]
+    assert baked_symbols(load_spec(PIPELINES / "cross-entropy-h200.yaml")) == ["V"]
+
+
+def _cmp(tuned_s, eager_s, error=None):
+    return {"tuned": {"trial": 1, "params": {"A": 1}, "time_s": tuned_s} if tuned_s else None,
+            "arms": {"torch eager": {"time_s": eager_s, "error": error}}}
+
+
+def test_dispatch_uses_a_kernel_only_where_it_beats_eager_beyond_noise():
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")  # four shapes
+    hist = [Trial(params={"A": 1}, status="ok", agent="x", times=[1e-4] * 4, id=1, kept=True)]
+    compare = {"shapes": [_cmp(100e-6, 200e-6), _cmp(100e-6, 100e-6 * (1 + NOISE / 2)),
+                          _cmp(None, 200e-6), _cmp(100e-6, 200e-6, error="wrong")]}
+    rows = dispatch_table(spec, hist, compare, baseline=[300e-6, 300e-6, 300e-6, 300e-6])
+    assert [r["use"] for r in rows] == ["kernel", "fallback", "fallback", "fallback"]
+    assert rows[0]["baseline_s"] == 200e-6  # the smaller eager figure
+    assert "within" in rows[1]["why"] and "no correct tuned kernel" in rows[2]["why"]
+    # no pipe compare: the ledger's per-shape best against the recorded baseline, with a wider margin
+    rows = dispatch_table(spec, hist, None, baseline=[2e-4, 1.02e-4, 2e-4, 2e-4])
+    assert [r["use"] for r in rows] == ["kernel", "fallback", "kernel", "kernel"]
+    assert rows[0]["evidence"].startswith("ledger")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exported")
+    for op, run in RUNS.items():
+        r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(out)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "rule: a shape uses the kernel tuned for the same" in r.stdout
+    return out
+
+
+def test_packages_ship_tables_cubins_and_sources(exported):
+    for pkg in ("softmax_h200", "rmsnorm_h200", "cross_entropy_h200"):
+        d = exported / pkg
+        table = json.loads((d / "table.json").read_text())
+        assert table["format"] == "pipe-dispatch/1" and table["arch"] == "sm_90"
+        kernels = [e for e in table["entries"] if e["use"] == "kernel"]
+        assert kernels, table["entries"]
+        for e in kernels:
+            blob = (d / e["cubin"]).read_bytes()
+            assert blob[:4] == b"\x7fELF"
+            assert table["entry"] in (d / e["cubin"]).with_suffix(".cu").read_text()
+        assert (d / "_runtime.py").is_file() and (d / "_reference.py").is_file()
+
+
+def _py(exported, code, timeout=600):
+    """Run code in a fresh interpreter with only the exported packages on the path (no pipe needed)."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=exported, capture_output=True, text=True,
+                       timeout=timeout, env={"PYTHONPATH": str(exported), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    return r.stdout
+
+
+def test_three_exported_ops_side_by_side_on_cpu_fall_back_and_check_inputs(exported):
+    out = _py(exported, """
+        import sys, torch
+        import softmax_h200 as sm, rmsnorm_h200 as rn, cross_entropy_h200 as ce
+        assert "runner" not in sys.modules  # the packages stand alone
+        torch.manual_seed(0)
+        x = torch.randn(6, 4096).bfloat16()
+        w = (torch.rand(4096) + 0.5).bfloat16()
+        y = sm.softmax(x)
+        assert torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-2, rtol=1.6e-2)
+        z = rn.rmsnorm(x, w, 1e-6)
+        ref = torch.nn.functional.rms_norm(x.float(), (4096,), w.float(), 1e-6)
+        assert torch.allclose(z.float(), ref, atol=2e-2, rtol=2e-2)
+        t = torch.randint(0, 4096, (6,)); t[0] = -100
+        l = ce.cross_entropy(x, t, -100)
+        assert l.dtype == torch.float32 and l[0] == 0
+        assert torch.allclose(l, torch.nn.functional.cross_entropy(x.float(), t, ignore_index=-100, reduction="none"), atol=1e-3)
+        assert sm.op.calls == {"kernel": 0, "fallback": 1}  # CPU tensors: the torch reference
+        for bad, want in ((lambda: sm.softmax(x.float()), "'x' must be bf16"),
+                          (lambda: sm.softmax(x[0]), "must have 2 dimensions"),
+                          (lambda: rn.rmsnorm(x, w[:100], 1e-6), "'w' must have shape [N]"),
+                          (lambda: ce.cross_entropy(x, t.int(), -100), "'targets' must be int64")):
+            try:
+                bad()
+                raise SystemExit("accepted a bad input")
+            except ValueError as e:  # each package has its own InputError, a ValueError
+                assert want in str(e), str(e)
+        f = torch.compile(lambda a, b: sm.softmax(a) + rn.rmsnorm(a, b, 1e-6), fullgraph=True)
+        assert torch.allclose(f(x, w).float(), (y.float() + z.float()), atol=3e-2)
+        print(torch.ops.pipe_softmax_h200.softmax(x).shape, torch.ops.pipe_cross_entropy_h200.cross_entropy(x, t, -100).shape)
+    """)
+    assert "torch.Size([6, 4096]) torch.Size([6])" in out
+
+
+def test_export_refuses_a_changed_spec(tmp_path, project):
+    import shutil
+
+    spec = project / "pipelines" / "softmax-h200.yaml"
+    spec.write_text((PIPELINES / "softmax-h200.yaml").read_text().replace("warmup_ms: 10", "warmup_ms: 11"))
+    run = tmp_path / "run"
+    shutil.copytree(RUNS["softmax"], run)
+    r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(tmp_path / "o"), "--spec", str(spec)],
+                       cwd=project, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "changed since the run" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.gpu
+def test_exported_kernels_on_the_gpu(exported):
+    """Tuned sizes with other row counts take the shipped kernel and match torch; a
+    held-out row length falls back; CUDA graph capture and replay; torch.compile."""
+    _py(exported, """
+        import torch
+        import softmax_h200 as sm, rmsnorm_h200 as rn, cross_entropy_h200 as ce
+        torch.manual_seed(0)
+        for n in (4096, 16384, 32768, 131072):
+            x = torch.randn(77, n, device="cuda").bfloat16()
+            y = sm.softmax(x)
+            assert torch.allclose(y.float(), torch.softmax(x.double(), -1).float(), atol=1e-3, rtol=1.6e-2), n
+        assert sm.op.calls["kernel"] == 4 and sm.op.calls["fallback"] == 0
+        held = torch.randn(5, 2048, device="cuda").bfloat16()  # a row length nobody tuned: the reference
+        assert torch.allclose(sm.softmax(held).float(), torch.softmax(held.float(), -1), atol=1e-2)
+        assert sm.op.calls["fallback"] == 1
+        w = (torch.rand(8192, device="cuda") + 0.5).bfloat16()
+        x = torch.randn(300, 8192, device="cuda").bfloat16()
+        z = rn.rmsnorm(x, w, 1e-6)
+        ref = torch.nn.functional.rms_norm(x.double(), (8192,), w.double(), 1e-6)
+        assert torch.allclose(z.double(), ref, atol=1e-2, rtol=1.6e-2) and rn.op.calls["kernel"] == 1
+        lg = torch.randn(64, 32000, device="cuda").bfloat16()
+        t = torch.randint(0, 32000, (64,), device="cuda"); t[::7] = -100
+        l = ce.cross_entropy(lg, t, -100)
+        ref = torch.nn.functional.cross_entropy(lg.double(), t, ignore_index=-100, reduction="none")
+        assert torch.allclose(l.double(), ref, atol=1e-3, rtol=2e-4) and ce.op.calls["kernel"] == 1
+        # CUDA graphs: capture, then replay on new values in the same buffers
+        x = torch.randn(128, 4096, device="cuda").bfloat16()
+        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            sm.softmax(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = sm.softmax(x)
+        x.copy_(torch.randn(128, 4096, device="cuda").bfloat16())
+        g.replay(); torch.cuda.synchronize()
+        assert torch.allclose(out.float(), torch.softmax(x.float(), -1), atol=1e-3, rtol=1.6e-2)
+        f = torch.compile(lambda a: sm.softmax(a) * 2, fullgraph=True)
+        assert torch.allclose(f(x).float(), 2 * torch.softmax(x.float(), -1), atol=3e-3, rtol=1.6e-2)
+        print("ok")
+    """)

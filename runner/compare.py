@@ -22,7 +22,6 @@ the versions and the date.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import secrets
 from pathlib import Path
 
@@ -53,24 +52,12 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 3,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600) -> dict:
     from .judge.worker import Worker
-    from .ledger import Ledger
-    from .spec import load_spec
+    from .rundir import open_run
     from .trial import Evaluator
 
-    led = Ledger.read(run_dir)
-    try:
-        history = led.trials()
-        recorded_hash = led.get_meta("spec_hash")
-        path = spec_path or led.get_meta("spec_path")
-        variants = {k: v["text"] for k, v in led.variants().items()}
-        base = led.get_meta("baseline")
-    finally:
-        led.close()
-    spec = load_spec(path)
-    if spec.hash != recorded_hash:
-        raise CompareError(f"{path}: the spec, its template, profile or reference changed since the run in "
-                           f"{run_dir} (hash {spec.hash} != {recorded_hash}); compare judges kernels as the run "
-                           "recorded them: pass that spec with --spec, or start a new run")
+    rd = open_run(run_dir, spec_path, "compare times")
+    spec, history, variants = rd.spec, rd.history, rd.variants
+    base = rd.baseline
     n = len(spec.op.shapes)
     cands = candidates(history, n, top)
     if not any(cands):
@@ -97,7 +84,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
         worker.close()
     if r.get("status") != "ok":
         raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
-    return _figures(spec, run_dir, history, cands, r, json.loads(base) if base else None)
+    return _figures(spec, run_dir, history, cands, r, base)
 
 
 def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:

@@ -100,30 +100,16 @@ def _ident(name: str) -> str:
 
 
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None) -> Path:
-    from .ledger import Ledger
-    from .spec import load_spec
+    from .rundir import open_run
     from .trial import Evaluator
 
-    led = Ledger.read(run_dir)
-    try:
-        history = led.trials()
-        recorded = led.get_meta("spec_hash")
-        path = spec_path or led.get_meta("spec_path")
-        variants = {k: v["text"] for k, v in led.variants().items()}
-        base = led.get_meta("baseline")
-    finally:
-        led.close()
-    spec = load_spec(path)
-    if spec.hash != recorded:
-        raise ExportError(f"{path}: the spec, its template, profile or reference changed since the run in {run_dir}; "
-                          "export packages the kernels the run judged: pass that spec with --spec")
+    rd = open_run(run_dir, spec_path, "export packages")
+    spec, history, variants = rd.spec, rd.history, rd.variants
     if spec.kernel.backend != "cuda":
         raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")
-    cmp_path = run_dir / "compare.json"
-    compare = json.loads(cmp_path.read_text()) if cmp_path.is_file() else None
+    compare, baseline = rd.compare, rd.baseline
     if compare is not None and compare.get("spec_hash") != spec.hash:
-        raise ExportError(f"{cmp_path}: made for another version of the spec; run pipe compare again")
-    baseline = json.loads(base)["times"] if base else None
+        raise ExportError(f"{run_dir / 'compare.json'}: made for another version of the spec; run pipe compare again")
     rows = dispatch_table(spec, history, compare, baseline)
     name = _ident(name or spec.name)
     pkg = out_dir / name

@@ -9,6 +9,8 @@
 #                           commas for spaces, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40)
 #   record:SPEC[:ARGS]      pipe record SPEC: the whole space as a replay dataset
 #   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call)
+#   e2e[:ARGS]              pipe export of the softmax, RMSNorm and cross-entropy runs made earlier in
+#                           the same call (else of tests/data/*-h200-run), then benchmarks/e2e.py
 #   pack                    everything under $OUT into $OUT/out.tgz (the device returns few files)
 # Results and logs land in $OUT/NAME/, the run folders (ledger, best/, compare.json) in $OUT/NAME/run/.
 set -uo pipefail
@@ -46,6 +48,14 @@ for w in "$@"; do
       python3 -m runner.cli compare "/tmp/runs/$arg" --json "$d/compare.json" $extra 2>&1 | tee "$d/compare.txt"
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/compare.txt"
       cp "/tmp/runs/$arg/compare.json" "$d/run/" 2>/dev/null
+      ;;
+    e2e)
+      d="$OUT/e2e"; mkdir -p "$d"; rm -rf /tmp/exported
+      for r in softmax-h200 rmsnorm-h200 cross-entropy-h200; do
+        src=/tmp/runs/$r; [ -f "$src/ledger.db" ] || src=tests/data/$r-run
+        python3 -m runner.cli export "$src" --out /tmp/exported 2>&1 | tee -a "$d/export.txt"
+      done
+      python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $extra 2>&1 | tee "$d/e2e.txt"
       ;;
     pack) (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
     *) echo "unknown: $w" ;;

@@ -228,6 +228,23 @@ class Judge:
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out}
 
+    def _rotation(self, shape: dict, tag: tuple):
+        """Two value sets for one shape's inputs, their references, and `refresh`, which
+        copies the other set into the input buffers before a call (state["cur"] says which)."""
+        inputs = self._inputs(shape, _seed(*tag, 0), 0)
+        sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed(*tag, 1), 1)]
+        refs = [self._reference(sets[0]), self._reference(sets[1])]
+        state = {"i": 0, "cur": 0}
+
+        def refresh():
+            k = state["i"] % 2
+            for name, v in sets[k].items():
+                inputs[name].copy_(v)
+            state["cur"] = k
+            state["i"] += 1
+
+        return inputs, sets, refs, state, refresh
+
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0) -> dict:
         """medians[round][job][shape]: the jobs timed in alternating order each round,
         under the same input rotation as `evaluate`, so no job can coast on unchanged
@@ -236,17 +253,7 @@ class Judge:
         prepared, refreshers, checkers, keep = [], [], [], []
         mode = None
         for si, shape in enumerate(self.op.shapes):
-            inputs = self._inputs(shape, _seed("retime", seed, si, 0), 0)
-            sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed("retime", seed, si, 1), 1)]
-            refs = [self._reference(sets[0]), self._reference(sets[1])]
-            state = {"i": 0, "cur": 0}
-
-            def refresh(inputs=inputs, sets=sets, state=state):
-                k = state["i"] % 2
-                for name, v in sets[k].items():
-                    inputs[name].copy_(v)
-                state["cur"] = k
-                state["i"] += 1
+            inputs, sets, refs, state, refresh = self._rotation(shape, ("retime", seed, si))
 
             row, outs_row = [], []
             for j in jobs:
@@ -305,17 +312,7 @@ class Judge:
                 notes["triton"] = f"unavailable: {type(e).__name__}: {e}"[:300]
         shapes = []
         for si, shape in enumerate(self.op.shapes):
-            inputs = self._inputs(shape, _seed("compare", job["seed"], si, 0), 0)
-            sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed("compare", job["seed"], si, 1), 1)]
-            refs = [self._reference(sets[0]), self._reference(sets[1])]
-            state = {"i": 0, "cur": 0}
-
-            def refresh(inputs=inputs, sets=sets, state=state):
-                k = state["i"] % 2
-                for name, v in sets[k].items():
-                    inputs[name].copy_(v)
-                state["cur"] = k
-                state["i"] += 1
+            inputs, sets, refs, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
             calls, errors, outs_of = {}, dict(notes), {}
             for cand in job["candidates"][si]:
@@ -338,7 +335,7 @@ class Judge:
                     errors[name] = next((f"output {i}: {why}" for i, (o, (r, b)) in enumerate(zip(res, refs[0]))
                                          for ok, why, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)]
                                          if not ok), None)
-                    calls[name] = self.rt.prepare_torch(lambda f=f: f(**inputs, **self.scalars))
+                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars))
                 except Exception as e:
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
             nbytes = int(self.op.bytes(self.op.shape_env(shape)))

@@ -1,0 +1,47 @@
+"""A finished run folder, opened for the commands that work on it afterwards
+(`pipe compare`, `pipe export`): its trials, variants and baseline, and the spec,
+which must still hash to what the run recorded."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PipeError
+
+
+class RunMismatch(PipeError):
+    pass
+
+
+@dataclass
+class RunData:
+    spec: object
+    history: list
+    variants: dict  # variant id -> template text
+    baseline: list | None  # per-shape seconds of the recorded baseline
+    compare: dict | None  # compare.json, when pipe compare has run
+
+
+def open_run(run_dir: Path, spec_path: str | None, doing: str) -> RunData:
+    from .ledger import Ledger
+    from .spec import load_spec
+
+    led = Ledger.read(run_dir)
+    try:
+        history = led.trials()
+        recorded = led.get_meta("spec_hash")
+        path = spec_path or led.get_meta("spec_path")
+        variants = {k: v["text"] for k, v in led.variants().items()}
+        base = led.get_meta("baseline")
+    finally:
+        led.close()
+    spec = load_spec(path)
+    if spec.hash != recorded:
+        raise RunMismatch(f"{path}: the spec, its template, profile or reference changed since the run in "
+                          f"{run_dir} (hash {spec.hash} != {recorded}); {doing} the kernels as the run judged "
+                          "them: pass that spec with --spec, or start a new run")
+    cmp_path = run_dir / "compare.json"
+    compare = json.loads(cmp_path.read_text()) if cmp_path.is_file() else None
+    return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)

@@ -193,8 +193,10 @@ def shape_rows(data) -> list[dict]:
                  "copy_fraction": t.get("copy_fraction"), "limit_fraction": t.get("limit_fraction")}
             for arm, a in s["arms"].items():
                 r[f"vs {arm}"] = a.get("tuned_speedup")
+            i = len(rows)
+            r["vs run baseline"] = (base[i] / t["time_s"]) if base and t.get("time_s") else None
             rows.append(r)
-        return rows
+        return _with_dispatch(data, rows, base)
     best = figures.per_shape_best(data["trials"], len(labels))
     fl = figures.floors(data["spec"]) if data["spec"] is not None else None
     for i, b in enumerate(best):
@@ -208,6 +210,17 @@ def shape_rows(data) -> list[dict]:
             r["bytes_per_s"] = fl[i]["bytes"] / b["time_s"]
             r["limit_fraction"] = fl[i]["floor"] / b["time_s"]
         rows.append(r)
+    return _with_dispatch(data, rows, base)
+
+
+def _with_dispatch(data, rows: list[dict], base) -> list[dict]:
+    """What `pipe export` would dispatch to on each shape: the kernel, or torch and why."""
+    if data["spec"] is None:
+        return rows
+    from .export import dispatch_table
+
+    for r, d in zip(rows, dispatch_table(data["spec"], data["trials"], data["compare"], base)):
+        r["dispatch"] = f"kernel #{d['trial']}" if d["use"] == "kernel" else f"torch ({d.get('why', '')})"
     return rows
 
 
@@ -226,7 +239,7 @@ def _fmt(v, kind: str) -> str:
 
 
 def _columns(rows) -> list[tuple[str, str, str]]:
-    cols = [("shape", "shape", ""), ("trial", "trial", ""), ("time", "time_s", "us"),
+    cols = [("shape", "shape", ""), ("dispatch", "dispatch", ""), ("trial", "trial", ""), ("time", "time_s", "us"),
             ("bandwidth", "bytes_per_s", "tbs"), ("of the limit", "limit_fraction", "frac")]
     if rows and "copy_fraction" in rows[0]:
         cols.append(("of the copy", "copy_fraction", "frac"))

@@ -378,7 +378,7 @@ def cmd_export(a) -> int:
 def cmd_report(a) -> int:
     from . import report
 
-    h, m = report.write(Path(a.run), Path(a.out) if a.out else None)
+    h, m = report.write(Path(a.run), Path(a.out) if a.out else None, a.spec)
     print(f"report: {h} (open it in a browser; no server needed) and {m}")
     return EXIT_OK
 
@@ -417,6 +417,8 @@ def parser() -> argparse.ArgumentParser:
     rr = sub.add_parser("report", help="a self-contained HTML report (plots) and a markdown summary of a run")
     rr.add_argument("run", help="run folder")
     rr.add_argument("--out", help="folder for report.html and report.md (default: the run folder)")
+    rr.add_argument("--spec", help="the run's spec (default: the path the run recorded); without a matching "
+                                   "spec the report has no floors and no roofline")
     rr.set_defaults(fn=cmd_report)
     v = sub.add_parser("validate", help="check specs; errors as file:line:col")
     v.add_argument("specs", nargs="+")

@@ -80,11 +80,60 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     worker = Worker(spec, str(run_dir / "compare-worker.log"))
     try:
         r = worker.request(("compare", job), timeout_s)
+        if r.get("status") != "ok":
+            raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
+        doc = _figures(spec, run_dir, history, cands, r, base)
+        if spec.op.held_out_shapes:
+            doc["held_out"] = _held_out(spec, ev, history, doc, base, worker, rounds, timeout_s)
     finally:
         worker.close()
+    return doc
+
+
+def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s: float) -> list[dict]:
+    """The dispatch table on shapes nobody tuned on: its choice there (a shipped kernel
+    by the table's rule, or the torch reference) against every kernel of the table
+    compiled for that shape and against torch eager; the regret is the choice's time over
+    the best of them, minus one."""
+    from .export import baked_symbols, choose, dispatch_table
+    from .loop import shape_label
+
+    table = dispatch_table(spec, history, doc, base)
+    baked = baked_symbols(spec)
+    entries = [{"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"], "trial": row["trial"]}
+               for shape, row in zip(spec.op.shapes, table)]
+    by_id = {t.id: t for t in history}
+    kernels = sorted({row["trial"] for row in table if row["use"] == "kernel"})
+    held = list(spec.op.held_out_shapes)
+    job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": False, "triton": None,
+           "copy": False, "shapes": held, "candidates": []}
+    for shape in held:
+        row = []
+        for tid in kernels:
+            t = by_id[tid]
+            src = ev.render_all(t.params, t.variant, shapes=[shape])[0]
+            c = ev._compile_all([src])[0]
+            if not c.ok:
+                raise CompareError(f"trial #{tid} does not compile for held-out shape {shape}: {c.reason}")
+            row.append({"label": f"#{tid}", "trial": tid, "artifact": c.artifact,
+                        "geometry": ev.geometry(t.params, shapes=[shape])[0]})
+        job["candidates"].append(row)
+    r = worker.request(("compare", job), timeout_s)
     if r.get("status") != "ok":
-        raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
-    return _figures(spec, run_dir, history, cands, r, base)
+        raise CompareError(f"the held-out comparison failed ({r.get('status')}): {r.get('reason', '')}")
+    out = []
+    for shape, f, res in zip(held, figures.floors(spec, held), r["shapes"]):
+        e = choose(entries, baked, list(spec.op.symbols), shape)
+        choice = f"#{e['trial']}" if e is not None and e["use"] == "kernel" else "torch eager"
+        times = {k: v["median"] for k, v in res.items() if v.get("error") is None and v.get("median")}
+        errors = {k: v["error"] for k, v in res.items() if v.get("error")}
+        best = min(times, key=times.get) if times else None
+        row = {"shape": dict(shape), "label": shape_label(shape), "bytes": f["bytes"], "choice": choice,
+               "choice_s": times.get(choice), "best": best, "best_s": times.get(best) if best else None,
+               "times_s": times, "errors": errors}
+        row["regret"] = (row["choice_s"] / row["best_s"] - 1) if row["choice_s"] and row["best_s"] else None
+        out.append(row)
+    return out
 
 
 def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
@@ -168,6 +217,16 @@ def format_table(doc: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append("(x): how many times slower than the tuned kernel; 'of copy': the copy's time over the "
                  "tuned kernel's for the same bytes")
+    if doc.get("held_out"):
+        lines.append("held-out shapes (never tuned on): the dispatch table's choice against every kernel of the "
+                     "table compiled for the shape, and torch eager")
+        for h in doc["held_out"]:
+            ch = f"{h['choice_s'] * 1e6:.1f} us" if h["choice_s"] else "wrong"
+            bs = f"{h['best_s'] * 1e6:.1f} us" if h["best_s"] else "-"
+            rg = f"regret {h['regret']:.1%}" if h["regret"] is not None else "regret -"
+            lines.append(f"  {h['label']}: table -> {h['choice']} {ch}; best {h['best']} {bs}; {rg}")
+            for k, why in h["errors"].items():
+                lines.append(f"    {k}: {why}")
     for s in doc["shapes"]:
         for arm, a in s["arms"].items():
             if a.get("error"):

@@ -55,6 +55,21 @@ def baked_symbols(spec) -> list[str]:
     return [s for s in spec.op.symbols if s in seen]
 
 
+def choose(entries: list[dict], baked: list[str], symbols: list[str], env: dict) -> dict | None:
+    """The table's entry for a shape: among the tuned shapes with the same compiled-in sizes,
+    the nearest in the free sizes (log scale); None when no tuned shape has those sizes.
+    (The same rule as the exported runtime's `Op.entry_for`.)"""
+    import math
+
+    key = [env[s] for s in baked]
+    same = [e for e in entries if list(e["key"]) == key]
+    if not same:
+        return None
+    free = [s for s in symbols if s not in baked]
+    return min(same, key=lambda e: sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1)))
+                                       for s in free))
+
+
 def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | None) -> list[dict]:
     from .figures import per_shape_best
 
@@ -92,6 +107,14 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
             row.update(use="fallback", why="the trial is not ok")
         rows.append(row)
     return rows
+
+
+def rule_text(baked: list[str], symbols: list[str]) -> str:
+    free = [s for s in symbols if s not in baked]
+    return (f"a shape uses the kernel tuned for the same {', '.join(baked) or 'sizes'} (compiled into it); "
+            f"{', '.join(free) or 'no size'} may differ, and among several such tuned shapes the nearest in "
+            f"{', '.join(free) or 'size'} (log scale) decides; any other shape, CPU tensors and non-contiguous "
+            "inputs use the torch reference")
 
 
 def _ident(name: str) -> str:
@@ -141,9 +164,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         "arch": spec.hw.arch, "namespace": f"pipe_{name}", "name": _ident(op.reference.rpartition(":")[2]),
         "op": f"pipe_{name}.{_ident(op.reference.rpartition(':')[2])}", "entry": spec.kernel.entry,
         "args": list(spec.kernel.args), "symbols": list(op.symbols), "baked": baked,
-        "rule": (f"a shape uses the kernel tuned for the same {', '.join(baked) or 'sizes'} (those sizes are "
-                 f"compiled into it; {', '.join(s for s in op.symbols if s not in baked) or 'no size'} may differ); "
-                 "any other shape, CPU tensors and non-contiguous inputs use the torch reference"),
+        "rule": rule_text(baked, list(op.symbols)),
         "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
         "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
         "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],

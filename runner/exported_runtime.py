@@ -58,7 +58,7 @@ class Op:
         self.scalars = table["scalars"]  # [{name, type}]
         self.symbols = table["symbols"]
         self.baked = table["baked"]
-        self.entries = {tuple(e["key"]): e for e in table["entries"]}
+        self.entries = table["entries"]
         self._shape_fns = {t["name"]: [_expr(d) for d in t["shape"]] for t in (*self.inputs, *self.outputs)}
         self._derive = [(n, _expr(x)) for n, x in table["derive"]]
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
@@ -99,11 +99,15 @@ class Op:
     def entry_for(self, env: dict) -> dict | None:
         """The table's kernel for these sizes, or None for the fallback (the rule is in
         the table: the sizes compiled into a kernel must match exactly; the others, such
-        as the number of rows, are free)."""
-        e = self.entries.get(tuple(env[s] for s in self.baked))
-        if e is None or e["use"] != "kernel" or any(env[s] <= 0 for s in self.symbols):
+        as the number of rows, are free, and the nearest tuned shape in them decides)."""
+        key = [env[s] for s in self.baked]
+        same = [e for e in self.entries if list(e["key"]) == key]
+        if not same or any(env[s] <= 0 for s in self.symbols):
             return None
-        return e
+        free = [s for s in self.symbols if s not in self.baked]
+        e = min(same, key=lambda e: sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1)))
+                                        for s in free))
+        return e if e["use"] == "kernel" else None
 
     def _kernel(self, e: dict, device: torch.device):
         key = (e["cubin"], device.index)

@@ -12,11 +12,12 @@ import math
 from typing import Sequence
 
 
-def floors(spec) -> list[dict]:
+def floors(spec, shapes=None) -> list[dict]:
+    """Per shape (the spec's timed shapes by default): bytes, flops and the floor time."""
     out = []
     hw, op = spec.hw, spec.op
     peak = hw.peak_flops(op.dtype)
-    for shape in op.shapes:
+    for shape in (op.shapes if shapes is None else shapes):
         env = op.shape_env(shape)
         nbytes = float(op.bytes(env))
         flops = float(op.flops(env)) if op.flops is not None else None

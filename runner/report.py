@@ -42,7 +42,7 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def load(run_dir: Path) -> dict:
+def load(run_dir: Path, spec_path: str | None = None) -> dict:
     from .ledger import Ledger
 
     led = Ledger.read(run_dir)
@@ -56,7 +56,7 @@ def load(run_dir: Path) -> dict:
     try:
         from .spec import load_spec
 
-        s = load_spec(meta["spec_path"])
+        s = load_spec(spec_path or meta["spec_path"])
         spec = s if s.hash == meta["spec_hash"] else None
     except Exception:  # the spec moved or changed: the report goes on without floors
         spec = None
@@ -271,6 +271,16 @@ def summary(data) -> dict:
             "per_min": (len(trials) / wall * 60) if wall else None, "intact": data["intact"]}
 
 
+def held_rows(data) -> list[dict]:
+    """pipe compare's check of the dispatch table on held-out shapes, as table rows."""
+    out = []
+    for h in (data["compare"] or {}).get("held_out") or []:
+        out.append({"shape": h["label"], "table's choice": h["choice"], "its time": _fmt(h["choice_s"], "us"),
+                    "best there": h["best"] or "-", "best time": _fmt(h["best_s"], "us"),
+                    "regret": f"{h['regret']:.1%}" if h["regret"] is not None else "-"})
+    return out
+
+
 def markdown(data, rows) -> str:
     s = summary(data)
     out = [f"# {s['spec']}: run report", "",
@@ -291,6 +301,12 @@ def markdown(data, rows) -> str:
     out += ["", "| " + " | ".join(c[0] for c in cols) + " |", "|" + " --- |" * len(cols)]
     for r in rows:
         out.append("| " + " | ".join(_cell(r, k, kind).replace("|", "/") for _, k, kind in cols) + " |")
+    held = held_rows(data)
+    if held:
+        out += ["", "Held-out shapes (never tuned on): the dispatch table's choice against every kernel of the "
+                "table compiled for the shape, and torch eager.", "",
+                "| " + " | ".join(held[0]) + " |", "|" + " --- |" * len(held[0])]
+        out += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in held]
     if data["spec"] is None:
         out += ["", "The spec no longer matches the run (moved or changed): no floors or roofline."]
     return "\n".join(out) + "\n"
@@ -314,6 +330,12 @@ def html_page(data, rows) -> str:
                  f"geometric-mean time {b.objective * 1e6:.2f} us.</p>")
     figs = "".join(f'<h2>{html.escape(t)}</h2><img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
                    for t, p in imgs if p)
+    held = held_rows(data)
+    if held:
+        table += ("<h2>Held-out shapes: the dispatch table where nobody tuned</h2><table><tr>"
+                  + "".join(f"<th>{c}</th>" for c in held[0]) + "</tr>"
+                  + "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
+                            for r in held) + "</table>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#212529}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dee2e6;padding:4px 8px;"
              "text-align:left}th{background:#f1f3f5}img{max-width:100%}code{font-size:12px}")
@@ -323,10 +345,10 @@ def html_page(data, rows) -> str:
             f"<h2>Per shape: the kernel to use for each shape</h2>{table}{figs}</body></html>\n")
 
 
-def write(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
+def write(run_dir: Path, out_dir: Path | None = None, spec_path: str | None = None) -> tuple[Path, Path]:
     from .ledger import write_atomic
 
-    data = load(run_dir)
+    data = load(run_dir, spec_path)
     if not data["trials"]:
         from .errors import RunDirError
 

@@ -70,6 +70,7 @@ SPEC = _obj({
             {"value": SCALAR, "type": {"enum": ["i32", "i64", "f32", "f64"]}}, ["value", "type"])},
         "shapes": {"type": "array", "minItems": 1, "items": SHAPE},
         "extra_shapes": {"type": "array", "items": SHAPE},
+        "held_out_shapes": {"type": "array", "items": SHAPE},
         "tolerance": _obj({"atol": {"type": "number", "minimum": 0},
                            "rtol": {"type": "number", "minimum": 0}}),
         "bytes": EXPR,

@@ -70,6 +70,7 @@ class OpSpec:
     in_place: bool = False
     notes: str = ""
     triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
+    held_out_shapes: tuple[dict, ...] = ()  # never tuned on: pipe compare checks the dispatch table there
 
     @property
     def symbols(self) -> list[str]:
@@ -251,8 +252,9 @@ class _Checker:
         ok = True
         shapes = o["shapes"]
         extra = o.get("extra_shapes", [])
+        held = o.get("held_out_shapes", [])
         symbols = list(shapes[0])
-        for key, group in (("shapes", shapes), ("extra_shapes", extra)):
+        for key, group in (("shapes", shapes), ("extra_shapes", extra), ("held_out_shapes", held)):
             for i, s in enumerate(group):
                 if set(s) != set(symbols):
                     self.err(("op", key, i), f"shape symbols {sorted(s)} differ from the first shape's {sorted(symbols)}")
@@ -306,7 +308,7 @@ class _Checker:
         flops = self.expr(("op", "flops"), o["flops"], scope) if "flops" in o else None
         for path, e in ((("op", "bytes"), nbytes), (("op", "flops"), flops)):
             if e is not None:
-                for i, s in enumerate(shapes + extra):
+                for i, s in enumerate(shapes + extra + held):
                     try:
                         v = e({**s, "elem": DTYPE_BYTES[dtype]})
                         if not isinstance(v, (int, float)) or v <= 0:
@@ -322,7 +324,8 @@ class _Checker:
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
                       shapes=tuple(dict(s) for s in shapes), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
-                      in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"))
+                      in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
+                      held_out_shapes=tuple(dict(s) for s in held))
 
     def reference(self, ref: str) -> None:
         mod, _, fn = ref.partition(":")

@@ -41,7 +41,8 @@ class Evaluator:
             return self.spec.kernel.template, Path(self.spec.kernel.template_path).name
         return self.variants[variant], f"variant-{variant}"
 
-    def render_all(self, params: dict, variant: str | None = None) -> list[str]:
+    def render_all(self, params: dict, variant: str | None = None, shapes=None) -> list[str]:
+        """The source for every shape (the spec's timed and extra shapes unless `shapes` is given)."""
         text, name = self.template(variant)
         if variant is not None:
             try:
@@ -56,12 +57,12 @@ class Evaluator:
         ctx = {**params, "dtype": self.spec.op.dtype, "ctype": self.ctype}
         k = self.spec.kernel
         return [render.render(text, {**ctx, **shape, **k.derived({**shape, **params})}, name)
-                for shape in self.spec.op.all_shapes]
+                for shape in (self.spec.op.all_shapes if shapes is None else shapes)]
 
-    def geometry(self, params: dict) -> list[dict]:
+    def geometry(self, params: dict, shapes=None) -> list[dict]:
         k = self.spec.kernel
         out = []
-        for shape in self.spec.op.all_shapes:
+        for shape in (self.spec.op.all_shapes if shapes is None else shapes):
             env = {**shape, **params}
             env.update(k.derived(env))
             geo = {"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],

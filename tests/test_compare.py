@@ -84,3 +84,28 @@ def test_first_compiles_on_threads_in_a_fresh_process():
     env = {**os.environ, "PIPE_CACHE_DIR": os.environ.get("PIPE_CACHE_DIR", "/tmp") + "-fresh-%d" % os.getpid()}
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+
+
+def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project):
+    text = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
+    assert "\n  extra_shapes:" in text
+    text = text.replace("\n  extra_shapes:", "\n  held_out_shapes:\n    - {M: 256, N: 4096}\n    - {M: 100, N: 3000}"
+                        "\n  extra_shapes:", 1)
+    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
+    spec.write_text(text)
+    run = tmp_path / "run"
+    r = _run(["run", str(spec), "--run-dir", str(run), "--max-trials", "3", "-q"], project)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    r = _run(["compare", str(run), "--no-compile", "--rounds", "1"], project)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((run / "compare.json").read_text())
+    held = doc["held_out"]
+    assert [h["label"] for h in held] == ["256x4096", "100x3000"]
+    for h in held:
+        assert h["choice"] in h["times_s"] and "torch eager" in h["times_s"]
+        assert h["best_s"] == min(h["times_s"].values()) and h["regret"] >= 0
+    assert "held-out shapes" in r.stdout and "regret" in r.stdout
+    r = _run(["report", str(run)], project)
+    assert r.returncode == 0, r.stderr
+    md = (run / "report.md").read_text()
+    assert "Held-out shapes" in md and "| 100x3000 |" in md

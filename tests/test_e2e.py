@@ -16,7 +16,9 @@ from .conftest import ROOT, pipe_cmd
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
     for run in ("softmax-h200-run", "rmsnorm-h200-run", "cross-entropy-h200-run"):
-        r = subprocess.run(pipe_cmd() + ["export", str(ROOT / "tests" / "data" / run), "--out", str(out)],
+        d = ROOT / "tests" / "data" / run
+        spec = next((d / "project" / "pipelines").glob("*.yaml"))  # the spec as it was for the run
+        r = subprocess.run(pipe_cmd() + ["export", str(d), "--out", str(out), "--spec", str(spec)],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
     return out

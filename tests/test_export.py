@@ -21,6 +21,11 @@ RUNS = {"softmax": DATA / "softmax-h200-run", "rmsnorm": DATA / "rmsnorm-h200-ru
         "cross_entropy": DATA / "cross-entropy-h200-run"}
 
 
+def frozen_spec(run):
+    """The spec (with its template and profile) as it was when the run was made."""
+    return str(next((run / "project" / "pipelines").glob("*.yaml")))
+
+
 def test_baked_symbols_are_the_sizes_compiled_into_the_kernel():
     assert baked_symbols(load_spec(PIPELINES / "softmax-h200.yaml")) == ["N"]
     assert baked_symbols(load_spec(PIPELINES / "rmsnorm-h200.yaml")) == ["N"]
@@ -51,8 +56,8 @@ def test_dispatch_uses_a_kernel_only_where_it_beats_eager_beyond_noise():
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("exported")
     for op, run in RUNS.items():
-        r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(out)], cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
+        r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(out), "--spec", frozen_spec(run)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "rule: a shape uses the kernel tuned for the same" in r.stdout
     return out
@@ -118,7 +123,7 @@ def test_export_refuses_a_changed_spec(tmp_path, project):
     import shutil
 
     spec = project / "pipelines" / "softmax-h200.yaml"
-    spec.write_text((PIPELINES / "softmax-h200.yaml").read_text().replace("warmup_ms: 10", "warmup_ms: 11"))
+    spec.write_text(open(frozen_spec(RUNS["softmax"])).read().replace("warmup_ms: 10", "warmup_ms: 11"))
     run = tmp_path / "run"
     shutil.copytree(RUNS["softmax"], run)
     r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(tmp_path / "o"), "--spec", str(spec)],
@@ -168,3 +173,15 @@ def test_exported_kernels_on_the_gpu(exported):
         assert torch.allclose(f(x).float(), 2 * torch.softmax(x.float(), -1), atol=3e-3, rtol=1.6e-2)
         print("ok")
     """)
+
+
+def test_choose_takes_the_same_compiled_sizes_and_the_nearest_free_ones():
+    from runner.export import choose
+
+    entries = [{"key": [4096], "shape": {"M": 32768, "N": 4096}, "use": "kernel", "trial": 1},
+               {"key": [4096], "shape": {"M": 64, "N": 4096}, "use": "fallback", "trial": None},
+               {"key": [8192], "shape": {"M": 16384, "N": 8192}, "use": "kernel", "trial": 2}]
+    assert choose(entries, ["N"], ["M", "N"], {"M": 20000, "N": 4096})["trial"] == 1
+    assert choose(entries, ["N"], ["M", "N"], {"M": 100, "N": 4096})["use"] == "fallback"
+    assert choose(entries, ["N"], ["M", "N"], {"M": 7, "N": 8192})["trial"] == 2
+    assert choose(entries, ["N"], ["M", "N"], {"M": 7, "N": 2048}) is None

@@ -91,7 +91,8 @@ def test_report_of_a_real_h200_run(run, tmp_path):
     shows pipe compare's per-shape figures against every arm."""
     work = tmp_path / "run"
     shutil.copytree(run, work)
-    r = _pipe(["report", str(work), "--out", str(tmp_path)], ROOT)
+    spec = next((run / "project" / "pipelines").glob("*.yaml"))  # the spec as it was for the run
+    r = _pipe(["report", str(work), "--out", str(tmp_path), "--spec", str(spec)], ROOT)
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "report.html").read_text()
     cmp = json.loads((work / "compare.json").read_text())
@@ -99,5 +100,6 @@ def test_report_of_a_real_h200_run(run, tmp_path):
     for s in cmp["shapes"]:
         assert s["label"] in page
     assert "vs torch eager" in page and "vs triton" in page
-    assert len(_images(page)) >= 3
+    assert len(_images(page)) == 4  # with the run's spec: floors and the roofline too
+    assert "kernel #" in page  # the dispatch column
     _check_rendered(_render(tmp_path / "report.html", tmp_path / "shot.png"))

@@ -311,7 +311,7 @@ class Judge:
             except Exception as e:  # no triton here: say so in the table
                 notes["triton"] = f"unavailable: {type(e).__name__}: {e}"[:300]
         shapes = []
-        for si, shape in enumerate(self.op.shapes):
+        for si, shape in enumerate(job.get("shapes") or self.op.shapes):
             inputs, sets, refs, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
             calls, errors, outs_of = {}, dict(notes), {}
@@ -338,11 +338,12 @@ class Judge:
                     calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars))
                 except Exception as e:
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
-            nbytes = int(self.op.bytes(self.op.shape_env(shape)))
-            src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)
-            dst = torch.empty_like(src)
-            calls["copy"] = self.rt.prepare_torch(lambda src=src, dst=dst: dst.copy_(src))
-            errors["copy"] = None
+            if job.get("copy", True):
+                nbytes = int(self.op.bytes(self.op.shape_env(shape)))
+                src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)
+                dst = torch.empty_like(src)
+                calls["copy"] = self.rt.prepare_torch(lambda src=src, dst=dst: dst.copy_(src))
+                errors["copy"] = None
             names = list(calls)
             times: dict[str, list[float]] = {k: [] for k in names}
             for r in range(job.get("rounds", 3)):

@@ -403,7 +403,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--spec", help="the run's spec (default: the path the run recorded)")
     c.add_argument("--json", help="also write the figures here (always written to RUN/compare.json)")
     c.add_argument("--top", type=int, default=3, help="candidates per shape: the fastest K on it (default 3)")
-    c.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
+    c.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds, at least 2: the even ones pick "
+                   "each shape's winner, the odd ones give its time (default 4)")
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
     c.set_defaults(fn=cmd_compare)

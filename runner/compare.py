@@ -25,8 +25,9 @@ import datetime as dt
 import secrets
 from pathlib import Path
 
-from . import figures
-from .errors import PipeError
+from . import figures, forbid
+from .errors import ExprError, PipeError
+from .render import RenderError
 from .loop import shape_label
 
 ARMS = ("torch eager", "torch.compile", "triton", "copy")
@@ -49,13 +50,15 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
     return out
 
 
-def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 3,
+def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600) -> dict:
     from .judge.worker import Worker
     from .rundir import open_run
     from .trial import Evaluator
 
-    rd = open_run(run_dir, spec_path, "compare times")
+    if top < 1 or rounds < 2:
+        raise CompareError(f"--top must be at least 1 and --rounds at least 2 (got {top} and {rounds})")
+    rd = open_run(run_dir, spec_path, "compare times", read_compare=False)
     spec, history, variants = rd.spec, rd.history, rd.variants
     base = rd.baseline
     n = len(spec.op.shapes)
@@ -83,8 +86,11 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
         if r.get("status") != "ok":
             raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
         doc = _figures(spec, run_dir, history, cands, r, base)
-        if spec.op.held_out_shapes:
-            doc["held_out"] = _held_out(spec, ev, history, doc, base, worker, rounds, timeout_s)
+        if spec.op.held_out_shapes:  # a failure there keeps the figures above and says why
+            try:
+                doc["held_out"] = _held_out(spec, ev, history, doc, base, worker, rounds, timeout_s)
+            except (CompareError, RenderError, ExprError) as e:
+                doc["held_out_error"] = str(e)
     finally:
         worker.close()
     return doc
@@ -109,15 +115,25 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
            "copy": False, "shapes": held, "candidates": []}
     for shape in held:
         row = []
+        skipped = {}
         for tid in kernels:
             t = by_id[tid]
             src = ev.render_all(t.params, t.variant, shapes=[shape])[0]
-            c = ev._compile_all([src])[0]
-            if not c.ok:
-                raise CompareError(f"trial #{tid} does not compile for held-out shape {shape}: {c.reason}")
-            row.append({"label": f"#{tid}", "trial": tid, "artifact": c.artifact,
-                        "geometry": ev.geometry(t.params, shapes=[shape])[0]})
+            geo = ev.geometry(t.params, shapes=[shape])[0]
+            why = forbid.check_source(src, spec.kernel.options, spec.kernel.backend, spec.forbidden.named,
+                                      spec.forbidden.patterns)
+            c = ev._compile_all([src])[0] if not why else None
+            if c is not None and not c.ok:
+                why = f"does not compile: {c.reason}"
+            prune = getattr(ev.backend, "prune", None)
+            if not why and prune is not None:
+                why = prune(c.resources, geo, spec.hw, "spills" in spec.forbidden.named)
+            if why:  # this kernel cannot run on this shape: neither a choice nor a rival there
+                skipped[f"#{tid}"] = str(why)
+                continue
+            row.append({"label": f"#{tid}", "trial": tid, "artifact": c.artifact, "geometry": geo})
         job["candidates"].append(row)
+        job.setdefault("skipped", []).append(skipped)
     r = worker.request(("compare", job), timeout_s)
     if r.get("status") != "ok":
         raise CompareError(f"the held-out comparison failed ({r.get('status')}): {r.get('reason', '')}")
@@ -127,6 +143,7 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
         choice = f"#{e['trial']}" if e is not None and e["use"] == "kernel" else "torch eager"
         times = {k: v["median"] for k, v in res.items() if v.get("error") is None and v.get("median")}
         errors = {k: v["error"] for k, v in res.items() if v.get("error")}
+        errors.update(job["skipped"][len(out)])
         best = min(times, key=times.get) if times else None
         row = {"shape": dict(shape), "label": shape_label(shape), "bytes": f["bytes"], "choice": choice,
                "choice_s": times.get(choice), "best": best, "best_s": times.get(best) if best else None,
@@ -149,10 +166,14 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
             d = res.get(f"#{t.id}")
             if d is None:
                 continue
-            row["candidates"][t.id] = {"params": t.params, "variant": t.variant, "time_s": d["median"],
-                                       "rounds_s": d["rounds"], "recorded_s": t.times[i], "error": d["error"]}
-            if d["error"] is None and d["median"] and (best is None or d["median"] < best[1]):
-                best = (t.id, d["median"])
+            pick, report = _split(d["rounds"])
+            row["candidates"][t.id] = {"params": t.params, "variant": t.variant, "time_s": report,
+                                       "pick_s": pick, "rounds_s": d["rounds"], "recorded_s": t.times[i],
+                                       "error": d["error"], "mode": d.get("mode")}
+            if d["error"] is None and pick and (best is None or pick < best[1]):
+                best = (t.id, pick)
+        if best is not None:  # the winner's reported time comes from rounds that did not pick it
+            best = (best[0], row["candidates"][best[0]]["time_s"])
         copy_s = (res.get("copy") or {}).get("median")
         row["copy_s"] = copy_s
         row["copy_bytes_per_s"] = f["bytes"] / copy_s if copy_s else None
@@ -179,6 +200,18 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
             "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
                          "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms},
             "recorded_baseline": baseline, "shapes": shapes}
+
+
+def _split(rounds: list[float]) -> tuple[float | None, float | None]:
+    """Medians of the even rounds (to pick the winner among a shape's candidates) and of the
+    odd rounds (to report its time): picking the minimum of noisy figures and reporting that
+    same minimum would flatter the tuned kernel."""
+    import statistics
+
+    if not rounds:
+        return None, None
+    pick = statistics.median(rounds[0::2])
+    return pick, (statistics.median(rounds[1::2]) if len(rounds) > 1 else pick)
 
 
 def _rates(f: dict, t: float, copy_s: float | None) -> dict:
@@ -217,6 +250,8 @@ def format_table(doc: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append("(x): how many times slower than the tuned kernel; 'of copy': the copy's time over the "
                  "tuned kernel's for the same bytes")
+    if doc.get("held_out_error"):
+        lines.append(f"held-out shapes: not compared: {doc['held_out_error']}")
     if doc.get("held_out"):
         lines.append("held-out shapes (never tuned on): the dispatch table's choice against every kernel of the "
                      "table compiled for the shape, and torch eager")

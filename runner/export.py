@@ -23,6 +23,7 @@ import inspect
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from .errors import PipeError
@@ -117,6 +118,13 @@ def rule_text(baked: list[str], symbols: list[str]) -> str:
             "inputs use the torch reference")
 
 
+def _is_export(path: Path) -> bool:
+    try:
+        return json.loads((path / "table.json").read_text()).get("format") == "pipe-dispatch/1"
+    except (OSError, ValueError):
+        return False
+
+
 def _ident(name: str) -> str:
     s = re.sub(r"\W+", "_", name).strip("_").lower()
     return s if s and not s[0].isdigit() else f"op_{s}"
@@ -128,6 +136,8 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
 
     rd = open_run(run_dir, spec_path, "export packages")
     spec, history, variants = rd.spec, rd.history, rd.variants
+    if spec.kernel.shared_mem is not None:
+        raise ExportError(f"{spec.name}: kernels with dynamic shared memory (kernel.shared_mem) cannot be exported yet")
     if spec.kernel.backend != "cuda":
         raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")
     compare, baseline = rd.compare, rd.baseline
@@ -135,55 +145,66 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         raise ExportError(f"{run_dir / 'compare.json'}: made for another version of the spec; run pipe compare again")
     rows = dispatch_table(spec, history, compare, baseline)
     name = _ident(name or spec.name)
-    pkg = out_dir / name
-    if pkg.exists():
-        shutil.rmtree(pkg)
-    (pkg / "kernels").mkdir(parents=True)
-    ev = Evaluator(spec, None, None)
-    ev.variants = variants
-    baked = baked_symbols(spec)
-    entries = []
-    for i, row in enumerate(rows):
-        shape = spec.op.shapes[i]
-        entry = {"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"],
-                 "why": row.get("why"), "evidence": row.get("evidence"), "time_s": row.get("time_s"),
-                 "baseline_s": row.get("baseline_s"), "trial": row["trial"], "params": row["params"]}
-        if row["use"] == "kernel":
-            src = ev.render_all(row["params"], row["variant"])[i]
-            c = ev._compile_all([src])[0]
-            if not c.ok:
-                raise ExportError(f"trial #{row['trial']} does not compile any more: {c.reason}")
-            cubin = f"kernels/shape{i}-trial{row['trial']}.cubin"
-            shutil.copyfile(c.artifact, pkg / cubin)
-            (pkg / cubin).with_suffix(".cu").write_text(src)
-            entry["cubin"] = cubin
-        entries.append(entry)
-    op = spec.op
-    table = {
-        "format": "pipe-dispatch/1", "spec": spec.name, "spec_hash": spec.hash, "hardware": spec.hw.name,
-        "arch": spec.hw.arch, "namespace": f"pipe_{name}", "name": _ident(op.reference.rpartition(":")[2]),
-        "op": f"pipe_{name}.{_ident(op.reference.rpartition(':')[2])}", "entry": spec.kernel.entry,
-        "args": list(spec.kernel.args), "symbols": list(op.symbols), "baked": baked,
-        "rule": rule_text(baked, list(op.symbols)),
-        "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
-        "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
-        "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
-        "derive": [[n, e.text] for n, e in spec.kernel.derive],
-        "geometry": {"grid": [e.text for e in spec.kernel.grid], "block": [e.text for e in spec.kernel.block],
-                     **({"cluster": [e.text for e in spec.kernel.cluster]} if spec.kernel.cluster else {})},
-        "entries": entries,
-        "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
-    }
-    (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
-    shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
-    mod, _, fn = op.reference.partition(":")
-    import importlib
+    final = out_dir / name
+    if final.exists() and not _is_export(final):
+        raise ExportError(f"{final} exists and is not a package pipe exported: choose another --out or --name")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pkg = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out_dir))  # built aside, then moved into place
+    try:
+        (pkg / "kernels").mkdir(parents=True)
+        ev = Evaluator(spec, None, None)
+        ev.variants = variants
+        baked = baked_symbols(spec)
+        entries = []
+        for i, row in enumerate(rows):
+            shape = spec.op.shapes[i]
+            entry = {"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"],
+                     "why": row.get("why"), "evidence": row.get("evidence"), "time_s": row.get("time_s"),
+                     "baseline_s": row.get("baseline_s"), "trial": row["trial"], "params": row["params"]}
+            if row["use"] == "kernel":
+                src = ev.render_all(row["params"], row["variant"])[i]
+                c = ev._compile_all([src])[0]
+                if not c.ok:
+                    raise ExportError(f"trial #{row['trial']} does not compile any more: {c.reason}")
+                cubin = f"kernels/shape{i}-trial{row['trial']}.cubin"
+                shutil.copyfile(c.artifact, pkg / cubin)
+                (pkg / cubin).with_suffix(".cu").write_text(src)
+                entry["cubin"] = cubin
+            entries.append(entry)
+        op = spec.op
+        table = {
+            "format": "pipe-dispatch/1", "spec": spec.name, "spec_hash": spec.hash, "hardware": spec.hw.name,
+            "arch": spec.hw.arch, "namespace": f"pipe_{name}", "name": _ident(op.reference.rpartition(":")[2]),
+            "op": f"pipe_{name}.{_ident(op.reference.rpartition(':')[2])}", "entry": spec.kernel.entry,
+            "args": list(spec.kernel.args), "symbols": list(op.symbols), "baked": baked,
+            "rule": rule_text(baked, list(op.symbols)),
+            "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
+            "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
+            "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
+            "derive": [[n, e.text] for n, e in spec.kernel.derive],
+            "geometry": {"grid": [e.text for e in spec.kernel.grid], "block": [e.text for e in spec.kernel.block],
+                         **({"cluster": [e.text for e in spec.kernel.cluster]} if spec.kernel.cluster else {})},
+            "entries": entries,
+            "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
+        }
+        (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+        shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
+        mod, _, fn = op.reference.partition(":")
+        import importlib
 
-    ref_mod = importlib.import_module(mod)
-    (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))
-    (pkg / "__init__.py").write_text(_INIT.format(spec=spec.name, name=table["name"], qual=f"{table['namespace']}::{table['name']}",
-                                                  fn=fn, rule=table["rule"],
-                                                  qual_dot=f"{table['namespace']}.{table['name']}"))
+        ref_mod = importlib.import_module(mod)
+        (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))
+        (pkg / "__init__.py").write_text(_INIT.format(spec=spec.name, name=table["name"], qual=f"{table['namespace']}::{table['name']}",
+                                                      fn=fn, rule=table["rule"],
+                                                      qual_dot=f"{table['namespace']}.{table['name']}"))
+    except BaseException:
+        shutil.rmtree(pkg, ignore_errors=True)
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    pkg.rename(final)
+    final.chmod(0o755)  # mkdtemp made it private
+    return final
     return pkg
 
 
@@ -214,6 +235,9 @@ def {name}(*args, **kwargs):
     missing = [n for n in names if n not in bound]
     if missing or len(bound) != len(names):
         raise InputError(f"{{table['op']}}: takes {{', '.join(names)}}")
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in bound.values()):
+        raise InputError(f"{{table['op']}}: forward only (no backward is exported); call it under "
+                         "torch.no_grad() or torch.inference_mode(), or on tensors that do not require grad")
     return torch.ops.{qual_dot}(*[bound[n] for n in names])
 '''
 

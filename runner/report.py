@@ -60,8 +60,9 @@ def load(run_dir: Path, spec_path: str | None = None) -> dict:
         spec = s if s.hash == meta["spec_hash"] else None
     except Exception:  # the spec moved or changed: the report goes on without floors
         spec = None
-    cmp_path = run_dir / "compare.json"
-    compare = json.loads(cmp_path.read_text()) if cmp_path.is_file() else None
+    from .rundir import read_compare_json
+
+    compare = read_compare_json(run_dir)
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
     return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,
             "baseline": baseline, "intact": intact}

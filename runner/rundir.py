@@ -24,7 +24,7 @@ class RunData:
     compare: dict | None  # compare.json, when pipe compare has run
 
 
-def open_run(run_dir: Path, spec_path: str | None, doing: str) -> RunData:
+def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: bool = True) -> RunData:
     from .ledger import Ledger
     from .spec import load_spec
 
@@ -42,6 +42,20 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str) -> RunData:
         raise RunMismatch(f"{path}: the spec, its template, profile or reference changed since the run in "
                           f"{run_dir} (hash {spec.hash} != {recorded}); {doing} the kernels as the run judged "
                           "them: pass that spec with --spec, or start a new run")
-    cmp_path = run_dir / "compare.json"
-    compare = json.loads(cmp_path.read_text()) if cmp_path.is_file() else None
+    compare = read_compare_json(run_dir) if read_compare else None
     return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
+
+
+def read_compare_json(run_dir: Path) -> dict | None:
+    from .errors import RunDirError
+
+    path = run_dir / "compare.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunDirError(f"{path}: unreadable ({e}); run pipe compare again or remove it") from None
+    if not isinstance(doc, dict) or doc.get("format") != "pipe-compare/1" or "shapes" not in doc:
+        raise RunDirError(f"{path}: not a pipe compare result; run pipe compare again or remove it")
+    return doc

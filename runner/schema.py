@@ -17,7 +17,7 @@ SCALAR = {"type": ["integer", "number", "string", "boolean"]}
 NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
 DTYPES = ["bf16", "fp16", "fp32", "fp64", "int8", "uint8", "int32", "int64", "bool"]
-DISTS = ["normal", "uniform", "outliers", "positive", "large", "randint"]
+DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "randint"]
 METRICS = ["time_us", "speedup", "bandwidth_fraction", "flops_fraction", "limit_fraction"]
 
 

@@ -48,7 +48,7 @@ def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, proj
     run = tmp_path / "run"
     r = _run(["run", str(spec), "--run-dir", str(run), "--max-trials", "3", "-q"], project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
-    r = _run(["compare", str(run), "--no-compile", "--rounds", "1", "--json", str(tmp_path / "c.json")], project)
+    r = _run(["compare", str(run), "--no-compile", "--rounds", "2", "--json", str(tmp_path / "c.json")], project)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc == json.loads((run / "compare.json").read_text())
@@ -96,7 +96,7 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     run = tmp_path / "run"
     r = _run(["run", str(spec), "--run-dir", str(run), "--max-trials", "3", "-q"], project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
-    r = _run(["compare", str(run), "--no-compile", "--rounds", "1"], project)
+    r = _run(["compare", str(run), "--no-compile", "--rounds", "2"], project)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((run / "compare.json").read_text())
     held = doc["held_out"]
@@ -109,3 +109,17 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     assert r.returncode == 0, r.stderr
     md = (run / "report.md").read_text()
     assert "Held-out shapes" in md and "| 100x3000 |" in md
+
+
+def test_bad_compare_options_and_a_corrupt_compare_json_are_clear_errors(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "data" / "softmax-h200-run", run)
+    r = _run(["compare", str(run), "--rounds", "1"], ROOT)
+    assert r.returncode == 2 and "--rounds at least 2" in r.stderr and "Traceback" not in r.stderr
+    (run / "compare.json").write_text("{ not json")
+    spec = str(run / "project" / "pipelines" / "softmax-h200.yaml")
+    for cmd in (["report", str(run), "--spec", spec], ["export", str(run), "--spec", spec, "--out", str(tmp_path / "o")]):
+        r = _run(cmd, ROOT)
+        assert r.returncode == 2 and "compare.json: unreadable" in r.stderr and "Traceback" not in r.stderr

@@ -34,6 +34,7 @@ def test_e2e_step_with_exported_ops_matches_stock_torch(exported, tmp_path):
     arms = res["arms"]
     assert set(arms) == {"torch", "torch.compile", "pipe", "pipe+compile"}
     assert arms["pipe"]["max_abs_diff_hidden"] == 0 and arms["pipe"]["max_abs_diff_loss"] == 0
+    assert all(a["ok"] for a in arms.values())
     for name in ("torch.compile", "pipe+compile"):
         assert arms[name]["max_abs_diff_loss"] < 0.1 and arms[name]["max_abs_diff_hidden"] < 0.25
     calls = res["pipe_calls"]

@@ -117,3 +117,13 @@ def test_special_integer_value_must_be_integral(project):
     with pytest.raises(SpecError) as e:
         load_spec(spec)
     assert "op.inputs.targets.special.value" in str(e.value)
+
+
+def test_masked_inputs_keep_a_finite_value_in_every_row():
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    t = next(x for x in spec.op.inputs if x.name == "x")
+    assert "masked" in t.dists
+    x = make_tensor(t, spec.op.shape_env({"M": 300, "N": 1000}), "masked", torch.Generator().manual_seed(3), "cpu")
+    neg = torch.isneginf(x.float())
+    assert 0.2 < neg.float().mean().item() < 0.3
+    assert not neg[:, 0].any() and torch.isfinite(x.float()[~neg]).all()

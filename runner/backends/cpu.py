@@ -146,7 +146,7 @@ class Runtime:
         """The one callable used for checked and timed calls alike."""
         return lambda: fn(*values)
 
-    def prepare_torch(self, fn):
+    def prepare_torch(self, fn, mode=None):
         return fn
 
     def healthy(self) -> bool:

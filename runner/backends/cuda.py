@@ -291,8 +291,8 @@ class Runtime:
 
         return self._maybe_graph(direct, mode)
 
-    def prepare_torch(self, fn):
-        return self._maybe_graph(fn)
+    def prepare_torch(self, fn, mode: str | None = None):
+        return self._maybe_graph(fn, mode)
 
     def _maybe_graph(self, direct, mode: str | None = None):
         torch = self.torch

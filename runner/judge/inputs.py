@@ -38,6 +38,12 @@ def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.T
         x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) + 0.5
     elif dist == "large":
         x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 30
+    elif dist == "masked":  # normal, a quarter of the values -inf (attention masks); the first column never
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        mask = torch.rand(shape, generator=gen, device=device) < 0.25
+        if len(shape) >= 1 and shape[-1] > 0:
+            mask[..., 0] = False  # every row keeps a finite value
+        x = x.masked_fill(mask, float("-inf"))
     elif dist == "outliers":  # mostly normal, 0.1% of values 50x larger
         x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
         mask = torch.rand(shape, generator=gen, device=device) < 1e-3

@@ -129,7 +129,8 @@ class Judge:
             outs = self._outputs(shape)
             inputs: dict = {}
             for r in range(self.spec.runtime.checks):
-                fresh = self._inputs(shape, _seed(job["seed"], si, r), r)
+                # the distribution cycles with the shape too, so a trial meets every one of them
+                fresh = self._inputs(shape, _seed(job["seed"], si, r), r + si)
                 if r % 2 == 0:  # new buffers, new addresses
                     inputs = fresh
                 else:  # new values at the same addresses: defeats caching by pointer
@@ -171,7 +172,7 @@ class Judge:
         last are checked against the reference of the values they were given,
         with no poison in the output beforehand (poison would tip a kernel off).
         """
-        sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1)]
+        sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1 + si)]
         refs = [refs0, self._reference(sets[1])]
         state = {"i": 0, "cur": 0}
 
@@ -315,16 +316,24 @@ class Judge:
             inputs, sets, refs, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
             calls, errors, outs_of = {}, dict(notes), {}
+            mode = None  # every arm of a shape runs in the first arm's mode (graph replay or direct)
             for cand in job["candidates"][si]:
                 name = cand["label"]
                 outs = self._outputs(shape)
-                fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
-                call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"])
-                for o in outs:
-                    o.fill(0)
-                self.rt.sync()
-                call()
-                self.rt.sync()
+                try:
+                    fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
+                    call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"], mode=mode)
+                    for o in outs:
+                        o.fill(0)
+                    self.rt.sync()
+                    call()
+                    self.rt.sync()
+                except Exception as e:
+                    if not self.rt.healthy():
+                        raise  # a sticky device error: the worker is lost, the runner says so
+                    errors[name] = f"{type(e).__name__}: {e}"[:400]
+                    continue
+                mode = getattr(call, "mode", mode)
                 errors[name] = self._check(outs, refs[0], 0)
                 calls[name], outs_of[name] = call, outs
             for name, f in others.items():
@@ -335,14 +344,15 @@ class Judge:
                     errors[name] = next((f"output {i}: {why}" for i, (o, (r, b)) in enumerate(zip(res, refs[0]))
                                          for ok, why, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)]
                                          if not ok), None)
-                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars))
+                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars), mode)
+                    mode = getattr(calls[name], "mode", mode)
                 except Exception as e:
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
             if job.get("copy", True):
                 nbytes = int(self.op.bytes(self.op.shape_env(shape)))
                 src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)
                 dst = torch.empty_like(src)
-                calls["copy"] = self.rt.prepare_torch(lambda src=src, dst=dst: dst.copy_(src))
+                calls["copy"] = self.rt.prepare_torch(lambda src=src, dst=dst: dst.copy_(src), mode)
                 errors["copy"] = None
             names = list(calls)
             times: dict[str, list[float]] = {k: [] for k in names}
@@ -359,7 +369,8 @@ class Judge:
                         if why:
                             errors[name] = f"after timing: {why}"
             shapes.append({name: {"median": statistics.median(times[name]) if times[name] else None,
-                                  "rounds": times[name], "error": errors.get(name)}
+                                  "rounds": times[name], "error": errors.get(name),
+                                  "mode": getattr(calls.get(name), "mode", None)}
                            for name in dict.fromkeys([*names, *errors])})
             del calls, outs_of, inputs, sets, refs
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None

@@ -25,7 +25,7 @@ import datetime as dt
 import secrets
 from pathlib import Path
 
-from . import figures, forbid
+from . import figures
 from .errors import ExprError, PipeError
 from .render import RenderError
 from .loop import shape_label
@@ -101,13 +101,12 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
     by the table's rule, or the torch reference) against every kernel of the table
     compiled for that shape and against torch eager; the regret is the choice's time over
     the best of them, minus one."""
-    from .export import baked_symbols, choose, dispatch_table
+    from .export import baked_symbols, choose, dispatch_table, table_entry
     from .loop import shape_label
 
     table = dispatch_table(spec, history, doc, base)
     baked = baked_symbols(spec)
-    entries = [{"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"], "trial": row["trial"]}
-               for shape, row in zip(spec.op.shapes, table)]
+    entries = [table_entry(shape, row, baked) for shape, row in zip(spec.op.shapes, table)]
     by_id = {t.id: t for t in history}
     kernels = sorted({row["trial"] for row in table if row["use"] == "kernel"})
     held = list(spec.op.held_out_shapes)
@@ -120,18 +119,11 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
             t = by_id[tid]
             src = ev.render_all(t.params, t.variant, shapes=[shape])[0]
             geo = ev.geometry(t.params, shapes=[shape])[0]
-            why = forbid.check_source(src, spec.kernel.options, spec.kernel.backend, spec.forbidden.named,
-                                      spec.forbidden.patterns)
-            c = ev._compile_all([src])[0] if not why else None
-            if c is not None and not c.ok:
-                why = f"does not compile: {c.reason}"
-            prune = getattr(ev.backend, "prune", None)
-            if not why and prune is not None:
-                why = prune(c.resources, geo, spec.hw, "spills" in spec.forbidden.named)
-            if why:  # this kernel cannot run on this shape: neither a choice nor a rival there
-                skipped[f"#{tid}"] = str(why)
+            b = ev.build([src], [geo])  # the checks a trial's sources pass
+            if b.status != "ok":  # this kernel cannot run on this shape: neither a choice nor a rival there
+                skipped[f"#{tid}"] = f"{b.status}: {b.reason}"
                 continue
-            row.append({"label": f"#{tid}", "trial": tid, "artifact": c.artifact, "geometry": geo})
+            row.append({"label": f"#{tid}", "trial": tid, "artifact": b.artifacts[0], "geometry": geo})
         job["candidates"].append(row)
         job.setdefault("skipped", []).append(skipped)
     r = worker.request(("compare", job), timeout_s)

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import PipeError
+from .exported_runtime import choose  # noqa: F401 (the package's own rule, used by pipe compare too)
 
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be used
 NOISE_RECORDED = 0.05  # without pipe compare, against the run's recorded baseline
@@ -56,19 +57,9 @@ def baked_symbols(spec) -> list[str]:
     return [s for s in spec.op.symbols if s in seen]
 
 
-def choose(entries: list[dict], baked: list[str], symbols: list[str], env: dict) -> dict | None:
-    """The table's entry for a shape: among the tuned shapes with the same compiled-in sizes,
-    the nearest in the free sizes (log scale); None when no tuned shape has those sizes.
-    (The same rule as the exported runtime's `Op.entry_for`.)"""
-    import math
-
-    key = [env[s] for s in baked]
-    same = [e for e in entries if list(e["key"]) == key]
-    if not same:
-        return None
-    free = [s for s in symbols if s not in baked]
-    return min(same, key=lambda e: sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1)))
-                                       for s in free))
+def table_entry(shape: dict, row: dict, baked: list[str]) -> dict:
+    """What `choose` needs of a tuned shape's dispatch row."""
+    return {"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"], "trial": row["trial"]}
 
 
 def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | None) -> list[dict]:
@@ -158,9 +149,8 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         entries = []
         for i, row in enumerate(rows):
             shape = spec.op.shapes[i]
-            entry = {"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"],
-                     "why": row.get("why"), "evidence": row.get("evidence"), "time_s": row.get("time_s"),
-                     "baseline_s": row.get("baseline_s"), "trial": row["trial"], "params": row["params"]}
+            entry = {**table_entry(shape, row, baked), "why": row.get("why"), "evidence": row.get("evidence"),
+                     "time_s": row.get("time_s"), "baseline_s": row.get("baseline_s"), "params": row["params"]}
             if row["use"] == "kernel":
                 src = ev.render_all(row["params"], row["variant"])[i]
                 c = ev._compile_all([src])[0]

@@ -35,6 +35,19 @@ HELPERS = {
 }
 
 
+def choose(entries: list[dict], baked: list[str], symbols: list[str], env: dict) -> dict | None:
+    """The table's entry for a shape: among the tuned shapes with the same compiled-in sizes,
+    the nearest in the free sizes (log scale); None when no tuned shape has those sizes.
+    (`pipe compare` applies the same function to held-out shapes.)"""
+    key = [env[s] for s in baked]
+    same = [e for e in entries if list(e["key"]) == key]
+    if not same:
+        return None
+    free = [s for s in symbols if s not in baked]
+    return min(same, key=lambda e: sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1)))
+                                       for s in free))
+
+
 class InputError(ValueError):
     """An input the exported op does not accept; the message names the argument."""
 
@@ -100,14 +113,10 @@ class Op:
         """The table's kernel for these sizes, or None for the fallback (the rule is in
         the table: the sizes compiled into a kernel must match exactly; the others, such
         as the number of rows, are free, and the nearest tuned shape in them decides)."""
-        key = [env[s] for s in self.baked]
-        same = [e for e in self.entries if list(e["key"]) == key]
-        if not same or any(env[s] <= 0 for s in self.symbols):
+        if any(env[s] <= 0 for s in self.symbols):
             return None
-        free = [s for s in self.symbols if s not in self.baked]
-        e = min(same, key=lambda e: sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1)))
-                                        for s in free))
-        return e if e["use"] == "kernel" else None
+        e = choose(self.entries, self.baked, self.symbols, env)
+        return e if e is not None and e["use"] == "kernel" else None
 
     def preload(self, device=None) -> int:
         """Load every shipped kernel on a device now (the first call does it otherwise): do it

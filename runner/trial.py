@@ -13,6 +13,7 @@ import secrets
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import backends, figures, forbid, render
@@ -22,6 +23,16 @@ from .ledger import Trial
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
 REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
+
+
+@dataclass
+class Build:
+    status: str  # ok, forbidden, compile_error (or the backend's), pruned
+    reason: str = ""
+    artifacts: list | None = None  # per source, when ok
+    resources: dict | None = None  # source -> compiler report, once everything compiled
+    compile_s: float = 0.0
+    log: str = ""
 
 
 class Evaluator:
@@ -98,28 +109,16 @@ class Evaluator:
             return done("render_error", str(e))
         unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
         trial.source_hash = render.source_hash("\n".join(unique))
-        for src in unique:
-            v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
-                                    sp.forbidden.patterns)
-            if v:
-                return done("forbidden", str(v))
-        arts, resources, compile_s = {}, {}, 0.0
-        for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
-            compile_s += c.seconds
-            if not c.ok:
-                trial.details["compile_log"] = c.log[-4000:]
-                return done(c.status, c.reason)
-            arts[src] = c.artifact
-            resources[src] = c.resources
-        trial.details["compile_s"] = round(compile_s, 4)
-        trial.details["resources"] = resources[sources[0]]
-        prune = getattr(self.backend, "prune", None)
-        if prune is not None:
-            for i, (src, geo) in enumerate(zip(sources, geometry)):
-                why = prune(resources[src], geo, sp.hw, "spills" in sp.forbidden.named)
-                if why:
-                    return done("pruned", f"shape {i}: {why}")
-        artifacts = [arts[s] for s in sources]
+        b = self.build(sources, geometry)
+        if b.resources is None:  # forbidden, or a compile failure
+            if b.log:
+                trial.details["compile_log"] = b.log[-4000:]
+            return done(b.status, b.reason)
+        trial.details["compile_s"] = round(b.compile_s, 4)
+        trial.details["resources"] = b.resources[sources[0]]
+        if b.status != "ok":
+            return done(b.status, b.reason)
+        artifacts = b.artifacts
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
         trial.details["seed"] = seed = secrets.randbits(48)
         job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
@@ -139,6 +138,31 @@ class Evaluator:
         if bad:
             return done("impossible", bad)
         return done("ok")
+
+    def build(self, sources: list[str], geometry: list[dict]) -> "Build":
+        """Forbidden rules, compiles (distinct sources side by side) and the profile's limits
+        for per-shape sources and launches; the first failure in that order is the verdict."""
+        sp = self.spec
+        unique = list(dict.fromkeys(sources))
+        for src in unique:
+            v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
+                                    sp.forbidden.patterns)
+            if v:
+                return Build("forbidden", str(v))
+        arts, resources, compile_s = {}, {}, 0.0
+        for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
+            compile_s += c.seconds
+            if not c.ok:
+                return Build(c.status, c.reason, compile_s=compile_s, log=c.log)
+            arts[src] = c.artifact
+            resources[src] = c.resources
+        prune = getattr(self.backend, "prune", None)
+        if prune is not None:
+            for i, (src, geo) in enumerate(zip(sources, geometry)):
+                why = prune(resources[src], geo, sp.hw, "spills" in sp.forbidden.named)
+                if why:
+                    return Build("pruned", f"shape {i}: {why}", resources=resources, compile_s=compile_s)
+        return Build("ok", artifacts=[arts[s] for s in sources], resources=resources, compile_s=compile_s)
 
     def _compile_all(self, sources: list[str]) -> list:
         """Compile distinct sources side by side: NVRTC and g++ both run outside the GIL."""

@@ -174,14 +174,7 @@ class Judge:
         """
         sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1 + si)]
         refs = [refs0, self._reference(sets[1])]
-        state = {"i": 0, "cur": 0}
-
-        def refresh():
-            k = state["i"] % 2
-            for name, v in sets[k].items():
-                inputs[name].copy_(v)
-            state["cur"] = k
-            state["i"] += 1
+        state, refresh = _alternate(inputs, sets)
 
         failed: list[str] = []
 
@@ -235,16 +228,7 @@ class Judge:
         inputs = self._inputs(shape, _seed(*tag, 0), 0)
         sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed(*tag, 1), 1)]
         refs = [self._reference(sets[0]), self._reference(sets[1])]
-        state = {"i": 0, "cur": 0}
-
-        def refresh():
-            k = state["i"] % 2
-            for name, v in sets[k].items():
-                inputs[name].copy_(v)
-            state["cur"] = k
-            state["i"] += 1
-
-        return inputs, sets, refs, state, refresh
+        return (inputs, sets, refs, *_alternate(inputs, sets))
 
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0) -> dict:
         """medians[round][job][shape]: the jobs timed in alternating order each round,
@@ -399,6 +383,21 @@ class Judge:
 
             info["device"] = platform.processor() or platform.machine()
         return info
+
+
+def _alternate(inputs: dict, sets: list[dict]):
+    """(state, refresh): refresh copies the next of the two value sets into the input
+    buffers before a call; state["cur"] says which set the buffers hold now."""
+    state = {"i": 0, "cur": 0}
+
+    def refresh():
+        k = state["i"] % 2
+        for name, v in sets[k].items():
+            inputs[name].copy_(v)
+        state["cur"] = k
+        state["i"] += 1
+
+    return state, refresh
 
 
 def _die_with_parent() -> None:

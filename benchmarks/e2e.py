@@ -44,6 +44,11 @@ class Ops:
             self.rmsnorm = lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps)
             self.cross_entropy = lambda lg, t, ig: F.cross_entropy(lg.float(), t, ignore_index=ig, reduction="none")
             return
+        missing = [n for n in names if not (exported / n / "__init__.py").is_file()]
+        if missing:
+            raise SystemExit(f"e2e: {exported} lacks the exported package(s) {', '.join(missing)}: "
+                             f"make them with `pipe export RUN --out {exported}` for the softmax, RMSNorm "
+                             f"and cross-entropy runs")
         sys.path.insert(0, str(exported))
         sm, rn, ce = (importlib.import_module(n) for n in names)
         self.pkgs = [sm, rn, ce]

@@ -121,14 +121,22 @@ def _ident(name: str) -> str:
     return s if s and not s[0].isdigit() else f"op_{s}"
 
 
+def launch_table(spec) -> dict:
+    """The spec's derived values and launch geometry as expression texts, for the exported
+    runtime to evaluate per shape (Op.geometry)."""
+    k = spec.kernel
+    return {"derive": [[n, e.text] for n, e in k.derive],
+            "geometry": {"grid": [e.text for e in k.grid], "block": [e.text for e in k.block],
+                         **({"cluster": [e.text for e in k.cluster]} if k.cluster else {}),
+                         **({"shared_mem": [k.shared_mem.text]} if k.shared_mem else {})}}
+
+
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None) -> Path:
     from .rundir import open_run
     from .trial import Evaluator
 
     rd = open_run(run_dir, spec_path, "export packages")
     spec, history, variants = rd.spec, rd.history, rd.variants
-    if spec.kernel.shared_mem is not None:
-        raise ExportError(f"{spec.name}: kernels with dynamic shared memory (kernel.shared_mem) cannot be exported yet")
     if spec.kernel.backend != "cuda":
         raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")
     compare, baseline = rd.compare, rd.baseline
@@ -171,9 +179,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
             "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
             "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
-            "derive": [[n, e.text] for n, e in spec.kernel.derive],
-            "geometry": {"grid": [e.text for e in spec.kernel.grid], "block": [e.text for e in spec.kernel.block],
-                         **({"cluster": [e.text for e in spec.kernel.cluster]} if spec.kernel.cluster else {})},
+            **launch_table(spec),
             "entries": entries,
             "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
         }

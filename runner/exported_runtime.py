@@ -48,6 +48,21 @@ def choose(entries: list[dict], baked: list[str], symbols: list[str], env: dict)
                                        for s in free))
 
 
+def allow_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
+    """Let a cuda.core kernel launch with more than 48 KiB of dynamic shared memory
+    (pipe's runner uses this too)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(device_index))
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot allow {nbytes} bytes of dynamic shared memory: {err}")
+
+
 class InputError(ValueError):
     """An input the exported op does not accept; the message names the argument."""
 
@@ -76,6 +91,7 @@ class Op:
         self._derive = [(n, _expr(x)) for n, x in table["derive"]]
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
         self._kernels: dict = {}
+        self._smem_ok: set = set()  # (cubin, device, bytes) of dynamic shared memory allowed
         self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
 
     # -- checks ---------------------------------------------------------------
@@ -137,17 +153,27 @@ class Op:
             k = self._kernels[key] = (dev, kern, [p.size for p in kern.arguments_info])
         return k
 
+    def geometry(self, e: dict, env: dict) -> dict:
+        """grid, block, cluster (in blocks, as the spec counts) and dynamic shared memory of
+        entry e's kernel on a shape."""
+        full = {**env, **e["params"]}
+        for n, f in self._derive:
+            full[n] = f(full)
+        return {"grid": [int(f(full)) for f in self._geo["grid"]],
+                "block": [int(f(full)) for f in self._geo["block"]],
+                "cluster": [int(f(full)) for f in self._geo.get("cluster", [])],
+                "shared_mem": int(self._geo["shared_mem"][0](full)) if self._geo.get("shared_mem") else 0}
+
     def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
         import numpy as np
         from cuda.core import LaunchConfig, launch
 
         dev, kernel, sizes = self._kernel(e, tensors[self.inputs[0]["name"]].device)
-        full = {**env, **e["params"]}
-        for n, f in self._derive:
-            full[n] = f(full)
-        grid = [int(f(full)) for f in self._geo["grid"]]
-        block = [int(f(full)) for f in self._geo["block"]]
-        cluster = [int(f(full)) for f in self._geo.get("cluster", [])]
+        g = self.geometry(e, env)
+        grid, block, cluster, smem = g["grid"], g["block"], g["cluster"], g["shared_mem"]
+        if smem and (e["cubin"], dev.device_id, smem) not in self._smem_ok:
+            allow_dynamic_smem(kernel, smem, dev.device_id)
+            self._smem_ok.add((e["cubin"], dev.device_id, smem))
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}
@@ -166,9 +192,9 @@ class Op:
                 raise RuntimeError(f"{self.t['op']}: grid {grid} is not a whole number of clusters {cluster}")
             # cuda.core counts the grid in clusters when a cluster is given; the table counts blocks
             cfg = LaunchConfig(grid=tuple(g // c for g, c in zip(grid, cluster)), cluster=tuple(cluster),
-                               block=tuple(block))
+                               block=tuple(block), shmem_size=smem)
         else:
-            cfg = LaunchConfig(grid=tuple(grid), block=tuple(block))
+            cfg = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=smem)
         device = tensors[self.inputs[0]["name"]].device
         with torch.cuda.device(device):  # the inputs' device and its current stream, whatever is current
             launch(dev.create_stream(torch.cuda.current_stream(device)), cfg, kernel, *args)

@@ -42,3 +42,13 @@ def test_e2e_step_with_exported_ops_matches_stock_torch(exported, tmp_path):
     assert calls["softmax_h200"]["fallback"] >= 2 and calls["rmsnorm_h200"]["fallback"] >= 6
     assert calls["cross_entropy_h200"]["fallback"] >= 2
     assert all(c["kernel"] == 0 for c in calls.values())  # no CUDA here
+
+
+def test_e2e_names_missing_exported_packages(tmp_path):
+    (tmp_path / "softmax_h200").mkdir()
+    (tmp_path / "softmax_h200" / "__init__.py").write_text("")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "e2e.py"), "--exported", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "rmsnorm_h200, cross_entropy_h200" in r.stderr and "softmax_h200," not in r.stderr

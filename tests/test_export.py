@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from runner.export import NOISE, baked_symbols, dispatch_table
+from runner.export import NOISE, baked_symbols, dispatch_table, launch_table
 from runner.ledger import Trial
 from runner.spec import load_spec
 
@@ -119,15 +119,17 @@ def test_three_exported_ops_side_by_side_on_cpu_fall_back_and_check_inputs(expor
     assert "torch.Size([6, 4096]) torch.Size([6])" in out
 
 
-def test_export_refuses_a_changed_spec(tmp_path, project):
+def test_export_refuses_a_changed_spec(tmp_path):
     import shutil
 
-    spec = project / "pipelines" / "softmax-h200.yaml"
-    spec.write_text(open(frozen_spec(RUNS["softmax"])).read().replace("warmup_ms: 10", "warmup_ms: 11"))
+    proj = tmp_path / "proj"  # the spec, template and profile the run was made with, then one edit
+    shutil.copytree(RUNS["softmax"] / "project", proj)
+    spec = proj / "pipelines" / "softmax-h200.yaml"
+    spec.write_text(spec.read_text().replace("warmup_ms: 10", "warmup_ms: 11"))
     run = tmp_path / "run"
     shutil.copytree(RUNS["softmax"], run)
     r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(tmp_path / "o"), "--spec", str(spec)],
-                       cwd=project, capture_output=True, text=True, timeout=300)
+                       cwd=proj, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "changed since the run" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -185,3 +187,27 @@ def test_choose_takes_the_same_compiled_sizes_and_the_nearest_free_ones():
     assert choose(entries, ["N"], ["M", "N"], {"M": 100, "N": 4096})["use"] == "fallback"
     assert choose(entries, ["N"], ["M", "N"], {"M": 7, "N": 8192})["trial"] == 2
     assert choose(entries, ["N"], ["M", "N"], {"M": 7, "N": 2048}) is None
+
+
+@pytest.mark.parametrize("name", ["softmax-h200", "rmsnorm-h200", "cross-entropy-h200"])
+def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shape(name):
+    """The exported runtime evaluates the spec's geometry itself (no pipe at import): on every
+    configuration and shape, tuned and held-out, it must launch exactly what the runner
+    judged: grid, block, cluster and dynamic shared memory (the "tma" hold's ring)."""
+    from runner.exported_runtime import Op
+    from runner.trial import Evaluator
+
+    spec = load_spec(PIPELINES / f"{name}.yaml")
+    ev = Evaluator(spec, None, None)
+    table = {**launch_table(spec), "inputs": [], "outputs": [], "scalars": [], "symbols": [], "baked": [],
+             "entries": []}
+    op = Op(ROOT, table, None)
+    shapes = spec.op.all_shapes + spec.op.held_out_shapes
+    smem = 0
+    for cfg in spec.space:
+        for shape, g in zip(shapes, ev.geometry(cfg, shapes=shapes)):
+            mine = op.geometry({"params": cfg}, shape)
+            assert mine == {"grid": list(g["grid"]), "block": list(g["block"]), "cluster": list(g.get("cluster") or []),
+                            "shared_mem": int(g.get("shared_mem") or 0)}, (cfg, shape)
+            smem = max(smem, mine["shared_mem"])
+    assert (smem > 48 * 1024) == (name == "softmax-h200")  # only softmax has the ring so far

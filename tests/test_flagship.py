@@ -39,10 +39,35 @@ def test_every_configuration_has_a_valid_launch_on_every_shape(name):
 def test_long_rows_use_a_cluster_and_short_rows_share_a_block():
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
     ev = Evaluator(spec, None, None)
-    geo = ev.geometry({"EPT": 16, "TMAX": 1024, "VEC": 8, "HOLD": "f32", "LOAD": "default", "STORE": "default"})
+    geo = ev.geometry({"EPT": 16, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "f32", "LOAD": "default",
+                       "STORE": "default"})
     by_n = {s["N"]: g for s, g in zip(spec.op.shapes, geo)}  # the timed shapes come first
     assert by_n[131072]["cluster"] == [8] and by_n[131072]["grid"] == [1024 * 8]  # 8192 threads a row
     assert by_n[4096]["cluster"] == [1] and by_n[4096]["block"] == [1024] and by_n[4096]["grid"] == [32768 // 4]
+
+
+def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
+    """HOLD = "tma": one block per SM (MINB = 1, 1024 threads) holding 3 stages of 64 KiB;
+    a row of 131072 is spread over a cluster of 2, each block's half spanning two slots,
+    and 66 clusters fill the 132 SMs; a row
+    length that is no multiple of 8 cannot use 16-byte bulk copies and takes the f32 path."""
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    ev = Evaluator(spec, None, None)
+    cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
+    shapes = spec.op.all_shapes
+    by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
+    assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [1024], "cluster": [1],
+                                 "shared_mem": 3 * 65536}
+    assert by[(1024, 131072)]["cluster"] == [2] and by[(1024, 131072)]["grid"] == [132]
+    assert by[(1024, 131072)]["shared_mem"] == 3 * 65536
+    assert by[(1, 4096)]["grid"] == [1]  # never more blocks than tiles
+    odd = by[(5, 131071)]
+    assert odd["shared_mem"] == 0 and odd["cluster"] == [4] and odd["grid"] == [5 * 4]  # the f32 geometry
+    src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
+    assert "bulk_load(ring" in src[(4096, 32768)] and "bulk_load(ring" not in src[(5, 131071)]
+    # two blocks per SM halve the stage
+    two = ev.geometry({**cfg, "TMAX": 512, "MINB": 2}, shapes=[{"M": 4096, "N": 32768}])[0]
+    assert two["cluster"] == [2] and two["shared_mem"] == 3 * 32768 and two["grid"] == [132 * 2]
 
 
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")

@@ -5,12 +5,17 @@
 # WHAT, any number, in order:
 #   tests                   the gpu-marked tests
 #   suite                   the whole test suite
-#   run:SPEC[:ARGS]         pipe run SPEC into /tmp/runs/NAME (ARGS: extra pipe run options,
-#                           commas for spaces, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40)
-#   record:SPEC[:ARGS]      pipe record SPEC: the whole space as a replay dataset
+#   run:SPEC[:ARGS[:TAG]]   pipe run SPEC into /tmp/runs/NAME (NAME: the spec's, plus TAG; ARGS: extra pipe run options,
+#                           commas for spaces and + for commas, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40
+#                           or record:pipelines/softmax-h200.yaml:--only,EPT=16+32:-small)
+#   record:SPEC[:ARGS[:TAG]] pipe record SPEC: the whole space as a replay dataset
 #   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call)
 #   e2e[:ARGS]              pipe export of the softmax, RMSNorm and cross-entropy runs made earlier in
-#                           the same call (else of tests/data/*-h200-run), then benchmarks/e2e.py
+#                           the same call (else carried in runs/NAME, else tests/data/NAME-run), then
+#                           benchmarks/e2e.py
+#   gate:NAME               skip the remaining steps (pack aside) if a trial of NAME hung, faulted,
+#                           was wrong or failed to compile, or NAME has none
+#   occupancy:SPEC:ARGS     clusters resident at once against the grid launched (tools/cluster_occupancy.py)
 #   pack                    everything under $OUT into $OUT/out.tgz (the device returns few files)
 # Results and logs land in $OUT/NAME/, the run folders (ledger, best/, compare.json) in $OUT/NAME/run/.
 set -uo pipefail
@@ -19,16 +24,23 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache-$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+# SM clock, power and temperature every half second for the whole call: a figure
+# that moved can be read against the clock it ran at (clocks.csv).
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 500 > "$OUT/clocks.csv" 2>&1 &
+SMI=$!
 python3 -c "import torch, triton, cuda.core; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$OUT/machine.txt"
+skip=
 for w in "$@"; do
-  IFS=: read -r kind arg extra <<< "$w"
-  extra=${extra//,/ }
-  t0=$(date +%s)
+  IFS=: read -r kind arg extra tag <<< "$w"
+  if [ -n "$skip" ] && [ "$kind" != pack ]; then echo "skipped: $w ($skip)" | tee -a "$OUT/steps.txt"; continue; fi
+  extra=${extra//,/ }; extra=${extra//+/,}
+  t0=$(date +%s); echo "== $w $(date +%T)" >> "$OUT/steps.txt"
   case $kind in
     tests) python3 -m pytest -q -m gpu -rA tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run|record)
-      name=$(basename "$arg" .yaml); d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name
+      name=$(basename "$arg" .yaml)$tag; d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name
       if [ "$kind" = run ]; then
         python3 -m runner.cli run "$arg" --run-dir "$RUN" $extra 2>&1 | tee "$d/run.log"
       else
@@ -49,15 +61,27 @@ for w in "$@"; do
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/compare.txt"
       cp "/tmp/runs/$arg/compare.json" "$d/run/" 2>/dev/null
       ;;
+    gate)
+      # stop here (pack still runs) if the run or record NAME has no trial, or one that hung,
+      # faulted, was wrong or failed to compile
+      bad=$(awk -F'\t' 'FNR>1 && $2 ~ /hang|fault|wrong|error|timeout/{print $1" "$2}' "$OUT/$arg"/*-trials.tsv 2>/dev/null | head -5)
+      n=$(awk -F'\t' 'FNR>1' "$OUT/$arg"/*-trials.tsv 2>/dev/null | wc -l)
+      if [ "$n" = 0 ] || [ -n "$bad" ]; then skip="gate $arg: $n trials, not ok: ${bad:-none recorded}"; echo "$skip"; fi ;;
+    occupancy)
+      python3 tools/cluster_occupancy.py "$arg" $extra 2>&1 | tee -a "$OUT/occupancy.txt" ;;
     e2e)
       d="$OUT/e2e"; mkdir -p "$d"; rm -rf /tmp/exported
       for r in softmax-h200 rmsnorm-h200 cross-entropy-h200; do
-        src=/tmp/runs/$r; [ -f "$src/ledger.db" ] || src=tests/data/$r-run
-        python3 -m runner.cli export "$src" --out /tmp/exported 2>&1 | tee -a "$d/export.txt"
+        # a run of this call, else one carried in runs/ (carry: ["runs/NAME"]), else the kept
+        # test run, which carries the spec it was made with
+        src=/tmp/runs/$r; spec=()
+        [ -f "$src/ledger.db" ] || src=runs/$r
+        [ -f "$src/ledger.db" ] || { src=tests/data/$r-run; spec=(--spec "$src/project/pipelines/$r.yaml"); }
+        python3 -m runner.cli export "$src" --out /tmp/exported "${spec[@]}" 2>&1 | tee -a "$d/export.txt"
       done
       python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $extra 2>&1 | tee "$d/e2e.txt"
       ;;
-    pack) (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
+    pack) kill $SMI 2>/dev/null; (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
     *) echo "unknown: $w" ;;
   esac
 done

@@ -271,7 +271,7 @@ class Runtime:
         args = [c(v) for c, v in zip(casts, values)]
         g = geometry or {}
         smem = int(g.get("shared_mem", 0))
-        if smem > 48 * 1024:
+        if smem:  # static and dynamic together may pass 48 KiB: always allow what is asked
             _allow_dynamic_smem(kernel, smem)
         grid = tuple(g.get("grid") or [1])
         cluster = tuple(g.get("cluster") or ())
@@ -360,14 +360,9 @@ class LaunchError(Exception):
 
 
 def _allow_dynamic_smem(kernel, nbytes: int) -> None:
-    from cuda.bindings import driver
+    from ..exported_runtime import allow_dynamic_smem
 
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    handle = kernel.handle
-    if isinstance(handle, driver.CUkernel):
-        dev = driver.CUdevice(int(os.environ.get("PIPE_CUDA_DEVICE", "0")))
-        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, dev)
-    else:
-        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"cannot allow {nbytes} bytes of dynamic shared memory: {err}")
+    try:
+        allow_dynamic_smem(kernel, nbytes, int(os.environ.get("PIPE_CUDA_DEVICE", "0")))
+    except RuntimeError as e:
+        raise LaunchError(str(e)) from None

@@ -1,0 +1,47 @@
+"""How many clusters of a spec's kernel the GPU holds at once (cuda.core's
+max_active_clusters), against the grid the spec launches: a persistent kernel
+(HOLD = "tma") must fit in one wave. Run on the GPU machine:
+    python3 tools/cluster_occupancy.py pipelines/softmax-h200.yaml HOLD=tma TMAX=1024 EPT=32 MINB=1
+"""
+
+import sys
+
+from runner.backends import cuda
+from runner.spec import load_spec
+from runner.trial import Evaluator
+
+
+def main(argv):
+    spec = load_spec(argv[0])
+    cfg = dict(spec.start)
+    for a in argv[1:]:
+        k, _, v = a.partition("=")
+        cfg[k] = type(spec.start[k])(v)
+    from cuda.core import Device, LaunchConfig, ObjectCode
+
+    dev = Device(0)
+    dev.set_current()
+    stream = dev.create_stream()
+    ev = Evaluator(spec, None, None)
+    shapes = spec.op.shapes
+    for shape, src, geo in zip(shapes, ev.render_all(cfg, shapes=shapes), ev.geometry(cfg, shapes=shapes)):
+        r = cuda.compile(src, spec.kernel.entry, spec.kernel.options, spec.hw)
+        if not r.ok:
+            print(shape, "compile error", r.reason)
+            continue
+        k = ObjectCode.from_cubin(r.artifact).get_kernel(spec.kernel.entry)
+        smem = int(geo.get("shared_mem", 0))
+        if smem:
+            cuda._allow_dynamic_smem(k, smem)
+        cl = geo["cluster"][0] if geo.get("cluster") else 1
+        grid = geo["grid"][0]
+        conf = LaunchConfig(grid=grid // cl, cluster=cl, block=geo["block"][0], shmem_size=smem) if cl > 1 else \
+            LaunchConfig(grid=grid, block=geo["block"][0], shmem_size=smem)
+        most = k.occupancy.max_active_clusters(conf, stream=stream) if cl > 1 else \
+            k.occupancy.max_active_blocks_per_multiprocessor(geo["block"][0], smem) * dev.properties.multiprocessor_count
+        print(f"{shape}: grid {grid} blocks in clusters of {cl}, shared {smem} B: "
+              f"{grid // cl} launched, {most} resident at once{'  (MORE THAN ONE WAVE)' if grid // cl > most else ''}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -101,7 +101,7 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
     by the table's rule, or the torch reference) against every kernel of the table
     compiled for that shape and against torch eager; the regret is the choice's time over
     the best of them, minus one."""
-    from .export import baked_symbols, choose, dispatch_table, table_entry
+    from .export import NOISE, baked_symbols, choose, dispatch_table, nearest, table_entry
     from .loop import shape_label
 
     table = dispatch_table(spec, history, doc, base)
@@ -130,16 +130,36 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
     if r.get("status") != "ok":
         raise CompareError(f"the held-out comparison failed ({r.get('status')}): {r.get('reason', '')}")
     out = []
+    symbols = list(spec.op.symbols)
     for shape, f, res in zip(held, figures.floors(spec, held), r["shapes"]):
-        e = choose(entries, baked, list(spec.op.symbols), shape)
-        choice = f"#{e['trial']}" if e is not None and e["use"] == "kernel" else "torch eager"
         times = {k: v["median"] for k, v in res.items() if v.get("error") is None and v.get("median")}
         errors = {k: v["error"] for k, v in res.items() if v.get("error")}
         errors.update(job["skipped"][len(out)])
+        # The table's rule: a kernel tuned for the same compiled-in sizes; else the nearest tuned
+        # kernel compiled for this shape, which pipe export ships only where it beat torch eager
+        # here by more than the noise margin; else torch eager.
+        e = choose(entries, baked, symbols, shape)
+        if e is not None:
+            choice = f"#{e['trial']}" if e["use"] == "kernel" else "torch eager"
+            via = "tuned sizes" if e["use"] == "kernel" else "tuned sizes: fallback"
+        else:
+            e = nearest(entries, baked, symbols, shape)
+            label = f"#{e['trial']}" if e is not None else None
+            # decided on the even rounds, like the tuned shapes' winners (the times shown are all rounds')
+            pick = {k: _split(v["rounds"])[0] for k, v in res.items() if v.get("error") is None and v.get("rounds")}
+            eager = pick.get("torch eager")
+            if label in times and eager and pick.get(label) and pick[label] < eager * (1 - NOISE):
+                choice, via = label, f"nearest tuned sizes ({shape_label(e['shape'])}), checked here"
+            else:
+                choice, via = "torch eager", "no tuned sizes" + (f"; nearest {label} not faster here" if label else "")
         best = min(times, key=times.get) if times else None
         row = {"shape": dict(shape), "label": shape_label(shape), "bytes": f["bytes"], "choice": choice,
-               "choice_s": times.get(choice), "best": best, "best_s": times.get(best) if best else None,
-               "times_s": times, "errors": errors}
+               "via": via, "choice_s": times.get(choice), "best": best,
+               "best_s": times.get(best) if best else None, "times_s": times, "errors": errors}
+        if choice != "torch eager" and e is not None and "nearest" in via:
+            row["ship"] = {"trial": e["trial"], "params": by_id[e["trial"]].params,
+                           "variant": by_id[e["trial"]].variant, "time_s": times[choice],
+                           "baseline_s": times.get("torch eager")}
         row["regret"] = (row["choice_s"] / row["best_s"] - 1) if row["choice_s"] and row["best_s"] else None
         out.append(row)
     return out
@@ -251,7 +271,7 @@ def format_table(doc: dict) -> str:
             ch = f"{h['choice_s'] * 1e6:.1f} us" if h["choice_s"] else "wrong"
             bs = f"{h['best_s'] * 1e6:.1f} us" if h["best_s"] else "-"
             rg = f"regret {h['regret']:.1%}" if h["regret"] is not None else "regret -"
-            lines.append(f"  {h['label']}: table -> {h['choice']} {ch}; best {h['best']} {bs}; {rg}")
+            lines.append(f"  {h['label']}: table -> {h['choice']} {ch} ({h.get('via', '')}); best {h['best']} {bs}; {rg}")
             for k, why in h["errors"].items():
                 lines.append(f"    {k}: {why}")
     for s in doc["shapes"]:

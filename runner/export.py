@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import PipeError
-from .exported_runtime import choose  # noqa: F401 (the package's own rule, used by pipe compare too)
+from .exported_runtime import choose, nearest  # noqa: F401 (the package's own rules, used by pipe compare too)
 
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be used
 NOISE_RECORDED = 0.05  # without pipe compare, against the run's recorded baseline
@@ -103,10 +103,28 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
 
 def rule_text(baked: list[str], symbols: list[str]) -> str:
     free = [s for s in symbols if s not in baked]
-    return (f"a shape uses the kernel tuned for the same {', '.join(baked) or 'sizes'} (compiled into it); "
+    sizes = ", ".join(baked) or "sizes"
+    return (f"a shape uses the kernel tuned for the same {sizes} (compiled into it); "
             f"{', '.join(free) or 'no size'} may differ, and among several such tuned shapes the nearest in "
-            f"{', '.join(free) or 'size'} (log scale) decides; any other shape, CPU tensors and non-contiguous "
-            "inputs use the torch reference")
+            f"{', '.join(free) or 'size'} (log scale) decides; for a {sizes} nobody tuned but pipe compare "
+            f"timed on a held-out shape, the configuration of the nearest tuned {sizes}, compiled for it, where "
+            "it beat torch eager there; any other shape, CPU tensors and non-contiguous inputs use the torch "
+            "reference")
+
+
+def held_out_entries(compare: dict | None, baked: list[str]) -> list[dict]:
+    """Table rows for held-out shapes where pipe compare found the nearest tuned configuration,
+    compiled for that shape, faster than torch eager (its `ship` record)."""
+    out = []
+    for h in (compare or {}).get("held_out") or []:
+        sh = h.get("ship")
+        if not sh:
+            continue
+        out.append({"key": [h["shape"][s] for s in baked], "shape": dict(h["shape"]), "use": "kernel",
+                    "trial": sh["trial"], "params": sh["params"], "variant": sh.get("variant"),
+                    "time_s": sh["time_s"], "baseline_s": sh["baseline_s"],
+                    "evidence": "pipe compare (held-out shape)", "why": h.get("via")})
+    return out
 
 
 def _is_export(path: Path) -> bool:
@@ -169,6 +187,18 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
                 (pkg / cubin).with_suffix(".cu").write_text(src)
                 entry["cubin"] = cubin
             entries.append(entry)
+        for i, entry in enumerate(held_out_entries(compare, baked)):
+            if any(e["key"] == entry["key"] for e in entries):
+                continue  # never happens for a table made by the same spec: compare proposes these only for new sizes
+            src = ev.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0]
+            c = ev._compile_all([src])[0]
+            if not c.ok:
+                raise ExportError(f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}: "
+                                  f"{c.reason}")
+            cubin = f"kernels/held{i}-trial{entry['trial']}.cubin"
+            shutil.copyfile(c.artifact, pkg / cubin)
+            (pkg / cubin).with_suffix(".cu").write_text(src)
+            entries.append({**{k: v for k, v in entry.items() if k != "variant"}, "cubin": cubin})
         op = spec.op
         table = {
             "format": "pipe-dispatch/1", "spec": spec.name, "spec_hash": spec.hash, "hardware": spec.hw.name,

@@ -63,6 +63,22 @@ def allow_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
         raise RuntimeError(f"cannot allow {nbytes} bytes of dynamic shared memory: {err}")
 
 
+def nearest(entries: list[dict], baked: list[str], symbols: list[str], env: dict) -> dict | None:
+    """The kernel entry nearest to a shape whose compiled-in sizes no entry has: nearest in
+    those sizes first, then in the free ones (log scale). `pipe compare` proposes it on
+    held-out shapes, times it there, and `pipe export` ships it, compiled for that shape,
+    only where it beat torch eager."""
+    ks = [e for e in entries if e["use"] == "kernel"]
+    if not ks:
+        return None
+
+    def dist(e, names):
+        return sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1))) for s in names)
+
+    free = [s for s in symbols if s not in baked]
+    return min(ks, key=lambda e: (dist(e, baked), dist(e, free)))
+
+
 class InputError(ValueError):
     """An input the exported op does not accept; the message names the argument."""
 

@@ -276,7 +276,8 @@ def held_rows(data) -> list[dict]:
     """pipe compare's check of the dispatch table on held-out shapes, as table rows."""
     out = []
     for h in (data["compare"] or {}).get("held_out") or []:
-        out.append({"shape": h["label"], "table's choice": h["choice"], "its time": _fmt(h["choice_s"], "us"),
+        out.append({"shape": h["label"], "table's choice": h["choice"], "by the rule": h.get("via", "-"),
+                    "its time": _fmt(h["choice_s"], "us"),
                     "best there": h["best"] or "-", "best time": _fmt(h["best_s"], "us"),
                     "regret": f"{h['regret']:.1%}" if h["regret"] is not None else "-"})
     return out

@@ -91,6 +91,12 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     assert "\n  extra_shapes:" in text
     text = text.replace("\n  extra_shapes:", "\n  held_out_shapes:\n    - {M: 256, N: 4096}\n    - {M: 100, N: 3000}"
                         "\n  extra_shapes:", 1)
+    # the row length compiled into the kernel (as the CUDA templates do), so that N = 3000 is a
+    # size nobody tuned and the table's rule for such sizes is exercised
+    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + "\n// compiled for rows of {{ N }}\n"
+    (project / "pipelines" / "rmsnorm_baked.cpp.j2").write_text(tpl)
+    assert "template: kernel_templates/rmsnorm.cpp.j2" in text
+    text = text.replace("template: kernel_templates/rmsnorm.cpp.j2", "template: rmsnorm_baked.cpp.j2")
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
     spec.write_text(text)
     run = tmp_path / "run"
@@ -104,6 +110,15 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     for h in held:
         assert h["choice"] in h["times_s"] and "torch eager" in h["times_s"]
         assert h["best_s"] == min(h["times_s"].values()) and h["regret"] >= 0
+    # N = 4096 was tuned; N = 3000 was not: the nearest tuned configuration, compiled for it,
+    # is the table's choice only where it beat torch eager there (and is then shipped)
+    assert held[0]["via"].startswith("tuned sizes")
+    untuned = held[1]
+    if untuned["choice"] == "torch eager":
+        assert "ship" not in untuned and untuned["via"].startswith("no tuned sizes")
+    else:
+        assert untuned["via"].startswith("nearest tuned sizes") and untuned["ship"]["trial"] == int(untuned["choice"][1:])
+        assert untuned["times_s"][untuned["choice"]] < untuned["times_s"]["torch eager"]
     assert "held-out shapes" in r.stdout and "regret" in r.stdout
     r = _run(["report", str(run)], project)
     assert r.returncode == 0, r.stderr

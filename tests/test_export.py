@@ -189,6 +189,32 @@ def test_choose_takes_the_same_compiled_sizes_and_the_nearest_free_ones():
     assert choose(entries, ["N"], ["M", "N"], {"M": 7, "N": 2048}) is None
 
 
+def test_nearest_tuned_sizes_ship_only_where_pipe_compare_timed_them_faster_than_eager():
+    from runner.export import held_out_entries, nearest
+
+    entries = [{"key": [4096], "shape": {"M": 32768, "N": 4096}, "use": "kernel", "trial": 1},
+               {"key": [32768], "shape": {"M": 4096, "N": 32768}, "use": "kernel", "trial": 3},
+               {"key": [16384], "shape": {"M": 8192, "N": 16384}, "use": "fallback", "trial": None}]
+    # nearest in the compiled-in size first (8192 is nearer 4096 than 32768 on a log scale;
+    # 12288 nearer 16384, whose entry is a fallback and so no candidate, then 4096 against 32768)
+    assert nearest(entries, ["N"], ["M", "N"], {"M": 16384, "N": 8192})["trial"] == 1
+    assert nearest(entries, ["N"], ["M", "N"], {"M": 100, "N": 24576})["trial"] == 3
+    assert nearest([e for e in entries if e["use"] != "kernel"], ["N"], ["M", "N"], {"M": 1, "N": 8}) is None
+    compare = {"held_out": [
+        {"shape": {"M": 16384, "N": 8192}, "choice": "#1", "via": "nearest tuned sizes (32768x4096), checked here",
+         "ship": {"trial": 1, "params": {"EPT": 8}, "variant": None, "time_s": 1e-4, "baseline_s": 5e-4}},
+        {"shape": {"M": 2048, "N": 65536}, "choice": "torch eager", "via": "no tuned sizes; nearest #3 not faster here"},
+        {"shape": {"M": 65536, "N": 4096}, "choice": "#1", "via": "tuned sizes"}]}
+    rows = held_out_entries(compare, ["N"])
+    assert [r["key"] for r in rows] == [[8192]] and rows[0]["use"] == "kernel" and rows[0]["params"] == {"EPT": 8}
+    from runner.export import choose
+
+    table = entries + rows
+    assert choose(table, ["N"], ["M", "N"], {"M": 100, "N": 8192})["trial"] == 1  # shipped, compiled for 8192
+    assert choose(table, ["N"], ["M", "N"], {"M": 100, "N": 65536}) is None  # eager was as fast: fallback
+    assert held_out_entries(None, ["N"]) == [] and held_out_entries({"shapes": []}, ["N"]) == []
+
+
 @pytest.mark.parametrize("name", ["softmax-h200", "rmsnorm-h200", "cross-entropy-h200"])
 def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shape(name):
     """The exported runtime evaluates the spec's geometry itself (no pipe at import): on every

@@ -9,10 +9,11 @@
 #                           commas for spaces and + for commas, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40
 #                           or record:pipelines/softmax-h200.yaml:--only,EPT=16+32:-small)
 #   record:SPEC[:ARGS[:TAG]] pipe record SPEC: the whole space as a replay dataset
-#   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call)
+#   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call, else
+#                           the one carried in runs/NAME)
 #   e2e[:ARGS]              pipe export of the softmax, RMSNorm and cross-entropy runs made earlier in
 #                           the same call (else carried in runs/NAME, else tests/data/NAME-run), then
-#                           benchmarks/e2e.py
+#                           benchmarks/e2e.py and tools/check_exported.py (every table entry on the GPU)
 #   gate:NAME               skip the remaining steps (pack aside) if a trial of NAME hung, faulted,
 #                           was wrong or failed to compile, or NAME has none
 #   occupancy:SPEC:ARGS     clusters resident at once against the grid launched (tools/cluster_occupancy.py)
@@ -57,9 +58,11 @@ for w in "$@"; do
       ;;
     compare)
       d="$OUT/$arg"; mkdir -p "$d"
+      # a run made earlier in this call, else one carried in runs/ (carry: ["runs/NAME"])
+      [ -f "/tmp/runs/$arg/ledger.db" ] || { [ -f "runs/$arg/ledger.db" ] && mkdir -p /tmp/runs && cp -r "runs/$arg" "/tmp/runs/$arg"; }
       python3 -m runner.cli compare "/tmp/runs/$arg" --json "$d/compare.json" $extra 2>&1 | tee "$d/compare.txt"
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/compare.txt"
-      cp "/tmp/runs/$arg/compare.json" "$d/run/" 2>/dev/null
+      mkdir -p "$d/run" && cp "/tmp/runs/$arg/compare.json" "$d/run/" 2>/dev/null
       ;;
     gate)
       # stop here (pack still runs) if the run or record NAME has no trial, or one that hung,
@@ -80,6 +83,7 @@ for w in "$@"; do
         python3 -m runner.cli export "$src" --out /tmp/exported "${spec[@]}" 2>&1 | tee -a "$d/export.txt"
       done
       python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $extra 2>&1 | tee "$d/e2e.txt"
+      python3 tools/check_exported.py /tmp/exported 2>&1 | tee "$d/check-exported.txt"
       ;;
     pack) kill $SMI 2>/dev/null; (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
     *) echo "unknown: $w" ;;

@@ -76,10 +76,13 @@ for w in "$@"; do
       d="$OUT/e2e"; mkdir -p "$d"; rm -rf /tmp/exported
       for r in softmax-h200 rmsnorm-h200 cross-entropy-h200; do
         # a run of this call, else one carried in runs/ (carry: ["runs/NAME"]), else the kept
-        # test run, which carries the spec it was made with
+        # test run; a run folder with project/ carries the spec it was made with
         src=/tmp/runs/$r; spec=()
         [ -f "$src/ledger.db" ] || src=runs/$r
-        [ -f "$src/ledger.db" ] || { src=tests/data/$r-run; spec=(--spec "$src/project/pipelines/$r.yaml"); }
+        [ -f "$src/ledger.db" ] || src=tests/data/$r-run
+        for p in "$src" "runs/$r"; do  # the run folder's frozen project/, or its carried copy's
+          [ -f "$p/project/pipelines/$r.yaml" ] && { spec=(--spec "$p/project/pipelines/$r.yaml"); break; }
+        done
         python3 -m runner.cli export "$src" --out /tmp/exported "${spec[@]}" 2>&1 | tee -a "$d/export.txt"
       done
       python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $extra 2>&1 | tee "$d/e2e.txt"

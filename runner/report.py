@@ -272,6 +272,32 @@ def summary(data) -> dict:
             "per_min": (len(trials) / wall * 60) if wall else None, "intact": data["intact"]}
 
 
+def time_split(data) -> str | None:
+    """Where a judged trial's time goes (medians over the trials the judge timed): building
+    (forbidden rules, compiles, limits), verification and timing in the worker, the rest of
+    the judge's round trip, and the re-timing of candidates that challenged the incumbent."""
+    import statistics
+
+    ts = [t for t in data["trials"] if t.status == "ok" and "judge_wall_s" in (t.details or {})]
+    if not ts:
+        return None
+
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+
+    d = [t.details for t in ts]
+    parts = [("trial", med([t.wall_s for t in ts])), ("build", med([x.get("build_wall_s") for x in d])),
+             ("verification", med([(x.get("judge_phases") or {}).get("verify_s") for x in d])),
+             ("timing", med([(x.get("judge_phases") or {}).get("time_s") for x in d])),
+             ("judge round trip", med([x.get("judge_wall_s") for x in d]))]
+    rt = [x["retime"]["seconds"] for x in d if isinstance(x.get("retime"), dict) and "seconds" in x["retime"]]
+    text = ", ".join(f"{k} {v:.3f} s" for k, v in parts if v is not None)
+    if rt:
+        text += f"; re-timing {statistics.median(rt):.3f} s in {len(rt)} of {len(ts)} trials"
+    return f"Median time of a judged trial ({len(ts)} trial{'s' if len(ts) != 1 else ''}): {text}."
+
+
 def held_rows(data) -> list[dict]:
     """pipe compare's check of the dispatch table on held-out shapes, as table rows."""
     out = []
@@ -294,6 +320,9 @@ def markdown(data, rows) -> str:
     if b:
         out += ["", f"Best overall: trial #{b.id} `{json.dumps(b.params)}`, geometric-mean time "
                 f"{b.objective * 1e6:.2f} us" + (f", metric {b.metric:.4g}" if b.metric is not None else "") + "."]
+    split = time_split(data)
+    if split:
+        out += ["", split]
     cmp = data["compare"]
     if cmp:
         m = cmp.get("machine", {})
@@ -330,6 +359,9 @@ def html_page(data, rows) -> str:
     if b:
         head += (f"<p>Best overall: trial #{b.id} <code>{html.escape(json.dumps(b.params))}</code>, "
                  f"geometric-mean time {b.objective * 1e6:.2f} us.</p>")
+    split = time_split(data)
+    if split:
+        head += f"<p>{html.escape(split)}</p>"
     figs = "".join(f'<h2>{html.escape(t)}</h2><img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
                    for t, p in imgs if p)
     held = held_rows(data)

@@ -109,7 +109,9 @@ class Evaluator:
             return done("render_error", str(e))
         unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
         trial.source_hash = render.source_hash("\n".join(unique))
+        t_build = time.perf_counter()
         b = self.build(sources, geometry)
+        trial.details["build_wall_s"] = round(time.perf_counter() - t_build, 4)
         if b.resources is None:  # forbidden, or a compile failure
             if b.log:
                 trial.details["compile_log"] = b.log[-4000:]
@@ -122,7 +124,11 @@ class Evaluator:
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
         trial.details["seed"] = seed = secrets.randbits(48)
         job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
+        t_judge = time.perf_counter()
         verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)
+        trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
+        if verdict.get("phases"):
+            trial.details["judge_phases"] = verdict["phases"]
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
         times = [s["median"] for s in verdict["shapes"]]

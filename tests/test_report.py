@@ -103,3 +103,24 @@ def test_report_of_a_real_h200_run(run, tmp_path):
     assert len(_images(page)) == 4  # with the run's spec: floors and the roofline too
     assert "kernel #" in page  # the dispatch column
     _check_rendered(_render(tmp_path / "report.html", tmp_path / "shot.png"))
+
+
+def test_report_says_where_a_trials_time_went(cpu_run, tmp_path):
+    """Each judged trial records its build (compiles), the judge's round trip and, inside the
+    worker, verification and timing; the report gives their medians, and the parts fit in
+    the whole."""
+    from runner.ledger import Ledger
+
+    trials = [t for t in Ledger.read(cpu_run).trials() if t.status == "ok"]
+    assert trials
+    for t in trials:
+        d = t.details
+        ph = d["judge_phases"]
+        assert ph["verify_s"] > 0 and ph["time_s"] > 0
+        assert ph["verify_s"] + ph["time_s"] <= d["judge_wall_s"] <= t.wall_s
+        assert d["build_wall_s"] <= t.wall_s
+    r = _pipe(["report", str(cpu_run), "--out", str(tmp_path)], ROOT)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "report.md").read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith("Median time of a judged trial"))
+    assert f"({len(trials)} trial" in line and "verification" in line and "timing" in line

@@ -115,12 +115,19 @@ def rule_text(baked: list[str], symbols: list[str]) -> str:
 def held_out_entries(compare: dict | None, baked: list[str]) -> list[dict]:
     """Table rows for held-out shapes where pipe compare found the nearest tuned configuration,
     compiled for that shape, faster than torch eager (its `ship` record)."""
-    out = []
+    out: list[dict] = []
     for h in (compare or {}).get("held_out") or []:
         sh = h.get("ship")
         if not sh:
             continue
-        out.append({"key": [h["shape"][s] for s in baked], "shape": dict(h["shape"]), "use": "kernel",
+        key = [h["shape"][s] for s in baked]
+        same = [o for o in out if o["key"] == key]
+        if same:  # pipe compare ships one kernel per size; a compare.json that does not is refused
+            if same[0]["trial"] != sh["trial"]:
+                raise ExportError(f"compare.json ships trials #{same[0]['trial']} and #{sh['trial']} for the same "
+                                  f"compiled-in sizes {key}; run pipe compare again")
+            continue
+        out.append({"key": key, "shape": dict(h["shape"]), "use": "kernel",
                     "trial": sh["trial"], "params": sh["params"], "variant": sh.get("variant"),
                     "time_s": sh["time_s"], "baseline_s": sh["baseline_s"],
                     "evidence": "pipe compare (held-out shape)", "why": h.get("via")})
@@ -189,7 +196,8 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             entries.append(entry)
         for i, entry in enumerate(held_out_entries(compare, baked)):
             if any(e["key"] == entry["key"] for e in entries):
-                continue  # never happens for a table made by the same spec: compare proposes these only for new sizes
+                raise ExportError(f"compare.json ships a held-out kernel for tuned sizes {entry['key']}: it was made "
+                                  "by another version of the table; run pipe compare again")
             src = ev.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0]
             c = ev._compile_all([src])[0]
             if not c.ok:

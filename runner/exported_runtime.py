@@ -107,7 +107,7 @@ class Op:
         self._derive = [(n, _expr(x)) for n, x in table["derive"]]
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
         self._kernels: dict = {}
-        self._smem_ok: set = set()  # (cubin, device, bytes) of dynamic shared memory allowed
+        self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
         self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
 
     # -- checks ---------------------------------------------------------------
@@ -187,9 +187,9 @@ class Op:
         dev, kernel, sizes = self._kernel(e, tensors[self.inputs[0]["name"]].device)
         g = self.geometry(e, env)
         grid, block, cluster, smem = g["grid"], g["block"], g["cluster"], g["shared_mem"]
-        if smem and (e["cubin"], dev.device_id, smem) not in self._smem_ok:
+        if smem > self._smem.get((e["cubin"], dev.device_id), 0):  # one value per kernel: only ever raised
             allow_dynamic_smem(kernel, smem, dev.device_id)
-            self._smem_ok.add((e["cubin"], dev.device_id, smem))
+            self._smem[(e["cubin"], dev.device_id)] = smem
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}

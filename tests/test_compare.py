@@ -118,6 +118,8 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
         assert "ship" not in untuned and untuned["via"].startswith("no tuned sizes")
     else:
         assert untuned["via"].startswith("nearest tuned sizes") and untuned["ship"]["trial"] == int(untuned["choice"][1:])
+        # verified like a trial first, on the shape and on the same row length with 3 rows
+        assert "verified on 100x3000 and 3x3000" in untuned["via"]
         assert untuned["times_s"][untuned["choice"]] < untuned["times_s"]["torch eager"]
     assert "held-out shapes" in r.stdout and "regret" in r.stdout
     r = _run(["report", str(run)], project)
@@ -138,3 +140,27 @@ def test_bad_compare_options_and_a_corrupt_compare_json_are_clear_errors(tmp_pat
     for cmd in (["report", str(run), "--spec", spec], ["export", str(run), "--spec", spec, "--out", str(tmp_path / "o")]):
         r = _run(cmd, ROOT)
         assert r.returncode == 2 and "compare.json: unreadable" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_one_kernel_per_compiled_in_size_on_held_out_shapes():
+    """Held-out shapes of one size share one table entry (any number of rows): it is shipped
+    only if the same nearest kernel was faster and verified on every one of them."""
+    from runner.compare import _one_choice_per_size
+
+    def row(label, trial, key=(8192,)):
+        r = {"label": label, "key": list(key), "times_s": {"#1": 1e-4, "#2": 2e-4, "torch eager": 5e-4},
+             "choice": f"#{trial}" if trial else "torch eager", "via": "nearest tuned sizes, checked here"}
+        r["choice_s"] = r["times_s"][r["choice"]]
+        if trial:
+            r["ship"] = {"trial": trial}
+        return r
+
+    agree = [row("a", 1), row("b", 1), row("c", 2, key=(65536,))]
+    _one_choice_per_size(agree)
+    assert [r.get("ship", {}).get("trial") for r in agree] == [1, 1, 2]
+    split = [row("a", 1), row("b", 2)]
+    _one_choice_per_size(split)
+    assert all("ship" not in r and r["choice"] == "torch eager" and r["choice_s"] == 5e-4 for r in split)
+    partial = [row("a", 1), row("b", None)]
+    _one_choice_per_size(partial)
+    assert all("ship" not in r for r in partial) and "every held-out shape" in partial[0]["via"]

@@ -237,3 +237,16 @@ def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shap
                             "shared_mem": int(g.get("shared_mem") or 0)}, (cfg, shape)
             smem = max(smem, mine["shared_mem"])
     assert (smem > 48 * 1024) == (name == "softmax-h200")  # only softmax has the ring so far
+
+
+def test_a_compare_json_shipping_two_kernels_for_one_size_is_refused():
+    from runner.export import ExportError, held_out_entries
+
+    ship = {"params": {}, "variant": None, "time_s": 1e-4, "baseline_s": 5e-4}
+    same = {"held_out": [{"shape": {"M": 1, "N": 8192}, "ship": {**ship, "trial": 1}},
+                         {"shape": {"M": 9, "N": 8192}, "ship": {**ship, "trial": 1}}]}
+    assert len(held_out_entries(same, ["N"])) == 1  # one entry serves every number of rows
+    two = {"held_out": [{"shape": {"M": 1, "N": 8192}, "ship": {**ship, "trial": 1}},
+                        {"shape": {"M": 9, "N": 8192}, "ship": {**ship, "trial": 2}}]}
+    with pytest.raises(ExportError, match="same compiled-in sizes"):
+        held_out_entries(two, ["N"])

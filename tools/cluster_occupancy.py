@@ -32,7 +32,7 @@ def main(argv):
         k = ObjectCode.from_cubin(r.artifact).get_kernel(spec.kernel.entry)
         smem = int(geo.get("shared_mem", 0))
         if smem:
-            cuda._allow_dynamic_smem(k, smem)
+            cuda._allow_dynamic_smem(k, smem, dev.device_id)
         cl = geo["cluster"][0] if geo.get("cluster") else 1
         grid = geo["grid"][0]
         conf = LaunchConfig(grid=grid // cl, cluster=cl, block=geo["block"][0], shmem_size=smem) if cl > 1 else \

@@ -216,6 +216,7 @@ class Runtime:
         self.dev = Device(torch.cuda.current_device())
         self.dev.set_current()
         self._mods: dict[str, object] = {}
+        self._smem: dict[int, int] = {}  # kernel handle -> dynamic shared memory allowed so far
         self._flush_buf = None
         self.walls: list[float] = []
         self._mode_flags = {"matmul.allow_tf32": False, "cudnn.allow_tf32": False,
@@ -271,8 +272,11 @@ class Runtime:
         args = [c(v) for c, v in zip(casts, values)]
         g = geometry or {}
         smem = int(g.get("shared_mem", 0))
-        if smem:  # static and dynamic together may pass 48 KiB: always allow what is asked
-            _allow_dynamic_smem(kernel, smem)
+        key = _handle_key(kernel)
+        if smem > self._smem.get(key, 0):  # static and dynamic together may pass 48 KiB; the attribute is
+            # one value per kernel, so it only ever rises: a smaller launch prepared later cannot undo it
+            _allow_dynamic_smem(kernel, smem, self.dev.device_id)
+            self._smem[key] = smem
         grid = tuple(g.get("grid") or [1])
         cluster = tuple(g.get("cluster") or ())
         if cluster and any(c > 1 for c in cluster):
@@ -359,10 +363,18 @@ class LaunchError(Exception):
     pass
 
 
-def _allow_dynamic_smem(kernel, nbytes: int) -> None:
+def _handle_key(kernel) -> int:
+    """The loaded kernel's driver handle (one per module and entry), else the object's id."""
+    try:
+        return int(kernel.handle)
+    except (AttributeError, TypeError, ValueError):
+        return id(kernel)
+
+
+def _allow_dynamic_smem(kernel, nbytes: int, device_id: int) -> None:
     from ..exported_runtime import allow_dynamic_smem
 
     try:
-        allow_dynamic_smem(kernel, nbytes, int(os.environ.get("PIPE_CUDA_DEVICE", "0")))
+        allow_dynamic_smem(kernel, nbytes, device_id)
     except RuntimeError as e:
         raise LaunchError(str(e)) from None

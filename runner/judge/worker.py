@@ -117,21 +117,25 @@ class Judge:
 
     # -- requests --------------------------------------------------------------
     def evaluate(self, job: dict) -> dict:
-        """Verify on every shape (spec and extra), then time the spec's shapes."""
+        """Verify on every shape (spec and extra), then time the spec's shapes. A job may name
+        its own `shapes`, how many of them to time (`n_timed`) and the check rounds (`checks`):
+        pipe compare verifies a kernel for a held-out shape that way before it is shipped."""
         from .timing import stats
 
         shapes_out = []
-        n_timed = len(self.op.shapes)
+        all_shapes = job.get("shapes") or self.op.all_shapes
+        n_timed = job.get("n_timed", len(self.op.shapes))
+        checks = job.get("checks", self.spec.runtime.checks)
         clock = time.perf_counter
         phases = {"verify_s": 0.0, "time_s": 0.0}  # where the judge's time goes, for pipe report
-        for si, shape in enumerate(self.op.all_shapes):  # extra shapes: verified, not timed
+        for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
             outs = self._outputs(shape)
             inputs: dict = {}
-            for r in range(self.spec.runtime.checks):
+            for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them
                 fresh = self._inputs(shape, _seed(job["seed"], si, r), r + si)
                 if r % 2 == 0:  # new buffers, new addresses

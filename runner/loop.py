@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,14 @@ class Session:
         self.worker = Worker(spec, str(run_dir / "worker.log"))
         self.ev: Evaluator | None = None
         self.best: Trial | None = None
+        self.agent = None  # set by run(): a pure agent lets the loop build its next proposal ahead
+        # Building ahead compiles on the host while the worker judges. The CUDA judge times on the
+        # device; a CPU judge times on the host, where compiles beside it would skew its timings,
+        # so it builds ahead only when PIPE_BUILD_AHEAD=1 asks for it (and =0 turns it off).
+        flag = os.environ.get("PIPE_BUILD_AHEAD", "")
+        self.build_ahead = flag == "1" or (flag != "0" and spec.kernel.backend != "cpu")
+        self._ahead: tuple[str, Future] | None = None  # (trial key, its build) started during a judge
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead")
 
     def start(self) -> None:
         self.ev = Evaluator(self.spec, self.worker, self._baseline())
@@ -73,6 +83,7 @@ class Session:
         self.write_outputs("running", None)
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self.worker.close()
         self.ledger.close()
         self._lock.close()
@@ -96,10 +107,44 @@ class Session:
             self.ev.variants[vid] = p.variant
         return vid
 
+    def _build_ahead(self, p: Proposal, vid: str | None) -> None:
+        """While the worker judges p, ask the agent what it would propose next if p came out
+        slower than the best (the common case) and compile that into the cache. Only for
+        agents whose proposals are a pure function of the history; a wrong guess costs CPU
+        time beside the judge, never a verdict."""
+        if not self.build_ahead or not getattr(self.agent, "pure", False) or p.variant is not None:
+            return
+        best = self.best.objective if self.best is not None and self.best.objective else None
+        pending = Seen(dict(p.params), "ok" if best else "wrong", "", best * 1.1 if best else None, vid)
+        try:
+            guess = next(iter(self.agent.propose([*self.seen(), pending], 1)), None)
+        except Exception:  # a guess is never worth a failed run
+            return
+        if guess is None:
+            return
+        g = as_proposal(guess)
+        key = trial_key(dict(g.params), None)
+        if g.variant is not None or key in self.tried or self.spec.space.contains(dict(g.params)) is not None:
+            return
+        self._ahead = (key, self._pool.submit(self._quiet_prebuild, dict(g.params)))
+
+    def _quiet_prebuild(self, params: dict) -> None:
+        try:
+            self.ev.prebuild(params)
+        except Exception:
+            pass  # the trial, if it comes, builds and reports for itself
+
     def judge(self, p: Proposal, agent: str) -> Trial:
         vid = self.register_variant(p, agent)
-        self.ledger.begin(trial_key(dict(p.params), vid))
-        t = self.ev.run(dict(p.params), agent, vid)
+        key = trial_key(dict(p.params), vid)
+        self.ledger.begin(key)
+        ahead, self._ahead = self._ahead, None
+        prebuilt = ahead is not None and ahead[0] == key
+        if prebuilt:
+            ahead[1].result()  # built during the last judge: its compiles are in the cache
+        t = self.ev.run(dict(p.params), agent, vid, on_built=lambda: self._build_ahead(p, vid))
+        if prebuilt:
+            t.details["built_ahead"] = True
         if p.note:
             t.details["note"] = p.note[:2000]
         if self.keep_decisions:
@@ -172,7 +217,8 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                agent=spec.agent.strategy, goal=spec.goal.describe())
     try:
         s.start()
-        agent = make_agent(spec.agent.strategy, spec.space, spec.agent.seed, spec.agent.options, brief=brief(spec))
+        agent = s.agent = make_agent(spec.agent.strategy, spec.space, spec.agent.seed, spec.agent.options,
+                                     brief=brief(spec))
         session_t0 = time.time()
         elapsed_before = sum(t.wall_s for t in s.history)
         while True:

@@ -83,8 +83,10 @@ class Evaluator:
             out.append(geo)
         return out
 
-    def run(self, params: dict, agent: str, variant: str | None = None) -> Trial:
-        """Judge one candidate; `variant` is the id of a template variant in self.variants."""
+    def run(self, params: dict, agent: str, variant: str | None = None, on_built=None) -> Trial:
+        """Judge one candidate; `variant` is the id of a template variant in self.variants.
+        `on_built` is called once the candidate is built and before the worker judges it (the
+        loop builds the next proposal then, while the GPU is busy)."""
         t0 = time.time()
         trial = Trial(params=dict(params), status="ok", agent=agent, spec_hash=self.spec.hash, started_at=t0,
                       variant=variant)
@@ -121,6 +123,8 @@ class Evaluator:
         if b.status != "ok":
             return done(b.status, b.reason)
         artifacts = b.artifacts
+        if on_built is not None:
+            on_built()
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
         trial.details["seed"] = seed = secrets.randbits(48)
         job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
@@ -144,6 +148,16 @@ class Evaluator:
         if bad:
             return done("impossible", bad)
         return done("ok")
+
+    def prebuild(self, params: dict, variant: str | None = None) -> None:
+        """Compile a configuration's sources into the compile cache, ahead of its trial (no
+        verdict: the trial itself builds again, from the cache, and judges)."""
+        sources = list(dict.fromkeys(self.render_all(params, variant)))
+        sp = self.spec
+        if any(forbid.check_source(s, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
+                                   sp.forbidden.patterns) for s in sources):
+            return
+        self._compile_all(sources)
 
     def build(self, sources: list[str], geometry: list[dict]) -> "Build":
         """Forbidden rules, compiles (distinct sources side by side) and the profile's limits

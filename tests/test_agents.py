@@ -54,3 +54,21 @@ def test_random_resumes_where_it_left_off():
     # A new agent (a resumed run) given the first 5 trials proposes the 6th.
     hist = [Seen(c, "ok", "", 1.0) for c in full[:5]]
     assert make_agent("random", space(), 3, {}).propose(hist, 1)[0] == full[5]
+
+
+def test_agents_marked_pure_answer_the_same_history_the_same_way():
+    """The loop asks a pure agent what it would propose next while a trial is judged, then
+    asks again for real: the first question must change nothing (grid once kept a cursor)."""
+    pure = [name for name, cls in STRATEGIES.items() if getattr(cls, "pure", False)]
+    assert {"grid", "random", "pattern"} <= set(pure)
+    for name in pure:
+        a = make_agent(name, space(), 3, {})
+        b = make_agent(name, space(), 3, {})
+        hist = []
+        for i in range(8):
+            peek = a.propose(hist + [Seen({"A": 1, "B": "x", "C": True}, "ok", "", 2.0)], 1)  # a guess
+            got = a.propose(hist, 1)
+            assert got == b.propose(hist, 1), (name, i, peek)
+            if not got:
+                break
+            hist.append(Seen(got[0], "ok", "", 1.0 + i % 3))

@@ -200,3 +200,35 @@ def test_other_commands_and_exit_codes(project, tmp_path):
     r = pipe("--log-json", "run", str(slow_spec(project, trials=1)), "--run-dir", str(run_dir), cwd=project)
     events = [json.loads(ln)["event"] for ln in r.stderr.splitlines() if ln.startswith("{")]
     assert "run.start" in events and "run.end" in events
+
+
+def test_build_ahead_compiles_the_next_proposal_while_the_judge_runs(project, tmp_path):
+    """With a pure agent (grid: the next point does not depend on the last result) the loop
+    asks, while the worker judges a trial, what comes next and compiles it into the cache;
+    the next trial then finds its build there. PIPE_BUILD_AHEAD=1 turns it on for the CPU
+    backend (off by default there: compiles beside a host-timed judge would skew it)."""
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["goal"] = {"budget": {"trials": 6}}
+    d["agent"] = {"strategy": "grid", "seed": 0}
+    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    runs = {}
+    for flag in ("1", "0"):
+        run_dir = tmp_path / f"run{flag}"
+        r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project,
+                 env={"PIPE_BUILD_AHEAD": flag, "PIPE_CACHE_DIR": str(tmp_path / f"cache{flag}")})
+        assert r.returncode in (0, 1), r.stderr
+        db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
+        runs[flag] = [(json.loads(p), json.loads(det)) for p, det in
+                      db.execute("SELECT params, details FROM trials ORDER BY id").fetchall()]
+        db.close()
+    ahead = [det.get("built_ahead", False) for _, det in runs["1"]]
+    # trial 1 is the spec's start and trial 2 the first grid point asked for; from then on
+    # every grid proposal was guessed and built during the trial before it
+    assert sum(ahead) >= len(ahead) - 3 and not ahead[0]
+    assert not any(det.get("built_ahead") for _, det in runs["0"])
+    # the same proposals either way: building ahead changes no decision
+    assert [p for p, _ in runs["1"]] == [p for p, _ in runs["0"]]
+    for (_, det), was in zip(runs["1"], ahead):
+        if was and "build_wall_s" in det:
+            assert det["build_wall_s"] < 0.5  # from the cache, where a g++ build takes seconds

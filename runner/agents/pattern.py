@@ -48,6 +48,10 @@ def _seed(seed: int, n: int, salt: int = 0) -> int:
 
 @register("pattern")
 class Pattern:
+    # propose() is a pure function of the history: the loop may ask it what comes next
+    # while a trial is judged, and build that ahead (Session.judge)
+    pure = True
+
     def __init__(self, space: Space, seed: int, options: dict):
         self.space = space
         self.seed = int(seed)

@@ -17,6 +17,10 @@ from . import Seen, register
 
 @register("random")
 class RandomSearch:
+    # propose() is a pure function of the history: the loop may ask it what comes next
+    # while a trial is judged, and build that ahead (Session.judge)
+    pure = True
+
     def __init__(self, space: Space, seed: int, options: dict):
         self.space = space
         self.seed = seed

@@ -31,6 +31,8 @@ def trial_line(t: Trial, best: Trial | None, total: int | None) -> str:
         head += f"  {fmt_time(t.objective)}"
         if t.metric is not None:
             head += f"  metric {t.metric:.4g}"
+        if (t.details or {}).get("same_kernels_as"):
+            head += f"  (the same kernels as #{t.details['same_kernels_as']})"
     else:
         head += f"  ({t.reason[:120]})"
     if best is not None:

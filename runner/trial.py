@@ -20,6 +20,7 @@ from . import backends, figures, forbid, render
 from .errors import ExprError
 from .ledger import Trial
 
+REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
 REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
@@ -45,6 +46,8 @@ class Evaluator:
         self.sources: dict[str, list[str]] = {}  # trial key -> rendered sources per shape
         self.artifacts: dict[str, list[str]] = {}  # trial key -> artifact per shape
         self.variants: dict[str, str] = {}  # variant id -> template text
+        self.judged: dict[str, Trial] = {}  # binaries and launches -> the trial the worker judged them in
+        self._digests: dict[str, str] = {}  # artifact path -> content digest
 
     def template(self, variant: str | None) -> tuple[str, str]:
         """(text, name) of the spec's template or of a variant."""
@@ -123,6 +126,20 @@ class Evaluator:
         if b.status != "ok":
             return done(b.status, b.reason)
         artifacts = b.artifacts
+        # Parameters the template ignores for these shapes give the very same binaries and launches
+        # as a configuration judged already: its verdict is this one's (no new information
+        # would come from judging the same code again), and the worker's time goes elsewhere.
+        bkey = self._binary_key(artifacts, geometry)
+        same = self.judged.get(bkey)
+        if same is not None and same.id is not None and same.status in REUSABLE:
+            trial.details["same_kernels_as"] = same.id
+            if same.status != "ok":
+                return done(same.status, f"the same kernels as trial #{same.id}: {same.reason}"[:2000])
+            trial.times, trial.spreads = list(same.times), list(same.spreads or [])
+            trial.details["shapes"] = same.details.get("shapes")
+            trial.objective, trial.metric = same.objective, same.metric
+            self.sources[trial.key], self.artifacts[trial.key] = sources, artifacts
+            return done("ok")
         if on_built is not None:
             on_built()
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
@@ -133,6 +150,7 @@ class Evaluator:
         trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
         if verdict.get("phases"):
             trial.details["judge_phases"] = verdict["phases"]
+        self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
         times = [s["median"] for s in verdict["shapes"]]
@@ -148,6 +166,18 @@ class Evaluator:
         if bad:
             return done("impossible", bad)
         return done("ok")
+
+    def _binary_key(self, artifacts: list[str], geometry: list[dict]) -> str:
+        import hashlib
+        import json
+
+        h = hashlib.sha256(json.dumps(geometry, sort_keys=True).encode())
+        for a in artifacts:
+            d = self._digests.get(a)
+            if d is None:
+                d = self._digests[a] = hashlib.sha256(Path(a).read_bytes()).hexdigest()
+            h.update(d.encode())
+        return h.hexdigest()
 
     def prebuild(self, params: dict, variant: str | None = None) -> None:
         """Compile a configuration's sources into the compile cache, ahead of its trial (no
@@ -199,6 +229,8 @@ class Evaluator:
     def decide(self, cand: Trial, best: Trial | None) -> None:
         """Set cand.kept. The first correct trial is kept; later ones must win a paired re-timing."""
         if cand.status != "ok":
+            return
+        if "same_kernels_as" in cand.details:  # the original had its chance against the incumbent
             return
         if best is None:
             cand.kept = True

@@ -232,3 +232,38 @@ def test_build_ahead_compiles_the_next_proposal_while_the_judge_runs(project, tm
     for (_, det), was in zip(runs["1"], ahead):
         if was and "build_wall_s" in det:
             assert det["build_wall_s"] < 0.5  # from the cache, where a g++ build takes seconds
+
+
+def test_a_parameter_the_kernel_ignores_is_not_judged_twice(project):
+    """Two configurations that give byte-identical binaries and launches are the same kernel:
+    the second takes the first's verdict and times (no new information from judging the same
+    code again), says so, and is never kept over its original."""
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + "\n// note {{ NOTE }}\n"
+    (project / "pipelines" / "rmsnorm_note.cpp.j2").write_text(tpl)
+    d["kernel"]["template"] = "rmsnorm_note.cpp.j2"
+    d["search"]["params"]["NOTE"] = [1, 2]  # changes a comment only
+    d["search"]["start"] = {**d["search"]["start"], "NOTE": 1}
+    d["goal"] = {"budget": {"trials": 6}}
+    d["agent"] = {"strategy": "grid", "seed": 0}
+    spec = project / "pipelines" / "note.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    run_dir = project / "run"
+    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode in (0, 1), r.stderr
+    db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
+    rows = [(i, json.loads(p), st, json.loads(det), obj, kept) for i, p, st, det, obj, kept in
+            db.execute("SELECT id, params, status, details, objective, kept FROM trials ORDER BY id")]
+    db.close()
+    by = {json.dumps({k: v for k, v in p.items() if k != "NOTE"}, sort_keys=True) + str(p["NOTE"]): r
+          for r in rows for p in [r[1]]}
+    pairs = 0
+    for i, p, st, det, obj, kept in rows:
+        if p["NOTE"] != 2:
+            continue
+        twin = by[json.dumps({k: v for k, v in p.items() if k != "NOTE"}, sort_keys=True) + "1"]
+        assert det.get("same_kernels_as") == twin[0] and st == twin[2] and obj == twin[4] and not kept
+        assert "judge_wall_s" not in det  # the worker never saw it
+        pairs += 1
+    assert pairs == 3
+    assert "(the same kernels as #1)" in r.stdout

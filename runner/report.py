@@ -288,7 +288,7 @@ def time_split(data) -> str | None:
 
     d = [t.details for t in ts]
     parts = [("trial", med([t.wall_s for t in ts])), ("build", med([x.get("build_wall_s") for x in d])),
-             ("verification", med([(x.get("judge_phases") or {}).get("verify_s") for x in d])),
+             ("verification (with launch set-up)", med([(x.get("judge_phases") or {}).get("verify_s") for x in d])),
              ("timing", med([(x.get("judge_phases") or {}).get("time_s") for x in d])),
              ("judge round trip", med([x.get("judge_wall_s") for x in d]))]
     rt = [x["retime"]["seconds"] for x in d if isinstance(x.get("retime"), dict) and "seconds" in x["retime"]]

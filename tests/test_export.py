@@ -250,3 +250,43 @@ def test_a_compare_json_shipping_two_kernels_for_one_size_is_refused():
                         {"shape": {"M": 9, "N": 8192}, "ship": {**ship, "trial": 2}}]}
     with pytest.raises(ExportError, match="same compiled-in sizes"):
         held_out_entries(two, ["N"])
+
+
+@pytest.mark.gpu
+def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_path):
+    """The exported runtime on softmax "tma" kernels: 192 KiB of dynamic shared memory (allowed
+    on the launching device once per kernel, then reused) and a cluster of 2 for rows of
+    131072, on masked inputs; outputs match torch."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import shutil
+
+    from runner.exported_runtime import Op
+    from runner.trial import Evaluator
+
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    ev = Evaluator(spec, None, None)
+    cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
+    shapes = [{"M": 256, "N": 32768}, {"M": 100, "N": 131072}, {"M": 7, "N": 4096}]
+    entries = []
+    for i, (src, geo) in enumerate(zip(ev.render_all(cfg, shapes=shapes), ev.geometry(cfg, shapes=shapes))):
+        b = ev.build([src], [geo])
+        assert b.status == "ok", b.reason
+        shutil.copyfile(b.artifacts[0], tmp_path / f"k{i}.cubin")
+        entries.append({"key": [shapes[i]["N"]], "shape": shapes[i], "use": "kernel", "trial": i + 1,
+                        "params": cfg, "cubin": f"k{i}.cubin"})
+    table = {**launch_table(spec), "op": "test.softmax", "entry": spec.kernel.entry, "args": list(spec.kernel.args),
+             "inputs": [{"name": "x", "dtype": "bf16", "shape": ["M", "N"]}],
+             "outputs": [{"name": "y", "dtype": "bf16", "shape": ["M", "N"]}], "scalars": [],
+             "symbols": ["M", "N"], "baked": ["N"], "entries": entries}
+    op = Op(tmp_path, table, lambda x: torch.softmax(x, -1))
+    geos = [op.geometry(e, e["shape"]) for e in entries]
+    assert geos[0]["shared_mem"] > 48 * 1024 and geos[1]["cluster"] == [2]
+    for shape in (*shapes, shapes[0]):  # the first kernel again: its allowance is kept
+        x = torch.randn(shape["M"], shape["N"], device="cuda").bfloat16()
+        x[:, 5:: 4] = float("-inf")  # masked, as in attention
+        y = op(x)
+        torch.cuda.synchronize()
+        assert torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-3, rtol=1.6e-2), shape
+    assert op.calls == {"kernel": 4, "fallback": 0}

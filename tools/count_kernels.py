@@ -1,0 +1,38 @@
+"""How many distinct kernels a spec's space holds: every configuration is built (rendered,
+checked against the forbidden rules, compiled for every shape, checked against the
+profile's limits) and configurations whose binaries and launches are byte for byte the same
+are counted once, as the runner judges them (Evaluator: "the same kernels as #K"). Needs
+no GPU. It tells what an exhaustive sweep (`pipe record`) will cost:
+    python3 tools/count_kernels.py pipelines/softmax-h200.yaml
+"""
+
+import json
+import sys
+import time
+
+from runner.spec import load_spec
+from runner.trial import Evaluator
+
+
+def main(path: str) -> int:
+    spec = load_spec(path)
+    ev = Evaluator(spec, None, None)
+    groups: dict[str, int] = {}
+    statuses: dict[str, int] = {}
+    t0 = time.time()
+    for n, cfg in enumerate(spec.space, 1):
+        sources, geometry = ev.render_all(cfg), ev.geometry(cfg)
+        b = ev.build(sources, geometry)
+        statuses[b.status] = statuses.get(b.status, 0) + 1
+        if b.status == "ok":
+            key = ev._binary_key(b.artifacts, geometry)
+            groups[key] = groups.get(key, 0) + 1
+        if n % 100 == 0:
+            print(f"{n} configurations, {len(groups)} distinct kernels, {time.time() - t0:.0f} s", file=sys.stderr)
+    print(json.dumps({"spec": spec.name, "configurations": sum(statuses.values()), "builds": statuses,
+                      "distinct_kernels": len(groups), "seconds": round(time.time() - t0)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

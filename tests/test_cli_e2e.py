@@ -267,3 +267,19 @@ def test_a_parameter_the_kernel_ignores_is_not_judged_twice(project):
         pairs += 1
     assert pairs == 3
     assert "(the same kernels as #1)" in r.stdout
+
+
+def test_count_kernels_counts_identical_binaries_once(project):
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + "\n// note {{ NOTE }}\n"
+    (project / "pipelines" / "rmsnorm_note.cpp.j2").write_text(tpl)
+    d["kernel"]["template"] = "rmsnorm_note.cpp.j2"
+    d["search"]["params"] = {"ACC": [1, 2], "THREADS": [1], "UNROLL": [1], "NOTE": [1, 2]}
+    d["search"]["start"] = {"ACC": 1, "THREADS": 1, "UNROLL": 1, "NOTE": 1}
+    spec = project / "pipelines" / "note.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "count_kernels.py"), str(spec)], cwd=project,
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["configurations"] == 4 and out["builds"] == {"ok": 4} and out["distinct_kernels"] == 2

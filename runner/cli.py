@@ -360,13 +360,14 @@ def cmd_compare(a) -> int:
 
 def cmd_export(a) -> int:
     from .export import export
+    from .figures import shape_label
 
     pkg = export(Path(a.run), Path(a.out), a.name, a.spec)
     table = json.loads((pkg / "table.json").read_text())
     print(f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})")
     print(f"rule: {table['rule']}")
     for e in table["entries"]:
-        label = "x".join(str(v) for v in e["shape"].values())
+        label = shape_label(e["shape"])
         if e["use"] == "kernel":
             print(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])} "
                   f"({e['baseline_s'] / e['time_s']:.2f}x torch eager, {e['evidence']})")

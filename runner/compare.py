@@ -28,7 +28,7 @@ from pathlib import Path
 from . import figures
 from .errors import ExprError, PipeError
 from .render import RenderError
-from .loop import shape_label
+from .figures import shape_label
 
 ARMS = ("torch eager", "torch.compile", "triton", "copy")
 
@@ -69,13 +69,10 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     ev.variants = variants
     built: dict[int, tuple[list[str], list[dict]]] = {}
     for t in {t.id: t for row in cands for t in row}.values():
-        sources = ev.render_all(t.params, t.variant)
-        unique = list(dict.fromkeys(sources))
-        comp = dict(zip(unique, ev._compile_all(unique)))
-        bad = next((c for c in comp.values() if not c.ok), None)
+        arts, bad = ev.compiled(ev.render_all(t.params, t.variant))
         if bad is not None:
             raise CompareError(f"trial #{t.id} no longer compiles: {bad.reason}")
-        built[t.id] = ([comp[s].artifact for s in sources], ev.geometry(t.params))
+        built[t.id] = (arts, ev.geometry(t.params))
     job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": torch_compile,
            "triton": (spec.op.triton if triton else None),
            "candidates": [[{"label": f"#{t.id}", "trial": t.id, "artifact": built[t.id][0][i],
@@ -102,7 +99,6 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
     compiled for that shape and against torch eager; the regret is the choice's time over
     the best of them, minus one."""
     from .export import NOISE, baked_symbols, choose, dispatch_table, nearest, table_entry
-    from .loop import shape_label
 
     table = dispatch_table(spec, history, doc, base)
     baked = baked_symbols(spec)

@@ -179,33 +179,33 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         ev = Evaluator(spec, None, None)
         ev.variants = variants
         baked = baked_symbols(spec)
+
+        def ship(src: str, cubin: str, what: str) -> str:
+            """Compile one source into the package as `cubin`, with the source beside it."""
+            arts, bad = ev.compiled([src])
+            if bad is not None:
+                raise ExportError(f"{what}: {bad.reason}")
+            shutil.copyfile(arts[0], pkg / cubin)
+            (pkg / cubin).with_suffix(".cu").write_text(src)
+            return cubin
+
         entries = []
         for i, row in enumerate(rows):
             shape = spec.op.shapes[i]
             entry = {**table_entry(shape, row, baked), "why": row.get("why"), "evidence": row.get("evidence"),
                      "time_s": row.get("time_s"), "baseline_s": row.get("baseline_s"), "params": row["params"]}
             if row["use"] == "kernel":
-                src = ev.render_all(row["params"], row["variant"])[i]
-                c = ev._compile_all([src])[0]
-                if not c.ok:
-                    raise ExportError(f"trial #{row['trial']} does not compile any more: {c.reason}")
-                cubin = f"kernels/shape{i}-trial{row['trial']}.cubin"
-                shutil.copyfile(c.artifact, pkg / cubin)
-                (pkg / cubin).with_suffix(".cu").write_text(src)
-                entry["cubin"] = cubin
+                entry["cubin"] = ship(ev.render_all(row["params"], row["variant"])[i],
+                                      f"kernels/shape{i}-trial{row['trial']}.cubin",
+                                      f"trial #{row['trial']} does not compile any more")
             entries.append(entry)
         for i, entry in enumerate(held_out_entries(compare, baked)):
             if any(e["key"] == entry["key"] for e in entries):
                 raise ExportError(f"compare.json ships a held-out kernel for tuned sizes {entry['key']}: it was made "
                                   "by another version of the table; run pipe compare again")
-            src = ev.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0]
-            c = ev._compile_all([src])[0]
-            if not c.ok:
-                raise ExportError(f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}: "
-                                  f"{c.reason}")
-            cubin = f"kernels/held{i}-trial{entry['trial']}.cubin"
-            shutil.copyfile(c.artifact, pkg / cubin)
-            (pkg / cubin).with_suffix(".cu").write_text(src)
+            cubin = ship(ev.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0],
+                         f"kernels/held{i}-trial{entry['trial']}.cubin",
+                         f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}")
             entries.append({**{k: v for k, v in entry.items() if k != "variant"}, "cubin": cubin})
         op = spec.op
         table = {
@@ -239,7 +239,6 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
     pkg.rename(final)
     final.chmod(0o755)  # mkdtemp made it private
     return final
-    return pkg
 
 
 _INIT = '''"""{spec}, exported by pipe: `{name}` dispatches by shape to the tuned kernels

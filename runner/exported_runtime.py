@@ -35,6 +35,11 @@ HELPERS = {
 }
 
 
+def _logdist(env: dict, shape: dict, names: list[str]) -> float:
+    """How far two shapes are apart in the named sizes, on a log scale."""
+    return sum(abs(math.log(max(env[s], 1)) - math.log(max(shape[s], 1))) for s in names)
+
+
 def choose(entries: list[dict], baked: list[str], symbols: list[str], env: dict) -> dict | None:
     """The table's entry for a shape: among the tuned shapes with the same compiled-in sizes,
     the nearest in the free sizes (log scale); None when no tuned shape has those sizes.
@@ -44,8 +49,7 @@ def choose(entries: list[dict], baked: list[str], symbols: list[str], env: dict)
     if not same:
         return None
     free = [s for s in symbols if s not in baked]
-    return min(same, key=lambda e: sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1)))
-                                       for s in free))
+    return min(same, key=lambda e: _logdist(env, e["shape"], free))
 
 
 def allow_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
@@ -69,14 +73,41 @@ def nearest(entries: list[dict], baked: list[str], symbols: list[str], env: dict
     held-out shapes, times it there, and `pipe export` ships it, compiled for that shape,
     only where it beat torch eager."""
     ks = [e for e in entries if e["use"] == "kernel"]
-    if not ks:
-        return None
-
-    def dist(e, names):
-        return sum(abs(math.log(max(env[s], 1)) - math.log(max(e["shape"][s], 1))) for s in names)
-
     free = [s for s in symbols if s not in baked]
-    return min(ks, key=lambda e: (dist(e, baked), dist(e, free)))
+    return min(ks, key=lambda e: (_logdist(env, e["shape"], baked), _logdist(env, e["shape"], free)), default=None)
+
+
+def raise_smem(kernel, nbytes: int, device_id: int, allowed: dict, key) -> None:
+    """Allow `nbytes` of dynamic shared memory unless `allowed[key]` already covers it: the
+    attribute is one value per kernel, so it only ever rises (a smaller launch prepared
+    later cannot undo a larger one)."""
+    if nbytes > allowed.get(key, 0):
+        allow_dynamic_smem(kernel, nbytes, device_id)
+        allowed[key] = nbytes
+
+
+def in_clusters(grid, block, cluster) -> tuple[tuple, tuple, tuple | None]:
+    """(grid, block, cluster) as cuda.core takes them from a geometry counted in blocks, as
+    specs and tables count it: with a cluster, cuda.core counts the grid in clusters. None
+    for no cluster; ValueError when the grid is not a whole number of clusters."""
+    grid, block, cluster = list(grid or [1]), list(block or [1]), list(cluster or [])
+    if not (cluster and any(c > 1 for c in cluster)):
+        return tuple(grid), tuple(block), None
+    cluster = cluster + [1] * (len(grid) - len(cluster))
+    grid = grid + [1] * (len(cluster) - len(grid))
+    if any(g % c for g, c in zip(grid, cluster)):
+        raise ValueError(f"grid {grid} is not a whole number of clusters {cluster}")
+    return tuple(g // c for g, c in zip(grid, cluster)), tuple(block), tuple(cluster)
+
+
+def launch_config(grid, block, cluster, smem: int):
+    """cuda.core's LaunchConfig for a geometry counted in blocks (see in_clusters)."""
+    from cuda.core import LaunchConfig
+
+    grid, block, cluster = in_clusters(grid, block, cluster)
+    if cluster is None:
+        return LaunchConfig(grid=grid, block=block, shmem_size=smem)
+    return LaunchConfig(grid=grid, cluster=cluster, block=block, shmem_size=smem)
 
 
 class InputError(ValueError):
@@ -182,14 +213,11 @@ class Op:
 
     def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
         import numpy as np
-        from cuda.core import LaunchConfig, launch
+        from cuda.core import launch
 
         dev, kernel, sizes = self._kernel(e, tensors[self.inputs[0]["name"]].device)
         g = self.geometry(e, env)
-        grid, block, cluster, smem = g["grid"], g["block"], g["cluster"], g["shared_mem"]
-        if smem > self._smem.get((e["cubin"], dev.device_id), 0):  # one value per kernel: only ever raised
-            allow_dynamic_smem(kernel, smem, dev.device_id)
-            self._smem[(e["cubin"], dev.device_id)] = smem
+        raise_smem(kernel, g["shared_mem"], dev.device_id, self._smem, (e["cubin"], dev.device_id))
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}
@@ -201,16 +229,10 @@ class Op:
                 args.append(casts[stypes[a]](scalars[a]))
             else:
                 args.append(np.int32(env[a]) if size == 4 else np.int64(env[a]))
-        if cluster and any(c > 1 for c in cluster):
-            cluster = cluster + [1] * (len(grid) - len(cluster))
-            grid = grid + [1] * (len(cluster) - len(grid))
-            if any(g % c for g, c in zip(grid, cluster)):
-                raise RuntimeError(f"{self.t['op']}: grid {grid} is not a whole number of clusters {cluster}")
-            # cuda.core counts the grid in clusters when a cluster is given; the table counts blocks
-            cfg = LaunchConfig(grid=tuple(g // c for g, c in zip(grid, cluster)), cluster=tuple(cluster),
-                               block=tuple(block), shmem_size=smem)
-        else:
-            cfg = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=smem)
+        try:
+            cfg = launch_config(g["grid"], g["block"], g["cluster"], g["shared_mem"])
+        except ValueError as err:
+            raise RuntimeError(f"{self.t['op']}: {err}") from None
         device = tensors[self.inputs[0]["name"]].device
         with torch.cuda.device(device):  # the inputs' device and its current stream, whatever is current
             launch(dev.create_stream(torch.cuda.current_stream(device)), cfg, kernel, *args)

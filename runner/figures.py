@@ -12,6 +12,11 @@ import math
 from typing import Sequence
 
 
+
+def shape_label(shape: dict) -> str:
+    """32768x4096: a shape's sizes in the spec's order."""
+    return "x".join(str(v) for v in shape.values())
+
 def floors(spec, shapes=None) -> list[dict]:
     """Per shape (the spec's timed shapes by default): bytes, flops and the floor time."""
     out = []

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import figures
+from .figures import shape_label
 from . import log as logmod
 from .agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
@@ -38,10 +39,6 @@ class Outcome:
     stop: str
     best: Trial | None
     trials: int
-
-
-def shape_label(shape: dict) -> str:
-    return "x".join(str(v) for v in shape.values())
 
 
 class Session:
@@ -65,7 +62,7 @@ class Session:
         flag = os.environ.get("PIPE_BUILD_AHEAD", "")
         self.build_ahead = flag == "1" or (flag != "0" and spec.kernel.backend != "cpu")
         self._ahead: tuple[str, Future] | None = None  # (trial key, its build) started during a judge
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead")
+        self._pool: ThreadPoolExecutor | None = None  # started by the first build ahead
 
     def start(self) -> None:
         self.ev = Evaluator(self.spec, self.worker, self._baseline())
@@ -83,7 +80,8 @@ class Session:
         self.write_outputs("running", None)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.worker.close()
         self.ledger.close()
         self._lock.close()
@@ -126,6 +124,8 @@ class Session:
         key = trial_key(dict(g.params), None)
         if g.variant is not None or key in self.tried or self.spec.space.contains(dict(g.params)) is not None:
             return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead")
         self._ahead = (key, self._pool.submit(self._quiet_prebuild, dict(g.params)))
 
     def _quiet_prebuild(self, params: dict) -> None:

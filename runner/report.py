@@ -20,6 +20,8 @@ import json
 import math
 from pathlib import Path
 
+from . import figures
+
 STATUS_COLORS = {"ok": "#2b8a3e", "wrong": "#c92a2a", "fault": "#862e9c", "hang": "#e67700",
                  "forbidden": "#495057", "pruned": "#868e96", "compile_error": "#1864ab",
                  "render_error": "#1864ab", "impossible": "#d9480f", "tampered": "#000000",
@@ -70,7 +72,7 @@ def load(run_dir: Path, spec_path: str | None = None) -> dict:
 
 def _labels(data) -> list[str]:
     if data["spec"] is not None:
-        return ["x".join(str(v) for v in s.values()) for s in data["spec"].op.shapes]
+        return [figures.shape_label(s) for s in data["spec"].op.shapes]
     n = max((len(t.times) for t in data["trials"] if t.times), default=0)
     return [f"shape {i}" for i in range(n)]
 
@@ -142,8 +144,6 @@ def plot_roofline(data, rows) -> str | None:
     spec = data["spec"]
     if spec is None or not rows:
         return None
-    from . import figures
-
     plt = _plt()
     hw = spec.hw
     peak = hw.peak_flops(spec.op.dtype) or hw.peak_flops("fp32")
@@ -180,8 +180,6 @@ def shape_rows(data) -> list[dict]:
     """Per shape: the kernel to use there and its figures. From `pipe compare` when it has
     run (the winner of a fresh side-by-side timing, or the baseline where it won), else
     from the recorded per-shape best."""
-    from . import figures
-
     labels = _labels(data)
     rows = []
     cmp = data["compare"]

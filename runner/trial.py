@@ -9,6 +9,8 @@ beyond the noise of that paired measurement.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 import statistics
 import time
@@ -89,7 +91,7 @@ class Evaluator:
     def run(self, params: dict, agent: str, variant: str | None = None, on_built=None) -> Trial:
         """Judge one candidate; `variant` is the id of a template variant in self.variants.
         `on_built` is called once the candidate is built and before the worker judges it (the
-        loop builds the next proposal then, while the GPU is busy)."""
+        loop asks its agent for the next proposal there and compiles that beside the judge)."""
         t0 = time.time()
         trial = Trial(params=dict(params), status="ok", agent=agent, spec_hash=self.spec.hash, started_at=t0,
                       variant=variant)
@@ -168,9 +170,6 @@ class Evaluator:
         return done("ok")
 
     def _binary_key(self, artifacts: list[str], geometry: list[dict]) -> str:
-        import hashlib
-        import json
-
         h = hashlib.sha256(json.dumps(geometry, sort_keys=True).encode())
         for a in artifacts:
             d = self._digests.get(a)
@@ -182,12 +181,7 @@ class Evaluator:
     def prebuild(self, params: dict, variant: str | None = None) -> None:
         """Compile a configuration's sources into the compile cache, ahead of its trial (no
         verdict: the trial itself builds again, from the cache, and judges)."""
-        sources = list(dict.fromkeys(self.render_all(params, variant)))
-        sp = self.spec
-        if any(forbid.check_source(s, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
-                                   sp.forbidden.patterns) for s in sources):
-            return
-        self._compile_all(sources)
+        self.build(self.render_all(params, variant), self.geometry(params))
 
     def build(self, sources: list[str], geometry: list[dict]) -> "Build":
         """Forbidden rules, compiles (distinct sources side by side) and the profile's limits
@@ -213,6 +207,14 @@ class Evaluator:
                 if why:
                     return Build("pruned", f"shape {i}: {why}", resources=resources, compile_s=compile_s)
         return Build("ok", artifacts=[arts[s] for s in sources], resources=resources, compile_s=compile_s)
+
+    def compiled(self, sources: list[str]) -> tuple[list[str] | None, object | None]:
+        """(artifact per source, None), or (None, the first failed compile): distinct sources
+        compiled side by side, mapped back to the per-shape list."""
+        unique = list(dict.fromkeys(sources))
+        comp = dict(zip(unique, self._compile_all(unique)))
+        bad = next((c for c in comp.values() if not c.ok), None)
+        return (None, bad) if bad is not None else ([comp[s].artifact for s in sources], None)
 
     def _compile_all(self, sources: list[str]) -> list:
         """Compile distinct sources side by side: NVRTC and g++ both run outside the GIL."""
@@ -269,11 +271,7 @@ class Evaluator:
             sources = self.render_all(best.params, best.variant)
         except (render.RenderError, ExprError, KeyError):
             return None
-        arts = {}
-        for src in dict.fromkeys(sources):
-            c = self.backend.compile(src, self.spec.kernel.entry, self.spec.kernel.options, self.spec.hw)
-            if not c.ok:
-                return None
-            arts[src] = c.artifact
-        self.sources[best.key] = sources
-        return [arts[s] for s in sources]
+        arts, _ = self.compiled(sources)
+        if arts is not None:
+            self.sources[best.key] = sources
+        return arts

@@ -290,3 +290,16 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
         torch.cuda.synchronize()
         assert torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-3, rtol=1.6e-2), shape
     assert op.calls == {"kernel": 4, "fallback": 0}
+
+
+def test_launch_geometry_in_blocks_becomes_cuda_cores_grid_in_clusters():
+    """One conversion for the runner and the exported runtime (no GPU needed to check it)."""
+    from runner.exported_runtime import in_clusters
+
+    assert in_clusters([264], [512], [2]) == ((132,), (512,), (2,))
+    assert in_clusters((132,), (1024,), ()) == ((132,), (1024,), None)
+    assert in_clusters([40], [256], [1]) == ((40,), (256,), None)
+    assert in_clusters(None, None, None) == ((1,), (1,), None)
+    assert in_clusters([64, 3], [128], [8]) == ((8, 3), (128,), (8, 1))
+    with pytest.raises(ValueError, match="not a whole number of clusters"):
+        in_clusters([10], [256], [4])

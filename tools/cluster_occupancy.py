@@ -17,7 +17,9 @@ def main(argv):
     for a in argv[1:]:
         k, _, v = a.partition("=")
         cfg[k] = type(spec.start[k])(v)
-    from cuda.core import Device, LaunchConfig, ObjectCode
+    from cuda.core import Device, ObjectCode
+
+    from runner.exported_runtime import launch_config, raise_smem
 
     dev = Device(0)
     dev.set_current()
@@ -31,12 +33,10 @@ def main(argv):
             continue
         k = ObjectCode.from_cubin(r.artifact).get_kernel(spec.kernel.entry)
         smem = int(geo.get("shared_mem", 0))
-        if smem:
-            cuda._allow_dynamic_smem(k, smem, dev.device_id)
+        raise_smem(k, smem, dev.device_id, {}, None)
         cl = geo["cluster"][0] if geo.get("cluster") else 1
         grid = geo["grid"][0]
-        conf = LaunchConfig(grid=grid // cl, cluster=cl, block=geo["block"][0], shmem_size=smem) if cl > 1 else \
-            LaunchConfig(grid=grid, block=geo["block"][0], shmem_size=smem)
+        conf = launch_config(geo["grid"], geo["block"], geo.get("cluster"), smem)
         most = k.occupancy.max_active_clusters(conf, stream=stream) if cl > 1 else \
             k.occupancy.max_active_blocks_per_multiprocessor(geo["block"][0], smem) * dev.properties.multiprocessor_count
         print(f"{shape}: grid {grid} blocks in clusters of {cl}, shared {smem} B: "

@@ -266,29 +266,19 @@ class Runtime:
     def prepare(self, fn, values: list, geometry: dict | None, mode: str | None = None):
         """The one callable used for checked and timed calls alike; `mode` forces
         direct launches or graph replay (default: the spec's runtime mode)."""
-        from cuda.core import LaunchConfig, launch
+        from cuda.core import launch
+
+        from ..exported_runtime import launch_config, raise_smem
 
         kernel, casts = fn
         args = [c(v) for c, v in zip(casts, values)]
         g = geometry or {}
         smem = int(g.get("shared_mem", 0))
-        key = _handle_key(kernel)
-        if smem > self._smem.get(key, 0):  # static and dynamic together may pass 48 KiB; the attribute is
-            # one value per kernel, so it only ever rises: a smaller launch prepared later cannot undo it
-            _allow_dynamic_smem(kernel, smem, self.dev.device_id)
-            self._smem[key] = smem
-        grid = tuple(g.get("grid") or [1])
-        cluster = tuple(g.get("cluster") or ())
-        if cluster and any(c > 1 for c in cluster):
-            cluster = cluster + (1,) * (len(grid) - len(cluster))
-            grid = grid + (1,) * (len(cluster) - len(grid))
-            if any(a % c for a, c in zip(grid, cluster)):
-                raise LaunchError(f"grid {list(grid)} is not a whole number of clusters {list(cluster)}")
-            # cuda.core counts the grid in clusters when a cluster is given; the spec counts blocks
-            config = LaunchConfig(grid=tuple(a // c for a, c in zip(grid, cluster)), cluster=cluster,
-                                  block=tuple(g.get("block") or [1]), shmem_size=smem)
-        else:
-            config = LaunchConfig(grid=grid, block=tuple(g.get("block") or [1]), shmem_size=smem)
+        try:  # static and dynamic together may pass 48 KiB: the kernel is allowed what it asks
+            raise_smem(kernel, smem, self.dev.device_id, self._smem, _handle_key(kernel))
+            config = launch_config(g.get("grid"), g.get("block"), g.get("cluster"), smem)
+        except (RuntimeError, ValueError) as e:
+            raise LaunchError(str(e)) from None
 
         def direct():
             launch(self._stream(), config, kernel, *args)
@@ -370,11 +360,3 @@ def _handle_key(kernel) -> int:
     except (AttributeError, TypeError, ValueError):
         return id(kernel)
 
-
-def _allow_dynamic_smem(kernel, nbytes: int, device_id: int) -> None:
-    from ..exported_runtime import allow_dynamic_smem
-
-    try:
-        allow_dynamic_smem(kernel, nbytes, device_id)
-    except RuntimeError as e:
-        raise LaunchError(str(e)) from None

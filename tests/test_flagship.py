@@ -47,27 +47,33 @@ def test_long_rows_use_a_cluster_and_short_rows_share_a_block():
 
 
 def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
-    """HOLD = "tma": one block per SM (MINB = 1, 1024 threads) holding 3 stages of 64 KiB;
-    a row of 131072 is spread over a cluster of 2, each block's half spanning two slots,
-    and 66 clusters fill the 132 SMs; a row
-    length that is no multiple of 8 cannot use 16-byte bulk copies and takes the f32 path."""
+    """HOLD = "tma": one block per SM (MINB = 1, 512 threads and a producer warp) holding 3
+    slots of 64 KiB, a tile of 8 rows each, for rows of 4096; a row of 131072 is spread over a cluster of 2,
+    each block's half (128 KiB) in 16 KiB slots of a 14-slot ring, and 66 clusters fill the
+    132 SMs; a row length that is no multiple of 8 cannot use 16-byte bulk copies and takes
+    the f32 path."""
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
     ev = Evaluator(spec, None, None)
-    cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
+    cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
     shapes = spec.op.all_shapes
     by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
-    assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [1024], "cluster": [1],
+    assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [544], "cluster": [1],
                                  "shared_mem": 3 * 65536}
     assert by[(1024, 131072)]["cluster"] == [2] and by[(1024, 131072)]["grid"] == [132]
-    assert by[(1024, 131072)]["shared_mem"] == 3 * 65536
+    assert by[(1024, 131072)]["shared_mem"] == 14 * 16384  # 224 KiB: the tile and 6 slots ahead
     assert by[(1, 4096)]["grid"] == [1]  # never more blocks than tiles
     odd = by[(5, 131071)]
     assert odd["shared_mem"] == 0 and odd["cluster"] == [4] and odd["grid"] == [5 * 4]  # the f32 geometry
+    assert odd["block"] == [512]
     src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
     assert "bulk_load(ring" in src[(4096, 32768)] and "bulk_load(ring" not in src[(5, 131071)]
-    # two blocks per SM halve the stage
-    two = ev.geometry({**cfg, "TMAX": 512, "MINB": 2}, shapes=[{"M": 4096, "N": 32768}])[0]
-    assert two["cluster"] == [2] and two["shared_mem"] == 3 * 32768 and two["grid"] == [132 * 2]
+    # two blocks per SM share the SM's shared memory: a half row (32 KiB, two slots) and
+    # four slots ahead each
+    two = ev.geometry({**cfg, "EPT": 32, "MINB": 2}, shapes=[{"M": 4096, "N": 32768}])[0]
+    assert two["cluster"] == [2] and two["shared_mem"] == 6 * 16384 and two["grid"] == [132 * 2]
+    # 1024 threads leave no room for the producer warp: the f32 path
+    wide = ev.geometry({**cfg, "TMAX": 1024}, shapes=[{"M": 4096, "N": 32768}])[0]
+    assert wide["shared_mem"] == 0 and wide["block"] == [1024]
 
 
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")

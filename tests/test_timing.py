@@ -25,4 +25,22 @@ def test_bench_runs_hooks_and_checks_one_call():
     assert len(times) >= 7
     assert len(befores) == len(times)  # one hook per timed call, none for the warm-up
     assert len(calls) == len(times) + 2  # two warm-up calls at least
-    assert checks == [min(len(times) - 1, int(0.5 * len(times))) + 1]  # checked right after that call
+    # checked right after one call past the probe (3 calls), at half of the rest
+    assert checks == [3 + min(len(times) - 4, int(0.5 * (len(times) - 3))) + 1]
+
+
+def test_bench_budget_counts_the_whole_repetition():
+    """rep_ms bounds the timed loop's wall time, hooks included: a 2 ms hook ahead of a
+    call that takes no time gives about rep_ms / 2 ms repetitions, not max_reps."""
+    import time
+
+    times = bench(lambda: None, lambda: None, warmup_ms=0.0, rep_ms=40.0, before=lambda: time.sleep(0.002),
+                  min_reps=5, max_reps=2000)
+    assert 5 <= len(times) <= 25  # the budget, not 2000 repetitions of 2 ms
+
+
+def test_bench_checks_when_the_probe_is_all_there_is():
+    seen = []
+    times = bench(lambda: None, lambda: None, warmup_ms=0.0, rep_ms=1e-9, min_reps=3,
+                  before=lambda: seen.append("call"), checks=[(0.9, lambda: seen.append("check"))])
+    assert len(times) == 3 and seen == ["call", "call", "call", "check"]

@@ -3,7 +3,9 @@
 # (make it here with `bash tools/device-wheels.sh`):
 #   bash tools/device-run.sh WHAT...
 # WHAT, any number, in order:
-#   tests                   the gpu-marked tests
+#   tests[:PATHS]           the gpu-marked tests (PATHS: test files or node ids joined by +, default all)
+#   py:SCRIPT[:ARGS]        python3 SCRIPT ARGS, output in $OUT/SCRIPT-name.txt (ARGS as for run;
+#                           the text "OUT/" in ARGS becomes the results folder)
 #   suite                   the whole test suite
 #   run:SPEC[:ARGS[:TAG]]   pipe run SPEC into /tmp/runs/NAME (NAME: the spec's, plus TAG; ARGS: extra pipe run options,
 #                           commas for spaces and + for commas, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40
@@ -22,6 +24,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+rm -rf /tmp/runs  # a machine still warm from the last call keeps its runs: every call starts afresh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache-$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
@@ -38,7 +41,8 @@ for w in "$@"; do
   extra=${extra//,/ }; extra=${extra//+/,}
   t0=$(date +%s); echo "== $w $(date +%T)" >> "$OUT/steps.txt"
   case $kind in
-    tests) python3 -m pytest -q -m gpu -rA tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    tests) paths=${arg:-tests/}; python3 -m pytest -q -m gpu -rA ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
+    py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee "$OUT/$n.txt" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run|record)
       name=$(basename "$arg" .yaml)$tag; d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name

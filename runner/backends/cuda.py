@@ -335,11 +335,23 @@ class Runtime:
         self.walls.append(end.elapsed_time(idle) / 1e3)
         return start.elapsed_time(end) / 1e3
 
+    # How the L2 is emptied ahead of a timed call: "clean" reads a buffer of twice its size,
+    # which evicts everything and leaves only clean lines, so the dirty lines of the work
+    # before (the last output, the input refresh) are written back here, outside the timed
+    # region; "dirty" writes the buffer instead (as triton.testing.do_bench does), which
+    # leaves the L2 full of dirty lines whose write-back then lands inside the timed call.
+    flush_mode = "clean"
+
     def flush(self) -> None:
+        torch = self.torch
         if self._flush_buf is None:
-            n = 2 * int(self.hw.get("l2_bytes", 64 << 20))
-            self._flush_buf = self.torch.empty(n, dtype=self.torch.uint8, device="cuda")
-        self._flush_buf.zero_()
+            n = 2 * int(self.hw.get("l2_bytes", 64 << 20)) // 8
+            self._flush_buf = torch.ones(n, dtype=torch.int64, device="cuda")
+            self._flush_out = torch.empty((), dtype=torch.int64, device="cuda")
+        if self.flush_mode == "dirty":
+            self._flush_buf.fill_(1)
+        else:
+            torch.sum(self._flush_buf, dim=0, out=self._flush_out)
 
     def healthy(self) -> bool:
         try:

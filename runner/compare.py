@@ -264,8 +264,17 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
             "spec_hash": spec.hash, "hardware": spec.hw.name, "machine": r.get("machine", {}),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
-                         "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms},
+                         "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms,
+                         "inputs": compared_inputs(spec)},
             "recorded_baseline": baseline, "shapes": shapes}
+
+
+def compared_inputs(spec) -> dict[str, list[str]]:
+    """The input distributions every arm of pipe compare is timed on: the worker's rotation
+    alternates the values of rounds 0 and 1 (`Judge._rotation`). Torch eager softmax, for
+    one, runs twice as long on "outliers" as on "normal" values (docs/perf-notes.md), and
+    a run's own baseline is timed on round 0's alone."""
+    return {t.name: list(dict.fromkeys(t.dists[r % len(t.dists)] for r in (0, 1))) for t in spec.op.inputs}
 
 
 def _split(rounds: list[float]) -> tuple[float | None, float | None]:
@@ -316,6 +325,10 @@ def format_table(doc: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append("(x): how many times slower than the tuned kernel; 'of copy': the copy's time over the "
                  "tuned kernel's for the same bytes")
+    ins = (doc.get("protocol") or {}).get("inputs")
+    if ins:
+        lines.append("inputs, alternating before every timed call: "
+                     + "; ".join(f"{k} {' and '.join(v)}" for k, v in ins.items()))
     if doc.get("held_out_error"):
         lines.append(f"held-out shapes: not compared: {doc['held_out_error']}")
     if doc.get("held_out"):

@@ -289,8 +289,14 @@ def time_split(data) -> str | None:
              ("verification (with launch set-up)", med([(x.get("judge_phases") or {}).get("verify_s") for x in d])),
              ("timing", med([(x.get("judge_phases") or {}).get("time_s") for x in d])),
              ("judge round trip", med([x.get("judge_wall_s") for x in d]))]
+    # the timing phase's parts (recorded since session 4)
+    sub = [(k, med([(x.get("judge_phases") or {}).get(key) for x in d]))
+           for k, key in (("second value set and its reference", "time_setup_s"), ("timed loop", "time_loop_s"),
+                          ("output checks", "time_check_s"))]
     rt = [x["retime"]["seconds"] for x in d if isinstance(x.get("retime"), dict) and "seconds" in x["retime"]]
     text = ", ".join(f"{k} {v:.3f} s" for k, v in parts if v is not None)
+    if all(v is not None for _, v in sub):
+        text += " (timing: " + ", ".join(f"{k} {v:.3f} s" for k, v in sub) + ")"
     if rt:
         text += f"; re-timing {statistics.median(rt):.3f} s in {len(rt)} of {len(ts)} trials"
     return f"Median time of a judged trial ({len(ts)} trial{'s' if len(ts) != 1 else ''}): {text}."

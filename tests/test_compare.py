@@ -60,6 +60,9 @@ def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, proj
         assert s["tuned"]["trial"] in {int(k) for k in s["candidates"]}
     assert "512x4096" in r.stdout and "eager" in r.stdout
     assert "512x4096" in format_table(doc)
+    # every arm is timed on the same two value sets, and the table says which
+    assert doc["protocol"]["inputs"] == {"x": ["normal", "outliers"], "w": ["positive"]}
+    assert "inputs, alternating before every timed call: x normal and outliers; w positive" in r.stdout
     # the spec changed since the run: compare refuses rather than judge other kernels
     spec.write_text(spec.read_text().replace("eps: {value: 1.0e-6", "eps: {value: 2.0e-6"))
     r = _run(["compare", str(run), "--no-compile"], project)

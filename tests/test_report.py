@@ -118,9 +118,12 @@ def test_report_says_where_a_trials_time_went(cpu_run, tmp_path):
         ph = d["judge_phases"]
         assert ph["verify_s"] > 0 and ph["time_s"] > 0
         assert ph["verify_s"] + ph["time_s"] <= d["judge_wall_s"] <= t.wall_s
+        parts = ph["time_setup_s"] + ph["time_loop_s"] + ph["time_check_s"]
+        assert ph["time_loop_s"] > 0 and ph["time_check_s"] > 0 and parts <= ph["time_s"] * 1.001
         assert d["build_wall_s"] <= t.wall_s
     r = _pipe(["report", str(cpu_run), "--out", str(tmp_path)], ROOT)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "report.md").read_text()
     line = next(ln for ln in md.splitlines() if ln.startswith("Median time of a judged trial"))
     assert f"({len(trials)} trial" in line and "verification" in line and "timing" in line
+    assert "timed loop" in line and "output checks" in line

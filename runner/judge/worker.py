@@ -127,7 +127,10 @@ class Judge:
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
         clock = time.perf_counter
-        phases = {"verify_s": 0.0, "time_s": 0.0}  # where the judge's time goes, for pipe report
+        # where the judge's time goes, for pipe report; time_s splits into the second value
+        # set and its reference (time_setup_s), the timed loop (time_loop_s) and the output
+        # checks after timed calls (time_check_s)
+        phases = {"verify_s": 0.0, "time_s": 0.0, "time_setup_s": 0.0, "time_loop_s": 0.0, "time_check_s": 0.0}
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
@@ -164,7 +167,7 @@ class Judge:
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
                 continue
-            why, times = self._time_checked(job, si, shape, inputs, before, refs, run, outs)
+            why, times = self._time_checked(job, si, shape, inputs, before, refs, run, outs, phases)
             phases["time_s"] += clock() - t1
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
@@ -172,7 +175,7 @@ class Judge:
             shapes_out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
 
-    def _time_checked(self, job, si, shape, inputs, values0, refs0, run, outs):
+    def _time_checked(self, job, si, shape, inputs, values0, refs0, run, outs, phases=None):
         """Time `run` while two value sets take turns in the input buffers.
 
         Before every timed call (outside the timed region) the inputs get the
@@ -182,27 +185,38 @@ class Judge:
         last are checked against the reference of the values they were given,
         with no poison in the output beforehand (poison would tip a kernel off).
         """
+        clock = time.perf_counter
+        spent = phases if phases is not None else {}
+        t0 = clock()
         sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1 + si)]
         refs = [refs0, self._reference(sets[1])]
         state, refresh = _alternate(inputs, sets)
+        self.rt.sync()
+        checking = [0.0]
 
         failed: list[str] = []
 
         def check():
+            c0 = clock()
             self.rt.sync()
             why = self._check(outs, refs[state["cur"]], 1, guards=True)
             if why:
                 failed.append(why)
+            checking[0] += clock() - c0
 
         rng = random.Random(job["seed"] + si)
         self.rt.walls = []
+        t1 = clock()
         times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random())
+        spent["time_setup_s"] = spent.get("time_setup_s", 0.0) + t1 - t0
+        spent["time_loop_s"] = spent.get("time_loop_s", 0.0) + clock() - t1 - checking[0]
         late = self._late(times)
         if late:
             return late, times
         if failed:
             return failed[0], times
         check()
+        spent["time_check_s"] = spent.get("time_check_s", 0.0) + checking[0]
         return (failed[0] if failed else None), times
 
     def _late(self, times: list[float]) -> str | None:

@@ -98,7 +98,7 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
     by the table's rule, or the torch reference) against every kernel of the table
     compiled for that shape and against torch eager; the regret is the choice's time over
     the best of them, minus one."""
-    from .export import NOISE, baked_symbols, choose, dispatch_table, nearest, table_entry
+    from .export import NOISE, baked_symbols, choose, dispatch_table, nearest_all, table_entry
 
     table = dispatch_table(spec, history, doc, base)
     baked = baked_symbols(spec)
@@ -132,27 +132,34 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
         errors = {k: v["error"] for k, v in res.items() if v.get("error")}
         errors.update(job["skipped"][len(out)])
         # The table's rule: a kernel tuned for the same compiled-in sizes; else the nearest tuned
-        # kernel compiled for this shape, which pipe export ships only where it beat torch eager
-        # here by more than the noise margin; else torch eager.
+        # kernel (of equally near ones, the faster here) compiled for this shape, which pipe export
+        # ships only where it beat torch eager here by more than the noise margin; else torch eager.
         e = choose(entries, baked, symbols, shape)
         untuned = e is None
+        near: list[str] = []
         if e is not None:
             choice = f"#{e['trial']}" if e["use"] == "kernel" else "torch eager"
             via = "tuned sizes" if e["use"] == "kernel" else "tuned sizes: fallback"
         else:
-            e = nearest(entries, baked, symbols, shape)
-            label = f"#{e['trial']}" if e is not None else None
             # decided on the even rounds, like the tuned shapes' winners (the times shown are all rounds')
             pick = {k: _split(v["rounds"])[0] for k, v in res.items() if v.get("error") is None and v.get("rounds")}
+            tied = nearest_all(entries, baked, symbols, shape)
+            near = [f"#{x['trial']}" for x in tied]
+            e = faster_nearest(tied, pick)
+            label = f"#{e['trial']}" if e is not None else None
             eager = pick.get("torch eager")
             if label in times and eager and pick.get(label) and pick[label] < eager * (1 - NOISE):
-                choice, via = label, f"nearest tuned sizes ({shape_label(e['shape'])}), checked here"
+                sizes = " or ".join(shape_label(x["shape"]) for x in tied)
+                choice, via = label, f"nearest tuned sizes ({sizes}{', the faster here' if len(tied) > 1 else ''}), " \
+                                     "checked here"
             else:
                 choice, via = "torch eager", "no tuned sizes" + (f"; nearest {label} not faster here" if label else "")
         best = min(times, key=times.get) if times else None
         row = {"shape": dict(shape), "label": shape_label(shape), "bytes": f["bytes"], "choice": choice,
                "via": via, "choice_s": times.get(choice), "best": best,
                "best_s": times.get(best) if best else None, "times_s": times, "errors": errors}
+        if near:
+            row["nearest"] = near
         if choice != "torch eager" and e is not None and "nearest" in via:
             # the figures that did not pick it (odd rounds), like the tuned shapes' reported times
             row["ship"] = {"trial": e["trial"], "params": by_id[e["trial"]].params,
@@ -168,6 +175,14 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
         row.pop("key", None)
         row["regret"] = (row["choice_s"] / row["best_s"] - 1) if row["choice_s"] and row["best_s"] else None
     return out
+
+
+def faster_nearest(tied: list[dict], pick: dict[str, float]) -> dict | None:
+    """Of equally near tuned entries, the one timed faster on the held-out shape (`pick`:
+    label -> even rounds' median); the first where none of them ran there."""
+    if not tied:
+        return None
+    return min(tied, key=lambda x: pick.get(f"#{x['trial']}", float("inf")))
 
 
 def _unship(row: dict, why: str) -> None:

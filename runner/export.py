@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import PipeError
-from .exported_runtime import choose, nearest  # noqa: F401 (the package's own rules, used by pipe compare too)
+from .exported_runtime import choose, nearest, nearest_all  # noqa: F401 (the package's own rules, used by pipe compare too)
 
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be used
 NOISE_RECORDED = 0.05  # without pipe compare, against the run's recorded baseline
@@ -107,9 +107,9 @@ def rule_text(baked: list[str], symbols: list[str]) -> str:
     return (f"a shape uses the kernel tuned for the same {sizes} (compiled into it); "
             f"{', '.join(free) or 'no size'} may differ, and among several such tuned shapes the nearest in "
             f"{', '.join(free) or 'size'} (log scale) decides; for a {sizes} nobody tuned but pipe compare "
-            f"timed on a held-out shape, the configuration of the nearest tuned {sizes}, compiled for it, where "
-            "it beat torch eager there; any other shape, CPU tensors and non-contiguous inputs use the torch "
-            "reference")
+            f"timed on a held-out shape, the configuration of the nearest tuned {sizes} (of equally near ones, "
+            "the faster there), compiled for it, where it beat torch eager there; any other shape, CPU tensors "
+            "and non-contiguous inputs use the torch reference")
 
 
 def held_out_entries(compare: dict | None, baked: list[str]) -> list[dict]:

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from runner.compare import candidates, format_table
+from runner.compare import candidates, faster_nearest, format_table
 from runner.figures import per_shape_best
 from runner.ledger import Trial
 
@@ -93,7 +93,7 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     text = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
     assert "\n  extra_shapes:" in text
     text = text.replace("\n  extra_shapes:", "\n  held_out_shapes:\n    - {M: 256, N: 4096}\n    - {M: 100, N: 3000}"
-                        "\n  extra_shapes:", 1)
+                        "\n    - {M: 1024, N: 2048}\n  extra_shapes:", 1)
     # the row length compiled into the kernel (as the CUDA templates do), so that N = 3000 is a
     # size nobody tuned and the table's rule for such sizes is exercised
     tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + "\n// compiled for rows of {{ N }}\n"
@@ -109,7 +109,7 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((run / "compare.json").read_text())
     held = doc["held_out"]
-    assert [h["label"] for h in held] == ["256x4096", "100x3000"]
+    assert [h["label"] for h in held] == ["256x4096", "100x3000", "1024x2048"]
     for h in held:
         assert h["choice"] in h["times_s"] and "torch eager" in h["times_s"]
         assert h["best_s"] == min(h["times_s"].values()) and h["regret"] >= 0
@@ -124,6 +124,15 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
         # verified like a trial first, on the shape and on the same row length with 3 rows
         assert "verified on 100x3000 and 3x3000" in untuned["via"]
         assert untuned["times_s"][untuned["choice"]] < untuned["times_s"]["torch eager"]
+    # 1024x2048 is as near the tuned 512x4096 as the tuned 2048x1024: the kernels of both
+    # (one per trial) are candidates, and the faster of them on the even rounds is the choice
+    tie = held[2]
+    tuned = {f"#{s['tuned']['trial']}" for s in doc["shapes"]}
+    near = tie.get("nearest", [])  # none where both tuned sizes fell back to torch eager
+    assert set(near) <= tuned and len(near) == len(set(near))
+    assert tie["choice"] == "torch eager" or tie["choice"] in near
+    if tie["choice"] != "torch eager":
+        assert tie["via"].startswith("nearest tuned sizes") and tie["ship"]["trial"] == int(tie["choice"][1:])
     assert "held-out shapes" in r.stdout and "regret" in r.stdout
     r = _run(["report", str(run)], project)
     assert r.returncode == 0, r.stderr
@@ -167,3 +176,10 @@ def test_one_kernel_per_compiled_in_size_on_held_out_shapes():
     partial = [row("a", 1), row("b", None)]
     _one_choice_per_size(partial)
     assert all("ship" not in r for r in partial) and "every held-out shape" in partial[0]["via"]
+
+
+def test_of_equally_near_tuned_sizes_the_faster_on_the_held_out_shape_is_proposed():
+    tied = [{"trial": 3, "shape": {"M": 4096, "N": 32768}}, {"trial": 4, "shape": {"M": 1024, "N": 131072}}]
+    assert faster_nearest(tied, {"#3": 2e-4, "#4": 1.5e-4, "torch eager": 5e-4})["trial"] == 4
+    assert faster_nearest(tied, {"#3": 2e-4, "torch eager": 5e-4})["trial"] == 3  # #4 did not run there
+    assert faster_nearest(tied, {})["trial"] == 3 and faster_nearest([], {"#3": 1.0}) is None

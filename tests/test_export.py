@@ -200,6 +200,15 @@ def test_nearest_tuned_sizes_ship_only_where_pipe_compare_timed_them_faster_than
     assert nearest(entries, ["N"], ["M", "N"], {"M": 16384, "N": 8192})["trial"] == 1
     assert nearest(entries, ["N"], ["M", "N"], {"M": 100, "N": 24576})["trial"] == 3
     assert nearest([e for e in entries if e["use"] != "kernel"], ["N"], ["M", "N"], {"M": 1, "N": 8}) is None
+    # 65536 rows are as near 32768 as 131072 (log scale), and 2048 rows as near 4096 as 1024:
+    # both are candidates, one per trial, and pipe compare takes the faster there
+    from runner.export import nearest_all
+
+    both = entries + [{"key": [131072], "shape": {"M": 1024, "N": 131072}, "use": "kernel", "trial": 4},
+                      {"key": [131072], "shape": {"M": 512, "N": 131072}, "use": "kernel", "trial": 4}]
+    assert [e["trial"] for e in nearest_all(both, ["N"], ["M", "N"], {"M": 2048, "N": 65536})] == [3, 4]
+    assert [e["trial"] for e in nearest_all(both, ["N"], ["M", "N"], {"M": 4096, "N": 65536})] == [3]  # M decides
+    assert nearest_all([], ["N"], ["M", "N"], {"M": 1, "N": 8}) == []
     compare = {"held_out": [
         {"shape": {"M": 16384, "N": 8192}, "choice": "#1", "via": "nearest tuned sizes (32768x4096), checked here",
          "ship": {"trial": 1, "params": {"EPT": 8}, "variant": None, "time_s": 1e-4, "baseline_s": 5e-4}},

@@ -63,6 +63,39 @@ def test_figures_are_consistent(ds, agent):
     assert lo["median"] >= mid["median"] >= hi["median"]
 
 
+def test_the_table_figure_follows_each_shapes_best_so_far(ds):
+    """The dispatch table a run leaves (each timed shape's fastest configuration so far):
+    never slower than the best single configuration, reached by every run given the whole
+    space, and a higher bar needs at least as many evaluations."""
+    r = rp.replay(ds, "pattern", range(4))
+    if r["table_best"] is None:  # no per-shape times recorded
+        assert r["table"] == {}
+        return
+    assert r["table_best"] <= r["best"] * (1 + 1e-12)
+    t = r["table"]
+    assert sorted(t) == [0.01, 0.03, 0.05]
+    for f in t.values():
+        assert f["missed"] == 0 and all(1 <= e <= r["size"] for e in f["evals"])
+    for a, b, c in zip(t[0.01]["evals"], t[0.03]["evals"], t[0.05]["evals"]):
+        assert a >= b >= c
+
+
+def test_the_table_figure_on_shapes_that_prefer_different_configurations(tmp_path):
+    # A is fastest on shape 0, B on shape 1, C is the best single configuration of none:
+    # the best table is A and B together (geometric mean 1), reached by grid at its 2nd
+    # evaluation, while the best single configuration (A or B, 1.73) is found at the 1st
+    trials = [{"params": {"P": p}, "status": "ok", "reason": "", "times": t,
+               "objective": math.sqrt(t[0] * t[1])} for p, t in ((0, [1.0, 3.0]), (1, [3.0, 1.0]), (2, [2.0, 2.0]))]
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"format": "pipe-dataset/1", "spec": "tiny", "params": {"P": [0, 1, 2]},
+                                "constraints": [], "shapes": [{"M": 1}, {"M": 2}], "trials": trials}))
+    ds = load(path)
+    assert rp.table_best(ds) == pytest.approx(1.0)
+    r = rp.replay(ds, "grid", [0])
+    assert r["thresholds"][0.01]["evals"] == [1] and r["table"][0.01]["evals"] == [2]
+    assert "table@1% med" in rp.format_table(rp.bench([ds], ["grid"], [0]))
+
+
 def test_a_short_budget_counts_misses(ds):
     r = rp.replay(ds, "grid", [0], budget=1)
     best_first = config_key(next(iter(ds.space))) == config_key(min(

@@ -91,7 +91,8 @@ class Session:
         return {t.key for t in self.history}
 
     def seen(self) -> list[Seen]:
-        return [Seen(t.params, t.status, t.reason, t.objective, t.variant, t.metric) for t in self.history]
+        return [Seen(t.params, t.status, t.reason, t.objective, t.variant, t.metric,
+                     tuple(t.times) if t.status == "ok" and t.times else None) for t in self.history]
 
     def register_variant(self, p: Proposal, agent: str) -> str | None:
         if p.variant is None:

@@ -122,7 +122,8 @@ def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str,
             break
         t = dataset.lookup(cfg)
         seen.add(config_key(cfg))
-        history.append(Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"]))
+        times = tuple(t["times"]) if t["status"] == "ok" and t.get("times") else None
+        history.append(Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"], times=times))
         ok = t["status"] == "ok"
         if ok and t.get("times"):
             table = list(t["times"]) if table is None else [min(a, b) for a, b in zip(table, t["times"])]

@@ -512,6 +512,11 @@ class _Checker:
                                   (kind is int and not isinstance(v, int)) or v < 0):
                 self.err(("agent", "options", k), f"expected a non-negative {'integer' if kind is int else 'number'}, "
                                                   f"got {v!r}")
+        choices = {"shapes": ("off", "alternate"), "order": ("promise", "shuffle"),
+                   "encoding": ("categorical", "index")}
+        for k, allowed in choices.items():
+            if k in opts and opts[k] not in allowed:
+                self.err(("agent", "options", k), f"expected one of {', '.join(map(repr, allowed))}, got {opts[k]!r}")
         then = opts.get("then")
         if then is not None and (then not in STRATEGIES or then in ("llm", "command")):
             self.err(("agent", "options", "then"), f"'then' names a built-in strategy to continue with, not '{then}'")

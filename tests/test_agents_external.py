@@ -121,6 +121,9 @@ def test_llm_agent_end_to_end(project):
     later = json.loads(srv.requests[-1]["body"]["messages"][1]["content"])
     assert later["task"]["forbidden"] == BASE["forbidden"]
     assert any(t["status"] == "forbidden" for t in later["history"]["recent"])
+    # and each timed trial's time on every shape (the spec has two), not only the mean
+    timed = [t for t in later["history"]["recent"] if t["status"] == "ok"]
+    assert timed and all(len(t["shape_times_us"]) == 2 and min(t["shape_times_us"]) > 0 for t in timed)
     assert later["task"]["hardware"]["notes"].startswith("#")
     # the key went to the server, never into the run folder or the output
     assert srv.requests[0]["auth"] == "Bearer sekrit-123"

@@ -56,6 +56,10 @@ def test_bad_budgets_and_agent_options(project):
     spec = small_spec(project, agent={"strategy": "tpe", "options": {"n_startup_trials": "many"}})
     r = pipe("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.n_startup_trials: expected a non-negative integer" in r.stderr
+    spec = small_spec(project, agent={"strategy": "pattern", "options": {"shapes": "yes"}})
+    r = pipe("validate", spec, cwd=project)
+    assert r.returncode == 2 and "agent.options.shapes: expected one of 'off', 'alternate', got 'yes'" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_spec_hash_covers_profile_and_reference(project):

@@ -25,6 +25,7 @@ class Seen:
     objective: float | None  # geometric-mean time in seconds; None when not timed
     variant: str | None = None  # template variant id, None for the spec's template
     metric: float | None = None  # the goal's metric, worst shape
+    times: tuple[float, ...] | None = None  # per timed shape, seconds; None when not timed
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ class _External:
         def row(h: Seen) -> dict:
             return {"params": dict(h.params), "variant": h.variant, "status": h.status,
                     "reason": (h.reason or "")[:300],
-                    "time_us": round(h.objective * 1e6, 3) if h.objective else None, "metric": h.metric}
+                    "time_us": round(h.objective * 1e6, 3) if h.objective else None, "metric": h.metric,
+                    "shape_times_us": [round(x * 1e6, 3) for x in h.times] if h.times else None}
 
         budget = self.brief.get("budget", {})
         left = (budget.get("trials") - len(history)) if budget.get("trials") else None

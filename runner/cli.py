@@ -185,6 +185,10 @@ def cmd_record(a) -> int:
     from .progress import Reporter
     from .spec import AgentSpec, GoalSpec
 
+    bad = _positive(a)
+    if bad:
+        print(f"pipe record: {bad}", file=sys.stderr)
+        return EXIT_INPUT
     spec = _load(a.spec)
     if a.only:
         spec = _restrict(spec, a.only)
@@ -196,7 +200,17 @@ def cmd_record(a) -> int:
     sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None,
                                 goal=GoalSpec(None, None, None, n, None, None))
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
-    out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False)
+    minutes = None
+    if a.minutes:  # minutes of this call: the loop's budget counts the resumed trials' time too
+        before = 0.0
+        if (run_dir / "ledger.db").exists():
+            led = Ledger.read(run_dir)
+            try:
+                before = sum(t.wall_s or 0.0 for t in led.trials())
+            finally:
+                led.close()
+        minutes = before / 60 + a.minutes
+    out = loop.run(sweep, run_dir, minutes=minutes, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False)
     led = Ledger.read(run_dir)
     try:
         data = dataset.export(spec, led.trials())
@@ -444,6 +458,9 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--run-dir", help="run folder of the sweep (default runs/<spec name>-record); resumes")
     rc.add_argument("--only", action="append", metavar="NAME=V1,V2",
                     help="sweep the subspace where NAME takes only these values (repeatable)")
+    rc.add_argument("--minutes", type=float,
+                    help="stop after this many minutes of this call; the same --run-dir resumes, and the "
+                         "dataset holds what is recorded so far")
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
     rc.set_defaults(fn=cmd_record)

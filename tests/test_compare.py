@@ -42,6 +42,23 @@ def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
     assert r.returncode == 2 and "not among ACC's values" in r.stderr
 
 
+def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path):
+    """A sweep longer than one call of the GPU machine: --minutes stops it (exit 1, the
+    dataset holds what was recorded), and the same --run-dir picks it up."""
+    args = ["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=1,8,16,32", "--only", "THREADS=1",
+            "--only", "UNROLL=1", "--run-dir", str(tmp_path / "rec"), "--out", str(tmp_path / "d.json"), "-q"]
+    r = _run(args + ["--minutes", "0.001"], ROOT)
+    assert r.returncode == 1, r.stderr[-2000:]
+    first = json.loads((tmp_path / "d.json").read_text())["trials"]
+    assert 1 <= len(first) < 4 and "time budget spent" in r.stdout + r.stderr
+    r = _run(args, ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    trials = json.loads((tmp_path / "d.json").read_text())["trials"]
+    assert len(trials) == 4 and trials[:len(first)] == first  # resumed, nothing judged twice
+    r = _run(args + ["--minutes", "0"], ROOT)
+    assert r.returncode == 2 and "--minutes must be positive" in r.stderr
+
+
 def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, project):
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
     spec.write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())

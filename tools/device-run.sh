@@ -10,7 +10,10 @@
 #   run:SPEC[:ARGS[:TAG]]   pipe run SPEC into /tmp/runs/NAME (NAME: the spec's, plus TAG; ARGS: extra pipe run options,
 #                           commas for spaces and + for commas, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40
 #                           or record:pipelines/softmax-h200.yaml:--only,EPT=16+32:-small)
-#   record:SPEC[:ARGS[:TAG]] pipe record SPEC: the whole space as a replay dataset
+#   record:SPEC[:ARGS[:TAG]] pipe record SPEC: the whole space as a replay dataset. A sweep longer than
+#                           one call: ARGS --minutes,M stops it; its run folder comes back in
+#                           $OUT/NAME/run; put it in runs/NAME-record here and carry that path, and
+#                           the next call's record resumes it
 #   compare:NAME[:ARGS]     pipe compare /tmp/runs/NAME (a run made earlier in the same call, else
 #                           the one carried in runs/NAME)
 #   e2e[:ARGS]              pipe export of the softmax, RMSNorm and cross-entropy runs made earlier in
@@ -50,6 +53,8 @@ for w in "$@"; do
         python3 -m runner.cli run "$arg" --run-dir "$RUN" $extra 2>&1 | tee "$d/run.log"
       else
         RUN=/tmp/runs/$name-record
+        # a sweep begun in an earlier call, carried in runs/NAME-record: resume it
+        if [ -f "runs/$name-record/ledger.db" ] && [ ! -d "$RUN" ]; then mkdir -p /tmp/runs && cp -r "runs/$name-record" "$RUN"; fi
         python3 -m runner.cli record "$arg" --run-dir "$RUN" --out "$d/$name.json" $extra 2>&1 | tail -20 | tee "$d/record.log"
       fi
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/$kind.log"
@@ -58,7 +63,7 @@ for w in "$@"; do
       cp "$RUN/trials.tsv" "$d/$kind-trials.tsv" 2>/dev/null
       cp "$RUN/run.json" "$d/$kind-run.json" 2>/dev/null
       tail -200 "$RUN/worker.log" > "$d/$kind-worker.log" 2>/dev/null
-      if [ "$kind" = run ]; then mkdir -p "$d/run" && cp -r "$RUN/." "$d/run/" && rm -f "$d/run/worker.log" "$d/run/.lock"; fi
+      mkdir -p "$d/run" && cp -r "$RUN/." "$d/run/" && rm -f "$d/run/worker.log" "$d/run/.lock"
       ;;
     compare)
       d="$OUT/$arg"; mkdir -p "$d"

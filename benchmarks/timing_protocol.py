@@ -32,47 +32,29 @@ def main() -> int:
     import torch
 
     from runner.backends.cuda import Runtime
-    from runner.hw import PACKAGE_ROOT, load_profile
+    from runner.judge.inputs import make_inputs
     from runner.judge.timing import bench
+    from runner.judge.worker import _alternate
+    from runner.spec import load_spec
 
-    rt = Runtime(load_profile(PACKAGE_ROOT / "hw_profiles" / "h200.yaml"))
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
+    spec = load_spec(str(Path(__file__).resolve().parents[1] / "pipelines" / "softmax-h200.yaml"))
+    rt = Runtime(spec.hw)
+    dists = list(spec.op.inputs[0].dists)
 
-    def dist(name, shape):
-        x = torch.randn(shape, generator=gen, device="cuda")
-        if name == "outliers":
-            x = torch.where(torch.rand(shape, generator=gen, device="cuda") < 1e-3, x * 50, x)
-        elif name == "masked":
-            m = torch.rand(shape, generator=gen, device="cuda") < 0.25
-            m[..., 0] = False
-            x = x.masked_fill(m, float("-inf"))
-        return x.to(torch.bfloat16)
+    def x_of(M, N, d, seed):  # the judge's own inputs: round r draws the spec's r-th distribution
+        return make_inputs(spec.op, {"M": M, "N": N}, seed, dists.index(d), "cuda")["x"]
 
-    arms = {}  # name -> (call, refresh, bytes)
+    arms = {}  # name -> (call, refresh, bytes); refresh: the other of two value sets, as the judge does
     n = 128 << 20  # bf16 elements: 256 MiB
-    src = torch.randint(0, 256, (2 * n,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    other = torch.randint(0, 256, (2 * n,), dtype=torch.uint8, device="cuda")
-    keep = src.clone()
-    flip = {"i": 0}
-
-    def refresh_copy():
-        src.copy_(other if flip["i"] % 2 else keep)
-        flip["i"] += 1
-
-    arms["copy 256 MiB"] = (lambda: dst.copy_(src), refresh_copy, 4 * n)
+    src = {"b": torch.randint(0, 256, (2 * n,), dtype=torch.uint8, device="cuda")}
+    dst = torch.empty_like(src["b"])
+    _, refresh = _alternate(src, [{"b": src["b"].clone()}, {"b": torch.randint_like(src["b"], 0, 256)}])
+    arms["copy 256 MiB"] = (lambda: dst.copy_(src["b"]), refresh, 4 * n)
     for M, N in [(32768, 4096), (8192, 16384), (4096, 32768), (1024, 131072)]:
         for d in ("normal", "outliers", "masked"):
-            x = dist(d, (M, N))
-            sets = [x.clone(), dist(d, (M, N))]
-            st = {"i": 0}
-
-            def refresh(x=x, sets=sets, st=st):
-                x.copy_(sets[st["i"] % 2])
-                st["i"] += 1
-
-            arms[f"eager softmax {M}x{N} {d}"] = (lambda x=x: torch.softmax(x, dim=-1), refresh, 4 * M * N)
+            x = {"x": x_of(M, N, d, 0)}
+            _, refresh = _alternate(x, [{"x": x["x"].clone()}, {"x": x_of(M, N, d, 1)}])
+            arms[f"eager softmax {M}x{N} {d}"] = (lambda x=x["x"]: torch.softmax(x, dim=-1), refresh, 4 * M * N)
     big_src = torch.randint(0, 256, (2 << 30,), dtype=torch.uint8, device="cuda")
     big_dst = torch.empty_like(big_src)
 

@@ -200,17 +200,8 @@ def cmd_record(a) -> int:
     sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None,
                                 goal=GoalSpec(None, None, None, n, None, None))
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
-    minutes = None
-    if a.minutes:  # minutes of this call: the loop's budget counts the resumed trials' time too
-        before = 0.0
-        if (run_dir / "ledger.db").exists():
-            led = Ledger.read(run_dir)
-            try:
-                before = sum(t.wall_s or 0.0 for t in led.trials())
-            finally:
-                led.close()
-        minutes = before / 60 + a.minutes
-    out = loop.run(sweep, run_dir, minutes=minutes, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False)
+    out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False,
+                   call_minutes=a.minutes)
     led = Ledger.read(run_dir)
     try:
         data = dataset.export(spec, led.trials())

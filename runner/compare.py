@@ -160,7 +160,7 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
                "best_s": times.get(best) if best else None, "times_s": times, "errors": errors}
         if near:
             row["nearest"] = near
-        if choice != "torch eager" and e is not None and "nearest" in via:
+        if untuned and choice != "torch eager":
             # the figures that did not pick it (odd rounds), like the tuned shapes' reported times
             row["ship"] = {"trial": e["trial"], "params": by_id[e["trial"]].params,
                            "variant": by_id[e["trial"]].variant,

@@ -209,7 +209,10 @@ class Session:
 
 
 def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | None = None,
-        reporter: Reporter | None = None, keep_decisions: bool = True) -> Outcome:
+        reporter: Reporter | None = None, keep_decisions: bool = True,
+        call_minutes: float | None = None) -> Outcome:
+    """`minutes` budgets the run's whole time, resumed trials included; `call_minutes` this
+    call's alone (pipe record's slices)."""
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)
@@ -224,7 +227,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         elapsed_before = sum(t.wall_s for t in s.history)
         while True:
             stop = _stop_reason(spec, s.history, s.best, budget_trials, budget_s,
-                                elapsed_before + time.time() - session_t0)
+                                elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0)
             if stop:
                 break
             cand = _next(spec, agent, s)
@@ -288,13 +291,16 @@ def _next(spec, agent, s: Session) -> Proposal | None:
     return None
 
 
-def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed) -> str | None:
+def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed,
+                 call_minutes: float | None = None, call_elapsed: float = 0.0) -> str | None:
     if best is not None and spec.goal.met(best.metric):
         return "goal met"
     if budget_trials is not None and len(history) >= budget_trials:
         return f"trial budget spent ({budget_trials})"
     if budget_s is not None and elapsed >= budget_s:
         return f"time budget spent ({budget_s / 60:g} min)"
+    if call_minutes and call_elapsed >= call_minutes * 60:
+        return f"time budget spent ({call_minutes:g} min of this call)"
     if spec.goal.patience and best is not None:
         since = len(history) - next(i for i, t in enumerate(history) if t.id == best.id) - 1
         if since >= spec.goal.patience:

@@ -83,15 +83,20 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def table_curve(dataset: Dataset, history: Sequence[Seen]) -> list[float | None]:
+def _fold(table: list[float] | None, h: Seen) -> list[float] | None:
+    """The dispatch table (each shape's fastest time so far) after evaluation h."""
+    if not h.times:
+        return table
+    return list(h.times) if table is None else [min(a, b) for a, b in zip(table, h.times)]
+
+
+def table_curve(history: Sequence[Seen]) -> list[float | None]:
     """After each evaluation, the geometric-mean time of the table built so far (None
-    until every timed shape has a time)."""
+    until a trial gave per-shape times)."""
     cur: list[float] | None = None
     out: list[float | None] = []
     for h in history:
-        t = dataset.lookup(h.params)
-        if h.status == "ok" and t.get("times"):
-            cur = list(t["times"]) if cur is None else [min(a, b) for a, b in zip(cur, t["times"])]
+        cur = _fold(cur, h)
         out.append(_geomean(cur) if cur else None)
     return out
 
@@ -122,11 +127,11 @@ def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str,
             break
         t = dataset.lookup(cfg)
         seen.add(config_key(cfg))
-        times = tuple(t["times"]) if t["status"] == "ok" and t.get("times") else None
-        history.append(Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"], times=times))
         ok = t["status"] == "ok"
-        if ok and t.get("times"):
-            table = list(t["times"]) if table is None else [min(a, b) for a, b in zip(table, t["times"])]
+        h = Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"],
+                 times=tuple(t["times"]) if ok and t.get("times") else None)
+        history.append(h)
+        table = _fold(table, h)
         if target is not None and ok and t["objective"] and t["objective"] <= target:
             single_done = True
         table_done = table_target is None or (table is not None and _geomean(table) <= table_target)
@@ -172,7 +177,7 @@ def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] 
     out: dict[str, Any] = {"dataset": Path(ds.path).stem, "agent": agent_name, "size": size,
                            "seeds": len(seeds), "budget": budget, "best": ds.best, "thresholds": {},
                            "table_best": tbest, "table": {}}
-    curves = [table_curve(ds, h) for h in runs] if tbest else []
+    curves = [table_curve(h) for h in runs] if tbest else []
     for x in thresholds if tbest else ():
         ev = [next((i for i, g in enumerate(c, 1) if g is not None and g <= tbest * (1 + x)), budget + 1)
               for c in curves]

@@ -57,6 +57,24 @@ def _seed(seed: int, n: int, salt: int = 0) -> int:
     return (seed * 1_000_003 + n * 7919 + salt) % (2**32)
 
 
+def _scores(history: Sequence[Seen], time_of) -> dict[str, float]:
+    """key -> log of `time_of(trial)` (the best where a key repeats); failures and untimed
+    trials count as FAILED worse than the worst time."""
+    def t(h):
+        v = time_of(h) if h.status == "ok" else None
+        return v if v is not None and v > 0 else None
+
+    logs = [math.log(v) for v in map(t, history) if v is not None]
+    worst = max(logs) + FAILED if logs else 0.0
+    score: dict[str, float] = {}
+    for h in history:
+        v = t(h)
+        v = math.log(v) if v is not None else worst
+        k = config_key(h.params)
+        score[k] = min(v, score.get(k, v))
+    return score
+
+
 @register("pattern")
 class Pattern:
     # propose() is a pure function of the history: the loop may ask it what comes next
@@ -224,14 +242,7 @@ class Pattern:
     def propose(self, history: Sequence[Seen], n: int) -> list[Config]:
         seen = {config_key(h.params) for h in history}
         rng = random.Random(_seed(self.seed, len(history)))
-        logs = [math.log(h.objective) for h in history
-                if h.status == "ok" and h.objective is not None and h.objective > 0]
-        worst = max(logs) + FAILED if logs else 0.0
-        score: dict[str, float] = {}  # key -> log-time, failures as worse than the worst
-        for h in history:
-            k = config_key(h.params)
-            v = math.log(h.objective) if h.status == "ok" and h.objective and h.objective > 0 else worst
-            score[k] = min(v, score.get(k, v))
+        score = _scores(history, lambda h: h.objective)
         center = self._center(history, seen) if len(history) >= self.init else None
         shape = None
         if center is not None and self.shapes == "alternate" and len(history) % 2 == 1:
@@ -239,13 +250,7 @@ class Pattern:
             if sc is not None:
                 center, shape = sc
                 # that shape's own times rank the moves around it
-                tw = [math.log(h.times[shape]) for h in history if h.status == "ok" and h.times]
-                worst_s = max(tw) + FAILED
-                score = {}
-                for h in history:
-                    k = config_key(h.params)
-                    v = math.log(h.times[shape]) if h.status == "ok" and h.times else worst_s
-                    score[k] = min(v, score.get(k, v))
+                score = _scores(history, lambda h: h.times[shape] if h.times else None)
         cands: list[Config] = []
         if center is not None:
             base = score[config_key(center)]

@@ -175,7 +175,7 @@ class Judge:
             shapes_out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
 
-    def _time_checked(self, job, si, shape, inputs, values0, refs0, run, outs, phases=None):
+    def _time_checked(self, job, si, shape, inputs, values0, refs0, run, outs, phases):
         """Time `run` while two value sets take turns in the input buffers.
 
         Before every timed call (outside the timed region) the inputs get the
@@ -186,7 +186,6 @@ class Judge:
         with no poison in the output beforehand (poison would tip a kernel off).
         """
         clock = time.perf_counter
-        spent = phases if phases is not None else {}
         t0 = clock()
         sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1 + si)]
         refs = [refs0, self._reference(sets[1])]
@@ -208,15 +207,15 @@ class Judge:
         self.rt.walls = []
         t1 = clock()
         times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random())
-        spent["time_setup_s"] = spent.get("time_setup_s", 0.0) + t1 - t0
-        spent["time_loop_s"] = spent.get("time_loop_s", 0.0) + clock() - t1 - checking[0]
+        phases["time_setup_s"] += t1 - t0
+        phases["time_loop_s"] += clock() - t1 - checking[0]
         late = self._late(times)
         if late:
             return late, times
         if failed:
             return failed[0], times
         check()
-        spent["time_check_s"] = spent.get("time_check_s", 0.0) + checking[0]
+        phases["time_check_s"] += checking[0]
         return (failed[0] if failed else None), times
 
     def _late(self, times: list[float]) -> str | None:

@@ -76,6 +76,32 @@ def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     assert wide["shared_mem"] == 0 and wide["block"] == [1024]
 
 
+def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread():
+    """RMSNorm HOLD = "ring": rows of 65536 over a cluster of 2 blocks of 1024 threads, a
+    stage of 64 KiB a block (half a row) and three stages, 66 clusters on the 132 SMs; rows of
+    4096 eight to a block, again three 64 KiB stages; a row length that is no multiple of VEC
+    cannot use vector copies and takes the bf16 geometry, not persistent."""
+    spec = load_spec(PIPELINES / "rmsnorm-h200.yaml")
+    ev = Evaluator(spec, None, None)
+    cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
+    shapes = spec.op.all_shapes
+    by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
+    assert by[(2048, 65536)] == {**by[(2048, 65536)], "grid": [132], "block": [1024], "cluster": [2],
+                                 "shared_mem": 3 * 65536}
+    assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [1024], "cluster": [1],
+                                 "shared_mem": 3 * 65536}
+    assert by[(1, 65536)]["grid"] == [2]  # never more clusters than row groups
+    odd = by[(5, 65537)]
+    assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
+    src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
+    assert "#define RING 1" in src[(2048, 65536)] and "#define RING 0" in src[(5, 65537)]
+    # clusters of 4 or 8 fit 120 SMs at once; two blocks an SM share its shared memory
+    four = ev.geometry({**cfg, "TMAX": 256, "EPT": 64}, shapes=[{"M": 2048, "N": 65536}])[0]
+    assert four["cluster"] == [4] and four["grid"] == [120]
+    two = ev.geometry({**cfg, "TMAX": 512, "EPT": 16, "MINB": 2}, shapes=[{"M": 2048, "N": 65536}])[0]
+    assert two["cluster"] == [8] and two["grid"] == [120 * 2 // 8 * 8] and two["shared_mem"] == 6 * 8192 * 2
+
+
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")
 
 

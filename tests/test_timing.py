@@ -44,3 +44,27 @@ def test_bench_checks_when_the_probe_is_all_there_is():
     times = bench(lambda: None, lambda: None, warmup_ms=0.0, rep_ms=1e-9, min_reps=3,
                   before=lambda: seen.append("call"), checks=[(0.9, lambda: seen.append("check"))])
     assert len(times) == 3 and seen == ["call", "call", "call", "check"]
+
+
+def test_bench_warmup_waits_for_the_device_not_the_launches():
+    """A launch returns at once and its kernel runs later (here 1 ms of device time a call,
+    paid at the next synchronisation): the warm-up must stop near its budget of device time,
+    not queue a budget's worth of launches (thousands of calls) and then wait for them."""
+    import time
+
+    pending, launched = [0.0], [0]
+
+    def call():
+        launched[0] += 1
+        pending[0] += 1e-3
+
+    def sync():
+        time.sleep(pending[0])
+        pending[0] = 0.0
+
+    t = time.perf_counter()
+    times = bench(call, sync, warmup_ms=10.0, rep_ms=20.0, min_reps=5, max_reps=100)
+    wall = time.perf_counter() - t
+    warm = launched[0] - len(times)
+    assert 2 <= warm <= 12  # about 10 ms of 1 ms calls
+    assert wall < 0.2 and all(x >= 1e-3 for x in times)

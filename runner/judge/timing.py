@@ -61,12 +61,16 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
     the kernel alone would have suggested 7 times more repetitions than the budget
     holds), and the count follows from it, at least `min_reps`.
     """
+    # Warm-up calls wait for the device one by one: a launch returns long before its kernel
+    # ends, so a host clock alone would queue the whole warm-up budget's worth of launches
+    # (a thousand 150 us kernels for 10 ms) and then wait for all of them.
+    sync()
     t0 = time.perf_counter()
     n = 0
     while n < 2 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
         call()
+        sync()
         n += 1
-    sync()
     times: list[float] = []
 
     def one() -> None:

@@ -76,11 +76,38 @@ def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     assert wide["shared_mem"] == 0 and wide["block"] == [1024]
 
 
+def test_softmax_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread():
+    """Softmax HOLD = "ring": no producer warp. A row of 32768 per block of 512 threads is one
+    64 KiB piece, three in the ring; at 1024 threads and 64 elements a thread a row of 32768
+    is 128 KiB, so four 32 KiB pieces of a seven-piece ring; a row of 131072 over a cluster of
+    4 (120 SMs); a row length that is no multiple of VEC takes the f32 geometry."""
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    ev = Evaluator(spec, None, None)
+    cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
+    shapes = spec.op.all_shapes
+    by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
+    assert by[(4096, 32768)] == {**by[(4096, 32768)], "grid": [132], "block": [512], "cluster": [1],
+                                 "shared_mem": 3 * 65536}
+    assert by[(1024, 131072)] == {**by[(1024, 131072)], "grid": [120], "block": [512], "cluster": [4],
+                                  "shared_mem": 3 * 65536}
+    odd = by[(5, 131071)]
+    assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
+    src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
+    assert "wait_ring();" in src[(4096, 32768)] and "wait_ring();" not in src[(5, 131071)]
+    assert "#define SUBR 1" in src[(4096, 32768)] and "bulk_load(ring" not in src[(4096, 32768)]
+    wide = {**cfg, "TMAX": 1024}
+    g = ev.geometry(wide, shapes=[{"M": 4096, "N": 32768}])[0]
+    assert g == {**g, "grid": [132], "block": [1024], "cluster": [1], "shared_mem": 7 * 32768}
+    src = ev.render_all(wide, shapes=[{"M": 4096, "N": 32768}])[0]
+    assert "#define PV 2" in src and "#define SUBR 4" in src and "#define NP 7" in src
+
+
 def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread():
-    """RMSNorm HOLD = "ring": rows of 65536 over a cluster of 2 blocks of 1024 threads, a
-    stage of 64 KiB a block (half a row) and three stages, 66 clusters on the 132 SMs; rows of
-    4096 eight to a block, again three 64 KiB stages; a row length that is no multiple of VEC
-    cannot use vector copies and takes the bf16 geometry, not persistent."""
+    """RMSNorm HOLD = "ring": rows of 65536 over a cluster of 2 blocks of 1024 threads, one
+    64 KiB piece a block (half a row), three in the ring, 66 clusters on the 132 SMs; a whole
+    row of 65536 in one block (64 elements a thread) is four 32 KiB pieces of a seven-piece
+    ring; a row length that is no multiple of VEC cannot use vector copies and takes the bf16
+    geometry, not persistent."""
     spec = load_spec(PIPELINES / "rmsnorm-h200.yaml")
     ev = Evaluator(spec, None, None)
     cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
@@ -88,18 +115,21 @@ def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
     assert by[(2048, 65536)] == {**by[(2048, 65536)], "grid": [132], "block": [1024], "cluster": [2],
                                  "shared_mem": 3 * 65536}
-    assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [1024], "cluster": [1],
-                                 "shared_mem": 3 * 65536}
     assert by[(1, 65536)]["grid"] == [2]  # never more clusters than row groups
     odd = by[(5, 65537)]
     assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
     src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
     assert "#define RING 1" in src[(2048, 65536)] and "#define RING 0" in src[(5, 65537)]
+    whole = {**cfg, "EPT": 64}
+    g = ev.geometry(whole, shapes=[{"M": 2048, "N": 65536}])[0]
+    assert g == {**g, "grid": [132], "cluster": [1], "shared_mem": 7 * 32768}
+    src = ev.render_all(whole, shapes=[{"M": 2048, "N": 65536}])[0]
+    assert "#define PV 2" in src and "#define SUBR 4" in src and "#define NP 7" in src
     # clusters of 4 or 8 fit 120 SMs at once; two blocks an SM share its shared memory
     four = ev.geometry({**cfg, "TMAX": 256, "EPT": 64}, shapes=[{"M": 2048, "N": 65536}])[0]
     assert four["cluster"] == [4] and four["grid"] == [120]
     two = ev.geometry({**cfg, "TMAX": 512, "EPT": 16, "MINB": 2}, shapes=[{"M": 2048, "N": 65536}])[0]
-    assert two["cluster"] == [8] and two["grid"] == [120 * 2 // 8 * 8] and two["shared_mem"] == 6 * 8192 * 2
+    assert two["cluster"] == [8] and two["grid"] == [120 * 2 // 8 * 8] and two["shared_mem"] == 6 * 16384
 
 
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")

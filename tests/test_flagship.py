@@ -46,6 +46,13 @@ def test_long_rows_use_a_cluster_and_short_rows_share_a_block():
     assert by_n[4096]["cluster"] == [1] and by_n[4096]["block"] == [1024] and by_n[4096]["grid"] == [32768 // 4]
 
 
+def _by_shape(ev, cfg):
+    """Launch geometry and rendered source of `cfg` on every timed and extra shape, by (M, N)."""
+    shapes = ev.spec.op.all_shapes
+    keys = [(s["M"], s["N"]) for s in shapes]
+    return (dict(zip(keys, ev.geometry(cfg, shapes=shapes))), dict(zip(keys, ev.render_all(cfg, shapes=shapes))))
+
+
 def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     """HOLD = "tma": one block per SM (MINB = 1, 512 threads and a producer warp) holding 3
     slots of 64 KiB, a tile of 8 rows each, for rows of 4096; a row of 131072 is spread over a cluster of 2,
@@ -55,8 +62,7 @@ def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
     ev = Evaluator(spec, None, None)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
-    shapes = spec.op.all_shapes
-    by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
+    by, src = _by_shape(ev, cfg)
     assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [544], "cluster": [1],
                                  "shared_mem": 3 * 65536}
     assert by[(1024, 131072)]["cluster"] == [2] and by[(1024, 131072)]["grid"] == [132]
@@ -65,7 +71,6 @@ def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     odd = by[(5, 131071)]
     assert odd["shared_mem"] == 0 and odd["cluster"] == [4] and odd["grid"] == [5 * 4]  # the f32 geometry
     assert odd["block"] == [512]
-    src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
     assert "bulk_load(ring" in src[(4096, 32768)] and "bulk_load(ring" not in src[(5, 131071)]
     # two blocks per SM share the SM's shared memory: a half row (32 KiB, two slots) and
     # four slots ahead each
@@ -84,15 +89,13 @@ def test_softmax_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
     ev = Evaluator(spec, None, None)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
-    shapes = spec.op.all_shapes
-    by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
+    by, src = _by_shape(ev, cfg)
     assert by[(4096, 32768)] == {**by[(4096, 32768)], "grid": [132], "block": [512], "cluster": [1],
                                  "shared_mem": 3 * 65536}
     assert by[(1024, 131072)] == {**by[(1024, 131072)], "grid": [120], "block": [512], "cluster": [4],
                                   "shared_mem": 3 * 65536}
     odd = by[(5, 131071)]
     assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
-    src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
     assert "wait_ring();" in src[(4096, 32768)] and "wait_ring();" not in src[(5, 131071)]
     assert "#define SUBR 1" in src[(4096, 32768)] and "bulk_load(ring" not in src[(4096, 32768)]
     wide = {**cfg, "TMAX": 1024}
@@ -111,14 +114,12 @@ def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     spec = load_spec(PIPELINES / "rmsnorm-h200.yaml")
     ev = Evaluator(spec, None, None)
     cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
-    shapes = spec.op.all_shapes
-    by = {(s["M"], s["N"]): g for s, g in zip(shapes, ev.geometry(cfg, shapes=shapes))}
+    by, src = _by_shape(ev, cfg)
     assert by[(2048, 65536)] == {**by[(2048, 65536)], "grid": [132], "block": [1024], "cluster": [2],
                                  "shared_mem": 3 * 65536}
     assert by[(1, 65536)]["grid"] == [2]  # never more clusters than row groups
     odd = by[(5, 65537)]
     assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
-    src = dict(zip(((s["M"], s["N"]) for s in shapes), ev.render_all(cfg, shapes=shapes)))
     assert "#define RING 1" in src[(2048, 65536)] and "#define RING 0" in src[(5, 65537)]
     whole = {**cfg, "EPT": 64}
     g = ev.geometry(whole, shapes=[{"M": 2048, "N": 65536}])[0]

@@ -137,6 +137,7 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
         e = choose(entries, baked, symbols, shape)
         untuned = e is None
         near: list[str] = []
+        decided: dict[str, float] = {}
         if e is not None:
             choice = f"#{e['trial']}" if e["use"] == "kernel" else "torch eager"
             via = "tuned sizes" if e["use"] == "kernel" else "tuned sizes: fallback"
@@ -148,6 +149,8 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
             e = faster_nearest(tied, pick)
             label = f"#{e['trial']}" if e is not None else None
             eager = pick.get("torch eager")
+            if label and eager and pick.get(label):  # the figures the decision was made on
+                decided = {label: pick[label], "torch eager": eager}
             if label in times and eager and pick.get(label) and pick[label] < eager * (1 - NOISE):
                 sizes = " or ".join(shape_label(x["shape"]) for x in tied)
                 choice, via = label, f"nearest tuned sizes ({sizes}{', the faster here' if len(tied) > 1 else ''}), " \
@@ -160,6 +163,8 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
                "best_s": times.get(best) if best else None, "times_s": times, "errors": errors}
         if near:
             row["nearest"] = near
+        if decided:  # even rounds' medians; times_s are all rounds', so they may rank otherwise
+            row["decided_s"] = decided
         if untuned and choice != "torch eager":
             # the figures that did not pick it (odd rounds), like the tuned shapes' reported times
             row["ship"] = {"trial": e["trial"], "params": by_id[e["trial"]].params,

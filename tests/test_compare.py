@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from runner.compare import candidates, faster_nearest, format_table
+from runner.export import NOISE
 from runner.figures import per_shape_best
 from runner.ledger import Trial
 
@@ -140,7 +141,10 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
         assert untuned["via"].startswith("nearest tuned sizes") and untuned["ship"]["trial"] == int(untuned["choice"][1:])
         # verified like a trial first, on the shape and on the same row length with 3 rows
         assert "verified on 100x3000 and 3x3000" in untuned["via"]
-        assert untuned["times_s"][untuned["choice"]] < untuned["times_s"]["torch eager"]
+        # decided on the even rounds' medians (times_s are all rounds', which may rank otherwise
+        # on a noisy machine): there it beat torch eager by more than the noise margin
+        d = untuned["decided_s"]
+        assert d[untuned["choice"]] < d["torch eager"] * (1 - NOISE)
     # 1024x2048 is as near the tuned 512x4096 as the tuned 2048x1024: the kernels of both
     # (one per trial) are candidates, and the faster of them on the even rounds is the choice
     tie = held[2]

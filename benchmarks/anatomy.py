@@ -1,0 +1,210 @@
+"""Where a kernel's time goes, on the GPU: one configuration of a spec's template, timed
+beside diagnostic variants of its own rendered source and a device copy of the same bytes.
+
+Variants (edits of the rendered CUDA source; a variant that does not change the source
+stops the run, so a template change cannot silently turn it into a second "real"):
+  real       the kernel as a trial runs it, checked against the spec's reference first
+  cheap-exp  every exp2f is one FMA: no MUFU and no range fix-ups (the output is wrong)
+  no-reduce  every cross-thread row reduction (row_reduce<...>(...); row_sum(v, ...) -> v)
+             removed: no shuffles, block barriers or cluster exchange for the row
+             (the output is wrong)
+  bare       both: loads, the per-element passes without exp, and the stores
+Only "real" is a softmax; the others time what is left when a part is taken out, so the
+differences give each part's share of the time (Nsight Compute is not on the device image).
+
+--rows keeps the compiled sizes and changes the number of rows (a runtime argument): with a
+persistent grid of G row slots, M = k * G rows is k whole rounds, and M = k * G + 4 shows
+what a nearly empty last round costs.
+
+Every arm is timed as the judge times: warm-up first, the L2 flushed clean before each
+call, event times, medians of each round, arms in alternating order over the rounds;
+inputs from the spec's first distribution (never zeros).
+
+    python benchmarks/anatomy.py --spec pipelines/softmax-h200.yaml --shape 4096x32768 \\
+        --config '{"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}' \\
+        [--config ...] [--rows 3960,4092,4096,4224] [--variants real,cheap-exp,no-reduce,bare] \\
+        [--rounds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+VARIANTS = ("real", "cheap-exp", "no-reduce", "bare")
+
+_CHEAP_EXP = (
+    "\n// anatomy: exp2f is one FMA here (the output is not a softmax)\n"
+    "__device__ __forceinline__ float anatomy_cheap_exp2(float v) { return fmaf(v, 0.0f, 1.0f); }\n"
+    "#define exp2f(v) anatomy_cheap_exp2(v)\n")
+_REDUCE_CALL = re.compile(r"\brow_reduce<\w+>\([^;]*\);")
+_ROW_SUM = re.compile(r"\brow_sum\(\s*(\w+)\s*,[^;]*?\)(?=\s*/)")
+
+
+class VariantError(Exception):
+    pass
+
+
+def variant_source(src: str, variant: str) -> str:
+    """The rendered source with the variant's parts taken out."""
+    out = src
+    if variant in ("cheap-exp", "bare"):
+        if "exp2f(" not in out:
+            raise VariantError("cheap-exp: the source calls no exp2f")
+        includes = list(re.finditer(r"^#include[^\n]*\n", out, re.M))
+        at = includes[-1].end() if includes else 0
+        out = out[:at] + _CHEAP_EXP + out[at:]
+    if variant in ("no-reduce", "bare"):
+        body = out.split("extern \"C\" __global__", 1)
+        if len(body) != 2:
+            raise VariantError("no-reduce: no extern \"C\" __global__ kernel in the source")
+        head, kern = body
+        kern, n1 = _REDUCE_CALL.subn("/* anatomy: no row reduction */;", kern)
+        kern, n2 = _ROW_SUM.subn(r"(\1)", kern)
+        if n1 + n2 == 0:
+            raise VariantError("no-reduce: the kernel calls no row_reduce or row_sum")
+        out = head + "extern \"C\" __global__" + kern
+    if variant != "real" and out == src:
+        raise VariantError(f"{variant}: the source did not change")
+    return out
+
+
+def parse_shape(text: str, symbols: list[str]) -> dict:
+    vals = [int(v) for v in text.lower().split("x")]
+    if len(vals) != len(symbols):
+        raise SystemExit(f"--shape {text}: the spec's shapes have {len(symbols)} sizes ({', '.join(symbols)})")
+    return dict(zip(symbols, vals))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", type=Path, required=True)
+    ap.add_argument("--shape", required=True, help="sizes joined by x, in the order of the spec's symbols")
+    ap.add_argument("--config", action="append", required=True, help="a parameter fill as JSON (repeat for more)")
+    ap.add_argument("--rows", default="", help="numbers of rows to time besides the shape's own, joined by commas")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+
+    import torch
+
+    from runner import figures
+    from runner.backends.cuda import Runtime, compile as nvrtc
+    from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
+    from runner.judge.timing import bench
+    from runner.spec import load_spec
+    from runner.trial import Evaluator
+
+    spec = load_spec(str(a.spec))
+    ev = Evaluator(spec, None, None)
+    symbols = list(spec.op.symbols)
+    base = parse_shape(a.shape, symbols)
+    rows_sym = symbols[0]
+    counts = [base[rows_sym]] + [int(v) for v in a.rows.split(",") if v.strip()]
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"--variants: unknown {', '.join(bad)} (known: {', '.join(VARIANTS)})")
+    rt = Runtime(spec.hw, spec.runtime)
+    rt.flush_mode = "clean"
+    mod, _, fn = spec.op.reference.partition(":")
+    import importlib
+
+    reference = getattr(importlib.import_module(mod), fn)
+    scalars = {s.name: s.value for s in spec.op.scalars}
+    tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
+    kinds = ["ptr" if n in tensor_names else next((s.type for s in spec.op.scalars if s.name == n), "auto")
+             for n in spec.kernel.args]
+
+    # one set of buffers per number of rows, shared by every arm
+    bufs = {}
+    for m in counts:
+        shape = {**base, rows_sym: m}
+        env = spec.op.shape_env(shape)
+        ins = make_inputs(spec.op, shape, 1234, 0, "cuda")
+        outs = [torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device="cuda") for t in spec.op.outputs]
+        nbytes = figures.floors(spec, [shape])[0]["bytes"]
+        half = int(nbytes) // 2
+        src = torch.randint(0, 256, (half,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        bufs[m] = (shape, ins, outs, nbytes, (src, dst))
+
+    def values(shape, ins, outs):
+        t = {**{k: v.data_ptr() for k, v in ins.items()},
+             **{s.name: o.data_ptr() for s, o in zip(spec.op.outputs, outs)}}
+        return [t[n] if n in t else scalars[n] if n in scalars else shape[n] for n in spec.kernel.args]
+
+    arms = {}  # (label, m) -> call
+    info = {}
+    for ci, text in enumerate(a.config):
+        params = json.loads(text)
+        src = ev.render_all(params, None, shapes=[base])[0]
+        for v in variants:
+            label = f"c{ci} {v}"
+            try:
+                code = variant_source(src, v)
+            except VariantError as e:
+                print(f"{label}: skipped: {e}")
+                continue
+            c = nvrtc(code, spec.kernel.entry, spec.kernel.options, spec.hw)
+            if not c.ok:
+                print(f"{label}: compile error: {c.reason}")
+                continue
+            info[label] = {"config": params, "variant": v, "registers": c.resources.get("registers"),
+                           "spill_stores": c.resources.get("spill_stores")}
+            kern = rt.load(c.artifact, spec.kernel.entry, kinds)
+            for m in counts:
+                shape, ins, outs, _, _ = bufs[m]
+                geo = ev.geometry(params, shapes=[shape])[0]
+                info[label].setdefault("geometry", {})[m] = geo
+                call = rt.prepare(kern, values(shape, ins, outs), geo, mode="direct")
+                if v == "real":  # the real kernel must be the op before its time means anything
+                    call()
+                    torch.cuda.synchronize()
+                    ref = reference(**{k: t.double() for k, t in ins.items()}, **scalars)
+                    refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+                    for o, r in zip(outs, refs):
+                        ok = torch.isclose(o.double(), r.double(), atol=spec.op.atol, rtol=spec.op.rtol,
+                                           equal_nan=True).all()
+                        if not bool(ok):
+                            raise SystemExit(f"{label} at {m} rows: the output does not match the reference")
+                arms[(label, m)] = call
+    for m in counts:
+        s, d = bufs[m][4]
+        arms[("copy of the same bytes", m)] = (lambda s=s, d=d: d.copy_(s))
+
+    times: dict[tuple, list[float]] = {k: [] for k in arms}
+    for rnd in range(a.rounds):
+        order = list(arms.items())
+        if rnd % 2:
+            order.reverse()
+        for key, call in order:
+            rt.walls = []
+            ts = bench(call, rt.sync, 10, 40, before=rt.flush, timer=rt.timer, min_reps=10)
+            times[key].append(statistics.median(ts))
+
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "spec": str(a.spec),
+           "shape": base, "rounds": a.rounds, "arms": info, "times": []}
+    print(f"{'arm':28s} {'rows':>7s} {'time':>10s} {'TB/s':>6s} {'vs real':>8s}")
+    for (label, m), ts in times.items():
+        t = statistics.median(ts)
+        nbytes = bufs[m][3]
+        real = times.get((label.rsplit(" ", 1)[0] + " real", m))
+        rel = f"{t / statistics.median(real):8.3f}" if real and not label.endswith(" real") else ""
+        print(f"{label:28s} {m:7d} {t * 1e6:8.1f}us {nbytes / t / 1e12:6.2f} {rel}")
+        out["times"].append({"arm": label, "rows": m, "median_s": t, "tbps": nbytes / t / 1e12, "rounds_s": ts})
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,8 +22,8 @@ inputs from the spec's first distribution (never zeros).
 
     python benchmarks/anatomy.py --spec pipelines/softmax-h200.yaml --shape 4096x32768 \\
         --config '{"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}' \\
-        [--config ...] [--rows 3960,4092,4096,4224] [--variants real,cheap-exp,no-reduce,bare] \\
-        [--rounds 3] [--json out.json]
+        [--config EPT=64,TMAX=1024,...] [--template old=PATH.cu.j2] [--rows 3960,4092,4096,4224] \\
+        [--variants real,cheap-exp,no-reduce,bare] [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -83,11 +83,35 @@ def parse_shape(text: str, symbols: list[str]) -> dict:
     return dict(zip(symbols, vals))
 
 
+def parse_config(text: str, space) -> dict:
+    """A parameter fill: JSON, or NAME=VALUE pairs joined by commas (values typed by the
+    parameter's domain), which passes through a shell and tools/device-run.sh unquoted."""
+    text = text.strip()
+    if text.startswith("{"):
+        return json.loads(text)
+    domains = {p.name: list(p.values) for p in space.params}
+    out = {}
+    for part in text.split(","):
+        name, _, raw = part.partition("=")
+        name = name.strip()
+        if name not in domains:
+            raise SystemExit(f"--config {text}: {name!r} is not a parameter (known: {', '.join(domains)})")
+        match = [v for v in domains[name] if str(v) == raw.strip()]
+        if not match:
+            raise SystemExit(f"--config {text}: {name}={raw} is not in its domain {domains[name]}")
+        out[name] = match[0]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, required=True)
     ap.add_argument("--shape", required=True, help="sizes joined by x, in the order of the spec's symbols")
-    ap.add_argument("--config", action="append", required=True, help="a parameter fill as JSON (repeat for more)")
+    ap.add_argument("--config", action="append", required=True,
+                    help="a parameter fill, as JSON or NAME=VALUE,... (repeat for more)")
+    ap.add_argument("--template", action="append", default=[],
+                    help="LABEL=PATH: also time each configuration rendered from this template (another "
+                         "version of the spec's), as arm 'cN LABEL', checked like 'real'")
     ap.add_argument("--rows", default="", help="numbers of rows to time besides the shape's own, joined by commas")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--rounds", type=int, default=3)
@@ -100,6 +124,7 @@ def main() -> int:
     from runner.backends.cuda import Runtime, compile as nvrtc
     from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
     from runner.judge.timing import bench
+    from runner.render import render
     from runner.spec import load_spec
     from runner.trial import Evaluator
 
@@ -144,16 +169,25 @@ def main() -> int:
 
     arms = {}  # (label, m) -> call
     info = {}
+    others = []
+    for t in a.template:
+        name, _, path = t.partition("=")
+        if not path or not Path(path).is_file():
+            raise SystemExit(f"--template {t}: expected LABEL=PATH of a template file")
+        others.append((name, Path(path).read_text()))
     for ci, text in enumerate(a.config):
-        params = json.loads(text)
+        params = parse_config(text, spec.space)
         src = ev.render_all(params, None, shapes=[base])[0]
+        ctx = {**params, "dtype": spec.op.dtype, "ctype": ev.ctype, **base, **spec.kernel.derived({**base, **params})}
+        arms_src = []
         for v in variants:
-            label = f"c{ci} {v}"
             try:
-                code = variant_source(src, v)
+                arms_src.append((f"c{ci} {v}", v, variant_source(src, v)))
             except VariantError as e:
-                print(f"{label}: skipped: {e}")
-                continue
+                print(f"c{ci} {v}: skipped: {e}")
+        for name, text_ in others:  # the same configuration from another version of the template
+            arms_src.append((f"c{ci} {name}", "real", render(text_, ctx, name)))
+        for label, v, code in arms_src:
             c = nvrtc(code, spec.kernel.entry, spec.kernel.options, spec.hw)
             if not c.ok:
                 print(f"{label}: compile error: {c.reason}")
@@ -197,7 +231,7 @@ def main() -> int:
     for (label, m), ts in times.items():
         t = statistics.median(ts)
         nbytes = bufs[m][3]
-        real = times.get((label.rsplit(" ", 1)[0] + " real", m))
+        real = times.get((label.split(" ", 1)[0] + " real", m))
         rel = f"{t / statistics.median(real):8.3f}" if real and not label.endswith(" real") else ""
         print(f"{label:28s} {m:7d} {t * 1e6:8.1f}us {nbytes / t / 1e12:6.2f} {rel}")
         out["times"].append({"arm": label, "rows": m, "median_s": t, "tbps": nbytes / t / 1e12, "rounds_s": ts})

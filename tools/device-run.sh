@@ -4,7 +4,7 @@
 #   bash tools/device-run.sh WHAT...
 # WHAT, any number, in order:
 #   tests[:PATHS]           the gpu-marked tests (PATHS: test files or node ids joined by +, default all)
-#   py:SCRIPT[:ARGS]        python3 SCRIPT ARGS, output in $OUT/SCRIPT-name.txt (ARGS as for run;
+#   py:SCRIPT[:ARGS]        python3 SCRIPT ARGS, output appended to $OUT/NAME.txt (NAME: the script's; ARGS as for run;
 #                           the text "OUT/" in ARGS becomes the results folder)
 #   suite                   the whole test suite
 #   run:SPEC[:ARGS[:TAG]]   pipe run SPEC into /tmp/runs/NAME (NAME: the spec's, plus TAG; ARGS: extra pipe run options,
@@ -45,7 +45,7 @@ for w in "$@"; do
   t0=$(date +%s); echo "== $w $(date +%T)" >> "$OUT/steps.txt"
   case $kind in
     tests) paths=${arg:-tests/}; python3 -m pytest -q -m gpu -rA ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
-    py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee "$OUT/$n.txt" ;;
+    py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee -a "$OUT/$n.txt" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run|record)
       name=$(basename "$arg" .yaml)$tag; d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name

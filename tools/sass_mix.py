@@ -1,0 +1,150 @@
+"""The instruction mix of one configuration's kernel, from its SASS: what a thread issues,
+by opcode and by pipe, and the issue-bound and MUFU-bound time of one pass over the row
+units a block holds at once. Needs no GPU: the runner's own NVRTC build (sm_90 for the
+h200 profile), disassembled by cuobjdump (`pip install 'pipe-autoresearch[sass]'`,
+or a CUDA toolkit's).
+
+    python tools/sass_mix.py pipelines/softmax-h200.yaml 4096x32768 \\
+        '{"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}' \\
+        [--variants real,cheap-exp,no-reduce,bare] [--template OTHER.cu.j2] [--json out.json]
+
+Counts are static: a loop the compiler did not unroll counts once. The flagship templates
+unroll everything inside a row, so for a persistent kernel the count is one row unit's
+work plus the set-up. The estimates assume the SM issues 4 warp instructions a clock and
+runs 16 MUFU operations a clock (sm_90), at the profile's SM clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PIPES = {
+    "mufu": ("MUFU",),
+    "fp32": ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "FCHK", "F2FP", "F2F", "FRND", "HFMA2", "HADD2", "HMUL2"),
+    "int": ("IMAD", "IADD3", "LOP3", "SHF", "LEA", "ISETP", "SEL", "PRMT", "IABS", "IMNMX", "POPC", "FLO", "I2F", "F2I"),
+    "memory": ("LDS", "STS", "LDG", "STG", "LDGSTS", "LDGDEPBAR", "DEPBAR", "LDSM", "UBLKCP", "SYNCS", "LD", "ST",
+               "ATOMS", "ATOMG", "RED", "LDC"),
+    "sync": ("BAR", "SHFL", "WARPSYNC", "UCGABAR_ARV", "UCGABAR_WAIT", "CCTL", "MEMBAR", "ERRBAR", "FENCE"),
+}
+_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+INSTALL = "pip install 'pipe-autoresearch[sass]' (the nvidia-cuda-cuobjdump and -nvdisasm wheels), or put a CUDA toolkit's bin on PATH"
+
+
+def cuobjdump() -> str | None:
+    """cuobjdump on PATH, else the pip wheel's (which needs nvdisasm beside it: the wheels
+    put both in nvidia/cu13/bin)."""
+    exe = shutil.which("cuobjdump")
+    if exe and shutil.which("nvdisasm"):
+        return exe
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in nvidia.__path__:
+        for cand in sorted(Path(base).glob("cu*/bin/cuobjdump")):
+            if os.access(cand, os.X_OK) and os.access(cand.parent / "nvdisasm", os.X_OK):
+                return str(cand)
+    return None
+
+
+def sass(cubin: str) -> str:
+    """The SASS text of a cubin."""
+    tool = cuobjdump()
+    if tool is None:
+        raise SystemExit(f"cuobjdump and nvdisasm not found: {INSTALL}")
+    env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True, env=env).stdout
+
+
+def mix(sass: str) -> collections.Counter:
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(1) not in ("NOP",):
+            ops[m.group(1)] += 1
+    return ops
+
+
+def by_pipe(ops: collections.Counter) -> dict[str, int]:
+    out = {k: 0 for k in (*PIPES, "other")}
+    for op, n in ops.items():
+        out[next((k for k, v in PIPES.items() if op in v), "other")] += n
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", type=Path)
+    ap.add_argument("shape", help="sizes joined by x, in the order of the spec's symbols")
+    ap.add_argument("config", help="a parameter fill as JSON")
+    ap.add_argument("--variants", default="real", help="benchmarks/anatomy.py variants, joined by commas")
+    ap.add_argument("--template", type=Path, help="render this template instead of the spec's (an older version)")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+
+    from runner.backends import cuda
+    from runner.render import render
+    from runner.spec import load_spec
+    from runner.trial import Evaluator
+
+    spec_ = importlib.util.spec_from_file_location("anatomy", ROOT / "benchmarks" / "anatomy.py")
+    anatomy = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(anatomy)
+
+    spec = load_spec(str(a.spec))
+    ev = Evaluator(spec, None, None)
+    symbols = list(spec.op.symbols)
+    shape = anatomy.parse_shape(a.shape, symbols)
+    params = json.loads(a.config)
+    if a.template:
+        k = spec.kernel
+        ctx = {**params, "dtype": spec.op.dtype, "ctype": ev.ctype, **shape, **k.derived({**shape, **params})}
+        src = render(a.template.read_text(), ctx, a.template.name)
+    else:
+        src = ev.render_all(params, None, shapes=[shape])[0]
+    geo = ev.geometry(params, shapes=[shape])[0]
+    threads = 1
+    for d in geo["block"]:
+        threads *= d
+    warps = (threads + 31) // 32
+    clock = float(spec.hw.get("clock_mhz", 1980)) * 1e6
+    out = {"spec": str(a.spec), "shape": shape, "config": params, "geometry": geo, "variants": {}}
+    print(f"geometry {geo}; {warps} warps a block")
+    print(f"{'variant':10s} {'regs':>4s} {'instr':>6s} " + " ".join(f"{k:>6s}" for k in (*PIPES, "other"))
+          + f" {'issue us':>9s} {'mufu us':>8s}")
+    for v in [x.strip() for x in a.variants.split(",") if x.strip()]:
+        c = cuda.compile(anatomy.variant_source(src, v), spec.kernel.entry, spec.kernel.options, spec.hw)
+        if not c.ok:
+            print(f"{v:10s} compile error: {c.reason}")
+            continue
+        ops = mix(sass(c.artifact))
+        pipes = by_pipe(ops)
+        total = sum(ops.values())
+        # a block's warps share the SM's 4 schedulers (one block an SM for the persistent kernels)
+        issue_us = warps * total / 4 / clock * 1e6
+        mufu_us = threads * ops.get("MUFU", 0) / 16 / clock * 1e6
+        print(f"{v:10s} {c.resources.get('registers', 0):4d} {total:6d} " + " ".join(f"{pipes[k]:6d}" for k in pipes)
+              + f" {issue_us:9.2f} {mufu_us:8.2f}")
+        out["variants"][v] = {"resources": c.resources, "total": total, "pipes": pipes, "ops": dict(ops.most_common()),
+                              "issue_us": issue_us, "mufu_us": mufu_us}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""Where a kernel's time goes, on the GPU: one configuration of a spec's template, timed
-beside diagnostic variants of its own rendered source and a device copy of the same bytes.
+"""Where a kernel's time goes: one configuration of a spec's template, timed on the spec's
+backend (the GPU for the CUDA specs) beside diagnostic variants of its own rendered source,
+other versions of the template, and a copy of the same bytes.
 
 Variants (edits of the rendered CUDA source; a variant that does not change the source
 stops the run, so a template change cannot silently turn it into a second "real"):
@@ -121,7 +122,7 @@ def main() -> int:
     import torch
 
     from runner import figures
-    from runner.backends.cuda import Runtime, compile as nvrtc
+    from runner import backends
     from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
     from runner.judge.timing import bench
     from runner.render import render
@@ -138,15 +139,17 @@ def main() -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise SystemExit(f"--variants: unknown {', '.join(bad)} (known: {', '.join(VARIANTS)})")
-    rt = Runtime(spec.hw, spec.runtime)
+    backend = backends.get(spec.kernel.backend)  # the CUDA backend on the GPU; the CPU one runs it in the tests
+    rt = backend.Runtime(spec.hw, spec.runtime)
     rt.flush_mode = "clean"
+    dev = rt.device
     mod, _, fn = spec.op.reference.partition(":")
     import importlib
 
     reference = getattr(importlib.import_module(mod), fn)
     scalars = {s.name: s.value for s in spec.op.scalars}
     tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
-    kinds = ["ptr" if n in tensor_names else next((s.type for s in spec.op.scalars if s.name == n), "auto")
+    kinds = ["ptr" if n in tensor_names else next((s.type for s in spec.op.scalars if s.name == n), rt.symbol_type)
              for n in spec.kernel.args]
 
     # one set of buffers per number of rows, shared by every arm
@@ -154,11 +157,11 @@ def main() -> int:
     for m in counts:
         shape = {**base, rows_sym: m}
         env = spec.op.shape_env(shape)
-        ins = make_inputs(spec.op, shape, 1234, 0, "cuda")
-        outs = [torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device="cuda") for t in spec.op.outputs]
+        ins = make_inputs(spec.op, shape, 1234, 0, dev)
+        outs = [torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device=dev) for t in spec.op.outputs]
         nbytes = figures.floors(spec, [shape])[0]["bytes"]
         half = int(nbytes) // 2
-        src = torch.randint(0, 256, (half,), dtype=torch.uint8, device="cuda")
+        src = torch.randint(0, 256, (half,), dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
         bufs[m] = (shape, ins, outs, nbytes, (src, dst))
 
@@ -188,7 +191,7 @@ def main() -> int:
         for name, text_ in others:  # the same configuration from another version of the template
             arms_src.append((f"c{ci} {name}", "real", render(text_, ctx, name)))
         for label, v, code in arms_src:
-            c = nvrtc(code, spec.kernel.entry, spec.kernel.options, spec.hw)
+            c = backend.compile(code, spec.kernel.entry, spec.kernel.options, spec.hw)
             if not c.ok:
                 print(f"{label}: compile error: {c.reason}")
                 continue
@@ -202,7 +205,7 @@ def main() -> int:
                 call = rt.prepare(kern, values(shape, ins, outs), geo, mode="direct")
                 if v == "real":  # the real kernel must be the op before its time means anything
                     call()
-                    torch.cuda.synchronize()
+                    rt.sync()
                     ref = reference(**{k: t.double() for k, t in ins.items()}, **scalars)
                     refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
                     for o, r in zip(outs, refs):
@@ -225,7 +228,7 @@ def main() -> int:
             ts = bench(call, rt.sync, 10, 40, before=rt.flush, timer=rt.timer, min_reps=10)
             times[key].append(statistics.median(ts))
 
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "spec": str(a.spec),
+    out = {"device": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__, "spec": str(a.spec),
            "shape": base, "rounds": a.rounds, "arms": info, "times": []}
     print(f"{'arm':28s} {'rows':>7s} {'time':>10s} {'TB/s':>6s} {'vs real':>8s}")
     for (label, m), ts in times.items():

@@ -85,3 +85,41 @@ def test_config_from_name_value_pairs_is_typed_by_the_domain():
         anatomy.parse_config("EPT=48", spec.space)
     with pytest.raises(SystemExit, match="not a parameter"):
         anatomy.parse_config("BLOCK=64", spec.space)
+
+
+def _run_anatomy(tmp_path, *extra):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "anatomy.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "anatomy.py"), "--spec",
+                        str(PIPELINES / "rmsnorm-cpu.yaml"), "--shape", "512x4096", "--config",
+                        "ACC=16,THREADS=1,UNROLL=1", "--rows", "256", "--rounds", "1", "--json", str(out), *extra],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return r, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_end_to_end_on_the_cpu_backend(tmp_path):
+    """The same code path the GPU runs, on the CPU backend: every arm timed at every number
+    of rows, a variant that does not apply reported and left out, another template version
+    timed beside the real one."""
+    same = tmp_path / "same.cpp.j2"
+    same.write_text((ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text())
+    r, doc = _run_anatomy(tmp_path, "--variants", "real,no-reduce", "--template", f"same={same}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "c0 no-reduce: skipped" in r.stdout
+    arms = {(t["arm"], t["rows"]) for t in doc["times"]}
+    assert arms == {(a, m) for a in ("c0 real", "c0 same", "copy of the same bytes") for m in (512, 256)}
+    assert all(t["median_s"] > 0 and len(t["rounds_s"]) == 1 for t in doc["times"])
+    assert doc["arms"]["c0 real"]["config"] == {"ACC": 16, "THREADS": 1, "UNROLL": 1}
+
+
+def test_a_version_that_is_not_the_op_is_refused(tmp_path):
+    wrong = tmp_path / "wrong.cpp.j2"
+    text = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+    assert "orow[k] = xr[k] * scale * w[k];" in text
+    wrong.write_text(text.replace("orow[k] = xr[k] * scale * w[k];", "orow[k] = 2 * xr[k] * scale * w[k];"))
+    r, doc = _run_anatomy(tmp_path, "--variants", "real", "--template", f"wrong={wrong}")
+    assert r.returncode != 0 and "c0 wrong at 512 rows: the output does not match the reference" in r.stderr
+    assert doc is None  # nothing timed, nothing written

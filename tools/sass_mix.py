@@ -8,10 +8,12 @@ or a CUDA toolkit's).
         '{"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}' \\
         [--variants real,cheap-exp,no-reduce,bare] [--template OTHER.cu.j2] [--json out.json]
 
-Counts are static: a loop the compiler did not unroll counts once. The flagship templates
-unroll everything inside a row, so for a persistent kernel the count is one row unit's
-work plus the set-up. The estimates assume the SM issues 4 warp instructions a clock and
-runs 16 MUFU operations a clock (sm_90), at the profile's SM clock.
+Counts are static: a loop the compiler did not unroll counts once. "instr" is the whole
+kernel (set-up and cold paths included); "loop" is what lies inside its widest backward
+branch, for a persistent kernel one row unit's work (the flagship templates unroll
+everything inside a row unit). The pipe columns and the estimates are of the loop where
+there is one, else of the kernel: a block's warps issuing 4 warp instructions a clock and
+16 MUFU operations a clock (sm_90), at the profile's SM clock.
 """
 
 from __future__ import annotations
@@ -79,6 +81,31 @@ def mix(sass: str) -> collections.Counter:
     return ops
 
 
+_ADDR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*)")
+
+
+def main_loop(sass: str) -> tuple[int, collections.Counter]:
+    """The instructions inside the widest backward branch (a persistent kernel's loop over
+    its row units): what one row unit costs, without the set-up and the cold paths laid
+    out after the loop. (0, empty) when the kernel has no loop."""
+    rows = []
+    for line in sass.splitlines():
+        m = _ADDR.match(line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    best = None
+    for addr, op, args in rows:
+        t = re.search(r"0x([0-9a-f]+)\s*$", args.strip()) if op.startswith("BRA") else None
+        if t and int(t.group(1), 16) < addr and (best is None or addr - int(t.group(1), 16) > best[1] - best[0]):
+            best = (int(t.group(1), 16), addr)
+    ops = collections.Counter()
+    if best:
+        for addr, op, _ in rows:
+            if best[0] <= addr <= best[1] and op != "NOP":
+                ops[op.split(".")[0]] += 1
+    return sum(ops.values()), ops
+
+
 def by_pipe(ops: collections.Counter) -> dict[str, int]:
     out = {k: 0 for k in (*PIPES, "other")}
     for op, n in ops.items():
@@ -124,22 +151,27 @@ def main() -> int:
     clock = float(spec.hw.get("clock_mhz", 1980)) * 1e6
     out = {"spec": str(a.spec), "shape": shape, "config": params, "geometry": geo, "variants": {}}
     print(f"geometry {geo}; {warps} warps a block")
-    print(f"{'variant':10s} {'regs':>4s} {'instr':>6s} " + " ".join(f"{k:>6s}" for k in (*PIPES, "other"))
+    print(f"{'variant':10s} {'regs':>4s} {'instr':>6s} {'loop':>5s} " + " ".join(f"{k:>6s}" for k in (*PIPES, "other"))
           + f" {'issue us':>9s} {'mufu us':>8s}")
     for v in [x.strip() for x in a.variants.split(",") if x.strip()]:
         c = cuda.compile(anatomy.variant_source(src, v), spec.kernel.entry, spec.kernel.options, spec.hw)
         if not c.ok:
             print(f"{v:10s} compile error: {c.reason}")
             continue
-        ops = mix(sass(c.artifact))
-        pipes = by_pipe(ops)
+        text = sass(c.artifact)
+        ops = mix(text)
         total = sum(ops.values())
+        loop, lops = main_loop(text)
+        # a row unit's cost: the persistent kernels' loop where there is one, else the kernel
+        unit, uops = (loop, lops) if loop else (total, ops)
+        pipes = by_pipe(uops)
         # a block's warps share the SM's 4 schedulers (one block an SM for the persistent kernels)
-        issue_us = warps * total / 4 / clock * 1e6
-        mufu_us = threads * ops.get("MUFU", 0) / 16 / clock * 1e6
-        print(f"{v:10s} {c.resources.get('registers', 0):4d} {total:6d} " + " ".join(f"{pipes[k]:6d}" for k in pipes)
-              + f" {issue_us:9.2f} {mufu_us:8.2f}")
-        out["variants"][v] = {"resources": c.resources, "total": total, "pipes": pipes, "ops": dict(ops.most_common()),
+        issue_us = warps * unit / 4 / clock * 1e6
+        mufu_us = threads * uops.get("MUFU", 0) / 16 / clock * 1e6
+        print(f"{v:10s} {c.resources.get('registers', 0):4d} {total:6d} {loop:5d} "
+              + " ".join(f"{pipes[k]:6d}" for k in pipes) + f" {issue_us:9.2f} {mufu_us:8.2f}")
+        out["variants"][v] = {"resources": c.resources, "total": total, "loop": loop, "pipes": pipes,
+                              "ops": dict(ops.most_common()), "loop_ops": dict(lops.most_common()),
                               "issue_us": issue_us, "mufu_us": mufu_us}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))

@@ -110,6 +110,20 @@ def test_empty_partials_stay_empty_and_equal_maxima_add(merger):
     assert got[2] == (1.0, 2.0) and got[3] == (1.0, 2.0)
 
 
+def test_every_partial_of_a_minus_inf_max_has_a_zero_sum():
+    """merge() relies on it (a NaN sum would spread through 0 * NaN): every place that
+    computes exponentials against a per-thread max, which is -inf for a thread that saw
+    only masked values, takes 0 as that max instead. A new one must too."""
+    lines = [ln for ln in TEMPLATE.splitlines() if re.search(r"\b\w+ = [^;]*\bm\w* \* L2E", ln)]
+    unguarded = [ln.strip() for ln in lines if "NEG_INF ? 0.f :" not in ln]
+    # the row's max after a whole-row reduction is finite for any row with a finite value
+    # (the reference gives NaN for a row of only -inf, and so do these)
+    row_max = {"const float ml = m * L2E;", "const float inv = 1.f / s, ml = m * L2E;",
+               "const float inv = m == NEG_INF ? __int_as_float(0x7fc00000) : 1.f / s, ml = m * L2E;"}
+    assert [ln for ln in unguarded if ln not in row_max] == []
+    assert sum("NEG_INF ? 0.f :" in ln for ln in lines) >= 4  # ring, fold, scalar fold, tma pass
+
+
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")
 
 

@@ -113,7 +113,11 @@ def test_empty_partials_stay_empty_and_equal_maxima_add(merger):
 def test_every_partial_of_a_minus_inf_max_has_a_zero_sum():
     """merge() relies on it (a NaN sum would spread through 0 * NaN): every place that
     computes exponentials against a per-thread max, which is -inf for a thread that saw
-    only masked values, takes 0 as that max instead. A new one must too."""
+    only masked values, takes 0 as that max instead. A new one must too.
+
+    A scan of the text, in the form the template writes it (`name = ... m * L2E`): an
+    exponential written inline, or a max by another name, passes unseen. What stands
+    behind it is the judge, which verifies every trial on masked rows (a quarter -inf)."""
     lines = [ln for ln in TEMPLATE.splitlines() if re.search(r"\b\w+ = [^;]*\bm\w* \* L2E", ln)]
     unguarded = [ln.strip() for ln in lines if "NEG_INF ? 0.f :" not in ln]
     # the row's max after a whole-row reduction is finite for any row with a finite value

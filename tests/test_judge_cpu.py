@@ -155,6 +155,13 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
   static int64_t calls = 0;
   if (++calls > 4) return;
   rows(x, w, out, 0, M, N, eps);
+{% elif HACK == "lazy_every_other" %}
+  // Correct for the first calls (the checked ones), then does the work on every other call
+  // only: the value sets alternate call by call, so the output always holds one set's result.
+  static int64_t calls = 0;
+  ++calls;
+  if (calls > 4 && calls % 2) return;
+  rows(x, w, out, 0, M, N, eps);
 {% elif HACK == "shape_hardcode" %}
   if (N != 256) return;  // only the tuned shape is handled
   rows(x, w, out, 0, M, N, eps);
@@ -214,7 +221,7 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
 HACKS = [
     "honest", "honest_again", "do_nothing", "partial_row", "partial_element", "constant",
     "out_of_bounds_low", "out_of_bounds_high", "mutate_input", "mutate_input_ulp",
-    "cache_by_pointer", "cache_output_by_pointer", "skip_if_output_present", "lazy_when_timed",
+    "cache_by_pointer", "cache_output_by_pointer", "skip_if_output_present", "lazy_when_timed", "lazy_every_other",
     "shape_hardcode", "lower_precision_f16", "truncate_precision", "fast_math_pragma",
     "file_access", "file_bypass", "forge_verdict", "forge_write", "segfault", "hang", "abort",
     "compile_error", "slowed", "print_noise",
@@ -474,10 +481,17 @@ def test_cache_output_by_pointer_is_wrong(bench):
     assert t.status == "wrong", _explain(t)
 
 
-def test_lazy_when_timed_is_caught_by_the_checked_timed_call(bench):
-    t = bench.run("lazy_when_timed")
-    assert t.status == "wrong", _explain(t)
-    assert "timed call" in t.reason, t.reason
+@pytest.mark.parametrize("hack", ["lazy_when_timed", "lazy_every_other"])
+def test_lazy_when_timed_is_caught_by_the_checked_timed_call(bench, hack):
+    """Caught in the first shape's timed calls, whatever calls the random checks land on:
+    a kernel that stops working after verification leaves the verified set's output, and
+    one that works every other call leaves one set's output; the checked calls cover both
+    value sets (before, all three checks landing on one set let it through, 1 time in 8)."""
+    for _ in range(4):  # fresh seeds: the random checks land elsewhere each time
+        bench.worker.close()  # a new worker process: the kernel's call counter starts at 0
+        t = bench.run(hack, fresh=True)
+        assert t.status == "wrong", _explain(t)
+        assert t.reason.startswith("shape 0") and "timed call" in t.reason, t.reason
 
 
 def test_skip_when_output_present_is_not_a_win(bench):

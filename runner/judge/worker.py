@@ -181,9 +181,12 @@ class Judge:
         Before every timed call (outside the timed region) the inputs get the
         other set's values, so no call sees the inputs of the call before it:
         a kernel that skips work when its inputs look unchanged, or replays a
-        cached output, leaves a wrong output. One random timed call and the
+        cached output, leaves a wrong output. Two random timed calls and the
         last are checked against the reference of the values they were given,
-        with no poison in the output beforehand (poison would tip a kernel off).
+        with no poison in the output beforehand (poison would tip a kernel off);
+        when all of them were given the same set, one more call, on the other
+        set, is checked too, so a kernel that works on one set's calls only (or
+        stops after verification) cannot pass unseen.
         """
         clock = time.perf_counter
         t0 = clock()
@@ -194,11 +197,13 @@ class Judge:
         checking = [0.0]
 
         failed: list[str] = []
+        seen: set[int] = set()  # the value sets the checked calls were given
 
         def check():
             c0 = clock()
             self.rt.sync()
             why = self._check(outs, refs[state["cur"]], 1, guards=True)
+            seen.add(state["cur"])
             if why:
                 failed.append(why)
             checking[0] += clock() - c0
@@ -215,6 +220,14 @@ class Judge:
         if failed:
             return failed[0], times
         check()
+        if not failed and len(seen) < 2:
+            # Every checked call was given the same value set. A kernel that skips the work
+            # on the calls of one set (after the checks of verification, or every other call)
+            # leaves that set's output in place and would pass them all: one more call, on the
+            # other set, is checked too.
+            refresh()
+            run()
+            check()
         phases["time_check_s"] += checking[0]
         return (failed[0] if failed else None), times
 

@@ -122,10 +122,8 @@ def main() -> int:
     import torch
 
     from runner import figures
-    from runner import backends
-    from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
     from runner.judge.timing import bench
-    from runner.render import render
+    from runner.judge.worker import Judge
     from runner.spec import load_spec
     from runner.trial import Evaluator
 
@@ -139,36 +137,24 @@ def main() -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise SystemExit(f"--variants: unknown {', '.join(bad)} (known: {', '.join(VARIANTS)})")
-    backend = backends.get(spec.kernel.backend)  # the CUDA backend on the GPU; the CPU one runs it in the tests
-    rt = backend.Runtime(spec.hw, spec.runtime)
+    # the judge's own plumbing, in this process: the spec's backend runtime (CUDA on the GPU;
+    # the CPU one runs this in the tests), inputs, poisoned outputs, launch values, reference
+    judge = Judge(spec)
+    rt = judge.rt
     rt.flush_mode = "clean"
     dev = rt.device
-    mod, _, fn = spec.op.reference.partition(":")
-    import importlib
-
-    reference = getattr(importlib.import_module(mod), fn)
-    scalars = {s.name: s.value for s in spec.op.scalars}
-    tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
-    kinds = ["ptr" if n in tensor_names else next((s.type for s in spec.op.scalars if s.name == n), rt.symbol_type)
-             for n in spec.kernel.args]
 
     # one set of buffers per number of rows, shared by every arm
     bufs = {}
     for m in counts:
         shape = {**base, rows_sym: m}
-        env = spec.op.shape_env(shape)
-        ins = make_inputs(spec.op, shape, 1234, 0, dev)
-        outs = [torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device=dev) for t in spec.op.outputs]
+        ins = judge._inputs(shape, 1234, 0)
+        outs = judge._outputs(shape)
         nbytes = figures.floors(spec, [shape])[0]["bytes"]
         half = int(nbytes) // 2
         src = torch.randint(0, 256, (half,), dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
         bufs[m] = (shape, ins, outs, nbytes, (src, dst))
-
-    def values(shape, ins, outs):
-        t = {**{k: v.data_ptr() for k, v in ins.items()},
-             **{s.name: o.data_ptr() for s, o in zip(spec.op.outputs, outs)}}
-        return [t[n] if n in t else scalars[n] if n in scalars else shape[n] for n in spec.kernel.args]
 
     arms = {}  # (label, m) -> call
     info = {}
@@ -177,42 +163,41 @@ def main() -> int:
         name, _, path = t.partition("=")
         if not path or not Path(path).is_file():
             raise SystemExit(f"--template {t}: expected LABEL=PATH of a template file")
-        others.append((name, Path(path).read_text()))
+        ev.variants[f"template {name}"] = Path(path).read_text()  # rendered as the spec's template is
+        others.append(name)
     for ci, text in enumerate(a.config):
         params = parse_config(text, spec.space)
         src = ev.render_all(params, None, shapes=[base])[0]
-        ctx = {**params, "dtype": spec.op.dtype, "ctype": ev.ctype, **base, **spec.kernel.derived({**base, **params})}
         arms_src = []
         for v in variants:
             try:
                 arms_src.append((f"c{ci} {v}", v, variant_source(src, v)))
             except VariantError as e:
                 print(f"c{ci} {v}: skipped: {e}")
-        for name, text_ in others:  # the same configuration from another version of the template
-            arms_src.append((f"c{ci} {name}", "real", render(text_, ctx, name)))
+        for name in others:  # the same configuration from another version of the template
+            arms_src.append((f"c{ci} {name}", "real", ev.render_all(params, f"template {name}", shapes=[base])[0]))
         for label, v, code in arms_src:
-            c = backend.compile(code, spec.kernel.entry, spec.kernel.options, spec.hw)
+            c = ev.backend.compile(code, spec.kernel.entry, spec.kernel.options, spec.hw)
             if not c.ok:
                 print(f"{label}: compile error: {c.reason}")
                 continue
             info[label] = {"config": params, "variant": v, "registers": c.resources.get("registers"),
                            "spill_stores": c.resources.get("spill_stores")}
-            kern = rt.load(c.artifact, spec.kernel.entry, kinds)
+            kern = rt.load(c.artifact, spec.kernel.entry, judge.kinds)
             for m in counts:
                 shape, ins, outs, _, _ = bufs[m]
                 geo = ev.geometry(params, shapes=[shape])[0]
                 info[label].setdefault("geometry", {})[m] = geo
-                call = rt.prepare(kern, values(shape, ins, outs), geo, mode="direct")
+                call = rt.prepare(kern, judge._values(shape, ins, outs), geo, mode="direct")
                 if v == "real":  # the real kernel must be the op before its time means anything
+                    for o in outs:
+                        o.fill(0)
+                    rt.sync()
                     call()
                     rt.sync()
-                    ref = reference(**{k: t.double() for k, t in ins.items()}, **scalars)
-                    refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-                    for o, r in zip(outs, refs):
-                        ok = torch.isclose(o.double(), r.double(), atol=spec.op.atol, rtol=spec.op.rtol,
-                                           equal_nan=True).all()
-                        if not bool(ok):
-                            raise SystemExit(f"{label} at {m} rows: the output does not match the reference")
+                    why = judge._check(outs, judge._reference(ins), 0)
+                    if why:
+                        raise SystemExit(f"{label} at {m} rows: the output does not match the reference: {why}")
                 arms[(label, m)] = call
     for m in counts:
         s, d = bufs[m][4]

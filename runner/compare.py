@@ -149,9 +149,9 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
             e = faster_nearest(tied, pick)
             label = f"#{e['trial']}" if e is not None else None
             eager = pick.get("torch eager")
-            if label and eager and pick.get(label):  # the figures the decision was made on
+            if label and eager and pick.get(label):  # the figures the decision is made on
                 decided = {label: pick[label], "torch eager": eager}
-            if label in times and eager and pick.get(label) and pick[label] < eager * (1 - NOISE):
+            if decided and label in times and decided[label] < eager * (1 - NOISE):
                 sizes = " or ".join(shape_label(x["shape"]) for x in tied)
                 choice, via = label, f"nearest tuned sizes ({sizes}{', the faster here' if len(tied) > 1 else ''}), " \
                                      "checked here"

@@ -9,6 +9,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
 
 
+def load_script(rel: str):
+    """A script of the repo (benchmarks/, tools/) as a module, for its functions."""
+    import importlib.util
+
+    path = ROOT / rel
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def has_cuda() -> bool:
     try:
         import torch

@@ -1,7 +1,6 @@
 """benchmarks/anatomy.py: the diagnostic variants take out what they say on the real
 templates' rendered sources, still compile, and refuse a source they do not apply to."""
 
-import importlib.util
 import re
 
 import pytest
@@ -9,11 +8,9 @@ import pytest
 from runner.spec import load_spec
 from runner.trial import Evaluator
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, load_script
 
-_spec = importlib.util.spec_from_file_location("anatomy", ROOT / "benchmarks" / "anatomy.py")
-anatomy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(anatomy)
+anatomy = load_script("benchmarks/anatomy.py")
 
 RING = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
 

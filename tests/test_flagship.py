@@ -98,10 +98,8 @@ def test_softmax_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
     assert "wait_ring();" in src[(4096, 32768)] and "wait_ring();" not in src[(5, 131071)]
     assert "#define SUBR 1" in src[(4096, 32768)] and "bulk_load(ring" not in src[(4096, 32768)]
-    wide = {**cfg, "TMAX": 1024}
-    g = ev.geometry(wide, shapes=[{"M": 4096, "N": 32768}])[0]
+    g, src = (d[(4096, 32768)] for d in _by_shape(ev, {**cfg, "TMAX": 1024}))
     assert g == {**g, "grid": [132], "block": [1024], "cluster": [1], "shared_mem": 7 * 32768}
-    src = ev.render_all(wide, shapes=[{"M": 4096, "N": 32768}])[0]
     assert "#define PV 2" in src and "#define SUBR 4" in src and "#define NP 7" in src
 
 
@@ -121,10 +119,8 @@ def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     odd = by[(5, 65537)]
     assert odd["shared_mem"] == 0 and odd["grid"] == [5 * odd["cluster"][0]]
     assert "#define RING 1" in src[(2048, 65536)] and "#define RING 0" in src[(5, 65537)]
-    whole = {**cfg, "EPT": 64}
-    g = ev.geometry(whole, shapes=[{"M": 2048, "N": 65536}])[0]
+    g, src = (d[(2048, 65536)] for d in _by_shape(ev, {**cfg, "EPT": 64}))
     assert g == {**g, "grid": [132], "cluster": [1], "shared_mem": 7 * 32768}
-    src = ev.render_all(whole, shapes=[{"M": 2048, "N": 65536}])[0]
     assert "#define PV 2" in src and "#define SUBR 4" in src and "#define NP 7" in src
     # clusters of 4 or 8 fit 120 SMs at once; two blocks an SM share its shared memory
     four = ev.geometry({**cfg, "TMAX": 256, "EPT": 64}, shapes=[{"M": 2048, "N": 65536}])[0]

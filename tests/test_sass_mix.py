@@ -2,17 +2,14 @@
 modifiers stripped), grouped by pipe, and on a real template the exponentials show up
 as MUFU and the merge rewrite as one exponential a merge."""
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, load_script
 
-_spec = importlib.util.spec_from_file_location("sass_mix", ROOT / "tools" / "sass_mix.py")
-sass_mix = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sass_mix)
+sass_mix = load_script("tools/sass_mix.py")
 
 LISTING = """
 \t\tFunction : softmax_bf16

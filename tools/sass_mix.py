@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -124,25 +123,22 @@ def main() -> int:
     a = ap.parse_args()
 
     from runner.backends import cuda
-    from runner.render import render
     from runner.spec import load_spec
     from runner.trial import Evaluator
 
-    spec_ = importlib.util.spec_from_file_location("anatomy", ROOT / "benchmarks" / "anatomy.py")
-    anatomy = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(anatomy)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import anatomy  # its variants and its shape parsing
 
     spec = load_spec(str(a.spec))
     ev = Evaluator(spec, None, None)
     symbols = list(spec.op.symbols)
     shape = anatomy.parse_shape(a.shape, symbols)
     params = json.loads(a.config)
-    if a.template:
-        k = spec.kernel
-        ctx = {**params, "dtype": spec.op.dtype, "ctype": ev.ctype, **shape, **k.derived({**shape, **params})}
-        src = render(a.template.read_text(), ctx, a.template.name)
-    else:
-        src = ev.render_all(params, None, shapes=[shape])[0]
+    variant = None
+    if a.template:  # rendered as the spec's template is, from the spec's derived values
+        ev.variants["other"] = a.template.read_text()
+        variant = "other"
+    src = ev.render_all(params, variant, shapes=[shape])[0]
     geo = ev.geometry(params, shapes=[shape])[0]
     threads = 1
     for d in geo["block"]:

@@ -13,6 +13,10 @@ stops the run, so a template change cannot silently turn it into a second "real"
 Only "real" is a softmax; the others time what is left when a part is taken out, so the
 differences give each part's share of the time (Nsight Compute is not on the device image).
 
+--grid LABEL=EXPR launches the real source on another grid, an expression over the shape, the
+parameters and the spec's derived values (as the spec's own grid is), as arm 'cN LABEL',
+checked like "real": a persistent kernel's grid against the spec's choice.
+
 --rows keeps the compiled sizes and changes the number of rows (a runtime argument): with a
 persistent grid of G row slots, M = k * G rows is k whole rounds, and M = k * G + 4 shows
 what a nearly empty last round costs.
@@ -23,7 +27,7 @@ inputs from the spec's first distribution (never zeros).
 
     python benchmarks/anatomy.py --spec pipelines/softmax-h200.yaml --shape 4096x32768 \\
         --config '{"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}' \\
-        [--config EPT=64,TMAX=1024,...] [--template old=PATH.cu.j2] [--rows 3960,4092,4096,4224] \\
+        [--config EPT=64,TMAX=1024,...] [--template old=PATH.cu.j2] [--grid g132=132] [--rows 3960,4092,4096,4224] \\
         [--variants real,cheap-exp,no-reduce,bare] [--rounds 3] [--json out.json]
 """
 
@@ -113,6 +117,9 @@ def main() -> int:
     ap.add_argument("--template", action="append", default=[],
                     help="LABEL=PATH: also time each configuration rendered from this template (another "
                          "version of the spec's), as arm 'cN LABEL', checked like 'real'")
+    ap.add_argument("--grid", action="append", default=[],
+                    help="LABEL=EXPR: also time the real source of each configuration on this grid (an "
+                         "expression over the shape, parameters and derived values), as arm 'cN LABEL'")
     ap.add_argument("--rows", default="", help="numbers of rows to time besides the shape's own, joined by commas")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--rounds", type=int, default=3)
@@ -122,6 +129,8 @@ def main() -> int:
     import torch
 
     from runner import figures
+    from runner.errors import ExprError
+    from runner.expr import compile_expr
     from runner.judge.timing import bench
     from runner.judge.worker import Judge
     from runner.spec import load_spec
@@ -165,18 +174,30 @@ def main() -> int:
             raise SystemExit(f"--template {t}: expected LABEL=PATH of a template file")
         ev.variants[f"template {name}"] = Path(path).read_text()  # rendered as the spec's template is
         others.append(name)
+    grids = []
+    for t in a.grid:
+        name, _, text = t.partition("=")
+        try:
+            grids.append((name, compile_expr(text), t))
+        except ExprError as e:
+            raise SystemExit(f"--grid {t}: {e}")
+        if not name:
+            raise SystemExit(f"--grid {t}: expected LABEL=EXPR")
     for ci, text in enumerate(a.config):
         params = parse_config(text, spec.space)
         src = ev.render_all(params, None, shapes=[base])[0]
-        arms_src = []
+        arms_src = []  # (label, variant, source, grid expression or None for the spec's)
         for v in variants:
             try:
-                arms_src.append((f"c{ci} {v}", v, variant_source(src, v)))
+                arms_src.append((f"c{ci} {v}", v, variant_source(src, v), None))
             except VariantError as e:
                 print(f"c{ci} {v}: skipped: {e}")
         for name in others:  # the same configuration from another version of the template
-            arms_src.append((f"c{ci} {name}", "real", ev.render_all(params, f"template {name}", shapes=[base])[0]))
-        for label, v, code in arms_src:
+            arms_src.append((f"c{ci} {name}", "real", ev.render_all(params, f"template {name}", shapes=[base])[0],
+                             None))
+        for name, expr, raw in grids:  # the real source on another grid
+            arms_src.append((f"c{ci} {name}", "real", src, (expr, raw)))
+        for label, v, code, gexpr in arms_src:
             c = ev.backend.compile(code, spec.kernel.entry, spec.kernel.options, spec.hw)
             if not c.ok:
                 print(f"{label}: compile error: {c.reason}")
@@ -187,6 +208,13 @@ def main() -> int:
             for m in counts:
                 shape, ins, outs, _, _ = bufs[m]
                 geo = ev.geometry(params, shapes=[shape])[0]
+                if gexpr is not None:
+                    env = {**shape, **params}
+                    env.update(spec.kernel.derived(env))
+                    try:
+                        geo["grid"] = [int(gexpr[0](env))]
+                    except ExprError as e:
+                        raise SystemExit(f"--grid {gexpr[1]}: {e}")
                 info[label].setdefault("geometry", {})[m] = geo
                 call = rt.prepare(kern, judge._values(shape, ins, outs), geo, mode="direct")
                 if v == "real":  # the real kernel must be the op before its time means anything

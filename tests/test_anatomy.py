@@ -103,11 +103,15 @@ def test_end_to_end_on_the_cpu_backend(tmp_path):
     timed beside the real one."""
     same = tmp_path / "same.cpp.j2"
     same.write_text((ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text())
-    r, doc = _run_anatomy(tmp_path, "--variants", "real,no-reduce", "--template", f"same={same}")
+    r, doc = _run_anatomy(tmp_path, "--variants", "real,no-reduce", "--template", f"same={same}",
+                          "--grid", "half=ceil_div(M, 2)")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "c0 no-reduce: skipped" in r.stdout
     arms = {(t["arm"], t["rows"]) for t in doc["times"]}
-    assert arms == {(a, m) for a in ("c0 real", "c0 same", "copy of the same bytes") for m in (512, 256)}
+    assert arms == {(a, m) for a in ("c0 real", "c0 same", "c0 half", "copy of the same bytes") for m in (512, 256)}
+    # the grid arm launches on its own expression, evaluated at each number of rows
+    assert doc["arms"]["c0 half"]["geometry"] == {"512": {**doc["arms"]["c0 real"]["geometry"]["512"], "grid": [256]},
+                                                  "256": {**doc["arms"]["c0 real"]["geometry"]["256"], "grid": [128]}}
     assert all(t["median_s"] > 0 and len(t["rounds_s"]) == 1 for t in doc["times"])
     assert doc["arms"]["c0 real"]["config"] == {"ACC": 16, "THREADS": 1, "UNROLL": 1}
 
@@ -120,3 +124,9 @@ def test_a_version_that_is_not_the_op_is_refused(tmp_path):
     r, doc = _run_anatomy(tmp_path, "--variants", "real", "--template", f"wrong={wrong}")
     assert r.returncode != 0 and "c0 wrong at 512 rows: the output does not match the reference" in r.stderr
     assert doc is None  # nothing timed, nothing written
+
+
+def test_a_grid_that_does_not_parse_is_refused(tmp_path):
+    r, doc = _run_anatomy(tmp_path, "--variants", "real", "--grid", "g=NOPE + 1")
+    assert r.returncode != 0 and "--grid g=NOPE + 1" in r.stderr and "Traceback" not in r.stderr
+    assert doc is None

@@ -200,13 +200,20 @@ def cmd_record(a) -> int:
     sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None,
                                 goal=GoalSpec(None, None, None, n, None, None))
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
+    reuse = Path(a.reuse) if a.reuse else None
+    if reuse is not None and reuse.resolve() == run_dir.resolve():
+        print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
+              file=sys.stderr)
+        return EXIT_INPUT
     out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False,
-                   call_minutes=a.minutes)
+                   call_minutes=a.minutes, reuse=reuse)
     led = Ledger.read(run_dir)
     try:
-        data = dataset.export(spec, led.trials())
+        trials = led.trials()
+        data = dataset.export(spec, trials)
     finally:
         led.close()
+    reused = sum(1 for t in trials if "reused_from" in t.details)
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=1) + "\n")
@@ -214,7 +221,8 @@ def cmd_record(a) -> int:
     for t in data["trials"]:
         by[t["status"]] = by.get(t["status"], 0) + 1
     print(f"recorded {len(data['trials'])} of {n} configurations ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}) "
-          f"to {dest}")
+          f"to {dest}" + (f"; {reused} verdicts reused from an earlier run (the same kernel source and launch)"
+                          if reused else ""))
     return EXIT_OK if out.trials >= n else EXIT_BUDGET
 
 
@@ -452,6 +460,10 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--minutes", type=float,
                     help="stop after this many minutes of this call; the same --run-dir resumes, and the "
                          "dataset holds what is recorded so far")
+    rc.add_argument("--reuse", metavar="RUN_DIR",
+                    help="an earlier sweep of the same spec but for its template: configurations whose "
+                         "rendered source and launch are unchanged take its verdicts (marked reused), the "
+                         "others are judged")
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
     rc.set_defaults(fn=cmd_record)

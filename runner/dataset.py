@@ -63,7 +63,10 @@ def export(spec, trials) -> dict:
         "shapes": list(spec.op.all_shapes),
         "timed_shapes": len(spec.op.shapes),
         "trials": [{"params": t.params, "status": t.status, "reason": t.reason, "times": t.times,
-                    "objective": t.objective} for t in trials],
+                    "objective": t.objective,
+                    # a verdict carried over from an earlier sweep (pipe record --reuse): where it was judged
+                    **({"reused_from": t.details["reused_from"]} if "reused_from" in t.details else {})}
+                   for t in trials],
     }
 
 

@@ -140,7 +140,8 @@ class Ledger:
         self.db.executescript(SCHEMA)
 
     @classmethod
-    def open(cls, run_dir: Path, spec_hash: str, spec_name: str, spec_path: str) -> "Ledger":
+    def open(cls, run_dir: Path, spec_hash: str, spec_name: str, spec_path: str,
+             hash_parts: dict | None = None) -> "Ledger":
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -159,8 +160,17 @@ class Ledger:
         elif have != spec_hash:
             raise RunDirError(
                 f"{run_dir} holds a run of another spec (hash {have}, this spec is {spec_hash}: "
-                f"the spec or its template changed); use a new --run-dir")
+                f"the spec or its template changed); use a new --run-dir (pipe record --reuse "
+                f"{run_dir} takes its verdicts on kernels the change left the same)")
+        if hash_parts and led.get_meta("hash_parts") is None:  # also a run begun before parts were kept
+            led.set_meta("hash_parts", json.dumps(hash_parts, sort_keys=True))
         return led
+
+    def hash_parts(self) -> dict | None:
+        """The digests of the spec's parts this run was made with (spec, template, hardware,
+        reference), or None for a run begun before they were kept."""
+        raw = self.get_meta("hash_parts")
+        return json.loads(raw) if raw else None
 
     @classmethod
     def read(cls, run_dir: Path) -> "Ledger":

@@ -35,6 +35,9 @@ def trial_line(t: Trial, best: Trial | None, total: int | None) -> str:
             head += f"  (the same kernels as #{t.details['same_kernels_as']})"
     else:
         head += f"  ({t.reason[:120]})"
+    if (t.details or {}).get("reused_from"):
+        r = t.details["reused_from"]
+        head += f"  (reused: {r['run']} #{r['trial']})"
     if best is not None:
         head += f"  | best #{best.id} {fmt_time(best.objective)}"
     return head

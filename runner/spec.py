@@ -170,6 +170,11 @@ class Spec:
     goal: GoalSpec
     baseline: str
     raw: dict = field(repr=False, compare=False)
+    hash_parts: dict = field(default_factory=dict, repr=False, compare=False)  # part -> digest (see load)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _show(p: Path) -> str:
@@ -225,13 +230,15 @@ class _Checker:
             return None
         # Everything a verdict depends on: the spec, the template, the hardware profile's
         # numbers and the reference's code. A change to any of them makes a new run.
-        spec_hash = hashlib.sha256(json.dumps(
-            {"spec": d, "template": kernel.template, "hardware": hw.data, "reference": _reference_source(op.reference)},
-            sort_keys=True, default=str).encode()).hexdigest()[:16]
+        whole = {"spec": d, "template": kernel.template, "hardware": hw.data, "reference": _reference_source(op.reference)}
+        spec_hash = _digest(whole)
+        # each part's own digest: a run may take verdicts from a run that differs in the
+        # template alone, for kernels whose rendered source is the same (pipe record --reuse)
+        parts = {k: _digest(v) for k, v in whole.items()}
         return Spec(name=d["name"], description=d.get("description", ""), path=self.loc.file,
                     hash=spec_hash, hw=hw, op=op, kernel=kernel, runtime=runtime, space=space,
                     start=start, forbidden=forbidden, agent=agent, goal=goal,
-                    baseline=d.get("baseline", "reference"), raw=d)
+                    baseline=d.get("baseline", "reference"), raw=d, hash_parts=parts)
 
     def hardware(self) -> HwProfile | None:
         name = self.d["hardware"]

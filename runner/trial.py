@@ -23,6 +23,9 @@ from .errors import ExprError
 from .ledger import Trial
 
 REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
+# what another run's verdict on the same source and launch carries over (pipe record --reuse):
+# the worker's verdicts and the compiler's spill pruning
+REUSED = (*REUSABLE, "pruned")
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
 REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
@@ -38,6 +41,44 @@ class Build:
     log: str = ""
 
 
+def geometry_key(geometry: list[dict]) -> str:
+    return json.dumps(geometry, sort_keys=True)
+
+
+def reusable_verdicts(spec, ev: "Evaluator", run_dir: Path) -> dict[tuple[str, str], tuple[Trial, dict]]:
+    """The verdicts of the run in `run_dir` that stand for `spec`, by (source hash, launch
+    geometry). That run must have been made with the same spec file, hardware profile and
+    reference: only the template may differ, so a kernel whose rendered source (every shape)
+    and launch are the same is the same binary judged under the same inputs, shapes,
+    tolerances and timing protocol. Each reused trial names its origin (details
+    `reused_from`: run folder, trial id, when it was judged), the first judging run's when
+    that trial was itself reused."""
+    from .errors import RunDirError
+    from .ledger import Ledger
+
+    led = Ledger.read(Path(run_dir))
+    try:
+        parts, old = led.hash_parts(), led.trials()
+    finally:
+        led.close()
+    if parts is None:
+        raise RunDirError(f"{run_dir}: that run was begun before pipe kept the digests of the spec's parts, "
+                          "so its verdicts cannot be matched to this spec")
+    differ = [k for k in sorted(spec.hash_parts) if k != "template" and parts.get(k) != spec.hash_parts[k]]
+    if differ:
+        raise RunDirError(f"{run_dir}: made with another {' and '.join(differ)} than this spec's; only the "
+                          "template may differ for its verdicts to stand (the same inputs, shapes, timing, "
+                          "hardware and reference)")
+    out: dict[tuple[str, str], tuple[Trial, dict]] = {}
+    for t in old:
+        if t.variant is not None or not t.source_hash or t.status not in REUSED:
+            continue
+        origin = t.details.get("reused_from") or {"run": str(run_dir), "trial": t.id,
+                                                  "judged_at": round(t.finished_at, 3)}
+        out.setdefault((t.source_hash, geometry_key(ev.geometry(t.params))), (t, origin))
+    return out
+
+
 class Evaluator:
     def __init__(self, spec, worker, baseline: list[float] | None):
         self.spec = spec
@@ -49,6 +90,8 @@ class Evaluator:
         self.artifacts: dict[str, list[str]] = {}  # trial key -> artifact per shape
         self.variants: dict[str, str] = {}  # variant id -> template text
         self.judged: dict[str, Trial] = {}  # binaries and launches -> the trial the worker judged them in
+        # (source hash, launch geometry) -> (an earlier run's trial, its provenance): reusable_verdicts
+        self.reuse: dict[tuple[str, str], tuple[Trial, dict]] = {}
         self._digests: dict[str, str] = {}  # artifact path -> content digest
 
     def template(self, variant: str | None) -> tuple[str, str]:
@@ -116,6 +159,17 @@ class Evaluator:
             return done("render_error", str(e))
         unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
         trial.source_hash = render.source_hash("\n".join(unique))
+        prior = self.reuse.get((trial.source_hash, geometry_key(geometry))) if variant is None else None
+        if prior is not None:  # an earlier run judged this very source and launch under the same spec
+            old, trial.details["reused_from"] = prior
+            self.sources[trial.key] = sources
+            if old.status != "ok":
+                return done(old.status, old.reason)
+            trial.times, trial.spreads = list(old.times), list(old.spreads or [])
+            shapes = figures.per_shape(sp, trial.times, self.baseline)  # against this run's baseline
+            trial.details["shapes"] = shapes
+            trial.objective, trial.metric = figures.geomean(trial.times), figures.metric(sp, shapes)
+            return done("ok")
         t_build = time.perf_counter()
         b = self.build(sources, geometry)
         trial.details["build_wall_s"] = round(time.perf_counter() - t_build, 4)
@@ -247,7 +301,11 @@ class Evaluator:
                 cand.details["retime"] = {"status": "skipped", "reason": "the incumbent could not be rebuilt; "
                                           f"kept only if {REBUILD_MARGIN:.0%} faster by its own timing"}
                 return
-        jobs = [{"artifacts": self.artifacts[cand.key], "geometry": self.geometry(cand.params)},
+        cart = self.artifacts.get(cand.key) or self._rebuild(cand)  # a reused verdict was never built here
+        if cart is None:
+            cand.details["retime"] = {"status": "skipped", "reason": "the candidate could not be rebuilt"}
+            return
+        jobs = [{"artifacts": cart, "geometry": self.geometry(cand.params)},
                 {"artifacts": inc, "geometry": self.geometry(best.params)}]
         t0 = time.time()
         r = self.worker.request(("retime", jobs, RETIME_ROUNDS, secrets.randbits(48)),

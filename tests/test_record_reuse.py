@@ -1,0 +1,93 @@
+"""pipe record --reuse: after a template change, a sweep takes an earlier sweep's verdicts for
+the configurations whose rendered source and launch the change left the same, judges the
+others, and refuses a run made with another spec, hardware profile or reference. Real
+`pipe` processes on the CPU backend."""
+
+import json
+import sqlite3
+
+import pytest
+import yaml
+
+from .conftest import PIPELINES, ROOT
+from .test_cli_e2e import pipe
+
+pytestmark = pytest.mark.slow
+
+ONLY = ["--only", "THREADS=1", "--only", "ACC=1,2"]  # 6 configurations: ACC x UNROLL
+MARK = "#pragma GCC unroll {{ UNROLL }}"
+
+
+def _project(project, rep_ms=50):
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["kernel"]["template"] = "tpl/rmsnorm.cpp.j2"
+    d["runtime"]["rep_ms"] = rep_ms
+    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    (project / "tpl").mkdir(exist_ok=True)
+    tpl = project / "tpl" / "rmsnorm.cpp.j2"
+    text = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+    assert text.count(MARK) == 1
+    tpl.write_text(text)
+    return spec, tpl, text
+
+
+def _trials(run_dir) -> list[dict]:
+    db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
+    try:
+        cur = db.execute("SELECT id, params, status, times, details FROM trials ORDER BY id")
+        return [{"id": i, "params": json.loads(p), "status": s, "times": json.loads(t) if t else None,
+                 "details": json.loads(d)} for i, p, s, t, d in cur]
+    finally:
+        db.close()
+
+
+def test_a_changed_template_judges_only_the_kernels_it_changed(project, tmp_path):
+    spec, tpl, text = _project(project)
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *ONLY, cwd=project)
+    assert r.returncode == 0, r.stderr
+    first = {json.dumps(t["params"], sort_keys=True): t for t in _trials(a)}
+    assert len(first) == 6 and all(t["status"] == "ok" for t in first.values())
+
+    # the change reaches the UNROLL = 4 kernels only (a comment in their source)
+    tpl.write_text(text.replace(MARK, "{% if UNROLL == 4 %}// unrolled four times\n{% endif %}" + MARK))
+    r = pipe("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *ONLY,
+             "--reuse", str(a), cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "4 verdicts reused from an earlier run" in r.stdout
+    second = _trials(b)
+    assert len(second) == 6
+    for t in second:
+        old = first[json.dumps(t["params"], sort_keys=True)]
+        if t["params"]["UNROLL"] == 4:  # changed: judged here, with a seed of its own
+            assert "reused_from" not in t["details"] and "seed" in t["details"]
+        else:  # unchanged: the earlier verdict and times, and where they came from
+            assert t["details"]["reused_from"]["trial"] == old["id"]
+            assert t["details"]["reused_from"]["run"] == str(a)
+            assert t["times"] == old["times"] and "seed" not in t["details"]
+    ds = json.loads((tmp_path / "b.json").read_text())
+    assert sum("reused_from" in t for t in ds["trials"]) == 4  # the dataset says which are carried over
+
+    # a third sweep reusing the second names the run that judged each kernel first
+    c = tmp_path / "c"
+    r = pipe("record", str(spec), "--run-dir", str(c), "--out", str(tmp_path / "c.json"), *ONLY,
+             "--reuse", str(b), cwd=project)
+    assert r.returncode == 0, r.stderr
+    origins = {t["details"]["reused_from"]["run"] for t in _trials(c)}
+    assert origins == {str(a), str(b)}
+
+
+def test_a_run_of_another_spec_is_refused(project, tmp_path):
+    spec, _, _ = _project(project)
+    a = tmp_path / "a"
+    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"),
+             "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", cwd=project)
+    assert r.returncode == 0, r.stderr
+    spec, _, _ = _project(project, rep_ms=40)  # the timing protocol changed: no verdict carries over
+    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"),
+             "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", "--reuse", str(a), cwd=project)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{a}: made with another spec than this spec's" in r.stderr
+    r = pipe("record", str(spec), "--run-dir", str(a), "--reuse", str(a), cwd=project)
+    assert r.returncode == 2 and "is the sweep's own run folder" in r.stderr

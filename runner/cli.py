@@ -200,11 +200,16 @@ def cmd_record(a) -> int:
     sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None,
                                 goal=GoalSpec(None, None, None, n, None, None))
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
-    reuse = Path(a.reuse) if a.reuse else None
-    if reuse is not None and reuse.resolve() == run_dir.resolve():
-        print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
-              file=sys.stderr)
-        return EXIT_INPUT
+    reuse = None
+    if a.reuse:
+        if Path(a.reuse).resolve() == run_dir.resolve():
+            print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
+                  file=sys.stderr)
+            return EXIT_INPUT
+        from .trial import reusable_verdicts
+
+        reuse = reusable_verdicts(sweep, Path(a.reuse))  # checked before the sweep's folder is made
+        print(f"pipe record: {len(reuse)} verdicts of {a.reuse} may stand for this template's kernels")
     out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False,
                    call_minutes=a.minutes, reuse=reuse)
     led = Ledger.read(run_dir)

@@ -141,7 +141,7 @@ class Ledger:
 
     @classmethod
     def open(cls, run_dir: Path, spec_hash: str, spec_name: str, spec_path: str,
-             hash_parts: dict | None = None) -> "Ledger":
+             hash_parts: dict | None = None, template: str | None = None) -> "Ledger":
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -162,15 +162,23 @@ class Ledger:
                 f"{run_dir} holds a run of another spec (hash {have}, this spec is {spec_hash}: "
                 f"the spec or its template changed); use a new --run-dir (pipe record --reuse "
                 f"{run_dir} takes its verdicts on kernels the change left the same)")
-        if hash_parts and led.get_meta("hash_parts") is None:  # also a run begun before parts were kept
+        # what its verdicts depend on, for pipe record --reuse; a run begun before these were kept
+        # gets them on its next resume (the same spec hash: the same spec, template, profile, reference)
+        if hash_parts and led.get_meta("hash_parts") is None:
             led.set_meta("hash_parts", json.dumps(hash_parts, sort_keys=True))
+        if template is not None and led.get_meta("template") is None:
+            led.set_meta("template", template)
         return led
 
     def hash_parts(self) -> dict | None:
-        """The digests of the spec's parts this run was made with (spec, template, hardware,
-        reference), or None for a run begun before they were kept."""
+        """The digests of what this run's verdicts depend on (spec, template, hardware,
+        reference, toolchain, judge), or None for a run that does not record them."""
         raw = self.get_meta("hash_parts")
-        return json.loads(raw) if raw else None
+        try:
+            parts = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return None
+        return parts if isinstance(parts, dict) else None
 
     @classmethod
     def read(cls, run_dir: Path) -> "Ledger":

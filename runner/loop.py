@@ -28,7 +28,7 @@ from .agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
 from .ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
 from .progress import Reporter
-from .trial import Evaluator, reusable_verdicts
+from .trial import Evaluator, run_parts
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 
@@ -49,7 +49,7 @@ class Session:
         self.run_dir = run_dir
         self.keep_decisions = keep_decisions
         self.log = logmod.get().bind(run=str(run_dir))
-        self.ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path, spec.hash_parts)
+        self.ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path, run_parts(spec), spec.kernel.template)
         self._lock = _lock(run_dir)
         self.history = self.ledger.trials()
         self.worker = Worker(spec, str(run_dir / "worker.log"))
@@ -64,12 +64,12 @@ class Session:
         self._ahead: tuple[str, Future] | None = None  # (trial key, its build) started during a judge
         self._pool: ThreadPoolExecutor | None = None  # started by the first build ahead
 
-    def start(self, reuse: Path | None = None) -> None:
+    def start(self, reuse: dict | None = None) -> None:
         self.ev = Evaluator(self.spec, self.worker, self._baseline())
         self.ev.variants = {k: v["text"] for k, v in self.ledger.variants().items()}
-        if reuse is not None:
-            self.ev.reuse = reusable_verdicts(self.spec, self.ev, reuse)
-            self.log.info("run.reuse", run=str(reuse), verdicts=len(self.ev.reuse))
+        if reuse:
+            self.ev.reuse = reuse
+            self.log.info("run.reuse", verdicts=len(reuse))
         tried = {t.key for t in self.history}
         for key, n in self.ledger.interrupted().items():  # a trial that killed the runner twice is not retried
             if n >= 2 and key not in tried:
@@ -213,10 +213,10 @@ class Session:
 
 def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | None = None,
         reporter: Reporter | None = None, keep_decisions: bool = True,
-        call_minutes: float | None = None, reuse: Path | None = None) -> Outcome:
+        call_minutes: float | None = None, reuse: dict | None = None) -> Outcome:
     """`minutes` budgets the run's whole time, resumed trials included; `call_minutes` this
-    call's alone (pipe record's slices). `reuse`: an earlier run folder whose verdicts stand
-    for kernels whose rendered source and launch are the same (trial.reusable_verdicts)."""
+    call's alone (pipe record's slices). `reuse`: an earlier run's verdicts that stand for
+    this spec (trial.reusable_verdicts)."""
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)

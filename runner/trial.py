@@ -23,9 +23,11 @@ from .errors import ExprError
 from .ledger import Trial
 
 REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
-# what another run's verdict on the same source and launch carries over (pipe record --reuse):
-# the worker's verdicts and the compiler's spill pruning
-REUSED = (*REUSABLE, "pruned")
+# what another run's verdict on the same kernels carries over (pipe record --reuse): the
+# worker's verdicts that follow from the code (not a fault or hang, which may have been the
+# machine's) and the compiler's spill pruning
+REUSED = ("ok", "wrong", "impossible", "pruned")
+_OLD_TEMPLATE = "\0reuse: the earlier run's template"
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
 REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
@@ -45,37 +47,70 @@ def geometry_key(geometry: list[dict]) -> str:
     return json.dumps(geometry, sort_keys=True)
 
 
-def reusable_verdicts(spec, ev: "Evaluator", run_dir: Path) -> dict[tuple[str, str], tuple[Trial, dict]]:
-    """The verdicts of the run in `run_dir` that stand for `spec`, by (source hash, launch
-    geometry). That run must have been made with the same spec file, hardware profile and
-    reference: only the template may differ, so a kernel whose rendered source (every shape)
-    and launch are the same is the same binary judged under the same inputs, shapes,
-    tolerances and timing protocol. Each reused trial names its origin (details
-    `reused_from`: run folder, trial id, when it was judged), the first judging run's when
-    that trial was itself reused."""
+def sources_hash(sources: list[str]) -> str:
+    """The rendered source of every shape, in shape order (two shapes that swap which code
+    they run give another hash, where Trial.source_hash, over the distinct sources, does not)."""
+    return render.source_hash("\0".join(sources))
+
+
+def run_parts(spec) -> dict[str, str]:
+    """What a run's verdicts depend on, part by part: the spec's (spec file, template, hardware
+    profile, reference), the backend's compiler and the judge's own code."""
+    be = backends.get(spec.kernel.backend)
+    judge = hashlib.sha256()
+    for f in sorted((Path(__file__).parent / "judge").glob("*.py")):
+        judge.update(f.read_bytes())
+    return {**spec.hash_parts, "toolchain": f"{spec.kernel.backend}: {be.toolchain()}",
+            "judge": judge.hexdigest()[:16]}
+
+
+def reusable_verdicts(spec, run_dir: Path) -> dict[tuple[str, str], tuple[Trial, dict]]:
+    """The verdicts of the run in `run_dir` that stand for `spec`, by (the rendered source of
+    every shape, launch geometry). That run must have been made with the same spec file,
+    hardware profile, reference, compiler and judge code: only the template may differ, so a
+    configuration whose every shape renders the same source and launches the same way is the
+    same binary judged under the same inputs, shapes, tolerances and timing protocol (its times
+    were measured in that run's calls, as a resumed sweep's are). Trials judged before
+    per-shape source digests were kept are rendered again from the template the run stored.
+    Each reused trial names its origin (details `reused_from`: run folder, trial id, when it
+    was judged), the first judging run's where that trial was itself reused."""
     from .errors import RunDirError
     from .ledger import Ledger
 
-    led = Ledger.read(Path(run_dir))
+    run_dir = Path(run_dir).resolve()
+    led = Ledger.read(run_dir)
     try:
-        parts, old = led.hash_parts(), led.trials()
+        parts, old_template, old = led.hash_parts(), led.get_meta("template"), led.trials()
     finally:
         led.close()
     if parts is None:
-        raise RunDirError(f"{run_dir}: that run was begun before pipe kept the digests of the spec's parts, "
-                          "so its verdicts cannot be matched to this spec")
-    differ = [k for k in sorted(spec.hash_parts) if k != "template" and parts.get(k) != spec.hash_parts[k]]
+        raise RunDirError(f"{run_dir}: that run does not record what its verdicts depend on (it was begun "
+                          "before pipe kept it); resume it once with the template it was made with, which "
+                          "adds it, or sweep anew")
+    mine = run_parts(spec)
+    differ = [k for k in sorted(mine) if k != "template" and parts.get(k) != mine[k]]
     if differ:
-        raise RunDirError(f"{run_dir}: made with another {' and '.join(differ)} than this spec's; only the "
+        raise RunDirError(f"{run_dir}: made with another {' and '.join(differ)} than this run; only the "
                           "template may differ for its verdicts to stand (the same inputs, shapes, timing, "
-                          "hardware and reference)")
+                          "hardware, reference, compiler and judge)")
+    ev = Evaluator(spec, None, None)
+    if old_template is not None:
+        ev.variants[_OLD_TEMPLATE] = old_template
     out: dict[tuple[str, str], tuple[Trial, dict]] = {}
     for t in old:
-        if t.variant is not None or not t.source_hash or t.status not in REUSED:
+        if t.variant is not None or t.status not in REUSED:
+            continue
+        key = t.details.get("sources_hash")
+        if key is None and old_template is not None:
+            try:
+                key = sources_hash(ev.render_all(t.params, _OLD_TEMPLATE))
+            except (render.RenderError, ExprError):
+                continue
+        if key is None:
             continue
         origin = t.details.get("reused_from") or {"run": str(run_dir), "trial": t.id,
                                                   "judged_at": round(t.finished_at, 3)}
-        out.setdefault((t.source_hash, geometry_key(ev.geometry(t.params))), (t, origin))
+        out.setdefault((key, geometry_key(ev.geometry(t.params))), (t, origin))
     return out
 
 
@@ -159,7 +194,8 @@ class Evaluator:
             return done("render_error", str(e))
         unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
         trial.source_hash = render.source_hash("\n".join(unique))
-        prior = self.reuse.get((trial.source_hash, geometry_key(geometry))) if variant is None else None
+        trial.details["sources_hash"] = shapes_key = sources_hash(sources)
+        prior = self.reuse.get((shapes_key, geometry_key(geometry))) if variant is None else None
         if prior is not None:  # an earlier run judged this very source and launch under the same spec
             old, trial.details["reused_from"] = prior
             self.sources[trial.key] = sources

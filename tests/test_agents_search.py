@@ -148,8 +148,28 @@ def test_pattern_walks_from_the_incumbent():
     hist = drive(agent, sp, limit=2)  # the random start
     inc = min((h for h in hist if h.status == "ok"), key=lambda h: h.objective).params
     nxt = agent.propose(hist, 1)[0]
-    steps = sum(abs(sp.param(k).index(nxt[k]) - sp.param(k).index(inc[k])) for k in sp.names)
-    assert steps == 1 or nxt in agent._repaired(inc)
+
+    def step(k):  # B's values are names: any other one is a single step
+        if isinstance(inc[k], str):
+            return int(nxt[k] != inc[k])
+        return abs(sp.param(k).index(nxt[k]) - sp.param(k).index(inc[k]))
+    assert sum(map(step, sp.names)) == 1 or nxt in agent._repaired(inc)
+
+
+def test_pattern_steps_to_any_other_value_of_a_named_domain():
+    """A domain of names (softmax's HOLD: f32, bf16, none, tma, ring) has no order: from its
+    first value every other one is one step away, as a number's two neighbours are; with
+    categorical: false the domain's listed order is its order again."""
+    sp = Space((Param("H", ("f32", "bf16", "none", "tma", "ring")), Param("E", (8, 16, 32))))
+    ring = lambda opts, cfg: {config_key(c) for c, _ in make_agent("pattern", sp, 0, opts)._ring(cfg, 1)}  # noqa: E731
+    got = ring({}, {"H": "f32", "E": 16})
+    assert got == {config_key(c) for c in ({"H": h, "E": 16} for h in ("bf16", "none", "tma", "ring"))} | \
+        {config_key({"H": "f32", "E": 8}), config_key({"H": "f32", "E": 32})}
+    assert ring({"categorical": False}, {"H": "f32", "E": 16}) == \
+        {config_key(c) for c in ({"H": "bf16", "E": 16}, {"H": "f32", "E": 8}, {"H": "f32", "E": 32})}
+    # two-step moves pair a named value with a number's step, and never step a name twice
+    two = {config_key(c) for c, _ in make_agent("pattern", sp, 0, {})._ring({"H": "none", "E": 16}, 2)}
+    assert config_key({"H": "ring", "E": 32}) in two and config_key({"H": "none", "E": 16}) not in two
 
 
 def test_pattern_repairs_a_step_a_constraint_blocks():

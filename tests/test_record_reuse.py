@@ -88,6 +88,58 @@ def test_a_run_of_another_spec_is_refused(project, tmp_path):
     r = pipe("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"),
              "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", "--reuse", str(a), cwd=project)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"{a}: made with another spec than this spec's" in r.stderr
+    assert f"{a}: made with another spec than this run" in r.stderr
+    assert not (tmp_path / "b").exists()  # refused before the sweep's folder was made
     r = pipe("record", str(spec), "--run-dir", str(a), "--reuse", str(a), cwd=project)
     assert r.returncode == 2 and "is the sweep's own run folder" in r.stderr
+    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "c"), "--reuse", str(tmp_path), cwd=project)
+    assert r.returncode == 2 and "no ledger.db here" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_shapes_that_swap_their_code_are_judged_again(project, tmp_path):
+    """The same distinct sources, given to other shapes: the shapes with N >= 4096 took one
+    branch and the others another; after the change N >= 1024 take it. The set of sources is
+    the same, the source of each shape is not: nothing is reused."""
+    spec, tpl, text = _project(project)
+    branch = "{% if N >= THRESH %}// a long row\n{% endif %}"
+    tpl.write_text(text.replace(MARK, branch.replace("THRESH", "4096") + MARK))
+    a, b = tmp_path / "a", tmp_path / "b"
+    only = ["--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1,2"]
+    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
+    assert r.returncode == 0, r.stderr
+    tpl.write_text(text.replace(MARK, branch.replace("THRESH", "1024") + MARK))
+    r = pipe("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *only,
+             "--reuse", str(a), cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "2 verdicts of" in r.stdout and "verdicts reused" not in r.stdout  # offered, none taken
+    assert [("reused_from" in t["details"], "seed" in t["details"]) for t in _trials(b)] == [(False, True)] * 2
+
+
+def test_trials_judged_before_per_shape_digests_are_matched_through_the_stored_template(project, tmp_path):
+    """A sweep begun before trials kept the digest of each shape's source: its verdicts are
+    matched by rendering their configurations again from the template that run stored; a run
+    that stored no template offers none."""
+    spec, tpl, text = _project(project)
+    a = tmp_path / "a"
+    only = ["--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1,2,4"]
+    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
+    assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(a / "ledger.db")  # as such a run would have written it
+    db.execute("DROP TRIGGER trials_no_update")
+    db.execute("UPDATE trials SET details = json_remove(details, '$.sources_hash')")
+    db.commit()
+    db.close()
+    assert all("sources_hash" not in t["details"] for t in _trials(a))
+    tpl.write_text(text.replace(MARK, "{% if UNROLL == 4 %}// unrolled four times\n{% endif %}" + MARK))
+    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"), *only,
+             "--reuse", str(a), cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "2 verdicts reused" in r.stdout
+    db = sqlite3.connect(a / "ledger.db")
+    db.execute("DELETE FROM meta WHERE key = 'template'")
+    db.commit()
+    db.close()
+    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "c"), "--out", str(tmp_path / "c.json"), *only,
+             "--reuse", str(a), cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "0 verdicts of" in r.stdout and "verdicts reused" not in r.stdout

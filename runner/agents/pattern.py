@@ -1,7 +1,11 @@
 """Pattern: a local search around the incumbent, with seeded random restarts.
 
-Each parameter's domain is ordered, so a configuration has neighbours one step
-away in one parameter (as Space.neighbours). The agent:
+A numeric domain is ordered, so a configuration has neighbours one step away in
+one parameter (as Space.neighbours); a domain of names (softmax's HOLD: f32,
+bf16, none, tma, ring) has no order, and every other value is one step away
+(option categorical, default true: on the whole recorded RMSNorm space it cut
+the median evaluations to within 1% of the best from 58 to 41, on 758
+configurations of softmax's from 76 to 34; docs/agents.md). The agent:
 
 1. samples seeded random points until `init` trials are done (default 2) and
    one of them gave a time;
@@ -32,7 +36,7 @@ evaluations on the one whole recorded space (softmax-v1-h200, 63 configurations:
 the default (docs/agents.md).
 
 Options: init (random trials first, default 2), order ("promise" or
-"shuffle"), repair (true), shapes ("off" or "alternate").
+"shuffle"), repair (true), shapes ("off" or "alternate"), categorical (true).
 
 Like the random strategy it keeps no state between calls: the random stream
 is derived from the seed and the length of the history, so a resumed run
@@ -88,6 +92,9 @@ class Pattern:
         self.repair = bool(options.get("repair", True))
         self.order = options.get("order", "promise")
         self.shapes = options.get("shapes", "off")
+        # a domain of names (HOLD: f32, bf16, none, tma, ring) has no order: every other value
+        # is one step away, where a numeric domain steps to its two neighbours
+        self.categorical = bool(options.get("categorical", True))
         if self.shapes not in ("off", "alternate"):
             raise ValueError(f"pattern: shapes must be 'off' or 'alternate', not {self.shapes!r}")
         self._valid: dict[str, bool] = {}  # key -> valid? (a cache of a pure function)
@@ -95,6 +102,15 @@ class Pattern:
         self._rings: dict[tuple[str, int], list] = {}
 
     # -- geometry -------------------------------------------------------------
+    def _unordered(self, p) -> bool:
+        return self.categorical and p.kind == "str"
+
+    def _deltas(self, p, i: int) -> list[int]:
+        """One step in parameter p from domain position i."""
+        if self._unordered(p):
+            return [j - i for j in range(len(p.values)) if j != i]
+        return [-1, 1]
+
     def _ok(self, cfg: Mapping[str, Any]) -> bool:
         k = config_key(cfg)
         v = self._valid.get(k)
@@ -110,12 +126,12 @@ class Pattern:
         idx = {p.name: p.index(cfg[p.name]) for p in self.space.params}
         out = []
         if steps == 1:
-            deltas = [((p.name, d),) for p in self.space.params for d in (-1, 1)]
-        else:
-            singles = [((p.name, d),) for p in self.space.params for d in (-2, 2)]
+            deltas = [((p.name, d),) for p in self.space.params for d in self._deltas(p, idx[p.name])]
+        else:  # an unordered parameter's every value is one step away: no 2-step move of its own
+            singles = [((p.name, d),) for p in self.space.params if not self._unordered(p) for d in (-2, 2)]
             pairs = [((a.name, da), (b.name, db))
                      for a, b in itertools.combinations(self.space.params, 2)
-                     for da in (-1, 1) for db in (-1, 1)]
+                     for da in self._deltas(a, idx[a.name]) for db in self._deltas(b, idx[b.name])]
             deltas = singles + pairs
         for move in deltas:
             new = dict(cfg)
@@ -145,7 +161,7 @@ class Pattern:
         cur = tuple(self.space.param(k).index(cfg[k]) for k in names)
         out = []
         for i, p in enumerate(self.space.params):
-            for d in (-1, 1):
+            for d in self._deltas(p, cur[i]):
                 j = cur[i] + d
                 if not 0 <= j < len(p.values) or self._ok({**cfg, p.name: p.values[j]}):
                     continue  # off the domain, or an ordinary valid step
@@ -165,6 +181,8 @@ class Pattern:
         new = dict(cfg)
         for name, d in move:
             p = self.space.param(name)
+            if self._unordered(p):
+                return None  # no other way along an unordered domain
             j = p.index(cfg[name]) - d
             if not 0 <= j < len(p.values):
                 return None

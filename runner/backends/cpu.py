@@ -44,6 +44,14 @@ INTEGRITY = (
 )
 
 
+def toolchain() -> str:
+    """The compiler a verdict depends on (pipe record --reuse compares it)."""
+    try:
+        return compiler_version()
+    except Exception as e:  # no compiler here: nothing can match it
+        return f"unavailable ({type(e).__name__})"
+
+
 @lru_cache(maxsize=1)
 def compiler_version() -> str:
     try:

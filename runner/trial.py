@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from . import backends, figures, forbid, render
 from .errors import ExprError
@@ -53,27 +54,43 @@ def sources_hash(sources: list[str]) -> str:
     return render.source_hash("\0".join(sources))
 
 
+# the code a verdict depends on besides the spec: the judge, the backends (compile options,
+# pruning, launches, timing), the forbidden-action checks and the figures
+_JUDGE_CODE = ("judge/*.py", "backends/*.py", "forbid.py", "figures.py")
+_SPEC_PARTS = ("spec", "hardware", "reference")  # must match for a run's verdicts to be offered
+_MADE_WITH = ("toolchain", "judge")  # must match per trial (a resumed run may have changed them)
+
+
 def run_parts(spec) -> dict[str, str]:
     """What a run's verdicts depend on, part by part: the spec's (spec file, template, hardware
     profile, reference), the backend's compiler and the judge's own code."""
     be = backends.get(spec.kernel.backend)
     judge = hashlib.sha256()
-    for f in sorted((Path(__file__).parent / "judge").glob("*.py")):
-        judge.update(f.read_bytes())
+    root = Path(__file__).parent
+    for pattern in _JUDGE_CODE:
+        for f in sorted(root.glob(pattern)):
+            judge.update(f.read_bytes())
     return {**spec.hash_parts, "toolchain": f"{spec.kernel.backend}: {be.toolchain()}",
             "judge": judge.hexdigest()[:16]}
+
+
+def made_with(parts: Mapping[str, str]) -> str:
+    """The compiler and judge code a trial was judged with, as one digest (each trial keeps it)."""
+    return hashlib.sha256(json.dumps([parts.get(k) for k in _MADE_WITH]).encode()).hexdigest()[:16]
 
 
 def reusable_verdicts(spec, run_dir: Path) -> dict[tuple[str, str], tuple[Trial, dict]]:
     """The verdicts of the run in `run_dir` that stand for `spec`, by (the rendered source of
     every shape, launch geometry). That run must have been made with the same spec file,
-    hardware profile, reference, compiler and judge code: only the template may differ, so a
-    configuration whose every shape renders the same source and launches the same way is the
-    same binary judged under the same inputs, shapes, tolerances and timing protocol (its times
-    were measured in that run's calls, as a resumed sweep's are). Trials judged before
-    per-shape source digests were kept are rendered again from the template the run stored.
-    Each reused trial names its origin (details `reused_from`: run folder, trial id, when it
-    was judged), the first judging run's where that trial was itself reused."""
+    hardware profile and reference, and each reused trial judged with this run's compiler and
+    judge code (the digest it keeps; a trial that predates it, the digest the run recorded):
+    only the template may differ, so a configuration whose every shape renders the same source
+    and launches the same way is the same binary judged under the same inputs, shapes,
+    tolerances and timing protocol (its times were measured in that run's calls, as a resumed
+    sweep's are). Trials judged before per-shape source digests were kept are rendered again
+    from the template the run stored. Each reused trial names its origin (details
+    `reused_from`: run folder, trial id, when it was judged), the first judging run's where
+    that trial was itself reused."""
     from .errors import RunDirError
     from .ledger import Ledger
 
@@ -83,22 +100,26 @@ def reusable_verdicts(spec, run_dir: Path) -> dict[tuple[str, str], tuple[Trial,
         parts, old_template, old = led.hash_parts(), led.get_meta("template"), led.trials()
     finally:
         led.close()
-    if parts is None:
+    if parts is None or any(k not in parts for k in _SPEC_PARTS):
         raise RunDirError(f"{run_dir}: that run does not record what its verdicts depend on (it was begun "
-                          "before pipe kept it); resume it once with the template it was made with, which "
-                          "adds it, or sweep anew")
+                          "by an older pipe); resume it once with the template, compiler and pipe it was "
+                          "made with, which adds it, or sweep anew")
     mine = run_parts(spec)
-    differ = [k for k in sorted(mine) if k != "template" and parts.get(k) != mine[k]]
+    differ = [k for k in _SPEC_PARTS if parts[k] != mine[k]]
     if differ:
         raise RunDirError(f"{run_dir}: made with another {' and '.join(differ)} than this run; only the "
                           "template may differ for its verdicts to stand (the same inputs, shapes, timing, "
-                          "hardware, reference, compiler and judge)")
+                          "hardware and reference)")
+    stamp = made_with(mine)
+    run_stamp = made_with(parts) if all(k in parts for k in _MADE_WITH) else None
     ev = Evaluator(spec, None, None)
     if old_template is not None:
         ev.variants[_OLD_TEMPLATE] = old_template
     out: dict[tuple[str, str], tuple[Trial, dict]] = {}
     for t in old:
         if t.variant is not None or t.status not in REUSED:
+            continue
+        if t.details.get("made_with", run_stamp) != stamp:  # another compiler or judge
             continue
         key = t.details.get("sources_hash")
         if key is None and old_template is not None:
@@ -127,6 +148,7 @@ class Evaluator:
         self.judged: dict[str, Trial] = {}  # binaries and launches -> the trial the worker judged them in
         # (source hash, launch geometry) -> (an earlier run's trial, its provenance): reusable_verdicts
         self.reuse: dict[tuple[str, str], tuple[Trial, dict]] = {}
+        self._made_with: str | None = None  # the compiler and judge digest each trial keeps
         self._digests: dict[str, str] = {}  # artifact path -> content digest
 
     def template(self, variant: str | None) -> tuple[str, str]:
@@ -195,6 +217,9 @@ class Evaluator:
         unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
         trial.source_hash = render.source_hash("\n".join(unique))
         trial.details["sources_hash"] = shapes_key = sources_hash(sources)
+        if self._made_with is None:
+            self._made_with = made_with(run_parts(sp))
+        trial.details["made_with"] = self._made_with
         prior = self.reuse.get((shapes_key, geometry_key(geometry))) if variant is None else None
         if prior is not None:  # an earlier run judged this very source and launch under the same spec
             old, trial.details["reused_from"] = prior

@@ -169,7 +169,26 @@ def test_pattern_steps_to_any_other_value_of_a_named_domain():
         {config_key(c) for c in ({"H": "bf16", "E": 16}, {"H": "f32", "E": 8}, {"H": "f32", "E": 32})}
     # two-step moves pair a named value with a number's step, and never step a name twice
     two = {config_key(c) for c, _ in make_agent("pattern", sp, 0, {})._ring({"H": "none", "E": 16}, 2)}
-    assert config_key({"H": "ring", "E": 32}) in two and config_key({"H": "none", "E": 16}) not in two
+    assert config_key({"H": "ring", "E": 32}) in two and config_key({"H": "f32", "E": 8}) in two
+    assert config_key({"H": "ring", "E": 16}) not in two and config_key({"H": "f32", "E": 16}) not in two
+    # no mirror move along names: the "promise" order has nothing to read there
+    agent = make_agent("pattern", sp, 0, {})
+    assert agent._mirror({"H": "none", "E": 16}, (("H", 2),)) is None
+    assert agent._mirror({"H": "none", "E": 16}, (("E", 1),)) == {"H": "none", "E": 8}
+
+
+def test_pattern_repairs_a_blocked_name_with_the_fewest_changed_names():
+    """A step that a constraint blocks is repaired with the nearest valid point, where a
+    changed name counts one step wherever it sits in the list: from (G=a, H=x, T=1), H=y needs
+    G=d or T=4; G=d is one step (a name), T=4 is two."""
+    syms = {"G", "H", "T"}
+    sp = Space((Param("G", ("a", "b", "c", "d")), Param("H", ("x", "y")), Param("T", (1, 2, 4))),
+               (compile_expr("H == 'x' or G == 'd' or T == 4", syms),))
+    agent = make_agent("pattern", sp, 0, {})
+    fixes = [c for c, m in agent._repaired({"G": "a", "H": "x", "T": 1}) if m == (("H", 1),)]
+    assert fixes == [{"G": "d", "H": "y", "T": 1}]
+    ring = agent._ring({"G": "a", "H": "x", "T": 1}, 1)
+    assert len({config_key(c) for c, _ in ring}) == len(ring)  # every point once
 
 
 def test_pattern_repairs_a_step_a_constraint_blocks():

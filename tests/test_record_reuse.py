@@ -143,3 +143,28 @@ def test_trials_judged_before_per_shape_digests_are_matched_through_the_stored_t
              "--reuse", str(a), cwd=project)
     assert r.returncode == 0, r.stderr
     assert "0 verdicts of" in r.stdout and "verdicts reused" not in r.stdout
+
+
+def test_faults_and_trials_of_another_compiler_or_judge_are_judged_again(project, tmp_path):
+    """A fault or hang may have been the machine's, and a trial judged with another compiler
+    or judge code (the digest each trial keeps) may not stand: both are judged again."""
+    spec, _, _ = _project(project)
+    a = tmp_path / "a"
+    only = ["--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1,2,4"]
+    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
+    assert r.returncode == 0, r.stderr
+    ids = [t["id"] for t in _trials(a)]
+    assert all("made_with" in t["details"] for t in _trials(a))
+    db = sqlite3.connect(a / "ledger.db")
+    db.execute("DROP TRIGGER trials_no_update")
+    db.execute("UPDATE trials SET status = 'fault' WHERE id = ?", (ids[0],))
+    db.execute("UPDATE trials SET details = json_set(details, '$.made_with', 'another') WHERE id = ?", (ids[1],))
+    db.commit()
+    db.close()
+    b = tmp_path / "b"
+    r = pipe("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *only,
+             "--reuse", str(a), cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "1 verdicts reused" in r.stdout
+    reused = [t["details"].get("reused_from", {}).get("trial") for t in _trials(b)]
+    assert reused == [None, None, ids[2]]

@@ -169,7 +169,9 @@ class Pattern:
                 for c, pos in points:
                     if pos[i] != j:
                         continue
-                    dist = sum(abs(a - b) for a, b in zip(pos, cur)) - 1
+                    # a changed name is one step, whatever its place in the list
+                    dist = sum((a != b) if self._unordered(q) else abs(a - b)
+                               for q, a, b in zip(self.space.params, pos, cur)) - 1
                     if best_d is None or dist < best_d:
                         best, best_d = [c], dist
                     elif dist == best_d:
@@ -208,7 +210,10 @@ class Pattern:
             moves = self._moves(cfg, steps)
             if steps == 1 and self.repair:
                 moves += self._repaired(cfg)
-            self._rings[k] = moves
+            once: dict[str, tuple] = {}  # two repairs may reach the same point: list it once
+            for c, m in moves:
+                once.setdefault(config_key(c), (c, m))
+            self._rings[k] = list(once.values())
         return list(self._rings[k])
 
     def _center(self, history: Sequence[Seen], seen: set[str]) -> Mapping[str, Any] | None:

@@ -214,11 +214,10 @@ def cmd_record(a) -> int:
                    call_minutes=a.minutes, reuse=reuse)
     led = Ledger.read(run_dir)
     try:
-        trials = led.trials()
-        data = dataset.export(spec, trials)
+        data = dataset.export(spec, led.trials())
     finally:
         led.close()
-    reused = sum(1 for t in trials if "reused_from" in t.details)
+    reused = sum(1 for t in data["trials"] if "reused_from" in t)
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=1) + "\n")

@@ -70,8 +70,11 @@ def run_parts(spec) -> dict[str, str]:
     for pattern in _JUDGE_CODE:
         for f in sorted(root.glob(pattern)):
             judge.update(f.read_bytes())
-    return {**spec.hash_parts, "toolchain": f"{spec.kernel.backend}: {be.toolchain()}",
-            "judge": judge.hexdigest()[:16]}
+    try:
+        tool = be.toolchain()
+    except Exception as e:  # no compiler here: nothing can match it
+        tool = f"unavailable ({type(e).__name__})"
+    return {**spec.hash_parts, "toolchain": f"{spec.kernel.backend}: {tool}", "judge": judge.hexdigest()[:16]}
 
 
 def made_with(parts: Mapping[str, str]) -> str:
@@ -226,10 +229,7 @@ class Evaluator:
             self.sources[trial.key] = sources
             if old.status != "ok":
                 return done(old.status, old.reason)
-            trial.times, trial.spreads = list(old.times), list(old.spreads or [])
-            shapes = figures.per_shape(sp, trial.times, self.baseline)  # against this run's baseline
-            trial.details["shapes"] = shapes
-            trial.objective, trial.metric = figures.geomean(trial.times), figures.metric(sp, shapes)
+            self._score(trial, list(old.times), list(old.spreads or []))  # against this run's baseline
             return done("ok")
         t_build = time.perf_counter()
         b = self.build(sources, geometry)
@@ -270,13 +270,8 @@ class Evaluator:
         self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
-        times = [s["median"] for s in verdict["shapes"]]
-        trial.times = times
-        trial.spreads = [s["spread"] for s in verdict["shapes"]]
-        shapes = figures.per_shape(sp, times, self.baseline)
-        trial.details["shapes"] = shapes
-        trial.objective = figures.geomean(times)
-        trial.metric = figures.metric(sp, shapes)
+        shapes = self._score(trial, [s["median"] for s in verdict["shapes"]],
+                             [s["spread"] for s in verdict["shapes"]])
         self.sources[trial.key] = sources
         self.artifacts[trial.key] = artifacts
         bad = figures.impossible(sp, shapes)
@@ -284,8 +279,16 @@ class Evaluator:
             return done("impossible", bad)
         return done("ok")
 
+    def _score(self, trial: Trial, times: list[float], spreads: list[float]) -> list[dict]:
+        """Per-shape times into the trial's figures against this run's baseline; the per-shape figures."""
+        trial.times, trial.spreads = times, spreads
+        shapes = figures.per_shape(self.spec, times, self.baseline)
+        trial.details["shapes"] = shapes
+        trial.objective, trial.metric = figures.geomean(times), figures.metric(self.spec, shapes)
+        return shapes
+
     def _binary_key(self, artifacts: list[str], geometry: list[dict]) -> str:
-        h = hashlib.sha256(json.dumps(geometry, sort_keys=True).encode())
+        h = hashlib.sha256(geometry_key(geometry).encode())
         for a in artifacts:
             d = self._digests.get(a)
             if d is None:
@@ -362,11 +365,7 @@ class Evaluator:
                 cand.details["retime"] = {"status": "skipped", "reason": "the incumbent could not be rebuilt; "
                                           f"kept only if {REBUILD_MARGIN:.0%} faster by its own timing"}
                 return
-        cart = self.artifacts.get(cand.key) or self._rebuild(cand)  # a reused verdict was never built here
-        if cart is None:
-            cand.details["retime"] = {"status": "skipped", "reason": "the candidate could not be rebuilt"}
-            return
-        jobs = [{"artifacts": cart, "geometry": self.geometry(cand.params)},
+        jobs = [{"artifacts": self.artifacts[cand.key], "geometry": self.geometry(cand.params)},
                 {"artifacts": inc, "geometry": self.geometry(best.params)}]
         t0 = time.time()
         r = self.worker.request(("retime", jobs, RETIME_ROUNDS, secrets.randbits(48)),

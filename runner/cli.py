@@ -8,6 +8,7 @@
     pipe report RUN [--out DIR]
     pipe export RUN [--out DIR] [--name NAME]
     pipe compare RUN [--json PATH] [--top K] [--rounds R] [--no-compile] [--no-triton]
+    pipe merge A.json B.json [C.json ...] --out OUT.json
 
 Exit codes: 0 goal met (or command succeeded), 1 budget spent without
 meeting the goal (the best is still saved), 2 invalid input.
@@ -254,6 +255,28 @@ def _restrict(spec, only: list[str]):
     return dataclasses.replace(spec, space=space)
 
 
+def cmd_merge(a) -> int:
+    from . import dataset
+
+    try:
+        m = dataset.merge(a.datasets)
+    except dataset.MergeError as e:
+        print(f"pipe merge: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    dest = Path(a.out)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(json.dumps(m.data, indent=1) + "\n")
+    except OSError as e:
+        print(f"pipe merge: cannot write {dest}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_INPUT
+    for line in dataset.overlap_lines(m):
+        print(line)
+    parts = ", ".join(f"part {i}: {p['trials']}" for i, p in enumerate(m.data["parts"]))
+    print(f"merged {len(m.data['trials'])} configurations from {len(a.datasets)} files to {dest} ({parts})")
+    return EXIT_OK
+
+
 def cmd_replay(a) -> int:
     from . import replay
 
@@ -471,6 +494,11 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
     rc.set_defaults(fn=cmd_record)
+    mg = sub.add_parser("merge", help="join replay datasets of one spec recorded in parts (pipe record --only); "
+                                      "a configuration in several takes the later file's trial")
+    mg.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset files, the oldest first")
+    mg.add_argument("--out", required=True, help="the merged dataset file")
+    mg.set_defaults(fn=cmd_merge)
     rp = sub.add_parser("replay", help="simulate tuning on recorded datasets (no GPU): evaluations to the best")
     rp.add_argument("datasets", nargs="*", help="dataset files (default: datasets/*.json)")
     rp.add_argument("--agent", help="strategy, or a comma-separated list (default: every built-in strategy)")

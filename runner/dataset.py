@@ -12,14 +12,21 @@ decisions) and `export` writes what the ledger holds as a dataset:
 
 `load` rebuilds the Space from the dataset alone, so `pipe replay` needs
 neither the spec nor a GPU.
+
+`merge` (`pipe merge`) joins datasets of one spec recorded in parts (`pipe
+record --only`): the union of the parameter values and of the trials, the later
+file winning a configuration both hold. Each trial gains "part" (the index of the
+file it came from) and the dataset a "parts" list ({"file", "created", "machine",
+"trials": contributed, "recorded": held}); `load` ignores both.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .expr import compile_expr
@@ -50,13 +57,17 @@ def machine() -> dict:
     return out
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def export(spec, trials) -> dict:
     return {
         "format": FORMAT,
         "spec": spec.name,
         "spec_hash": spec.hash,
         "hardware": spec.hw.name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created": _now(),
         "machine": machine(),
         "params": {p.name: list(p.values) for p in spec.space.params},
         "constraints": [c.text for c in spec.space.constraints],
@@ -101,3 +112,125 @@ def load(path: str | Path) -> Dataset:
     space = Space(params, cons, tuple(data["shapes"]) or ({},))
     results = {config_key(t["params"]): t for t in data["trials"]}
     return Dataset(str(path), data, space, results)
+
+
+# Fields that must be the same in every part of a merge: the parts are one space's subspaces.
+SAME = ("format", "spec", "spec_hash", "hardware", "shapes", "timed_shapes", "constraints")
+
+
+class MergeError(ValueError):
+    """An input of `merge` that cannot be read or does not belong with the others."""
+
+
+@dataclass
+class Merged:
+    data: dict  # the merged dataset, as `export` writes one (plus "parts" and each trial's "part")
+    overlap: int = 0  # pairs (configuration, the earlier file it replaces) seen in more than one file
+    differ: int = 0  # of those, how many have different statuses
+    ratios: list[list[float]] = field(default_factory=list)  # per timed shape: later time / earlier time
+
+
+def _short(v, n: int = 60) -> str:
+    r = json.dumps(v, sort_keys=True)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def _timed(t: dict, k: int) -> list[float] | None:
+    times = t.get("times")
+    if t.get("status") != "ok" or not isinstance(times, list) or len(times) < k:
+        return None
+    times = times[:k]
+    if not all(isinstance(x, (int, float)) and x > 0 for x in times):
+        return None
+    return times
+
+
+def merge(paths: list[str]) -> Merged:
+    """The datasets at `paths` as one: parameter values and trials joined; a configuration
+    in several files takes the trial of the last of them. Raises MergeError."""
+    if len(paths) < 2:
+        raise MergeError("give at least two datasets to merge")
+    datas = []
+    for p in paths:
+        if not Path(p).is_file():
+            raise MergeError(f"{p}: no such dataset")
+        try:
+            load(p)  # the same checks `pipe replay` makes
+            datas.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else \
+                (f"missing field {e}" if isinstance(e, KeyError) else str(e))
+            raise MergeError(f"{p}: cannot load as a dataset: {why}") from None
+    first = datas[0]
+    for p, d in zip(paths[1:], datas[1:]):
+        for k in SAME:
+            if d.get(k) != first.get(k):
+                raise MergeError(f"{paths[0]} and {p} differ in {k!r}: "
+                                 f"{_short(first.get(k))} against {_short(d.get(k))}")
+        if set(d["params"]) != set(first["params"]):
+            only_a = sorted(set(first["params"]) - set(d["params"]))
+            only_b = sorted(set(d["params"]) - set(first["params"]))
+            raise MergeError(f"{paths[0]} and {p} differ in 'params': parameters only in the first: "
+                             f"{', '.join(only_a) or 'none'}; only in the second: {', '.join(only_b) or 'none'}")
+
+    params = {}
+    for name in first["params"]:
+        lists = [d["params"][name] for d in datas]
+        base = max(range(len(lists)), key=lambda i: (len(lists[i]), -i))  # the longest; the first of equals
+        vals = list(lists[base])
+        seen = {json.dumps(v) for v in vals}  # 1, 1.0 and true stay apart, as Param.index keeps them
+        for i, lst in enumerate(lists):
+            if i == base:
+                continue
+            for v in lst:
+                if json.dumps(v) not in seen:
+                    seen.add(json.dumps(v))
+                    vals.append(v)
+        params[name] = vals
+
+    k = first.get("timed_shapes", len(first["shapes"]))  # older datasets timed every shape
+    out = Merged(data={}, ratios=[[] for _ in range(k)])
+    trials: dict[str, dict] = {}
+    for i, d in enumerate(datas):
+        for t in d["trials"]:
+            key = config_key(t["params"])
+            old = trials.get(key)
+            if old is not None:
+                out.overlap += 1
+                out.differ += old.get("status") != t.get("status")
+                a, b = _timed(old, k), _timed(t, k)
+                if a is not None and b is not None:
+                    for s, (x, y) in enumerate(zip(a, b)):
+                        out.ratios[s].append(y / x)
+            trials[key] = {**t, "part": i}  # a key seen before keeps its place, takes the newer trial
+
+    parts = [{"file": str(p), "created": d.get("created"), "machine": d.get("machine"),
+              "trials": sum(1 for t in trials.values() if t["part"] == i), "recorded": len(d["trials"])}
+             for i, (p, d) in enumerate(zip(paths, datas))]
+    data = {}
+    for key, v in first.items():
+        if key == "trials":
+            data["parts"] = parts
+        data[key] = v
+    data.update(created=_now(), machine=datas[-1].get("machine"), params=params, parts=parts,
+                trials=list(trials.values()))
+    out.data = data
+    return out
+
+
+def overlap_lines(m: Merged) -> list[str]:
+    """What the files measured alike: per timed shape, later / earlier time over the
+    configurations that two files both timed."""
+    if not m.overlap:
+        return ["overlap: none (no configuration is in more than one file)"]
+    n = len(m.ratios[0]) if m.ratios else 0
+    lines = [f"overlap: {m.overlap} configurations in more than one file; {n} timed in both; "
+             f"{m.differ} with a different verdict"]
+    shapes = m.data.get("shapes", [])
+    for s, r in enumerate(m.ratios):
+        if not r:
+            continue
+        shape = ", ".join(f"{k}={v}" for k, v in shapes[s].items()) if s < len(shapes) else ""
+        lines.append(f"  shape {s} ({shape}): later/earlier time median {statistics.median(r):.4f}, "
+                     f"min {min(r):.4f}, max {max(r):.4f}")
+    return lines

@@ -294,7 +294,13 @@ def cmd_replay(a) -> int:
             print(f"{p}: no such dataset", file=sys.stderr)
             return EXIT_INPUT
     try:
-        if a.json:
+        if a.patience:
+            out = [replay.replay_patience(p, ag, a.seeds, a.patience) for p in paths for ag in agents]
+            if a.json:
+                print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+            else:
+                print("\n".join(replay.format_patience(r) for r in out))
+        elif a.json:
             out = [replay.replay(p, ag, a.seeds) for p in paths for ag in agents]
             for r in out:  # per-seed lists stay; keys as strings for JSON
                 r["thresholds"] = {f"{x:g}": v for x, v in r["thresholds"].items()}
@@ -315,15 +321,16 @@ def _summary(run_dir: Path) -> dict:
     led = Ledger.read(run_dir)
     try:
         hist = led.trials()
-        status = "unknown"
+        status, table_metric = "unknown", None
         rj = run_dir / "run.json"
         if rj.is_file():
             try:
-                status = json.loads(rj.read_text()).get("status", status)
+                last = json.loads(rj.read_text())
+                status, table_metric = last.get("status", status), last.get("table_metric")
             except json.JSONDecodeError:
                 pass
         return summarize(led.get_meta("spec_name"), led.get_meta("spec_path"), led.get_meta("spec_hash"),
-                         led, hist, status, None, None)
+                         led, hist, status, None, None, table_metric)
     except Exception as e:  # a damaged ledger is bad input here, not a crash
         raise RunDirError(f"{run_dir}: cannot read the ledger: {e}") from None
     finally:
@@ -375,6 +382,8 @@ def cmd_show(a) -> int:
         for i, p in enumerate(per):
             if p:
                 print(f"  shape {i}: trial #{p['trial']} {p['time_s'] * 1e6:.3f} us {json.dumps(p['params'])}")
+        if s.get("table_metric") is not None:
+            print(f"  metric of this dispatch table {s['table_metric']:.4g}")
     if s["first_ok"] and b:
         print(f"first correct trial: #{s['first_ok']['trial']} {s['first_ok']['objective_s'] * 1e6:.3f} us "
               f"-> best {b['objective_s'] * 1e6:.3f} us ({s['first_ok']['objective_s'] / b['objective_s']:.2f}x)")
@@ -504,6 +513,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--agent", help="strategy, or a comma-separated list (default: every built-in strategy)")
     rp.add_argument("--seeds", type=int, default=25)
     rp.add_argument("--json", action="store_true")
+    rp.add_argument("--patience", type=int, metavar="N",
+                    help="instead: where a run with this goal patience stops, and its dispatch table then")
     rp.set_defaults(fn=cmd_replay)
     rs = sub.add_parser("runs", help="list run folders with status and best")
     rs.add_argument("--root", default="runs")

@@ -71,6 +71,53 @@ def metric(spec, shapes: list[dict]) -> float | None:
     return min(vals)
 
 
+# A trial that beats a shape's best time by more than this counts as progress for the goal's
+# patience (timing noise between kernels is well under it; docs/perf-notes.md)
+SHAPE_PROGRESS = 0.005
+
+
+def table_metric(spec, history, baseline: Sequence[float] | None) -> float | None:
+    """The goal's metric for the dispatch table a run ships: each timed shape's fastest ok
+    trial so far. None until every timed shape has one."""
+    n = len(spec.op.shapes)
+    rows = per_shape_best(history, n)
+    if any(r is None for r in rows):
+        return None
+    return metric(spec, per_shape(spec, [r["time_s"] for r in rows], baseline))
+
+
+class Progress:
+    """Trial by trial: whether a trial was faster on some shape than every earlier trial by
+    more than `tol` (the first trial with times counts). With the best configuration's own
+    trial, these are the trials that count as progress for the goal's patience."""
+
+    def __init__(self, tol: float = SHAPE_PROGRESS):
+        self.tol, self.table = tol, None
+
+    def add(self, t) -> bool:
+        if t.status != "ok" or not t.times:
+            return False
+        if self.table is None:
+            self.table = list(t.times)
+            return True
+        moved = any(x < b * (1 - self.tol) for x, b in zip(t.times, self.table))
+        self.table = [min(x, b) for x, b in zip(t.times, self.table)]
+        return moved
+
+
+def progress_marks(history, tol: float = SHAPE_PROGRESS) -> list[bool]:
+    """Progress.add over a whole history."""
+    p = Progress(tol)
+    return [p.add(t) for t in history]
+
+
+def last_progress(history, best_index: int) -> int:
+    """The index in `history` of the last trial that made progress: the best configuration's
+    (`best_index`, -1 for none) or a later one marked by progress_marks. -1 if none."""
+    marks = progress_marks(history)
+    return max(best_index, max((i for i, m in enumerate(marks) if m), default=-1))
+
+
 def per_shape_best(history, n_shapes: int) -> list[dict | None]:
     """For each timed shape, the ok trial with the lowest recorded time on it."""
     out: list[dict | None] = []

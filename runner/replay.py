@@ -33,6 +33,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from . import figures
 from .agents import Seen, make_agent
 from .dataset import Dataset, load
 from .space import config_key
@@ -103,9 +104,11 @@ def table_curve(history: Sequence[Seen]) -> list[float | None]:
 
 def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str, Any] | None = None,
              budget: int | None = None, stop_at: float | None = None,
-             table_at: float | None = None) -> list[Seen]:
+             table_at: float | None = None, patience: int | None = None) -> list[Seen]:
     """One simulated tuning run; stops early once the best so far is within `stop_at` of the
-    best (and, with `table_at`, the dispatch table so far within `table_at` of the best table)."""
+    best (and, with `table_at`, the dispatch table so far within `table_at` of the best table),
+    or, with `patience`, where the loop's patience would stop it."""
+    stopper = PatienceStop(patience) if patience else None
     agent = make_agent(agent_name, dataset.space, seed, options or {})
     budget = budget if budget is not None else len(valid_configs(dataset))
     target = dataset.best * (1 + stop_at) if stop_at is not None else None
@@ -131,6 +134,8 @@ def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str,
         h = Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"],
                  times=tuple(t["times"]) if ok and t.get("times") else None)
         history.append(h)
+        if stopper is not None and stopper.add(h):
+            break
         table = _fold(table, h)
         if target is not None and ok and t["objective"] and t["objective"] <= target:
             single_done = True
@@ -197,6 +202,56 @@ def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] 
             "evals": ev, "missed": sum(e > budget for e in ev),
         }
     return out
+
+
+class PatienceStop:
+    """The loop's patience, evaluation by evaluation: `add` says whether a run stops after this
+    one (`patience` evaluations in a row without a new best or a shape beaten)."""
+
+    def __init__(self, patience: int):
+        self.patience, self.progress = patience, figures.Progress()
+        self.n, self.best, self.last = 0, None, -1
+
+    def add(self, h: Seen) -> bool:
+        if h.status == "ok" and h.objective is not None and (self.best is None or h.objective < self.best):
+            self.best, self.last = h.objective, self.n
+        if self.progress.add(h):
+            self.last = self.n
+        self.n += 1
+        return self.best is not None and self.n - 1 - self.last >= self.patience
+
+
+def replay_patience(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] | int, patience: int,
+                    options: Mapping[str, Any] | None = None, budget: int | None = None) -> dict:
+    """Where a run with this patience stops, and how good its dispatch table is then: per seed
+    the evaluations made, the table's geometric-mean time over the best table's, and the worst
+    shape's time over that shape's best in the space."""
+    ds = dataset if isinstance(dataset, Dataset) else load(dataset)
+    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    rows = [t["times"] for t in ds.results.values()
+            if t["status"] == "ok" and t.get("times") and ds.space.contains(t["params"]) is None]
+    if not rows:
+        raise ValueError(f"{ds.path}: no per-shape times to build a table from")
+    best = [min(col) for col in zip(*rows)]
+    stops, tables, worst = [], [], []
+    for s in seeds:
+        h = run_once(ds, agent_name, s, options, budget, patience=patience)
+        table = None
+        for e in h:
+            table = _fold(table, e)
+        stops.append(len(h))
+        tables.append(_geomean(table) / _geomean(best) if table else math.inf)
+        worst.append(max(x / b for x, b in zip(table, best)) if table else math.inf)
+    q = lambda xs: {"median": statistics.median(xs), "p75": _quantile(xs, 0.75), "max": max(xs)}  # noqa: E731
+    return {"dataset": Path(ds.path).stem, "agent": agent_name, "patience": patience, "seeds": len(seeds),
+            "evals": q(stops), "table": q(tables), "worst_shape": q(worst)}
+
+
+def format_patience(r: dict) -> str:
+    e, tb, w = r["evals"], r["table"], r["worst_shape"]
+    return (f"{r['dataset']} {r['agent']} patience {r['patience']}: stops after {_num(e['median'])} evaluations "
+            f"(p75 {_num(e['p75'])}, max {e['max']}); table {tb['median']:.4f} of the best table "
+            f"(p75 {tb['p75']:.4f}); worst shape {w['median']:.4f} of its best (p75 {w['p75']:.4f}, max {w['max']:.4f})")
 
 
 def datasets(folder: str | Path = Path(__file__).resolve().parent.parent / "datasets") -> list[Path]:

@@ -1,0 +1,124 @@
+"""When a run stops: the goal met by the dispatch table (each shape's fastest kernel), and
+patience that counts a faster kernel for one shape as progress."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from runner import figures
+from runner.ledger import Trial
+from runner.loop import _goal_met, _stop_reason
+from runner.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = load_spec(ROOT / "pipelines" / "rmsnorm-cpu.yaml")  # two timed shapes; goal: speedup >= 3 on the worst
+BASELINE = [30e-6, 30e-6]
+
+
+def trial(i: int, times: list[float] | None, status: str = "ok") -> Trial:
+    shapes = figures.per_shape(SPEC, times, BASELINE) if times else []
+    return Trial(params={"i": i}, status=status, times=times, id=i,
+                 objective=figures.geomean(times) if times else None,
+                 metric=figures.metric(SPEC, shapes) if times else None)
+
+
+def with_patience(n: int):
+    return dataclasses.replace(SPEC, goal=dataclasses.replace(SPEC.goal, patience=n))
+
+
+def test_last_progress_counts_a_shape_beaten_by_more_than_the_tolerance():
+    h = [trial(1, [10e-6, 10e-6]),  # first ok: progress
+         trial(2, [9.98e-6, 10e-6]),  # 0.2% on shape 0: noise, not progress
+         trial(3, [12e-6, 9e-6]),  # 10% on shape 1: progress, though slower overall
+         trial(4, [11e-6, 11e-6]),
+         trial(5, None, status="wrong")]
+    assert figures.progress_marks(h) == [True, False, True, False, False]
+    assert figures.last_progress(h, best_index=0) == 2
+    assert figures.last_progress(h, best_index=3) == 3  # the best itself is progress
+    assert figures.last_progress(h[:2], best_index=0) == 0
+    assert figures.last_progress([trial(9, None, status="compile_error")], best_index=-1) == -1
+
+
+def test_patience_waits_while_a_shape_keeps_getting_faster():
+    spec = with_patience(2)
+    best = trial(1, [20e-6, 20e-6])  # all far from the goal (10 us a shape)
+    h = [best, trial(2, [24e-6, 18e-6]), trial(3, [26e-6, 16e-6]), trial(4, [28e-6, 28e-6])]
+    # trials 2 and 3 are slower overall but each beats shape 1: one trial since progress
+    assert _stop_reason(spec, h, best, None, None, 0.0, baseline=BASELINE) is None
+    h.append(trial(5, [28e-6, 28e-6]))
+    reason = _stop_reason(spec, h, best, None, None, 0.0, baseline=BASELINE)
+    assert reason is not None and reason.startswith("patience ran out (2 trials")
+
+
+def test_goal_met_by_the_dispatch_table_not_by_one_kernel():
+    # speedup >= 3 on the worst shape: 30 us of baseline needs 10 us or less on each shape
+    a = trial(1, [9e-6, 12e-6])  # the best single configuration (geomean), fails on shape 1
+    b = trial(2, [20e-6, 9.5e-6])  # slower overall, fast on shape 1
+    assert not SPEC.goal.met(a.metric) and not SPEC.goal.met(b.metric)
+    assert figures.table_metric(SPEC, [a, b], BASELINE) == 30 / 9.5
+    assert _goal_met(SPEC, [a, b], a, BASELINE)
+    assert _stop_reason(SPEC, [a, b], a, None, None, 0.0, baseline=BASELINE) == "goal met"
+    # without the second kernel the table is the best alone: not met
+    assert not _goal_met(SPEC, [a], a, BASELINE)
+    assert _stop_reason(SPEC, [a], a, None, None, 0.0, baseline=BASELINE) is None
+
+
+def test_table_metric_needs_every_shape():
+    assert figures.table_metric(SPEC, [trial(1, None, status="wrong")], BASELINE) is None
+    assert figures.table_metric(SPEC, [], BASELINE) is None
+
+
+def test_replay_stops_where_the_loop_would():
+    """runner.replay's PatienceStop and the loop's patience agree, trial for trial, on a
+    history where the best moves, shapes get beaten and trials fail."""
+    import random
+
+    from runner.agents import Seen
+    from runner.replay import PatienceStop
+
+    rng = random.Random(7)
+    spec = with_patience(5)
+    stopped = 0
+    for _ in range(20):
+        hist: list[Trial] = []
+        stopper = PatienceStop(5)
+        for i in range(1, 80):
+            ok = rng.random() > 0.15
+            times = [rng.uniform(20e-6, 40e-6), rng.uniform(20e-6, 40e-6)] if ok else None
+            t = trial(i, times, "ok" if ok else "wrong")
+            hist.append(t)
+            stops = stopper.add(Seen(t.params, t.status, "", t.objective, times=tuple(times) if times else None))
+            oks = [x for x in hist if x.status == "ok"]
+            best = min(oks, key=lambda x: x.objective) if oks else None
+            reason = _stop_reason(spec, hist, best, None, None, 0.0, baseline=BASELINE)
+            assert (reason is not None and reason.startswith("patience")) == stops, (i, reason, stops)
+            if stops:
+                stopped += 1
+                break
+    assert stopped >= 15  # the rule did fire, mostly well before the 79th trial
+
+
+def test_pipe_replay_patience_reports_the_stop_and_the_table(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    # two shapes that prefer different configurations; P in 0..19
+    trials = [{"params": {"P": p}, "status": "ok", "reason": "",
+               "times": [1.0 + abs(p - 3) * 0.1, 1.0 + abs(p - 16) * 0.1],
+               "objective": ((1.0 + abs(p - 3) * 0.1) * (1.0 + abs(p - 16) * 0.1)) ** 0.5} for p in range(20)]
+    ds = tmp_path / "two.json"
+    ds.write_text(json.dumps({"format": "pipe-dataset/1", "spec": "two", "spec_hash": "x", "hardware": "cpu",
+                              "params": {"P": list(range(20))}, "constraints": [], "shapes": [{"M": 1}, {"M": 2}],
+                              "timed_shapes": 2, "trials": trials}))
+    from runner.replay import replay_patience
+
+    few = replay_patience(ds, "pattern", 5, patience=2)
+    many = replay_patience(ds, "pattern", 5, patience=19)
+    assert few["evals"]["median"] < many["evals"]["median"] <= 20
+    assert many["table"]["median"] <= few["table"]["median"] and many["table"]["median"] >= 1.0
+    r = subprocess.run([sys.executable, "-m", "runner.cli", "replay", str(ds), "--agent", "pattern",
+                        "--seeds", "3", "--patience", "4"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "two pattern patience 4: stops after" in r.stdout and "worst shape" in r.stdout

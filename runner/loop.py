@@ -354,7 +354,7 @@ def ahead_guesses(agent, seen: list[Seen], pending: list[Seen], skip: set[str], 
 def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed,
                  call_minutes: float | None = None, call_elapsed: float = 0.0,
                  baseline: list[float] | None = None) -> str | None:
-    if _goal_met(spec, history, best, baseline):
+    if spec.goal.stop_when_met and _goal_met(spec, history, best, baseline):
         return "goal met"
     if budget_trials is not None and len(history) >= budget_trials:
         return f"trial budget spent ({budget_trials})"

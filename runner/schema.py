@@ -118,6 +118,7 @@ SPEC = _obj({
         }, ["metric"], oneOf=[{"required": ["at_least"]}, {"required": ["at_most"]}]),
         "budget": _obj({"trials": POS_INT, "minutes": {"type": "number", "exclusiveMinimum": 0}}),
         "patience": POS_INT,
+        "stop_when_met": {"type": "boolean"},
     }, ["budget"]),
 }, ["name", "hardware", "op", "kernel", "search", "goal"])
 

@@ -138,6 +138,9 @@ class GoalSpec:
     trials: int | None
     minutes: float | None
     patience: int | None
+    # false: a met target does not stop the run (it goes on to its budget or patience for
+    # each shape's fastest kernel); the exit code still says whether it was met
+    stop_when_met: bool = True
 
     def met(self, value: float | None) -> bool:
         if self.metric is None or value is None:
@@ -545,7 +548,7 @@ class _Checker:
         if not b:
             self.err(("goal", "budget"), "give at least one of trials and minutes")
         return GoalSpec(metric, t.get("at_least"), t.get("at_most"), b.get("trials"), b.get("minutes"),
-                        g.get("patience"))
+                        g.get("patience"), g.get("stop_when_met", True))
 
     def start(self, space: Space | None) -> dict | None:
         st = self.d["search"].get("start")

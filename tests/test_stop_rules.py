@@ -122,3 +122,14 @@ def test_pipe_replay_patience_reports_the_stop_and_the_table(tmp_path):
                         "--seeds", "3", "--patience", "4"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "two pattern patience 4: stops after" in r.stdout and "worst shape" in r.stdout
+
+
+def test_a_met_goal_need_not_stop_the_run():
+    a = trial(1, [9e-6, 9.5e-6])  # meets speedup >= 3 on both shapes
+    assert _stop_reason(SPEC, [a], a, None, None, 0.0, baseline=BASELINE) == "goal met"
+    spec = dataclasses.replace(SPEC, goal=dataclasses.replace(SPEC.goal, stop_when_met=False, patience=2))
+    assert _goal_met(spec, [a], a, BASELINE)  # still met (the exit code says so)
+    assert _stop_reason(spec, [a], a, None, None, 0.0, baseline=BASELINE) is None
+    h = [a, trial(2, [20e-6, 20e-6]), trial(3, [20e-6, 20e-6])]
+    assert _stop_reason(spec, h, a, None, None, 0.0, baseline=BASELINE).startswith("patience")
+    assert _stop_reason(spec, h, a, 3, None, 0.0, baseline=BASELINE) == "trial budget spent (3)"

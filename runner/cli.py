@@ -293,6 +293,9 @@ def cmd_replay(a) -> int:
         if not Path(p).is_file():
             print(f"{p}: no such dataset", file=sys.stderr)
             return EXIT_INPUT
+    if a.patience is not None and a.patience < 1:
+        print(f"--patience: {a.patience} is not a positive number of trials", file=sys.stderr)
+        return EXIT_INPUT
     try:
         if a.patience:
             out = [replay.replay_patience(p, ag, a.seeds, a.patience) for p in paths for ag in agents]

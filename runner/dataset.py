@@ -155,8 +155,7 @@ def merge(paths: list[str]) -> Merged:
         if not Path(p).is_file():
             raise MergeError(f"{p}: no such dataset")
         try:
-            load(p)  # the same checks `pipe replay` makes
-            datas.append(json.loads(Path(p).read_text()))
+            datas.append(load(p).data)  # the same checks `pipe replay` makes
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else \
                 (f"missing field {e}" if isinstance(e, KeyError) else str(e))
@@ -212,8 +211,7 @@ def merge(paths: list[str]) -> Merged:
         if key == "trials":
             data["parts"] = parts
         data[key] = v
-    data.update(created=_now(), machine=datas[-1].get("machine"), params=params, parts=parts,
-                trials=list(trials.values()))
+    data.update(created=_now(), machine=datas[-1].get("machine"), params=params, trials=list(trials.values()))
     out.data = data
     return out
 

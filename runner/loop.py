@@ -23,8 +23,6 @@ from pathlib import Path
 
 from . import figures
 from .figures import shape_label
-
-AHEAD = 2  # guesses built ahead of each trial, at once (Session._build_ahead)
 from . import log as logmod
 from .agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
@@ -33,6 +31,7 @@ from .progress import Reporter
 from .trial import Evaluator, run_parts
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
+AHEAD = 2  # guesses built ahead of each trial, at once (Session._build_ahead)
 
 
 @dataclass
@@ -119,8 +118,8 @@ class Session:
         if not self.build_ahead or not getattr(self.agent, "pure", False) or p.variant is not None:
             return
         pend = outcomes(dict(p.params), vid, self.history, self.best.objective if self.best else None)
-        skip = set(self.tried) | set(self._ahead)
-        for g in ahead_guesses(self.agent, self.seen(), pend, skip, self.spec.space, AHEAD - len(self._ahead)):
+        # judge() emptied self._ahead before this trial's build
+        for g in ahead_guesses(self.agent, self.seen(), pend, self.tried, self.spec.space, AHEAD):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="build-ahead")
             self._ahead[trial_key(g, None)] = self._pool.submit(self._quiet_prebuild, g)
@@ -139,7 +138,7 @@ class Session:
         for k, f in ahead.items():
             if k != key:
                 f.cancel()  # a guess that missed: dropped if it has not started
-        prebuilt = key in ahead and not ahead[key].cancelled()
+        prebuilt = key in ahead
         if prebuilt:
             ahead[key].result()  # built during the last judge: its compiles are in the cache
         t = self.ev.run(dict(p.params), agent, vid, on_built=lambda: self._build_ahead(p, vid))

@@ -70,14 +70,18 @@ def expected_random(size: int, k: int) -> float:
     return (size + 1) / (k + 1)
 
 
-def table_best(dataset: Dataset) -> float | None:
-    """The geometric-mean time of the best dispatch table: each timed shape's fastest
-    correct configuration of the space. None where no trial has per-shape times."""
+def table_times(dataset: Dataset) -> list[float] | None:
+    """The best dispatch table: each timed shape's fastest time among the space's correct
+    configurations. None where no trial has per-shape times."""
     rows = [t["times"] for t in dataset.results.values()
             if t["status"] == "ok" and t.get("times") and dataset.space.contains(t["params"]) is None]
-    if not rows:
-        return None
-    return _geomean([min(col) for col in zip(*rows)])
+    return [min(col) for col in zip(*rows)] if rows else None
+
+
+def table_best(dataset: Dataset) -> float | None:
+    """The geometric-mean time of the best dispatch table (table_times)."""
+    best = table_times(dataset)
+    return _geomean(best) if best else None
 
 
 def _geomean(xs: Sequence[float]) -> float:
@@ -228,11 +232,9 @@ def replay_patience(dataset: Dataset | str | Path, agent_name: str, seeds: Itera
     shape's time over that shape's best in the space."""
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)
     seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    rows = [t["times"] for t in ds.results.values()
-            if t["status"] == "ok" and t.get("times") and ds.space.contains(t["params"]) is None]
-    if not rows:
+    best = table_times(ds)
+    if not best:
         raise ValueError(f"{ds.path}: no per-shape times to build a table from")
-    best = [min(col) for col in zip(*rows)]
     stops, tables, worst = [], [], []
     for s in seeds:
         h = run_once(ds, agent_name, s, options, budget, patience=patience)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,7 +32,8 @@ from .progress import Reporter
 from .trial import Evaluator, run_parts
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
-AHEAD = 2  # guesses built ahead of each trial, at once (Session._build_ahead)
+AHEAD = 2  # the next trial's guesses built during each judge (Session._build_ahead, ahead_plan)
+DEEP = 1  # and the trial after next's, one judge earlier
 
 
 @dataclass
@@ -64,6 +66,9 @@ class Session:
         self.build_ahead = flag == "1" or (flag != "0" and spec.kernel.backend != "cpu")
         self._ahead: dict[str, Future] = {}  # trial key -> its build, started during a judge
         self._pool: ThreadPoolExecutor | None = None  # started by the first build ahead
+        self._planner: ThreadPoolExecutor | None = None  # makes each plan of builds ahead
+        self._plan: Future | None = None  # the plan being made during this judge
+        self._ahead_lock = threading.Lock()
 
     def start(self, reuse: dict | None = None) -> None:
         self.ev = Evaluator(self.spec, self.worker, self._baseline())
@@ -84,6 +89,8 @@ class Session:
         self.write_outputs("running", None)
 
     def close(self) -> None:
+        if self._planner is not None:
+            self._planner.shutdown(wait=True, cancel_futures=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self.worker.close()
@@ -112,17 +119,42 @@ class Session:
 
     def _build_ahead(self, p: Proposal, vid: str | None) -> None:
         """While the worker judges p, compile into the cache what the agent would propose next
-        for the likeliest ways p may come out (ahead_guesses), on AHEAD threads. Only for
-        agents whose proposals are a pure function of the history; a wrong guess costs CPU
-        time beside the judge, never a verdict."""
+        for the likeliest ways p may come out, and the proposal after the likeliest of those
+        (ahead_plan), on AHEAD + DEEP threads in that order (so the plan's first build
+        seldom waits behind a stale one still running). Only for agents whose proposals are a
+        pure function of the history; a wrong guess costs CPU time beside the judge, never a
+        verdict. The plan itself is made on a thread of its own (the agent's proposals take
+        milliseconds that grow with the history), from a copy of what the agent may see, and
+        is finished before the loop asks the agent anything else (judge waits for it)."""
         if not self.build_ahead or not getattr(self.agent, "pure", False) or p.variant is not None:
             return
-        pend = outcomes(dict(p.params), vid, self.history, self.best.objective if self.best else None)
-        # judge() emptied self._ahead before this trial's build
-        for g in ahead_guesses(self.agent, self.seen(), pend, self.tried, self.spec.space, AHEAD):
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="build-ahead")
-            self._ahead[trial_key(g, None)] = self._pool.submit(self._quiet_prebuild, g)
+        if self._planner is None:
+            self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-ahead")
+        args = (self.agent, self.seen(), list(self.history), dict(p.params), vid,
+                self.best.objective if self.best else None, self.tried, self.spec.space)
+        self._plan = self._planner.submit(self._submit_plan, *args)
+
+    def _submit_plan(self, *args) -> None:
+        """Start the builds of ahead_plan(*args), in its order. A build of the last plan that
+        this one keeps is not started again; one it drops is cancelled if it has not started."""
+        try:
+            plan = ahead_plan(*args)
+        except Exception:
+            return  # a guess is never worth a failed run
+        keys = [trial_key(g, None) for g in plan]
+        with self._ahead_lock:
+            for k in [k for k in self._ahead if k not in keys]:
+                self._ahead.pop(k).cancel()  # a running build finishes into the cache unwatched
+            for k, g in zip(keys, plan):
+                if k not in self._ahead:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(max_workers=AHEAD + DEEP, thread_name_prefix="build-ahead")
+                    self._ahead[k] = self._pool.submit(self._quiet_prebuild, g)
+
+    def _plan_done(self) -> None:
+        if self._plan is not None:
+            self._plan.result()
+            self._plan = None
 
     def _quiet_prebuild(self, params: dict) -> None:
         try:
@@ -134,16 +166,21 @@ class Session:
         vid = self.register_variant(p, agent)
         key = trial_key(dict(p.params), vid)
         self.ledger.begin(key)
-        ahead, self._ahead = self._ahead, {}
-        for k, f in ahead.items():
-            if k != key:
-                f.cancel()  # a guess that missed: dropped if it has not started
-        prebuilt = key in ahead
+        # a build ahead of this trial: wait for it if it started (its compiles land in the
+        # cache), else drop it and build here; the other guesses stay queued for the next plan
+        self._plan_done()
+        with self._ahead_lock:
+            f = self._ahead.pop(key, None)
+        prebuilt = f is not None and not f.cancel()
+        waited = time.perf_counter()
         if prebuilt:
-            ahead[key].result()  # built during the last judge: its compiles are in the cache
+            f.result()
+        waited = time.perf_counter() - waited
         t = self.ev.run(dict(p.params), agent, vid, on_built=lambda: self._build_ahead(p, vid))
+        self._plan_done()  # the agent is asked nothing else while it plans
         if prebuilt:
             t.details["built_ahead"] = True
+            t.details["ahead_wait_s"] = round(waited, 4)
         if p.note:
             t.details["note"] = p.note[:2000]
         if self.keep_decisions:
@@ -329,7 +366,12 @@ def ahead_guesses(agent, seen: list[Seen], pending: list[Seen], skip: set[str], 
     `skip`), valid, at most `limit`, in the outcomes' order. Replayed on the whole recorded
     softmax space (pattern, 10 seeds of 250 trials), the first guess is the next trial 85% of
     the time and the first two 99%."""
-    out: list[dict] = []
+    return [g for g, _ in _guesses(agent, seen, pending, skip, space, limit)]
+
+
+def _guesses(agent, seen, pending, skip, space, limit) -> list[tuple[dict, Seen]]:
+    """ahead_guesses, each with the outcome it follows."""
+    out: list[tuple[dict, Seen]] = []
     keys = set(skip)
     for pend in pending:
         if len(out) >= limit:
@@ -346,8 +388,28 @@ def ahead_guesses(agent, seen: list[Seen], pending: list[Seen], skip: set[str], 
         if g.variant is not None or key in keys or space.contains(params) is not None:
             continue
         keys.add(key)
-        out.append(params)
+        out.append((params, pend))
     return out
+
+
+def ahead_plan(agent, seen: list[Seen], history, params: dict, vid: str | None, best: float | None,
+               skip: set[str], space, width: int = AHEAD, deep: int = DEEP) -> list[dict]:
+    """What to build while the trial of `params` is judged, the likeliest first: the agent's
+    next proposal for each of its likeliest outcomes (`width` of them, ahead_guesses), then
+    `deep` proposals for the trial after the first of those (its own outcomes, given the one
+    it follows). The build of the trial after next starts one judge earlier: a build that
+    takes longer than a judge no longer holds the loop up when the guesses are right."""
+    skip = set(skip) | {trial_key(params, vid)}
+    firsts = _guesses(agent, seen, outcomes(params, vid, history, best), skip, space, width)
+    plan = [g for g, _ in firsts]
+    if not firsts or deep < 1:
+        return plan
+    g1, came = firsts[0]
+    best1 = min(x for x in (best, came.objective) if x) if (best or came.objective) else None
+    after = outcomes(g1, None, [*history, came], best1)
+    skip |= {trial_key(g, None) for g in plan}
+    plan += [g for g, _ in _guesses(agent, [*seen, came], after, skip, space, deep)]
+    return plan
 
 
 def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed,

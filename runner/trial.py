@@ -335,8 +335,12 @@ class Evaluator:
         return (None, bad) if bad is not None else ([comp[s].artifact for s in sources], None)
 
     def _compile_all(self, sources: list[str]) -> list:
-        """Compile distinct sources side by side: NVRTC and g++ both run outside the GIL."""
+        """Compile distinct sources side by side: in the backend's worker processes where it
+        has them (NVRTC: backends.cuda.compile_all), else on threads (g++ runs as a process)."""
         sp = self.spec
+        many = getattr(self.backend, "compile_all", None)
+        if many is not None:
+            return many(sources, sp.kernel.entry, sp.kernel.options, sp.hw)
 
         def one(src: str):
             return self.backend.compile(src, sp.kernel.entry, sp.kernel.options, sp.hw)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runner.agents import Seen, make_agent
 from runner.dataset import load
-from runner.loop import ahead_guesses, outcomes
+from runner.loop import ahead_guesses, ahead_plan, outcomes
 from runner.ledger import Trial
 from runner.replay import run_once
 from runner.space import Param, Space, config_key
@@ -70,3 +70,48 @@ def test_two_guesses_catch_nearly_every_next_trial_on_the_recorded_softmax_space
             two += nxt in keys
             n += 1
     assert two / n >= 0.95 and two > one, (one, two, n)
+
+
+def test_the_plan_is_the_guesses_then_the_trial_after_the_first():
+    sp = Space((Param("P", tuple(range(10))), Param("Q", tuple(range(10)))))
+    agent = make_agent("pattern", sp, 0, {})
+    seen = [Seen({"P": 4, "Q": 4}, "ok", "", 1.0, times=(1.0, 1.0)),
+            Seen({"P": 5, "Q": 4}, "ok", "", 1.2, times=(1.4, 1.0)),
+            Seen({"P": 4, "Q": 5}, "ok", "", 1.3, times=(1.2, 1.4))]
+    hist = [Trial(params=s.params, status=s.status, objective=s.objective, times=list(s.times), id=i)
+            for i, s in enumerate(seen)]
+    judged = {"P": 3, "Q": 4}
+    tried = {config_key(s.params) for s in seen}
+    plan = ahead_plan(agent, seen, hist, judged, None, 1.0, tried, sp)
+    pend = outcomes(judged, None, hist, 1.0)
+    assert plan[:2] == ahead_guesses(agent, seen, pend, tried, sp, 2)
+    assert len(plan) == 3
+    keys = [config_key(g) for g in plan]
+    assert len(set(keys)) == 3 and not set(keys) & (tried | {config_key(judged)})
+    # the third: the agent's next proposal once the judged trial came out as the outcome that
+    # leads to the first guess, and that guess as its own likeliest outcome (slower)
+    came = next(o for o in pend if config_key(agent.propose([*seen, o], 1)[0]) == keys[0])
+    after = outcomes(plan[0], None, [*hist, came], min(1.0, came.objective or 1.0))
+    assert plan[2] == ahead_guesses(agent, [*seen, came], after, tried | {config_key(judged)} | set(keys[:2]),
+                                    sp, 1)[0]
+    # deep=0 asks for the next trial's guesses only
+    assert len(ahead_plan(agent, seen, hist, judged, None, 1.0, tried, sp, deep=0)) == 2
+
+
+def test_the_deep_guess_is_usually_the_trial_after_next_on_the_recorded_softmax_space():
+    """Built one judge earlier than the next trial's guesses: on the whole recorded softmax
+    space it is the trial after next about 5 times in 6 (pattern, 3 seeds of 200: 84%)."""
+    ds = load(ROOT / "docs" / "data" / "softmax-h200-sweep.json")
+    hit = n = 0
+    for seed in range(2):
+        h = run_once(ds, "pattern", seed, {}, budget=100)
+        agent = make_agent("pattern", ds.space, seed, {})
+        for i in range(2, len(h) - 2):
+            hist = [Trial(params=dict(x.params), status=x.status, objective=x.objective,
+                          times=list(x.times) if x.times else None, id=k) for k, x in enumerate(h[:i])]
+            oks = [x.objective for x in h[:i] if x.status == "ok" and x.objective]
+            plan = ahead_plan(agent, list(h[:i]), hist, dict(h[i].params), None, min(oks) if oks else None,
+                              {config_key(x.params) for x in h[:i]}, ds.space)
+            hit += len(plan) == 3 and config_key(plan[2]) == config_key(h[i + 2].params)
+            n += 1
+    assert hit / n >= 0.7, (hit, n)

@@ -120,3 +120,41 @@ def test_prune_by_profile_limits(geo, res, needle):
 def test_within_limits_is_not_pruned():
     geo = {"grid": [132, 2], "block": [1024], "shared_mem": 100_000}
     assert cuda.prune({"registers": 64, "static_smem": 1024}, geo, H200, spills_forbidden=True) is None
+
+
+def test_compile_all_matches_compile_source_by_source_in_worker_processes(tmp_path, monkeypatch):
+    """Sources compile side by side in worker processes (NVRTC runs one compile at a time
+    per process), into the caller's cache; results come back in the sources' order, a
+    compile error among them included, and a second call reads every one from the cache."""
+    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))
+    ok = ['extern "C" __global__ void k(float* y) { y[0] = %d.0f; }' % i for i in range(3)]
+    bad = 'extern "C" __global__ void k(float* y) { y[0] = undefined_thing; }'
+    sources = [ok[0], bad, ok[1], ok[2]]
+    got = cuda.compile_all(sources, "k", (), H200)
+    assert [c.ok for c in got] == [True, False, True, True]
+    assert "undefined_thing" in got[1].reason
+    for src, c in zip(sources, got):
+        if c.ok:  # in the cache this process reads, under this source's key
+            again = cuda.compile(src, "k", (), H200)
+            assert again.cached and again.artifact == c.artifact
+            assert Path(c.artifact).is_relative_to(tmp_path / "cache")
+    assert len({c.artifact for c in got if c.ok}) == 3
+    assert all(c.cached for c in cuda.compile_all(ok, "k", (), H200))
+
+
+def test_compile_all_survives_a_dead_worker_pool(tmp_path, monkeypatch):
+    """A worker process that dies (a compiler crash) breaks the pool: the batch compiles in
+    this process instead, and the next call starts a new pool."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Broken:
+        def submit(self, *a, **k):
+            raise BrokenProcessPool("a worker died")
+
+    monkeypatch.setattr(cuda, "_POOL", Broken())
+    sources = ['extern "C" __global__ void k(float* y) { y[0] = %d.5f; }' % i for i in range(2)]
+    got = cuda.compile_all(sources, "k", (), H200)
+    assert all(c.ok and not c.cached for c in got)
+    assert cuda._POOL is None  # dropped: the next batch starts a fresh pool

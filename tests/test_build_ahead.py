@@ -50,25 +50,33 @@ def test_guesses_follow_each_outcome_distinct_and_untried():
     assert config_key(want[0]) not in {config_key(g) for g in got2} and got2[0] == want[1]
 
 
-def test_two_guesses_catch_nearly_every_next_trial_on_the_recorded_softmax_space():
-    """On the whole recorded softmax space, pattern's next trial is among the first two
-    guesses nearly always, and more often than the first guess alone."""
+def _replayed_points(ahead: int):
+    """(agent, the trials so far as seen and as ledger trials, the best objective, the
+    trial being judged's index, the history) at every point of pattern's replayed walks on
+    the whole recorded softmax space (2 seeds of 100) with `ahead` trials still to come."""
     ds = load(ROOT / "docs" / "data" / "softmax-h200-sweep.json")
-    one = two = n = 0
     for seed in range(2):
         h = run_once(ds, "pattern", seed, {}, budget=100)
         agent = make_agent("pattern", ds.space, seed, {})
-        for i in range(2, len(h) - 1):
+        for i in range(2, len(h) - ahead):
             hist = [Trial(params=dict(x.params), status=x.status, objective=x.objective,
                           times=list(x.times) if x.times else None, id=k) for k, x in enumerate(h[:i])]
             oks = [x.objective for x in h[:i] if x.status == "ok" and x.objective]
-            pend = outcomes(dict(h[i].params), None, hist, min(oks) if oks else None)
-            g = ahead_guesses(agent, list(h[:i]), pend, {config_key(x.params) for x in h[:i + 1]}, ds.space, 2)
-            nxt = config_key(h[i + 1].params)
-            keys = [config_key(x) for x in g]
-            one += keys[:1] == [nxt]
-            two += nxt in keys
-            n += 1
+            yield ds.space, agent, list(h[:i]), hist, min(oks) if oks else None, i, h
+
+
+def test_two_guesses_catch_nearly_every_next_trial_on_the_recorded_softmax_space():
+    """On the whole recorded softmax space, pattern's next trial is among the first two
+    guesses nearly always, and more often than the first guess alone."""
+    one = two = n = 0
+    for space, agent, seen, hist, best, i, h in _replayed_points(1):
+        pend = outcomes(dict(h[i].params), None, hist, best)
+        g = ahead_guesses(agent, seen, pend, {config_key(x.params) for x in h[:i + 1]}, space, 2)
+        nxt = config_key(h[i + 1].params)
+        keys = [config_key(x) for x in g]
+        one += keys[:1] == [nxt]
+        two += nxt in keys
+        n += 1
     assert two / n >= 0.95 and two > one, (one, two, n)
 
 
@@ -101,17 +109,10 @@ def test_the_plan_is_the_guesses_then_the_trial_after_the_first():
 def test_the_deep_guess_is_usually_the_trial_after_next_on_the_recorded_softmax_space():
     """Built one judge earlier than the next trial's guesses: on the whole recorded softmax
     space it is the trial after next about 5 times in 6 (pattern, 3 seeds of 200: 84%)."""
-    ds = load(ROOT / "docs" / "data" / "softmax-h200-sweep.json")
     hit = n = 0
-    for seed in range(2):
-        h = run_once(ds, "pattern", seed, {}, budget=100)
-        agent = make_agent("pattern", ds.space, seed, {})
-        for i in range(2, len(h) - 2):
-            hist = [Trial(params=dict(x.params), status=x.status, objective=x.objective,
-                          times=list(x.times) if x.times else None, id=k) for k, x in enumerate(h[:i])]
-            oks = [x.objective for x in h[:i] if x.status == "ok" and x.objective]
-            plan = ahead_plan(agent, list(h[:i]), hist, dict(h[i].params), None, min(oks) if oks else None,
-                              {config_key(x.params) for x in h[:i]}, ds.space)
-            hit += len(plan) == 3 and config_key(plan[2]) == config_key(h[i + 2].params)
-            n += 1
+    for space, agent, seen, hist, best, i, h in _replayed_points(2):
+        plan = ahead_plan(agent, seen, hist, dict(h[i].params), None, best, {config_key(x.params) for x in seen},
+                          space)
+        hit += len(plan) == 3 and config_key(plan[2]) == config_key(h[i + 2].params)
+        n += 1
     assert hit / n >= 0.7, (hit, n)

@@ -139,17 +139,18 @@ class Session:
         this one keeps is not started again; one it drops is cancelled if it has not started."""
         try:
             plan = ahead_plan(*args)
-        except Exception:
-            return  # a guess is never worth a failed run
-        keys = [trial_key(g, None) for g in plan]
-        with self._ahead_lock:
-            for k in [k for k in self._ahead if k not in keys]:
-                self._ahead.pop(k).cancel()  # a running build finishes into the cache unwatched
-            for k, g in zip(keys, plan):
-                if k not in self._ahead:
-                    if self._pool is None:
-                        self._pool = ThreadPoolExecutor(max_workers=AHEAD + DEEP, thread_name_prefix="build-ahead")
-                    self._ahead[k] = self._pool.submit(self._quiet_prebuild, g)
+            keys = [trial_key(g, None) for g in plan]
+            with self._ahead_lock:
+                for k in [k for k in self._ahead if k not in keys]:
+                    self._ahead.pop(k).cancel()  # a running build finishes into the cache unwatched
+                for k, g in zip(keys, plan):
+                    if k not in self._ahead:
+                        if self._pool is None:
+                            self._pool = ThreadPoolExecutor(max_workers=AHEAD + DEEP,
+                                                            thread_name_prefix="build-ahead")
+                        self._ahead[k] = self._pool.submit(self._quiet_prebuild, g)
+        except Exception as e:  # a guess is never worth a failed run
+            self.log.debug("build_ahead.failed", error=repr(e))
 
     def _plan_done(self) -> None:
         if self._plan is not None:

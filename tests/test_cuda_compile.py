@@ -127,10 +127,12 @@ def test_compile_all_matches_compile_source_by_source_in_worker_processes(tmp_pa
     per process), into the caller's cache; results come back in the sources' order, a
     compile error among them included, and a second call reads every one from the cache."""
     monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cuda, "POOL_PROCS", 2)  # a pool whatever this machine's cores
     ok = ['extern "C" __global__ void k(float* y) { y[0] = %d.0f; }' % i for i in range(3)]
     bad = 'extern "C" __global__ void k(float* y) { y[0] = undefined_thing; }'
     sources = [ok[0], bad, ok[1], ok[2]]
     got = cuda.compile_all(sources, "k", (), H200)
+    assert cuda._POOL is not None  # compiled in the worker processes
     assert [c.ok for c in got] == [True, False, True, True]
     assert "undefined_thing" in got[1].reason
     for src, c in zip(sources, got):
@@ -142,16 +144,24 @@ def test_compile_all_matches_compile_source_by_source_in_worker_processes(tmp_pa
     assert all(c.cached for c in cuda.compile_all(ok, "k", (), H200))
 
 
-def test_compile_all_survives_a_dead_worker_pool(tmp_path, monkeypatch):
-    """A worker process that dies (a compiler crash) breaks the pool: the batch compiles in
-    this process instead, and the next call starts a new pool."""
+@pytest.mark.parametrize("where", ["submit", "result"])
+def test_compile_all_survives_a_dead_worker_pool(tmp_path, monkeypatch, where):
+    """A worker process that dies (a compiler crash) breaks the pool, at submit or while a
+    compile is under way: the batch compiles in this process instead, and the next call
+    starts a new pool."""
+    from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
     monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cuda, "POOL_PROCS", 2)
 
     class Broken:
         def submit(self, *a, **k):
-            raise BrokenProcessPool("a worker died")
+            if where == "submit":
+                raise BrokenProcessPool("a worker died")
+            f = Future()
+            f.set_exception(BrokenProcessPool("a worker died"))
+            return f
 
     monkeypatch.setattr(cuda, "_POOL", Broken())
     sources = ['extern "C" __global__ void k(float* y) { y[0] = %d.5f; }' % i for i in range(2)]

@@ -37,7 +37,7 @@ def main() -> int:
     shape = dict(zip(symbols, sizes))
     judge = Judge(spec)
     ins = judge._inputs(shape, 1234, 0)
-    fn = torch.compile(judge.reference)
+    fn = torch.compile(judge.reference, dynamic=False)  # as the judge compiles it
     _, codes = run_and_get_code(lambda: fn(**ins, **judge.scalars))
     text = "\n\n".join(codes)
     print(text)

@@ -162,7 +162,7 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
                         reason=f"no kernel named '{entry}' in the cubin (missing extern \"C\" __global__?)")
     out.parent.mkdir(parents=True, exist_ok=True)
     for path, data in ((out, code), (meta, log.encode())):
-        tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(path.suffix + f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
     return Compiled(True, str(out), log, time.perf_counter() - t0, resources=parse_ptxas(log, entry))
@@ -175,7 +175,7 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
 # threaded process is unsafe all the same).
 _POOL = None
 _POOL_LOCK = threading.Lock()
-POOL_PROCS = max(1, min(8, os.cpu_count() or 1))
+POOL_PROCS = max(1, min(8, (os.cpu_count() or 1) - 2))  # two cores left to the judge and the loop
 
 
 def _pool():
@@ -207,15 +207,17 @@ def compile_all(sources: list[str], entry: str, options: tuple[str, ...], hw) ->
         for i in todo:
             out[i] = compile(sources[i], entry, options, hw)
         return out
+    global _POOL
+    pool = _pool()
     try:
         cache = str(cache_dir())
-        futs = {i: _pool().submit(_compile_into, cache, sources[i], entry, options, hw) for i in todo}
+        futs = {i: pool.submit(_compile_into, cache, sources[i], entry, options, hw) for i in todo}
         for i, f in futs.items():
             out[i] = f.result()
     except BrokenProcessPool:
-        global _POOL
         with _POOL_LOCK:
-            _POOL = None
+            if _POOL is pool:  # not a new one another thread started meanwhile
+                _POOL = None
         for i in todo:
             if out[i] is None:
                 out[i] = compile(sources[i], entry, options, hw)

@@ -169,14 +169,14 @@ class Session:
         self.ledger.begin(key)
         # a build ahead of this trial: wait for it if it started (its compiles land in the
         # cache), else drop it and build here; the other guesses stay queued for the next plan
-        self._plan_done()
+        # (the last judge waited for the plan that made them)
         with self._ahead_lock:
             f = self._ahead.pop(key, None)
         prebuilt = f is not None and not f.cancel()
-        waited = time.perf_counter()
+        t0 = time.perf_counter()
         if prebuilt:
             f.result()
-        waited = time.perf_counter() - waited
+        waited = time.perf_counter() - t0
         t = self.ev.run(dict(p.params), agent, vid, on_built=lambda: self._build_ahead(p, vid))
         self._plan_done()  # the agent is asked nothing else while it plans
         if prebuilt:
@@ -406,8 +406,7 @@ def ahead_plan(agent, seen: list[Seen], history, params: dict, vid: str | None, 
     if not firsts or deep < 1:
         return plan
     g1, came = firsts[0]
-    best1 = min(x for x in (best, came.objective) if x) if (best or came.objective) else None
-    after = outcomes(g1, None, [*history, came], best1)
+    after = outcomes(g1, None, [*history, came], min(filter(None, (best, came.objective)), default=None))
     skip |= {trial_key(g, None) for g in plan}
     plan += [g for g, _ in _guesses(agent, [*seen, came], after, skip, space, deep)]
     return plan

@@ -28,15 +28,22 @@ def test_outcomes_start_with_slower_then_the_new_best():
     assert [o.status for o in outcomes({"P": 5}, None, [], None)] == ["wrong"]  # nothing timed yet
 
 
-def test_guesses_follow_each_outcome_distinct_and_untried():
+def _small_walk():
+    """A 10x10 space, pattern, and three timed trials (as the agent sees them and as the ledger
+    holds them) from which its outcomes lead to different places."""
     sp = Space((Param("P", tuple(range(10))), Param("Q", tuple(range(10)))))
-    agent = make_agent("pattern", sp, 0, {})
     seen = [Seen({"P": 4, "Q": 4}, "ok", "", 1.0, times=(1.0, 1.0)),
             Seen({"P": 5, "Q": 4}, "ok", "", 1.2, times=(1.4, 1.0)),
             Seen({"P": 4, "Q": 5}, "ok", "", 1.3, times=(1.2, 1.4))]
+    hist = [Trial(params=s.params, status=s.status, objective=s.objective, times=list(s.times), id=i)
+            for i, s in enumerate(seen)]
+    return sp, make_agent("pattern", sp, 0, {}), seen, hist
+
+
+def test_guesses_follow_each_outcome_distinct_and_untried():
+    sp, agent, seen, hist = _small_walk()
     pending_params = {"P": 3, "Q": 4}
-    pend = outcomes(pending_params, None, [Trial(params=s.params, status=s.status, objective=s.objective,
-                                                 times=list(s.times), id=i) for i, s in enumerate(seen)], 1.0)
+    pend = outcomes(pending_params, None, hist, 1.0)
     want = []
     for o in pend:
         g = agent.propose([*seen, o], 1)[0]
@@ -81,13 +88,7 @@ def test_two_guesses_catch_nearly_every_next_trial_on_the_recorded_softmax_space
 
 
 def test_the_plan_is_the_guesses_then_the_trial_after_the_first():
-    sp = Space((Param("P", tuple(range(10))), Param("Q", tuple(range(10)))))
-    agent = make_agent("pattern", sp, 0, {})
-    seen = [Seen({"P": 4, "Q": 4}, "ok", "", 1.0, times=(1.0, 1.0)),
-            Seen({"P": 5, "Q": 4}, "ok", "", 1.2, times=(1.4, 1.0)),
-            Seen({"P": 4, "Q": 5}, "ok", "", 1.3, times=(1.2, 1.4))]
-    hist = [Trial(params=s.params, status=s.status, objective=s.objective, times=list(s.times), id=i)
-            for i, s in enumerate(seen)]
+    sp, agent, seen, hist = _small_walk()
     judged = {"P": 3, "Q": 4}
     tried = {config_key(s.params) for s in seen}
     plan = ahead_plan(agent, seen, hist, judged, None, 1.0, tried, sp)

@@ -126,19 +126,28 @@ class Session:
         verdict. The plan itself is made on a thread of its own (the agent's proposals take
         milliseconds that grow with the history), from a copy of what the agent may see, and
         is finished before the loop asks the agent anything else (judge waits for it)."""
-        if not self.build_ahead or not getattr(self.agent, "pure", False) or p.variant is not None:
+        if not self.build_ahead or p.variant is not None:
+            return
+        # the spec's start configurations still to come are the next trials, whatever the agent
+        me = trial_key(dict(p.params), vid)
+        starts = [dict(st) for st in self.spec.starts if trial_key(st) not in self.tried and trial_key(st) != me]
+        if not starts and not getattr(self.agent, "pure", False):
             return
         if self._planner is None:
             self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-ahead")
+        if starts:
+            self._plan = self._planner.submit(self._submit_plan, starts[:AHEAD + DEEP])
+            return
         args = (self.agent, self.seen(), list(self.history), dict(p.params), vid,
                 self.best.objective if self.best else None, self.tried, self.spec.space)
-        self._plan = self._planner.submit(self._submit_plan, *args)
+        self._plan = self._planner.submit(self._submit_plan, None, *args)
 
-    def _submit_plan(self, *args) -> None:
-        """Start the builds of ahead_plan(*args), in its order. A build of the last plan that
-        this one keeps is not started again; one it drops is cancelled if it has not started."""
+    def _submit_plan(self, fixed: list[dict] | None, *args) -> None:
+        """Start the builds of `fixed`, else of ahead_plan(*args), in that order. A build of the
+        last plan that this one keeps is not started again; one it drops is cancelled if it has
+        not started."""
         try:
-            plan = ahead_plan(*args)
+            plan = fixed if fixed is not None else ahead_plan(*args)
             keys = [trial_key(g, None) for g in plan]
             with self._ahead_lock:
                 for k in [k for k in self._ahead if k not in keys]:
@@ -310,8 +319,9 @@ def brief(spec) -> dict:
 
 def _next(spec, agent, s: Session) -> Proposal | None:
     tried = s.tried
-    if spec.start is not None and trial_key(spec.start) not in tried:
-        return Proposal(dict(spec.start))
+    for st in spec.starts:  # the spec's start configurations first, in order
+        if trial_key(st) not in tried:
+            return Proposal(dict(st))
     for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
         if key not in tried and n < 2:
             params, variant = split_key(key)

@@ -102,7 +102,9 @@ SPEC = _obj({
         "params": {"type": "object", "minProperties": 1, "propertyNames": NAME,
                    "additionalProperties": PARAM},
         "constraints": {"type": "array", "items": EXPR},
-        "start": {"type": "object", "additionalProperties": SCALAR},
+        # one configuration, or a list tried in order before the agent's first proposal
+        "start": {"type": ["object", "array"], "additionalProperties": SCALAR, "minItems": 1,
+                  "items": {"type": "object", "additionalProperties": SCALAR}},
     }, ["params"]),
     "forbidden": {"type": "array", "items": FORBID},
     "agent": _obj({

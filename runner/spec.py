@@ -167,13 +167,14 @@ class Spec:
     kernel: KernelSpec
     runtime: RuntimeSpec
     space: Space
-    start: dict | None
+    start: dict | None  # the first of `starts`: the default fill of pipe render and pipe eval
     forbidden: ForbiddenSpec
     agent: AgentSpec
     goal: GoalSpec
     baseline: str
     raw: dict = field(repr=False, compare=False)
     hash_parts: dict = field(default_factory=dict, repr=False, compare=False)  # part -> digest (see load)
+    starts: tuple = ()  # search.start: the configurations a run tries first, in order
 
 
 def _digest(obj) -> str:
@@ -228,7 +229,7 @@ class _Checker:
         forbidden = self.forbidden(params, symbols, kernel)
         agent = self.agent()
         goal = self.goal(hw, op)
-        start = self.start(space)
+        starts = self.starts(space)
         if self.diags:
             return None
         # Everything a verdict depends on: the spec, the template, the hardware profile's
@@ -240,8 +241,8 @@ class _Checker:
         parts = {k: _digest(v) for k, v in whole.items()}
         return Spec(name=d["name"], description=d.get("description", ""), path=self.loc.file,
                     hash=spec_hash, hw=hw, op=op, kernel=kernel, runtime=runtime, space=space,
-                    start=start, forbidden=forbidden, agent=agent, goal=goal,
-                    baseline=d.get("baseline", "reference"), raw=d, hash_parts=parts)
+                    start=starts[0] if starts else None, forbidden=forbidden, agent=agent, goal=goal,
+                    baseline=d.get("baseline", "reference"), raw=d, hash_parts=parts, starts=starts)
 
     def hardware(self) -> HwProfile | None:
         name = self.d["hardware"]
@@ -550,14 +551,27 @@ class _Checker:
         return GoalSpec(metric, t.get("at_least"), t.get("at_most"), b.get("trials"), b.get("minutes"),
                         g.get("patience"), g.get("stop_when_met", True))
 
-    def start(self, space: Space | None) -> dict | None:
+    def starts(self, space: Space | None) -> tuple:
+        """search.start: one configuration or a list of them (for instance each shape's best of
+        an earlier sweep), each in the space; a configuration listed twice is an error."""
         st = self.d["search"].get("start")
-        if st is None or space is None:
-            return st
-        why = space.contains(st)
-        if why:
-            self.err(("search", "start"), f"start configuration is not in the space: {why}")
-        return st
+        if st is None:
+            return ()
+        many = isinstance(st, list)
+        out, keys = [], {}
+        for i, cfg in enumerate(st if many else [st]):
+            path = ("search", "start", i) if many else ("search", "start")
+            why = space.contains(cfg) if space is not None else None
+            if why:
+                self.err(path, f"start configuration is not in the space: {why}")
+                continue
+            k = json.dumps(cfg, sort_keys=True)
+            if k in keys:
+                self.err(path, f"start configuration listed twice (also item {keys[k]})")
+                continue
+            keys[k] = i
+            out.append(dict(cfg))
+        return tuple(out)
 
 
 def _reference_source(ref: str) -> str:

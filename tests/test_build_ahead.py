@@ -152,16 +152,16 @@ def test_a_new_plan_keeps_the_builds_it_shares_with_the_last_and_drops_the_rest(
 
     monkeypatch.setattr(loop, "ahead_plan", fake_plan)
     key = lambda p: trial_key({"P": p}, None)  # noqa: E731
-    s._submit_plan()
+    s._submit_plan(None)
     first = dict(s._ahead)
     assert list(first) == [key(1), key(2), key(3), key(4)]
     # AHEAD + DEEP builds run at once; the fourth waits its turn
     assert sum(f.running() for f in first.values()) <= loop.AHEAD + loop.DEEP
-    s._submit_plan()
+    s._submit_plan(None)
     assert list(s._ahead) == [key(3), key(5)]
     assert s._ahead[key(3)] is first[key(3)]  # kept, not started again
     assert first[key(4)].cancelled()  # dropped before it started
-    s._submit_plan()  # the agent failed: the builds already planned stay
+    s._submit_plan(None)  # the agent failed: the builds already planned stay
     assert list(s._ahead) == [key(3), key(5)]
     gate.set()
     s._pool.shutdown(wait=True)

@@ -212,3 +212,54 @@ def test_masked_inputs_keep_a_finite_value_in_every_row():
     neg = torch.isneginf(x.float())
     assert 0.2 < neg.float().mean().item() < 0.3
     assert not neg[:, 0].any() and torch.isfinite(x.float()[~neg]).all()
+
+
+def test_bulk_stores_are_for_the_tma_hold_only():
+    """STORE = "bulk" goes through the tma ring's slots: the spec's constraint keeps it out
+    of every other hold, so the space grows by the tma slice alone."""
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    cfg = {"EPT": 16, "TMAX": 256, "MINB": 2, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "bulk"}
+    assert spec.space.contains(cfg) is None
+    for hold in ("f32", "bf16", "none", "ring"):
+        assert "violates constraint" in spec.space.contains({**cfg, "HOLD": hold})
+    configs = list(spec.space)
+    assert sum(c["STORE"] == "bulk" for c in configs) == sum(c["HOLD"] == "tma" and c["STORE"] == "cs" for c in configs)
+    assert {c["HOLD"] for c in configs if c["STORE"] == "bulk"} == {"tma"}
+
+
+@pytest.mark.parametrize("shape,cfg,bulk", [
+    # clusters of 8, the tile (2 slots) in registers: stored by the bulk-copy engine
+    ({"M": 1024, "N": 131072}, {"EPT": 16, "TMAX": 256, "MINB": 2}, 2),
+    # one block a row of 32768 (4 slots a tile, 14 slots)
+    ({"M": 4096, "N": 32768}, {"EPT": 32, "TMAX": 512, "MINB": 1}, 4),
+    # a cluster of 2 whose half row (128 KiB) does not fit in registers: stores as "default"
+    ({"M": 1024, "N": 131072}, {"EPT": 64, "TMAX": 512, "MINB": 1}, 0),
+])
+def test_bulk_stores_replace_global_stores_where_the_tile_is_held(shape, cfg, bulk):
+    """In the SASS: a bulk store (UBLKCP.G.S) for each slot of a tile and no 16-byte global
+    store on the whole-tile path where the tile is held in registers; where it is not, the
+    kernel is the "default" one."""
+    import re
+
+    from runner.backends import cuda
+
+    from .conftest import load_script
+
+    sass_mix = load_script("tools/sass_mix.py")
+    if sass_mix.cuobjdump() is None:
+        pytest.skip("cuobjdump: " + sass_mix.INSTALL)
+    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    ev = Evaluator(spec, None, None)
+    ops = {}
+    for store in ("bulk", "default"):
+        full = {**cfg, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": store}
+        r = cuda.compile(ev.render_all(full, shapes=[shape])[0], spec.kernel.entry, spec.kernel.options, spec.hw)
+        assert r.ok and r.resources["spill_stores"] == 0, r.reason
+        ops[store] = re.findall(r"\b(UBLKCP\.G\.S|STG\.E\.128)\b", sass_mix.sass(r.artifact))
+    assert ops["bulk"].count("UBLKCP.G.S") == bulk and ops["default"].count("UBLKCP.G.S") == 0
+    assert ops["default"].count("STG.E.128") > 0
+    if bulk:
+        # the shape's rows fill every block's part: the ordinary stores are compiled away
+        assert ops["bulk"].count("STG.E.128") == 0
+    else:
+        assert ops["bulk"] == ops["default"]

@@ -104,3 +104,20 @@ def test_one_process_per_run_folder(project):
         fcntl.flock(held, fcntl.LOCK_EX)
         r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project)
     assert r.returncode == 2 and "in use by another pipe process" in r.stderr
+
+
+def test_a_list_of_starts_runs_first_in_order_and_is_built_ahead(project):
+    """search.start as a list: those trials come before the agent's, in the spec's order, and
+    each next one is compiled while the one before is judged (the agent never guesses them;
+    the CPU backend builds ahead when PIPE_BUILD_AHEAD=1 asks)."""
+    starts = [{"ACC": 8, "THREADS": 2, "UNROLL": 2}, {"ACC": 1, "THREADS": 1, "UNROLL": 4},
+              {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
+    spec = small_spec(project, agent={"strategy": "pattern", "seed": 1},
+                      search={**BASE["search"], "start": starts}, goal={"budget": {"trials": 4}})
+    run_dir = project / "run"
+    r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_BUILD_AHEAD": "1"})
+    assert r.returncode == 1, r.stderr  # no goal to meet: the budget ends it
+    rows = sqlite3.connect(run_dir / "ledger.db").execute("SELECT params, details FROM trials ORDER BY id").fetchall()
+    assert [json.loads(p) for p, _ in rows[:3]] == starts and len(rows) == 4
+    assert json.loads(rows[3][0]) not in starts
+    assert [bool(json.loads(d).get("built_ahead")) for _, d in rows[1:3]] == [True, True]

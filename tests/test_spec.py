@@ -112,6 +112,23 @@ def test_start_outside_space(project, capsys):
     assert rc == 2 and "search.start" in err and "ACC=3 is not one of" in err
 
 
+def test_start_list_is_tried_in_order_and_checked_item_by_item(project, capsys):
+    d = copy.deepcopy(BASE)
+    first, second = {"ACC": 8, "THREADS": 2, "UNROLL": 1}, {"ACC": 1, "THREADS": 1, "UNROLL": 4}
+    d["search"]["start"] = [first, second]
+    spec = load_spec(write(project, d))
+    assert spec.starts == (first, second) and spec.start == first  # render and eval fill from the first
+    d["search"]["start"] = [first, {"ACC": 3, "THREADS": 1, "UNROLL": 1}, dict(first)]
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert_diagnostics(err)
+    assert "search.start[1]" in err and "ACC=3 is not one of" in err
+    assert "search.start[2]" in err and "listed twice (also item 0)" in err
+    d["search"]["start"] = []
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2 and "search.start" in err
+
+
 def test_empty_space(project, capsys):
     d = copy.deepcopy(BASE)
     d["search"]["constraints"] = ["ACC > 1000"]

@@ -12,7 +12,9 @@ from runner.loop import _goal_met, _stop_reason
 from runner.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = load_spec(ROOT / "pipelines" / "rmsnorm-cpu.yaml")  # two timed shapes; goal: speedup >= 3 on the worst
+# two timed shapes; the goal set here to speedup >= 3 on the worst (whatever the example's)
+_CPU = load_spec(ROOT / "pipelines" / "rmsnorm-cpu.yaml")
+SPEC = dataclasses.replace(_CPU, goal=dataclasses.replace(_CPU.goal, metric="speedup", at_least=3.0, at_most=None))
 BASELINE = [30e-6, 30e-6]
 
 

@@ -198,7 +198,7 @@ def cmd_record(a) -> int:
     if not a.no_hw_check:
         hw.check_present_device(spec.hw)
     n = sum(1 for _ in spec.space)
-    sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None,
+    sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None, starts=(),
                                 goal=GoalSpec(None, None, None, n, None, None))
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
     reuse = None
@@ -252,7 +252,8 @@ def _restrict(spec, only: list[str]):
             return None
         params[name] = Param(name, tuple(v for v in params[name].values if v in want))
     space = dataclasses.replace(spec.space, params=tuple(params.values()))
-    return dataclasses.replace(spec, space=space)
+    starts = tuple(st for st in spec.starts if space.contains(st) is None)  # those of the subspace only
+    return dataclasses.replace(spec, space=space, starts=starts, start=starts[0] if starts else None)
 
 
 def cmd_merge(a) -> int:

@@ -126,11 +126,12 @@ class Session:
         verdict. The plan itself is made on a thread of its own (the agent's proposals take
         milliseconds that grow with the history), from a copy of what the agent may see, and
         is finished before the loop asks the agent anything else (judge waits for it)."""
-        if not self.build_ahead or p.variant is not None:
-            return
+        if not self.build_ahead or p.variant is not None or self.agent is None:
+            return  # (no agent: pipe eval judges one candidate, nothing comes next)
         # the spec's start configurations still to come are the next trials, whatever the agent
         me = trial_key(dict(p.params), vid)
-        starts = [dict(st) for st in self.spec.starts if trial_key(st) not in self.tried and trial_key(st) != me]
+        starts = [dict(st) for st in self.spec.starts if trial_key(st) not in self.tried and trial_key(st) != me
+                  and self.spec.space.contains(st) is None]
         if not starts and not getattr(self.agent, "pure", False):
             return
         if self._planner is None:
@@ -319,8 +320,8 @@ def brief(spec) -> dict:
 
 def _next(spec, agent, s: Session) -> Proposal | None:
     tried = s.tried
-    for st in spec.starts:  # the spec's start configurations first, in order
-        if trial_key(st) not in tried:
+    for st in spec.starts:  # the spec's start configurations first, in order (those of its space)
+        if trial_key(st) not in tried and spec.space.contains(st) is None:
             return Proposal(dict(st))
     for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
         if key not in tried and n < 2:

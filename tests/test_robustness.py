@@ -121,3 +121,30 @@ def test_a_list_of_starts_runs_first_in_order_and_is_built_ahead(project):
     assert [json.loads(p) for p, _ in rows[:3]] == starts and len(rows) == 4
     assert json.loads(rows[3][0]) not in starts
     assert [bool(json.loads(d).get("built_ahead")) for _, d in rows[1:3]] == [True, True]
+
+
+def test_a_sweep_records_its_slice_only_whatever_the_starts(project, tmp_path):
+    """pipe record takes no start configuration: with --only, a start outside the slice
+    would otherwise be recorded in it (and push one of the slice's own out of the budget)."""
+    starts = [{"ACC": 8, "THREADS": 2, "UNROLL": 2}, {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
+    spec = small_spec(project, search={**BASE["search"], "start": starts})
+    out = tmp_path / "slice.json"
+    r = pipe("record", spec, "--run-dir", str(project / "rec"), "--out", str(out),
+             "--only", "ACC=1", "--only", "THREADS=1", cwd=project)
+    assert r.returncode == 0, r.stderr
+    got = [t["params"] for t in json.loads(out.read_text())["trials"]]
+    assert sorted(p["UNROLL"] for p in got) == [1, 2, 4]
+    assert all(p["ACC"] == 1 and p["THREADS"] == 1 for p in got)
+
+
+def test_eval_builds_nothing_ahead(project, tmp_path):
+    """pipe eval judges one candidate: the spec's other starts are not compiled behind it."""
+    starts = [{"ACC": 8, "THREADS": 2, "UNROLL": 2}, {"ACC": 1, "THREADS": 1, "UNROLL": 4},
+              {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
+    spec = small_spec(project, search={**BASE["search"], "start": starts})
+    cache = tmp_path / "cache"
+    r = pipe("eval", spec, "--params", json.dumps(starts[0]), "--run-dir", str(project / "ev"), cwd=project,
+             env={"PIPE_BUILD_AHEAD": "1", "PIPE_CACHE_DIR": str(cache)})
+    assert r.returncode == 0, r.stderr
+    built = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".log", ".txt", ".json")]
+    assert len({p.stem for p in built}) == 1, built

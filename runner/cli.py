@@ -110,9 +110,13 @@ def cmd_run(a) -> int:
     if b is not None:
         from .progress import fmt_params, fmt_time
 
+        ms = (b.details or {}).get("metric_spread")
         print(f"{out.stop}: {out.trials} trials; best #{b.id} {fmt_params(b.params)} "
               f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
+              + (f" ±{ms:.0%}" if b.metric is not None and ms is not None else "")
               + f"; run folder {run_dir}")
+        if out.goal_check is not None:
+            print(loop.goal_check_line(spec, out.goal_check))
     else:
         print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
     return out.exit_code
@@ -368,18 +372,30 @@ def cmd_show(a) -> int:
     print(f"run {a.run}: spec {s['spec']} ({s['spec_path']}), status {s['status']}")
     print(f"trials: {s['trials']}  " + "  ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())))
     if s["baseline"]:
-        print("baseline (" + s["baseline"]["mode"] + "): " + ", ".join(f"{t * 1e6:.2f} us" for t in s["baseline"]["times"]))
+        print("baseline (" + s["baseline"]["mode"] + "): " + ", ".join(
+            f"{d['median'] * 1e6:.2f} us ±{d.get('spread', 0):.0%}" for d in s["baseline"]["shapes"]))
     b = s["best"]
     if b:
         print(f"best: trial #{b['trial']} {json.dumps(b['params'])}")
         print(f"  geometric-mean time {b['objective_s'] * 1e6:.3f} us" +
               (f", metric {b['metric']:.4g}" if b["metric"] is not None else ""))
+        spreads = b.get("spreads") or []
         for i, d in enumerate(b.get("shapes") or []):
-            line = f"  shape {i}: {d['time_s'] * 1e6:.3f} us, {d['bytes_per_s'] / 1e9:.1f} GB/s, " \
+            sp = f" ±{spreads[i]:.0%}" if i < len(spreads) and spreads[i] is not None else ""
+            line = f"  shape {i}: {d['time_s'] * 1e6:.3f} us{sp}, {d['bytes_per_s'] / 1e9:.1f} GB/s, " \
                    f"{d['limit_fraction']:.3f} of the limit"
             if "speedup" in d:
                 line += f", {d['speedup']:.2f}x the baseline"
             print(line)
+    if s.get("goal_check"):
+        from .loop import goal_check_line
+        from .spec import load_spec
+
+        try:
+            print(goal_check_line(load_spec(s["spec_path"]), s["goal_check"]))
+        except Exception:  # the spec moved or changed: the check's figures without its words
+            c = s["goal_check"]
+            print(f"goal check: {json.dumps({k: c.get(k) for k in ('met', 'metric', 'low', 'high', 'rounds')})}")
     per = s.get("best_per_shape") or []
     if per and len({p["trial"] for p in per if p}) > 1:
         print("best per shape (recorded times; pipe compare re-times them side by side):")

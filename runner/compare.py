@@ -278,6 +278,12 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
                 a.update(_rates(f, d["median"], copy_s))
                 if best and d["error"] is None:
                     a["tuned_speedup"] = d["median"] / best[1]
+                    # the spread: the arm's time over the tuned kernel's, round by round (the two
+                    # ran back to back in each round), from the lowest to the highest
+                    ratios = [x / y for x, y in zip(d.get("rounds") or [], row["candidates"][best[0]]["rounds_s"])
+                              if x and y]
+                    if ratios:
+                        a["tuned_speedup_range"] = [min(ratios), max(ratios)]
             row["arms"][arm] = a
         shapes.append(row)
     return {"format": "pipe-compare/1", "run": str(run_dir), "spec": spec.name, "spec_path": spec.path,
@@ -335,16 +341,17 @@ def format_table(doc: dict) -> str:
             elif a.get("error"):
                 cells.append("wrong" if "elements" in a["error"] or "shape" in a["error"] else "n/a")
             else:
-                sp = a.get("tuned_speedup")
-                cells.append(f"{a['time_s'] * 1e6:.1f} us" + (f" ({sp:.2f}x)" if sp else ""))
+                sp, rg = a.get("tuned_speedup"), a.get("tuned_speedup_range")
+                cells.append(f"{a['time_s'] * 1e6:.1f} us" + (
+                    f" ({sp:.2f}x, {rg[0]:.2f}-{rg[1]:.2f})" if sp and rg else f" ({sp:.2f}x)" if sp else ""))
         cells.append(f"{s['copy_bytes_per_s'] / 1e12:.2f}" if s.get("copy_bytes_per_s") else "-")
         cells.append(f"#{t['trial']}" if t else "-")
         rows.append(cells)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.append("(x): how many times slower than the tuned kernel; 'of copy': the copy's time over the "
-                 "tuned kernel's for the same bytes")
+    lines.append("(x, lo-hi): how many times slower than the tuned kernel, and the lowest and highest of that "
+                 "ratio over the paired rounds; 'of copy': the copy's time over the tuned kernel's for the same bytes")
     ins = (doc.get("protocol") or {}).get("inputs")
     if ins:
         lines.append("inputs, alternating before every timed call: "

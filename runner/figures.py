@@ -71,6 +71,27 @@ def metric(spec, shapes: list[dict]) -> float | None:
     return min(vals)
 
 
+def metric_spread(spec, shapes: list[dict], spreads: Sequence[float] | None,
+                  baseline_spreads: Sequence[float] | None = None) -> float | None:
+    """The relative spread of the goal's metric: the interquartile spread over the median of
+    the shape that sets it (the worst), plus the baseline's own on that shape for a speedup
+    (both times move the ratio)."""
+    m = spec.goal.metric or ("speedup" if shapes and "speedup" in shapes[0] else None)
+    if m is None or not spreads or not shapes:
+        return None
+    if m == "time_us":
+        i = max(range(len(shapes)), key=lambda k: shapes[k]["time_s"])
+    else:
+        vals = [d.get(m) for d in shapes]
+        if any(v is None for v in vals):
+            return None
+        i = min(range(len(vals)), key=lambda k: vals[k])
+    s = spreads[i] if i < len(spreads) else 0.0
+    if m == "speedup" and baseline_spreads and i < len(baseline_spreads):
+        s += baseline_spreads[i]
+    return s
+
+
 # A trial that beats a shape's best time by more than this counts as progress for the goal's
 # patience (timing noise between kernels is well under it; docs/perf-notes.md)
 SHAPE_PROGRESS = 0.005

@@ -31,6 +31,9 @@ def trial_line(t: Trial, best: Trial | None, total: int | None) -> str:
         head += f"  {fmt_time(t.objective)}"
         if t.metric is not None:
             head += f"  metric {t.metric:.4g}"
+            ms = (t.details or {}).get("metric_spread")
+            if ms is not None:
+                head += f" ±{ms:.0%}"
         if (t.details or {}).get("same_kernels_as"):
             head += f"  (the same kernels as #{t.details['same_kernels_as']})"
     else:

@@ -50,7 +50,7 @@ def load(run_dir: Path, spec_path: str | None = None) -> dict:
     led = Ledger.read(run_dir)
     try:
         trials = led.trials()
-        meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline")}
+        meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks")}
         intact = led.verify_chain() is None
     finally:
         led.close()
@@ -66,8 +66,9 @@ def load(run_dir: Path, spec_path: str | None = None) -> dict:
 
     compare = read_compare_json(run_dir)
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
+    checks = json.loads(meta["goal_checks"] or "[]")
     return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,
-            "baseline": baseline, "intact": intact}
+            "baseline": baseline, "intact": intact, "goal_check": checks[-1] if checks else None}
 
 
 def _labels(data) -> list[str]:
@@ -126,12 +127,15 @@ def plot_speedups(data, rows) -> str | None:
     if not rows:
         return None
     plt = _plt()
-    arms = [k for k in rows[0] if k.startswith("vs ")]
+    arms = [k for k in rows[0] if k.startswith("vs ") and not k.endswith(" range")]
     fig, ax = plt.subplots(figsize=(11, 3.4))
     width = 0.8 / max(1, len(arms))
     for j, arm in enumerate(arms):
         vals = [r[arm] or 0.0 for r in rows]
-        ax.bar([i + j * width for i in range(len(rows))], vals, width, label=arm)
+        # error bars: the lowest and highest ratio over pipe compare's paired rounds
+        rg = [r.get(f"{arm} range") or (v, v) for r, v in zip(rows, vals)]
+        err = [[max(0.0, v - lo) for v, (lo, _) in zip(vals, rg)], [max(0.0, hi - v) for v, (_, hi) in zip(vals, rg)]]
+        ax.bar([i + j * width for i in range(len(rows))], vals, width, label=arm, yerr=err, capsize=3)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(rows))], [r["shape"] for r in rows])
     ax.set_ylabel("speedup of the tuned kernel")
@@ -192,6 +196,7 @@ def shape_rows(data) -> list[dict]:
                  "copy_fraction": t.get("copy_fraction"), "limit_fraction": t.get("limit_fraction")}
             for arm, a in s["arms"].items():
                 r[f"vs {arm}"] = a.get("tuned_speedup")
+                r[f"vs {arm} range"] = a.get("tuned_speedup_range")  # lowest and highest over paired rounds
             i = len(rows)
             r["vs run baseline"] = (base[i] / t["time_s"]) if base and t.get("time_s") else None
             rows.append(r)
@@ -243,7 +248,7 @@ def _columns(rows) -> list[tuple[str, str, str]]:
     if rows and "copy_fraction" in rows[0]:
         cols.append(("of the copy", "copy_fraction", "frac"))
     for k in (rows[0] if rows else {}):
-        if k.startswith("vs "):
+        if k.startswith("vs ") and not k.endswith(" range"):
             cols.append((k, k, "x"))
     cols.append(("parameters", "params", "json"))
     return cols
@@ -255,6 +260,9 @@ def _cell(r, key, kind):
         return json.dumps(v) if v is not None else "-"
     if key == "trial":
         return f"#{v}" if v is not None else "-"
+    rg = r.get(f"{key} range") if kind == "x" else None
+    if rg and v is not None:  # a speedup is shown with its spread over pipe compare's paired rounds
+        return f"{_fmt(v, kind)} ({rg[0]:.2f}-{rg[1]:.2f})"
     return _fmt(v, kind)
 
 
@@ -324,6 +332,17 @@ def markdown(data, rows) -> str:
     if b:
         out += ["", f"Best overall: trial #{b.id} `{json.dumps(b.params)}`, geometric-mean time "
                 f"{b.objective * 1e6:.2f} us" + (f", metric {b.metric:.4g}" if b.metric is not None else "") + "."]
+    base = data.get("baseline") or {}
+    if base.get("shapes"):
+        out += ["", f"Baseline ({base.get('mode')}), as the run timed it: " + ", ".join(
+            f"{d['median'] * 1e6:.1f} us ±{d.get('spread', 0):.0%}" for d in base["shapes"])
+            + " (± the interquartile spread over the median)."]
+    check = data.get("goal_check")
+    if check:
+        from .loop import goal_check_line
+
+        out += ["", (goal_check_line(data["spec"], check) if data["spec"] is not None
+                     else f"Goal check: {json.dumps(check)}") + "."]
     split = time_split(data)
     if split:
         out += ["", split]

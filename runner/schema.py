@@ -96,6 +96,7 @@ SPEC = _obj({
         "rep_ms": {"type": "number", "exclusiveMinimum": 0},
         "checks": {"type": "integer", "minimum": 1, "maximum": 16},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+        "threads": {"type": "integer", "minimum": 1, "maximum": 1024},
     }),
     "baseline": {"enum": ["reference", "compile", "none"]},
     "search": _obj({

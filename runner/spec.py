@@ -114,6 +114,10 @@ class RuntimeSpec:
     rep_ms: float = 100.0
     checks: int = 2  # fresh-input verification rounds per shape
     timeout_s: float = 60.0  # watchdog for one trial in the worker
+    # CPU backend: torch's intra-op threads for every torch arm (the baseline, pipe compare's
+    # eager and compile), so torch and a candidate are timed with the same thread count
+    # (default: the hardware profile's cores)
+    threads: int | None = None
 
 
 @dataclass(frozen=True)

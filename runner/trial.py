@@ -32,6 +32,7 @@ _OLD_TEMPLATE = "\0reuse: the earlier run's template"
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
 REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
+CONFIRM_ROUNDS = 7  # paired rounds of a goal check (Evaluator.confirm_goal)
 
 
 @dataclass
@@ -143,6 +144,7 @@ class Evaluator:
         self.spec = spec
         self.worker = worker
         self.baseline = baseline
+        self.baseline_spreads: list[float] | None = None  # the baseline's own, per shape (Session sets it)
         self.backend = backends.get(spec.kernel.backend)
         self.ctype = render.CTYPES[spec.kernel.backend][spec.op.dtype]
         self.sources: dict[str, list[str]] = {}  # trial key -> rendered sources per shape
@@ -285,6 +287,9 @@ class Evaluator:
         shapes = figures.per_shape(self.spec, times, self.baseline)
         trial.details["shapes"] = shapes
         trial.objective, trial.metric = figures.geomean(times), figures.metric(self.spec, shapes)
+        ms = figures.metric_spread(self.spec, shapes, spreads, self.baseline_spreads)
+        if ms is not None:
+            trial.details["metric_spread"] = round(ms, 4)
         return shapes
 
     def _binary_key(self, artifacts: list[str], geometry: list[dict]) -> str:
@@ -387,6 +392,48 @@ class Evaluator:
         cand.details["retime"] = {"ratios": [round(x, 4) for x in ratios], "median_ratio": round(med, 4),
                                   "wins": wins, "seconds": round(time.time() - t0, 3)}
         cand.wall_s += time.time() - t0
+
+    def confirm_goal(self, picks: list[Trial], rounds: int = CONFIRM_ROUNDS) -> dict:
+        """The goal's metric measured again, in paired rounds, before a run may say it met it.
+
+        `picks[i]` is the trial whose kernel serves timed shape i (the best configuration on
+        every shape, or the dispatch table of each shape's fastest). In each round the kernels
+        and, for a speedup, the baseline's torch arm are timed back to back in one worker, on
+        the same inputs, in alternating order; each round gives one value of the metric. The
+        goal counts as met only if the conservative quartile meets it (the lower one for
+        at_least, the upper one for at_most): a figure inside its own noise meets nothing.
+        Returns {met, metric, low, high, rounds, values, kernels} or {met: False, error}."""
+        sp = self.spec
+        g = sp.goal
+        arts, geos = [], []
+        for i, t in enumerate(picks):
+            a = self.artifacts.get(t.key) or self._rebuild(t)
+            if a is None:
+                return {"met": False, "error": f"trial #{t.id} could not be rebuilt"}
+            arts.append(a[i])
+            geos.append(self.geometry(t.params)[i])
+        jobs = [{"artifacts": arts, "geometry": geos}]
+        paired = g.metric == "speedup" and sp.baseline != "none"
+        if paired:
+            jobs.append({"torch": sp.baseline})
+        t0 = time.time()
+        r = self.worker.request(("retime", jobs, rounds, secrets.randbits(48)),
+                                sp.runtime.timeout_s * rounds * len(jobs))
+        out = {"kernels": [t.id for t in picks], "rounds": rounds,
+               "against": sp.baseline if paired else None, "seconds": round(time.time() - t0, 3)}
+        if r["status"] != "ok":
+            return {**out, "met": False, "error": f"{r['status']}: {r.get('reason', '')}"[:500]}
+        values = []
+        for row in r["medians"]:
+            shapes = figures.per_shape(sp, row[0], row[1] if paired else None)
+            values.append(figures.metric(sp, shapes))
+        if any(v is None for v in values):
+            return {**out, "met": False, "error": "the goal's metric could not be computed"}
+        q = statistics.quantiles(sorted(values), n=4, method="inclusive") if len(values) >= 2 else [values[0]] * 3
+        low, med, high = q[0], statistics.median(values), q[2]
+        conservative = low if g.at_least is not None else high
+        return {**out, "met": g.met(conservative), "metric": med, "low": low, "high": high,
+                "values": [round(v, 6) for v in values]}
 
     def _rebuild(self, best: Trial) -> list[str] | None:
         try:

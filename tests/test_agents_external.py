@@ -43,12 +43,12 @@ GOOD_VARIANT = TEMPLATE.replace("// RMSNorm over rows on the CPU", "// A variant
 SCRIPT = [
     "I think ACC should be 8, it feels right.",  # malformed
     {"proposals": [{"params": {"ACC": 3, "THREADS": 1, "UNROLL": 1}}]},  # out of space
-    {"proposals": [{"params": {"ACC": 8, "THREADS": 2, "UNROLL": 1}, "note": "wider partial sums"}]},
+    {"proposals": [{"params": {"ACC": 8, "THREADS": 1, "UNROLL": 2}, "note": "wider partial sums"}]},
     {"proposals": [{"params": {"ACC": 8, "THREADS": 1, "UNROLL": 1},
                     "variant": TEMPLATE.replace("#include <thread>", '#include <thread>\n#pragma GCC optimize("fast-math")')}]},
     {"proposals": [{"params": {"ACC": 16, "THREADS": 1, "UNROLL": 1},
                     "variant": TEMPLATE.replace("float eps) {", "float eps) { this is not C++")}]},
-    "```json\n" + json.dumps({"proposals": [{"params": {"ACC": 16, "THREADS": 2, "UNROLL": 2},
+    "```json\n" + json.dumps({"proposals": [{"params": {"ACC": 16, "THREADS": 1, "UNROLL": 2},
                                              "variant": GOOD_VARIANT, "note": "same kernel, new comment"}]}) + "\n```",
 ]
 
@@ -102,7 +102,7 @@ def test_llm_agent_end_to_end(project):
     assert len(trials) == 7
     by = [(json.loads(p), st, v) for _, p, st, _, v, _ in trials]
     assert by[0][0] == BASE["search"]["start"] and by[0][1] == "ok"  # the start config first
-    assert by[1] == ({"ACC": 8, "THREADS": 2, "UNROLL": 1}, "ok", None)
+    assert by[1] == ({"ACC": 8, "THREADS": 1, "UNROLL": 2}, "ok", None)
     assert by[2][1] == "forbidden" and by[2][2] is not None  # a variant with a fast-math pragma
     assert by[3][1] == "compile_error" and by[3][2] is not None
     assert by[4][1] == "ok" and by[4][2] is not None  # a variant that works
@@ -191,7 +191,7 @@ def test_hybrid_hands_over_to_a_builtin_strategy(project):
 def test_eval_and_run_share_a_run_folder(project):
     spec = spec_with_agent(project, {"strategy": "random", "seed": 0}, trials=5)
     run_dir = project / "run"
-    r1 = pipe("eval", spec, "--params", '{"ACC": 16, "THREADS": 2, "UNROLL": 4}', "--run-dir", str(run_dir),
+    r1 = pipe("eval", spec, "--params", '{"ACC": 16, "THREADS": 1, "UNROLL": 4}', "--run-dir", str(run_dir),
               "--json", cwd=project)
     assert r1.returncode == 0, r1.stderr
     v = json.loads(r1.stdout)
@@ -210,7 +210,7 @@ def test_eval_and_run_share_a_run_folder(project):
     assert [a for _, a, _ in rows[:2]] == ["eval", "eval"] and len(rows) == 5
     assert len({k for _, _, k in rows}) == 5
     # the same candidate again is not judged twice
-    r4 = pipe("eval", spec, "--params", '{"ACC": 16, "THREADS": 2, "UNROLL": 4}', "--run-dir", str(run_dir),
+    r4 = pipe("eval", spec, "--params", '{"ACC": 16, "THREADS": 1, "UNROLL": 4}', "--run-dir", str(run_dir),
               "--json", cwd=project)
     assert json.loads(r4.stdout)["already_judged"] is True
     assert db.execute("SELECT count(*) FROM trials").fetchone()[0] == 5

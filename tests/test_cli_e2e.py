@@ -189,8 +189,9 @@ def test_faults_and_hangs_inside_a_run(project):
 
 
 def test_other_commands_and_exit_codes(project, tmp_path):
-    r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=8", "--set", "THREADS=2")
-    assert r.returncode == 0 and "acc[8]" in r.stdout and "std::thread pool[1]" in r.stdout
+    r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=8", "--set", "UNROLL=4")
+    assert r.returncode == 0 and "acc[8]" in r.stdout and "#pragma GCC unroll 4" in r.stdout
+    assert "std::thread pool" not in r.stdout  # THREADS=1, as torch is given (runtime.threads)
     r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=3")
     assert r.returncode == 2 and "ACC=3 is not one of" in r.stderr and "Traceback" not in r.stderr
     r = pipe("validate", *map(str, sorted(PIPELINES.glob("*.yaml"))))

@@ -132,7 +132,13 @@ class Runtime:
     symbol_type = "i64"  # shape symbols are passed as int64_t
 
     def __init__(self, hw, runtime_spec=None):
+        import torch
+
         self.hw = hw
+        # torch's arms (the baseline, pipe compare's eager and compile) get the thread count
+        # the spec gives kernels: a speedup over torch on other threads compares unlike things
+        self.threads = int(getattr(runtime_spec, "threads", None) or hw.get("cores", 0) or os.cpu_count() or 1)
+        torch.set_num_threads(self.threads)
         self._libs: dict[str, ctypes.CDLL] = {}
         self._flush_buf = None
 

@@ -1,0 +1,124 @@
+"""A goal is met only on a figure beyond its noise: the kernels whose recorded figures look
+as if they meet it are timed again, in paired rounds with the baseline's torch arm, and the
+conservative quartile of those rounds decides. Torch is timed on the thread count the spec
+gives kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from runner import figures
+from runner.ledger import Trial
+from runner.loop import Session, _goal_picks, _stop_reason, goal_check_line
+from runner.loop import run as run_loop
+from runner.spec import load_spec
+from runner.trial import Evaluator
+
+ROOT = Path(__file__).resolve().parents[1]
+_CPU = load_spec(ROOT / "pipelines" / "rmsnorm-cpu.yaml")
+SPEC = dataclasses.replace(_CPU, goal=dataclasses.replace(_CPU.goal, metric="speedup", at_least=3.0, at_most=None))
+BASELINE = [30e-6, 30e-6]
+
+
+def trial(i: int, times: list[float]) -> Trial:
+    shapes = figures.per_shape(SPEC, times, BASELINE)
+    return Trial(params={"ACC": i, "THREADS": 1, "UNROLL": 1}, status="ok", times=times, id=i, kept=True,
+                 objective=figures.geomean(times), metric=figures.metric(SPEC, shapes))
+
+
+def test_a_goal_that_looks_met_stops_the_run_only_once_confirmed():
+    a = trial(1, [9e-6, 9e-6])  # 3.3x on both shapes by its recorded figures
+    asked = []
+
+    def refuse(picks):
+        asked.append([t.id for t in picks])
+        return False
+
+    assert _stop_reason(SPEC, [a], a, None, None, 0.0, baseline=BASELINE) == "goal met"  # figures alone
+    assert _stop_reason(SPEC, [a], a, None, None, 0.0, baseline=BASELINE, confirm=refuse) is None
+    assert asked == [[1, 1]]  # the best configuration serves both shapes
+    assert _stop_reason(SPEC, [a], a, None, None, 0.0, baseline=BASELINE, confirm=lambda p: True) == "goal met"
+
+
+def test_the_dispatch_table_is_confirmed_with_each_shapes_own_kernel():
+    a = trial(1, [9e-6, 12e-6])  # the best overall, too slow on shape 1
+    b = trial(2, [20e-6, 9.5e-6])  # the fastest on shape 1
+    picks = _goal_picks(SPEC, [a, b], a, BASELINE)
+    assert [[t.id for t in p] for p in picks] == [[1, 2]]
+    seen = []
+    _stop_reason(SPEC, [a, b], a, None, None, 0.0, baseline=BASELINE, confirm=lambda p: seen.append(p) or False)
+    assert [[t.id for t in p] for p in seen] == [[1, 2]]
+
+
+class _Rounds:
+    """The worker's answer to a paired re-timing: medians[round][job][shape]."""
+
+    def __init__(self, rounds):
+        self.rounds, self.asked = rounds, []
+
+    def request(self, msg, timeout):
+        self.asked.append(msg)
+        return {"status": "ok", "medians": self.rounds}
+
+
+def _confirm(rounds) -> tuple[dict, list]:
+    ev = Evaluator(SPEC, _Rounds(rounds), BASELINE)
+    a = trial(1, [9e-6, 9e-6])
+    ev.artifacts[a.key] = ["k0.so", "k1.so"]
+    return ev.confirm_goal([a, a], rounds=len(rounds)), ev.worker.asked
+
+
+def test_the_lower_quartile_of_the_paired_rounds_decides():
+    # kernel 10 us; torch eager 33 us in most rounds, 24 us in two: median 3.3x, lower quartile 2.4x
+    rounds = [[[10e-6, 10e-6], [b, b]] for b in (33e-6, 33e-6, 24e-6, 33e-6, 24e-6, 33e-6, 33e-6)]
+    c, asked = _confirm(rounds)
+    assert c["metric"] == pytest.approx(3.3) and c["low"] == pytest.approx(2.85)
+    assert not c["met"] and c["against"] == "reference" and c["kernels"] == [1, 1]
+    kind, jobs, n, _seed = asked[0]
+    assert kind == "retime" and n == 7 and jobs[1] == {"torch": "reference"}  # the baseline's arm, paired
+    assert jobs[0]["artifacts"] == ["k0.so", "k1.so"]
+    assert "not met" in goal_check_line(SPEC, c) and "2.850-3.300" in goal_check_line(SPEC, c)
+    steady = [[[10e-6, 10e-6], [33e-6, 33e-6]]] * 7
+    c, _ = _confirm(steady)
+    assert c["met"] and c["low"] == pytest.approx(3.3)
+
+
+def test_torch_is_timed_on_the_thread_count_the_spec_gives_kernels():
+    import torch
+
+    from runner.backends import cpu
+
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            cpu.Runtime(SPEC.hw, dataclasses.replace(SPEC.runtime, threads=n))
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+    assert _CPU.runtime.threads == 1 and _CPU.space.params[1].name == "THREADS"
+    assert max(_CPU.space.params[1].values) <= _CPU.runtime.threads  # the example compares like with like
+
+
+def test_a_recorded_baseline_that_flatters_every_kernel_meets_no_goal(tmp_path):
+    """The baseline a run keeps says torch takes a second a call, so every trial's recorded
+    speedup is in the hundreds and the goal (50x) looks met at the first trial; the paired
+    re-timing against torch eager measures the real ratio, and the run goes on to its budget."""
+    spec = dataclasses.replace(_CPU, goal=dataclasses.replace(_CPU.goal, at_least=50.0, patience=None))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = Session(spec, run_dir)
+    fake = [{"median": 1.0, "spread": 0.0, "n": 10, "min": 1.0}] * 2
+    s.ledger.set_meta("baseline", json.dumps({"mode": "reference", "times": [1.0, 1.0], "shapes": fake}))
+    s.close()
+    out = run_loop(spec, run_dir, max_trials=3)
+    assert out.exit_code == 1 and out.trials == 3 and out.stop.startswith("trial budget")
+    assert out.best is not None and out.best.metric > 50  # what the recorded figures said
+    doc = json.loads((run_dir / "run.json").read_text())
+    check = doc["goal_check"]
+    assert check["met"] is False and check["against"] == "reference" and check["rounds"] == 7
+    assert 0 < check["low"] <= check["metric"] <= check["high"] < 50  # the real ratio, paired
+    assert doc["status"] != "goal met"

@@ -9,6 +9,7 @@ CUDA profile with the GPU actually present and reports every mismatch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,18 @@ class HwProfile:
     @property
     def bandwidth(self) -> float:
         return float(self.data["bandwidth"]["measured_bytes_per_s"])
+
+    @property
+    def bandwidth_measured(self) -> bool:
+        """Whether the bandwidth is a measurement of the machine. `measured_by` says when it
+        is not: an upper bound (host-cpu's, for the "faster than physics" check) or an
+        estimate from the datasheet; a roofline drawn against such a figure means nothing."""
+        by = str(self.data["bandwidth"].get("measured_by", ""))
+        return not re.search(r"\b(not (yet )?measured|unmeasured|upper bound|estimate)", by, re.I)
+
+    @property
+    def bandwidth_source(self) -> str:
+        return str(self.data["bandwidth"].get("measured_by", "")) or "not said"
 
     def peak_flops(self, dtype: str) -> float | None:
         v = self.data["peak_flops"].get(dtype)

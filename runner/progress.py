@@ -1,5 +1,6 @@
 """Progress while a run goes: one line per trial with status and the best so
-far; on a terminal, a live bar (rich) under those lines."""
+far; on a terminal, a live bar (rich) under those lines, and the log lines of
+the run printed above it through the same Console (runner.log)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from . import log
 from .ledger import Trial
 
 
@@ -59,6 +61,7 @@ class Reporter:
                                 console=self.console, transient=True)
             self.task = self.bar.add_task("", total=total)
             self.bar.start()
+            log.set_live_console(self.console)  # log lines above the bar, whole
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -78,3 +81,4 @@ class Reporter:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+            log.set_live_console(None)

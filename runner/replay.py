@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -299,34 +300,47 @@ def _num(v: float) -> str:
 
 
 def format_table(rows: Sequence[dict], thresholds: Sequence[float] = THRESHOLDS) -> str:
-    """A plain-text table: per threshold, median evaluations [p25-p75] (min-max) and the score."""
+    """A plain-text table under 100 columns: one block per dataset, one line per agent and
+    threshold with median evaluations [p25-p75] (min-max), random search's expectation,
+    the score and the dispatch table's figure. `pipe replay --json` has every figure too."""
     if not rows:
         return "(no datasets)"
-    head = ["dataset", "S", "agent"]
-    for x in thresholds:
-        p = f"{round(x * 100)}%"
-        head += [f"evals@{p} med [p25-p75] (min-max)", f"E_rand@{p}", f"score@{p}"]
     tables = any(f"table@{round(x * 100)}%" in r for r in rows for x in thresholds)
+    head = ["agent", "within", "evals med [p25-p75] (min-max)", "E_rand", "score"]
     if tables:  # evaluations until the per-shape dispatch table is within x of the best table
-        head += [f"table@{round(x * 100)}% med [p25-p75]" for x in thresholds]
-    body = []
+        head.append("table med [p25-p75]")
+    blocks: dict[str, list[dict]] = {}
     for r in rows:
-        line = [r["dataset"], str(r["size"]), r["agent"]]
-        for x in thresholds:
-            p = f"{round(x * 100)}%"
-            miss = f" {r[f'missed@{p}']} missed" if r.get(f"missed@{p}") else ""
-            line += [f"{_num(r[f'median@{p}'])} [{_num(r[f'p25@{p}'])}-{_num(r[f'p75@{p}'])}] "
-                     f"({r[f'min@{p}']}-{r[f'max@{p}']}){miss}",
-                     f"{r[f'random@{p}']:.1f}", f"{r[f'score@{p}']:+.2f}"]
-        if tables:
-            for x in thresholds:
+        blocks.setdefault(r["dataset"], []).append(r)
+    bodies = []
+    for name, rs in blocks.items():
+        body = []
+        for r in rs:
+            for j, x in enumerate(thresholds):
                 p = f"{round(x * 100)}%"
-                line.append(f"{_num(r[f'table@{p}'])} [{_num(r[f'table_p25@{p}'])}-{_num(r[f'table_p75@{p}'])}]"
-                            if f"table@{p}" in r else "-")
-        body.append(line)
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+                miss = f", {r[f'missed@{p}']} missed" if r.get(f"missed@{p}") else ""
+                line = [r["agent"] if j == 0 else "", p,
+                        f"{_num(r[f'median@{p}'])} [{_num(r[f'p25@{p}'])}-{_num(r[f'p75@{p}'])}] "
+                        f"({r[f'min@{p}']}-{r[f'max@{p}']}){miss}",
+                        f"{r[f'random@{p}']:.1f}", f"{r[f'score@{p}']:+.2f}"]
+                if tables:
+                    line.append(f"{_num(r[f'table@{p}'])} [{_num(r[f'table_p25@{p}'])}-"
+                                f"{_num(r[f'table_p75@{p}'])}]" if f"table@{p}" in r else "-")
+                body.append(line)
+        seeds = sorted({r["seeds"] for r in rs})
+        bodies.append((f"{name}: {rs[0]['size']} valid configurations, "
+                       f"{' or '.join(map(str, seeds))} seed{'s' if seeds != [1] else ''}", body))
+    widths = [max(len(h), *(len(b[i]) for _, body in bodies for b in body)) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+    out = []
+    for title, body in bodies:
+        out += [title, fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body] + [""]
+    legend = ("evals: evaluations until the best so far is within x of the best configuration (over "
+              "the seeds); E_rand: random search's expected evaluations; score: 1 finds the best at "
+              "once, 0 is no better than random search")
+    legend += ("; table: evaluations until the per-shape dispatch table is within x of the best table."
+               if tables else ".")
+    return "\n".join(out + textwrap.wrap(legend, 92))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,9 @@ no server and no network.
 
 Plots: the best-so-far curve against trials and against wall time, every
 trial's status, per-shape speedups over the baseline (and over the other arms
-of `pipe compare`), and each shape against the profile's roofline.
+of `pipe compare`), and each shape against the profile's roofline; where the
+profile's bandwidth is not a measurement (host-cpu's is an upper bound), no
+roof but each trial's achieved bandwidth per shape, and a sentence saying why.
 """
 
 from __future__ import annotations
@@ -144,10 +146,26 @@ def plot_speedups(data, rows) -> str | None:
     return _png(fig)
 
 
+def roofline_note(data) -> str | None:
+    """Why the report draws no roofline, where the profile's bandwidth is not a measurement."""
+    spec = data["spec"]
+    if spec is None or spec.hw.bandwidth_measured:
+        return None
+    hw = spec.hw
+    return (f"No roofline: the {hw.name} profile's bandwidth ({hw.bandwidth / 1e9:.0f} GB/s) is not a "
+            f"measurement of this machine ({hw.bandwidth_source}), so a roof drawn from it would put every "
+            "kernel far under a ceiling that is not there. The plot gives each correct trial's achieved "
+            "bandwidth per shape instead (bytes moved over the recorded time), with no roof.")
+
+
 def plot_roofline(data, rows) -> str | None:
+    """Each shape against the profile's roofline; where the profile's bandwidth is not measured
+    (see roofline_note), each correct trial's achieved bandwidth per shape, with no roof."""
     spec = data["spec"]
     if spec is None or not rows:
         return None
+    if not spec.hw.bandwidth_measured:
+        return _plot_achieved_bandwidth(data)
     plt = _plt()
     hw = spec.hw
     peak = hw.peak_flops(spec.op.dtype) or hw.peak_flops("fp32")
@@ -164,9 +182,12 @@ def plot_roofline(data, rows) -> str | None:
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(xs, [min(peak, x * hw.bandwidth) for x in xs], color="black",
             label=f"{hw.name}: {hw.bandwidth / 1e12:.2f} TB/s, {peak / 1e12:.0f} TFLOP/s")
-    for x, y, label in pts:
-        ax.scatter([x], [y], s=30)
-        ax.annotate(label, (x, y), fontsize=7, xytext=(4, -10), textcoords="offset points")
+    # shapes of one op often share an arithmetic intensity and sit a hair apart: each point
+    # is named in the legend (its own colour and marker) rather than by a label beside it,
+    # where the labels of neighbouring points would overlap
+    markers = "osD^v<>ph*"
+    for i, (x, y, label) in enumerate(pts):
+        ax.scatter([x], [y], s=34, marker=markers[i % len(markers)], zorder=3, label=label)
     from matplotlib.ticker import NullFormatter
 
     ax.set_xscale("log")
@@ -175,8 +196,34 @@ def plot_roofline(data, rows) -> str | None:
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3, which="both")
+    return _png(fig)
+
+
+def _plot_achieved_bandwidth(data) -> str | None:
+    spec = data["spec"]
+    fl = figures.floors(spec)
+    labels = _labels(data)
+    oks = [t for t in data["trials"] if t.status == "ok" and t.times]
+    if not oks:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    markers = "osD^v<>ph*"
+    for i, (f, label) in enumerate(zip(fl, labels)):
+        pts = [(t.id, f["bytes"] / t.times[i] / 1e9) for t in oks if len(t.times) > i and t.times[i]]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)], ms=4, lw=0.8,
+                    label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("achieved bandwidth (GB/s)")
+    ax.set_title(f"no roof: {spec.hw.name}'s bandwidth is not measured", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    ax.grid(alpha=0.3)
     return _png(fig)
 
 
@@ -363,13 +410,17 @@ def markdown(data, rows) -> str:
         out += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in held]
     if data["spec"] is None:
         out += ["", "The spec no longer matches the run (moved or changed): no floors or roofline."]
+    note = roofline_note(data)
+    if note:
+        out += ["", note]
     return "\n".join(out) + "\n"
 
 
 def html_page(data, rows) -> str:
     s = summary(data)
     imgs = [("Best so far", plot_progress(data)), ("Every trial", plot_status(data)),
-            ("Speedups per shape", plot_speedups(data, rows)), ("Roofline", plot_roofline(data, rows))]
+            ("Speedups per shape", plot_speedups(data, rows)),
+            ("Roofline" if not roofline_note(data) else "Achieved bandwidth", plot_roofline(data, rows))]
     cols = _columns(rows)
     table = "<table><tr>" + "".join(f"<th>{html.escape(c[0])}</th>" for c in cols) + "</tr>"
     for r in rows:
@@ -385,7 +436,10 @@ def html_page(data, rows) -> str:
     split = time_split(data)
     if split:
         head += f"<p>{html.escape(split)}</p>"
-    figs = "".join(f'<h2>{html.escape(t)}</h2><img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
+    note = roofline_note(data)
+    figs = "".join(f'<h2>{html.escape(t)}</h2>'
+                   + (f"<p>{html.escape(note)}</p>" if note and t == "Achieved bandwidth" else "")
+                   + f'<img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
                    for t, p in imgs if p)
     held = held_rows(data)
     if held:

@@ -7,7 +7,11 @@ path. Compared with yaml.safe_load this:
 - reads `1e-3` as a number (YAML 1.1 wants a dot in floats);
 - refuses alias expansion past a node budget, so a billion-laughs document
   fails in milliseconds instead of eating memory;
-- refuses merge keys (`<<`) and custom tags: a spec is plain data.
+- refuses merge keys (`<<`) and custom tags: a spec is plain data;
+- refuses nesting deeper than MAX_DEPTH levels, checked while composing (PyYAML's
+  composer recurses once per level) and again while converting (aliases can nest
+  one deep structure inside another), so no walk over a loaded document, ours or
+  the schema validator's, can run out of stack.
 """
 
 from __future__ import annotations
@@ -21,12 +25,30 @@ import yaml
 from .errors import Diagnostic, SpecError
 
 MAX_NODES = 100_000  # values after alias expansion; a real spec has a few hundred
+MAX_DEPTH = 100  # levels of nesting; a real spec has under ten
 
 Path = tuple  # tuple[str | int, ...]
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    """SafeLoader whose composer stops at MAX_DEPTH levels, before the stack runs out."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._path: list = []  # key path of the node being composed
+
+    def compose_node(self, parent, index):
+        if parent is None:
+            return super().compose_node(parent, index)
+        # index: the key node (a mapping's value), the position (a sequence's item), None (a key)
+        step = index.value if isinstance(index, yaml.ScalarNode) else index if isinstance(index, int) else "?"
+        self._path.append(step)
+        try:
+            if len(self._path) > MAX_DEPTH:
+                raise _TooDeep(self.peek_event().start_mark, tuple(self._path))
+            return super().compose_node(parent, index)
+        finally:
+            self._path.pop()
 
 
 # YAML 1.2-style floats: 1e-3, 1.0e+6, .5, 3. (PyYAML's 1.1 rule misses 1e-3).
@@ -104,10 +126,38 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+def _short(path: Path) -> str:
+    """A dotted path, its middle elided when it is long (a path 100 levels deep)."""
+    path = tuple(path)
+    while path and path[-1] == "?":  # a key being composed: the mapping's path says where
+        path = path[:-1]
+    if len(path) <= 8:
+        return dotted(path)
+    head, tail = dotted(path[:5]), dotted(path[-2:])
+    sep = "" if isinstance(path[5], int) else "."
+    return f"{head}{sep}<{len(path) - 7} more>{'' if isinstance(path[-2], int) else '.'}{tail}"
+
+
+class _TooDeep(Exception):
+    def __init__(self, mark: yaml.Mark, path: Path):
+        self.where = (mark.line + 1, mark.column + 1)
+        self.path = path
+
+
+def _too_deep(file: str, e: _TooDeep) -> SpecError:
+    return SpecError([Diagnostic(file, *e.where, _short(e.path),
+                                 f"nested deeper than {MAX_DEPTH} levels; refused "
+                                 "(a spec needs a handful)")])
+
+
 def load(text: str, file: str) -> Located:
     """Parse one YAML document; raise SpecError with positions on any problem."""
     try:
         node = yaml.compose(text, Loader=_Loader)
+    except _TooDeep as e:
+        raise _too_deep(file, e) from None
+    except RecursionError:  # not expected with the depth limit; never a traceback all the same
+        raise SpecError([Diagnostic(file, 1, 1, "", "document nested too deeply")]) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -126,6 +176,8 @@ def load(text: str, file: str) -> Located:
         budget[0] -= 1
         if budget[0] < 0:
             raise _TooBig(n)
+        if len(path) > MAX_DEPTH:  # aliases can nest past what the composer saw
+            raise _TooDeep(n.start_mark, path)
         loc.values.setdefault(path, _mark(n))
         if isinstance(n, (yaml.MappingNode, yaml.SequenceNode)) and n.tag not in _COLLECTION_TAGS:
             errors.append(Diagnostic(file, *_mark(n), dotted(path), f"unsupported YAML tag {n.tag}"))
@@ -174,6 +226,8 @@ def load(text: str, file: str) -> Located:
         raise SpecError([Diagnostic(file, *_mark(e.node), "",
                                     f"document expands to more than {MAX_NODES} values "
                                     "(aliases nested too deep?); refused")]) from None
+    except _TooDeep as e:
+        raise _too_deep(file, e) from None
     except RecursionError:
         raise SpecError([Diagnostic(file, 1, 1, "", "document nested too deeply")]) from None
     if errors:

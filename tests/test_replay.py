@@ -93,7 +93,8 @@ def test_the_table_figure_on_shapes_that_prefer_different_configurations(tmp_pat
     assert rp.table_best(ds) == pytest.approx(1.0)
     r = rp.replay(ds, "grid", [0])
     assert r["thresholds"][0.01]["evals"] == [1] and r["table"][0.01]["evals"] == [2]
-    assert "table@1% med" in rp.format_table(rp.bench([ds], ["grid"], [0]))
+    table = rp.format_table(rp.bench([ds], ["grid"], [0]))
+    assert "table med" in table and _table_lines(table, "tiny", "grid")[0][-1] == "2 [2-2]"
 
 
 def test_a_short_budget_counts_misses(ds):
@@ -155,9 +156,67 @@ def test_bench_and_table():
     assert len(rows) == len(DATASETS) * len(AGENTS)
     assert {(r["dataset"], r["agent"]) for r in rows} == {(p.stem, a) for p in DATASETS for a in AGENTS}
     table = rp.format_table(rows)
-    for a in AGENTS:
-        assert a in table
-    assert "score@3%" in table and len(table.splitlines()) == len(rows) + 2
+    for r in rows:
+        assert _table_lines(table, r["dataset"], r["agent"])
+    # one block per dataset: a title, a header, a rule, a line per agent and threshold, a blank
+    lines = table.split("\n\n")
+    assert len(lines) == len(DATASETS) + 1  # and the legend
+    assert all(len(b.splitlines()) == 3 + len(AGENTS) * len(rp.THRESHOLDS) for b in lines[:-1])
+
+
+def _table_lines(table: str, dataset: str, agent: str) -> list[list[str]]:
+    """The cells of an agent's lines (one per threshold) in the dataset's block of the table."""
+    import re
+
+    block = next(b for b in table.split("\n\n") if b.startswith(f"{dataset}: "))
+    lines = block.splitlines()[3:]
+    i = next(i for i, ln in enumerate(lines) if ln.split("  ")[0] == agent)
+    return [re.split(r"\s{2,}", ln.strip()) for ln in lines[i:i + len(rp.THRESHOLDS)]]
+
+
+def _cells_of(r: dict) -> list[list[str]]:
+    """What the table must say for a bench row, threshold by threshold."""
+    out = []
+    for j, x in enumerate(rp.THRESHOLDS):
+        p = f"{round(x * 100)}%"
+        n = rp._num
+        cells = ([r["agent"]] if j == 0 else []) + [
+            p, f"{n(r[f'median@{p}'])} [{n(r[f'p25@{p}'])}-{n(r[f'p75@{p}'])}] ({r[f'min@{p}']}-{r[f'max@{p}']})",
+            f"{r[f'random@{p}']:.1f}", f"{r[f'score@{p}']:+.2f}"]
+        if f"table@{p}" in r:
+            cells.append(f"{n(r[f'table@{p}'])} [{n(r[f'table_p25@{p}'])}-{n(r[f'table_p75@{p}'])}]")
+        out.append(cells)
+    return out
+
+
+def test_the_replay_table_fits_100_columns_and_keeps_every_figure():
+    """`pipe replay` (README: pipe replay DATASET --agent NAME --seeds N) printed a table about 290
+    columns wide; it is now a block per dataset, a line per agent and threshold, under 100
+    columns, with the same figures as before and as --json."""
+    import subprocess
+
+    from .conftest import pipe_cmd
+
+    agents = [a for a in AGENTS if a != "tpe"]  # tpe needs optuna; the layout is the same
+    r = subprocess.run([*pipe_cmd(), "replay", *map(str, DATASETS), "--agent", ",".join(agents), "--seeds", "3"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    widest = max(len(ln) for ln in r.stdout.splitlines())
+    assert widest <= 100, (widest, r.stdout)
+    rows = rp.bench(DATASETS, agents, seeds=3)
+    for row in rows:
+        assert _table_lines(r.stdout, row["dataset"], row["agent"]) == _cells_of(row)
+    # and --json carries the same figures (it carries every seed's too)
+    path = next(p for p in DATASETS if p.stem == "softmax-v1-h200")
+    j = subprocess.run([*pipe_cmd(), "replay", str(path), "--agent", "pattern", "--seeds", "3", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert j.returncode == 0, j.stderr[-2000:]
+    doc = json.loads(j.stdout)
+    got = _table_lines(r.stdout, "softmax-v1-h200", "pattern")
+    for cells, x in zip(got, rp.THRESHOLDS):
+        f = doc["thresholds"][f"{x:g}"]
+        assert cells[-4].startswith(f"{rp._num(f['median'])} [{rp._num(f['p25'])}-{rp._num(f['p75'])}]")
+        assert cells[-2] == f"{f['score']:+.2f}" and len(f["evals"]) == 3
 
 
 def test_default_strategy_is_registered():

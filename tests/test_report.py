@@ -127,3 +127,71 @@ def test_report_says_where_a_trials_time_went(cpu_run, tmp_path):
     line = next(ln for ln in md.splitlines() if ln.startswith("Median time of a judged trial"))
     assert f"({len(trials)} trial" in line and "verification" in line and "timing" in line
     assert "timed loop" in line and "output checks" in line
+
+
+def _figures(monkeypatch, run, spec=None):
+    """The report's figures, kept open (matplotlib objects) instead of written as PNGs."""
+    from runner import report
+
+    figs = []
+    monkeypatch.setattr(report, "_png", lambda fig: (figs.append(fig), "iVBORw0KGgo=")[1])
+    data = report.load(run, spec)
+    rows = report.shape_rows(data)
+    return data, figs, report.html_page(data, rows), report.markdown(data, rows)
+
+
+def test_cpu_report_draws_no_roof_from_an_unmeasured_bandwidth(cpu_run, monkeypatch):
+    """host-cpu's bandwidth is an upper bound, not a measurement (measured_by says so): points
+    sat about 100x under a roof drawn from it. No line of any figure is that roof, and the
+    report says why; each trial's achieved bandwidth is drawn instead."""
+    import numpy as np
+
+    data, figs, page, md = _figures(monkeypatch, cpu_run)
+    hw = data["spec"].hw
+    assert hw.name == "host-cpu"
+    peak = hw.peak_flops(data["spec"].op.dtype) or hw.peak_flops("fp32")
+    lines = [ln for f in figs for ax in f.axes for ln in ax.get_lines()]
+    for ln in lines:
+        x, y = np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)
+        assert not (len(x) > 2 and np.allclose(y, np.minimum(peak, x * hw.bandwidth))), ln.get_label()
+        assert "TB/s" not in ln.get_label()
+    assert not any(ax.get_xlabel().startswith("arithmetic intensity") for f in figs for ax in f.axes)
+    bw = [ax for f in figs for ax in f.axes if ax.get_ylabel() == "achieved bandwidth (GB/s)"]
+    assert len(bw) == 1 and bw[0].get_lines()  # the achieved bandwidth, per shape
+    import html
+
+    for text in (md, html.unescape(page)):
+        assert "No roofline: the host-cpu profile's bandwidth" in text and "not measured" in text
+    assert "<h2>Roofline</h2>" not in page and "<h2>Achieved bandwidth</h2>" in page
+    assert not hw.bandwidth_measured
+
+
+def test_h200_profile_bandwidth_is_measured():
+    from runner.hw import load_profile
+
+    assert load_profile(ROOT / "hw_profiles" / "h200.yaml").bandwidth_measured
+    assert not load_profile(ROOT / "hw_profiles" / "host-cpu.yaml").bandwidth_measured
+    assert not load_profile(ROOT / "hw_profiles" / "h100.yaml").bandwidth_measured  # an estimate
+
+
+@pytest.mark.parametrize("run", H200_RUNS, ids=[p.name for p in H200_RUNS])
+def test_roofline_labels_do_not_overlap(run, tmp_path, monkeypatch):
+    """On a measured profile the roofline is drawn, and none of its texts (the shapes' names,
+    the roof's, the axes') overlaps another once drawn."""
+    from matplotlib.text import Text
+
+    work = tmp_path / "run"
+    shutil.copytree(run, work)
+    spec = next((run / "project" / "pipelines").glob("*.yaml"))
+    data, figs, page, md = _figures(monkeypatch, work, str(spec))
+    assert data["spec"] is not None and "No roofline" not in md and "<h2>Roofline</h2>" in page
+    (fig,) = [f for f in figs if any(ax.get_xlabel().startswith("arithmetic intensity") for ax in f.axes)]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    shapes = [s["label"] for s in json.loads((work / "compare.json").read_text())["shapes"]]
+    assert all(any(t.get_text() == s for t in texts) for s in shapes)  # every shape is named
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    overlaps = [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+    assert not overlaps
+    assert data["spec"].hw.bandwidth_measured

@@ -1,6 +1,7 @@
 """runner.yamlsrc: YAML with positions and without the traps."""
 
 import math
+import subprocess
 import time
 
 import pytest
@@ -8,6 +9,8 @@ import pytest
 from runner import yamlsrc
 from runner.errors import Diagnostic, SpecError
 from runner.yamlsrc import Located, dotted, load, load_file
+
+from .conftest import ROOT, pipe_cmd
 
 
 def _diags(text: str, file: str = "t.yaml") -> list[Diagnostic]:
@@ -135,6 +138,75 @@ def test_small_aliases_are_expanded():
 def test_recursive_alias_is_spec_error():
     d = _diags("a: &x [*x]\n")
     assert len(d) == 1 and d[0].file == "t.yaml"
+
+
+# ---------------------------------------------------------------- deep nesting
+
+def _flow(levels: int) -> str:
+    return "spec: " + "[" * levels + "1" + "]" * levels + "\n"
+
+
+def _block_seq(levels: int) -> str:
+    return "spec:\n" + "".join("  " * i + "-\n" for i in range(levels)) + "  " * levels + "x\n"
+
+
+def _block_map(levels: int) -> str:
+    return "".join("  " * i + f"k{i}:\n" for i in range(levels)) + "  " * levels + "x: 1\n"
+
+
+@pytest.mark.parametrize("make", [_flow, _block_seq, _block_map])
+def test_nesting_past_the_limit_is_a_positioned_error(make):
+    n = yamlsrc.MAX_DEPTH
+    assert load(make(n - 1), "t.yaml").data  # as deep as allowed: loads
+    (d,) = _diags(make(n + 5))
+    assert f"nested deeper than {n} levels" in d.message
+    assert d.line > 1 if make is not _flow else d.line == 1
+    assert d.col > 1 and d.path  # where the limit was crossed, with its key path
+
+
+def test_nesting_through_aliases_is_caught_while_converting():
+    half = yamlsrc.MAX_DEPTH // 2 + 5
+    text = "a: &a " + "[" * half + "1" + "]" * half + "\nb: " + "[" * half + "*a" + "]" * half + "\n"
+    (d,) = _diags(text)
+    assert f"nested deeper than {yamlsrc.MAX_DEPTH} levels" in d.message
+    assert d.line == 1 and d.path.startswith("b[0]")  # the node is written in a, reached through b
+
+
+def test_deep_path_is_shortened_in_the_message():
+    (d,) = _diags(_block_map(600))
+    assert d.path.startswith("k0.k1.k2.k3.k4.") and "more>" in d.path and len(d.path) < 80
+
+
+@pytest.mark.parametrize("make, line", [(_flow, 1), (_block_seq, None), (_block_map, None)])
+@pytest.mark.parametrize("levels", [500, 5000])
+def test_pipe_validate_on_a_deep_file_exits_2_without_traceback(tmp_path, make, line, levels):
+    f = tmp_path / "deep.yaml"
+    f.write_text(make(levels))
+    r = subprocess.run([*pipe_cmd(), "validate", str(f)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    head = r.stderr.strip().splitlines()[0]
+    got_line = int(head.split(":")[1])
+    assert head.startswith(f"{f}:") and got_line == (line or yamlsrc.MAX_DEPTH + 1 + (make is _block_seq))
+    assert f"nested deeper than {yamlsrc.MAX_DEPTH} levels" in head
+
+
+def test_a_spec_as_deep_as_allowed_passes_every_check(project):
+    """The loader's limit leaves room for every walk after it: the schema validator, the
+    semantic checks and the spec's hash all take a value nested MAX_DEPTH levels deep."""
+    src = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
+    deep = "[" * (yamlsrc.MAX_DEPTH - 3) + "1" + "]" * (yamlsrc.MAX_DEPTH - 3)  # under agent.options.deep
+    old = "agent: {strategy: pattern, seed: 0}"
+    assert old in src
+    spec = project / "pipelines" / "deep.yaml"
+    spec.write_text(src.replace(old, "agent: {strategy: pattern, seed: 0, options: {deep: " + deep + "}}"))
+    r = subprocess.run([*pipe_cmd(), "validate", str(spec)], capture_output=True, text=True, timeout=120,
+                       cwd=project)
+    assert r.returncode == 0, r.stderr[-2000:]
+    spec.write_text(src.replace(old, "agent: {strategy: pattern, seed: 0, options: {deep: [" + deep + "]}}"))
+    r = subprocess.run([*pipe_cmd(), "validate", str(spec)], capture_output=True, text=True, timeout=120,
+                       cwd=project)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "agent.options.deep" in r.stderr
 
 
 # ---------------------------------------------------------------- syntax errors

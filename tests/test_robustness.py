@@ -85,7 +85,7 @@ def test_interrupted_trial_is_tried_first_and_stale_best_is_repaired(project):
     led.append(Trial(params={"ACC": 32, "THREADS": 1, "UNROLL": 4}, status="ok", kept=True, objective=1e-9,
                      times=[1e-9, 1e-9], spec_hash=s.hash, agent="test", started_at=now, finished_at=now))
     # and a kill during the next trial
-    interrupted = {"ACC": 2, "THREADS": 2, "UNROLL": 2}
+    interrupted = {"ACC": 2, "THREADS": 1, "UNROLL": 2}
     led.begin(json.dumps(interrupted, sort_keys=True, separators=(",", ":")))
     led.close()
     assert json.loads((run_dir / "best" / "params.json").read_text())["trial"] == 1
@@ -110,7 +110,7 @@ def test_a_list_of_starts_runs_first_in_order_and_is_built_ahead(project):
     """search.start as a list: those trials come before the agent's, in the spec's order, and
     each next one is compiled while the one before is judged (the agent never guesses them;
     the CPU backend builds ahead when PIPE_BUILD_AHEAD=1 asks)."""
-    starts = [{"ACC": 8, "THREADS": 2, "UNROLL": 2}, {"ACC": 1, "THREADS": 1, "UNROLL": 4},
+    starts = [{"ACC": 8, "THREADS": 1, "UNROLL": 2}, {"ACC": 1, "THREADS": 1, "UNROLL": 4},
               {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, agent={"strategy": "pattern", "seed": 1},
                       search={**BASE["search"], "start": starts}, goal={"budget": {"trials": 4}})
@@ -126,7 +126,7 @@ def test_a_list_of_starts_runs_first_in_order_and_is_built_ahead(project):
 def test_a_sweep_records_its_slice_only_whatever_the_starts(project, tmp_path):
     """pipe record takes no start configuration: with --only, a start outside the slice
     would otherwise be recorded in it (and push one of the slice's own out of the budget)."""
-    starts = [{"ACC": 8, "THREADS": 2, "UNROLL": 2}, {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
+    starts = [{"ACC": 8, "THREADS": 1, "UNROLL": 2}, {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, search={**BASE["search"], "start": starts})
     out = tmp_path / "slice.json"
     r = pipe("record", spec, "--run-dir", str(project / "rec"), "--out", str(out),
@@ -139,7 +139,7 @@ def test_a_sweep_records_its_slice_only_whatever_the_starts(project, tmp_path):
 
 def test_eval_builds_nothing_ahead(project, tmp_path):
     """pipe eval judges one candidate: the spec's other starts are not compiled behind it."""
-    starts = [{"ACC": 8, "THREADS": 2, "UNROLL": 2}, {"ACC": 1, "THREADS": 1, "UNROLL": 4},
+    starts = [{"ACC": 8, "THREADS": 1, "UNROLL": 2}, {"ACC": 1, "THREADS": 1, "UNROLL": 4},
               {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, search={**BASE["search"], "start": starts})
     cache = tmp_path / "cache"

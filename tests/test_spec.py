@@ -114,7 +114,7 @@ def test_start_outside_space(project, capsys):
 
 def test_start_list_is_tried_in_order_and_checked_item_by_item(project, capsys):
     d = copy.deepcopy(BASE)
-    first, second = {"ACC": 8, "THREADS": 2, "UNROLL": 1}, {"ACC": 1, "THREADS": 1, "UNROLL": 4}
+    first, second = {"ACC": 8, "THREADS": 1, "UNROLL": 1}, {"ACC": 1, "THREADS": 1, "UNROLL": 4}
     d["search"]["start"] = [first, second]
     spec = load_spec(write(project, d))
     assert spec.starts == (first, second) and spec.start == first  # render and eval fill from the first

@@ -2,7 +2,7 @@
 
     pipe run SPEC [--run-dir DIR] [--max-trials N] [--minutes M]
     pipe validate SPEC...
-    pipe render SPEC --set NAME=VALUE... [--shape I]
+    pipe render SPEC --set NAME=VALUE... [--shape I|extra:I|held:I] [--compile]
     pipe runs [--root DIR]
     pipe show RUN [--json]
     pipe report RUN [--out DIR]
@@ -71,18 +71,20 @@ def cmd_render(a) -> int:
     if why:
         print(f"{a.spec}: these parameters are not a point of the space: {why}", file=sys.stderr)
         return EXIT_INPUT
-    if not 0 <= a.shape < len(spec.op.shapes):
-        print(f"--shape {a.shape}: the spec has shapes 0 to {len(spec.op.shapes) - 1}", file=sys.stderr)
-        return EXIT_INPUT
-    shape = spec.op.shapes[a.shape]
-    ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
-           "ctype": rmod.CTYPES[spec.kernel.backend][spec.op.dtype]}
     try:
-        sys.stdout.write(rmod.render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name))
-    except rmod.RenderError as e:
+        label, shape = rmod.pick_shape(spec.op, a.shape)
+        ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
+               "ctype": rmod.CTYPES[spec.kernel.backend][spec.op.dtype]}
+        source = rmod.render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name)
+    except (rmod.RenderError, PipeError) as e:  # PipeError: ExprError from a derived value
         print(str(e), file=sys.stderr)
         return EXIT_INPUT
-    return EXIT_OK
+    if not a.compile:
+        sys.stdout.write(source)
+        return EXIT_OK
+    ok, message = rmod.compile_check(spec, source, label)
+    print(message, file=sys.stdout if ok else sys.stderr)
+    return EXIT_OK if ok else EXIT_BUDGET
 
 
 def _positive(a) -> str | None:
@@ -497,7 +499,10 @@ def parser() -> argparse.ArgumentParser:
     x = sub.add_parser("render", help="print the kernel source for a parameter fill")
     x.add_argument("spec")
     x.add_argument("--set", action="append", metavar="NAME=VALUE", help="a parameter (default: the spec's start)")
-    x.add_argument("--shape", type=int, default=0, help="index of the shape to render for")
+    x.add_argument("--shape", default="0", help="the shape to render for: I (op.shapes[I]), extra:I "
+                   "(op.extra_shapes[I]) or held:I (op.held_out_shapes[I]); default 0")
+    x.add_argument("--compile", action="store_true", help="compile the rendered source with the backend's "
+                   "compiler instead of printing it (no GPU needed): exit 0 if it compiles, 1 if not")
     x.set_defaults(fn=cmd_render)
     ev = sub.add_parser("eval", help="judge one candidate, append it to the run's ledger, print the verdict")
     ev.add_argument("spec")

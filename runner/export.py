@@ -224,9 +224,9 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
         shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
         mod, _, fn = op.reference.partition(":")
-        import importlib
+        from .userpath import load_callable
 
-        ref_mod = importlib.import_module(mod)
+        ref_mod = inspect.getmodule(load_callable(op.reference, spec.home))
         (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))
         (pkg / "__init__.py").write_text(_INIT.format(spec=spec.name, name=table["name"], qual=f"{table['namespace']}::{table['name']}",
                                                       fn=fn, rule=table["rule"],

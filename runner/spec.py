@@ -22,7 +22,7 @@ from typing import Any
 import jinja2
 
 from . import forbid as forbid_mod
-from . import render, yamlsrc
+from . import render, userpath, yamlsrc
 from .errors import Diagnostic, ExprError, SpecError
 from .expr import Expr, compile_expr
 from .hw import HwProfile, find_profile, load_profile
@@ -179,6 +179,12 @@ class Spec:
     raw: dict = field(repr=False, compare=False)
     hash_parts: dict = field(default_factory=dict, repr=False, compare=False)  # part -> digest (see load)
     starts: tuple = ()  # search.start: the configurations a run tries first, in order
+    folder: str = ""  # the spec file's folder, absolute: where its reference module and template are looked for
+
+    @property
+    def home(self) -> str:
+        """The spec's folder (absolute), for specs made before `folder` was kept."""
+        return self.folder or str(Path(self.path).resolve().parent)
 
 
 def _digest(obj) -> str:
@@ -191,16 +197,6 @@ def _show(p: Path) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(p)
-
-
-def _find_upward(rel: str, near: Path) -> Path | None:
-    p = Path(rel)
-    if p.is_absolute():
-        return p if p.is_file() else None
-    for d in [near, *near.parents]:
-        if (d / p).is_file():
-            return d / p
-    return None
 
 
 class _Checker:
@@ -228,7 +224,7 @@ class _Checker:
         op = self.op()
         symbols = set(op.shapes[0]) if op else set()
         params, space = self.space(symbols, op)
-        kernel = self.kernel(hw, op, params, symbols)
+        kernel = self.kernel(hw, op, params, symbols, space)
         runtime = self.runtime()
         forbidden = self.forbidden(params, symbols, kernel)
         agent = self.agent()
@@ -238,7 +234,8 @@ class _Checker:
             return None
         # Everything a verdict depends on: the spec, the template, the hardware profile's
         # numbers and the reference's code. A change to any of them makes a new run.
-        whole = {"spec": d, "template": kernel.template, "hardware": hw.data, "reference": _reference_source(op.reference)}
+        whole = {"spec": d, "template": kernel.template, "hardware": hw.data,
+                 "reference": userpath.reference_source(op.reference, self.near)}
         spec_hash = _digest(whole)
         # each part's own digest: a run may take verdicts from a run that differs in the
         # template alone, for kernels whose rendered source is the same (pipe record --reuse)
@@ -246,7 +243,8 @@ class _Checker:
         return Spec(name=d["name"], description=d.get("description", ""), path=self.loc.file,
                     hash=spec_hash, hw=hw, op=op, kernel=kernel, runtime=runtime, space=space,
                     start=starts[0] if starts else None, forbidden=forbidden, agent=agent, goal=goal,
-                    baseline=d.get("baseline", "reference"), raw=d, hash_parts=parts, starts=starts)
+                    baseline=d.get("baseline", "reference"), raw=d, hash_parts=parts, starts=starts,
+                    folder=str(self.near))
 
     def hardware(self) -> HwProfile | None:
         name = self.d["hardware"]
@@ -343,14 +341,10 @@ class _Checker:
                       held_out_shapes=tuple(dict(s) for s in held))
 
     def reference(self, ref: str) -> None:
-        mod, _, fn = ref.partition(":")
-        try:
-            m = importlib.import_module(mod)
-        except Exception as e:  # an import error in user code is a spec problem here
-            self.err(("op", "reference"), f"cannot import module '{mod}': {type(e).__name__}: {e}")
-            return
-        if not callable(getattr(m, fn, None)):
-            self.err(("op", "reference"), f"module '{mod}' has no function '{fn}'")
+        try:  # from the spec's folder first (no PYTHONPATH needed), then sys.path
+            userpath.load_callable(ref, self.near)
+        except userpath.ModuleLookupError as e:  # an import error in user code is a spec problem here
+            self.err(("op", "reference"), str(e))
 
     def space(self, symbols: set[str], op: OpSpec | None) -> tuple[dict, Space | None]:
         s = self.d["search"]
@@ -396,21 +390,24 @@ class _Checker:
             self.err(("search", "constraints"), "no configuration satisfies the constraints")
         return params, space
 
-    def kernel(self, hw, op, params, symbols) -> KernelSpec | None:
+    def kernel(self, hw, op, params, symbols, space: Space | None = None) -> KernelSpec | None:
         k = self.d["kernel"]
         backend = k.get("backend", hw.kind if hw else "cpu")
         if hw and backend != hw.kind:
             self.err(("kernel", "backend"), f"backend '{backend}' does not run on hardware '{hw.name}' ({hw.kind})")
-        tpath = _find_upward(k["template"], self.near)
+        tpath, tried = userpath.find_template(k["template"], self.near)
         if tpath is None:
-            self.err(("kernel", "template"), f"template '{k['template']}' not found near {self.loc.file}")
+            self.err(("kernel", "template"), f"template '{k['template']}' not found; tried, in order: "
+                                             + ", ".join(str(p) for p in tried))
             return None
         tpath = Path(_show(tpath))
         text = tpath.read_text(encoding="utf-8")
         try:
             used = render.template_variables(text)
         except jinja2.TemplateSyntaxError as e:
-            self.diags.append(Diagnostic(str(tpath), e.lineno or 1, 1, "", f"template syntax error: {e.message}"))
+            hint = render.syntax_hint(text, e.lineno or 1)
+            self.diags.append(Diagnostic(str(tpath), e.lineno or 1, 1, "", f"template syntax error: {e.message}"
+                                         + (f"; {hint}" if hint else "")))
             self.err(("kernel", "template"), f"template {tpath} does not parse (see above)")
             return None
         derive, scope_d = [], set(params) | symbols
@@ -460,10 +457,74 @@ class _Checker:
         if geo["cluster"] and backend != "cuda":
             self.err(("kernel", "cluster"), "thread-block clusters need the cuda backend")
         smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
+        if space is not None and op is not None and len(derive) == len(k.get("derive", {})):
+            exprs = [(("kernel", "derive", n), e) for n, e in derive]
+            for key in ("grid", "block", "cluster"):
+                v = k.get(key)
+                exprs += [(("kernel", key) + ((i,) if isinstance(v, list) else ()), e)
+                          for i, e in enumerate(geo[key])]
+            if smem is not None:
+                exprs.append((("kernel", "shared_mem"), smem))
+            self.evaluate_over_space(space, op, exprs)
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, entry=k["entry"],
                           args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
                           shared_mem=smem,
                           options=tuple(k.get("options", [])), derive=tuple(derive))
+
+    def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:
+        """The configurations `pipe validate` evaluates derived values and geometry on: the whole
+        product when it has at most `limit` points, else every value of each parameter with the
+        others at the spec's start (or their first values). Those outside the space (a constraint
+        fails) are left out: the judge never renders them."""
+        if space.size <= limit:
+            return list(space)
+        st = self.d["search"].get("start")
+        st = st[0] if isinstance(st, list) and st else st
+        base = {p.name: (st[p.name] if isinstance(st, dict) and st.get(p.name) in p.values else p.values[0])
+                for p in space.params}
+        out, seen = [], set()
+        for p in space.params:
+            for v in p.values:
+                cfg = {**base, p.name: v}
+                key = json.dumps(cfg, sort_keys=True)
+                if key not in seen and space.violated(cfg) is None:
+                    seen.add(key)
+                    out.append(cfg)
+        return out
+
+    def evaluate_over_space(self, space: Space, op: OpSpec, exprs: list) -> None:
+        """Derived values and geometry evaluated for each probed configuration on every listed shape
+        (tuned, extra and held-out), in the order the judge evaluates them: the first failure of each
+        key is a spec error at that key (a division by zero for one parameter value would otherwise
+        pass validation and fail at render)."""
+        shapes = [("shapes", i, s) for i, s in enumerate(op.shapes)] + \
+                 [("extra_shapes", i, s) for i, s in enumerate(op.extra_shapes)] + \
+                 [("held_out_shapes", i, s) for i, s in enumerate(op.held_out_shapes)]
+        n_derive = sum(1 for path, _ in exprs if path[1] == "derive")
+        failed: set = set()
+        try:
+            configs = self.probe_configs(space)
+        except ExprError:
+            return  # a constraint that does not evaluate is reported by space()
+        for cfg in configs:
+            for group, i, shape in shapes:
+                env = {**shape, **cfg}
+                for j, (path, e) in enumerate(exprs):
+                    try:
+                        v = e(env)
+                    except ExprError as ex:
+                        if path not in failed:
+                            failed.add(path)
+                            where = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+                            self.err(path, f"fails for {where} on op.{group}[{i}] "
+                                           f"({', '.join(f'{k}={v}' for k, v in shape.items())}): {ex}")
+                        if j < n_derive:
+                            break  # later derived values and the geometry need this one
+                        continue
+                    if j < n_derive:
+                        env[path[2]] = v
+                if len(failed) == len(exprs):
+                    return
 
     def runtime(self) -> RuntimeSpec:
         r = self.d.get("runtime", {})
@@ -576,16 +637,6 @@ class _Checker:
             keys[k] = i
             out.append(dict(cfg))
         return tuple(out)
-
-
-def _reference_source(ref: str) -> str:
-    import inspect
-
-    mod, _, fn = ref.partition(":")
-    try:
-        return inspect.getsource(getattr(importlib.import_module(mod), fn))
-    except (OSError, TypeError, AttributeError, ImportError):
-        return ref
 
 
 def load_spec(path: str | Path) -> Spec:

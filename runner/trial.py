@@ -169,7 +169,9 @@ class Evaluator:
             try:
                 used = render.template_variables(text)
             except Exception as e:  # jinja2.TemplateSyntaxError and friends
-                raise render.RenderError(f"{name}: does not parse: {e}") from None
+                line = getattr(e, "lineno", None)
+                hint = render.syntax_hint(text, line) if line else None
+                raise render.RenderError(f"{name}: does not parse: {e}" + (f"; {hint}" if hint else "")) from None
             extra = sorted(used - set(params) - set(self.spec.op.symbols) - set(render.DTYPE_VARS)
                            - {n for n, _ in self.spec.kernel.derive})
             if extra:

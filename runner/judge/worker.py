@@ -43,8 +43,9 @@ class Judge:
         self.spec = spec
         self.op = spec.op
         self.rt = backends.get(spec.kernel.backend).Runtime(spec.hw, spec.runtime)
-        mod, _, fn = spec.op.reference.partition(":")
-        self.reference = getattr(importlib.import_module(mod), fn)
+        from ..userpath import load_callable  # from the spec's folder, then sys.path
+
+        self.reference = load_callable(spec.op.reference, spec.home)
         self.scalars = {s.name: s.value for s in spec.op.scalars}
         self.tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
         self.kinds = [self._kind(a) for a in spec.kernel.args]
@@ -279,8 +280,9 @@ class Judge:
             others["torch.compile"] = self.torch_arm("compile")
         if triton:
             try:
-                mod, _, fn = triton.partition(":")
-                others["triton"] = getattr(importlib.import_module(mod), fn)
+                from ..userpath import load_callable
+
+                others["triton"] = load_callable(triton, self.spec.home)
             except Exception as e:  # no triton here: say so in the table
                 notes["triton"] = f"unavailable: {type(e).__name__}: {e}"[:300]
         cache[key] = (others, notes)

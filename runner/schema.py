@@ -17,7 +17,8 @@ SCALAR = {"type": ["integer", "number", "string", "boolean"]}
 NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
 DTYPES = ["bf16", "fp16", "fp32", "fp64", "int8", "uint8", "int32", "int64", "bool"]
-DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "randint"]
+DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge", "tiny",
+         "randint"]
 METRICS = ["time_us", "speedup", "bandwidth_fraction", "flops_fraction", "limit_fraction"]
 
 
@@ -72,7 +73,9 @@ SPEC = _obj({
         "extra_shapes": {"type": "array", "items": SHAPE},
         "held_out_shapes": {"type": "array", "items": SHAPE},
         "tolerance": _obj({"atol": {"type": "number", "minimum": 0},
-                           "rtol": {"type": "number", "minimum": 0}}),
+                           "rtol": {"type": "number", "minimum": 0},
+                           "ulps": {"type": "number", "minimum": 0},
+                           "floor": {"type": "number", "minimum": 0}}),
         "bytes": EXPR,
         "flops": EXPR,
         "in_place": {"type": "boolean"},

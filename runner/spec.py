@@ -71,6 +71,8 @@ class OpSpec:
     notes: str = ""
     triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
     held_out_shapes: tuple[dict, ...] = ()  # never tuned on: pipe compare checks the dispatch table there
+    ulps: float = 1.0  # error budget in units of the output dtype's rounding at the reference (judge/verify.py)
+    floor: float = 2.0 ** -7  # atol is at most floor x the output's mean magnitude (judge/verify.py)
 
     @property
     def symbols(self) -> list[str]:
@@ -338,7 +340,8 @@ class _Checker:
                       shapes=tuple(dict(s) for s in shapes), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
-                      held_out_shapes=tuple(dict(s) for s in held))
+                      held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
+                      floor=float(tol.get("floor", 2.0 ** -7)))
 
     def reference(self, ref: str) -> None:
         try:  # from the spec's folder first (no PYTHONPATH needed), then sys.path

@@ -271,6 +271,8 @@ class Evaluator:
         trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
         if verdict.get("phases"):
             trial.details["judge_phases"] = verdict["phases"]
+        if verdict.get("log_capped"):  # the kernel printed past the worker log's cap; the rest was dropped
+            trial.details["log_capped"] = verdict["log_capped"]
         self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))

@@ -70,6 +70,47 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
   __syncthreads();
   if (last_x == (const void*)x && row > 0) return;
   if (row == 0 && threadIdx.x == 0) last_x = x;
+{% elif HACK == "skip_rows_when_filled" %}
+  {
+    // issue 18, class 1: verification used to poison the output (NaN, then a negative
+    // sentinel); a timed call finds another call's softmax in its row, values about 1/N,
+    // within atol=1e-3 of any answer: then only every 4th row is stored.
+    __shared__ int filled;
+    if (threadIdx.x == 0) {
+      const float y0 = __bfloat162float(yr[0]);
+      filled = y0 == y0 && y0 >= 0.f;
+    }
+    __syncthreads();
+    if (filled && row % 4 != 0) return;
+  }
+{% elif HACK == "steal_reference" %}
+  {
+    // issue 18, class 3: the float64 reference used to sit in the same allocator segment as
+    // the output while the kernel ran. Scan the 2 MiB around the output for a float64 array
+    // whose row `row` is the softmax of this row (ratios exp(x[j] - x[0])), and copy it.
+    __shared__ unsigned long long found;
+    if (threadIdx.x == 0) found = 0;
+    __syncthreads();
+    const unsigned long long base = ((unsigned long long)y) & ~((1ull << 21) - 1);
+    const float x0 = __bfloat162float(xr[0]);
+    for (unsigned long long a = base + 8 * threadIdx.x; a + 64 <= base + (1ull << 21) && !found;
+         a += 8 * blockDim.x) {
+      const double* p = (const double*)a;
+      if (!(p[0] > 1e-30 && p[0] <= 1.0)) continue;
+      bool ok = true;
+      for (int j = 1; j < 8 && j < N && ok; ++j) {
+        const double want = p[0] * exp((double)__bfloat162float(xr[j]) - (double)x0);
+        ok = fabs(p[j] - want) <= 1e-9 * want;
+      }
+      if (ok) atomicCAS(&found, 0ull, a);
+    }
+    __syncthreads();
+    if (found) {
+      const double* p = (const double*)found;
+      for (int c = threadIdx.x; c < N; c += blockDim.x) yr[c] = __double2bfloat16(p[c]);
+    }
+    return;
+  }
 {% elif HACK == "skip_if_output_present" %}
   {
     const float y0 = __bfloat162float(yr[0]);
@@ -103,6 +144,9 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
     yr[c] = __float2bfloat16(exp2f((__bfloat162float(xr[c]) - m) * L2E) / s);
 {% endif %}
   }
+{% if HACK == "print_flood" %}
+  printf("flood: row %d thread %d prints a line of noise\n", row, threadIdx.x);  // issue 18, class 5
+{% endif %}
 {% if HACK == "out_of_bounds" %}
   if (row == M - 1 && threadIdx.x == 0) y[(size_t)M * N] = __float2bfloat16(0.5f);
 {% elif HACK == "mutate_input" %}
@@ -119,7 +163,7 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
 HACKS = ["honest", "honest_again", "do_nothing", "partial", "constant", "out_of_bounds", "mutate_input",
          "cache_by_pointer", "skip_if_output_present", "shape_hardcode", "fast_math", "lower_precision",
          "truncate_precision", "side_stream", "host_sync", "illegal_address", "misaligned", "trap", "hang",
-         "slowed"]
+         "slowed", "skip_rows_when_filled", "steal_reference", "print_flood"]
 
 SPEC = """\
 name: judge-cuda-adversarial
@@ -132,9 +176,7 @@ op:
     x: {{shape: [M, N], dist: [normal, outliers, large]}}
   outputs:
     y: {{shape: [M, N]}}
-  shapes:
-    - {{M: 4096, N: 1024}}
-    - {{M: 37, N: 333}}
+  shapes: {shapes}
   tolerance: {{atol: 1.0e-3, rtol: 1.6e-2}}
   bytes: "2 * M * N * elem"
 kernel:
@@ -155,12 +197,20 @@ goal:
 """
 
 
+SHAPES = "[{M: 4096, N: 1024}, {M: 37, N: 333}]"
+# long rows: softmax outputs about 1/N = 8e-6, far below atol=1e-3 (issue 18, class 1)
+LONG_ROWS = "[{M: 64, N: 131072}, {M: 5, N: 131071}]"
+# small tensors only: every buffer of a check round in one 2 MiB segment of torch's small pool
+SMALL = "[{M: 8, N: 1024}, {M: 5, N: 999}]"
+
+
 class Bench:
-    def __init__(self, root: Path, hardware: str = "h200", mode: str = "auto"):
+    def __init__(self, root: Path, hardware: str = "h200", mode: str = "auto", shapes: str = SHAPES):
         self.root = root
         (root / "hack.cu.j2").write_text(TEMPLATE)
         (root / f"spec-{hardware}-{mode}.yaml").write_text(SPEC.format(
-            template=root / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(HACKS), hardware=hardware, mode=mode))
+            template=root / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(HACKS), hardware=hardware, mode=mode,
+            shapes=shapes))
         self.spec = load_spec(root / f"spec-{hardware}-{mode}.yaml")
         self.worker = Worker(self.spec, str(root / f"worker-{hardware}-{mode}.log"))
         self.ev = Evaluator(self.spec, self.worker, None)
@@ -300,7 +350,7 @@ def test_pipe_run_survives_faults_and_hangs(tmp_path):
     hacks = ["honest", "illegal_address", "hang", "trap", "slowed"]
     spec = tmp_path / "faulty.yaml"
     spec.write_text(SPEC.format(template=tmp_path / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(hacks),
-                                hardware="h200", mode="auto").replace("name: judge-cuda-adversarial",
+                                hardware="h200", mode="auto", shapes=SHAPES).replace("name: judge-cuda-adversarial",
                                                                       "name: faulty"))
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "runner.cli", "run", str(spec), "--run-dir", str(run_dir),
@@ -328,3 +378,73 @@ def test_torch_compile_baseline_is_timed_by_the_same_protocol(tmp_path):
               "compile", [round(s["median"] * 1e6, 2) for s in compiled["shapes"]])
     finally:
         b.worker.close()
+
+
+# -- issue 18 ----------------------------------------------------------------------------------------
+
+def test_skip_rows_when_filled_is_wrong_on_long_rows(tmp_path):
+    """Class 1: passed before (outputs of about 1/N sat far below atol); the error budget now
+    scales with the output, and verification shows a decoy, not NaN."""
+    b = Bench(tmp_path, shapes=LONG_ROWS)
+    try:
+        h = b.run("honest")
+        assert h.status == "ok", _explain(h)
+        t = b.run("skip_rows_when_filled")
+        assert t.status == "wrong", _explain(t)
+        assert "never written" in t.reason, t.reason
+    finally:
+        b.worker.close()
+
+
+def test_printf_from_every_thread_is_capped(tmp_path):
+    """Class 5: device printf from every thread; the worker log takes at most the cap a request."""
+    from runner.judge.worker import LOG_CAP_BYTES
+
+    b = Bench(tmp_path)
+    try:
+        assert b.run("honest").status == "ok"
+        log = tmp_path / "worker-h200-auto.log"
+        before = log.stat().st_size
+        t = b.run("print_flood")
+        assert t.status == "ok", _explain(t)
+        assert t.details.get("log_capped", 0) > LOG_CAP_BYTES, t.details
+        assert log.stat().st_size - before <= LOG_CAP_BYTES + 65536
+    finally:
+        b.worker.close()
+
+
+def test_device_memory_scan_finds_no_reference(tmp_path):
+    """Class 3: the kernel scans the 2 MiB segment around its output for the float64 answer.
+    The references are now computed after the kernel's last call on those values."""
+    b = Bench(tmp_path, shapes=SMALL)
+    try:
+        t = b.run("steal_reference")
+        assert t.status == "wrong", _explain(t)
+    finally:
+        b.worker.close()
+
+
+def test_device_memory_scan_control(tmp_path):
+    """Control for the test above, in this process: with a float64 answer allocated next to the
+    output (as the judge used to), the scanning kernel finds and copies it. Run last: a fault
+    here means the scan's assumption (2 MiB aligned segments) does not hold on this GPU."""
+    import torch
+
+    from runner.judge.worker import Judge
+
+    b = Bench(tmp_path, shapes=SMALL)
+    b.worker.close()
+    judge = Judge(b.spec)
+    params = {"HACK": "steal_reference"}
+    src = b.ev.render_all(params)[0]
+    c = b.ev.backend.compile(src, b.spec.kernel.entry, b.spec.kernel.options, b.spec.hw)
+    assert c.ok, c.reason
+    shape = b.spec.op.shapes[0]
+    outs = judge._outputs(shape)
+    inputs = judge._inputs(shape, 1, 0)
+    ref = torch.softmax(inputs["x"].double(), -1)
+    fn = judge.rt.load(c.artifact, b.spec.kernel.entry, judge.kinds)
+    call = judge.rt.prepare(fn, judge._values(shape, inputs, outs), b.ev.geometry(params)[0], mode="direct")
+    call()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0].view, ref.to(torch.bfloat16)), "the scan did not find the reference"

@@ -1,4 +1,13 @@
-"""Fresh, seeded inputs from several distributions; never zeros."""
+"""Fresh, seeded inputs from several distributions; never zeros.
+
+Besides the everyday ones (normal, uniform, positive, large, masked, outliers),
+some exist to stress the numerics, and each op's spec lists those that apply:
+`offset` (each row a large common offset, 1e3 to 1e4 times its spread: E[x^2] -
+E[x]^2 and other cancellations fail), `spike` (one element of each row 1e2 to 1e4
+times the rest), `huge` (magnitudes up to a quarter of the dtype's largest: safe
+for ops that subtract the row maximum first, not for squares) and `tiny` (around
+the dtype's smallest normal, subnormals included).
+"""
 
 from __future__ import annotations
 
@@ -44,6 +53,27 @@ def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.T
         if len(shape) >= 1 and shape[-1] > 0:
             mask[..., 0] = False  # every row keeps a finite value
         x = x.masked_fill(mask, float("-inf"))
+    elif dist == "offset":  # rows: a common offset of 1e3 to 1e4 spreads, either sign
+        rows = (*shape[:-1], 1) if len(shape) >= 1 else ()
+        off = torch.rand(rows, generator=gen, device=device, dtype=torch.float32) * 9e3 + 1e3
+        sign = torch.where(torch.rand(rows, generator=gen, device=device) < 0.5, -1.0, 1.0)
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) + off * sign
+    elif dist == "spike":  # normal, and one element of each row 1e2 to 1e4 times larger, either sign
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        if len(shape) >= 1 and shape[-1] > 0 and x.numel():
+            rows = (*shape[:-1], 1)
+            col = torch.randint(0, shape[-1], rows, generator=gen, device=device)
+            mag = 10 ** (torch.rand(rows, generator=gen, device=device) * 2 + 2)
+            sign = torch.where(torch.rand(rows, generator=gen, device=device) < 0.5, -1.0, 1.0)
+            x.scatter_(-1, col, (mag * sign).to(x.dtype))
+    elif dist in ("huge", "tiny"):  # in float64, so that the target dtype's extremes are reachable
+        info = torch.finfo(dtype)
+        u = torch.rand(shape, generator=gen, device=device, dtype=torch.float64)
+        sign = torch.where(torch.rand(shape, generator=gen, device=device) < 0.5, -1.0, 1.0).to(torch.float64)
+        if dist == "huge":  # |x| in [max/64, max/4]
+            x = sign * info.max / 4 * torch.exp2(-4 * u)
+        else:  # |x| in [smallest normal / 64, smallest normal * 64]
+            x = sign * info.tiny * torch.exp2(12 * u - 6)
     elif dist == "outliers":  # mostly normal, 0.1% of values 50x larger
         x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
         mask = torch.rand(shape, generator=gen, device=device) < 1e-3

@@ -65,16 +65,34 @@ class Judge:
         return make_inputs(self.op, shape, seed, round_, self.rt.device)
 
     def _reference(self, inputs: dict) -> list:
-        """float64 reference on private copies, moved aside before the candidate runs."""
+        """[(float64 reference, error budget)] per output, on private float64 copies. The judge
+        computes it only once the candidate will never again be called on these values (after
+        the runs of a check round, after a timed loop), from inputs made afresh from their seed
+        (`_pristine`): no answer sits in memory the candidate could copy from while it runs."""
         torch = self.torch
         private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v.clone())
                    for k, v in inputs.items()}
+        from .inputs import TORCH_DTYPES
         from .verify import tolerance_bound
 
         out = self.reference(**private, **self.scalars)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         del private
-        return [(o.detach().clone(), tolerance_bound(o, self.op.atol, self.op.rtol)) for o in outs]
+        return [(o.detach(), tolerance_bound(o, self.op.atol, self.op.rtol, TORCH_DTYPES[t.dtype],
+                                             self.op.ulps, self.op.floor))
+                for t, o in zip(self.op.outputs, outs)]
+
+    def _decoys(self, shape: dict, tag: tuple) -> list:
+        """Per output, two plausible wrong answers (verify.decoys): the reference's answer, in
+        the output dtype, for a value set the candidate is never given."""
+        from .inputs import TORCH_DTYPES
+        from .verify import decoys
+
+        vals = self._inputs(shape, _seed(*tag, "decoy"), 0)
+        private = {k: (v.to(self.torch.float64) if v.dtype.is_floating_point else v) for k, v in vals.items()}
+        out = self.reference(**private, **self.scalars)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        return [decoys(o.detach().to(TORCH_DTYPES[t.dtype])) for t, o in zip(self.op.outputs, out)]
 
     def _outputs(self, shape: dict) -> list:
         from .inputs import TORCH_DTYPES, shape_of
@@ -91,16 +109,53 @@ class Judge:
             vals.append(tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a])
         return vals
 
-    def _check(self, outs: list, refs: list, which: int, guards: bool = True) -> str | None:
+    def _check(self, outs: list, refs: list, which: int = 0, guards: bool = True) -> str | None:
+        """The live outputs against references (for callers that hold both at once)."""
         from .verify import compare
 
         for t, o, (r, bound) in zip(self.op.outputs, outs, refs):
-            if guards and not o.guards_intact(which):
+            if guards and not o.guards_intact():
                 return f"output '{t.name}': wrote outside its bounds (guard band changed)"
             ok, why, _ = compare(o.view, r, self.op.atol, self.op.rtol, bound)
             if not ok:
                 return f"output '{t.name}': {why}"
         return None
+
+    def _snap(self, outs: list, guards: bool = True) -> dict:
+        """Right after a checked call: checksummed copies of the outputs, and the guard bands'
+        verdict; compared with the reference later (`_settle`)."""
+        from .verify import Snapshot
+
+        self.rt.sync()
+        bad = next((t.name for t, o in zip(self.op.outputs, outs) if guards and not o.guards_intact()), None)
+        return {"snaps": [Snapshot(o.view) for o in outs], "guard": bad}
+
+    def _settle(self, taken: dict, refs: list, priors: list | None = None) -> str | None:
+        from .verify import compare
+
+        if taken["guard"]:
+            return f"output '{taken['guard']}': wrote outside its bounds (guard band changed)"
+        for i, (t, snap, (r, bound)) in enumerate(zip(self.op.outputs, taken["snaps"], refs)):
+            if not snap.intact():
+                return f"output '{t.name}': the judge's copy of the output changed after the call (tampering)"
+            ok, why, _ = compare(snap.data, r, self.op.atol, self.op.rtol, bound,
+                                 prior=priors[i] if priors else None)
+            if not ok:
+                return f"output '{t.name}': {why}"
+        return None
+
+    def _pristine(self, shape: dict, made: tuple) -> dict:
+        """The inputs of one value set made again from their seed: what the candidate was given."""
+        return self._inputs(shape, *made)
+
+    def _unchanged(self, shape: dict, made: tuple, *copies: dict) -> tuple[dict, str | None]:
+        """(pristine inputs, the first input that differs from them in any of `copies`)."""
+        fresh = self._pristine(shape, made)
+        for c in copies:
+            for k, v in c.items():
+                if not self.torch.equal(v, fresh[k]):
+                    return fresh, k
+        return fresh, None
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
                second_check: float | None = None) -> list[float]:
@@ -120,7 +175,13 @@ class Judge:
     def evaluate(self, job: dict) -> dict:
         """Verify on every shape (spec and extra), then time the spec's shapes. A job may name
         its own `shapes`, how many of them to time (`n_timed`) and the check rounds (`checks`):
-        pipe compare verifies a kernel for a held-out shape that way before it is shipped."""
+        pipe compare verifies a kernel for a held-out shape that way before it is shipped.
+
+        Each check round gives the kernel new values (new buffers in even rounds, the same
+        addresses in odd ones) and runs it twice, the output holding a decoy before each run
+        (a plausible wrong answer, never NaN); its outputs are snapshotted, and only then are
+        the inputs made again from their seed, compared with the ones the kernel saw, and the
+        reference computed from them."""
         from .timing import stats
 
         shapes_out = []
@@ -138,37 +199,41 @@ class Judge:
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
             outs = self._outputs(shape)
+            decoys = self._decoys(shape, (job["seed"], si))
             inputs: dict = {}
+            run = None
             for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them
-                fresh = self._inputs(shape, _seed(job["seed"], si, r), r + si)
+                made = (_seed(job["seed"], si, r), r + si)
+                fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses
                     inputs = fresh
                 else:  # new values at the same addresses: defeats caching by pointer
                     for k, v in fresh.items():
                         inputs[k].copy_(v)
-                before = {k: v.clone() for k, v in inputs.items()}
-                refs = self._reference(inputs)
+                del fresh
                 run = self.rt.prepare(fn, self._values(shape, inputs, outs), geometry)
-                for which in (0, 1):  # two runs, two poisons: both must pass
-                    for o in outs:
-                        o.fill(which)
+                taken = []
+                for which in (0, 1):  # two runs, two decoys: both must pass
+                    for o, d in zip(outs, decoys):
+                        o.put(d[which])
                     self.rt.sync()
                     run()
-                    self.rt.sync()
-                    why = self._check(outs, refs, which)
+                    taken.append(self._snap(outs))
+                pristine, changed = self._unchanged(shape, made, inputs)
+                if changed and not self.op.in_place:
+                    return {"status": "wrong", "reason": f"{label}: input '{changed}' was modified by the kernel"}
+                refs = self._reference(pristine)
+                for which in (0, 1):
+                    why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
-                if not self.op.in_place:
-                    for k, v in inputs.items():
-                        if not self.torch.equal(v, before[k]):
-                            return {"status": "wrong",
-                                    "reason": f"{label}: input '{k}' was modified by the kernel"}
+                del refs, pristine, taken
             t1 = clock()
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
                 continue
-            why, times = self._time_checked(job, si, shape, inputs, before, refs, run, outs, phases)
+            why, times = self._time_checked(job, si, shape, inputs, run, outs, phases)
             phases["time_s"] += clock() - t1
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
@@ -176,37 +241,34 @@ class Judge:
             shapes_out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
 
-    def _time_checked(self, job, si, shape, inputs, values0, refs0, run, outs, phases):
+    def _time_checked(self, job, si, shape, inputs, run, outs, phases):
         """Time `run` while two value sets take turns in the input buffers.
 
         Before every timed call (outside the timed region) the inputs get the
         other set's values, so no call sees the inputs of the call before it:
         a kernel that skips work when its inputs look unchanged, or replays a
         cached output, leaves a wrong output. Two random timed calls and the
-        last are checked against the reference of the values they were given,
-        with no poison in the output beforehand (poison would tip a kernel off);
-        when all of them were given the same set, one more call, on the other
-        set, is checked too, so a kernel that works on one set's calls only (or
-        stops after verification) cannot pass unseen.
+        last are checked, with nothing put in the output beforehand: each
+        checked call, like every unchecked one, finds the kernel's own output
+        for the other set there, a plausible wrong answer. When all of them were
+        given the same set, one more call, on the other set, is checked too, so
+        a kernel that works on one set's calls only (or stops after
+        verification) cannot pass unseen. A checked call's outputs are
+        snapshotted; the references are computed after the loop, from the
+        value sets made again from their seeds.
         """
         clock = time.perf_counter
         t0 = clock()
-        sets = [values0, self._inputs(shape, _seed(job["seed"], si, "timing"), 1 + si)]
-        refs = [refs0, self._reference(sets[1])]
+        made = [(_seed(job["seed"], si, "timing", k), k + si) for k in (0, 1)]
+        sets = [self._inputs(shape, *m) for m in made]
         state, refresh = _alternate(inputs, sets)
         self.rt.sync()
         checking = [0.0]
-
-        failed: list[str] = []
-        seen: set[int] = set()  # the value sets the checked calls were given
+        taken: list[tuple[int, dict]] = []  # (value set, snapshots)
 
         def check():
             c0 = clock()
-            self.rt.sync()
-            why = self._check(outs, refs[state["cur"]], 1, guards=True)
-            seen.add(state["cur"])
-            if why:
-                failed.append(why)
+            taken.append((state["cur"], self._snap(outs)))
             checking[0] += clock() - c0
 
         rng = random.Random(job["seed"] + si)
@@ -218,10 +280,8 @@ class Judge:
         late = self._late(times)
         if late:
             return late, times
-        if failed:
-            return failed[0], times
         check()
-        if not failed and len(seen) < 2:
+        if len({k for k, _ in taken}) < 2:
             # Every checked call was given the same value set. A kernel that skips the work
             # on the calls of one set (after the checks of verification, or every other call)
             # leaves that set's output in place and would pass them all: one more call, on the
@@ -229,8 +289,23 @@ class Judge:
             refresh()
             run()
             check()
+        # no candidate code runs from here on: the answers can be worked out
+        c0 = clock()
+        cur = state["cur"]
+        why = None
+        for k in sorted({k for k, _ in taken}):
+            live = [inputs] if k == cur and not self.op.in_place else []
+            pristine, changed = self._unchanged(shape, made[k], sets[k], *live)
+            if changed:
+                why = f"input '{changed}' (value set {k}) was modified during the timed calls"
+                break
+            refs = self._reference(pristine)
+            why = next((w for kk, t in taken if kk == k for w in [self._settle(t, refs)] if w), None)
+            if why:
+                break
+        checking[0] += clock() - c0
         phases["time_check_s"] += checking[0]
-        return (failed[0] if failed else None), times
+        return why, times
 
     def _late(self, times: list[float]) -> str | None:
         """Did the device stay busy well after the end event (work on another stream)?
@@ -301,12 +376,24 @@ class Judge:
         return {"status": "ok", "shapes": out}
 
     def _rotation(self, shape: dict, tag: tuple):
-        """Two value sets for one shape's inputs, their references, and `refresh`, which
-        copies the other set into the input buffers before a call (state["cur"] says which)."""
-        inputs = self._inputs(shape, _seed(*tag, 0), 0)
-        sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, _seed(*tag, 1), 1)]
-        refs = [self._reference(sets[0]), self._reference(sets[1])]
-        return (inputs, sets, refs, *_alternate(inputs, sets))
+        """Two value sets for one shape's inputs, `answers` (which works out their references
+        once the candidates are done: from the sets made again from their seeds, checked
+        against the copies the candidates could reach) and `refresh`, which copies the other
+        set into the input buffers before a call (state["cur"] says which)."""
+        made = [(_seed(*tag, k), k) for k in (0, 1)]
+        inputs = self._inputs(shape, *made[0])
+        sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, *made[1])]
+        done: dict = {}
+
+        def answers(k: int):
+            """(references, None) or (None, why) for value set k."""
+            if k not in done:
+                pristine, changed = self._unchanged(shape, made[k], sets[k])
+                done[k] = (None, f"the judge's copy of input '{changed}' was modified") if changed else \
+                    (self._reference(pristine), None)
+            return done[k]
+
+        return (inputs, sets, answers, *_alternate(inputs, sets))
 
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0) -> dict:
         """medians[round][job][shape]: the jobs timed in alternating order each round,
@@ -316,7 +403,7 @@ class Judge:
         prepared, refreshers, checkers, keep = [], [], [], []
         mode = None
         for si, shape in enumerate(self.op.shapes):
-            inputs, sets, refs, state, refresh = self._rotation(shape, ("retime", seed, si))
+            inputs, sets, answers, state, refresh = self._rotation(shape, ("retime", seed, si))
 
             row, outs_row = [], []
             for j in jobs:
@@ -336,9 +423,15 @@ class Judge:
             mode = None
             prepared.append(row)
             refreshers.append(refresh)
-            checkers.append((outs_row, refs, state))
+            checkers.append((outs_row, answers, state))
             keep.append((inputs, sets))  # the prepared calls point into these buffers
         medians = []
+        # (shape, job, round, value set, snapshots): checked once every round is done, for the
+        # last round and one earlier round drawn in secret per shape and job (a snapshot of every
+        # round would hold rounds x jobs x shapes copies of the outputs)
+        taken = []
+        pick = {(si, j): secrets.randbelow(max(1, rounds - 1)) for si in range(len(self.op.shapes))
+                for j in range(len(jobs))}
         for r in range(rounds):
             row = [[0.0] * len(self.op.shapes) for _ in jobs]
             order = list(range(len(jobs)))
@@ -348,14 +441,15 @@ class Judge:
                 for j in order:
                     ts = self._bench(prepared[si][j], budget_scale=0.3, refresh=refreshers[si])
                     row[j][si] = _mid(ts)
-                    self.rt.sync()
-                    outs_row, refs, state = checkers[si]
-                    if outs_row[j] is None:
-                        continue
-                    why = self._check(outs_row[j], refs[state["cur"]], 1, guards=False)
-                    if why:
-                        return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}: {why}"}
+                    outs_row, _, state = checkers[si]
+                    if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
+                        taken.append((si, j, r, state["cur"], self._snap(outs_row[j], guards=False)))
             medians.append(row)
+        for si, j, r, k, t in taken:
+            refs, why = checkers[si][1](k)
+            why = why or self._settle(t, refs)
+            if why:
+                return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}, round {r}: {why}"}
         return {"status": "ok", "medians": medians}
 
     def compare(self, job: dict) -> dict:
@@ -376,9 +470,9 @@ class Judge:
             others.pop("torch eager")
         shapes = []
         for si, shape in enumerate(job.get("shapes") or self.op.shapes):
-            inputs, sets, refs, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
+            inputs, sets, answers, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
-            calls, errors, outs_of = {}, dict(notes), {}
+            calls, errors, outs_of, taken, results = {}, dict(notes), {}, [], {}
             mode = None  # every arm of a shape runs in the first arm's mode (graph replay or direct)
             for cand in job["candidates"][si]:
                 name = cand["label"]
@@ -386,27 +480,24 @@ class Judge:
                 try:
                     fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
                     call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"], mode=mode)
-                    for o in outs:
-                        o.fill(0)
                     self.rt.sync()
                     call()
-                    self.rt.sync()
+                    taken.append((name, "", state["cur"], self._snap(outs)))
                 except Exception as e:
                     if not self.rt.healthy():
                         raise  # a sticky device error: the worker is lost, the runner says so
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
                     continue
                 mode = getattr(call, "mode", mode)
-                errors[name] = self._check(outs, refs[0], 0)
+                errors[name] = None
                 calls[name], outs_of[name] = call, outs
             for name, f in others.items():
                 try:
-                    res = f(**inputs, **self.scalars)
+                    res = f(**inputs, **self.scalars)  # it runs; its answer is checked after the rounds
                     self.rt.sync()
-                    res = list(res) if isinstance(res, (tuple, list)) else [res]
-                    errors[name] = next((f"output {i}: {why}" for i, (o, (r, b)) in enumerate(zip(res, refs[0]))
-                                         for ok, why, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)]
-                                         if not ok), None)
+                    del res
+                    results[name] = f
+                    errors[name] = None
                     calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars), mode)
                     mode = getattr(calls[name], "mode", mode)
                 except Exception as e:
@@ -426,16 +517,30 @@ class Judge:
                     # launches, so no arm's host overhead lands between its events)
                     ts = self._bench(calls[name], refresh=refresh)
                     times[name].append(_mid(ts))
-                    if name in outs_of and errors[name] is None:
-                        self.rt.sync()
-                        why = self._check(outs_of[name], refs[state["cur"]], 1, guards=False)
-                        if why:
-                            errors[name] = f"after timing: {why}"
+                    if name in outs_of:
+                        taken.append((name, "after timing: ", state["cur"], self._snap(outs_of[name], guards=False)))
+            # the candidates are done on this shape: the references can be worked out
+            for name, f in results.items():
+                refs, why = answers(0)
+                if not why:
+                    for k, v in sets[0].items():
+                        inputs[k].copy_(v)
+                    res = f(**inputs, **self.scalars)
+                    self.rt.sync()
+                    res = list(res) if isinstance(res, (tuple, list)) else [res]
+                    why = next((f"output {i}: {w}" for i, (o, (r, b)) in enumerate(zip(res, refs))
+                                for ok, w, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)] if not ok), None)
+                errors[name] = why
+            for name, prefix, k, t in taken:
+                refs, why = answers(k)
+                why = why or self._settle(t, refs)
+                if why and errors.get(name) is None:
+                    errors[name] = prefix + why
             shapes.append({name: {"median": statistics.median(times[name]) if times[name] else None,
                                   "rounds": times[name], "error": errors.get(name),
                                   "mode": getattr(calls.get(name), "mode", None)}
                            for name in dict.fromkeys([*names, *errors])})
-            del calls, outs_of, inputs, sets, refs
+            del calls, outs_of, inputs, sets, answers, taken, results
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None
         return {"status": "ok", "shapes": shapes, "machine": self._machine()}
 
@@ -484,6 +589,81 @@ def _alternate(inputs: dict, sets: list[dict]):
     return state, refresh
 
 
+LOG_CAP_BYTES = 256 << 10  # what one request may add to worker.log
+LOG_TOTAL_BYTES = 16 << 20  # past this the log starts again from empty
+
+
+class CappedLog:
+    """The worker's stdout and stderr (fd 1 and 2, so a CPU kernel's printf and the CUDA
+    driver's device-printf flushes too) go into a pipe; a thread copies what comes out to
+    the log file, at most LOG_CAP_BYTES a request, and drops the rest (still reading, so a
+    printing kernel is never blocked for good). A log past LOG_TOTAL_BYTES is emptied. The
+    reply of a request that hit the cap carries `log_capped` (the bytes dropped)."""
+
+    def __init__(self, path: str, cap: int = LOG_CAP_BYTES, total: int = LOG_TOTAL_BYTES):
+        import threading
+
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        r, w = os.pipe()
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+        self.r, self.cap, self.total = r, cap, total
+        self.lock = threading.Lock()
+        self.written = self.dropped = 0
+        threading.Thread(target=self._drain, daemon=True, name="pipe-log").start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                b = os.read(self.r, 1 << 16)
+            except OSError:
+                return
+            if not b:
+                return
+            with self.lock:
+                keep = b[:max(0, self.cap - self.written)]
+                if keep:
+                    try:
+                        if os.fstat(self.fd).st_size + len(keep) > self.total:
+                            os.ftruncate(self.fd, 0)
+                            os.write(self.fd, b"[worker.log emptied: it passed its size limit]\n")
+                        os.write(self.fd, keep)
+                    except OSError:
+                        pass
+                    self.written += len(keep)
+                self.dropped += len(b) - len(keep)
+
+    def _pending(self) -> int:
+        import fcntl
+        import struct
+        import termios
+
+        try:
+            return struct.unpack("i", fcntl.ioctl(self.r, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return 0
+
+    def start(self) -> None:
+        with self.lock:
+            self.written = self.dropped = 0
+
+    def finish(self) -> dict:
+        """{"log_capped": bytes dropped} if this request hit the cap, else {}."""
+        import sys
+
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        t = time.monotonic()
+        while self._pending() and time.monotonic() - t < 1.0:  # let the thread catch up
+            time.sleep(0.002)
+        with self.lock:
+            return {"log_capped": self.dropped} if self.dropped else {}
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel kills this worker when the runner dies, even by SIGKILL."""
     try:
@@ -498,9 +678,7 @@ def worker_main(conn, spec, log_path: str) -> None:
     _die_with_parent()
     if os.getppid() == 1:  # the runner is already gone
         return
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    log = CappedLog(log_path)  # stdout and stderr, kernels' printf included, go through a capped pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when we stop
     if spec.kernel.backend == "cpu":
         # Inductor compiles in this process, not in a pool of subprocesses that the CPU
@@ -534,6 +712,7 @@ def worker_main(conn, spec, log_path: str) -> None:
             except Exception:
                 traceback.print_exc()
             sandboxed = install()  # native candidate code runs from here on
+        log.start()
         try:
             result = getattr(judge, kind)(*args)
             mode_broken = judge.rt.mode_changed() if hasattr(judge.rt, "mode_changed") else None
@@ -545,9 +724,9 @@ def worker_main(conn, spec, log_path: str) -> None:
             if not judge.rt.healthy():  # a sticky device error: this process's context is gone
                 result = {"status": "fault", "fatal": True,
                           "reason": f"device fault: {type(e).__name__}: {str(e)[:400]}"}
-                conn.send({**result, "nonce": nonce})
+                conn.send({**result, **log.finish(), "nonce": nonce})
                 return
-        conn.send({**result, "nonce": nonce})
+        conn.send({**result, **log.finish(), "nonce": nonce})
 
 
 class Worker:

@@ -366,20 +366,18 @@ class Evaluator:
         if any(c.ptx is None for c in comp.values()):
             return None
         mine = ptx.merge([comp[s].ptx for s in dict.fromkeys(sources)])
-        if not named and not sp.forbidden.patterns:
-            return "", mine, None
-        for src in dict.fromkeys(sources):
-            c = comp[src]
-            if c.expanded is None:
+        if approved is None or (not named and not sp.forbidden.patterns):
+            return "", mine, None  # the approved template: its own build is what is allowed
+        for src in dict.fromkeys(sources):  # a variant: the source rules after the preprocessor
+            expanded, why = self.backend.expand(src, sp.kernel.options, sp.hw)
+            if expanded is None:
                 if named:
                     return (f"preprocessor: the source rules need the preprocessed source, and the "
-                            f"preprocessor could not read it ({c.expand_error})"), mine, None
+                            f"preprocessor could not read it ({why})"), mine, None
                 continue
-            v = forbid.check_expanded(c.expanded, sp.kernel.backend, named, sp.forbidden.patterns)
+            v = forbid.check_expanded(expanded, sp.kernel.backend, named, sp.forbidden.patterns)
             if v:
                 return str(v), mine, None
-        if approved is None:  # the approved template: its own build is what is allowed
-            return "", mine, None
         base_unique = list(dict.fromkeys(approved))
         base = dict(zip(base_unique, self._compile_all(base_unique)))
         ok = all(c.ok and c.ptx is not None for c in base.values())

@@ -29,11 +29,7 @@ class Compiled:
     resources: dict = field(default_factory=dict)  # registers, spills, stack ... where known
     status: str = "ok"  # ok | compile_error | pruned
     reason: str = ""
-    # CUDA: the classified PTX instructions (runner.ptx.analyze) and the preprocessed source
-    # (runner.forbid.preprocess), or why the preprocessor could not read it
-    ptx: dict | None = None
-    expanded: str | None = None
-    expand_error: str = ""
+    ptx: dict | None = None  # CUDA: the classified PTX instructions (runner.ptx.analyze)
 
 
 def cache_dir() -> Path:

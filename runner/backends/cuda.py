@@ -133,8 +133,7 @@ def _cached(source: str, entry: str, options: tuple[str, ...], hw):
         except ValueError:
             return None, out, meta
         return (Compiled(True, str(out), log, time.perf_counter() - t0, cached=True,
-                         resources=parse_ptxas(log, entry), ptx=j["ptx"], expanded=j["expanded"],
-                         expand_error=j["expand_error"]), out, meta)
+                         resources=parse_ptxas(log, entry), ptx=j["ptx"]), out, meta)
     return None, out, meta
 
 
@@ -180,10 +179,6 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         return Compiled(False, None, "", 0.0, status="compile_error",
                         reason=f"cuda.core is not installed ({e}); pip install 'pipe-autoresearch[cuda]'")
     buf = io.StringIO()
-    # the preprocessor (pure Python) on a thread while NVRTC compiles (NVRTC lets go of the GIL)
-    expanded: list = []
-    pp = threading.Thread(target=lambda: expanded.append(_expand(source, options, arch)), daemon=True)
-    pp.start()
     try:
         prog = Program(source, "c++", opts)
         obj = prog.compile("cubin", logs=buf)
@@ -199,9 +194,7 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     if not in_log and (log.strip() or entry.encode() not in code):
         return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                         reason=f"no kernel named '{entry}' in the cubin (missing extern \"C\" __global__?)")
-    pp.join()
-    text, why = expanded[0]
-    judged = {"ptx": ptx_counts, "expanded": text, "expand_error": why}
+    judged = {"ptx": ptx_counts}
     out.parent.mkdir(parents=True, exist_ok=True)
     for path, data in ((out, code), (meta, log.encode()), (out.with_suffix(".judge.json"),
                                                              json.dumps(judged).encode())):
@@ -209,7 +202,27 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         tmp.write_bytes(data)
         os.replace(tmp, path)
     return Compiled(True, str(out), log, time.perf_counter() - t0, resources=parse_ptxas(log, entry),
-                    ptx=ptx_counts, expanded=text, expand_error=why)
+                    ptx=ptx_counts)
+
+
+def expand(source: str, options: tuple[str, ...], hw) -> tuple[str | None, str]:
+    """The preprocessed source, or (None, why not), cached on disk by source hash (pcpp is
+    pure Python: some 70 to 250 ms a softmax source, so the trial asks only for variants)."""
+    arch = hw.arch or "sm_90"
+    key = artifact_key(source, " ".join(options), arch, nvrtc_version(), "expand")
+    path = cache_dir() / "cuda" / f"{key}.expand.json"
+    if path.exists():
+        try:
+            j = json.loads(path.read_text())
+            return j["text"], j["error"]
+        except (ValueError, KeyError):
+            pass
+    text, why = _expand(source, options, arch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps({"text": text, "error": why}))
+    os.replace(tmp, path)
+    return text, why
 
 
 _LIBRARY: dict = {}

@@ -43,6 +43,8 @@ class Build:
     resources: dict | None = None  # source -> compiler report, once everything compiled
     compile_s: float = 0.0
     log: str = ""
+    ptx: dict | None = None  # the classified PTX instructions of every shape's build (ptx.merge)
+    ptx_approved: dict | None = None  # those of the approved template's build, for a variant
 
 
 def geometry_key(geometry: list[dict]) -> str:
@@ -57,7 +59,7 @@ def sources_hash(sources: list[str]) -> str:
 
 # the code a verdict depends on besides the spec: the judge, the backends (compile options,
 # pruning, launches, timing), the forbidden-action checks and the figures
-_JUDGE_CODE = ("judge/*.py", "backends/*.py", "forbid.py", "figures.py")
+_JUDGE_CODE = ("judge/*.py", "backends/*.py", "forbid.py", "ptx.py", "figures.py")
 _SPEC_PARTS = ("spec", "hardware", "reference")  # must match for a run's verdicts to be offered
 _MADE_WITH = ("toolchain", "judge")  # must match per trial (a resumed run may have changed them)
 
@@ -236,8 +238,12 @@ class Evaluator:
             self._score(trial, list(old.times), list(old.spreads or []))  # against this run's baseline
             return done("ok")
         t_build = time.perf_counter()
-        b = self.build(sources, geometry)
+        b = self.build(sources, geometry, self.approved_sources(params, variant))
         trial.details["build_wall_s"] = round(time.perf_counter() - t_build, 4)
+        if b.ptx is not None:
+            trial.details["ptx_counts"] = b.ptx
+        if b.ptx_approved is not None:
+            trial.details["ptx_counts_approved"] = b.ptx_approved
         if b.resources is None:  # forbidden, or a compile failure
             if b.log:
                 trial.details["compile_log"] = b.log[-4000:]
@@ -308,11 +314,26 @@ class Evaluator:
     def prebuild(self, params: dict, variant: str | None = None) -> None:
         """Compile a configuration's sources into the compile cache, ahead of its trial (no
         verdict: the trial itself builds again, from the cache, and judges)."""
-        self.build(self.render_all(params, variant), self.geometry(params))
+        self.build(self.render_all(params, variant), self.geometry(params), self.approved_sources(params, variant))
 
-    def build(self, sources: list[str], geometry: list[dict]) -> "Build":
+    def approved_sources(self, params: dict, variant: str | None) -> list[str] | None:
+        """For a variant, the approved template's source for every shape at the same parameters:
+        the build its compiled code is judged against (None for the approved template itself,
+        or where the template does not render at these parameters)."""
+        if variant is None or variant == _OLD_TEMPLATE:
+            return None
+        try:
+            return self.render_all(params, None)
+        except (render.RenderError, ExprError):
+            return None
+
+    def build(self, sources: list[str], geometry: list[dict], approved: list[str] | None = None) -> "Build":
         """Forbidden rules, compiles (distinct sources side by side) and the profile's limits
-        for per-shape sources and launches; the first failure in that order is the verdict."""
+        for per-shape sources and launches; the first failure in that order is the verdict.
+        Where the backend reports the compiled code (CUDA: PTX and the preprocessed source),
+        the source rules run again on the preprocessed source, and a variant's compiled code
+        is judged against the approved template's build at the same parameters (`approved`,
+        its source per shape); the approved template's own build is its own baseline."""
         sp = self.spec
         unique = list(dict.fromkeys(sources))
         for src in unique:
@@ -320,20 +341,65 @@ class Evaluator:
                                     sp.forbidden.patterns)
             if v:
                 return Build("forbidden", str(v))
-        arts, resources, compile_s = {}, {}, 0.0
+        arts, resources, compile_s, comp = {}, {}, 0.0, {}
         for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
             compile_s += c.seconds
             if not c.ok:
                 return Build(c.status, c.reason, compile_s=compile_s, log=c.log)
             arts[src] = c.artifact
             resources[src] = c.resources
+            comp[src] = c
+        judged = self._judge_compiled(sources, comp, approved)
+        if judged is not None:
+            why, mine, theirs = judged
+            if why:
+                return Build("forbidden", why, compile_s=compile_s, ptx=mine, ptx_approved=theirs)
+        mine, theirs = (judged[1], judged[2]) if judged else (None, None)
         prune = getattr(self.backend, "prune", None)
         if prune is not None:
             for i, (src, geo) in enumerate(zip(sources, geometry)):
                 why = prune(resources[src], geo, sp.hw, "spills" in sp.forbidden.named)
                 if why:
-                    return Build("pruned", f"shape {i}: {why}", resources=resources, compile_s=compile_s)
-        return Build("ok", artifacts=[arts[s] for s in sources], resources=resources, compile_s=compile_s)
+                    return Build("pruned", f"shape {i}: {why}", resources=resources, compile_s=compile_s,
+                                 ptx=mine, ptx_approved=theirs)
+        return Build("ok", artifacts=[arts[s] for s in sources], resources=resources, compile_s=compile_s,
+                     ptx=mine, ptx_approved=theirs)
+
+    def _judge_compiled(self, sources: list[str], comp: dict, approved: list[str] | None):
+        """(why it is forbidden or "", the candidate's PTX counts, the approved build's) from
+        what the compiler reported, or None where the backend reports nothing."""
+        from . import ptx
+
+        sp = self.spec
+        named = sp.forbidden.named
+        if any(c.ptx is None for c in comp.values()):
+            return None
+        mine = ptx.merge([comp[s].ptx for s in dict.fromkeys(sources)])
+        if approved is None or (not named and not sp.forbidden.patterns):
+            return "", mine, None  # the approved template: its own build is what is allowed
+        for src in dict.fromkeys(sources):  # a variant: the source rules after the preprocessor
+            expanded, why = self.backend.expand(src, sp.kernel.options, sp.hw)
+            if expanded is None:
+                if named:
+                    return (f"preprocessor: the source rules need the preprocessed source, and the "
+                            f"preprocessor could not read it ({why})"), mine, None
+                continue
+            v = forbid.check_expanded(expanded, sp.kernel.backend, named, sp.forbidden.patterns)
+            if v:
+                return str(v), mine, None
+        base_unique = list(dict.fromkeys(approved))
+        base = dict(zip(base_unique, self._compile_all(base_unique)))
+        ok = all(c.ok and c.ptx is not None for c in base.values())
+        theirs = ptx.merge([base[s].ptx for s in base_unique]) if ok else None
+        waived = self.backend.library_opcodes(sp.kernel.options, sp.hw)
+        for i, (src, asrc) in enumerate(zip(sources, approved)):
+            found = ptx.compare(comp[src].ptx, base[asrc].ptx if ok else None, named, waived)
+            if found:
+                action, why = found
+                return (f"{action}: {forbid.NAMED[action].description}: shape {i}: {why}"
+                        + ("" if ok else " (the approved template does not compile at these parameters)"),
+                        mine, theirs)
+        return "", mine, theirs
 
     def compiled(self, sources: list[str]) -> tuple[list[str] | None, object | None]:
         """(artifact per source, None), or (None, the first failed compile): distinct sources

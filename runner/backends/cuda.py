@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
 import os
 import re
 import threading
 import time
 from functools import lru_cache
 
+from .. import ptx
 from . import Compiled, artifact_key, cache_dir
 
 GRAPH_BELOW_S = 20e-6  # auto mode: kernels shorter than this run as CUDA graph replays
@@ -123,11 +125,41 @@ def _cached(source: str, entry: str, options: tuple[str, ...], hw):
     key = artifact_key(source, " ".join(options), hw.arch or "sm_90", nvrtc_version(), "cuda")
     out = cache_dir() / "cuda" / f"{key}.cubin"
     meta = out.with_suffix(".log")
-    if out.exists() and meta.exists():
+    judged = out.with_suffix(".judge.json")  # the PTX counts and the preprocessed source
+    if out.exists() and meta.exists() and judged.exists():
         log = meta.read_text()
+        try:
+            j = json.loads(judged.read_text())
+        except ValueError:
+            return None, out, meta
         return (Compiled(True, str(out), log, time.perf_counter() - t0, cached=True,
-                         resources=parse_ptxas(log, entry)), out, meta)
+                         resources=parse_ptxas(log, entry), ptx=j["ptx"]), out, meta)
     return None, out, meta
+
+
+def _expand(source: str, options: tuple[str, ...], arch: str) -> tuple[str | None, str]:
+    """(the preprocessed source, "") or (None, why the preprocessor could not read it)."""
+    from .. import forbid
+
+    defines = [o[2:] for o in options if o.startswith("-D")]
+    try:
+        return forbid.preprocess(source, forbid.nvrtc_macros(arch, nvrtc_version()), defines), ""
+    except Exception as e:  # forbid.PreprocessError, or pcpp's own
+        return None, str(e)[:500] or type(e).__name__
+
+
+def _ptx_text(program) -> str:
+    """The PTX of a compiled program: NVRTC keeps it beside the cubin of a real architecture."""
+    from cuda.bindings import nvrtc
+
+    err, n = nvrtc.nvrtcGetPTXSize(program.handle)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not n:
+        raise RuntimeError(f"NVRTC gave no PTX ({err})")
+    buf = b" " * n
+    (err,) = nvrtc.nvrtcGetPTX(program.handle, buf)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"NVRTC gave no PTX ({err})")
+    return buf.rstrip(b"\0 ").decode(errors="replace")
 
 
 def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
@@ -148,8 +180,10 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
                         reason=f"cuda.core is not installed ({e}); pip install 'pipe-autoresearch[cuda]'")
     buf = io.StringIO()
     try:
-        obj = Program(source, "c++", opts).compile("cubin", logs=buf)
+        prog = Program(source, "c++", opts)
+        obj = prog.compile("cubin", logs=buf)
         code = bytes(obj.code)
+        ptx_counts = ptx.analyze(_ptx_text(prog))
     except Exception as e:  # NVRTCError carries the compiler log as its message
         msg = str(e).replace("\x00", "")
         first = next((ln.strip() for ln in msg.splitlines() if "error" in ln and "NVRTC_ERROR" not in ln),
@@ -160,12 +194,68 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     if not in_log and (log.strip() or entry.encode() not in code):
         return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                         reason=f"no kernel named '{entry}' in the cubin (missing extern \"C\" __global__?)")
+    judged = {"ptx": ptx_counts}
     out.parent.mkdir(parents=True, exist_ok=True)
-    for path, data in ((out, code), (meta, log.encode())):
+    for path, data in ((out, code), (meta, log.encode()), (out.with_suffix(".judge.json"),
+                                                             json.dumps(judged).encode())):
         tmp = path.with_suffix(path.suffix + f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-    return Compiled(True, str(out), log, time.perf_counter() - t0, resources=parse_ptxas(log, entry))
+    return Compiled(True, str(out), log, time.perf_counter() - t0, resources=parse_ptxas(log, entry),
+                    ptx=ptx_counts)
+
+
+def expand(source: str, options: tuple[str, ...], hw) -> tuple[str | None, str]:
+    """The preprocessed source, or (None, why not), cached on disk by source hash (pcpp is
+    pure Python: some 70 to 250 ms a softmax source, so the trial asks only for variants)."""
+    arch = hw.arch or "sm_90"
+    key = artifact_key(source, " ".join(options), arch, nvrtc_version(), "expand")
+    path = cache_dir() / "cuda" / f"{key}.expand.json"
+    if path.exists():
+        try:
+            j = json.loads(path.read_text())
+            return j["text"], j["error"]
+        except (ValueError, KeyError):
+            pass
+    text, why = _expand(source, options, arch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps({"text": text, "error": why}))
+    os.replace(tmp, path)
+    return text, why
+
+
+_LIBRARY: dict = {}
+
+
+def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
+    """The fast_math-class opcodes that CUDA's accurate math functions compile to with these
+    options (runner.ptx.LIBRARY_PROBE), cached per process and on disk."""
+    arch = hw.arch or "sm_90"
+    key = artifact_key(ptx.LIBRARY_PROBE, " ".join(options), arch, nvrtc_version(), "library")
+    hit = _LIBRARY.get(key)
+    if hit is not None:
+        return hit
+    path = cache_dir() / "cuda" / f"{key}.library.json"
+    if path.exists():
+        try:
+            _LIBRARY[key] = frozenset(json.loads(path.read_text()))
+            return _LIBRARY[key]
+        except ValueError:
+            pass
+    with _IMPORT_LOCK:
+        from cuda.core import Program
+
+        opts = _options(tuple(o for o in options if not o.startswith("-D")), arch, "pipe_library_probe.cu")
+    prog = Program(ptx.LIBRARY_PROBE, "c++", opts)
+    prog.compile("cubin", logs=io.StringIO())
+    ops = ptx.library_opcodes(_ptx_text(prog))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(sorted(ops)))
+    os.replace(tmp, path)
+    _LIBRARY[key] = ops
+    return ops
 
 
 # NVRTC compiles of one process run one at a time (measured on 2 cores: four compiles of a

@@ -1,0 +1,201 @@
+"""What a CUDA candidate's compiled code does, instruction by instruction: the PTX that
+NVRTC emitted for it (the same compile that made its cubin), sorted into the forbidden
+actions.
+
+Source rules read the spelling; a macro, a second instruction inside one inline-asm
+string, or a C++ operator on bf16 types reaches the same instructions without the
+spelling. So the judge also counts, in the PTX, the instructions of each forbidden class:
+
+- `fast_math`: approximate instructions (`ex2.approx`, `lg2.approx`, `sin.approx`,
+  `cos.approx`, `rcp.approx`, `rsqrt.approx`, `sqrt.approx`, `tanh.approx`, `div.approx`,
+  `div.full`) and flush-to-zero (`.ftz`) arithmetic;
+- `lower_precision`: arithmetic in f16/bf16 (`add`, `sub`, `mul`, `fma`, `min`, `max`, ...
+  on `.f16`, `.bf16`, `.f16x2`, `.bf16x2`), TF32 (`cvt.rna.tf32.f32`, `mma ... .tf32`), and
+  matrix instructions that accumulate in half precision. Conversions, loads, stores and
+  moves of 16-bit data are not arithmetic, and `mma`/`wgmma` with f32 accumulators is
+  bf16-in/fp32-accumulate, which is allowed;
+- external functions: device-side launches and streams (`cudaLaunchDevice`,
+  `cudaGetParameterBuffer`, `cudaStream*`, `cudaGraph*`) are `side_streams`, device-side
+  synchronizes `host_sync`, capture queries `disable_cuda_graphs`, and any other
+  `.extern .func` but `vprintf` and `__assertfail` is `library_calls`.
+
+Counts are kept apart for the compiler's own code and for inline asm (NVVM marks it
+`// begin inline asm` ... `// end inline asm`; the bf16 operators of cuda_bf16.h are inline
+asm too). `compare` judges what a variant adds over the approved template's build at the
+same parameters and shape. The accurate CUDA math functions themselves use some
+approximate instructions (`expf` is a range reduction around `ex2.approx.ftz.f32`,
+`exp2f` is `ex2.approx.f32`, `rsqrtf` is `rsqrt.approx.f32`): `library_opcodes` compiles
+them once per toolchain and options, and those opcodes are not counted against the
+compiler's own code (an honest variant may call `expf` more often or where the template
+called `exp2f`); in inline asm nothing is waived.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_HALF = {"f16", "bf16", "f16x2", "bf16x2"}
+_ARITH = {"add", "sub", "mul", "fma", "mad", "div", "rcp", "sqrt", "rsqrt", "ex2", "lg2", "tanh", "sin", "cos",
+          "min", "max", "neg", "abs", "cvt"}
+_EXACT_HALF = {"neg", "abs", "cvt"}  # exact on half types (cvt is a conversion, not arithmetic)
+_APPROX_BASES = {"ex2", "lg2", "sin", "cos", "rcp", "rsqrt", "sqrt", "tanh", "div"}
+_MMA = {"mma", "wmma", "wgmma"}
+_TYPES = {"f16", "bf16", "f16x2", "bf16x2", "tf32", "f32", "f64", "e4m3", "e5m2", "s8", "u8", "s4", "u4", "b1",
+          "s32"}
+
+ALLOWED_EXTERN = ("vprintf", "__assertfail")
+
+
+def classify(opcode: str) -> str | None:
+    """The forbidden action an instruction (opcode with its modifiers, `ex2.approx.f32`) belongs to."""
+    parts = opcode.lower().split(".")
+    base, mods = parts[0], parts[1:]
+    ms = set(mods)
+    if base in _MMA:
+        if "tf32" in ms:
+            return "lower_precision"
+        types = [p for p in mods if p in _TYPES]
+        if types and types[0] in _HALF:  # D, the accumulator, comes first
+            return "lower_precision"
+        return None
+    if "tf32" in ms:
+        return "lower_precision"
+    if base in _ARITH and ms & _HALF and base not in _EXACT_HALF:
+        return "lower_precision"
+    if base in _APPROX_BASES and ("approx" in ms or (base == "div" and "full" in ms)):
+        return "fast_math"
+    if "ftz" in ms and base in _ARITH | {"setp", "testp", "set", "slct", "selp"}:
+        return "fast_math"
+    return None
+
+
+def classify_extern(name: str) -> str | None:
+    if name in ALLOWED_EXTERN:
+        return None
+    if re.match(r"cuda(Device|Stream|Event)Synchronize", name):
+        return "host_sync"
+    if re.match(r"cudaStream(IsCapturing|GetCaptureInfo)|cudaThreadExchangeStreamCaptureMode", name):
+        return "disable_cuda_graphs"
+    if re.match(r"cuda(Launch|GetParameterBuffer|Stream|Graph|Event)", name):
+        return "side_streams"
+    return "library_calls"
+
+
+_MARK = re.compile(r"^\s*//\s*(begin|end) inline asm\s*$")
+_EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
+_OPCODE = re.compile(r"^(?:@!?%?\w+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
+
+
+def _asm_lines(lines: list[str]) -> list[bool]:
+    """Which lines lie inside inline asm. A region runs from a `begin` mark to the last `end`
+    mark before the next `begin`, so an asm string that writes its own `// end inline asm`
+    line cannot end its region early."""
+    marks = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _MARK.match(ln))]
+    inside = [False] * len(lines)
+    for k, (i, kind) in enumerate(marks):
+        if kind != "begin":
+            continue
+        nxt = next((j for j, kd in marks[k + 1:] if kd == "begin"), len(lines))
+        ends = [j for j, kd in marks[k + 1:] if kd == "end" and j < nxt]
+        stop = ends[-1] if ends else nxt
+        for j in range(i, stop):
+            inside[j] = True
+    return inside
+
+
+def _strip_ptx_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def statements(text: str) -> list[str]:
+    """The instructions of a piece of PTX (an asm string, or a line): split at `;` and
+    newlines, braces, labels and comments dropped; each as `opcode operands`."""
+    out = []
+    for st in re.split(r"[;\n]", _strip_ptx_comments(text)):
+        st = st.replace("{", " ").replace("}", " ").strip()
+        st = re.sub(r"^(?:[A-Za-z_$][\w$]*\s*:\s*)+", "", st)  # labels
+        if st and not st.startswith("."):
+            out.append(st)
+    return out
+
+
+def opcode(statement: str) -> str | None:
+    m = _OPCODE.match(statement.strip())
+    return m.group(1) if m else None
+
+
+def analyze(ptx: str) -> dict:
+    """Counts of the classified instructions, by opcode, in the compiler's code ("code") and
+    in inline asm ("asm"), and the external functions the module declares ("extern")."""
+    lines = ptx.splitlines()
+    inside = _asm_lines(lines)
+    code, asm, ext = Counter(), Counter(), Counter()
+    for ln, in_asm in zip(lines, inside):
+        m = _EXTERN.match(ln)
+        if m:
+            ext[m.group(1)] += 1
+            continue
+        if _MARK.match(ln):
+            continue
+        for st in statements(ln):
+            op = opcode(st)
+            if op and classify(op):
+                (asm if in_asm else code)[op] += 1
+    return {"code": dict(sorted(code.items())), "asm": dict(sorted(asm.items())), "extern": dict(sorted(ext.items()))}
+
+
+def merge(analyses: list[dict]) -> dict:
+    """The largest count of each opcode over several builds (the shapes of one trial)."""
+    out: dict = {"code": {}, "asm": {}, "extern": {}}
+    for a in analyses:
+        for part in out:
+            for k, v in a.get(part, {}).items():
+                out[part][k] = max(out[part].get(k, 0), v)
+    return out
+
+
+def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[str, str] | None:
+    """(action, reason) for the first forbidden-class instruction the candidate's build has
+    more of than the approved template's build (`base`; None: no approved build to compare
+    with, so every count is new), or None. `waived` holds the opcodes the accurate math
+    library compiles to, not counted in the compiler's own code."""
+    base = base or {"code": {}, "asm": {}, "extern": {}}
+    named = set(named)
+    where = {"code": "compiled code", "asm": "inline asm"}
+    for part in ("asm", "code"):
+        for op, n in cand.get(part, {}).items():
+            action = classify(op)
+            if action not in named or (part == "code" and op in waived):
+                continue
+            b = base.get(part, {}).get(op, 0)
+            if n > b:
+                return action, (f"'{op}' in the {where[part]}: {n} in the candidate's PTX vs {b} in the approved "
+                                "template's build at the same parameters")
+    for name, n in cand.get("extern", {}).items():
+        action = classify_extern(name)
+        if action in named and name not in base.get("extern", {}):
+            return action, f"the PTX calls the external function '{name}', which the approved template's build does not"
+    return None
+
+
+# Accurate CUDA math functions (no intrinsics): what they compile to is not fast math.
+LIBRARY_PROBE = r"""
+extern "C" __global__ void pipe_library_probe(float* y, const float* x, double* d) {
+  const int i = threadIdx.x;
+  const float a = x[i], b = x[i + 1];
+  y[i] = expf(a) + exp2f(a) + exp10f(a) + expm1f(a) + logf(a) + log2f(a) + log10f(a) + log1pf(a)
+       + sinf(a) + cosf(a) + tanf(a) + sinpif(a) + cospif(a) + asinf(a) + acosf(a) + atanf(a) + atan2f(a, b)
+       + sinhf(a) + coshf(a) + tanhf(a) + asinhf(a) + acoshf(a) + atanhf(a) + powf(a, b) + sqrtf(a) + rsqrtf(a)
+       + cbrtf(a) + rcbrtf(a) + hypotf(a, b) + erff(a) + erfcf(a) + erfinvf(a) + normcdff(a) + lgammaf(a)
+       + tgammaf(a) + fmodf(a, b) + remainderf(a, b) + 1.f / a + a / b;
+  d[i] = exp(d[i]) + exp2(d[i + 1]) + log(d[i + 2]) + sin(d[i + 3]) + tanh(d[i + 4]) + sqrt(d[i + 5])
+       + rsqrt(d[i + 6]) + pow(d[i + 7], d[i + 8]) + 1.0 / d[i + 9] + d[i + 10] / d[i + 11];
+}
+"""
+
+
+def library_opcodes(ptx: str) -> frozenset:
+    """The fast_math-class opcodes of the probe's PTX (its compiler code, not inline asm)."""
+    return frozenset(op for op in analyze(ptx)["code"] if classify(op) == "fast_math")

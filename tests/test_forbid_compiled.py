@@ -1,0 +1,354 @@
+"""Forbidden actions judged on what runs: the preprocessed source, each inline-asm
+instruction, and the PTX that NVRTC emits, against the approved template's own build
+(issue 18, class 2). NVRTC compiles without a GPU, so all of this runs in the CPU suite.
+
+Each bypass below passed the source rules before this change (the outside suite's three,
+then the ones written here against docs/judge.md and runner/forbid.py, runner/ptx.py); the
+controls are the approved flagship templates at their start configurations and honest
+variants, which must still build.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cuda.core")
+pytest.importorskip("pcpp")
+
+from runner import forbid, ptx  # noqa: E402
+from runner.spec import load_spec  # noqa: E402
+from runner.trial import Evaluator  # noqa: E402
+
+from .conftest import ROOT  # noqa: E402
+
+NAMED = ["fast_math", "lower_precision", "library_calls", "side_streams", "host_sync", "disable_cuda_graphs",
+         "spills"]
+
+# A small approved template: bf16 row softmax, fp32 math through exp2f, one block a row.
+APPROVED = r"""#include <cuda_bf16.h>
+#define L2E 1.4426950408889634f
+
+__device__ float block_sum(float v) {
+  __shared__ float red[8];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.f;
+  for (int w = 0; w < 8; ++w) v += red[w];
+  return v;
+}
+
+__device__ __forceinline__ float ex(float v, float m) {
+  return exp2f((v - m) * L2E);
+}
+
+extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M, int N) {
+  const __nv_bfloat16* xr = x + (size_t)blockIdx.x * N;
+  __nv_bfloat16* yr = y + (size_t)blockIdx.x * N;
+  float m = 0.f, s = 0.f;
+#pragma unroll {{ UNROLL }}
+  for (int c = threadIdx.x; c < N; c += blockDim.x) s += ex(__bfloat162float(xr[c]), m);
+  s = block_sum(s);
+  const float inv = 1.f / s;
+  for (int c = threadIdx.x; c < N; c += blockDim.x) {
+    const float e = ex(__bfloat162float(xr[c]), m);
+    yr[c] = __float2bfloat16(e * inv);
+  }
+}
+"""
+
+SPEC = """\
+name: compiled-forbid
+hardware: h200
+op:
+  reference: runner.ops.reference:softmax
+  dtype: bf16
+  inputs:
+    x: {{shape: [M, N]}}
+  outputs:
+    y: {{shape: [M, N]}}
+  shapes:
+    - {{M: 64, N: 1024}}
+  tolerance: {{atol: 1.0e-3, rtol: 1.6e-2}}
+  bytes: "2 * M * N * elem"
+kernel:
+  template: {template}
+  entry: soft
+  args: [x, y, M, N]
+  grid: "M"
+  block: "256"
+search:
+  params:
+    UNROLL: [1, 2, 4]
+forbidden: {forbidden}
+agent: {{strategy: grid}}
+goal:
+  budget: {{trials: 10}}
+"""
+
+EX_LINE = "  return exp2f((v - m) * L2E);"
+STORE_LINE = "    yr[c] = __float2bfloat16(e * inv);"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compiled_forbid")
+    (root / "soft.cu.j2").write_text(APPROVED)
+    (root / "spec.yaml").write_text(SPEC.format(template=root / "soft.cu.j2", forbidden="[" + ", ".join(NAMED) + "]"))
+    return Evaluator(load_spec(root / "spec.yaml"), None, None)
+
+
+def build(ev: Evaluator, text: str | None, params: dict | None = None):
+    """The Build of the approved template (text None) or of a variant, at params."""
+    params = params or {"UNROLL": 1}
+    vid = None
+    if text is not None:
+        vid = f"v{len(ev.variants)}"
+        ev.variants[vid] = text
+    return ev.build(ev.render_all(params, vid), ev.geometry(params), ev.approved_sources(params, vid))
+
+
+def raw_check(ev: Evaluator, text: str) -> forbid.Violation | None:
+    ev.variants["raw"] = text
+    src = ev.render_all({"UNROLL": 1}, "raw")[0]
+    return forbid.check_source(src, (), "cuda", NAMED, ())
+
+
+def forbidden_as(b, action: str, *needles: str) -> None:
+    assert b.status == "forbidden", (b.status, b.reason)
+    assert b.reason.startswith(action), b.reason
+    for n in needles:
+        assert n in b.reason, b.reason
+
+
+# ---------------------------------------------------------------- controls
+
+def test_small_approved_template_builds_and_records_its_ptx(small):
+    b = build(small, None)
+    assert b.status == "ok", b.reason
+    assert b.ptx["code"].get("ex2.approx.f32", 0) >= 2  # exp2f is ex2.approx.f32: the template's own
+    assert b.ptx_approved is None
+
+
+@pytest.mark.parametrize("unroll", [1, 2, 4])
+def test_honest_variants_still_build(small, unroll):
+    """Different but exact code: another unroll, expf in place of exp2f, a second exp2f call,
+    a harmless inline asm, bf16 only converted and stored."""
+    for text in (APPROVED.replace("#pragma unroll {{ UNROLL }}", "#pragma unroll 8"),
+                 APPROVED.replace(EX_LINE, "  return expf(v - m);"),
+                 APPROVED.replace(EX_LINE, "  return 0.5f * exp2f((v - m) * L2E) + 0.5f * exp2f((v - m) * L2E);"),
+                 APPROVED.replace(STORE_LINE, '    float t; asm("mov.b32 %0, %1;" : "=f"(t) : "f"(e * inv));\n'
+                                              "    yr[c] = __float2bfloat16_rn(t);")):
+        b = build(small, text, {"UNROLL": unroll})
+        assert b.status == "ok", b.reason
+        assert b.ptx_approved is not None
+
+
+FLAGSHIPS = ["softmax-h200.yaml", "rmsnorm-h200.yaml", "cross-entropy-h200.yaml"]
+
+
+@pytest.mark.parametrize("name", FLAGSHIPS)
+def test_flagship_templates_pass_at_their_start(name):
+    sp = load_spec(ROOT / "pipelines" / name)
+    ev = Evaluator(sp, None, None)
+    start = sp.starts[0]
+    b = ev.build(ev.render_all(start), ev.geometry(start), None)
+    assert b.status == "ok", b.reason
+    assert b.ptx is not None
+    # the flagships compute in fp32: no half arithmetic, no inline-asm approximation
+    assert not any(ptx.classify(op) == "lower_precision" for op in b.ptx["code"]), b.ptx
+    assert not b.ptx["asm"], b.ptx
+    # and their own source, as a variant of itself, is judged equal to its build
+    ev.variants["same"] = sp.kernel.template
+    again = ev.build(ev.render_all(start, "same"), ev.geometry(start), ev.approved_sources(start, "same"))
+    assert again.status == "ok", again.reason
+
+
+def test_softmax_variant_with_another_unroll_passes_and_a_bypass_does_not():
+    sp = load_spec(ROOT / "pipelines" / "softmax-h200.yaml")
+    ev = Evaluator(sp, None, None)
+    start = sp.starts[0]
+    t = sp.kernel.template
+    old = "__device__ __forceinline__ float ex(float v, float ml) { return exp2f(fmaf(v, L2E, -ml)); }"
+    assert old in t
+    ev.variants["unroll"] = t.replace("#pragma unroll", "#pragma unroll 1", 1)
+    b = ev.build(ev.render_all(start, "unroll"), ev.geometry(start), ev.approved_sources(start, "unroll"))
+    assert b.status == "ok", b.reason
+    ev.variants["asm"] = t.replace(old, "__device__ __forceinline__ float ex(float v, float ml) { float r; "
+                                        'asm("mov.f32 %0, %1; ex2.approx.ftz.f32 %0, %0;" : "=f"(r) : '
+                                        '"f"(fmaf(v, L2E, -ml))); return r; }')
+    b = ev.build(ev.render_all(start, "asm"), ev.geometry(start), ev.approved_sources(start, "asm"))
+    forbidden_as(b, "fast_math", "ex2.approx.ftz.f32")
+
+
+# ---------------------------------------------------------------- the outside suite's three bypasses
+
+MACRO = APPROVED.replace("#define L2E", "#define FAST_EXP __expf\n#define L2E").replace(
+    EX_LINE, "  return FAST_EXP(v - m);")
+TWO_IN_ONE_ASM = APPROVED.replace(
+    EX_LINE, '  float r;\n  asm("mov.f32 %0, %1; ex2.approx.ftz.f32 %0, %0;" : "=f"(r) : "f"((v - m) * L2E));\n'
+             "  return r;")
+BF16_OPERATORS = APPROVED.replace(
+    STORE_LINE, "    yr[c] = __float2bfloat16(e) * __float2bfloat16(inv);")
+
+
+def test_macro_to_an_intrinsic_is_refused(small):
+    b = build(small, MACRO)
+    forbidden_as(b, "fast_math", "__expf")
+    # the rule that catches it reads the name, not the call: FAST_EXP(...) hides the call
+    assert forbid.preprocess("#define FAST_EXP __expf\nfloat f(float v) { return FAST_EXP(v); }").count("__expf(") == 1
+
+
+def test_second_instruction_in_one_asm_string_is_refused(small):
+    b = build(small, TWO_IN_ONE_ASM)
+    forbidden_as(b, "fast_math", "ex2.approx.ftz.f32")
+    # the compiled code shows it too, in the inline asm, where nothing is waived
+    src = small.render_all({"UNROLL": 1}, [k for k, v in small.variants.items() if v == TWO_IN_ONE_ASM][0])[0]
+    c = small.backend.compile(src, "soft", (), small.spec.hw)
+    assert c.ptx["asm"].get("ex2.approx.ftz.f32", 0) >= 2
+    assert ptx.compare(c.ptx, {"code": {}, "asm": {}, "extern": {}}, ["fast_math"])[0] == "fast_math"
+
+
+def test_bf16_operator_overloads_are_refused_on_the_compiled_code(small):
+    assert raw_check(small, BF16_OPERATORS) is None  # nothing in the spelling
+    b = build(small, BF16_OPERATORS)
+    forbidden_as(b, "lower_precision", "mul", "bf16", "0 in the approved")
+    assert any(ptx.classify(op) == "lower_precision" for op in b.ptx["asm"]), b.ptx
+
+
+def test_bf16_operators_allowed_where_lower_precision_is_not_forbidden(tmp_path):
+    (tmp_path / "soft.cu.j2").write_text(APPROVED)
+    (tmp_path / "spec.yaml").write_text(SPEC.format(template=tmp_path / "soft.cu.j2", forbidden="[fast_math]"))
+    ev = Evaluator(load_spec(tmp_path / "spec.yaml"), None, None)
+    b = build(ev, BF16_OPERATORS)
+    assert b.status == "ok", b.reason
+
+
+# ---------------------------------------------------------------- bypasses written against the new judge
+
+def test_function_pointer_to_an_intrinsic(small):
+    text = APPROVED.replace(EX_LINE, "  float (*f)(float) = &__expf;\n  return f((v - m));")
+    forbidden_as(build(small, text), "fast_math", "__expf")
+
+
+def test_nvvm_builtin_and_libdevice_fast_path(small):
+    decl = 'extern "C" __device__ float __nv_fast_expf(float);\n#define L2E'
+    for call, needle, text in (("__nvvm_ex2_approx_ftz_f((v - m) * L2E)", "__nvvm_ex2_approx_ftz_f", APPROVED),
+                               ("__nv_fast_expf(v - m)", "__nv_fast_expf", APPROVED.replace("#define L2E", decl))):
+        forbidden_as(build(small, text.replace(EX_LINE, f"  return {call};")), "fast_math", needle)
+
+
+def test_nvvm_sin_approx_is_seen_in_the_ptx_when_the_name_is_not(small):
+    """An approximation no accurate library function uses (sin.approx) shows in the
+    compiled code whatever the spelling: here the source rule is off and the PTX check
+    alone refuses it."""
+    text = APPROVED.replace(EX_LINE, "  return __nvvm_sin_approx_f(v - m) + 2.f;")
+    vid = "sin"
+    small.variants[vid] = text
+    params = {"UNROLL": 1}
+    src = small.render_all(params, vid)[0]
+    c = small.backend.compile(src, "soft", (), small.spec.hw)
+    base = small.backend.compile(small.render_all(params, None)[0], "soft", (), small.spec.hw)
+    waived = small.backend.library_opcodes((), small.spec.hw)
+    assert "sin.approx.f32" not in waived and "ex2.approx.f32" in waived
+    action, why = ptx.compare(c.ptx, base.ptx, ["fast_math"], waived)
+    assert action == "fast_math" and "sin.approx.f32" in why
+
+
+def test_ftz_by_string_concatenation_and_raw_strings(small):
+    for asm in ('asm volatile("add" ".ftz" ".f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(0.f));',
+                'asm volatile(R"(add.ftz.f32 %0, %1, %2;)" : "=f"(r) : "f"(a), "f"(0.f));'):
+        text = APPROVED.replace(EX_LINE, f"  float a = exp2f((v - m) * L2E), r;\n  {asm}\n  return r;")
+        forbidden_as(build(small, text), "fast_math", "add.ftz.f32")
+
+
+def test_asm_string_from_a_macro_in_a_compiler_only_branch(small):
+    """The asm text lives in a macro defined only where NVRTC compiles (__CUDACC_RTC__): the
+    raw source shows no asm instruction, the preprocessor (with NVRTC's macros) does."""
+    text = APPROVED.replace("#define L2E", '#ifdef __CUDACC_RTC__\n#define EX2 "ex2.approx.ftz.f32 %0, %0;"\n'
+                                           '#else\n#define EX2 ""\n#endif\n#define L2E').replace(
+        EX_LINE, '  float r;\n  asm("mov.f32 %0, %1;" EX2 : "=f"(r) : "f"((v - m) * L2E));\n  return r;')
+    assert raw_check(small, text) is None
+    b = build(small, text)
+    forbidden_as(b, "fast_math", "ex2.approx.ftz.f32", "after the preprocessor")
+
+
+def test_asm_in_a_branch_the_preprocessor_does_not_take_is_caught_in_the_ptx(small):
+    """The same, behind a macro NVRTC defines that the preprocessor is not told of: the
+    preprocessed source differs from what NVRTC compiled, and the PTX check refuses it."""
+    text = APPROVED.replace("#define L2E", '#ifdef __CUDACC_VER_BUILD__\n#define EX2 "ex2.approx.ftz.f32 %0, %0;"\n'
+                                           '#else\n#define EX2 ""\n#endif\n#define L2E').replace(
+        EX_LINE, '  float r;\n  asm("mov.f32 %0, %1;" EX2 : "=f"(r) : "f"((v - m) * L2E));\n  return r;')
+    b = build(small, text)
+    forbidden_as(b, "fast_math", "ex2.approx.ftz.f32", "inline asm", "0 in the approved")
+
+
+def test_hidden_hmul_macro(small):
+    text = APPROVED.replace("#define L2E", "#define MUL __hmul\n#define L2E").replace(
+        STORE_LINE, "    yr[c] = MUL(__float2bfloat16(e), __float2bfloat16(inv));")
+    assert raw_check(small, text) is None
+    forbidden_as(build(small, text), "lower_precision", "__hmul", "after the preprocessor")
+
+
+def test_fake_end_of_inline_asm_marker_does_not_hide_the_rest():
+    ptx_text = "\n".join([
+        "\tmov.f32 %f1, %f2;",
+        "\t// begin inline asm",
+        "\tmov.f32 %f3, %f1;",
+        "\t// end inline asm",
+        "\tex2.approx.ftz.f32 %f3, %f3;",
+        "\t// end inline asm",
+        "\tex2.approx.ftz.f32 %f4, %f4;",
+        "\t// begin inline asm",
+        "\t{ mul.bf16 %rs1,%rs2,%rs3; }",
+        "",
+        "\t// end inline asm",
+    ])
+    a = ptx.analyze(ptx_text)
+    assert a["asm"] == {"ex2.approx.ftz.f32": 1, "mul.bf16": 1}
+    assert a["code"] == {"ex2.approx.ftz.f32": 1}
+
+
+def test_device_side_launch_and_external_functions_in_the_ptx():
+    a = ptx.analyze(".extern .func  (.param .b32 func_retval0) cudaLaunchDevice(\n.param .b64 p0\n);\n"
+                    ".extern .func  (.param .b32 func_retval0) vprintf(\n.param .b64 p0\n);\n"
+                    ".extern .func mystery(\n);\n")
+    assert a["extern"] == {"cudaLaunchDevice": 1, "mystery": 1, "vprintf": 1}
+    assert ptx.compare(a, None, ["side_streams"]) [0] == "side_streams"
+    assert ptx.compare(a, None, ["library_calls"])[0] == "library_calls"
+    assert ptx.compare(a, {"code": {}, "asm": {}, "extern": {"cudaLaunchDevice": 1, "mystery": 1}},
+                       ["side_streams", "library_calls"]) is None
+
+
+@pytest.mark.parametrize("op, action", [
+    ("ex2.approx.f32", "fast_math"), ("ex2.approx.ftz.f32", "fast_math"), ("tanh.approx.f32", "fast_math"),
+    ("div.full.f32", "fast_math"), ("rcp.approx.ftz.f64", "fast_math"), ("add.ftz.f32", "fast_math"),
+    ("fma.rn.ftz.f32", "fast_math"), ("fma.rn.bf16", "lower_precision"), ("mul.bf16x2", "lower_precision"),
+    ("max.f16", "lower_precision"), ("ex2.approx.ftz.bf16", "lower_precision"), ("cvt.rna.tf32.f32", "lower_precision"),
+    ("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16", "lower_precision"),
+    ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "lower_precision"),
+    ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", None),
+    ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", None),
+    ("cvt.rn.bf16.f32", None), ("cvt.f32.bf16", None), ("cvt.rn.bf16x2.f32", None), ("ld.global.b16", None),
+    ("st.global.v4.b32", None), ("div.rn.f32", None), ("rcp.rn.f32", None), ("sqrt.rn.f32", None),
+    ("fma.rn.f32", None), ("neg.bf16", None), ("mov.b16", None),
+])
+def test_classify(op, action):
+    assert ptx.classify(op) == action
+
+
+def test_asm_strings_split_into_instructions():
+    code = 'asm volatile("mov.f32 %0, %1;\\n\\tex2.approx.f32 %0, %0;" : "=f"(r) : "f"(a));\n' \
+           '__asm__ __volatile__ ( "{ .reg .pred p; setp.ne.b32 p, %0, 0; @p add.ftz.f32 %1, %1, %1; }" );'
+    texts = forbid.asm_strings(code)
+    assert [line for line, _ in texts] == [1, 2]
+    ops = [ptx.opcode(s) for _, t in texts for s in ptx.statements(t)]
+    assert ops == ["mov.f32", "ex2.approx.f32", "setp.ne.b32", "add.ftz.f32"]
+
+
+def test_the_library_waiver_holds_what_accurate_functions_compile_to(small):
+    waived = small.backend.library_opcodes((), small.spec.hw)
+    assert {"ex2.approx.f32", "ex2.approx.ftz.f32", "rsqrt.approx.f32"} <= waived
+    assert not any(op.startswith(("sin.approx", "cos.approx", "tanh.approx", "sqrt.approx", "div.full")) for op in waived)
+    assert all(ptx.classify(op) == "fast_math" for op in waived)

@@ -279,6 +279,9 @@ class Evaluator:
             trial.details["judge_phases"] = verdict["phases"]
         if verdict.get("log_capped"):  # the kernel printed past the worker log's cap; the rest was dropped
             trial.details["log_capped"] = verdict["log_capped"]
+            trial.details["log_cap_bytes"] = verdict.get("log_cap_bytes")
+            if verdict.get("printf_fifo_bytes"):  # and what one launch may print on the device
+                trial.details["printf_fifo_bytes"] = verdict["printf_fifo_bytes"]
         self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))

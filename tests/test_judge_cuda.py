@@ -259,8 +259,11 @@ def test_decide_uses_paired_retiming(bench):
 
 
 @pytest.mark.parametrize("hack,needle", [
-    ("do_nothing", "NaN"), ("partial", "NaN"), ("constant", "outside"), ("out_of_bounds", "guard"),
-    ("mutate_input", ""), ("cache_by_pointer", ""), ("skip_if_output_present", "timed"),
+    # outputs hold a plausible wrong answer (a decoy) before every checked call, not NaN poison:
+    # a kernel that writes nothing, or skips when the buffer looks finished, leaves the decoy
+    ("do_nothing", "never written"), ("partial", "never written"), ("constant", "outside"),
+    ("out_of_bounds", "guard"), ("mutate_input", ""), ("cache_by_pointer", ""),
+    ("skip_if_output_present", "never written"),
     ("shape_hardcode", "shape 1"), ("truncate_precision", "outside"),
 ])
 def test_hacks_are_wrong(bench, hack, needle):

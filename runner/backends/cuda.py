@@ -359,6 +359,25 @@ def prune(resources: dict, geometry: dict, hw, spills_forbidden: bool) -> str | 
     return None
 
 
+PRINTF_FIFO_BYTES = 64 << 10  # device printf's buffer a launch (the driver's default is 1 MiB)
+
+
+def _cap_printf_fifo() -> int | None:
+    """A small device-printf FIFO: what one launch can print is bounded on the device (the rest
+    is dropped by the driver), so a kernel printing from every thread costs the host at most
+    this much formatting per synchronize. Set before any candidate module is loaded."""
+    try:
+        from cuda.bindings import driver
+
+        err, = driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PRINTF_FIFO_SIZE, PRINTF_FIFO_BYTES)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        err, size = driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_PRINTF_FIFO_SIZE)
+        return int(size) if err == driver.CUresult.CUDA_SUCCESS else None
+    except Exception:  # older bindings: the worker's log cap alone bounds what reaches the disk
+        return None
+
+
 class Runtime:
     """Worker side: load cubins, launch on torch's stream, time with events."""
 
@@ -374,6 +393,7 @@ class Runtime:
         self.mode = getattr(runtime_spec, "mode", "auto")
         self.dev = Device(torch.cuda.current_device())
         self.dev.set_current()
+        self.printf_fifo = _cap_printf_fifo()
         self._mods: dict[str, object] = {}
         self._smem: dict[int, int] = {}  # kernel handle -> dynamic shared memory allowed so far
         self._flush_buf = None

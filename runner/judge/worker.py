@@ -661,7 +661,7 @@ class CappedLog:
         while self._pending() and time.monotonic() - t < 1.0:  # let the thread catch up
             time.sleep(0.002)
         with self.lock:
-            return {"log_capped": self.dropped} if self.dropped else {}
+            return {"log_capped": self.dropped, "log_cap_bytes": LOG_CAP_BYTES} if self.dropped else {}
 
 
 def _die_with_parent() -> None:
@@ -672,6 +672,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _capped(done: dict, judge) -> dict:
+    """The log cap's figures for a reply, with the device printf FIFO's size where it was set."""
+    fifo = getattr(judge.rt, "printf_fifo", None)
+    return {**done, "printf_fifo_bytes": fifo} if done and fifo else done
 
 
 def worker_main(conn, spec, log_path: str) -> None:
@@ -724,9 +730,9 @@ def worker_main(conn, spec, log_path: str) -> None:
             if not judge.rt.healthy():  # a sticky device error: this process's context is gone
                 result = {"status": "fault", "fatal": True,
                           "reason": f"device fault: {type(e).__name__}: {str(e)[:400]}"}
-                conn.send({**result, **log.finish(), "nonce": nonce})
+                conn.send({**result, **_capped(log.finish(), judge), "nonce": nonce})
                 return
-        conn.send({**result, **log.finish(), "nonce": nonce})
+        conn.send({**result, **_capped(log.finish(), judge), "nonce": nonce})
 
 
 class Worker:

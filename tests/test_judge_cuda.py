@@ -411,6 +411,9 @@ def test_printf_from_every_thread_is_capped(tmp_path):
         t = b.run("print_flood")
         assert t.status == "ok", _explain(t)
         assert t.details.get("log_capped", 0) > LOG_CAP_BYTES, t.details
+        from runner.backends.cuda import PRINTF_FIFO_BYTES
+
+        assert t.details.get("printf_fifo_bytes") == PRINTF_FIFO_BYTES, t.details  # bounded on the device too
         assert log.stat().st_size - before <= LOG_CAP_BYTES + 65536
     finally:
         b.worker.close()

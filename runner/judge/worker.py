@@ -605,6 +605,12 @@ class CappedLog:
 
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         r, w = os.pipe()
+        try:  # room for a whole device-printf flush while this thread waits for the GIL
+            import fcntl
+
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ (Linux); the default is 64 KiB
+        except OSError:
+            pass
         os.dup2(w, 1)
         os.dup2(w, 2)
         os.close(w)

@@ -11,7 +11,8 @@
     pipe merge A.json B.json [C.json ...] --out OUT.json
 
 Exit codes: 0 goal met (or command succeeded), 1 budget spent without
-meeting the goal (the best is still saved), 2 invalid input.
+meeting the goal (the best is still saved; pipe show: the ledger is broken),
+2 invalid input (a busy run folder, a broken ledger without --force).
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def cmd_render(a) -> int:
     return EXIT_OK if ok else EXIT_BUDGET
 
 
+def _check_free(a, suffix: str = "") -> None:
+    """A busy run folder is refused at once, before the spec's load imports torch."""
+    from .rundir import check_free
+
+    check_free(a.run_dir, a.spec, suffix)
+
+
 def _positive(a) -> str | None:
     for flag, v in (("--max-trials", getattr(a, "max_trials", None)), ("--minutes", getattr(a, "minutes", None))):
         if v is not None and v <= 0:
@@ -102,12 +110,13 @@ def cmd_run(a) -> int:
     if bad:
         print(f"pipe run: {bad}", file=sys.stderr)
         return EXIT_INPUT
+    _check_free(a)
     spec = _load(a.spec)
     if not a.no_hw_check:
         hw.check_present_device(spec.hw)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
     total = a.max_trials or spec.goal.trials
-    out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet))
+    out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet), force=a.force)
     b = out.best
     if b is not None:
         from .progress import fmt_params, fmt_time
@@ -131,6 +140,7 @@ def cmd_eval(a) -> int:
     from .ledger import trial_key, variant_id
     from .loop import Session
 
+    _check_free(a)
     spec = _load(a.spec)
     try:
         params = json.loads(a.params)
@@ -155,7 +165,7 @@ def cmd_eval(a) -> int:
     if not a.no_hw_check:
         hw.check_present_device(spec.hw)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
-    s = Session(spec, run_dir)
+    s = Session(spec, run_dir, force=a.force)
     try:
         s.start()
         key = trial_key(params, variant_id(variant) if variant is not None else None)
@@ -196,6 +206,7 @@ def cmd_record(a) -> int:
     if bad:
         print(f"pipe record: {bad}", file=sys.stderr)
         return EXIT_INPUT
+    _check_free(a, "-record")
     spec = _load(a.spec)
     if a.only:
         spec = _restrict(spec, a.only)
@@ -215,10 +226,10 @@ def cmd_record(a) -> int:
             return EXIT_INPUT
         from .trial import reusable_verdicts
 
-        reuse = reusable_verdicts(sweep, Path(a.reuse))  # checked before the sweep's folder is made
+        reuse = reusable_verdicts(sweep, Path(a.reuse), a.force)  # checked before the sweep's folder is made
         print(f"pipe record: {len(reuse)} verdicts of {a.reuse} may stand for this template's kernels")
     out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False,
-                   call_minutes=a.minutes, reuse=reuse)
+                   call_minutes=a.minutes, reuse=reuse, force=a.force)
     led = Ledger.read(run_dir)
     try:
         data = dataset.export(spec, led.trials())
@@ -324,27 +335,9 @@ def cmd_replay(a) -> int:
 
 
 def _summary(run_dir: Path) -> dict:
-    from .errors import RunDirError
-    from .ledger import Ledger
-    from .loop import summarize
+    from .rundir import read_summary
 
-    led = Ledger.read(run_dir)
-    try:
-        hist = led.trials()
-        status, table_metric = "unknown", None
-        rj = run_dir / "run.json"
-        if rj.is_file():
-            try:
-                last = json.loads(rj.read_text())
-                status, table_metric = last.get("status", status), last.get("table_metric")
-            except json.JSONDecodeError:
-                pass
-        return summarize(led.get_meta("spec_name"), led.get_meta("spec_path"), led.get_meta("spec_hash"),
-                         led, hist, status, None, None, table_metric)
-    except Exception as e:  # a damaged ledger is bad input here, not a crash
-        raise RunDirError(f"{run_dir}: cannot read the ledger: {e}") from None
-    finally:
-        led.close()
+    return read_summary(run_dir)
 
 
 def cmd_runs(a) -> int:
@@ -362,15 +355,19 @@ def cmd_runs(a) -> int:
             continue
         b = s["best"]
         best = f"#{b['trial']} {b['objective_s'] * 1e6:.2f} us {json.dumps(b['params'])}" if b else "-"
-        print(f"{str(d):<40} {str(s['status'])[:28]:<28} {s['trials']:>6}  {best}")
+        status, bad = s["status"], s["ledger"]["first_bad_row"]
+        if not s["ledger"]["intact"]:
+            status = f"TAMPERED (row {bad})" if bad is not None else "TAMPERED"
+        print(f"{str(d):<40} {str(status)[:28]:<28} {s['trials']:>6}  {best}")
     return EXIT_OK
 
 
 def cmd_show(a) -> int:
     s = _summary(Path(a.run))
+    led = s["ledger"]
     if a.json:
         print(json.dumps(s, indent=2, default=str))
-        return EXIT_OK
+        return EXIT_OK if led["intact"] else EXIT_BUDGET
     print(f"run {a.run}: spec {s['spec']} ({s['spec_path']}), status {s['status']}")
     print(f"trials: {s['trials']}  " + "  ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())))
     if s["baseline"]:
@@ -409,8 +406,18 @@ def cmd_show(a) -> int:
     if s["first_ok"] and b:
         print(f"first correct trial: #{s['first_ok']['trial']} {s['first_ok']['objective_s'] * 1e6:.3f} us "
               f"-> best {b['objective_s'] * 1e6:.3f} us ({s['first_ok']['objective_s'] / b['objective_s']:.2f}x)")
-    print("ledger chain: " + ("intact" if s["ledger_intact"] else "BROKEN (rows were edited or removed)"))
-    return EXIT_OK
+    if led["intact"]:
+        print("ledger chain: intact" + (f" ({led['note']})" if led["note"] else ""))
+        return EXIT_OK
+    bad = led["first_bad_row"]
+    print("ledger: BROKEN at " + (f"row {bad}" if bad is not None else "its head") + f": {led['reason']}")
+    if led["resumed_after"] is not None:
+        print(f"  the best figures above come from rows before #{bad} and after #{led['resumed_after']} "
+              "(appended by a run resumed with --force)")
+    elif bad is not None:
+        print(f"  the best figures above come from rows before #{bad} only" if bad > 1
+              else "  no row can be trusted: no best is shown")
+    return EXIT_BUDGET
 
 
 def cmd_compare(a) -> int:
@@ -419,7 +426,7 @@ def cmd_compare(a) -> int:
 
     run_dir = Path(a.run)
     doc = compare_run(run_dir, a.spec, top=a.top, rounds=a.rounds, torch_compile=not a.no_compile,
-                      triton=not a.no_triton)
+                      triton=not a.no_triton, force=a.force)
     text = json.dumps(doc, indent=2, default=str) + "\n"
     write_atomic(run_dir / "compare.json", text)
     if a.json:
@@ -433,7 +440,7 @@ def cmd_export(a) -> int:
     from .export import export
     from .figures import shape_label
 
-    pkg = export(Path(a.run), Path(a.out), a.name, a.spec)
+    pkg = export(Path(a.run), Path(a.out), a.name, a.spec, force=a.force)
     table = json.loads((pkg / "table.json").read_text())
     print(f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})")
     print(f"rule: {table['rule']}")
@@ -450,7 +457,7 @@ def cmd_export(a) -> int:
 def cmd_report(a) -> int:
     from . import report
 
-    h, m = report.write(Path(a.run), Path(a.out) if a.out else None, a.spec)
+    h, m = report.write(Path(a.run), Path(a.out) if a.out else None, a.spec, force=a.force)
     print(f"report: {h} (open it in a browser; no server needed) and {m}")
     return EXIT_OK
 
@@ -468,6 +475,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--minutes", type=float, help="time budget, overriding the spec's")
     r.add_argument("--no-hw-check", action="store_true", help="run even if the GPU does not match the profile")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-trial lines")
+    r.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="time a run's per-shape best against torch eager, torch.compile, "
                                       "Triton and the copy ceiling, side by side")
@@ -479,6 +487,7 @@ def parser() -> argparse.ArgumentParser:
                    "each shape's winner, the odd ones give its time (default 4)")
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
+    c.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     c.set_defaults(fn=cmd_compare)
     ex = sub.add_parser("export", help="write an importable package: a torch custom op dispatching by shape to "
                                        "the tuned kernels (cubins shipped) or to the torch reference")
@@ -486,12 +495,14 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", default="exported", help="folder for the package (default exported/)")
     ex.add_argument("--name", help="package name (default: the spec's name)")
     ex.add_argument("--spec", help="the run's spec (default: the path the run recorded)")
+    ex.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     ex.set_defaults(fn=cmd_export)
     rr = sub.add_parser("report", help="a self-contained HTML report (plots) and a markdown summary of a run")
     rr.add_argument("run", help="run folder")
     rr.add_argument("--out", help="folder for report.html and report.md (default: the run folder)")
     rr.add_argument("--spec", help="the run's spec (default: the path the run recorded); without a matching "
                                    "spec the report has no floors and no roofline")
+    rr.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     rr.set_defaults(fn=cmd_report)
     v = sub.add_parser("validate", help="check specs; errors as file:line:col")
     v.add_argument("specs", nargs="+")
@@ -511,6 +522,7 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--run-dir", help="run folder (default runs/<spec name>); shared with pipe run")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--no-hw-check", action="store_true")
+    ev.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     ev.set_defaults(fn=cmd_eval)
     rc = sub.add_parser("record", help="run the whole space (grid) and write it as a replay dataset")
     rc.add_argument("spec")
@@ -527,6 +539,7 @@ def parser() -> argparse.ArgumentParser:
                          "others are judged")
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
+    rc.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     rc.set_defaults(fn=cmd_record)
     mg = sub.add_parser("merge", help="join replay datasets of one spec recorded in parts (pipe record --only); "
                                       "a configuration in several takes the later file's trial")

@@ -51,14 +51,15 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 
 
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
-                torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600) -> dict:
+                torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
+                force: bool = False) -> dict:
     from .judge.worker import Worker
     from .rundir import open_run
     from .trial import Evaluator
 
     if top < 1 or rounds < 2:
         raise CompareError(f"--top must be at least 1 and --rounds at least 2 (got {top} and {rounds})")
-    rd = open_run(run_dir, spec_path, "compare times", read_compare=False)
+    rd = open_run(run_dir, spec_path, "compare times", read_compare=False, force=force)
     spec, history, variants = rd.spec, rd.history, rd.variants
     base = rd.baseline
     n = len(spec.op.shapes)

@@ -41,3 +41,8 @@ class RunDirError(PipeError):
 
 class ExprError(PipeError):
     """A safe expression failed to parse or evaluate."""
+
+
+class LedgerBroken(RunDirError):
+    """The run folder's ledger failed its check (an edited, missing or forged row); the
+    message names the first row that cannot be trusted. --force goes on anyway."""

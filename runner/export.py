@@ -156,11 +156,12 @@ def launch_table(spec) -> dict:
                          **({"shared_mem": [k.shared_mem.text]} if k.shared_mem else {})}}
 
 
-def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None) -> Path:
+def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,
+           force: bool = False) -> Path:
     from .rundir import open_run
     from .trial import Evaluator
 
-    rd = open_run(run_dir, spec_path, "export packages")
+    rd = open_run(run_dir, spec_path, "export packages", force=force)
     spec, history, variants = rd.spec, rd.history, rd.variants
     if spec.kernel.backend != "cuda":
         raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")

@@ -1,8 +1,13 @@
 """The ledger: one SQLite row per trial, committed before the next trial starts.
 
 The table is append-only (triggers refuse UPDATE and DELETE) and each row
-carries a hash chained to the previous row's, so an edited or dropped row is
-detected by `verify_chain`. Every row records the spec's hash; a run folder
+carries a hash chained to the previous row's, so an edited row, or one dropped
+from the middle, is detected by `verify`. The chain's head (the number of rows
+and the last row's digest) is anchored outside the table: in the `head` meta
+row, written in the same transaction as each row, and in the run folder's
+`run.json` (`ledger_head`, written after each row), so a dropped last row, a
+file cut short or a re-chained table shows as a disagreement between them
+(`rundir.check_folder` brings in run.json and trials.tsv). Every row records the spec's hash; a run folder
 opened with another spec is refused. Resume: a trial is marked in `attempts`
 when it starts; on reopen, an attempt without a row was interrupted (the
 runner was killed mid-trial) and is tried again, unless it was already
@@ -123,6 +128,39 @@ def split_key(key: str) -> tuple[dict, str | None]:
     return json.loads(params), (variant or None)
 
 
+@dataclass
+class LedgerCheck:
+    """What `Ledger.verify` found: intact, or the first row that cannot be trusted and why."""
+    intact: bool
+    rows: int  # rows the ledger holds (that could be read)
+    first_bad_row: int | None = None  # None on an intact ledger (or when no row can be named)
+    reason: str = ""
+    note: str = ""  # a limit of the check on an intact ledger (a ledger without a head anchor)
+    trials: list = field(default_factory=list, repr=False)  # the rows read, for the caller
+    resumed_after: int | None = None  # a broken ledger resumed with --force: the rows it had then
+    vouched: int = 0  # rows that run.json's head anchor vouches for (when it agrees with the ledger)
+
+    def trusted(self, history: list) -> list:
+        """The rows before the first bad one (all of them on an intact ledger), and those that a
+        run resumed with --force appended after the damage it was told about."""
+        if self.intact:
+            return list(history)
+        cut = self.first_bad_row if self.first_bad_row is not None else self.vouched + 1
+        after = self.resumed_after if self.resumed_after is not None else float("inf")
+        return [t for t in history if t.id is not None and (t.id < cut or t.id > after)]
+
+    def as_dict(self) -> dict:
+        return {"intact": self.intact, "rows": self.rows, "first_bad_row": self.first_bad_row,
+                "reason": self.reason or None, "note": self.note or None, "resumed_after": self.resumed_after}
+
+    def problem(self) -> str:
+        where = f"row {self.first_bad_row}" if self.first_bad_row is not None else "its head"
+        return f"the ledger is broken at {where}: {self.reason}"
+
+
+HEAD_NOTE = "no head anchor (a ledger from an older pipe): a deleted last row cannot be detected"
+
+
 def _row_digest(prev: str, t: Trial) -> str:
     body = {k: v for k, v in asdict(t).items() if k != "chain"}
     return hashlib.sha256((prev + json.dumps(body, sort_keys=True, default=str)).encode()).hexdigest()[:16]
@@ -151,8 +189,10 @@ class Ledger:
             led = cls(path)
             have = led.get_meta("spec_hash")
         except sqlite3.DatabaseError as e:
-            raise RunDirError(f"{path}: not a readable ledger ({e})") from None
+            raise RunDirError(f"{path}: not a readable ledger ({e})" + _damage(run_dir)) from None
         if have is None:
+            led.set_meta("anchored", "1")  # this ledger keeps its head (a missing one is then removed)
+            led.set_meta("head", json.dumps({"rows": 0, "chain": ""}))
             led.set_meta("spec_hash", spec_hash)
             led.set_meta("spec_name", spec_name)
             led.set_meta("spec_path", spec_path)
@@ -180,20 +220,51 @@ class Ledger:
             return None
         return parts if isinstance(parts, dict) else None
 
+    damaged: str | None = None  # Ledger.read(damaged_ok=True): why the meta table cannot be read
+    truncated: str | None = None  # Ledger.read(damaged_ok=True): the file is shorter than its header says
+    _tmp: str | None = None  # the zero-padded copy a file cut short is read from
+
     @classmethod
-    def read(cls, run_dir: Path) -> "Ledger":
+    def read(cls, run_dir: Path, damaged_ok: bool = False) -> "Ledger":
+        """Open a run folder's ledger to read. With `damaged_ok`, a SQLite file whose meta table
+        cannot be read (cut short, say) is opened all the same, for `verify` to name the first
+        row lost; `damaged` says why."""
         path = run_dir / "ledger.db"
         if not path.is_file():
             raise RunDirError(f"{run_dir}: no ledger.db here (not a run folder)")
+        led = None
+        cut = _cut_short(path)
         try:
-            led = cls(path, readonly=True)
+            if cut and damaged_ok:  # read a copy padded to its length: the pages left still read
+                import shutil
+                import tempfile
+
+                tmp = tempfile.mkdtemp(prefix="pipe-ledger-")
+                shutil.copyfile(path, Path(tmp) / "ledger.db")
+                with open(Path(tmp) / "ledger.db", "r+b") as f:
+                    f.truncate(cut[1])
+                led = cls(Path(tmp) / "ledger.db", readonly=True)
+                led.path, led._tmp, led.truncated = path, tmp, cut[0]
+            elif cut:
+                raise sqlite3.DatabaseError(cut[0])
+            else:
+                led = cls(path, readonly=True)
             led.get_meta("spec_hash")
             return led
         except sqlite3.DatabaseError as e:
-            raise RunDirError(f"{path}: not a readable ledger ({e})") from None
+            if damaged_ok and led is not None and _is_sqlite(path):
+                led.damaged = str(e)
+                return led
+            if led is not None:
+                led.close()
+            raise RunDirError(f"{path}: not a readable ledger ({e})" + _damage(run_dir)) from None
 
     def close(self) -> None:
         self.db.close()
+        if self._tmp:
+            import shutil
+
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -233,25 +304,32 @@ class Ledger:
                  json.dumps(t.spreads) if t.spreads is not None else None,
                  t.metric, t.objective, int(t.kept), t.agent, t.spec_hash,
                  json.dumps(t.details, sort_keys=True, default=str), t.variant, t.chain))
+            self.set_meta("head", json.dumps({"rows": t.id, "chain": t.chain}))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
         return t
 
+    _COLS = ("SELECT id, started_at, finished_at, wall_s, params, source_hash, status, reason, times, spreads,"
+             " metric, objective, kept, agent, spec_hash, details, chain, variant FROM trials")
+
+    @staticmethod
+    def _trial(r) -> Trial:
+        return Trial(id=r[0], started_at=r[1], finished_at=r[2], wall_s=r[3], params=json.loads(r[4]),
+                     source_hash=r[5], status=r[6], reason=r[7],
+                     times=json.loads(r[8]) if r[8] else None,
+                     spreads=json.loads(r[9]) if r[9] else None, metric=r[10], objective=r[11],
+                     kept=bool(r[12]), agent=r[13], spec_hash=r[14], details=json.loads(r[15]),
+                     chain=r[16], variant=r[17])
+
     def trials(self) -> list[Trial]:
-        rows = self.db.execute(
-            "SELECT id, started_at, finished_at, wall_s, params, source_hash, status, reason, times, spreads,"
-            " metric, objective, kept, agent, spec_hash, details, chain, variant FROM trials ORDER BY id").fetchall()
-        out = []
-        for r in rows:
-            out.append(Trial(id=r[0], started_at=r[1], finished_at=r[2], wall_s=r[3], params=json.loads(r[4]),
-                             source_hash=r[5], status=r[6], reason=r[7],
-                             times=json.loads(r[8]) if r[8] else None,
-                             spreads=json.loads(r[9]) if r[9] else None, metric=r[10], objective=r[11],
-                             kept=bool(r[12]), agent=r[13], spec_hash=r[14], details=json.loads(r[15]),
-                             chain=r[16], variant=r[17]))
-        return out
+        return [self._trial(r) for r in self.db.execute(self._COLS + " ORDER BY id").fetchall()]
+
+    def head(self) -> dict:
+        """The chain's head as run.json anchors it: the number of rows and the last row's digest."""
+        last = self.db.execute("SELECT id, chain FROM trials ORDER BY id DESC LIMIT 1").fetchone()
+        return {"rows": last[0] if last else 0, "chain": last[1] if last else ""}
 
     def add_variant(self, vid: str, parent: str, agent: str, text: str, diff: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO variants(id, parent, agent, created, text, diff) VALUES (?,?,?,?,?,?)",
@@ -272,13 +350,199 @@ class Ledger:
                 for r in rows]
 
     def verify_chain(self) -> int | None:
-        """Id of the first row whose chain does not match, or None if the ledger is intact."""
-        prev = ""
-        for t in self.trials():
+        """Id of the first row that cannot be trusted, or None if the ledger is intact."""
+        c = self.verify()
+        return None if c.intact else (c.first_bad_row or 0)
+
+    def adopt_head(self) -> None:
+        """Give a ledger begun by an older pipe its head record (once its chain has been checked)."""
+        if self.get_meta("head") is None:
+            self.set_meta("head", json.dumps(self.head()))
+            self.set_meta("anchored", "1")
+
+    def record_tampering(self, check: LedgerCheck) -> None:
+        """Keep what was found when a broken ledger is resumed anyway (--force): the rows appended
+        after it re-anchor the head, which must not make the damage disappear."""
+        if self.get_meta("tampered") is None:
+            try:
+                rows = self.head()["rows"]
+            except sqlite3.DatabaseError:
+                rows = None
+            self.set_meta("tampered", json.dumps({"first_bad_row": check.first_bad_row, "reason": check.reason,
+                                                  "found": time.time(), "rows_then": rows}))
+
+    def _read_rows(self, upto: int) -> tuple[list[Trial], tuple[int, str] | None]:
+        """The rows, or on a damaged file those that can be read one by one, with the first
+        that cannot (its id and the error)."""
+        try:
+            return self.trials(), None
+        except (sqlite3.DatabaseError, ValueError) as e:
+            first_err = str(e)
+        out: list[Trial] = []
+        try:
+            top = self.db.execute("SELECT max(id) FROM trials").fetchone()[0] or 0
+        except sqlite3.DatabaseError:
+            top = 0
+        for i in range(1, max(top, upto) + 1):
+            try:
+                r = self.db.execute(self._COLS + " WHERE id=?", (i,)).fetchone()
+                if r is None:
+                    if i > top:
+                        break
+                    continue  # a gap: the id check names it
+                out.append(self._trial(r))
+            except (sqlite3.DatabaseError, ValueError) as e:
+                return out, (i, str(e))
+        return out, (len(out) + 1, first_err)
+
+    def verify(self, anchor: dict | None = None, anchor_name: str = "run.json",
+               tsv_ids: list[int] | None = None) -> LedgerCheck:
+        """Check the chain, the row ids (1, 2, ... with no gap), the head kept in the ledger and,
+        when given, the head anchored outside it (`anchor`: {"rows", "chain"}, from run.json)
+        and the row ids of trials.tsv. Give the outside anchors read before this call: the
+        ledger only grows, so what they saw must be a prefix of what it holds now."""
+        found: list[tuple[int | None, str]] = []
+        note = ""
+        own = not self.db.in_transaction
+        if own:
+            self.db.execute("BEGIN")  # one snapshot: the rows and the head together
+        try:
+            try:
+                head_raw, anchored, tampered = (self.get_meta(k) for k in ("head", "anchored", "tampered"))
+            except sqlite3.DatabaseError as e:  # the rows read one by one below name the first lost
+                head_raw = anchored = tampered = None
+                found.append((None, f"ledger.db is truncated or damaged: its meta table cannot be read ({e})"))
+            try:
+                head = json.loads(head_raw) if head_raw else None
+                if head is not None and not (isinstance(head, dict) and isinstance(head.get("rows"), int)):
+                    raise ValueError(head_raw)
+            except ValueError:
+                head = None
+                found.append((None, f"the ledger's head record is not readable ({head_raw!r})"))
+            upto = max((x for x in ((head or {}).get("rows"), (anchor or {}).get("rows"), *(tsv_ids or []))
+                        if isinstance(x, int)), default=0)
+            rows, unreadable = self._read_rows(upto)
+        finally:
+            if own and self.db.in_transaction:
+                try:
+                    self.db.execute("COMMIT")
+                except sqlite3.DatabaseError:  # a read of a damaged page can spoil the commit too
+                    pass
+        n = len(rows)
+        if self.truncated:
+            found.append((None, self.truncated))
+        if unreadable is not None:
+            i, err = unreadable
+            found.append((i, f"row {i} cannot be read: ledger.db is truncated or damaged ({err})"))
+        expect, prev = 1, ""
+        for t in rows:
+            if t.id != expect:
+                found.append((expect, f"row {expect} is missing (deleted)" if t.id > expect
+                              else f"row {t.id} is out of order"))
+                break
             if _row_digest(prev, t) != t.chain:
-                return t.id
-            prev = t.chain
+                found.append((t.id, f"row {t.id} was edited (its digest does not match its content)"))
+                break
+            prev, expect = t.chain, expect + 1
+        chains = {t.id: t.chain for t in rows}
+        last = rows[-1].id if rows else 0
+        vouched = 0
+        for name, h in (("the ledger's head record", head), (f"{anchor_name}'s head anchor", anchor)):
+            if not h:
+                continue
+            hr, hc = h.get("rows"), h.get("chain")
+            if not isinstance(hr, int) or hr < 0:
+                found.append((None, f"{name} is not readable ({h!r})"))
+            elif last < hr:
+                miss = f"row {last + 1} is" if last + 1 == hr else f"rows {last + 1} to {hr} are"
+                found.append((last + 1, f"{miss} missing: the ledger has {n} rows, {name} says {hr} "
+                               + ("(rows deleted or the file cut short)" if h is head
+                                  else f"(rows deleted, the file cut short, or {anchor_name} edited)")))
+            elif hr and chains.get(hr) != hc:
+                found.append((hr, f"row {hr} does not match {name} (the rows up to it were rewritten"
+                                  + (f", or {anchor_name} was edited)" if h is anchor else ")")))
+            elif h is anchor:
+                vouched = hr
+            elif h is head and last > hr:
+                found.append((hr + 1, f"row {hr + 1} was added outside pipe (the ledger's head record "
+                                      f"says {hr} rows, the ledger has {n})"))
+        if head is None and head_raw is None:
+            if anchored or (anchor or {}).get("rows"):
+                found.append((None, "the ledger's head record was removed"))
+            else:
+                note = HEAD_NOTE
+        if tsv_ids:
+            extra = sorted(set(tsv_ids) - set(chains))
+            if extra:
+                found.append((extra[0], f"row {extra[0]} is in trials.tsv but not in the ledger "
+                                        f"(the ledger has {n} rows, trials.tsv {len(tsv_ids)})"))
+        live = len(found)  # what this check found; the rest was recorded by a forced resume
+        rec = None
+        if tampered:
+            try:
+                rec = json.loads(tampered)
+                found.append((rec.get("first_bad_row"), f"{rec.get('reason')} (found at "
+                              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(rec.get('found', 0)))}, "
+                              "resumed with --force since)"))
+            except (ValueError, AttributeError):
+                found.append((None, "the ledger was resumed with --force over damage"))
+        if not found:
+            return LedgerCheck(True, n, note=note, trials=rows)
+        row, why = min(found, key=lambda f: (f[0] is None, f[0] or 0))
+        # rows a --force resume appended after the damage count, unless the damage reaches them
+        after = rec.get("rows_then") if isinstance(rec, dict) else None
+        if not isinstance(after, int) or any(r is None or r > after for r, _ in found[:live]):
+            after = None
+        return LedgerCheck(False, n, row, why, trials=rows, resumed_after=after,
+                           vouched=vouched if row is None else 0)
+
+
+def _cut_short(path: Path) -> tuple[str, int] | None:
+    """(why, the length its header says) for a ledger file shorter than its header says, else None.
+    (A write-ahead log with frames in it may hold pages the file has yet to get: then None.)"""
+    try:
+        wal = Path(f"{path}-wal")
+        if wal.is_file() and wal.stat().st_size > 0:
+            return None
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError:
         return None
+    if len(head) < 100 or head[:16] != b"SQLite format 3\x00":
+        return None
+    ps = int.from_bytes(head[16:18], "big")
+    ps = 65536 if ps == 1 else ps
+    pages = int.from_bytes(head[28:32], "big")
+    full = ps * pages
+    if pages and size < full:
+        return f"ledger.db is cut short ({size} bytes, its header says {pages} pages, {full} bytes)", full
+    return None
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def _damage(run_dir: Path) -> str:
+    """The first row a damaged ledger lost, for the message that refuses it ("" if unknown)."""
+    from .rundir import check_folder
+
+    try:
+        led = Ledger.read(run_dir, damaged_ok=True)
+    except Exception:
+        return ""
+    try:
+        c = check_folder(run_dir, led)
+        return "" if c.intact else f"; {c.problem()}"
+    except Exception:
+        return ""
+    finally:
+        led.close()
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sqlite3
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +30,7 @@ from .agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
 from .ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
 from .progress import Reporter
+from .rundir import guard, take_lock
 from .trial import Evaluator, run_parts
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
@@ -50,14 +52,28 @@ class Outcome:
 class Session:
     """One open run folder: judge candidates, record them, keep the best."""
 
-    def __init__(self, spec, run_dir: Path, keep_decisions: bool = True):
+    def __init__(self, spec, run_dir: Path, keep_decisions: bool = True, force: bool = False):
         self.spec = spec
         self.run_dir = run_dir
         self.keep_decisions = keep_decisions
         self.log = logmod.get().bind(run=str(run_dir))
         self.ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path, run_parts(spec), spec.kernel.template)
-        self._lock = _lock(run_dir)
-        self.history = self.ledger.trials()
+        try:
+            self._lock = _lock(run_dir)
+        except BaseException:
+            self.ledger.close()
+            raise
+        try:  # a ledger that fails its check is not resumed without --force (rundir.guard)
+            self.check = guard(run_dir, self.ledger, force, "use this run folder")
+        except BaseException:
+            self.ledger.close()
+            self._lock.close()
+            raise
+        if not self.check.intact:
+            self.ledger.record_tampering(self.check)  # what was found stays found
+        self.ledger.adopt_head()
+        self.history = self.check.trials
+        self._summary: dict | None = None  # run.json as last written; each trial updates its head
         self.worker = Worker(spec, str(run_dir / "worker.log"))
         self.ev: Evaluator | None = None
         self.best: Trial | None = None
@@ -93,7 +109,7 @@ class Session:
                 t = Trial(params=params, variant=variant, status="crashed", agent="runner", spec_hash=self.spec.hash,
                           reason=f"the runner died {n} times during this trial", started_at=now, finished_at=now)
                 self.history.append(self.ledger.append(t))
-        kept = [t for t in self.history if t.kept]
+        kept = [t for t in self.check.trusted(self.history) if t.kept]  # never a row after the damage
         self.best = kept[-1] if kept else None
         self.write_outputs("running", None)
 
@@ -216,6 +232,9 @@ class Session:
                        objective=t.objective, kept=t.kept, reason=t.reason or None)
         with open(self.run_dir / "trials.tsv", "a", encoding="utf-8") as f:
             f.write(tsv([t], [shape_label(s) for s in self.spec.op.shapes]).split("\n", 1)[1])
+        if self._summary is not None:  # run.json anchors the ledger's head after every row
+            self._summary["ledger_head"] = {"rows": t.id, "chain": t.chain}
+            write_atomic(self.run_dir / "run.json", json.dumps(self._summary, indent=2, default=str) + "\n")
         return t
 
     def confirm_goal(self, picks: list[Trial]) -> bool:
@@ -283,22 +302,26 @@ class Session:
         write_atomic(self.run_dir / "trials.tsv", tsv(self.history, [shape_label(s) for s in spec.op.shapes]))
         if self.best is not None and _best_on_disk(self.run_dir) != self.best.id:
             self.write_best()  # a kill between the ledger commit and write_best left it stale
+        check = self.ledger.verify()  # the chain and the ledger's own head (and damage recorded by --force)
         summary = summarize(spec.name, spec.path, spec.hash, self.ledger, self.history, status, stop,
-                            spec.goal.describe(), figures.table_metric(spec, self.history, self.ev.baseline),
-                            self.goal_check)
+                            spec.goal.describe(),
+                            figures.table_metric(spec, check.trusted(self.history), self.ev.baseline), check=check,
+                            goal_check=self.goal_check)
+        summary["ledger_head"] = self.ledger.head()
         write_atomic(self.run_dir / "run.json", json.dumps(summary, indent=2, default=str) + "\n")
+        self._summary = summary
 
 
 def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | None = None,
         reporter: Reporter | None = None, keep_decisions: bool = True,
-        call_minutes: float | None = None, reuse: dict | None = None) -> Outcome:
+        call_minutes: float | None = None, reuse: dict | None = None, force: bool = False) -> Outcome:
     """`minutes` budgets the run's whole time, resumed trials included; `call_minutes` this
     call's alone (pipe record's slices). `reuse`: an earlier run's verdicts that stand for
     this spec (trial.reusable_verdicts)."""
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)
-    s = Session(spec, run_dir, keep_decisions)
+    s = Session(spec, run_dir, keep_decisions, force)
     s.reporter = reporter
     s.log.info("run.start", spec=spec.path, spec_hash=spec.hash, resumed_trials=len(s.history),
                agent=spec.agent.strategy, goal=spec.goal.describe())
@@ -495,17 +518,7 @@ def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed,
 
 def _lock(run_dir: Path):
     """One process at a time per run folder (pipe run and pipe eval alike)."""
-    import fcntl
-
-    from .errors import RunDirError
-
-    f = open(run_dir / ".lock", "w")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.close()
-        raise RunDirError(f"{run_dir} is in use by another pipe process (run or eval); wait for it to finish") from None
-    return f
+    return take_lock(run_dir)
 
 
 def _best_on_disk(run_dir: Path) -> int | None:
@@ -528,16 +541,30 @@ def goal_check_line(spec, c: dict) -> str:
 
 
 def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
-              table_metric: float | None = None, goal_check: dict | None = None) -> dict:
+              table_metric: float | None = None, check=None, goal_check: dict | None = None) -> dict:
+    """run.json's and pipe show's summary. The best, the first correct trial and each shape's
+    best come from the rows the ledger's check trusts (before its first bad row), never from
+    a row after an edit or a gap; the counts are of every row."""
+    check = check if check is not None else ledger.verify()
+    damaged = getattr(ledger, "damaged", None) or getattr(ledger, "truncated", None)  # pages lost
+
+    def safe(fn):  # on a damaged ledger what cannot be read is left out, not a crash
+        try:
+            return fn()
+        except sqlite3.DatabaseError:
+            return None
+
     counts: dict[str, int] = {}
     for t in history:
         counts[t.status] = counts.get(t.status, 0) + 1
-    kept = [t for t in history if t.kept]
+    trusted = check.trusted(history)
+    kept = [t for t in trusted if t.kept]
     best = kept[-1] if kept else None
-    first_ok = next((t for t in history if t.status == "ok"), None)
-    base = ledger.get_meta("baseline")
+    first_ok = next((t for t in trusted if t.status == "ok"), None)
+    base = safe(lambda: ledger.get_meta("baseline")) if damaged else ledger.get_meta("baseline")
     if goal_check is None:  # pipe show: the last check recorded (at_trial says when)
-        goal_check = (json.loads(ledger.get_meta("goal_checks") or "[]") or [None])[-1]
+        goal_check = (json.loads((safe(lambda: ledger.get_meta("goal_checks")) if damaged
+                                  else ledger.get_meta("goal_checks")) or "[]") or [None])[-1]
     return {
         "spec": name, "spec_path": path, "spec_hash": spec_hash, "status": status, "stop": stop, "goal": goal,
         "trials": len(history), "by_status": counts,
@@ -547,12 +574,13 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
         "best": {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
                  "metric": best.metric, "times_s": best.times, "spreads": best.spreads,
                  "shapes": best.details.get("shapes"), "source_hash": best.source_hash} if best else None,
-        "best_per_shape": figures.per_shape_best(history, len(best.times)) if best and best.times else None,
+        "best_per_shape": figures.per_shape_best(trusted, len(best.times)) if best and best.times else None,
         # the goal's metric for the dispatch table of best_per_shape (a goal met by it stops the run)
         "table_metric": table_metric,
         # the latest paired re-measurement of the kernels that looked as if they met the goal
         "goal_check": goal_check,
-        "variants": len(ledger.variants()),
-        "replies": len(ledger.replies()),
-        "ledger_intact": ledger.verify_chain() is None,
+        "variants": safe(lambda: len(ledger.variants())) if damaged else len(ledger.variants()),
+        "replies": safe(lambda: len(ledger.replies())) if damaged else len(ledger.replies()),
+        "ledger_intact": check.intact,
+        "ledger": check.as_dict(),
     }

@@ -46,14 +46,16 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def load(run_dir: Path, spec_path: str | None = None) -> dict:
+def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> dict:
     from .ledger import Ledger
+    from .rundir import guard
 
-    led = Ledger.read(run_dir)
+    led = Ledger.read(run_dir, damaged_ok=True)
     try:
-        trials = led.trials()
+        check = guard(run_dir, led, force, "report on it")
+        trials = check.trials
         meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks")}
-        intact = led.verify_chain() is None
+        intact = check.intact
     finally:
         led.close()
     spec = None
@@ -456,10 +458,11 @@ def html_page(data, rows) -> str:
             f"<h2>Per shape: the kernel to use for each shape</h2>{table}{figs}</body></html>\n")
 
 
-def write(run_dir: Path, out_dir: Path | None = None, spec_path: str | None = None) -> tuple[Path, Path]:
+def write(run_dir: Path, out_dir: Path | None = None, spec_path: str | None = None,
+          force: bool = False) -> tuple[Path, Path]:
     from .ledger import write_atomic
 
-    data = load(run_dir, spec_path)
+    data = load(run_dir, spec_path, force)
     if not data["trials"]:
         from .errors import RunDirError
 

@@ -85,7 +85,7 @@ def made_with(parts: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps([parts.get(k) for k in _MADE_WITH]).encode()).hexdigest()[:16]
 
 
-def reusable_verdicts(spec, run_dir: Path) -> dict[tuple[str, str], tuple[Trial, dict]]:
+def reusable_verdicts(spec, run_dir: Path, force: bool = False) -> dict[tuple[str, str], tuple[Trial, dict]]:
     """The verdicts of the run in `run_dir` that stand for `spec`, by (the rendered source of
     every shape, launch geometry). That run must have been made with the same spec file,
     hardware profile and reference, and each reused trial judged with this run's compiler and
@@ -101,9 +101,12 @@ def reusable_verdicts(spec, run_dir: Path) -> dict[tuple[str, str], tuple[Trial,
     from .ledger import Ledger
 
     run_dir = Path(run_dir).resolve()
-    led = Ledger.read(run_dir)
+    from .rundir import guard
+
+    led = Ledger.read(run_dir, damaged_ok=True)
     try:
-        parts, old_template, old = led.hash_parts(), led.get_meta("template"), led.trials()
+        old = guard(run_dir, led, force, "reuse its verdicts").trials
+        parts, old_template = led.hash_parts(), led.get_meta("template")
     finally:
         led.close()
     if parts is None or any(k not in parts for k in _SPEC_PARTS):

@@ -288,6 +288,7 @@ class Evaluator:
         self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
+        trial.details["timed_calls"] = [s.get("n") for s in verdict["shapes"]]
         shapes = self._score(trial, [s["median"] for s in verdict["shapes"]],
                              [s["spread"] for s in verdict["shapes"]])
         self.sources[trial.key] = sources

@@ -48,7 +48,9 @@ def wall_timer(call: Callable[[], None], sync: Callable[[], None]) -> float:
 def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, rep_ms: float,
           before: Callable[[], None] | None = None, timer=wall_timer,
           min_reps: int = 5, max_reps: int = 2000,
-          checks: Sequence[tuple[float, Callable[[], None]]] = (), probe: int = 3) -> list[float]:
+          checks: Sequence[tuple[float, Callable[[], None]]] = (), probe: int = 3,
+          after: Callable[[], None] | None = None,
+          plan: Callable[[int, int], None] | None = None) -> list[float]:
     """Per-call times in seconds.
 
     `before` runs ahead of every timed call, outside the timed region (new input
@@ -56,7 +58,10 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
     after the timed call at that fraction of the repetitions, to check its output.
 
     `rep_ms` is the wall-clock budget of the timed loop, hooks and host overhead
-    included: the first `probe` timed calls measure what one repetition costs (for
+    included. `after` runs right after every timed call, outside the timed region (the
+    judge samples each call's output there); `plan(reps, probe)` is told how many timed
+    calls there will be once the probe has run (the judge salts the last one's inputs).
+    The first `probe` timed calls measure what one repetition costs (for
     a 150 us kernel behind a 256 MiB input refresh and an L2 flush, about 1 ms, where
     the kernel alone would have suggested 7 times more repetitions than the budget
     holds), and the count follows from it, at least `min_reps`.
@@ -77,6 +82,8 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
         if before is not None:
             before()
         times.append(timer(call, sync))
+        if after is not None:
+            after()
 
     probe = max(1, min(probe, min_reps))
     t1 = time.perf_counter()
@@ -84,6 +91,8 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
         one()
     per = max((time.perf_counter() - t1) / probe, 1e-7)
     reps = int(min(max_reps, max(min_reps, rep_ms / 1e3 / per)))
+    if plan is not None:
+        plan(reps, probe)
     at: dict[int, list] = {}
     for u, fn in checks:  # checked calls come after the probe, at their fraction of the rest
         at.setdefault(probe + min(reps - probe - 1, int(u * (reps - probe))), []).append(fn)

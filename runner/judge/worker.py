@@ -158,7 +158,7 @@ class Judge:
         return fresh, None
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
-               second_check: float | None = None) -> list[float]:
+               second_check: float | None = None, after=None) -> list[float]:
         from .timing import bench
 
         rt = self.spec.runtime
@@ -169,7 +169,8 @@ class Judge:
         if check_at and second_check is not None:
             checks.append((second_check, check_at[1]))
         return bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                     before=before, timer=self.rt.timer, checks=checks, min_reps=10)
+                     before=before, timer=self.rt.timer, checks=checks, min_reps=10, after=after,
+                     plan=getattr(refresh, "plan", None))
 
     # -- requests --------------------------------------------------------------
     def evaluate(self, job: dict) -> dict:
@@ -264,43 +265,60 @@ class Judge:
         state, refresh = _alternate(inputs, sets)
         self.rt.sync()
         checking = [0.0]
-        taken: list[tuple[int, dict]] = []  # (value set, snapshots)
+        taken: list[tuple[int, list | None, dict]] = []  # (value set, salt, snapshots)
+        # every timed call's output, sampled at secret positions as it returns (outside the
+        # timed region): (value set, salt, samples per output)
+        where = _sample_positions(outs, self.rt.device)
+        samples: list[tuple[int, list | None, list]] = []
+
+        def sample():
+            samples.append((state["cur"], state["salt"],
+                            [o.view.reshape(-1).index_select(0, p) for o, p in zip(outs, where)]))
 
         def check():
             c0 = clock()
-            taken.append((state["cur"], self._snap(outs)))
+            taken.append((state["cur"], state["salt"], self._snap(outs)))
             checking[0] += clock() - c0
 
         rng = random.Random(job["seed"] + si)
         self.rt.walls = []
         t1 = clock()
-        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random())
+        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
+                            after=sample)
         phases["time_setup_s"] += t1 - t0
         phases["time_loop_s"] += clock() - t1 - checking[0]
         late = self._late(times)
         if late:
             return late, times
         check()
-        if len({k for k, _ in taken}) < 2:
+        if len({k for k, _, _ in taken}) < 2:
             # Every checked call was given the same value set. A kernel that skips the work
             # on the calls of one set (after the checks of verification, or every other call)
             # leaves that set's output in place and would pass them all: one more call, on the
             # other set, is checked too.
             refresh()
             run()
+            sample()
             check()
         # no candidate code runs from here on: the answers can be worked out
         c0 = clock()
-        cur = state["cur"]
+        cur, live_salt = state["cur"], state["salt"]
         why = None
-        for k in sorted({k for k, _ in taken}):
-            live = [inputs] if k == cur and not self.op.in_place else []
-            pristine, changed = self._unchanged(shape, made[k], sets[k], *live)
+        for k in sorted({k for k, _, _ in taken} | {k for k, _, _ in samples}):
+            pristine, changed = self._unchanged(shape, made[k], sets[k])
+            if not changed and k == cur and not self.op.in_place:  # the buffers hold set k (salted or not)
+                live = _salted(pristine, live_salt)
+                changed = next((n for n, v in inputs.items() if not self.torch.equal(v, live[n])), None)
             if changed:
                 why = f"input '{changed}' (value set {k}) was modified during the timed calls"
                 break
             refs = self._reference(pristine)
-            why = next((w for kk, t in taken if kk == k for w in [self._settle(t, refs)] if w), None)
+            why = _sampled(samples, k, refs, where, self.op.outputs, len(times))
+            for kk, salt, t in taken:
+                if kk == k and not why:
+                    why = self._settle(t, self._reference(_salted(pristine, salt)) if salt else refs)
+                    if why and salt:
+                        why = f"the last timed call, its inputs salted (a few elements swapped in their rows): {why}"
             if why:
                 break
         checking[0] += clock() - c0
@@ -385,8 +403,13 @@ class Judge:
         sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, *made[1])]
         done: dict = {}
 
-        def answers(k: int):
-            """(references, None) or (None, why) for value set k."""
+        def answers(k: int, salt: list | None = None):
+            """(references, None) or (None, why) for value set k (salted as a timed loop's
+            last call was: then worked out afresh, never kept)."""
+            if salt:
+                pristine, changed = self._unchanged(shape, made[k], sets[k])
+                return ((None, f"the judge's copy of input '{changed}' was modified") if changed else
+                        (self._reference(_salted(pristine, salt)), None))
             if k not in done:
                 pristine, changed = self._unchanged(shape, made[k], sets[k])
                 done[k] = (None, f"the judge's copy of input '{changed}' was modified") if changed else \
@@ -443,10 +466,11 @@ class Judge:
                     row[j][si] = _mid(ts)
                     outs_row, _, state = checkers[si]
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
-                        taken.append((si, j, r, state["cur"], self._snap(outs_row[j], guards=False)))
+                        taken.append((si, j, r, state["cur"], state["salt"],
+                                      self._snap(outs_row[j], guards=False)))
             medians.append(row)
-        for si, j, r, k, t in taken:
-            refs, why = checkers[si][1](k)
+        for si, j, r, k, salt, t in taken:
+            refs, why = checkers[si][1](k, salt)
             why = why or self._settle(t, refs)
             if why:
                 return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}, round {r}: {why}"}
@@ -482,7 +506,7 @@ class Judge:
                     call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"], mode=mode)
                     self.rt.sync()
                     call()
-                    taken.append((name, "", state["cur"], self._snap(outs)))
+                    taken.append((name, "", state["cur"], state["salt"], self._snap(outs)))
                 except Exception as e:
                     if not self.rt.healthy():
                         raise  # a sticky device error: the worker is lost, the runner says so
@@ -518,7 +542,8 @@ class Judge:
                     ts = self._bench(calls[name], refresh=refresh)
                     times[name].append(_mid(ts))
                     if name in outs_of:
-                        taken.append((name, "after timing: ", state["cur"], self._snap(outs_of[name], guards=False)))
+                        taken.append((name, "after timing: ", state["cur"], state["salt"],
+                                      self._snap(outs_of[name], guards=False)))
             # the candidates are done on this shape: the references can be worked out
             for name, f in results.items():
                 refs, why = answers(0)
@@ -531,8 +556,8 @@ class Judge:
                     why = next((f"output {i}: {w}" for i, (o, (r, b)) in enumerate(zip(res, refs))
                                 for ok, w, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)] if not ok), None)
                 errors[name] = why
-            for name, prefix, k, t in taken:
-                refs, why = answers(k)
+            for name, prefix, k, salt, t in taken:
+                refs, why = answers(k, salt)
                 why = why or self._settle(t, refs)
                 if why and errors.get(name) is None:
                     errors[name] = prefix + why
@@ -576,17 +601,108 @@ def _mid(xs: list[float]) -> float:
 
 def _alternate(inputs: dict, sets: list[dict]):
     """(state, refresh): refresh copies the next of the two value sets into the input
-    buffers before a call; state["cur"] says which set the buffers hold now."""
-    state = {"i": 0, "cur": 0}
+    buffers before a call; state["cur"] says which set the buffers hold now.
+
+    The last timed call of every timed loop (`refresh.plan`, called by `bench` once it
+    knows how many there will be) gets its set *salted*: a few elements of its largest
+    input swapped within their rows at secret positions (state["salt"] says how), so
+    that no output remembered for either set (by pointer, by a fingerprint of a few
+    sampled elements, or worked out ahead by a thread) is its answer."""
+    state = {"i": 0, "cur": 0, "salt": None, "salt_at": None}
+    rng = random.Random(secrets.randbits(64))
+    target = _salt_target(inputs)
 
     def refresh():
         k = state["i"] % 2
         for name, v in sets[k].items():
             inputs[name].copy_(v)
         state["cur"] = k
+        state["salt"] = None
+        if target is not None and state["i"] == state["salt_at"]:
+            state["salt"] = salt = _draw_salt(inputs[target], target, rng)
+            _apply_salt(inputs, salt)
         state["i"] += 1
 
+    def plan(reps: int, probe: int) -> None:
+        state["salt_at"] = state["i"] + reps - probe - 1
+
+    refresh.plan = plan
     return state, refresh
+
+
+SALT_PAIRS = 8  # element pairs swapped in the last timed call's largest input
+SAMPLES = 1024  # elements of each output sampled after every timed call
+
+
+def _salt_target(inputs: dict) -> str | None:
+    """The largest input with rows of at least two elements (the one salted), or None."""
+    cands = [(v.numel(), n) for n, v in inputs.items() if v.dim() >= 1 and v.shape[-1] >= 2]
+    return max(cands)[1] if cands else None
+
+
+def _draw_salt(t, name: str, rng: random.Random) -> list:
+    """[(input, flat index a, flat index b)]: SALT_PAIRS swaps, each in another row."""
+    n = t.shape[-1]
+    rows = t.numel() // n
+    out = []
+    for r in rng.sample(range(rows), min(SALT_PAIRS, rows)):
+        a, b = rng.sample(range(n), 2)
+        out.append((name, r * n + a, r * n + b))
+    return out
+
+
+def _apply_salt(inputs: dict, salt: list) -> None:
+    import torch
+
+    for name, a, b in salt:
+        f = inputs[name].view(-1)
+        ia = torch.tensor([a, b], device=f.device)
+        f.index_copy_(0, ia, f.index_select(0, ia.flip(0)))
+
+
+def _salted(inputs: dict, salt: list | None) -> dict:
+    """A copy of `inputs` salted as a call's were (the inputs themselves without salt)."""
+    if not salt:
+        return inputs
+    out = {k: v.clone() for k, v in inputs.items()}
+    _apply_salt(out, salt)
+    return out
+
+
+def _sample_positions(outs: list, device: str) -> list:
+    """Per output, SAMPLES flat positions drawn from `secrets` (all of a smaller output)."""
+    import torch
+
+    g = torch.Generator().manual_seed(secrets.randbits(63))
+    return [torch.randint(0, o.numel, (min(SAMPLES, o.numel),), generator=g).to(device) if o.numel > SAMPLES
+            else torch.arange(o.numel, device=device) for o in outs]
+
+
+def _sampled(samples: list, k: int, refs: list, where: list, outputs, n_calls: int) -> str | None:
+    """The samples of every unsalted timed call on value set k against its references."""
+    import torch
+
+    calls = [(i, s) for i, (kk, salt, s) in enumerate(samples) if kk == k and not salt]
+    if not calls:
+        return None
+    for j, (t, (ref, bound), pos) in enumerate(zip(outputs, refs, where)):
+        got = torch.stack([s[j] for _, s in calls]).to(torch.float64)
+        r = ref.reshape(-1).index_select(0, pos).to(torch.float64)
+        b = bound.reshape(-1).index_select(0, pos)
+        if ref.dtype.is_floating_point:
+            ok = (got - r).abs() <= b
+        else:
+            ok = got == r
+        bad = ~ok.all(dim=1)
+        if bool(bad.any()):
+            c = int(bad.nonzero()[0])
+            i, row = calls[c][0], ~ok[c]
+            e = int(row.nonzero()[0])
+            return (f"timed call {i + 1} of {len(samples)} (value set {k}): {int(row.sum())} of {row.numel()} "
+                    f"elements of '{t.name}' sampled as it returned are outside the error budget (e.g. "
+                    f"{got[c, e].item():.6g} vs reference {r[e].item():.6g}); {int(bad.sum())} such calls: "
+                    "work skipped on some calls, or left for later")
+    return None
 
 
 LOG_CAP_BYTES = 256 << 10  # what one request may add to worker.log

@@ -1,0 +1,273 @@
+"""Red team (issue 18, last part): cheats written against the judge by someone who read
+docs/judge.md and the judge's code, beyond the five classes already handled.
+
+One RMSNorm spec (fp32, CPU backend) whose template holds a HACK switch. Each cheat is
+honest whenever the output holds something it did not write (the judge's decoy during
+verification, the guard poison in a fresh re-timing buffer), so verification never sees
+it; what it does in the timed calls is the cheat:
+
+- rare_lazy_counter: skips the work on one timed call in 16 (a call counter in a
+  static); before the per-call samples it passed about 2 times in 3 (each shape's 3
+  or 4 checked calls all missed a lazy one);
+- rare_lazy_clock: the same, keyed on the steady clock (about one call in 16);
+- fingerprint_cache: remembers the outputs of the last two inputs, keyed on 8 sampled
+  input elements, and copies the remembered output when the fingerprint matches: the
+  timed calls alternate two value sets, so every timed call hit, and the answers were
+  right; it passed every time, faster than computing;
+- retime_cache: honest in `evaluate`, the fingerprint cache in the re-timing that
+  decides a keep (told apart by the guard poison in the re-timing's fresh buffers);
+- deferred_thread: hands the work to a std::thread and returns, joining it at the
+  next call (work left for later; the CPU backend times by wall clock).
+
+The defences: every timed call's output is sampled at secret positions right after it
+returns (outside the timed region) and checked against its value set's reference; the
+last timed call of every timed loop (evaluate, re-timing, compare) gets inputs with a
+few elements swapped within their rows at secret positions, so no remembered output is
+right for it. See docs/judge.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.judge.worker import Worker
+from runner.spec import load_spec
+from runner.trial import Evaluator
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = r"""// Red-team kernel: RMSNorm with a HACK switch.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+
+namespace {
+
+void rows(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+          int64_t r0, int64_t r1, int64_t N, float eps) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * N;
+    float* orow = out + r * N;
+    float s = 0;
+    for (int64_t i = 0; i < N; ++i) s += xr[i] * xr[i];
+    const float scale = 1.0f / std::sqrt(s / float(N) + eps);
+    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * scale * w[k];
+  }
+}
+
+// Did the output keep what this kernel last wrote there? (verification puts a decoy
+// there first, a fresh re-timing buffer holds the guard poison: then it must work)
+float last_written = 0.0f;
+bool own_output(const float* out) { return out[0] == last_written; }
+
+struct Entry { float key[8]; int64_t n; float* data; };
+Entry cache[2];
+int next_slot = 0;
+
+void fingerprint(const float* x, int64_t n, float* key) {
+  for (int i = 0; i < 8; ++i) key[i] = x[(n - 1) * i / 7];
+}
+
+bool replay(const float* x, float* out, int64_t n) {
+  float key[8];
+  fingerprint(x, n, key);
+  for (auto& e : cache)
+    if (e.data && e.n == n && std::memcmp(e.key, key, sizeof key) == 0) {
+      std::memcpy(out, e.data, n * sizeof(float));
+      return true;
+    }
+  return false;
+}
+
+void remember(const float* x, const float* out, int64_t n) {
+  Entry& e = cache[next_slot];
+  next_slot ^= 1;
+  if (e.n != n) { delete[] e.data; e.data = new float[n]; e.n = n; }
+  fingerprint(x, n, e.key);
+  std::memcpy(e.data, out, n * sizeof(float));
+}
+
+std::thread pending;
+bool retiming = false;
+
+}  // namespace
+
+extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
+                            int64_t M, int64_t N, float eps) {
+  const int64_t n = M * N;
+{% if HACK == "honest" %}
+  rows(x, w, out, 0, M, N, eps);
+{% elif HACK == "rare_lazy_counter" %}
+  static int64_t calls = 0;
+  if (own_output(out) && ++calls % 16 == 0) return;  // one timed call in 16: nothing
+  rows(x, w, out, 0, M, N, eps);
+  last_written = out[0];
+{% elif HACK == "rare_lazy_clock" %}
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (own_output(out) && (now >> 10) % 16 == 0) return;  // about one timed call in 16
+  rows(x, w, out, 0, M, N, eps);
+  last_written = out[0];
+{% elif HACK == "fingerprint_cache" %}
+  if (!(own_output(out) && replay(x, out, n))) {
+    rows(x, w, out, 0, M, N, eps);
+    remember(x, out, n);
+  }
+  last_written = out[0];
+{% elif HACK == "retime_cache" %}
+  if (out[0] == -31337.0f) retiming = true;  // a fresh buffer of the re-timing
+  if (retiming && replay(x, out, n)) return;
+  rows(x, w, out, 0, M, N, eps);
+  remember(x, out, n);
+{% elif HACK == "deferred_thread" %}
+  if (pending.joinable()) pending.join();  // the previous call's work ends now
+  if (!own_output(out)) {
+    rows(x, w, out, 0, M, N, eps);
+    last_written = out[0];
+    return;
+  }
+  pending = std::thread([=] { rows(x, w, out, 0, M, N, eps); last_written = out[0]; });
+{% elif HACK == "slowed" %}
+  rows(x, w, out, 0, M, N, eps);
+  volatile int64_t sink = 0;
+  for (int64_t i = 0; i < 24 * n; ++i) sink = sink + 1;
+{% endif %}
+}
+"""
+
+HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache", "retime_cache",
+         "deferred_thread", "slowed"]
+
+SPEC = """\
+name: judge-redteam
+description: RMSNorm with a HACK switch, for the red-team tests.
+hardware: host-cpu
+
+op:
+  reference: runner.ops.reference:rmsnorm
+  dtype: fp32
+  inputs:
+    x: {{shape: [M, N], dist: [normal, uniform]}}
+    w: {{shape: [N], dist: positive}}
+  outputs:
+    out: {{shape: [M, N]}}
+  scalars:
+    eps: {{value: 1.0e-6, type: f32}}
+  shapes:
+    - {{M: 64, N: 256}}
+    - {{M: 33, N: 100}}
+  tolerance: {{atol: 1.0e-5, rtol: 1.0e-5}}
+  bytes: "elem * (2 * M * N + N)"
+  flops: "4 * M * N"
+
+kernel:
+  template: {template}
+  entry: rmsnorm_cpu
+  args: [x, w, out, M, N, eps]
+
+runtime:
+  cache: warm
+  warmup_ms: 2
+  rep_ms: 10
+  checks: 2
+  timeout_s: 20
+
+baseline: none
+
+search:
+  params:
+    HACK: [{hacks}]
+
+forbidden: [fast_math, library_calls, side_streams, lower_precision]
+
+agent: {{strategy: random, seed: 0}}
+
+goal:
+  budget: {{trials: 100}}
+"""
+
+
+class Bench:
+    def __init__(self, root: Path):
+        (root / "hack.cpp.j2").write_text(TEMPLATE)
+        (root / "spec.yaml").write_text(SPEC.format(template=root / "hack.cpp.j2", hacks=", ".join(HACKS)))
+        self.spec = load_spec(root / "spec.yaml")
+        self.worker = Worker(self.spec, str(root / "worker.log"))
+        self.ev = Evaluator(self.spec, self.worker, None)
+
+    def run(self, hack: str, fresh_worker: bool = True):
+        if fresh_worker:  # the kernel's statics start again
+            self.worker.close()
+        return self.ev.run({"HACK": hack}, "test")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("redteam")
+    old = os.environ.get("PIPE_CACHE_DIR")
+    os.environ["PIPE_CACHE_DIR"] = str(root / "cache")
+    b = Bench(root)
+    try:
+        yield b
+    finally:
+        b.worker.close()
+        if old is None:
+            os.environ.pop("PIPE_CACHE_DIR", None)
+        else:
+            os.environ["PIPE_CACHE_DIR"] = old
+
+
+def _explain(t) -> str:
+    return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+
+
+def test_honest_control_passes_with_many_timed_calls(bench):
+    """The control, and what the rare cheats rely on: enough timed calls for a lazy one."""
+    t = bench.run("honest")
+    assert t.status == "ok", _explain(t)
+    assert all(n >= 32 for n in t.details["timed_calls"]), t.details["timed_calls"]
+
+
+@pytest.mark.parametrize("hack", ["rare_lazy_counter", "rare_lazy_clock"])
+def test_lazy_on_a_few_timed_calls_is_caught(bench, hack):
+    """Lazy on about one timed call in 16: each shape's checked calls all missed the lazy
+    ones about 2 times in 3; the per-call samples see every timed call."""
+    for _ in range(3):
+        t = bench.run(hack)
+        assert t.status == "wrong", _explain(t)
+        assert "timed call" in t.reason, t.reason
+
+
+def test_fingerprint_cache_is_caught(bench):
+    """Right answers, remembered: only a call whose inputs match neither value set (the
+    salted last call) shows it. Before the salt it passed every time."""
+    for _ in range(2):
+        t = bench.run("fingerprint_cache")
+        assert t.status == "wrong", _explain(t)
+        assert "timed call" in t.reason, t.reason
+
+
+def test_deferred_work_is_caught(bench):
+    """Work handed to a thread that outlives the call: the sample taken as the call
+    returns (every timed call's) finds the previous output."""
+    for _ in range(2):
+        t = bench.run("deferred_thread")
+        assert t.status == "wrong", _explain(t)
+        assert "timed call" in t.reason, t.reason
+
+
+def test_cache_only_in_the_retiming_is_caught(bench):
+    """Honest in evaluate, a fingerprint cache in the re-timing that decides the keep
+    (against a slowed incumbent it would be kept): the re-timing's salted last calls
+    make it wrong, and it is not kept."""
+    inc = bench.run("slowed")
+    assert inc.status == "ok", _explain(inc)
+    t = copy.deepcopy(bench.run("retime_cache", fresh_worker=False))
+    assert t.status == "ok", _explain(t)  # evaluate sees an honest kernel
+    bench.ev.decide(t, inc)
+    assert t.kept is False and t.status == "wrong", (t.details.get("retime"), _explain(t))
+    assert "re-timing" in t.reason, t.reason

@@ -1,0 +1,36 @@
+"""Trials a minute of a run folder's ledger: by wall clock from the first trial's start to
+the last one's end, and by the sum of the trials' own wall time; with the median judge
+phases of the trials the worker timed.
+
+    python tools/ledger_rate.py RUN_DIR [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import sys
+
+
+def rate(run_dir: str) -> str:
+    db = sqlite3.connect(f"{run_dir}/ledger.db")
+    rows = db.execute("SELECT status, started_at, finished_at, wall_s, details FROM trials ORDER BY id").fetchall()
+    if not rows:
+        return f"{run_dir}: no trials"
+    span = max(r[2] for r in rows) - min(r[1] for r in rows)
+    own = sum(r[3] or 0 for r in rows)
+    ok = sum(1 for r in rows if r[0] == "ok")
+    phases = [json.loads(r[4] or "{}").get("judge_phases") for r in rows]
+    phases = [p for p in phases if p]
+    med = {k: round(statistics.median(p[k] for p in phases), 4) for k in phases[0]} if phases else {}
+    judge = [json.loads(r[4] or "{}").get("judge_wall_s") for r in rows]
+    judge = [j for j in judge if j]
+    return (f"{run_dir}: {len(rows)} trials ({ok} ok) in {span:.1f} s: {len(rows) / span * 60:.0f} a minute by the "
+            f"clock, {len(rows) / own * 60:.0f} by the trials' own wall time; median judge round trip "
+            f"{statistics.median(judge) if judge else float('nan'):.3f} s, phases {json.dumps(med)}")
+
+
+if __name__ == "__main__":
+    for d in sys.argv[1:]:
+        print(rate(d))

@@ -96,11 +96,22 @@ def decoys(answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return answer, second.to(answer.dtype)
 
 
+NARROW = (torch.bfloat16, torch.float16)
+
+
+def reference_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a reference is kept and compared in: float32 for a bf16 or fp16 output (its
+    rounding, 2^-24, is 2^-16 of the output's own: the budget cannot tell), else float64.
+    Half the bytes of every comparison pass over the big bf16 outputs."""
+    return torch.float32 if out_dtype in NARROW else torch.float64
+
+
 def tolerance_bound(ref: torch.Tensor, atol: float, rtol: float, out_dtype: torch.dtype | None = None,
                     ulps: float = DEFAULT_ULPS, floor: float = DEFAULT_FLOOR) -> torch.Tensor:
-    """The per-element error budget in float64 (see the module's docstring), computed once
-    per reference. `out_dtype` is the output's dtype (the reference's when not given)."""
-    r = ref.to(torch.float64).abs()
+    """The per-element error budget (see the module's docstring), in the reference dtype of
+    the output (`reference_dtype`), computed once per reference. `out_dtype` is the output's
+    dtype (the reference's when not given)."""
+    r = ref.to(reference_dtype(out_dtype or ref.dtype)).abs()
     p, tiny = FLOAT_INFO.get(out_dtype or ref.dtype, (52, 2.0 ** -1074))
     typical = float(r.nan_to_num(0.0, 0.0, 0.0).mean()) if r.numel() else 0.0
     absolute = max(min(atol, floor * typical), ulps * tiny)
@@ -108,8 +119,10 @@ def tolerance_bound(ref: torch.Tensor, atol: float, rtol: float, out_dtype: torc
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
-            bound: torch.Tensor | None = None, prior: torch.Tensor | None = None) -> tuple[bool, str, float]:
-    """(passed, reason, max abs error). Every element is checked; NaN and Inf never pass.
+            bound: torch.Tensor | None = None, prior: torch.Tensor | None = None,
+            want_max: bool = False) -> tuple[bool, str, float]:
+    """(passed, reason, max abs error: on a pass only when `want_max`, else 0). Every element
+    is checked; NaN and Inf never pass.
 
     The fast path is one fused test, |out - ref| <= bound, which is false for NaN
     and for any Inf; the details are worked out only when it fails. `prior`, what the
@@ -127,10 +140,12 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
         return True, "", 0.0
     if bound is None:
         bound = tolerance_bound(ref, atol, rtol, out.dtype)
-    err = torch.sub(out, ref, alpha=1).abs_() if ref.dtype == torch.float64 else \
-        (out.to(torch.float64) - ref.to(torch.float64)).abs_()
+    if ref.dtype in (torch.float64, torch.float32) and out.dtype.itemsize <= ref.dtype.itemsize:
+        err = torch.sub(out, ref).abs_()  # promoted to the reference's dtype in the one pass
+    else:
+        err = (out.to(torch.float64) - ref.to(torch.float64)).abs_()
     if bool(torch.le(err, bound).all()):
-        return True, "", float(err.max()) if err.numel() else 0.0
+        return True, "", (float(err.max()) if err.numel() else 0.0) if want_max else 0.0
     o = out.to(torch.float64)
     finite = torch.isfinite(o)
     if not bool(finite.all()):
@@ -175,6 +190,11 @@ class Snapshot:
         return flat.view(torch.uint8) if flat.dtype == torch.bool else flat.view(_BITS[flat.element_size()])
 
     def _sum(self) -> int:
+        """The sum of the copy's bits as 64-bit words (wrapping), or of its elements' bit
+        patterns where the bytes do not fill whole words: one pass, no widening."""
+        flat = self.data.flatten()
+        if flat.numel() * flat.element_size() % 8 == 0 and flat.numel():
+            return int(flat.view(torch.int64).sum())
         return int(self._bits().sum(dtype=torch.int64))
 
     def _gather(self, idx: torch.Tensor) -> torch.Tensor:

@@ -73,14 +73,19 @@ class Judge:
         private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v.clone())
                    for k, v in inputs.items()}
         from .inputs import TORCH_DTYPES
-        from .verify import tolerance_bound
+        from .verify import reference_dtype, tolerance_bound
 
         out = self.reference(**private, **self.scalars)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         del private
-        return [(o.detach(), tolerance_bound(o, self.op.atol, self.op.rtol, TORCH_DTYPES[t.dtype],
-                                             self.op.ulps, self.op.floor))
-                for t, o in zip(self.op.outputs, outs)]
+        refs = []
+        for t, o in zip(self.op.outputs, outs):
+            dt = TORCH_DTYPES[t.dtype]
+            o = o.detach()
+            if o.is_floating_point():  # float32 for a bf16 output, float64 otherwise
+                o = o.to(reference_dtype(dt))
+            refs.append((o, tolerance_bound(o, self.op.atol, self.op.rtol, dt, self.op.ulps, self.op.floor)))
+        return refs
 
     def _decoys(self, shape: dict, tag: tuple) -> list:
         """Per output, two plausible wrong answers (verify.decoys): the reference's answer, in
@@ -153,7 +158,7 @@ class Judge:
         fresh = self._pristine(shape, made)
         for c in copies:
             for k, v in c.items():
-                if not self.torch.equal(v, fresh[k]):
+                if not _same_bits(v, fresh[k]):
                     return fresh, k
         return fresh, None
 
@@ -592,6 +597,21 @@ class Judge:
 
             info["device"] = platform.processor() or platform.machine()
         return info
+
+
+def _same_bits(a, b) -> bool:
+    """Bit for bit (a NaN input equals itself), compared as 64-bit words where they fit."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    fa, fb = a.flatten(), b.flatten()
+    import torch
+
+    if fa.numel() and fa.numel() * fa.element_size() % 8 == 0 and fa.is_contiguous() and fb.is_contiguous():
+        return torch.equal(fa.view(torch.int64), fb.view(torch.int64))
+    if fa.dtype.is_floating_point:
+        w = {2: torch.int16, 4: torch.int32, 8: torch.int64}[fa.element_size()]
+        return torch.equal(fa.view(w), fb.view(w))
+    return torch.equal(fa, fb)
 
 
 def _mid(xs: list[float]) -> float:

@@ -400,7 +400,11 @@ def test_skip_rows_when_filled_is_wrong_on_long_rows(tmp_path):
 
 
 def test_printf_from_every_thread_is_capped(tmp_path):
-    """Class 5: device printf from every thread; the worker log takes at most the cap a request."""
+    """Class 5: device printf from every thread. The worker log takes at most the cap a
+    request whatever the verdict. The driver keeps at least 512 KiB of printf FIFO a launch
+    (asked for less, it rounds up), so the host formats about 20 000 lines a synchronize: a
+    kernel that fills it on every call may run past the trial's timeout, and is then a hang
+    (rejected, the worker restarted); one that finishes records what the cap dropped."""
     from runner.judge.worker import LOG_CAP_BYTES
 
     b = Bench(tmp_path)
@@ -409,12 +413,12 @@ def test_printf_from_every_thread_is_capped(tmp_path):
         log = tmp_path / "worker-h200-auto.log"
         before = log.stat().st_size
         t = b.run("print_flood")
-        assert t.status == "ok", _explain(t)
-        assert t.details.get("log_capped", 0) > LOG_CAP_BYTES, t.details
-        from runner.backends.cuda import PRINTF_FIFO_BYTES
-
-        assert t.details.get("printf_fifo_bytes") == PRINTF_FIFO_BYTES, t.details  # bounded on the device too
-        assert log.stat().st_size - before <= LOG_CAP_BYTES + 65536
+        assert log.stat().st_size - before <= LOG_CAP_BYTES + 65536  # bounded, whatever the verdict
+        assert t.status in ("ok", "hang"), _explain(t)
+        if t.status == "ok":
+            assert t.details.get("log_capped", 0) > LOG_CAP_BYTES, t.details
+            assert t.details.get("printf_fifo_bytes"), t.details  # the device buffer, as the driver set it
+        assert b.run("honest_again").status == "ok"  # the next trial is judged as usual
     finally:
         b.worker.close()
 

@@ -359,7 +359,7 @@ def prune(resources: dict, geometry: dict, hw, spills_forbidden: bool) -> str | 
     return None
 
 
-PRINTF_FIFO_BYTES = 8 << 10  # device printf's buffer a launch (the driver's default is 1 MiB)
+PRINTF_FIFO_BYTES = 8 << 10  # asked for a launch's device printf buffer (the H200's driver rounds it up to 512 KiB)
 
 
 def _cap_printf_fifo() -> int | None:

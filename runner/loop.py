@@ -535,8 +535,9 @@ def goal_check_line(spec, c: dict) -> str:
     if c.get("error"):
         return f"goal check of {what}: not confirmed: {c['error']}"
     against = f" against {'torch eager' if c['against'] == 'reference' else 'torch.compile'}" if c.get("against") else ""
-    return (f"goal check of {what}: {spec.goal.metric} {c['metric']:.3f} (quartiles {c['low']:.3f}-{c['high']:.3f} "
-            f"over {c['rounds']} paired rounds{against}): {'met' if c['met'] else 'not met'} "
+    rng = f", range {c['min']:.3f}-{c['max']:.3f}" if "min" in c else ""
+    return (f"goal check of {what}: {spec.goal.metric} {c['metric']:.3f} (quartiles {c['low']:.3f}-{c['high']:.3f}"
+            f"{rng} over {c['rounds']} paired rounds{against}): {'met' if c['met'] else 'not met'} "
             f"({spec.goal.describe()}, judged on the {'lower' if spec.goal.at_least is not None else 'upper'} quartile)")
 
 

@@ -423,8 +423,10 @@ class Judge:
 
         return (inputs, sets, answers, *_alternate(inputs, sets))
 
-    def retime(self, jobs: list[dict], rounds: int, seed: int = 0) -> dict:
-        """medians[round][job][shape]: the jobs timed in alternating order each round,
+    def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3) -> dict:
+        """medians[round][job][shape]: the jobs timed in alternating order each round (each
+        for `budget_scale` of the spec's warm-up and timing budgets: 0.3 for a keep decision,
+        the whole of them for a goal check, as pipe compare times its arms),
         under the same input rotation as `evaluate`, so no job can coast on unchanged
         inputs; after each job's timing its last output is checked against the reference.
         The runner draws `seed` afresh for every request: the inputs are unpredictable."""
@@ -467,7 +469,7 @@ class Judge:
                 order.reverse()
             for si in range(len(self.op.shapes)):
                 for j in order:
-                    ts = self._bench(prepared[si][j], budget_scale=0.3, refresh=refreshers[si])
+                    ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si])
                     row[j][si] = _mid(ts)
                     outs_row, _, state = checkers[si]
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):

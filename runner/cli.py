@@ -390,11 +390,16 @@ def cmd_show(a) -> int:
         from .loop import goal_check_line
         from .spec import load_spec
 
+        c = s["goal_check"]
         try:
-            print(goal_check_line(load_spec(s["spec_path"]), s["goal_check"]))
-        except Exception:  # the spec moved or changed: the check's figures without its words
-            c = s["goal_check"]
+            spec = None if c.get("goal") else load_spec(s["spec_path"])
+            print(goal_check_line(spec, c))
+        except Exception:  # an older check, and the spec moved: its figures without its words
             print(f"goal check: {json.dumps({k: c.get(k) for k in ('met', 'metric', 'low', 'high', 'rounds')})}")
+        gone = [k for k in dict.fromkeys(c.get("kernels", [])) if not s.get("ledger", {}).get("intact", True)
+                and (s["ledger"].get("first_bad_row") or 1e18) <= k]
+        if gone:
+            print(f"  (the goal check's trials {', '.join(f'#{k}' for k in gone)} are at or after the ledger's first bad row)")
     per = s.get("best_per_shape") or []
     if per and len({p["trial"] for p in per if p}) > 1:
         print("best per shape (recorded times; pipe compare re-times them side by side):")

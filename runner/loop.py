@@ -529,16 +529,21 @@ def _best_on_disk(run_dir: Path) -> int | None:
 
 
 def goal_check_line(spec, c: dict) -> str:
-    """One line for a goal check: the figure, its spread over paired rounds, the verdict."""
+    """One line for a goal check: the figure, its spread over paired rounds, the verdict.
+    `spec` may be None: a check carries its goal's words (checks recorded before they did
+    need the spec)."""
     ids = list(dict.fromkeys(c.get("kernels", [])))
     what = f"#{ids[0]}" if len(ids) == 1 else "the dispatch table (" + ", ".join(f"#{i}" for i in ids) + ")"
     if c.get("error"):
         return f"goal check of {what}: not confirmed: {c['error']}"
     against = f" against {'torch eager' if c['against'] == 'reference' else 'torch.compile'}" if c.get("against") else ""
     rng = f", range {c['min']:.3f}-{c['max']:.3f}" if "min" in c else ""
-    return (f"goal check of {what}: {spec.goal.metric} {c['metric']:.3f} (quartiles {c['low']:.3f}-{c['high']:.3f}"
+    name = c.get("metric_name") or spec.goal.metric
+    goal = c.get("goal") or spec.goal.describe()
+    on = c.get("judged_on") or f"{'lower' if spec.goal.at_least is not None else 'upper'} quartile"
+    return (f"goal check of {what}: {name} {c['metric']:.3f} (quartiles {c['low']:.3f}-{c['high']:.3f}"
             f"{rng} over {c['rounds']} paired rounds{against}): {'met' if c['met'] else 'not met'} "
-            f"({spec.goal.describe()}, judged on the {'lower' if spec.goal.at_least is not None else 'upper'} quartile)")
+            f"({goal}, judged on the {on})")
 
 
 def summarize(name, path, spec_hash, ledger, history, status, stop, goal,

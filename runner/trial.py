@@ -497,7 +497,8 @@ class Evaluator:
         # each arm for the spec's whole timing budget, as pipe compare times it
         r = self.worker.request(("retime", jobs, rounds, secrets.randbits(48), 1.0),
                                 sp.runtime.timeout_s * rounds * len(jobs))
-        out = {"kernels": [t.id for t in picks], "rounds": rounds,
+        out = {"kernels": [t.id for t in picks], "rounds": rounds, "goal": g.describe(), "metric_name": g.metric,
+               "judged_on": "lower quartile" if g.at_least is not None else "upper quartile",
                "against": sp.baseline if paired else None, "seconds": round(time.time() - t0, 3)}
         if r["status"] != "ok":
             return {**out, "met": False, "error": f"{r['status']}: {r.get('reason', '')}"[:500]}

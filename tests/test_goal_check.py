@@ -84,6 +84,7 @@ def test_the_lower_quartile_of_the_paired_rounds_decides():
     assert (c["min"], c["max"]) == (pytest.approx(2.4), pytest.approx(3.3))
     assert jobs[0]["artifacts"] == ["k0.so", "k1.so"]
     assert "not met" in goal_check_line(SPEC, c) and "quartiles 2.850-3.300, range 2.400-3.300" in goal_check_line(SPEC, c)
+    assert goal_check_line(None, c) == goal_check_line(SPEC, c)  # a check carries its goal's words
     steady = [[[10e-6, 10e-6], [33e-6, 33e-6]]] * 7
     c, _ = _confirm(steady)
     assert c["met"] and c["low"] == pytest.approx(3.3)

@@ -29,6 +29,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=3)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--configs", type=int, default=1,
+                    help="evaluate this many configurations in turn (the start and random ones): each "
+                         "evaluation then loads a kernel it has not run, as in a run")
     a = ap.parse_args()
     from runner.judge.worker import Judge
     from runner.spec import load_spec
@@ -36,23 +39,32 @@ def main() -> int:
 
     spec = load_spec(a.spec)
     ev = Evaluator(spec, None, None)
-    params = dict(spec.start)
-    arts, bad = ev.compiled(ev.render_all(params))
-    if bad is not None:
-        print("does not compile:", bad.reason)
+    import random
+
+    rng = random.Random(0)
+    picks = [dict(spec.start)] + [spec.space.sample(rng) for _ in range(8 * a.configs)]
+    jobs = []
+    for params in picks:
+        if len(jobs) == a.configs or params is None:
+            break
+        arts, bad = ev.compiled(ev.render_all(params))
+        if bad is None:
+            jobs.append({"artifacts": arts, "geometry": ev.geometry(params)})
+    if not jobs:
+        print("nothing compiles")
         return 1
-    job = {"artifacts": arts, "geometry": ev.geometry(params)}
+    print(f"{len(jobs)} configuration(s)")
     judge = Judge(spec)
-    r = judge.evaluate({**job, "seed": secrets.randbits(48)})
+    r = judge.evaluate({**jobs[-1], "seed": secrets.randbits(48)})
     print("warm-up:", r["status"], r.get("reason", ""), r.get("phases"))
     if a.sync:
-        return _by_step(judge, job, a.n)
+        return _by_step(judge, jobs, a.n)
     prof = cProfile.Profile()
     walls = []
-    for _ in range(a.n):
+    for i in range(a.n):
         t0 = time.perf_counter()
         prof.enable()
-        r = judge.evaluate({**job, "seed": secrets.randbits(48)})
+        r = judge.evaluate({**jobs[i % len(jobs)], "seed": secrets.randbits(48)})
         prof.disable()
         walls.append(time.perf_counter() - t0)
         print(r["status"], r.get("phases"))
@@ -63,7 +75,7 @@ def main() -> int:
     return 0
 
 
-def _by_step(judge, job, n: int) -> int:
+def _by_step(judge, jobs: list, n: int) -> int:
     import torch
 
     from runner.judge import verify, worker
@@ -104,9 +116,9 @@ def _by_step(judge, job, n: int) -> int:
     verify.Snapshot.__init__ = wrap("Snapshot()", verify.Snapshot.__init__)
     verify.Snapshot.intact = wrap("Snapshot.intact", verify.Snapshot.intact)
     walls = []
-    for _ in range(n):
+    for i in range(n):
         t0 = time.perf_counter()
-        r = judge.evaluate({**job, "seed": secrets.randbits(48)})
+        r = judge.evaluate({**jobs[i % len(jobs)], "seed": secrets.randbits(48)})
         walls.append(time.perf_counter() - t0)
         print(r["status"], r.get("reason", ""), r.get("phases"))
     print("wall per evaluation (steps synchronized):", [round(w, 3) for w in walls])

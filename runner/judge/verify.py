@@ -106,27 +106,86 @@ def reference_dtype(out_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if out_dtype in NARROW else torch.float64
 
 
+class Budget:
+    """The error budget of one reference (see the module's docstring): c * |ref| + a per
+    element, with c = rtol + ulps * eps and a the absolute floor. Worked out once per
+    reference and never materialised on the fast path: `holds` tests a whole output in one
+    fused pass on a GPU (a jiterator kernel), where the tensor of bounds would cost a pass
+    to write and one more to read for every comparison."""
+
+    def __init__(self, ref: torch.Tensor, atol: float, rtol: float, out_dtype: torch.dtype | None = None,
+                 ulps: float = DEFAULT_ULPS, floor: float = DEFAULT_FLOOR):
+        self.ref = ref.to(reference_dtype(out_dtype or ref.dtype))
+        p, tiny = FLOAT_INFO.get(out_dtype or ref.dtype, (52, 2.0 ** -1074))
+        typical = _mean_abs(self.ref)
+        self.a = max(min(atol, floor * typical), ulps * tiny)
+        self.c = rtol + ulps * 2.0 ** -p
+
+    def tensor(self) -> torch.Tensor:
+        """The bound of every element."""
+        return self.ref.abs().mul_(self.c).add_(self.a)
+
+    def at(self, idx: torch.Tensor) -> torch.Tensor:
+        """The bounds at flat positions `idx`."""
+        return self.ref.reshape(-1).index_select(0, idx).abs_().mul_(self.c).add_(self.a)
+
+    def holds(self, out: torch.Tensor) -> bool:
+        """|out - ref| <= bound for every element (false for any NaN or Inf in `out`)."""
+        fn = _over_budget() if out.is_cuda else None
+        if fn is not None and out.dtype.itemsize <= self.ref.dtype.itemsize:
+            return not bool(fn(out, self.ref, c=self.c, a=self.a).any())
+        err = torch.sub(out, self.ref).abs_()
+        return bool(torch.le(err, self.tensor()).all())
+
+
+def _mean_abs(r: torch.Tensor) -> float:
+    """mean |r| over the finite elements' count as zero where not finite: one reduction pass
+    when every element is finite (the usual case), the masked way otherwise."""
+    if not r.numel():
+        return 0.0
+    s = float(torch.linalg.vector_norm(r, 1))
+    if s == s and s != float("inf"):
+        return s / r.numel()
+    return float(r.abs().nan_to_num(0.0, 0.0, 0.0).mean())
+
+
+_JIT: list = []
+
+
+def _over_budget():
+    """A fused elementwise kernel (jiterator, compiled once by NVRTC): 1 where |o - r| >
+    c * |r| + a or either is NaN, else 0, in the promoted dtype of o and r. None where the
+    jiterator is unavailable (the unfused path is used then)."""
+    if not _JIT:
+        try:
+            from torch.cuda.jiterator import _create_jit_fn
+
+            _JIT.append(_create_jit_fn(
+                "template <typename T> T over_budget(T o, T r, T c, T a) {"
+                " T e = o - r; e = e < T(0) ? -e : e; T m = r < T(0) ? -r : r;"
+                " return (e <= c * m + a) ? T(0) : T(1); }", c=0.0, a=0.0))
+        except Exception:  # noqa: BLE001 - an older torch, or no NVRTC: the unfused path
+            _JIT.append(None)
+    return _JIT[0]
+
+
 def tolerance_bound(ref: torch.Tensor, atol: float, rtol: float, out_dtype: torch.dtype | None = None,
                     ulps: float = DEFAULT_ULPS, floor: float = DEFAULT_FLOOR) -> torch.Tensor:
-    """The per-element error budget (see the module's docstring), in the reference dtype of
-    the output (`reference_dtype`), computed once per reference. `out_dtype` is the output's
-    dtype (the reference's when not given)."""
-    r = ref.to(reference_dtype(out_dtype or ref.dtype)).abs()
-    p, tiny = FLOAT_INFO.get(out_dtype or ref.dtype, (52, 2.0 ** -1074))
-    typical = float(r.nan_to_num(0.0, 0.0, 0.0).mean()) if r.numel() else 0.0
-    absolute = max(min(atol, floor * typical), ulps * tiny)
-    return r.mul_(rtol + ulps * 2.0 ** -p).add_(absolute)
+    """The per-element error budget as a tensor, in the reference dtype of the output
+    (`reference_dtype`); `out_dtype` is the output's dtype (the reference's when not given)."""
+    return Budget(ref, atol, rtol, out_dtype, ulps, floor).tensor()
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
-            bound: torch.Tensor | None = None, prior: torch.Tensor | None = None,
+            bound: "torch.Tensor | Budget | None" = None, prior: torch.Tensor | None = None,
             want_max: bool = False) -> tuple[bool, str, float]:
     """(passed, reason, max abs error: on a pass only when `want_max`, else 0). Every element
     is checked; NaN and Inf never pass.
 
     The fast path is one fused test, |out - ref| <= bound, which is false for NaN
-    and for any Inf; the details are worked out only when it fails. `prior`, what the
-    buffer held before the call, only sharpens the message.
+    and for any Inf (`Budget.holds` when `bound` is a Budget); the details are worked out
+    only when it fails. `prior`, what the buffer held before the call, only sharpens the
+    message.
     """
     if out.shape != ref.shape:
         return False, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}", float("inf")
@@ -138,6 +197,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
             return False, f"{n} of {out.numel()} elements differ (first at flat index {i}: " \
                           f"{out.flatten()[i].item()} vs {ref.flatten()[i].item()})", float("inf")
         return True, "", 0.0
+    if isinstance(bound, Budget):
+        if not want_max and bound.holds(out):
+            return True, "", 0.0
+        bound = bound.tensor()
     if bound is None:
         bound = tolerance_bound(ref, atol, rtol, out.dtype)
     if ref.dtype in (torch.float64, torch.float32) and out.dtype.itemsize <= ref.dtype.itemsize:

@@ -299,7 +299,7 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
 def compared_inputs(spec) -> dict[str, list[str]]:
     """The input distributions every arm of pipe compare is timed on: the worker's rotation
     alternates the values of rounds 0 and 1 (`Judge._rotation`). Torch eager softmax, for
-    one, runs twice as long on "outliers" as on "normal" values (docs/perf-notes.md), and
+    one, runs twice as long on "outliers" as on "normal" values (notebook/kernels.md), and
     a run's own baseline is timed on round 0's alone."""
     return {t.name: list(dict.fromkeys(t.dists[r % len(t.dists)] for r in (0, 1))) for t in spec.op.inputs}
 

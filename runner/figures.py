@@ -93,7 +93,7 @@ def metric_spread(spec, shapes: list[dict], spreads: Sequence[float] | None,
 
 
 # A trial that beats a shape's best time by more than this counts as progress for the goal's
-# patience (timing noise between kernels is well under it; docs/perf-notes.md)
+# patience (timing noise between kernels is well under it; notebook/kernels.md)
 SHAPE_PROGRESS = 0.005
 
 

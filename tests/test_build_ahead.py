@@ -61,7 +61,7 @@ def _replayed_points(ahead: int):
     """(agent, the trials so far as seen and as ledger trials, the best objective, the
     trial being judged's index, the history) at every point of pattern's replayed walks on
     the whole recorded softmax space (2 seeds of 100) with `ahead` trials still to come."""
-    ds = load(ROOT / "docs" / "data" / "softmax-h200-sweep.json")
+    ds = load(ROOT / "datasets" / "sweeps" / "softmax-h200-sweep.json")
     for seed in range(2):
         h = run_once(ds, "pattern", seed, {}, budget=100)
         agent = make_agent("pattern", ds.space, seed, {})

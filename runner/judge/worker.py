@@ -853,6 +853,13 @@ def worker_main(conn, spec, log_path: str) -> None:
         return
     conn.send({"status": "ready", "pid": os.getpid()})
     sandboxed = False
+    # PIPE_WORKER_PROFILE=FILE: the requests' cProfile, dumped to FILE every 10 requests
+    # (tools/judge_profile.py reads it; where a run's worker spends its time)
+    prof = served = None
+    if os.environ.get("PIPE_WORKER_PROFILE"):
+        import cProfile
+
+        prof, served = cProfile.Profile(), 0
     while True:
         try:
             msg = conn.recv()
@@ -876,7 +883,14 @@ def worker_main(conn, spec, log_path: str) -> None:
             sandboxed = install()  # native candidate code runs from here on
         log.start()
         try:
+            if prof is not None:
+                prof.enable()
             result = getattr(judge, kind)(*args)
+            if prof is not None:
+                prof.disable()
+                served += 1
+                if served % 10 == 0:
+                    prof.dump_stats(os.environ["PIPE_WORKER_PROFILE"])
             mode_broken = judge.rt.mode_changed() if hasattr(judge.rt, "mode_changed") else None
             if mode_broken and result.get("status") == "ok":
                 result = {"status": "forbidden", "reason": f"the runtime mode changed during the trial: {mode_broken}"}

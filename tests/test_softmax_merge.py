@@ -115,17 +115,21 @@ def test_every_partial_of_a_minus_inf_max_has_a_zero_sum():
     computes exponentials against a per-thread max, which is -inf for a thread that saw
     only masked values, takes 0 as that max instead. A new one must too.
 
-    A scan of the text, in the form the template writes it (`name = ... m * L2E`): an
-    exponential written inline, or a max by another name, passes unseen. What stands
-    behind it is the judge, which verifies every trial on masked rows (a quarter -inf)."""
-    lines = [ln for ln in TEMPLATE.splitlines() if re.search(r"\b\w+ = [^;]*\bm\w* \* L2E", ln)]
+    A scan of the text, in the form the template writes it (the max handed to `ex`, named
+    m...l: `ml = ...`, `mbl = ...`): an exponential written inline, or a max by another name,
+    passes unseen. What stands behind it is the judge, which verifies every trial on masked
+    rows (a quarter -inf)."""
+    lines = [ln for ln in TEMPLATE.splitlines() if re.search(r"\bm\w*l = [^;]*;", ln)]
     unguarded = [ln.strip() for ln in lines if "NEG_INF ? 0.f :" not in ln]
     # the row's max after a whole-row reduction is finite for any row with a finite value
     # (the reference gives NaN for a row of only -inf, and so do these)
-    row_max = {"const float ml = m * L2E;", "const float inv = 1.f / s, ml = m * L2E;",
-               "const float inv = m == NEG_INF ? __int_as_float(0x7fc00000) : 1.f / s, ml = m * L2E;"}
+    row_max = {"const float ml = m;", "const float inv = 1.f / s, ml = m;",
+               "const float inv = m == NEG_INF ? __int_as_float(0x7fc00000) : 1.f / s, ml = m;"}
     assert [ln for ln in unguarded if ln not in row_max] == []
     assert sum("NEG_INF ? 0.f :" in ln for ln in lines) >= 4  # ring, fold, scalar fold, tma pass
+    assert all("ex(" not in ln for ln in lines)
+    # and ex() takes the difference from the max before scaling (see its comment)
+    assert "exp2f((v - m) * L2E)" in TEMPLATE
 
 
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")

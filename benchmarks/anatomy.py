@@ -128,13 +128,13 @@ def main() -> int:
 
     import torch
 
-    from runner import figures
-    from runner.errors import ExprError
-    from runner.expr import compile_expr
+    from runner.core import figures
+    from runner.core.errors import ExprError
+    from runner.core.expr import compile_expr
     from runner.judge.timing import bench
     from runner.judge.worker import Judge
-    from runner.spec import load_spec
-    from runner.trial import Evaluator
+    from runner.spec.spec import load_spec
+    from runner.judge.evaluator import Evaluator
 
     spec = load_spec(str(a.spec))
     ev = Evaluator(spec, None, None)

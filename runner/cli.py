@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import PipeError, SpecError
+from .core.errors import PipeError, SpecError
 
 EXIT_OK, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 
 
 def _load(path: str):
-    from .spec import load_spec
+    from .spec.spec import load_spec
 
     return load_spec(path)
 
@@ -48,7 +48,7 @@ def cmd_validate(a) -> int:
 
 
 def _parse_value(text: str):
-    from . import yamlsrc
+    from .spec import yamlsrc
 
     try:
         return yamlsrc.load(f"v: {text}\n", "--set").data["v"]
@@ -57,8 +57,8 @@ def _parse_value(text: str):
 
 
 def cmd_render(a) -> int:
-    from . import render as rmod
-    from .spec import Spec
+    from .build import render as rmod
+    from .spec.spec import Spec
 
     spec: Spec = _load(a.spec)
     params = dict(spec.start or {})
@@ -90,7 +90,7 @@ def cmd_render(a) -> int:
 
 def _check_free(a, suffix: str = "") -> None:
     """A busy run folder is refused at once, before the spec's load imports torch."""
-    from .rundir import check_free
+    from .ledger.rundir import check_free
 
     check_free(a.run_dir, a.spec, suffix)
 
@@ -103,7 +103,8 @@ def _positive(a) -> str | None:
 
 
 def cmd_run(a) -> int:
-    from . import hw, loop
+    from .spec import hw
+    from . import loop
     from .progress import Reporter
 
     bad = _positive(a)
@@ -135,9 +136,9 @@ def cmd_run(a) -> int:
 
 def cmd_eval(a) -> int:
     """Judge one candidate with the full judge and append it to the run's ledger."""
-    from . import hw
-    from .agents import Proposal
-    from .ledger import trial_key, variant_id
+    from .spec import hw
+    from .search.agents import Proposal
+    from .ledger.ledger import trial_key, variant_id
     from .loop import Session
 
     _check_free(a)
@@ -197,10 +198,12 @@ def cmd_eval(a) -> int:
 def cmd_record(a) -> int:
     import dataclasses
 
-    from . import dataset, hw, loop
-    from .ledger import Ledger
+    from .search import dataset
+    from .spec import hw
+    from . import loop
+    from .ledger.ledger import Ledger
     from .progress import Reporter
-    from .spec import AgentSpec, GoalSpec
+    from .spec.spec import AgentSpec, GoalSpec
 
     bad = _positive(a)
     if bad:
@@ -224,7 +227,7 @@ def cmd_record(a) -> int:
             print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
                   file=sys.stderr)
             return EXIT_INPUT
-        from .trial import reusable_verdicts
+        from .judge.evaluator import reusable_verdicts
 
         reuse = reusable_verdicts(sweep, Path(a.reuse), a.force)  # checked before the sweep's folder is made
         print(f"pipe record: {len(reuse)} verdicts of {a.reuse} may stand for this template's kernels")
@@ -252,7 +255,7 @@ def _restrict(spec, only: list[str]):
     """The spec with some parameters limited to the given values (a subspace to sweep)."""
     import dataclasses
 
-    from .space import Param
+    from .search.space import Param
 
     params = {p.name: p for p in spec.space.params}
     for item in only:
@@ -274,7 +277,7 @@ def _restrict(spec, only: list[str]):
 
 
 def cmd_merge(a) -> int:
-    from . import dataset
+    from .search import dataset
 
     try:
         m = dataset.merge(a.datasets)
@@ -296,9 +299,9 @@ def cmd_merge(a) -> int:
 
 
 def cmd_replay(a) -> int:
-    from . import replay
+    from .search import replay
 
-    from .agents import STRATEGIES
+    from .search.agents import STRATEGIES
 
     agents = [x for x in a.agent.split(",") if x] if a.agent else list(replay.STRATEGIES)
     unknown = [x for x in agents if x not in STRATEGIES or x in ("llm", "command")]
@@ -335,7 +338,7 @@ def cmd_replay(a) -> int:
 
 
 def _summary(run_dir: Path) -> dict:
-    from .rundir import read_summary
+    from .ledger.rundir import read_summary
 
     return read_summary(run_dir)
 
@@ -388,7 +391,7 @@ def cmd_show(a) -> int:
             print(line)
     if s.get("goal_check"):
         from .loop import goal_check_line
-        from .spec import load_spec
+        from .spec.spec import load_spec
 
         c = s["goal_check"]
         try:
@@ -426,8 +429,8 @@ def cmd_show(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from .compare import compare_run, format_table
-    from .ledger import write_atomic
+    from .ship.compare import compare_run, format_table
+    from .ledger.ledger import write_atomic
 
     run_dir = Path(a.run)
     doc = compare_run(run_dir, a.spec, top=a.top, rounds=a.rounds, torch_compile=not a.no_compile,
@@ -442,8 +445,8 @@ def cmd_compare(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from .export import export
-    from .figures import shape_label
+    from .ship.export import export
+    from .core.figures import shape_label
 
     pkg = export(Path(a.run), Path(a.out), a.name, a.spec, force=a.force)
     table = json.loads((pkg / "table.json").read_text())
@@ -460,7 +463,7 @@ def cmd_export(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from . import report
+    from .ship import report
 
     h, m = report.write(Path(a.run), Path(a.out) if a.out else None, a.spec, force=a.force)
     print(f"report: {h} (open it in a browser; no server needed) and {m}")
@@ -570,7 +573,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import log
+    from .core import log
 
     p = parser()
     a = p.parse_args(argv)

@@ -23,15 +23,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import figures
-from .figures import shape_label
-from . import log as logmod
-from .agents import Proposal, Seen, as_proposal, make_agent
+from .core import figures
+from .core.figures import shape_label
+from .core import log as logmod
+from .search.agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
-from .ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
+from .ledger.ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
 from .progress import Reporter
-from .rundir import guard, take_lock
-from .trial import Evaluator, run_parts
+from .ledger.rundir import guard, take_lock
+from .judge.evaluator import Evaluator, run_parts
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 AHEAD = 2  # the next trial's guesses built during each judge (Session._build_ahead, ahead_plan)

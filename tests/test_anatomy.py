@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 from .conftest import PIPELINES, ROOT, load_script
 
@@ -65,7 +65,7 @@ cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[c
 
 @pytest.mark.parametrize("variant", anatomy.VARIANTS)
 def test_every_variant_compiles(variant):
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec, src = _source("softmax-h200", RING, {"M": 4096, "N": 32768})
     c = cuda.compile(anatomy.variant_source(src, variant), spec.kernel.entry, spec.kernel.options, spec.hw)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.agents import Seen, make_agent
-from runner.dataset import load
+from runner.search.agents import Seen, make_agent
+from runner.search.dataset import load
 from runner.loop import ahead_guesses, ahead_plan, outcomes
-from runner.ledger import Trial
-from runner.replay import run_once
-from runner.space import Param, Space, config_key
+from runner.ledger.ledger import Trial
+from runner.search.replay import run_once
+from runner.search.space import Param, Space, config_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def test_a_new_plan_keeps_the_builds_it_shares_with_the_last_and_drops_the_rest(
     import threading
 
     import runner.loop as loop
-    from runner.ledger import trial_key
+    from runner.ledger.ledger import trial_key
 
     built, gate = [], threading.Event()
 

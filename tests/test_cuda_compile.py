@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from runner.hw import find_profile, load_profile
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.hw import find_profile, load_profile
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 from .conftest import PIPELINES, ROOT
 
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")
-from runner.backends import cuda  # noqa: E402
+from runner.build.backends import cuda  # noqa: E402
 
 CUDA_SPECS = [p for p in sorted(PIPELINES.glob("*.yaml")) if load_spec(p).kernel.backend == "cuda"]
 H200 = load_profile(find_profile("h200", ROOT))

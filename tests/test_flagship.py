@@ -8,10 +8,10 @@ import itertools
 import pytest
 import torch
 
-from runner.errors import SpecError
+from runner.core.errors import SpecError
 from runner.judge.inputs import make_tensor
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 from .conftest import PIPELINES
 
@@ -20,7 +20,7 @@ FLAGSHIP = ["softmax-h200", "rmsnorm-h200", "cross-entropy-h200"]
 
 @pytest.mark.parametrize("name", FLAGSHIP)
 def test_every_configuration_has_a_valid_launch_on_every_shape(name):
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec = load_spec(PIPELINES / f"{name}.yaml")
     ev = Evaluator(spec, None, None)
@@ -136,7 +136,7 @@ cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[c
 def test_register_heavy_corners_compile_without_spills(name):
     """The largest per-thread holds at the largest blocks: the template must fall back
     to streaming where a hold does not fit, never spill (spills are forbidden)."""
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec = load_spec(PIPELINES / f"{name}.yaml")
     ev = Evaluator(spec, None, None)
@@ -161,7 +161,7 @@ def test_register_heavy_corners_compile_without_spills(name):
 
 
 def test_cluster_prune_reasons():
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     hw = load_spec(PIPELINES / "softmax-h200.yaml").hw
     assert "whole number of clusters" in cuda.prune({}, {"grid": [10], "block": [256], "cluster": [4]}, hw, True)
@@ -241,7 +241,7 @@ def test_bulk_stores_replace_global_stores_where_the_tile_is_held(shape, cfg, bu
     kernel is the "default" one."""
     import re
 
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     from .conftest import load_script
 

@@ -3,7 +3,7 @@ instruction, and the PTX that NVRTC emits, against the approved template's own b
 (issue 18, class 2). NVRTC compiles without a GPU, so all of this runs in the CPU suite.
 
 Each bypass below passed the source rules before this change (the outside suite's three,
-then the ones written here against docs/judge.md and runner/forbid.py, runner/ptx.py); the
+then the ones written here against docs/judge.md and runner/build/forbid.py, runner/build/ptx.py); the
 controls are the approved flagship templates at their start configurations and honest
 variants, which must still build.
 """
@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("cuda.core")
 pytest.importorskip("pcpp")
 
-from runner import forbid, ptx  # noqa: E402
-from runner.spec import load_spec  # noqa: E402
-from runner.trial import Evaluator  # noqa: E402
+from runner.build import forbid, ptx  # noqa: E402
+from runner.spec.spec import load_spec  # noqa: E402
+from runner.judge.evaluator import Evaluator  # noqa: E402
 
 from .conftest import ROOT  # noqa: E402
 

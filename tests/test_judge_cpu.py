@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from runner.judge.worker import Worker
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 pytestmark = pytest.mark.slow
 
@@ -316,7 +316,7 @@ class Bench:
     def run_unchecked(self, hack: str, worker) -> dict:
         """Build the kernel with g++ directly, past the backend's static source rules,
         and hand it to a worker: what the worker's own defences do with it."""
-        from runner.backends import cpu
+        from runner.build.backends import cpu
 
         params = {"HACK": hack}
         srcs = self.ev.render_all(params)

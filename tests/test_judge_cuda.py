@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from runner.judge.worker import Worker
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 from .conftest import ROOT
 
@@ -330,7 +330,7 @@ def test_both_runtime_modes_verify_and_time(tmp_path, mode):
 def test_hardware_profile_matches_this_gpu():
     import torch
 
-    from runner.hw import check_device, find_profile, load_profile
+    from runner.spec.hw import check_device, find_profile, load_profile
 
     prof = load_profile(find_profile("h200", ROOT))
     props = torch.cuda.get_device_properties(0)

@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from runner.errors import RunDirError
-from runner.ledger import Ledger, Trial, tsv
+from runner.core.errors import RunDirError
+from runner.ledger.ledger import Ledger, Trial, tsv
 
 
 def trial(i, status="ok", **kw):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import replay as rp
-from runner.agents import STRATEGIES
-from runner.dataset import load
-from runner.space import config_key
+from runner.search import replay as rp
+from runner.search.agents import STRATEGIES
+from runner.search.dataset import load
+from runner.search.space import config_key
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = sorted((ROOT / "datasets").glob("*.json"))

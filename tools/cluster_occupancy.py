@@ -6,9 +6,9 @@ max_active_clusters), against the grid the spec launches: a persistent kernel
 
 import sys
 
-from runner.backends import cuda
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.build.backends import cuda
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 
 def main(argv):
@@ -19,7 +19,7 @@ def main(argv):
         cfg[k] = type(spec.start[k])(v)
     from cuda.core import Device, ObjectCode
 
-    from runner.exported_runtime import launch_config, raise_smem
+    from runner.ship.exported_runtime import launch_config, raise_smem
 
     dev = Device(0)
     dev.set_current()

@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 
 def main(path: str) -> int:

@@ -25,8 +25,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
     from runner.judge.worker import Judge
-    from runner.spec import load_spec
-    from runner.trial import Evaluator
+    from runner.spec.spec import load_spec
+    from runner.judge.evaluator import Evaluator
 
     spec = load_spec(a.spec)
     ev = Evaluator(spec, None, None)

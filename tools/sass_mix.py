@@ -122,9 +122,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
-    from runner.backends import cuda
-    from runner.spec import load_spec
-    from runner.trial import Evaluator
+    from runner.build.backends import cuda
+    from runner.spec.spec import load_spec
+    from runner.judge.evaluator import Evaluator
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import anatomy  # its variants and its shape parsing

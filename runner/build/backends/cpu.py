@@ -165,7 +165,7 @@ class Runtime:
         pass
 
     def timer(self, call, sync) -> float:
-        from ..judge.timing import wall_timer
+        from ...judge.timing import wall_timer
 
         return wall_timer(call, sync)
 

@@ -22,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from . import figures
+from ..core import figures
 
 STATUS_COLORS = {"ok": "#2b8a3e", "wrong": "#c92a2a", "fault": "#862e9c", "hang": "#e67700",
                  "forbidden": "#495057", "pruned": "#868e96", "compile_error": "#1864ab",
@@ -47,8 +47,8 @@ def _png(fig) -> str:
 
 
 def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> dict:
-    from .ledger import Ledger
-    from .rundir import guard
+    from ..ledger.ledger import Ledger
+    from ..ledger.rundir import guard
 
     led = Ledger.read(run_dir, damaged_ok=True)
     try:
@@ -60,13 +60,13 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         led.close()
     spec = None
     try:
-        from .spec import load_spec
+        from ..spec.spec import load_spec
 
         s = load_spec(spec_path or meta["spec_path"])
         spec = s if s.hash == meta["spec_hash"] else None
     except Exception:  # the spec moved or changed: the report goes on without floors
         spec = None
-    from .rundir import read_compare_json
+    from ..ledger.rundir import read_compare_json
 
     compare = read_compare_json(run_dir)
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
@@ -388,7 +388,7 @@ def markdown(data, rows) -> str:
             + " (± the interquartile spread over the median)."]
     check = data.get("goal_check")
     if check:
-        from .loop import goal_check_line
+        from ..loop import goal_check_line
 
         out += ["", (goal_check_line(data["spec"], check) if data["spec"] is not None
                      else f"Goal check: {json.dumps(check)}") + "."]
@@ -460,11 +460,11 @@ def html_page(data, rows) -> str:
 
 def write(run_dir: Path, out_dir: Path | None = None, spec_path: str | None = None,
           force: bool = False) -> tuple[Path, Path]:
-    from .ledger import write_atomic
+    from ..ledger.ledger import write_atomic
 
     data = load(run_dir, spec_path, force)
     if not data["trials"]:
-        from .errors import RunDirError
+        from ..core.errors import RunDirError
 
         raise RunDirError(f"{run_dir}: the ledger holds no trials yet")
     rows = shape_rows(data)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import backends, figures, forbid, render
-from .errors import ExprError
-from .ledger import Trial
+from ..build import backends, forbid, render
+from ..core import figures
+from ..core.errors import ExprError
+from ..ledger.ledger import Trial
 
 REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
 # what another run's verdict on the same kernels carries over (pipe record --reuse): the
@@ -59,7 +60,7 @@ def sources_hash(sources: list[str]) -> str:
 
 # the code a verdict depends on besides the spec: the judge, the backends (compile options,
 # pruning, launches, timing), the forbidden-action checks and the figures
-_JUDGE_CODE = ("judge/*.py", "backends/*.py", "forbid.py", "ptx.py", "figures.py")
+_JUDGE_CODE = ("judge/*.py", "build/backends/*.py", "build/forbid.py", "build/ptx.py", "core/figures.py")
 _SPEC_PARTS = ("spec", "hardware", "reference")  # must match for a run's verdicts to be offered
 _MADE_WITH = ("toolchain", "judge")  # must match per trial (a resumed run may have changed them)
 
@@ -69,7 +70,7 @@ def run_parts(spec) -> dict[str, str]:
     profile, reference), the backend's compiler and the judge's own code."""
     be = backends.get(spec.kernel.backend)
     judge = hashlib.sha256()
-    root = Path(__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the package
     for pattern in _JUDGE_CODE:
         for f in sorted(root.glob(pattern)):
             judge.update(f.read_bytes())
@@ -97,11 +98,11 @@ def reusable_verdicts(spec, run_dir: Path, force: bool = False) -> dict[tuple[st
     from the template the run stored. Each reused trial names its origin (details
     `reused_from`: run folder, trial id, when it was judged), the first judging run's where
     that trial was itself reused."""
-    from .errors import RunDirError
-    from .ledger import Ledger
+    from ..core.errors import RunDirError
+    from ..ledger.ledger import Ledger
 
     run_dir = Path(run_dir).resolve()
-    from .rundir import guard
+    from ..ledger.rundir import guard
 
     led = Ledger.read(run_dir, damaged_ok=True)
     try:
@@ -375,7 +376,7 @@ class Evaluator:
     def _judge_compiled(self, sources: list[str], comp: dict, approved: list[str] | None):
         """(why it is forbidden or "", the candidate's PTX counts, the approved build's) from
         what the compiler reported, or None where the backend reports nothing."""
-        from . import ptx
+        from ..build import ptx
 
         sp = self.spec
         named = sp.forbidden.named

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .expr import Expr
+from ..core.expr import Expr
 
 _FAST_MATH_OPTS = (r"^-ffast-math$", r"^-Ofast$", r"^-funsafe-math-optimizations$",
                    r"^-fassociative-math$", r"^-freciprocal-math$", r"^-ffinite-math-only$",

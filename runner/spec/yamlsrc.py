@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .errors import Diagnostic, SpecError
+from ..core.errors import Diagnostic, SpecError
 
 MAX_NODES = 100_000  # values after alias expansion; a real spec has a few hundred
 MAX_DEPTH = 100  # levels of nesting; a real spec has under ten

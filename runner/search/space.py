@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from .expr import Expr
+from ..core.expr import Expr
 
 Config = dict  # name -> value
 

@@ -10,7 +10,7 @@ What the sampler sees:
 - each parameter as a categorical choice among the positions of its values.
   `options: {encoding: index}` gives numeric domains an IntDistribution over
   the positions instead (so a pow2 domain would be a log scale); on the
-  replay bench (runner.replay) that did worse than categorical, so it is off.
+  replay bench (runner.search.replay) that did worse than categorical, so it is off.
 - the objective as log(seconds), minimised; a trial that did not give a time
   (wrong, fault, hang, compile_error, forbidden, pruned, ...) counts as the
   worst observed log-time plus log(2), so the sampler learns to avoid its

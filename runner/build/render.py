@@ -18,7 +18,7 @@ import jinja2
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import PipeError
+from ..core.errors import PipeError
 
 # Values the runner provides to every template besides parameters and shape symbols.
 DTYPE_VARS = ("dtype", "ctype")

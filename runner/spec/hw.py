@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from . import yamlsrc
-from .errors import PipeError, SpecError
+from ..core.errors import PipeError, SpecError
 from .schema import HW_PROFILE, diagnostics
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ import datetime as dt
 import secrets
 from pathlib import Path
 
-from . import figures
-from .errors import ExprError, PipeError
-from .render import RenderError
-from .figures import shape_label
+from ..core import figures
+from ..core.errors import ExprError, PipeError
+from ..build.render import RenderError
+from ..core.figures import shape_label
 
 ARMS = ("torch eager", "torch.compile", "triton", "copy")
 
@@ -53,9 +53,9 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
                 force: bool = False) -> dict:
-    from .judge.worker import Worker
-    from .rundir import open_run
-    from .trial import Evaluator
+    from ..judge.worker import Worker
+    from ..ledger.rundir import open_run
+    from ..judge.evaluator import Evaluator
 
     if top < 1 or rounds < 2:
         raise CompareError(f"--top must be at least 1 and --rounds at least 2 (got {top} and {rounds})")

@@ -34,7 +34,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import figures
+from ..core import figures
 from .agents import Seen, make_agent
 from .dataset import Dataset, load
 from .space import config_key
@@ -43,7 +43,7 @@ THRESHOLDS = (0.01, 0.03, 0.05)
 STRATEGIES = ("random", "grid", "tpe", "pattern")
 
 # The strategy to use when a spec does not name one: the best on the bench (`python -m
-# runner.replay`, every dataset in datasets/). Median evaluations to come within 3% of the
+# runner.search.replay`, every dataset in datasets/). Median evaluations to come within 3% of the
 # best at 200 seeds: softmax-h200 pattern 9 [p75 11, max 18], tpe 10 [18, 30], random 32.5;
 # rmsnorm-cpu pattern 6 [9], tpe 6 [10.2], random 9. Pattern is as good or better at 1% and
 # 3%, has the shortest tail, costs ~1 ms a proposal and needs no optuna. (tpe is better at
@@ -257,7 +257,7 @@ def format_patience(r: dict) -> str:
             f"(p75 {tb['p75']:.4f}); worst shape {w['median']:.4f} of its best (p75 {w['p75']:.4f}, max {w['max']:.4f})")
 
 
-def datasets(folder: str | Path = Path(__file__).resolve().parent.parent / "datasets") -> list[Path]:
+def datasets(folder: str | Path = Path(__file__).resolve().parents[2] / "datasets") -> list[Path]:
     return sorted(Path(folder).glob("*.json"))
 
 
@@ -346,7 +346,7 @@ def format_table(rows: Sequence[dict], thresholds: Sequence[float] = THRESHOLDS)
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m runner.replay", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m runner.search.replay", description=__doc__.split("\n")[0])
     ap.add_argument("datasets", nargs="*", help="dataset files (default: datasets/*.json)")
     ap.add_argument("--agents", default=",".join(STRATEGIES),
                     help="comma-separated strategies (default: %(default)s; gp, where scipy is "

@@ -11,7 +11,7 @@ through derived values) must match a tuned shape exactly; the other symbols
 (typically the number of rows) are free. Anything else falls back.
 
 The package holds `__init__.py` (registers the op with torch.library and
-exposes it as a function), `_runtime.py` (see runner/exported_runtime.py),
+exposes it as a function), `_runtime.py` (see runner/ship/exported_runtime.py),
 `_reference.py` (a copy of the reference's module, for the fallback),
 `table.json` and the cubins: importing it needs torch and cuda.core, no
 compiler and no pipe.
@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import PipeError
+from ..core.errors import PipeError
 from .exported_runtime import choose, nearest, nearest_all  # noqa: F401 (the package's own rules, used by pipe compare too)
 
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be used
@@ -40,7 +40,7 @@ class ExportError(PipeError):
 def baked_symbols(spec) -> list[str]:
     """Shape symbols whose values are compiled into the kernel: those the template
     reads, directly or through the derived values it reads."""
-    from . import render
+    from ..build import render
 
     used = render.template_variables(spec.kernel.template)
     symbols = set(spec.op.symbols)
@@ -63,7 +63,7 @@ def table_entry(shape: dict, row: dict, baked: list[str]) -> dict:
 
 
 def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | None) -> list[dict]:
-    from .figures import per_shape_best
+    from ..core.figures import per_shape_best
 
     by_id = {t.id: t for t in history}
     rows = []
@@ -158,8 +158,8 @@ def launch_table(spec) -> dict:
 
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,
            force: bool = False) -> Path:
-    from .rundir import open_run
-    from .trial import Evaluator
+    from ..ledger.rundir import open_run
+    from ..judge.evaluator import Evaluator
 
     rd = open_run(run_dir, spec_path, "export packages", force=force)
     spec, history, variants = rd.spec, rd.history, rd.variants
@@ -225,7 +225,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
         shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
         mod, _, fn = op.reference.partition(":")
-        from .userpath import load_callable
+        from ..core.userpath import load_callable
 
         ref_mod = inspect.getmodule(load_callable(op.reference, spec.home))
         (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .errors import PipeError
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 RESERVED = ("runner", "torch")  # the judge's own top-level packages: never a user's module name
 
 

@@ -29,7 +29,7 @@ class Compiled:
     resources: dict = field(default_factory=dict)  # registers, spills, stack ... where known
     status: str = "ok"  # ok | compile_error | pruned
     reason: str = ""
-    ptx: dict | None = None  # CUDA: the classified PTX instructions (runner.ptx.analyze)
+    ptx: dict | None = None  # CUDA: the classified PTX instructions (runner.build.ptx.analyze)
 
 
 def cache_dir() -> Path:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .expr import compile_expr
+from ..core.expr import compile_expr
 from .space import Param, Space, config_key
 
 FORMAT = "pipe-dataset/1"

@@ -21,13 +21,15 @@ from typing import Any
 
 import jinja2
 
-from . import forbid as forbid_mod
-from . import render, userpath, yamlsrc
-from .errors import Diagnostic, ExprError, SpecError
-from .expr import Expr, compile_expr
+from ..build import forbid as forbid_mod
+from ..build import render
+from ..core import userpath
+from . import yamlsrc
+from ..core.errors import Diagnostic, ExprError, SpecError
+from ..core.expr import Expr, compile_expr
 from .hw import HwProfile, find_profile, load_profile
 from .schema import SPEC, diagnostics as schema_diagnostics
-from .space import Param, Space, domain_problem, param_values
+from ..search.space import Param, Space, domain_problem, param_values
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1,
                "int32": 4, "int64": 8, "bool": 1}
@@ -565,9 +567,9 @@ class _Checker:
         return ForbiddenSpec(tuple(named), tuple(patterns), tuple(rules))
 
     def agent(self) -> AgentSpec:
-        from .agents import STRATEGIES
+        from ..search.agents import STRATEGIES
 
-        from .replay import DEFAULT_STRATEGY
+        from ..search.replay import DEFAULT_STRATEGY
 
         a = self.d.get("agent", {"strategy": DEFAULT_STRATEGY})
         if a["strategy"] not in STRATEGIES:

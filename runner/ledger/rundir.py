@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import LedgerBroken, PipeError, RunDirError
+from ..core.errors import LedgerBroken, PipeError, RunDirError
 
 BUSY = "{} is in use by another pipe process (run or eval); wait for it to finish"
 
@@ -73,7 +73,7 @@ def check_free(run_dir: str | None, spec_path: str, suffix: str = "") -> None:
     default folder is runs/<the spec's name><suffix>; a spec that does not parse is left to the
     full load, which reports it."""
     if run_dir is None:
-        from . import yamlsrc
+        from ..spec import yamlsrc
 
         try:
             name = yamlsrc.load_file(spec_path).data.get("name")
@@ -130,7 +130,7 @@ def guard(run_dir: Path, led, force: bool, doing: str):
         msg = f"{run_dir}: {check.problem()}"
         if not force:
             raise LedgerBroken(f"{msg}; refusing to {doing} (pass --force to {doing} anyway)")
-        from . import log
+        from ..core import log
 
         if getattr(led, "damaged", None):
             raise RunDirError(f"{msg}; its meta table cannot be read, so even --force cannot go on from it")
@@ -144,7 +144,7 @@ def read_summary(run_dir: Path) -> dict:
     says running and no process holds the folder), the summary of the ledger's trusted rows
     and the ledger's check (`ledger`)."""
     from .ledger import Ledger
-    from .loop import summarize
+    from ..loop import summarize
 
     doc = _run_json(run_dir)
     led = Ledger.read(run_dir, damaged_ok=True)
@@ -171,7 +171,7 @@ def read_summary(run_dir: Path) -> dict:
 def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: bool = True,
              force: bool = False) -> RunData:
     from .ledger import Ledger
-    from .spec import load_spec
+    from ..spec.spec import load_spec
 
     led = Ledger.read(run_dir, damaged_ok=True)
     try:

@@ -230,7 +230,7 @@ _LIBRARY: dict = {}
 
 def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
     """The fast_math-class opcodes that CUDA's accurate math functions compile to with these
-    options (runner.ptx.LIBRARY_PROBE), cached per process and on disk."""
+    options (runner.build.ptx.LIBRARY_PROBE), cached per process and on disk."""
     arch = hw.arch or "sm_90"
     key = artifact_key(ptx.LIBRARY_PROBE, " ".join(options), arch, nvrtc_version(), "library")
     hit = _LIBRARY.get(key)
@@ -447,7 +447,7 @@ class Runtime:
         direct launches or graph replay (default: the spec's runtime mode)."""
         from cuda.core import launch
 
-        from ..exported_runtime import launch_config, raise_smem
+        from ...ship.exported_runtime import launch_config, raise_smem
 
         kernel, casts = fn
         args = [c(v) for c, v in zip(casts, values)]

@@ -138,7 +138,7 @@ def cmd_eval(a) -> int:
     """Judge one candidate with the full judge and append it to the run's ledger."""
     from .spec import hw
     from .search.agents import Proposal
-    from .ledger.ledger import trial_key, variant_id
+    from .core.records import trial_key, variant_id
     from .loop import Session
 
     _check_free(a)
@@ -227,7 +227,7 @@ def cmd_record(a) -> int:
             print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
                   file=sys.stderr)
             return EXIT_INPUT
-        from .judge.evaluator import reusable_verdicts
+        from .judge.reuse import reusable_verdicts
 
         reuse = reusable_verdicts(sweep, Path(a.reuse), a.force)  # checked before the sweep's folder is made
         print(f"pipe record: {len(reuse)} verdicts of {a.reuse} may stand for this template's kernels")

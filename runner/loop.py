@@ -28,10 +28,12 @@ from .core.figures import shape_label
 from .core import log as logmod
 from .search.agents import Proposal, Seen, as_proposal, make_agent
 from .judge.worker import Worker
-from .ledger.ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
+from .ledger.ledger import Ledger, tsv, write_atomic
+from .core.records import Trial, split_key, trial_key, variant_id
 from .progress import Reporter
 from .ledger.rundir import guard, take_lock
-from .judge.evaluator import Evaluator, run_parts
+from .judge.evaluator import Evaluator
+from .ledger.provenance import run_parts
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 AHEAD = 2  # the next trial's guesses built during each judge (Session._build_ahead, ahead_plan)
@@ -97,7 +99,7 @@ class Session:
         base = json.loads(self.ledger.get_meta("baseline") or "null")
         if base and self.ev.baseline:
             self.ev.baseline_spreads = [s.get("spread", 0.0) for s in base["shapes"]]
-        self.ev.variants = {k: v["text"] for k, v in self.ledger.variants().items()}
+        self.ev.builder.variants = {k: v["text"] for k, v in self.ledger.variants().items()}
         if reuse:
             self.ev.reuse = reuse
             self.log.info("run.reuse", verdicts=len(reuse))
@@ -134,12 +136,12 @@ class Session:
         if p.variant is None:
             return None
         vid = variant_id(p.variant)
-        if vid not in self.ev.variants:
-            parent_text, _ = self.ev.template(p.parent if p.parent in self.ev.variants else None)
+        if vid not in self.ev.builder.variants:
+            parent_text, _ = self.ev.builder.template(p.parent if p.parent in self.ev.builder.variants else None)
             diff = "".join(difflib.unified_diff(parent_text.splitlines(True), p.variant.splitlines(True),
                                                 p.parent or "template", vid))
             self.ledger.add_variant(vid, p.parent or "template", agent, p.variant, diff)
-            self.ev.variants[vid] = p.variant
+            self.ev.builder.variants[vid] = p.variant
         return vid
 
     def _build_ahead(self, p: Proposal, vid: str | None) -> None:
@@ -194,7 +196,7 @@ class Session:
 
     def _quiet_prebuild(self, params: dict) -> None:
         try:
-            self.ev.prebuild(params)
+            self.ev.builder.prebuild(params)
         except Exception:
             pass  # the trial, if it comes, builds and reports for itself
 
@@ -284,14 +286,14 @@ class Session:
         for old in d.glob("*"):  # files of an earlier best (per-shape sources, a variant) must not linger
             if old.name != "params.json":
                 old.unlink()
-        sources = self.ev.sources.get(best.key) or self.ev.render_all(best.params, best.variant)
+        sources = self.ev.sources.get(best.key) or self.ev.builder.render_all(best.params, best.variant)
         ext = ".cu" if self.spec.kernel.backend == "cuda" else ".cpp"
         unique = list(dict.fromkeys(sources))
         for src in unique:
             name = f"kernel{ext}" if len(unique) == 1 else f"kernel.shape{sources.index(src)}{ext}"
             write_atomic(d / name, src)
         if best.variant:
-            write_atomic(d / "template.j2", self.ev.variants[best.variant])
+            write_atomic(d / "template.j2", self.ev.builder.variants[best.variant])
         write_atomic(d / "params.json", json.dumps(
             {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
              "metric": best.metric, "times_s": best.times, "shapes": self.spec.op.shapes,
@@ -317,7 +319,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         call_minutes: float | None = None, reuse: dict | None = None, force: bool = False) -> Outcome:
     """`minutes` budgets the run's whole time, resumed trials included; `call_minutes` this
     call's alone (pipe record's slices). `reuse`: an earlier run's verdicts that stand for
-    this spec (trial.reusable_verdicts)."""
+    this spec (judge.reuse.reusable_verdicts)."""
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)
@@ -385,8 +387,8 @@ def _next(spec, agent, s: Session) -> Proposal | None:
     for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
         if key not in tried and n < 2:
             params, variant = split_key(key)
-            if spec.space.contains(params) is None and (variant is None or variant in s.ev.variants):
-                text = s.ev.variants.get(variant) if variant else None
+            if spec.space.contains(params) is None and (variant is None or variant in s.ev.builder.variants):
+                text = s.ev.builder.variants.get(variant) if variant else None
                 return Proposal(params, text, note="retried: the runner died during this trial")
     for _ in range(3):
         props = agent.propose(s.seen(), 1)

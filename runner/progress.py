@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .core import log
-from .ledger.ledger import Trial
+from .core.records import Trial
 
 
 def fmt_time(s: float | None) -> str:

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
+from runner.build.builder import Builder
 
 from .conftest import PIPELINES, ROOT, load_script
 
@@ -17,7 +17,7 @@ RING = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "de
 
 def _source(name, cfg, shape):
     spec = load_spec(PIPELINES / f"{name}.yaml")
-    return spec, Evaluator(spec, None, None).render_all(cfg, None, shapes=[shape])[0]
+    return spec, Builder(spec).render_all(cfg, None, shapes=[shape])[0]
 
 
 def _kernel(src):

@@ -8,7 +8,7 @@ from pathlib import Path
 from runner.search.agents import Seen, make_agent
 from runner.search.dataset import load
 from runner.loop import ahead_guesses, ahead_plan, outcomes
-from runner.ledger.ledger import Trial
+from runner.core.records import Trial
 from runner.search.replay import run_once
 from runner.search.space import Param, Space, config_key
 
@@ -127,7 +127,7 @@ def test_a_new_plan_keeps_the_builds_it_shares_with_the_last_and_drops_the_rest(
     import threading
 
     import runner.loop as loop
-    from runner.ledger.ledger import trial_key
+    from runner.core.records import trial_key
 
     built, gate = [], threading.Event()
 

@@ -9,7 +9,7 @@ import sys
 from runner.ship.compare import candidates, faster_nearest, format_table
 from runner.ship.export import NOISE
 from runner.core.figures import per_shape_best
-from runner.ledger.ledger import Trial
+from runner.core.records import Trial
 
 from .conftest import PIPELINES, ROOT, pipe_cmd
 
@@ -98,9 +98,9 @@ def test_first_compiles_on_threads_in_a_fresh_process():
     bindings happens there too and must not race."""
     code = (
         "from runner.spec.spec import load_spec\n"
-        "from runner.judge.evaluator import Evaluator\n"
+        "from runner.build.builder import Builder\n"
         "spec = load_spec('pipelines/softmax-h200.yaml')\n"
-        "ev = Evaluator(spec, None, None)\n"
+        "ev = Builder(spec)\n"
         "srcs = list(dict.fromkeys(ev.render_all(dict(spec.start))))\n"
         "srcs = [s + f'\\n// {i}\\n' for i, s in enumerate(srcs * 2)]\n"
         "rs = ev._compile_all(srcs)\n"

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from runner.ship.export import NOISE, baked_symbols, dispatch_table, launch_table
-from runner.ledger.ledger import Trial
+from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
 from .conftest import PIPELINES, ROOT, pipe_cmd
@@ -230,10 +230,10 @@ def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shap
     configuration and shape, tuned and held-out, it must launch exactly what the runner
     judged: grid, block, cluster and dynamic shared memory (the ring holds)."""
     from runner.ship.exported_runtime import Op
-    from runner.judge.evaluator import Evaluator
+    from runner.build.builder import Builder
 
     spec = load_spec(PIPELINES / f"{name}.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     table = {**launch_table(spec), "inputs": [], "outputs": [], "scalars": [], "symbols": [], "baked": [],
              "entries": []}
     op = Op(ROOT, table, None)
@@ -272,10 +272,10 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
     import shutil
 
     from runner.ship.exported_runtime import Op
-    from runner.judge.evaluator import Evaluator
+    from runner.build.builder import Builder
 
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
     shapes = [{"M": 256, "N": 32768}, {"M": 100, "N": 131072}, {"M": 7, "N": 4096}]
     entries = []

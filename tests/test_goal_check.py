@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runner.core import figures
-from runner.ledger.ledger import Trial
+from runner.core.records import Trial
 from runner.loop import Session, _goal_picks, _stop_reason, goal_check_line
 from runner.loop import run as run_loop
 from runner.spec.spec import load_spec

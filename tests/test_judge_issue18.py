@@ -202,7 +202,7 @@ class Softmax:
         from runner.build.backends import cpu
 
         arts = []
-        for i, src in enumerate(self.ev.render_all({"HACK": hack})):
+        for i, src in enumerate(self.ev.builder.render_all({"HACK": hack})):
             cpp = self.root / f"unchecked-{hack}-{i}.cpp"
             cpp.write_text(src)
             lib = self.root / f"unchecked-{hack}-{i}.so"

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from runner.core import log
 from runner import progress
-from runner.ledger.ledger import Trial
+from runner.core.records import Trial
 
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # cursor moves, erases, colours
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[(info|warning) *\] worker\.event +n=(\d+) token=tok\d\d$")

@@ -9,7 +9,8 @@ import time
 import pytest
 import yaml
 
-from runner.ledger.ledger import Ledger, Trial
+from runner.ledger.ledger import Ledger
+from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
 from .conftest import PIPELINES, ROOT

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
+from runner.build.builder import Builder
 
 from .conftest import PIPELINES, ROOT
 
@@ -143,7 +143,7 @@ def test_hold_decision(cfg, shape, held):
     from runner.build.backends import cuda
 
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    src = Evaluator(spec, None, None).render_all({**cfg, "LOAD": "default", "STORE": "default"}, shapes=[shape])[0]
+    src = Builder(spec).render_all({**cfg, "LOAD": "default", "STORE": "default"}, shapes=[shape])[0]
     probe = src + "\n#if " + ("!" if held else "") + "HOLD_F32\n#error hold decision\n#endif\n"
     r = cuda.compile(probe, spec.kernel.entry, spec.kernel.options, spec.hw)
     assert r.ok, r.reason

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from runner.core import figures
-from runner.ledger.ledger import Trial
+from runner.core.records import Trial
 from runner.loop import _goal_met, _stop_reason
 from runner.spec.spec import load_spec
 

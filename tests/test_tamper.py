@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from runner.core.errors import RunDirError
-from runner.ledger.ledger import HEAD_NOTE, Ledger, Trial
+from runner.ledger.ledger import HEAD_NOTE, Ledger
+from runner.core.records import Trial
 from runner.ledger.rundir import check_folder
 
 from .conftest import PIPELINES, ROOT

@@ -8,7 +8,7 @@ import sys
 
 from runner.build.backends import cuda
 from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
+from runner.build.builder import Builder
 
 
 def main(argv):
@@ -24,9 +24,9 @@ def main(argv):
     dev = Device(0)
     dev.set_current()
     stream = dev.create_stream()
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     shapes = spec.op.shapes
-    for shape, src, geo in zip(shapes, ev.render_all(cfg, shapes=shapes), ev.geometry(cfg, shapes=shapes)):
+    for shape, src, geo in zip(shapes, builder.render_all(cfg, shapes=shapes), builder.geometry(cfg, shapes=shapes)):
         r = cuda.compile(src, spec.kernel.entry, spec.kernel.options, spec.hw)
         if not r.ok:
             print(shape, "compile error", r.reason)

@@ -26,16 +26,16 @@ def main() -> int:
     a = ap.parse_args()
     from runner.judge.worker import Judge
     from runner.spec.spec import load_spec
-    from runner.judge.evaluator import Evaluator
+    from runner.build.builder import Builder
 
     spec = load_spec(a.spec)
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     params = dict(spec.start)
-    arts, bad = ev.compiled(ev.render_all(params))
+    arts, bad = builder.compiled(builder.render_all(params))
     if bad is not None:
         print("does not compile:", bad.reason)
         return 1
-    job = {"artifacts": arts, "geometry": ev.geometry(params)}
+    job = {"artifacts": arts, "geometry": builder.geometry(params)}
     judge = Judge(spec)
     r = judge.evaluate({**job, "seed": secrets.randbits(48)})
     print("warm-up:", r["status"], r.get("reason", ""), r.get("phases"))

@@ -55,7 +55,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
                 force: bool = False) -> dict:
     from ..judge.worker import Worker
     from ..ledger.rundir import open_run
-    from ..judge.evaluator import Evaluator
+    from ..build.builder import Builder
 
     if top < 1 or rounds < 2:
         raise CompareError(f"--top must be at least 1 and --rounds at least 2 (got {top} and {rounds})")
@@ -66,14 +66,14 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     cands = candidates(history, n, top)
     if not any(cands):
         raise CompareError(f"{run_dir}: no correct trial to compare")
-    ev = Evaluator(spec, None, None)
-    ev.variants = variants
+    builder = Builder(spec)
+    builder.variants = variants
     built: dict[int, tuple[list[str], list[dict]]] = {}
     for t in {t.id: t for row in cands for t in row}.values():
-        arts, bad = ev.compiled(ev.render_all(t.params, t.variant))
+        arts, bad = builder.compiled(builder.render_all(t.params, t.variant))
         if bad is not None:
             raise CompareError(f"trial #{t.id} no longer compiles: {bad.reason}")
-        built[t.id] = (arts, ev.geometry(t.params))
+        built[t.id] = (arts, builder.geometry(t.params))
     job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": torch_compile,
            "triton": (spec.op.triton if triton else None),
            "candidates": [[{"label": f"#{t.id}", "trial": t.id, "artifact": built[t.id][0][i],
@@ -86,7 +86,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
         doc = _figures(spec, run_dir, history, cands, r, base)
         if spec.op.held_out_shapes:  # a failure there keeps the figures above and says why
             try:
-                doc["held_out"] = _held_out(spec, ev, history, doc, base, worker, rounds, timeout_s)
+                doc["held_out"] = _held_out(spec, builder, history, doc, base, worker, rounds, timeout_s)
             except (CompareError, RenderError, ExprError) as e:
                 doc["held_out_error"] = str(e)
     finally:
@@ -94,7 +94,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     return doc
 
 
-def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s: float) -> list[dict]:
+def _held_out(spec, builder, history, doc: dict, base, worker, rounds: int, timeout_s: float) -> list[dict]:
     """The dispatch table on shapes nobody tuned on: its choice there (a shipped kernel
     by the table's rule, or the torch reference) against every kernel of the table
     compiled for that shape and against torch eager; the regret is the choice's time over
@@ -114,9 +114,9 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
         skipped = {}
         for tid in kernels:
             t = by_id[tid]
-            src = ev.render_all(t.params, t.variant, shapes=[shape])[0]
-            geo = ev.geometry(t.params, shapes=[shape])[0]
-            b = ev.build([src], [geo])  # the checks a trial's sources pass
+            src = builder.render_all(t.params, t.variant, shapes=[shape])[0]
+            geo = builder.geometry(t.params, shapes=[shape])[0]
+            b = builder.build([src], [geo])  # the checks a trial's sources pass
             if b.status != "ok":  # this kernel cannot run on this shape: neither a choice nor a rival there
                 skipped[f"#{tid}"] = f"{b.status}: {b.reason}"
                 continue
@@ -175,7 +175,7 @@ def _held_out(spec, ev, history, doc: dict, base, worker, rounds: int, timeout_s
         if untuned:  # one decision per compiled-in size (_one_choice_per_size)
             row["key"] = [shape[s] for s in baked]
         out.append(row)
-    _verify_ships(spec, ev, worker, out, baked, timeout_s)
+    _verify_ships(spec, builder, worker, out, baked, timeout_s)
     _one_choice_per_size(out)
     for row in out:
         row.pop("key", None)
@@ -197,7 +197,7 @@ def _unship(row: dict, why: str) -> None:
     row["via"] = why
 
 
-def _verify_ships(spec, ev, worker, rows: list[dict], baked: list[str], timeout_s: float) -> None:
+def _verify_ships(spec, builder, worker, rows: list[dict], baked: list[str], timeout_s: float) -> None:
     """A kernel about to be shipped for a size nobody tuned passes the trial's verification
     first: on the held-out shape and on the same sizes with few rows (a partial tile), every
     input distribution of the spec, both poisons. One that fails is not shipped."""
@@ -209,9 +209,9 @@ def _verify_ships(spec, ev, worker, rows: list[dict], baked: list[str], timeout_
         shape = row["shape"]
         small = {k: (min(v, 3) if k not in baked else v) for k, v in shape.items()}
         shapes = [shape] + ([small] if small != shape else [])
-        srcs = ev.render_all(sh["params"], sh["variant"], shapes=shapes)
-        geos = ev.geometry(sh["params"], shapes=shapes)
-        b = ev.build(srcs, geos)
+        srcs = builder.render_all(sh["params"], sh["variant"], shapes=shapes)
+        geos = builder.geometry(sh["params"], shapes=shapes)
+        b = builder.build(srcs, geos)
         if b.status != "ok":
             _unship(row, f"nearest #{sh['trial']} {b.status}: {b.reason}"[:300])
             continue

@@ -159,7 +159,7 @@ def launch_table(spec) -> dict:
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,
            force: bool = False) -> Path:
     from ..ledger.rundir import open_run
-    from ..judge.evaluator import Evaluator
+    from ..build.builder import Builder
 
     rd = open_run(run_dir, spec_path, "export packages", force=force)
     spec, history, variants = rd.spec, rd.history, rd.variants
@@ -177,13 +177,13 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
     pkg = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out_dir))  # built aside, then moved into place
     try:
         (pkg / "kernels").mkdir(parents=True)
-        ev = Evaluator(spec, None, None)
-        ev.variants = variants
+        builder = Builder(spec)
+        builder.variants = variants
         baked = baked_symbols(spec)
 
         def ship(src: str, cubin: str, what: str) -> str:
             """Compile one source into the package as `cubin`, with the source beside it."""
-            arts, bad = ev.compiled([src])
+            arts, bad = builder.compiled([src])
             if bad is not None:
                 raise ExportError(f"{what}: {bad.reason}")
             shutil.copyfile(arts[0], pkg / cubin)
@@ -196,7 +196,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             entry = {**table_entry(shape, row, baked), "why": row.get("why"), "evidence": row.get("evidence"),
                      "time_s": row.get("time_s"), "baseline_s": row.get("baseline_s"), "params": row["params"]}
             if row["use"] == "kernel":
-                entry["cubin"] = ship(ev.render_all(row["params"], row["variant"])[i],
+                entry["cubin"] = ship(builder.render_all(row["params"], row["variant"])[i],
                                       f"kernels/shape{i}-trial{row['trial']}.cubin",
                                       f"trial #{row['trial']} does not compile any more")
             entries.append(entry)
@@ -204,7 +204,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             if any(e["key"] == entry["key"] for e in entries):
                 raise ExportError(f"compare.json ships a held-out kernel for tuned sizes {entry['key']}: it was made "
                                   "by another version of the table; run pipe compare again")
-            cubin = ship(ev.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0],
+            cubin = ship(builder.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0],
                          f"kernels/held{i}-trial{entry['trial']}.cubin",
                          f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}")
             entries.append({**{k: v for k, v in entry.items() if k != "variant"}, "cubin": cubin})

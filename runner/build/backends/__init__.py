@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,16 @@ class Compiled:
     status: str = "ok"  # ok | compile_error | pruned
     reason: str = ""
     ptx: dict | None = None  # CUDA: the classified PTX instructions (runner.build.ptx.analyze)
+
+
+def wall_timer(call: Callable[[], None], sync: Callable[[], None]) -> float:
+    """A call's wall-clock time between two syncs (the CPU backend's timer, and the
+    timing protocol's default)."""
+    sync()
+    t = time.perf_counter()
+    call()
+    sync()
+    return time.perf_counter() - t
 
 
 def cache_dir() -> Path:

@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from ...ledger.ledger import trial_key, variant_id
+from ...core.records import trial_key, variant_id
 from ..space import Space
 from . import Proposal, Seen, make_agent, register
 

@@ -90,7 +90,7 @@ def cmd_render(a) -> int:
 
 def _check_free(a, suffix: str = "") -> None:
     """A busy run folder is refused at once, before the spec's load imports torch."""
-    from .ledger.rundir import check_free
+    from .loop import check_free
 
     check_free(a.run_dir, a.spec, suffix)
 
@@ -300,14 +300,13 @@ def cmd_merge(a) -> int:
 
 def cmd_replay(a) -> int:
     from .search import replay
+    from .search.agents import bench_default, replayable
 
-    from .search.agents import STRATEGIES
-
-    agents = [x for x in a.agent.split(",") if x] if a.agent else list(replay.STRATEGIES)
-    unknown = [x for x in agents if x not in STRATEGIES or x in ("llm", "command")]
+    agents = [x for x in a.agent.split(",") if x] if a.agent else bench_default()
+    unknown = [x for x in agents if x not in replayable()]
     if unknown:
         print(f"--agent: unknown or not replayable: {', '.join(unknown)} "
-              f"(replayable: {', '.join(sorted(set(STRATEGIES) - {'llm', 'command'}))})", file=sys.stderr)
+              f"(replayable: {', '.join(sorted(replayable()))})", file=sys.stderr)
         return EXIT_INPUT
     paths = a.datasets or [str(p) for p in replay.datasets()]
     for p in paths:
@@ -390,7 +389,7 @@ def cmd_show(a) -> int:
                 line += f", {d['speedup']:.2f}x the baseline"
             print(line)
     if s.get("goal_check"):
-        from .loop import goal_check_line
+        from .ledger.summary import goal_check_line
         from .spec.spec import load_spec
 
         c = s["goal_check"]

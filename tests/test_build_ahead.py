@@ -1,5 +1,5 @@
 """Building ahead: the loop compiles the agent's next proposal for the likeliest outcomes of
-the trial being judged (runner.loop.outcomes, ahead_guesses)."""
+the trial being judged (runner.search.core.outcomes, ahead_guesses)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runner.search.agents import Seen, make_agent
 from runner.search.dataset import load
-from runner.loop import ahead_guesses, ahead_plan, outcomes
+from runner.search.core import ahead_guesses, ahead_plan, outcomes
 from runner.core.records import Trial
 from runner.search.replay import run_once
 from runner.search.space import Param, Space, config_key
@@ -132,6 +132,8 @@ def test_a_new_plan_keeps_the_builds_it_shares_with_the_last_and_drops_the_rest(
     built, gate = [], threading.Event()
 
     class Ev:
+        builder = property(lambda self: self)  # the session builds ahead through ev.builder
+
         def prebuild(self, params):
             gate.wait(5)
             built.append(params["P"])

@@ -13,7 +13,9 @@ import pytest
 
 from runner.core import figures
 from runner.core.records import Trial
-from runner.loop import Session, _goal_picks, _stop_reason, goal_check_line
+from runner.ledger.summary import goal_check_line
+from runner.loop import Session
+from runner.search.core import goal_picks as _goal_picks, stop_reason as _stop_reason
 from runner.loop import run as run_loop
 from runner.spec.spec import load_spec
 from runner.judge.evaluator import Evaluator

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from runner.core import figures
 from runner.core.records import Trial
-from runner.loop import _goal_met, _stop_reason
+from runner.search.core import goal_met as _goal_met, stop_reason as _stop_reason
 from runner.spec.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_replay_stops_where_the_loop_would():
     import random
 
     from runner.search.agents import Seen
-    from runner.search.replay import PatienceStop
+    from runner.search.core import PatienceStop
 
     rng = random.Random(7)
     spec = with_patience(5)

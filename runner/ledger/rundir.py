@@ -1,9 +1,7 @@
 """A run folder as the commands see it: the lock that lets one process at a time
 use it, the check of its ledger against the anchors kept outside it (run.json's
-`ledger_head`, trials.tsv), its summary for `pipe show` and `pipe runs`, and
-`open_run` for the commands that work on a finished run (`pipe compare`,
-`pipe export`): its trials, variants and baseline, and the spec, which must
-still hash to what the run recorded.
+`ledger_head`, trials.tsv) and its summary for `pipe show` and `pipe runs`
+(ship.rundata opens a finished run for compare, export and report).
 
 Light on purpose (no torch, no judge): `pipe run` checks that its folder is free
 before it loads the spec."""
@@ -11,25 +9,11 @@ before it loads the spec."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import LedgerBroken, PipeError, RunDirError
 
 BUSY = "{} is in use by another pipe process (run or eval); wait for it to finish"
-
-
-class RunMismatch(PipeError):
-    pass
-
-
-@dataclass
-class RunData:
-    spec: object
-    history: list
-    variants: dict  # variant id -> template text
-    baseline: list | None  # per-shape seconds of the recorded baseline
-    compare: dict | None  # compare.json, when pipe compare has run
 
 
 def take_lock(run_dir: Path):
@@ -66,24 +50,6 @@ def lock_held(run_dir: Path) -> bool:
         return True
     finally:
         f.close()
-
-
-def check_free(run_dir: str | None, spec_path: str, suffix: str = "") -> None:
-    """Refuse a busy run folder at once, before the spec is loaded (which imports torch). The
-    default folder is runs/<the spec's name><suffix>; a spec that does not parse is left to the
-    full load, which reports it."""
-    if run_dir is None:
-        from ..spec import yamlsrc
-
-        try:
-            name = yamlsrc.load_file(spec_path).data.get("name")
-        except Exception:
-            return
-        if not isinstance(name, str):
-            return
-        run_dir = str(Path("runs") / f"{name}{suffix}")
-    if lock_held(Path(run_dir)):
-        raise RunDirError(BUSY.format(run_dir))
 
 
 def _run_json(run_dir: Path) -> dict | None:
@@ -144,7 +110,7 @@ def read_summary(run_dir: Path) -> dict:
     says running and no process holds the folder), the summary of the ledger's trusted rows
     and the ledger's check (`ledger`)."""
     from .ledger import Ledger
-    from ..loop import summarize
+    from .summary import summarize
 
     doc = _run_json(run_dir)
     led = Ledger.read(run_dir, damaged_ok=True)
@@ -166,39 +132,3 @@ def read_summary(run_dir: Path) -> dict:
         raise RunDirError(f"{run_dir}: cannot read the ledger: {e}") from None
     finally:
         led.close()
-
-
-def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: bool = True,
-             force: bool = False) -> RunData:
-    from .ledger import Ledger
-    from ..spec.spec import load_spec
-
-    led = Ledger.read(run_dir, damaged_ok=True)
-    try:
-        history = guard(run_dir, led, force, doing).trials
-        recorded = led.get_meta("spec_hash")
-        path = spec_path or led.get_meta("spec_path")
-        variants = {k: v["text"] for k, v in led.variants().items()}
-        base = led.get_meta("baseline")
-    finally:
-        led.close()
-    spec = load_spec(path)
-    if spec.hash != recorded:
-        raise RunMismatch(f"{path}: the spec, its template, profile or reference changed since the run in "
-                          f"{run_dir} (hash {spec.hash} != {recorded}); {doing} the kernels as the run judged "
-                          "them: pass that spec with --spec, or start a new run")
-    compare = read_compare_json(run_dir) if read_compare else None
-    return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
-
-
-def read_compare_json(run_dir: Path) -> dict | None:
-    path = run_dir / "compare.json"
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RunDirError(f"{path}: unreadable ({e}); run pipe compare again or remove it") from None
-    if not isinstance(doc, dict) or doc.get("format") != "pipe-compare/1" or "shapes" not in doc:
-        raise RunDirError(f"{path}: not a pipe compare result; run pipe compare again or remove it")
-    return doc

@@ -35,20 +35,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core import figures
-from .agents import Seen, make_agent
+from ..core.figures import geomean as _geomean
+from ..core.records import trial_key
+from .agents import Seen, bench_default, make_agent, replayable
+from .core import limit_reason, next_proposal
 from .dataset import Dataset, load
-from .space import config_key
 
 THRESHOLDS = (0.01, 0.03, 0.05)
-STRATEGIES = ("random", "grid", "tpe", "pattern")
-
-# The strategy to use when a spec does not name one: the best on the bench (`python -m
-# runner.search.replay`, every dataset in datasets/). Median evaluations to come within 3% of the
-# best at 200 seeds: softmax-h200 pattern 9 [p75 11, max 18], tpe 10 [18, 30], random 32.5;
-# rmsnorm-cpu pattern 6 [9], tpe 6 [10.2], random 9. Pattern is as good or better at 1% and
-# 3%, has the shortest tail, costs ~1 ms a proposal and needs no optuna. (tpe is better at
-# 5% on softmax-h200: 6 against 8.)
-DEFAULT_STRATEGY = "pattern"
 
 
 def valid_configs(dataset: Dataset) -> list[dict]:
@@ -85,10 +78,6 @@ def table_best(dataset: Dataset) -> float | None:
     return _geomean(best) if best else None
 
 
-def _geomean(xs: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def _fold(table: list[float] | None, h: Seen) -> list[float] | None:
     """The dispatch table (each shape's fastest time so far) after evaluation h."""
     if not h.times:
@@ -113,7 +102,15 @@ def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str,
     """One simulated tuning run; stops early once the best so far is within `stop_at` of the
     best (and, with `table_at`, the dispatch table so far within `table_at` of the best table),
     or, with `patience`, where the loop's patience would stop it."""
-    stopper = PatienceStop(patience) if patience else None
+    return simulate(dataset, agent_name, seed, options, budget, stop_at, table_at, patience)[0]
+
+
+def simulate(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str, Any] | None = None,
+             budget: int | None = None, stop_at: float | None = None,
+             table_at: float | None = None, patience: int | None = None) -> tuple[list[Seen], str]:
+    """run_once, and why it stopped: the loop's own proposal filter and stop rules
+    (search.core: the trial budget and patience, the best being the fastest so far), or the
+    bench's targets ("target reached"), or "space exhausted" as the loop says it."""
     agent = make_agent(agent_name, dataset.space, seed, options or {})
     budget = budget if budget is not None else len(valid_configs(dataset))
     target = dataset.best * (1 + stop_at) if stop_at is not None else None
@@ -122,32 +119,30 @@ def run_once(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str,
     table: list[float] | None = None
     single_done = target is None
     history: list[Seen] = []
-    seen: set[str] = set()
-    while len(history) < budget:
-        cfg = None
-        for _ in range(3):  # as the loop does: a repeat or an invalid point is dropped, ask again
-            cands = [c for c in agent.propose(history, 1)
-                     if config_key(c) not in seen and dataset.space.contains(c) is None]
-            if cands:
-                cfg = cands[0]
-                break
-        if cfg is None:
-            break
+    tried: set[str] = set()
+    best: Seen | None = None
+    while True:
+        stop = limit_reason(history, best, budget, patience=patience)
+        if stop:
+            return history, stop
+        p = next_proposal(agent, lambda: history, tried, dataset.space)
+        if p is None:
+            return history, "space exhausted"
+        cfg = dict(p.params)
         t = dataset.lookup(cfg)
-        seen.add(config_key(cfg))
+        tried.add(trial_key(cfg))
         ok = t["status"] == "ok"
-        h = Seen(dict(cfg), t["status"], t.get("reason", ""), t["objective"],
+        h = Seen(cfg, t["status"], t.get("reason", ""), t["objective"],
                  times=tuple(t["times"]) if ok and t.get("times") else None)
         history.append(h)
-        if stopper is not None and stopper.add(h):
-            break
+        if ok and h.objective is not None and (best is None or h.objective < best.objective):
+            best = h
         table = _fold(table, h)
         if target is not None and ok and t["objective"] and t["objective"] <= target:
             single_done = True
         table_done = table_target is None or (table is not None and _geomean(table) <= table_target)
         if single_done and table_done and (target is not None or table_target is not None):
-            break
-    return history
+            return history, "target reached"
 
 
 def evals_to(history: Sequence[Seen], target: float, budget: int) -> int:
@@ -209,23 +204,6 @@ def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] 
     return out
 
 
-class PatienceStop:
-    """The loop's patience, evaluation by evaluation: `add` says whether a run stops after this
-    one (`patience` evaluations in a row without a new best or a shape beaten)."""
-
-    def __init__(self, patience: int):
-        self.patience, self.progress = patience, figures.Progress()
-        self.n, self.best, self.last = 0, None, -1
-
-    def add(self, h: Seen) -> bool:
-        if h.status == "ok" and h.objective is not None and (self.best is None or h.objective < self.best):
-            self.best, self.last = h.objective, self.n
-        if self.progress.add(h):
-            self.last = self.n
-        self.n += 1
-        return self.best is not None and self.n - 1 - self.last >= self.patience
-
-
 def replay_patience(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] | int, patience: int,
                     options: Mapping[str, Any] | None = None, budget: int | None = None) -> dict:
     """Where a run with this patience stops, and how good its dispatch table is then: per seed
@@ -261,18 +239,18 @@ def datasets(folder: str | Path = Path(__file__).resolve().parents[2] / "dataset
     return sorted(Path(folder).glob("*.json"))
 
 
-def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] = STRATEGIES,
+def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] | None = None,
           seeds: Iterable[int] | int = 25, options: Mapping[str, Mapping[str, Any]] | None = None,
           thresholds: Sequence[float] = THRESHOLDS) -> list[dict]:
-    """One row per (dataset, agent): the replay figures flattened for a table."""
-    from .agents import STRATEGIES as registered
-
+    """One row per (dataset, agent): the replay figures flattened for a table (agents: the
+    registry's bench strategies by default; one that is not replayable is left out)."""
+    agents = bench_default() if agents is None else list(agents)
     rows = []
     seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     for d in datasets_:
         ds = d if isinstance(d, Dataset) else load(d)
         for a in agents:
-            if a not in registered:
+            if a not in replayable():
                 continue
             r = replay(ds, a, seeds, (options or {}).get(a), thresholds=thresholds)
             row = {"dataset": r["dataset"], "agent": a, "size": r["size"], "seeds": r["seeds"]}
@@ -348,18 +326,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m runner.search.replay", description=__doc__.split("\n")[0])
     ap.add_argument("datasets", nargs="*", help="dataset files (default: datasets/*.json)")
-    ap.add_argument("--agents", default=",".join(STRATEGIES),
+    ap.add_argument("--agents", default=",".join(bench_default()),
                     help="comma-separated strategies (default: %(default)s; gp, where scipy is "
                          "installed, is left out as slow)")
     ap.add_argument("--seeds", type=int, default=25)
     a = ap.parse_args(argv)
-    from .agents import STRATEGIES as registered
-
     agents = [s for s in a.agents.split(",") if s]
-    unknown = [s for s in agents if s not in registered]
+    unknown = [s for s in agents if s not in replayable()]
     if unknown:
         ap.error(f"unknown or unavailable strategies: {', '.join(unknown)} "
-                 f"(known: {', '.join(sorted(registered))})")
+                 f"(known: {', '.join(sorted(replayable()))})")
     print(format_table(bench(a.datasets or datasets(), agents, a.seeds)))
     return 0
 

@@ -54,7 +54,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
                 force: bool = False) -> dict:
     from ..judge.worker import Worker
-    from ..ledger.rundir import open_run
+    from .rundata import open_run
     from ..build.builder import Builder
 
     if top < 1 or rounds < 2:

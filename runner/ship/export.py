@@ -158,7 +158,7 @@ def launch_table(spec) -> dict:
 
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,
            force: bool = False) -> Path:
-    from ..ledger.rundir import open_run
+    from .rundata import open_run
     from ..build.builder import Builder
 
     rd = open_run(run_dir, spec_path, "export packages", force=force)

@@ -66,7 +66,7 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         spec = s if s.hash == meta["spec_hash"] else None
     except Exception:  # the spec moved or changed: the report goes on without floors
         spec = None
-    from ..ledger.rundir import read_compare_json
+    from .rundata import read_compare_json
 
     compare = read_compare_json(run_dir)
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
@@ -388,7 +388,7 @@ def markdown(data, rows) -> str:
             + " (± the interquartile spread over the median)."]
     check = data.get("goal_check")
     if check:
-        from ..loop import goal_check_line
+        from ..ledger.summary import goal_check_line
 
         out += ["", (goal_check_line(data["spec"], check) if data["spec"] is not None
                      else f"Goal check: {json.dumps(check)}") + "."]

@@ -567,40 +567,18 @@ class _Checker:
         return ForbiddenSpec(tuple(named), tuple(patterns), tuple(rules))
 
     def agent(self) -> AgentSpec:
-        from ..search.agents import STRATEGIES
+        import os
 
-        from ..search.replay import DEFAULT_STRATEGY
+        from ..search.agents import DEFAULT_STRATEGY, STRATEGIES, option_problems
 
         a = self.d.get("agent", {"strategy": DEFAULT_STRATEGY})
+        opts = dict(a.get("options", {}))
         if a["strategy"] not in STRATEGIES:
             close = difflib.get_close_matches(a["strategy"], list(STRATEGIES), n=1)
             self.err(("agent", "strategy"), f"unknown strategy '{a['strategy']}'"
                      + (f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(STRATEGIES)})"))
-        opts = dict(a.get("options", {}))
-        import os
-
-        if a["strategy"] == "command" and not opts.get("command"):
-            self.err(("agent", "options"), "the command agent needs options.command (a string or a list)")
-        if a["strategy"] == "llm":
-            for k, env in (("base_url", "PIPE_LLM_BASE_URL"), ("model", "PIPE_LLM_MODEL")):
-                if not opts.get(k) and not os.environ.get(env):
-                    self.err(("agent", "options"), f"the llm agent needs options.{k} (or {env} in the environment)")
-        numeric = {"max_retries": int, "history": int, "seed_trials": int, "n_startup_trials": int, "init": int,
-                   "timeout_s": float, "temperature": float}
-        for k, kind in numeric.items():
-            v = opts.get(k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or
-                                  (kind is int and not isinstance(v, int)) or v < 0):
-                self.err(("agent", "options", k), f"expected a non-negative {'integer' if kind is int else 'number'}, "
-                                                  f"got {v!r}")
-        choices = {"shapes": ("off", "alternate"), "order": ("promise", "shuffle"),
-                   "encoding": ("categorical", "index")}
-        for k, allowed in choices.items():
-            if k in opts and opts[k] not in allowed:
-                self.err(("agent", "options", k), f"expected one of {', '.join(map(repr, allowed))}, got {opts[k]!r}")
-        then = opts.get("then")
-        if then is not None and (then not in STRATEGIES or then in ("llm", "command")):
-            self.err(("agent", "options", "then"), f"'then' names a built-in strategy to continue with, not '{then}'")
+        for path, msg in option_problems(a["strategy"], opts, os.environ):  # the strategy's declared options
+            self.err(("agent", "options", *path), msg)
         return AgentSpec(a["strategy"], a.get("seed", 0), opts)
 
     def goal(self, hw, op) -> GoalSpec:

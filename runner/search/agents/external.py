@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from ...core.records import trial_key, variant_id
 from ..space import Space
-from . import Proposal, Seen, make_agent, register
+from . import Option, Proposal, Seen, make_agent, register
 
 SYSTEM = (
     "You tune GPU kernels for pipe. A human wrote the kernel's structure as a Jinja template; you choose "
@@ -48,7 +48,11 @@ MAX_VARIANT = 200_000
 
 class _External:
     wants_brief = True
+    pure = False
+    replayable = False  # it asks an outside process or service
     max_retries = 3
+    OPTIONS = {"max_retries": Option(3, int), "history": Option(20, int), "seed_trials": Option(None, int),
+               "then": Option(None, strategy=True), "then_options": Option(None)}
 
     def __init__(self, space: Space, seed: int, options: dict, brief: dict | None = None):
         self.space = space
@@ -178,6 +182,10 @@ class LanguageModel(_External):
     """options: base_url, model, api_key_env, temperature, timeout_s, max_retries, history,
     seed_trials + then (hybrid). PIPE_LLM_BASE_URL, PIPE_LLM_MODEL, PIPE_LLM_API_KEY_ENV fill gaps."""
 
+    OPTIONS = {**_External.OPTIONS, "base_url": Option(required=True, env="PIPE_LLM_BASE_URL"),
+               "model": Option(required=True, env="PIPE_LLM_MODEL"), "api_key_env": Option(None),
+               "timeout_s": Option(120, float), "temperature": Option(0.2, float)}
+
     def __init__(self, space, seed, options, brief=None):
         super().__init__(space, seed, options, brief)
         self.base_url = (options.get("base_url") or os.environ.get("PIPE_LLM_BASE_URL") or "").rstrip("/")
@@ -217,6 +225,9 @@ class LanguageModel(_External):
 @register("command")
 class Command(_External):
     """options: command (a string or a list), timeout_s, max_retries, history, seed_trials + then."""
+
+    OPTIONS = {**_External.OPTIONS, "command": Option(required=True, hint="a string or a list"),
+               "timeout_s": Option(300, float)}
 
     def __init__(self, space, seed, options, brief=None):
         super().__init__(space, seed, options, brief)

@@ -41,7 +41,7 @@ import random
 from typing import Any, Sequence
 
 from ..space import Config, Space, config_key
-from . import Seen, register
+from . import Option, Seen, register
 
 PENALTY = math.log(2.0)  # a failed trial: this much worse than the worst timed one
 MAX_ASKS = 4             # asks per proposal before taking the nearest untried point instead
@@ -72,6 +72,10 @@ def _is_numeric(values: tuple) -> bool:
 
 class _OptunaAgent:
     """Shared ask-and-tell machinery; subclasses supply `_sampler(seed)`."""
+
+    OPTIONS = {"n_startup_trials": Option(None, int), "encoding": Option("categorical", choices=("categorical", "index")),
+               "max_asks": Option(MAX_ASKS), "n_ei_candidates": Option(24), "multivariate": Option(True),
+               "group": Option(False), "deterministic_objective": Option(False)}
 
     def __init__(self, space: Space, seed: int, options: dict):
         import optuna  # lazy: only a strategy that needs it pays for the import
@@ -216,6 +220,8 @@ class GP(_OptunaAgent):
     On the replay bench it did no better than "tpe" at ten times the cost (a GP fit per
     proposal), so it is registered where it can run but left out of the default bench.
     """
+
+    bench = False
 
     def _sampler(self, seed: int):
         import warnings

@@ -53,7 +53,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 from ..space import Config, Space, config_key
-from . import Seen, register
+from . import Option, Seen, register
 
 REPAIR_LIMIT = 20_000   # list the valid space (to repair a step a constraint blocks) up to this size
 FAILED = math.log(2.0)  # a failed mirror move counts as this much slower than the worst timed trial
@@ -86,6 +86,8 @@ class Pattern:
     # propose() is a pure function of the history: the loop may ask it what comes next
     # while a trial is judged, and build that ahead (Session.judge)
     pure = True
+    OPTIONS = {"init": Option(2, int), "repair": Option(True), "order": Option("promise", choices=("promise", "shuffle")),
+               "shapes": Option("alternate", choices=("off", "alternate")), "categorical": Option(True)}
 
     def __init__(self, space: Space, seed: int, options: dict):
         self.space = space

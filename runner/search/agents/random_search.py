@@ -12,7 +12,7 @@ import random
 from typing import Sequence
 
 from ..space import Config, Space, config_key
-from . import Seen, register
+from . import Option, Seen, register
 
 
 @register("random")
@@ -20,6 +20,7 @@ class RandomSearch:
     # propose() is a pure function of the history: the loop may ask it what comes next
     # while a trial is judged, and build that ahead (Session.judge)
     pure = True
+    OPTIONS: dict[str, Option] = {}
 
     def __init__(self, space: Space, seed: int, options: dict):
         self.space = space

@@ -426,3 +426,68 @@ def _best_on_disk(run_dir: Path) -> int | None:
         return None
 
 
+def check_hardware(spec) -> None:
+    """The device present matches the spec's hardware profile (PipeError if not)."""
+    from .spec import hw
+
+    hw.check_present_device(spec.hw)
+
+
+def eval_one(spec, run_dir: Path, params: dict, variant: str | None, force: bool = False) -> tuple[Trial, bool]:
+    """pipe eval: judge one candidate (a variant's whole template text, or None) with the
+    full judge and append it to the run's ledger; (its trial, whether the ledger held it
+    already)."""
+    s = Session(spec, run_dir, force=force)
+    try:
+        s.start()
+        key = trial_key(params, variant_id(variant) if variant is not None else None)
+        old = next((t for t in s.history if t.key == key), None)
+        t = old or s.judge(Proposal(params, variant), "eval")
+        s.write_outputs("eval", None)
+    finally:
+        s.close()
+    return t, old is not None
+
+
+def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minutes: float | None = None,
+           quiet: bool = False, force: bool = False, on_reuse=None) -> dict:
+    """pipe record: sweep the whole space (spec.spec.sweep) in `run_dir`, taking the verdicts
+    of `reuse_from` that stand for these kernels (judge.reuse), and write what the ledger holds
+    as a replay dataset to `dest`. Returns the counts pipe record prints."""
+    from .judge.reuse import reusable_verdicts
+    from .search import dataset
+    from .spec.spec import sweep as sweep_spec
+
+    sweep = sweep_spec(spec)
+    n = sweep.goal.trials
+    reuse = None
+    if reuse_from is not None:
+        reuse = reusable_verdicts(sweep, reuse_from, force)  # checked before the sweep's folder is made
+        if on_reuse is not None:
+            on_reuse(len(reuse))
+    out = run(sweep, run_dir, reporter=Reporter(n, quiet=quiet), keep_decisions=False, call_minutes=minutes,
+              reuse=reuse, force=force)
+    led = Ledger.read(run_dir)
+    try:
+        data = dataset.export(spec, led.trials())
+    finally:
+        led.close()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(data, indent=1) + "\n")
+    by: dict[str, int] = {}
+    for t in data["trials"]:
+        by[t["status"]] = by.get(t["status"], 0) + 1
+    return {"size": n, "trials": out.trials, "recorded": len(data["trials"]), "by_status": by,
+            "reused": sum(1 for t in data["trials"] if "reused_from" in t)}
+
+
+def recorded_goal_check_line(spec_path: str | None, c: dict) -> str:
+    """pipe show's line for a recorded goal check: goal_check_line, with the spec's words for a
+    check recorded before checks carried their own."""
+    from .spec.spec import load_spec
+
+    try:
+        spec = None if c.get("goal") else load_spec(spec_path)
+        return goal_check_line(spec, c)
+    except Exception:  # an older check, and the spec moved: its figures without its words
+        return f"goal check: {json.dumps({k: c.get(k) for k in ('met', 'metric', 'low', 'high', 'rounds')})}"

@@ -127,6 +127,15 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
+def render_shape(spec, params: dict, choice: str) -> tuple[str, str]:
+    """`pipe render`: (label, source) of the spec's template at `params` for the shape
+    `choice` names (pick_shape). RenderError, or ExprError from a derived value."""
+    label, shape = pick_shape(spec.op, choice)
+    ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
+           "ctype": CTYPES[spec.kernel.backend][spec.op.dtype]}
+    return label, render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name)
+
+
 def compile_check(spec, source: str, label: str) -> tuple[bool, str]:
     """`pipe render --compile`: the spec's forbidden actions, then the backend's own compiler
     (g++ for cpu, NVRTC for cuda; neither needs a GPU) on one rendered source. Returns

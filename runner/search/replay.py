@@ -44,6 +44,17 @@ from .dataset import Dataset, load
 THRESHOLDS = (0.01, 0.03, 0.05)
 
 
+def strategies(names: str | None) -> tuple[list[str], str | None]:
+    """pipe replay --agent: the strategies named (comma-separated; None: the registry's
+    default bench), or why they cannot be replayed."""
+    agents = [x for x in names.split(",") if x] if names else bench_default()
+    unknown = [x for x in agents if x not in replayable()]
+    if unknown:
+        return agents, (f"unknown or not replayable: {', '.join(unknown)} "
+                        f"(replayable: {', '.join(sorted(replayable()))})")
+    return agents, None
+
+
 def valid_configs(dataset: Dataset) -> list[dict]:
     return list(dataset.space)
 

@@ -22,6 +22,7 @@ the versions and the date.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import secrets
 from pathlib import Path
 
@@ -35,6 +36,19 @@ ARMS = ("torch eager", "torch.compile", "triton", "copy")
 
 class CompareError(PipeError):
     pass
+
+
+def compare_and_write(run_dir: Path, json_path: Path | None = None, spec_path: str | None = None, **kw) -> dict:
+    """compare_run, its figures written to RUN/compare.json (and to `json_path`)."""
+    from ..ledger.ledger import write_atomic
+
+    doc = compare_run(run_dir, spec_path, **kw)
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    write_atomic(run_dir / "compare.json", text)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(json_path, text)
+    return doc
 
 
 def candidates(history, n_shapes: int, top: int) -> list[list]:

@@ -134,6 +134,24 @@ def held_out_entries(compare: dict | None, baked: list[str]) -> list[dict]:
     return out
 
 
+def describe(pkg: Path) -> list[str]:
+    """What pipe export prints of a package it wrote: where it is, its rule, and each shape's
+    kernel or the torch reference."""
+    from ..core.figures import shape_label
+
+    table = json.loads((pkg / "table.json").read_text())
+    out = [f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})",
+           f"rule: {table['rule']}"]
+    for e in table["entries"]:
+        label = shape_label(e["shape"])
+        if e["use"] == "kernel":
+            out.append(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])} "
+                       f"({e['baseline_s'] / e['time_s']:.2f}x torch eager, {e['evidence']})")
+        else:
+            out.append(f"  {label}: torch reference ({e.get('why')})")
+    return out
+
+
 def _is_export(path: Path) -> bool:
     try:
         return json.loads((path / "table.json").read_text()).get("format") == "pipe-dispatch/1"

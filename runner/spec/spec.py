@@ -10,6 +10,7 @@ in one SpecError; the CLI prints them and exits 2.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib
@@ -635,3 +636,39 @@ def load_spec(path: str | Path) -> Spec:
     if spec is None:
         raise SpecError(checker.diags)
     return spec
+
+
+def parse_value(text: str):
+    """A value given on the command line (--set, --only), read as YAML reads it (a string
+    where it does not parse)."""
+    try:
+        return yamlsrc.load(f"v: {text}\n", "--set").data["v"]
+    except SpecError:
+        return text
+
+
+def restrict(spec: Spec, only: list[str]) -> Spec:
+    """The spec with some parameters limited to the given values (`NAME=V1,V2,...`, a subspace
+    to sweep); ValueError says what is wrong with an item."""
+    params = {p.name: p for p in spec.space.params}
+    for item in only:
+        name, eq, vals = item.partition("=")
+        name = name.strip()
+        if not eq or name not in params:
+            raise ValueError(f"--only {item}: expected NAME=V1,V2,... with NAME one of {', '.join(params)}")
+        want = [parse_value(v.strip()) for v in vals.split(",") if v.strip()]
+        bad = [v for v in want if v not in params[name].values]
+        if bad or not want:
+            raise ValueError(f"--only {item}: {bad or 'no values'} not among {name}'s values {list(params[name].values)}")
+        params[name] = Param(name, tuple(v for v in params[name].values if v in want))
+    space = dataclasses.replace(spec.space, params=tuple(params.values()))
+    starts = tuple(st for st in spec.starts if space.contains(st) is None)  # those of the subspace only
+    return dataclasses.replace(spec, space=space, starts=starts, start=starts[0] if starts else None)
+
+
+def sweep(spec: Spec) -> Spec:
+    """pipe record's spec: the grid over the whole space, no start configurations, a trial
+    budget of the space's size and no goal."""
+    n = sum(1 for _ in spec.space)
+    return dataclasses.replace(spec, agent=AgentSpec("grid"), start=None, starts=(),
+                               goal=GoalSpec(None, None, None, n, None, None))

@@ -299,7 +299,7 @@ def test_memory_scan_finds_no_reference_in_the_judge(softmax):
     w = Worker(softmax.spec, str(softmax.root / "steal-worker.log"))
     try:
         job = {"seed": 7, "artifacts": softmax.build_unchecked("steal_reference"),
-               "geometry": softmax.ev.geometry({"HACK": "steal_reference"})}
+               "geometry": softmax.ev.builder.geometry({"HACK": "steal_reference"})}
         v = w.request(("evaluate", job), 300)
         assert v["status"] == "wrong", v
         assert "never written" in v["reason"], v

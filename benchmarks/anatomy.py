@@ -128,16 +128,16 @@ def main() -> int:
 
     import torch
 
-    from runner import figures
-    from runner.errors import ExprError
-    from runner.expr import compile_expr
+    from runner.core import figures
+    from runner.core.errors import ExprError
+    from runner.core.expr import compile_expr
     from runner.judge.timing import bench
     from runner.judge.worker import Judge
-    from runner.spec import load_spec
-    from runner.trial import Evaluator
+    from runner.spec.spec import load_spec
+    from runner.build.builder import Builder
 
     spec = load_spec(str(a.spec))
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     symbols = list(spec.op.symbols)
     base = parse_shape(a.shape, symbols)
     rows_sym = symbols[0]
@@ -172,7 +172,7 @@ def main() -> int:
         name, _, path = t.partition("=")
         if not path or not Path(path).is_file():
             raise SystemExit(f"--template {t}: expected LABEL=PATH of a template file")
-        ev.variants[f"template {name}"] = Path(path).read_text()  # rendered as the spec's template is
+        builder.variants[f"template {name}"] = Path(path).read_text()  # rendered as the spec's template is
         others.append(name)
     grids = []
     for t in a.grid:
@@ -185,7 +185,7 @@ def main() -> int:
             raise SystemExit(f"--grid {t}: expected LABEL=EXPR")
     for ci, text in enumerate(a.config):
         params = parse_config(text, spec.space)
-        src = ev.render_all(params, None, shapes=[base])[0]
+        src = builder.render_all(params, None, shapes=[base])[0]
         arms_src = []  # (label, variant, source, grid expression or None for the spec's)
         for v in variants:
             try:
@@ -193,12 +193,12 @@ def main() -> int:
             except VariantError as e:
                 print(f"c{ci} {v}: skipped: {e}")
         for name in others:  # the same configuration from another version of the template
-            arms_src.append((f"c{ci} {name}", "real", ev.render_all(params, f"template {name}", shapes=[base])[0],
+            arms_src.append((f"c{ci} {name}", "real", builder.render_all(params, f"template {name}", shapes=[base])[0],
                              None))
         for name, expr, raw in grids:  # the real source on another grid
             arms_src.append((f"c{ci} {name}", "real", src, (expr, raw)))
         for label, v, code, gexpr in arms_src:
-            c = ev.backend.compile(code, spec.kernel.entry, spec.kernel.options, spec.hw)
+            c = builder.backend.compile(code, spec.kernel.entry, spec.kernel.options, spec.hw)
             if not c.ok:
                 print(f"{label}: compile error: {c.reason}")
                 continue
@@ -207,7 +207,7 @@ def main() -> int:
             kern = rt.load(c.artifact, spec.kernel.entry, judge.kinds)
             for m in counts:
                 shape, ins, outs, _, _ = bufs[m]
-                geo = ev.geometry(params, shapes=[shape])[0]
+                geo = builder.geometry(params, shapes=[shape])[0]
                 if gexpr is not None:
                     env = {**shape, **params}
                     env.update(spec.kernel.derived(env))

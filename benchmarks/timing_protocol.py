@@ -31,11 +31,11 @@ def main() -> int:
 
     import torch
 
-    from runner.backends.cuda import Runtime
+    from runner.build.backends.cuda import Runtime
     from runner.judge.inputs import make_inputs
     from runner.judge.timing import bench
     from runner.judge.worker import _alternate
-    from runner.spec import load_spec
+    from runner.spec.spec import load_spec
 
     spec = load_spec(str(Path(__file__).resolve().parents[1] / "pipelines" / "softmax-h200.yaml"))
     rt = Runtime(spec.hw)

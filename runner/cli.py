@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import PipeError, SpecError
+from .core.errors import PipeError, SpecError
 
 EXIT_OK, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 
 
 def _load(path: str):
-    from .spec import load_spec
+    from .spec.spec import load_spec
 
     return load_spec(path)
 
@@ -47,50 +47,38 @@ def cmd_validate(a) -> int:
     return EXIT_INPUT if bad else EXIT_OK
 
 
-def _parse_value(text: str):
-    from . import yamlsrc
-
-    try:
-        return yamlsrc.load(f"v: {text}\n", "--set").data["v"]
-    except SpecError:
-        return text
-
-
 def cmd_render(a) -> int:
-    from . import render as rmod
-    from .spec import Spec
+    from .build import render
+    from .spec.spec import parse_value
 
-    spec: Spec = _load(a.spec)
+    spec = _load(a.spec)
     params = dict(spec.start or {})
     for item in a.set or []:
         name, eq, value = item.partition("=")
         if not eq:
             print(f"--set {item}: expected NAME=VALUE", file=sys.stderr)
             return EXIT_INPUT
-        params[name.strip()] = _parse_value(value.strip())
+        params[name.strip()] = parse_value(value.strip())
     why = spec.space.contains(params)
     if why:
         print(f"{a.spec}: these parameters are not a point of the space: {why}", file=sys.stderr)
         return EXIT_INPUT
     try:
-        label, shape = rmod.pick_shape(spec.op, a.shape)
-        ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
-               "ctype": rmod.CTYPES[spec.kernel.backend][spec.op.dtype]}
-        source = rmod.render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name)
-    except (rmod.RenderError, PipeError) as e:  # PipeError: ExprError from a derived value
+        label, source = render.render_shape(spec, params, a.shape)
+    except (render.RenderError, PipeError) as e:  # PipeError: ExprError from a derived value
         print(str(e), file=sys.stderr)
         return EXIT_INPUT
     if not a.compile:
         sys.stdout.write(source)
         return EXIT_OK
-    ok, message = rmod.compile_check(spec, source, label)
+    ok, message = render.compile_check(spec, source, label)
     print(message, file=sys.stdout if ok else sys.stderr)
     return EXIT_OK if ok else EXIT_BUDGET
 
 
 def _check_free(a, suffix: str = "") -> None:
     """A busy run folder is refused at once, before the spec's load imports torch."""
-    from .rundir import check_free
+    from .loop import check_free
 
     check_free(a.run_dir, a.spec, suffix)
 
@@ -103,7 +91,7 @@ def _positive(a) -> str | None:
 
 
 def cmd_run(a) -> int:
-    from . import hw, loop
+    from . import loop
     from .progress import Reporter
 
     bad = _positive(a)
@@ -113,7 +101,7 @@ def cmd_run(a) -> int:
     _check_free(a)
     spec = _load(a.spec)
     if not a.no_hw_check:
-        hw.check_present_device(spec.hw)
+        loop.check_hardware(spec)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
     total = a.max_trials or spec.goal.trials
     out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet), force=a.force)
@@ -135,10 +123,7 @@ def cmd_run(a) -> int:
 
 def cmd_eval(a) -> int:
     """Judge one candidate with the full judge and append it to the run's ledger."""
-    from . import hw
-    from .agents import Proposal
-    from .ledger import trial_key, variant_id
-    from .loop import Session
+    from . import loop
 
     _check_free(a)
     spec = _load(a.spec)
@@ -163,18 +148,10 @@ def cmd_eval(a) -> int:
             print(f"--variant: cannot read {a.variant}: {e.strerror}", file=sys.stderr)
             return EXIT_INPUT
     if not a.no_hw_check:
-        hw.check_present_device(spec.hw)
+        loop.check_hardware(spec)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
-    s = Session(spec, run_dir, force=a.force)
-    try:
-        s.start()
-        key = trial_key(params, variant_id(variant) if variant is not None else None)
-        old = next((t for t in s.history if t.key == key), None)
-        t = old or s.judge(Proposal(params, variant), "eval")
-        s.write_outputs("eval", None)
-    finally:
-        s.close()
-    verdict = {"trial": t.id, "already_judged": old is not None, "status": t.status, "reason": t.reason,
+    t, old = loop.eval_one(spec, run_dir, params, variant, a.force)
+    verdict = {"trial": t.id, "already_judged": old, "status": t.status, "reason": t.reason,
                "params": t.params, "variant": t.variant, "kept": t.kept, "objective_s": t.objective,
                "metric": t.metric, "shapes": t.details.get("shapes"), "run_dir": str(run_dir)}
     if a.json:
@@ -195,12 +172,8 @@ def cmd_eval(a) -> int:
 
 
 def cmd_record(a) -> int:
-    import dataclasses
-
-    from . import dataset, hw, loop
-    from .ledger import Ledger
-    from .progress import Reporter
-    from .spec import AgentSpec, GoalSpec
+    from . import loop
+    from .spec.spec import restrict
 
     bad = _positive(a)
     if bad:
@@ -209,72 +182,31 @@ def cmd_record(a) -> int:
     _check_free(a, "-record")
     spec = _load(a.spec)
     if a.only:
-        spec = _restrict(spec, a.only)
-        if spec is None:
+        try:
+            spec = restrict(spec, a.only)
+        except ValueError as e:
+            print(str(e), file=sys.stderr)
             return EXIT_INPUT
     if not a.no_hw_check:
-        hw.check_present_device(spec.hw)
-    n = sum(1 for _ in spec.space)
-    sweep = dataclasses.replace(spec, agent=AgentSpec("grid"), start=None, starts=(),
-                                goal=GoalSpec(None, None, None, n, None, None))
+        loop.check_hardware(spec)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
-    reuse = None
-    if a.reuse:
-        if Path(a.reuse).resolve() == run_dir.resolve():
-            print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
-                  file=sys.stderr)
-            return EXIT_INPUT
-        from .trial import reusable_verdicts
-
-        reuse = reusable_verdicts(sweep, Path(a.reuse), a.force)  # checked before the sweep's folder is made
-        print(f"pipe record: {len(reuse)} verdicts of {a.reuse} may stand for this template's kernels")
-    out = loop.run(sweep, run_dir, reporter=Reporter(n, quiet=a.quiet), keep_decisions=False,
-                   call_minutes=a.minutes, reuse=reuse, force=a.force)
-    led = Ledger.read(run_dir)
-    try:
-        data = dataset.export(spec, led.trials())
-    finally:
-        led.close()
-    reused = sum(1 for t in data["trials"] if "reused_from" in t)
+    if a.reuse and Path(a.reuse).resolve() == run_dir.resolve():
+        print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",
+              file=sys.stderr)
+        return EXIT_INPUT
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(data, indent=1) + "\n")
-    by: dict[str, int] = {}
-    for t in data["trials"]:
-        by[t["status"]] = by.get(t["status"], 0) + 1
-    print(f"recorded {len(data['trials'])} of {n} configurations ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}) "
-          f"to {dest}" + (f"; {reused} verdicts reused from an earlier run (the same kernel source and launch)"
-                          if reused else ""))
-    return EXIT_OK if out.trials >= n else EXIT_BUDGET
-
-
-def _restrict(spec, only: list[str]):
-    """The spec with some parameters limited to the given values (a subspace to sweep)."""
-    import dataclasses
-
-    from .space import Param
-
-    params = {p.name: p for p in spec.space.params}
-    for item in only:
-        name, eq, vals = item.partition("=")
-        name = name.strip()
-        if not eq or name not in params:
-            print(f"--only {item}: expected NAME=V1,V2,... with NAME one of {', '.join(params)}", file=sys.stderr)
-            return None
-        want = [_parse_value(v.strip()) for v in vals.split(",") if v.strip()]
-        bad = [v for v in want if v not in params[name].values]
-        if bad or not want:
-            print(f"--only {item}: {bad or 'no values'} not among {name}'s values {list(params[name].values)}",
-                  file=sys.stderr)
-            return None
-        params[name] = Param(name, tuple(v for v in params[name].values if v in want))
-    space = dataclasses.replace(spec.space, params=tuple(params.values()))
-    starts = tuple(st for st in spec.starts if space.contains(st) is None)  # those of the subspace only
-    return dataclasses.replace(spec, space=space, starts=starts, start=starts[0] if starts else None)
+    r = loop.record(spec, run_dir, dest, Path(a.reuse) if a.reuse else None, a.minutes, a.quiet, a.force,
+                    on_reuse=lambda n: print(f"pipe record: {n} verdicts of {a.reuse} may stand for this "
+                                             "template's kernels"))
+    by = r["by_status"]
+    print(f"recorded {r['recorded']} of {r['size']} configurations ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}) "
+          f"to {dest}" + (f"; {r['reused']} verdicts reused from an earlier run (the same kernel source and launch)"
+                          if r["reused"] else ""))
+    return EXIT_OK if r["trials"] >= r["size"] else EXIT_BUDGET
 
 
 def cmd_merge(a) -> int:
-    from . import dataset
+    from .search import dataset
 
     try:
         m = dataset.merge(a.datasets)
@@ -296,15 +228,11 @@ def cmd_merge(a) -> int:
 
 
 def cmd_replay(a) -> int:
-    from . import replay
+    from .search import replay
 
-    from .agents import STRATEGIES
-
-    agents = [x for x in a.agent.split(",") if x] if a.agent else list(replay.STRATEGIES)
-    unknown = [x for x in agents if x not in STRATEGIES or x in ("llm", "command")]
-    if unknown:
-        print(f"--agent: unknown or not replayable: {', '.join(unknown)} "
-              f"(replayable: {', '.join(sorted(set(STRATEGIES) - {'llm', 'command'}))})", file=sys.stderr)
+    agents, why = replay.strategies(a.agent)
+    if why:
+        print(f"--agent: {why}", file=sys.stderr)
         return EXIT_INPUT
     paths = a.datasets or [str(p) for p in replay.datasets()]
     for p in paths:
@@ -335,7 +263,7 @@ def cmd_replay(a) -> int:
 
 
 def _summary(run_dir: Path) -> dict:
-    from .rundir import read_summary
+    from .ledger.rundir import read_summary
 
     return read_summary(run_dir)
 
@@ -387,15 +315,10 @@ def cmd_show(a) -> int:
                 line += f", {d['speedup']:.2f}x the baseline"
             print(line)
     if s.get("goal_check"):
-        from .loop import goal_check_line
-        from .spec import load_spec
+        from .loop import recorded_goal_check_line
 
         c = s["goal_check"]
-        try:
-            spec = None if c.get("goal") else load_spec(s["spec_path"])
-            print(goal_check_line(spec, c))
-        except Exception:  # an older check, and the spec moved: its figures without its words
-            print(f"goal check: {json.dumps({k: c.get(k) for k in ('met', 'metric', 'low', 'high', 'rounds')})}")
+        print(recorded_goal_check_line(s["spec_path"], c))
         gone = [k for k in dict.fromkeys(c.get("kernels", [])) if not s.get("ledger", {}).get("intact", True)
                 and (s["ledger"].get("first_bad_row") or 1e18) <= k]
         if gone:
@@ -426,41 +349,24 @@ def cmd_show(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from .compare import compare_run, format_table
-    from .ledger import write_atomic
+    from .ship.compare import compare_and_write, format_table
 
-    run_dir = Path(a.run)
-    doc = compare_run(run_dir, a.spec, top=a.top, rounds=a.rounds, torch_compile=not a.no_compile,
-                      triton=not a.no_triton, force=a.force)
-    text = json.dumps(doc, indent=2, default=str) + "\n"
-    write_atomic(run_dir / "compare.json", text)
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(Path(a.json), text)
+    doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
+                            torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force)
     print(format_table(doc))
     return EXIT_OK
 
 
 def cmd_export(a) -> int:
-    from .export import export
-    from .figures import shape_label
+    from .ship.export import describe, export
 
     pkg = export(Path(a.run), Path(a.out), a.name, a.spec, force=a.force)
-    table = json.loads((pkg / "table.json").read_text())
-    print(f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})")
-    print(f"rule: {table['rule']}")
-    for e in table["entries"]:
-        label = shape_label(e["shape"])
-        if e["use"] == "kernel":
-            print(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])} "
-                  f"({e['baseline_s'] / e['time_s']:.2f}x torch eager, {e['evidence']})")
-        else:
-            print(f"  {label}: torch reference ({e.get('why')})")
+    print("\n".join(describe(pkg)))
     return EXIT_OK
 
 
 def cmd_report(a) -> int:
-    from . import report
+    from .ship import report
 
     h, m = report.write(Path(a.run), Path(a.out) if a.out else None, a.spec, force=a.force)
     print(f"report: {h} (open it in a browser; no server needed) and {m}")
@@ -570,7 +476,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import log
+    from .core import log
 
     p = parser()
     a = p.parse_args(argv)

@@ -16,26 +16,28 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import figures
-from .figures import shape_label
-from . import log as logmod
-from .agents import Proposal, Seen, as_proposal, make_agent
+from .core import figures
+from .core import log as logmod
+from .core.figures import shape_label
+from .core.records import Trial, split_key, trial_key, variant_id
+from .judge.evaluator import Evaluator
 from .judge.worker import Worker
-from .ledger import Ledger, Trial, split_key, trial_key, tsv, variant_id, write_atomic
+from .ledger.ledger import Ledger, tsv, write_atomic
+from .ledger.provenance import run_parts
+from .core.errors import RunDirError
+from .ledger.rundir import BUSY, guard, lock_held, take_lock
+from .ledger.summary import goal_check_line, summarize
 from .progress import Reporter
-from .rundir import guard, take_lock
-from .trial import Evaluator, run_parts
+from .search.agents import Proposal, Seen, make_agent
+from .search.core import AHEAD, DEEP, ahead_plan, goal_met, next_proposal, stop_reason
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
-AHEAD = 2  # the next trial's guesses built during each judge (Session._build_ahead, ahead_plan)
-DEEP = 1  # and the trial after next's, one judge earlier
 BASELINE_SPREAD = 0.10  # a baseline whose interquartile spread is above this on a shape is timed again
 BASELINE_TRIES = 3
 
@@ -97,7 +99,7 @@ class Session:
         base = json.loads(self.ledger.get_meta("baseline") or "null")
         if base and self.ev.baseline:
             self.ev.baseline_spreads = [s.get("spread", 0.0) for s in base["shapes"]]
-        self.ev.variants = {k: v["text"] for k, v in self.ledger.variants().items()}
+        self.ev.builder.variants = {k: v["text"] for k, v in self.ledger.variants().items()}
         if reuse:
             self.ev.reuse = reuse
             self.log.info("run.reuse", verdicts=len(reuse))
@@ -134,12 +136,12 @@ class Session:
         if p.variant is None:
             return None
         vid = variant_id(p.variant)
-        if vid not in self.ev.variants:
-            parent_text, _ = self.ev.template(p.parent if p.parent in self.ev.variants else None)
+        if vid not in self.ev.builder.variants:
+            parent_text, _ = self.ev.builder.template(p.parent if p.parent in self.ev.builder.variants else None)
             diff = "".join(difflib.unified_diff(parent_text.splitlines(True), p.variant.splitlines(True),
                                                 p.parent or "template", vid))
             self.ledger.add_variant(vid, p.parent or "template", agent, p.variant, diff)
-            self.ev.variants[vid] = p.variant
+            self.ev.builder.variants[vid] = p.variant
         return vid
 
     def _build_ahead(self, p: Proposal, vid: str | None) -> None:
@@ -194,7 +196,7 @@ class Session:
 
     def _quiet_prebuild(self, params: dict) -> None:
         try:
-            self.ev.prebuild(params)
+            self.ev.builder.prebuild(params)
         except Exception:
             pass  # the trial, if it comes, builds and reports for itself
 
@@ -284,14 +286,14 @@ class Session:
         for old in d.glob("*"):  # files of an earlier best (per-shape sources, a variant) must not linger
             if old.name != "params.json":
                 old.unlink()
-        sources = self.ev.sources.get(best.key) or self.ev.render_all(best.params, best.variant)
+        sources = self.ev.sources.get(best.key) or self.ev.builder.render_all(best.params, best.variant)
         ext = ".cu" if self.spec.kernel.backend == "cuda" else ".cpp"
         unique = list(dict.fromkeys(sources))
         for src in unique:
             name = f"kernel{ext}" if len(unique) == 1 else f"kernel.shape{sources.index(src)}{ext}"
             write_atomic(d / name, src)
         if best.variant:
-            write_atomic(d / "template.j2", self.ev.variants[best.variant])
+            write_atomic(d / "template.j2", self.ev.builder.variants[best.variant])
         write_atomic(d / "params.json", json.dumps(
             {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
              "metric": best.metric, "times_s": best.times, "shapes": self.spec.op.shapes,
@@ -317,7 +319,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         call_minutes: float | None = None, reuse: dict | None = None, force: bool = False) -> Outcome:
     """`minutes` budgets the run's whole time, resumed trials included; `call_minutes` this
     call's alone (pipe record's slices). `reuse`: an earlier run's verdicts that stand for
-    this spec (trial.reusable_verdicts)."""
+    this spec (judge.reuse.reusable_verdicts)."""
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)
@@ -332,7 +334,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         session_t0 = time.time()
         elapsed_before = sum(t.wall_s for t in s.history)
         while True:
-            stop = _stop_reason(spec, s.history, s.best, budget_trials, budget_s,
+            stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                 elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
                                 s.ev.baseline, s.confirm_goal)
             if stop:
@@ -343,7 +345,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                 break
             t = s.judge(cand, agent.name)
             reporter.trial(t, s.best, len(s.history))
-        met = _goal_met(spec, s.history, s.best, s.ev.baseline, s.confirm_goal)
+        met = goal_met(spec, s.history, s.best, s.ev.baseline, s.confirm_goal)
         s.write_outputs("goal met" if met else stop, stop)
         s.log.info("run.end", stop=stop, trials=len(s.history), best_id=s.best.id if s.best else None,
                    best_objective_s=s.best.objective if s.best else None, goal_met=met)
@@ -379,141 +381,37 @@ def brief(spec) -> dict:
 
 def _next(spec, agent, s: Session) -> Proposal | None:
     tried = s.tried
-    for st in spec.starts:  # the spec's start configurations first, in order (those of its space)
-        if trial_key(st) not in tried and spec.space.contains(st) is None:
-            return Proposal(dict(st))
-    for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
-        if key not in tried and n < 2:
-            params, variant = split_key(key)
-            if spec.space.contains(params) is None and (variant is None or variant in s.ev.variants):
-                text = s.ev.variants.get(variant) if variant else None
-                return Proposal(params, text, note="retried: the runner died during this trial")
-    for _ in range(3):
-        props = agent.propose(s.seen(), 1)
-        _drain(agent, s)  # every reply of a context-reading agent is in the ledger before its trial runs
-        for raw in props:
-            p = as_proposal(raw)
-            vid = variant_id(p.variant) if p.variant is not None else None
-            if trial_key(dict(p.params), vid) not in tried and spec.space.contains(dict(p.params)) is None:
-                return p
-    return None
+
+    def owed():
+        for st in spec.starts:  # the spec's start configurations first, in order (those of its space)
+            yield Proposal(dict(st))
+        for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
+            if n < 2:
+                params, variant = split_key(key)
+                if variant is None or variant in s.ev.builder.variants:
+                    text = s.ev.builder.variants.get(variant) if variant else None
+                    yield Proposal(params, text, note="retried: the runner died during this trial")
+
+    # every reply of a context-reading agent is in the ledger before its trial runs
+    return next_proposal(agent, s.seen, tried, spec.space, owed(), after_ask=lambda: _drain(agent, s))
 
 
-def _goal_picks(spec, history, best, baseline) -> list[list[Trial]]:
-    """The kernels whose recorded figures meet the goal, one trial per timed shape: the best
-    configuration on every shape, and the dispatch table of each shape's fastest kernel so far
-    (what the run ships, and what pipe compare times). Empty when neither looks met."""
-    if best is None:
-        return []
-    n = len(spec.op.shapes)
-    picks = [[best] * n] if spec.goal.met(best.metric) else []
-    if best.times and n > 1 and spec.goal.met(figures.table_metric(spec, history, baseline)):
-        by_id = {t.id: t for t in history}
-        table = [by_id[r["trial"]] for r in figures.per_shape_best(history, n)]
-        if [t.id for t in table] != [best.id] * n:
-            picks.append(table)
-    return picks
+def check_free(run_dir: str | None, spec_path: str, suffix: str = "") -> None:
+    """Refuse a busy run folder at once, before the spec is loaded (which imports torch). The
+    default folder is runs/<the spec's name><suffix>; a spec that does not parse is left to the
+    full load, which reports it."""
+    if run_dir is None:
+        from .spec import yamlsrc
 
-
-def _goal_met(spec, history, best, baseline, confirm=None) -> bool:
-    """The best configuration meets the goal, or the dispatch table does; with `confirm`
-    (Session.confirm_goal), only if a paired re-measurement of those kernels confirms it."""
-    picks = _goal_picks(spec, history, best, baseline)
-    if confirm is None:
-        return bool(picks)
-    return any(confirm(p) for p in picks)
-
-
-def outcomes(params: dict, vid: str | None, history, best: float | None) -> list[Seen]:
-    """What the trial of `params` may come out as, the likeliest first: slower than the best
-    and than each shape's best; the new best, faster on every shape; failed; between the best
-    and the next fastest (a random restart's walk centres on the best since the restart);
-    slower overall but faster on every shape (a shape's own walk)."""
-    oks = [t for t in history if t.status == "ok" and t.objective]
-    if not oks:
-        return [Seen(params, "wrong", "", None, vid)]
-    best = best or min(t.objective for t in oks)
-    timed = [t.times for t in oks if t.times]
-    table = [min(col) for col in zip(*timed)] if timed else None
-    scaled = lambda f: tuple(x * f for x in table) if table else None  # noqa: E731
-    objs = sorted({t.objective for t in oks})
-    out = [Seen(params, "ok", "", best * 1.1, vid, times=scaled(1.1)),
-           Seen(params, "ok", "", best * 0.9, vid, times=scaled(0.9)),
-           Seen(params, "wrong", "", None, vid)]
-    if len(objs) > 1:
-        out.append(Seen(params, "ok", "", (objs[0] + objs[1]) / 2, vid, times=scaled(1.05)))
-    out.append(Seen(params, "ok", "", best * 1.02, vid, times=scaled(0.99)))
-    return out
-
-
-def ahead_guesses(agent, seen: list[Seen], pending: list[Seen], skip: set[str], space, limit: int) -> list[dict]:
-    """The agent's next proposal after each outcome in `pending`, distinct, untried (not in
-    `skip`), valid, at most `limit`, in the outcomes' order. Replayed on the whole recorded
-    softmax space (pattern, 10 seeds of 250 trials), the first guess is the next trial 85% of
-    the time and the first two 99%."""
-    return [g for g, _ in _guesses(agent, seen, pending, skip, space, limit)]
-
-
-def _guesses(agent, seen, pending, skip, space, limit) -> list[tuple[dict, Seen]]:
-    """ahead_guesses, each with the outcome it follows."""
-    out: list[tuple[dict, Seen]] = []
-    keys = set(skip)
-    for pend in pending:
-        if len(out) >= limit:
-            break
         try:
-            guess = next(iter(agent.propose([*seen, pend], 1)), None)
-        except Exception:  # a guess is never worth a failed run
-            return out
-        if guess is None:
-            continue
-        g = as_proposal(guess)
-        params = dict(g.params)
-        key = trial_key(params, None)
-        if g.variant is not None or key in keys or space.contains(params) is not None:
-            continue
-        keys.add(key)
-        out.append((params, pend))
-    return out
-
-
-def ahead_plan(agent, seen: list[Seen], history, params: dict, vid: str | None, best: float | None,
-               skip: set[str], space, width: int = AHEAD, deep: int = DEEP) -> list[dict]:
-    """What to build while the trial of `params` is judged, the likeliest first: the agent's
-    next proposal for each of its likeliest outcomes (`width` of them, ahead_guesses), then
-    `deep` proposals for the trial after the first of those (its own outcomes, given the one
-    it follows). The build of the trial after next starts one judge earlier: a build that
-    takes longer than a judge no longer holds the loop up when the guesses are right."""
-    skip = set(skip) | {trial_key(params, vid)}
-    firsts = _guesses(agent, seen, outcomes(params, vid, history, best), skip, space, width)
-    plan = [g for g, _ in firsts]
-    if not firsts or deep < 1:
-        return plan
-    g1, came = firsts[0]
-    after = outcomes(g1, None, [*history, came], min(filter(None, (best, came.objective)), default=None))
-    skip |= {trial_key(g, None) for g in plan}
-    plan += [g for g, _ in _guesses(agent, [*seen, came], after, skip, space, deep)]
-    return plan
-
-
-def _stop_reason(spec, history, best, budget_trials, budget_s, elapsed,
-                 call_minutes: float | None = None, call_elapsed: float = 0.0,
-                 baseline: list[float] | None = None, confirm=None) -> str | None:
-    if spec.goal.stop_when_met and _goal_met(spec, history, best, baseline, confirm):
-        return "goal met"
-    if budget_trials is not None and len(history) >= budget_trials:
-        return f"trial budget spent ({budget_trials})"
-    if budget_s is not None and elapsed >= budget_s:
-        return f"time budget spent ({budget_s / 60:g} min)"
-    if call_minutes and call_elapsed >= call_minutes * 60:
-        return f"time budget spent ({call_minutes:g} min of this call)"
-    if spec.goal.patience and best is not None:
-        # progress: a new best, or a shape's best time beaten (the run ships each shape's fastest)
-        best_index = next(i for i, t in enumerate(history) if t.id == best.id)
-        since = len(history) - figures.last_progress(history, best_index) - 1
-        if since >= spec.goal.patience:
-            return f"patience ran out ({since} trials without a new best or a faster kernel for a shape)"
-    return None
+            name = yamlsrc.load_file(spec_path).data.get("name")
+        except Exception:
+            return
+        if not isinstance(name, str):
+            return
+        run_dir = str(Path("runs") / f"{name}{suffix}")
+    if lock_held(Path(run_dir)):
+        raise RunDirError(BUSY.format(run_dir))
 
 
 def _lock(run_dir: Path):
@@ -528,65 +426,68 @@ def _best_on_disk(run_dir: Path) -> int | None:
         return None
 
 
-def goal_check_line(spec, c: dict) -> str:
-    """One line for a goal check: the figure, its spread over paired rounds, the verdict.
-    `spec` may be None: a check carries its goal's words (checks recorded before they did
-    need the spec)."""
-    ids = list(dict.fromkeys(c.get("kernels", [])))
-    what = f"#{ids[0]}" if len(ids) == 1 else "the dispatch table (" + ", ".join(f"#{i}" for i in ids) + ")"
-    if c.get("error"):
-        return f"goal check of {what}: not confirmed: {c['error']}"
-    against = f" against {'torch eager' if c['against'] == 'reference' else 'torch.compile'}" if c.get("against") else ""
-    rng = f", range {c['min']:.3f}-{c['max']:.3f}" if "min" in c else ""
-    name = c.get("metric_name") or spec.goal.metric
-    goal = c.get("goal") or spec.goal.describe()
-    on = c.get("judged_on") or f"{'lower' if spec.goal.at_least is not None else 'upper'} quartile"
-    return (f"goal check of {what}: {name} {c['metric']:.3f} (quartiles {c['low']:.3f}-{c['high']:.3f}"
-            f"{rng} over {c['rounds']} paired rounds{against}): {'met' if c['met'] else 'not met'} "
-            f"({goal}, judged on the {on})")
+def check_hardware(spec) -> None:
+    """The device present matches the spec's hardware profile (PipeError if not)."""
+    from .spec import hw
+
+    hw.check_present_device(spec.hw)
 
 
-def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
-              table_metric: float | None = None, check=None, goal_check: dict | None = None) -> dict:
-    """run.json's and pipe show's summary. The best, the first correct trial and each shape's
-    best come from the rows the ledger's check trusts (before its first bad row), never from
-    a row after an edit or a gap; the counts are of every row."""
-    check = check if check is not None else ledger.verify()
-    damaged = getattr(ledger, "damaged", None) or getattr(ledger, "truncated", None)  # pages lost
+def eval_one(spec, run_dir: Path, params: dict, variant: str | None, force: bool = False) -> tuple[Trial, bool]:
+    """pipe eval: judge one candidate (a variant's whole template text, or None) with the
+    full judge and append it to the run's ledger; (its trial, whether the ledger held it
+    already)."""
+    s = Session(spec, run_dir, force=force)
+    try:
+        s.start()
+        key = trial_key(params, variant_id(variant) if variant is not None else None)
+        old = next((t for t in s.history if t.key == key), None)
+        t = old or s.judge(Proposal(params, variant), "eval")
+        s.write_outputs("eval", None)
+    finally:
+        s.close()
+    return t, old is not None
 
-    def safe(fn):  # on a damaged ledger what cannot be read is left out, not a crash
-        try:
-            return fn()
-        except sqlite3.DatabaseError:
-            return None
 
-    counts: dict[str, int] = {}
-    for t in history:
-        counts[t.status] = counts.get(t.status, 0) + 1
-    trusted = check.trusted(history)
-    kept = [t for t in trusted if t.kept]
-    best = kept[-1] if kept else None
-    first_ok = next((t for t in trusted if t.status == "ok"), None)
-    base = safe(lambda: ledger.get_meta("baseline")) if damaged else ledger.get_meta("baseline")
-    if goal_check is None:  # pipe show: the last check recorded (at_trial says when)
-        goal_check = (json.loads((safe(lambda: ledger.get_meta("goal_checks")) if damaged
-                                  else ledger.get_meta("goal_checks")) or "[]") or [None])[-1]
-    return {
-        "spec": name, "spec_path": path, "spec_hash": spec_hash, "status": status, "stop": stop, "goal": goal,
-        "trials": len(history), "by_status": counts,
-        "baseline": json.loads(base) if base else None,
-        "first_ok": {"trial": first_ok.id, "params": first_ok.params, "objective_s": first_ok.objective}
-        if first_ok else None,
-        "best": {"trial": best.id, "params": best.params, "variant": best.variant, "objective_s": best.objective,
-                 "metric": best.metric, "times_s": best.times, "spreads": best.spreads,
-                 "shapes": best.details.get("shapes"), "source_hash": best.source_hash} if best else None,
-        "best_per_shape": figures.per_shape_best(trusted, len(best.times)) if best and best.times else None,
-        # the goal's metric for the dispatch table of best_per_shape (a goal met by it stops the run)
-        "table_metric": table_metric,
-        # the latest paired re-measurement of the kernels that looked as if they met the goal
-        "goal_check": goal_check,
-        "variants": safe(lambda: len(ledger.variants())) if damaged else len(ledger.variants()),
-        "replies": safe(lambda: len(ledger.replies())) if damaged else len(ledger.replies()),
-        "ledger_intact": check.intact,
-        "ledger": check.as_dict(),
-    }
+def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minutes: float | None = None,
+           quiet: bool = False, force: bool = False, on_reuse=None) -> dict:
+    """pipe record: sweep the whole space (spec.spec.sweep) in `run_dir`, taking the verdicts
+    of `reuse_from` that stand for these kernels (judge.reuse), and write what the ledger holds
+    as a replay dataset to `dest`. Returns the counts pipe record prints."""
+    from .judge.reuse import reusable_verdicts
+    from .search import dataset
+    from .spec.spec import sweep as sweep_spec
+
+    sweep = sweep_spec(spec)
+    n = sweep.goal.trials
+    reuse = None
+    if reuse_from is not None:
+        reuse = reusable_verdicts(sweep, reuse_from, force)  # checked before the sweep's folder is made
+        if on_reuse is not None:
+            on_reuse(len(reuse))
+    out = run(sweep, run_dir, reporter=Reporter(n, quiet=quiet), keep_decisions=False, call_minutes=minutes,
+              reuse=reuse, force=force)
+    led = Ledger.read(run_dir)
+    try:
+        data = dataset.export(spec, led.trials())
+    finally:
+        led.close()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(data, indent=1) + "\n")
+    by: dict[str, int] = {}
+    for t in data["trials"]:
+        by[t["status"]] = by.get(t["status"], 0) + 1
+    return {"size": n, "trials": out.trials, "recorded": len(data["trials"]), "by_status": by,
+            "reused": sum(1 for t in data["trials"] if "reused_from" in t)}
+
+
+def recorded_goal_check_line(spec_path: str | None, c: dict) -> str:
+    """pipe show's line for a recorded goal check: goal_check_line, with the spec's words for a
+    check recorded before checks carried their own."""
+    from .spec.spec import load_spec
+
+    try:
+        spec = None if c.get("goal") else load_spec(spec_path)
+        return goal_check_line(spec, c)
+    except Exception:  # an older check, and the spec moved: its figures without its words
+        return f"goal check: {json.dumps({k: c.get(k) for k in ('met', 'metric', 'low', 'high', 'rounds')})}"

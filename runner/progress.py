@@ -9,8 +9,8 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import log
-from .ledger import Trial
+from .core import log
+from .core.records import Trial
 
 
 def fmt_time(s: float | None) -> str:

@@ -1,8 +1,8 @@
 """Built-in agents: grid order, seeded random, never a repeat, exhaustion."""
 
-from runner.agents import STRATEGIES, Seen, make_agent
-from runner.expr import compile_expr
-from runner.space import Param, Space, config_key
+from runner.search.agents import STRATEGIES, Seen, make_agent
+from runner.core.expr import compile_expr
+from runner.search.space import Param, Space, config_key
 
 
 def space():

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-import runner.agents.pattern  # noqa: F401  (registration)
-from runner.agents import STRATEGIES, Seen, make_agent
-from runner.expr import compile_expr
-from runner.space import Param, Space, config_key
+import runner.search.agents.pattern  # noqa: F401  (registration)
+from runner.search.agents import STRATEGIES, Seen, make_agent
+from runner.core.expr import compile_expr
+from runner.search.space import Param, Space, config_key
 
 try:
-    import runner.agents.optuna_search  # noqa: F401  (registration)
+    import runner.search.agents.optuna_search  # noqa: F401  (registration)
 except ImportError:  # optuna missing: only "pattern" is tested
     pass
 
@@ -240,7 +240,7 @@ def test_pattern_with_shapes_reaches_the_dispatch_table_sooner_on_the_whole_reco
     the evaluations."""
     from pathlib import Path
 
-    from runner import replay as rp
+    from runner.search import replay as rp
 
     ds = rp.load(Path(__file__).resolve().parent.parent / "datasets" / "softmax-v1-h200.json")
     off = rp.replay(ds, "pattern", range(25), {"shapes": "off"})["table"][0.03]["median"]
@@ -249,7 +249,8 @@ def test_pattern_with_shapes_reaches_the_dispatch_table_sooner_on_the_whole_reco
 
 
 def test_optuna_is_imported_only_when_an_agent_is_built():
-    code = ("import sys, runner.agents, runner.agents.optuna_search, runner.agents.pattern, runner.replay; "
+    code = ("import sys, runner.search.agents, runner.search.agents.optuna_search, runner.search.agents.pattern, "
+            "runner.search.replay; "
             "assert 'optuna' not in sys.modules, 'optuna imported eagerly'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.build.builder import Builder
 
 from .conftest import PIPELINES, ROOT, load_script
 
@@ -17,7 +17,7 @@ RING = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "de
 
 def _source(name, cfg, shape):
     spec = load_spec(PIPELINES / f"{name}.yaml")
-    return spec, Evaluator(spec, None, None).render_all(cfg, None, shapes=[shape])[0]
+    return spec, Builder(spec).render_all(cfg, None, shapes=[shape])[0]
 
 
 def _kernel(src):
@@ -65,7 +65,7 @@ cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[c
 
 @pytest.mark.parametrize("variant", anatomy.VARIANTS)
 def test_every_variant_compiles(variant):
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec, src = _source("softmax-h200", RING, {"M": 4096, "N": 32768})
     c = cuda.compile(anatomy.variant_source(src, variant), spec.kernel.entry, spec.kernel.options, spec.hw)

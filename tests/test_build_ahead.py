@@ -1,16 +1,16 @@
 """Building ahead: the loop compiles the agent's next proposal for the likeliest outcomes of
-the trial being judged (runner.loop.outcomes, ahead_guesses)."""
+the trial being judged (runner.search.core.outcomes, ahead_guesses)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from runner.agents import Seen, make_agent
-from runner.dataset import load
-from runner.loop import ahead_guesses, ahead_plan, outcomes
-from runner.ledger import Trial
-from runner.replay import run_once
-from runner.space import Param, Space, config_key
+from runner.search.agents import Seen, make_agent
+from runner.search.dataset import load
+from runner.search.core import ahead_guesses, ahead_plan, outcomes
+from runner.core.records import Trial
+from runner.search.replay import run_once
+from runner.search.space import Param, Space, config_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,11 +127,13 @@ def test_a_new_plan_keeps_the_builds_it_shares_with_the_last_and_drops_the_rest(
     import threading
 
     import runner.loop as loop
-    from runner.ledger import trial_key
+    from runner.core.records import trial_key
 
     built, gate = [], threading.Event()
 
     class Ev:
+        builder = property(lambda self: self)  # the session builds ahead through ev.builder
+
         def prebuild(self, params):
             gate.wait(5)
             built.append(params["P"])

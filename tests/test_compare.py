@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 
-from runner.compare import candidates, faster_nearest, format_table
-from runner.export import NOISE
-from runner.figures import per_shape_best
-from runner.ledger import Trial
+from runner.ship.compare import candidates, faster_nearest, format_table
+from runner.ship.export import NOISE
+from runner.core.figures import per_shape_best
+from runner.core.records import Trial
 
 from .conftest import PIPELINES, ROOT, pipe_cmd
 
@@ -97,10 +97,10 @@ def test_first_compiles_on_threads_in_a_fresh_process():
     """A trial's sources compile on several threads; the first import of the compiler
     bindings happens there too and must not race."""
     code = (
-        "from runner.spec import load_spec\n"
-        "from runner.trial import Evaluator\n"
+        "from runner.spec.spec import load_spec\n"
+        "from runner.build.builder import Builder\n"
         "spec = load_spec('pipelines/softmax-h200.yaml')\n"
-        "ev = Evaluator(spec, None, None)\n"
+        "ev = Builder(spec)\n"
         "srcs = list(dict.fromkeys(ev.render_all(dict(spec.start))))\n"
         "srcs = [s + f'\\n// {i}\\n' for i, s in enumerate(srcs * 2)]\n"
         "rs = ev._compile_all(srcs)\n"
@@ -184,7 +184,7 @@ def test_bad_compare_options_and_a_corrupt_compare_json_are_clear_errors(tmp_pat
 def test_one_kernel_per_compiled_in_size_on_held_out_shapes():
     """Held-out shapes of one size share one table entry (any number of rows): it is shipped
     only if the same nearest kernel was faster and verified on every one of them."""
-    from runner.compare import _one_choice_per_size
+    from runner.ship.compare import _one_choice_per_size
 
     def row(label, trial, key=(8192,)):
         r = {"label": label, "key": list(key), "times_s": {"#1": 1e-4, "#2": 2e-4, "torch eager": 5e-4},

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from runner import cli, dataset
-from runner import replay as rp
-from runner.space import config_key
+from runner import cli
+from runner.search import dataset
+from runner.search import replay as rp
+from runner.search.space import config_key
 
 from .conftest import ROOT
 

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from runner.export import NOISE, baked_symbols, dispatch_table, launch_table
-from runner.ledger import Trial
-from runner.spec import load_spec
+from runner.ship.export import NOISE, baked_symbols, dispatch_table, launch_table
+from runner.core.records import Trial
+from runner.spec.spec import load_spec
 
 from .conftest import PIPELINES, ROOT, pipe_cmd
 
@@ -178,7 +178,7 @@ def test_exported_kernels_on_the_gpu(exported):
 
 
 def test_choose_takes_the_same_compiled_sizes_and_the_nearest_free_ones():
-    from runner.export import choose
+    from runner.ship.export import choose
 
     entries = [{"key": [4096], "shape": {"M": 32768, "N": 4096}, "use": "kernel", "trial": 1},
                {"key": [4096], "shape": {"M": 64, "N": 4096}, "use": "fallback", "trial": None},
@@ -190,7 +190,7 @@ def test_choose_takes_the_same_compiled_sizes_and_the_nearest_free_ones():
 
 
 def test_nearest_tuned_sizes_ship_only_where_pipe_compare_timed_them_faster_than_eager():
-    from runner.export import held_out_entries, nearest
+    from runner.ship.export import held_out_entries, nearest
 
     entries = [{"key": [4096], "shape": {"M": 32768, "N": 4096}, "use": "kernel", "trial": 1},
                {"key": [32768], "shape": {"M": 4096, "N": 32768}, "use": "kernel", "trial": 3},
@@ -202,7 +202,7 @@ def test_nearest_tuned_sizes_ship_only_where_pipe_compare_timed_them_faster_than
     assert nearest([e for e in entries if e["use"] != "kernel"], ["N"], ["M", "N"], {"M": 1, "N": 8}) is None
     # 65536 rows are as near 32768 as 131072 (log scale), and 2048 rows as near 4096 as 1024:
     # both are candidates, one per trial, and pipe compare takes the faster there
-    from runner.export import nearest_all
+    from runner.ship.export import nearest_all
 
     both = entries + [{"key": [131072], "shape": {"M": 1024, "N": 131072}, "use": "kernel", "trial": 4},
                       {"key": [131072], "shape": {"M": 512, "N": 131072}, "use": "kernel", "trial": 4}]
@@ -216,7 +216,7 @@ def test_nearest_tuned_sizes_ship_only_where_pipe_compare_timed_them_faster_than
         {"shape": {"M": 65536, "N": 4096}, "choice": "#1", "via": "tuned sizes"}]}
     rows = held_out_entries(compare, ["N"])
     assert [r["key"] for r in rows] == [[8192]] and rows[0]["use"] == "kernel" and rows[0]["params"] == {"EPT": 8}
-    from runner.export import choose
+    from runner.ship.export import choose
 
     table = entries + rows
     assert choose(table, ["N"], ["M", "N"], {"M": 100, "N": 8192})["trial"] == 1  # shipped, compiled for 8192
@@ -229,11 +229,11 @@ def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shap
     """The exported runtime evaluates the spec's geometry itself (no pipe at import): on every
     configuration and shape, tuned and held-out, it must launch exactly what the runner
     judged: grid, block, cluster and dynamic shared memory (the ring holds)."""
-    from runner.exported_runtime import Op
-    from runner.trial import Evaluator
+    from runner.ship.exported_runtime import Op
+    from runner.build.builder import Builder
 
     spec = load_spec(PIPELINES / f"{name}.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     table = {**launch_table(spec), "inputs": [], "outputs": [], "scalars": [], "symbols": [], "baked": [],
              "entries": []}
     op = Op(ROOT, table, None)
@@ -249,7 +249,7 @@ def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shap
 
 
 def test_a_compare_json_shipping_two_kernels_for_one_size_is_refused():
-    from runner.export import ExportError, held_out_entries
+    from runner.ship.export import ExportError, held_out_entries
 
     ship = {"params": {}, "variant": None, "time_s": 1e-4, "baseline_s": 5e-4}
     same = {"held_out": [{"shape": {"M": 1, "N": 8192}, "ship": {**ship, "trial": 1}},
@@ -271,11 +271,11 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
         pytest.skip("needs a CUDA GPU")
     import shutil
 
-    from runner.exported_runtime import Op
-    from runner.trial import Evaluator
+    from runner.ship.exported_runtime import Op
+    from runner.build.builder import Builder
 
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
     shapes = [{"M": 256, "N": 32768}, {"M": 100, "N": 131072}, {"M": 7, "N": 4096}]
     entries = []
@@ -303,7 +303,7 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
 
 def test_launch_geometry_in_blocks_becomes_cuda_cores_grid_in_clusters():
     """One conversion for the runner and the exported runtime (no GPU needed to check it)."""
-    from runner.exported_runtime import in_clusters
+    from runner.ship.exported_runtime import in_clusters
 
     assert in_clusters([264], [512], [2]) == ((132,), (512,), (2,))
     assert in_clusters((132,), (1024,), ()) == ((132,), (1024,), None)

@@ -1,4 +1,4 @@
-"""runner.expr: safe expressions, no eval."""
+"""runner.core.expr: safe expressions, no eval."""
 
 import math
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.errors import ExprError
-from runner.expr import HELPERS, MAX_POW, Expr, compile_expr
+from runner.core.errors import ExprError
+from runner.core.expr import HELPERS, MAX_POW, Expr, compile_expr
 
 
 def ev(text, **env):

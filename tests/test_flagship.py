@@ -8,10 +8,10 @@ import itertools
 import pytest
 import torch
 
-from runner.errors import SpecError
+from runner.core.errors import SpecError
 from runner.judge.inputs import make_tensor
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.build.builder import Builder
 
 from .conftest import PIPELINES
 
@@ -20,10 +20,10 @@ FLAGSHIP = ["softmax-h200", "rmsnorm-h200", "cross-entropy-h200"]
 
 @pytest.mark.parametrize("name", FLAGSHIP)
 def test_every_configuration_has_a_valid_launch_on_every_shape(name):
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec = load_spec(PIPELINES / f"{name}.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     n = 0
     shapes = spec.op.all_shapes + spec.op.held_out_shapes
     for cfg in spec.space:
@@ -38,7 +38,7 @@ def test_every_configuration_has_a_valid_launch_on_every_shape(name):
 
 def test_long_rows_use_a_cluster_and_short_rows_share_a_block():
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     geo = ev.geometry({"EPT": 16, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "f32", "LOAD": "default",
                        "STORE": "default"})
     by_n = {s["N"]: g for s, g in zip(spec.op.shapes, geo)}  # the timed shapes come first
@@ -60,7 +60,7 @@ def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     132 SMs; a row length that is no multiple of 8 cannot use 16-byte bulk copies and takes
     the f32 path."""
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
     by, src = _by_shape(ev, cfg)
     assert by[(32768, 4096)] == {**by[(32768, 4096)], "grid": [132], "block": [544], "cluster": [1],
@@ -87,7 +87,7 @@ def test_softmax_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     is 128 KiB, so four 32 KiB pieces of a seven-piece ring; a row of 131072 over a cluster of
     4 (120 SMs); a row length that is no multiple of VEC takes the f32 geometry."""
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
     by, src = _by_shape(ev, cfg)
     assert by[(4096, 32768)] == {**by[(4096, 32768)], "grid": [132], "block": [512], "cluster": [1],
@@ -110,7 +110,7 @@ def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     ring; a row length that is no multiple of VEC cannot use vector copies and takes the bf16
     geometry, not persistent."""
     spec = load_spec(PIPELINES / "rmsnorm-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
     by, src = _by_shape(ev, cfg)
     assert by[(2048, 65536)] == {**by[(2048, 65536)], "grid": [132], "block": [1024], "cluster": [2],
@@ -136,10 +136,10 @@ cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[c
 def test_register_heavy_corners_compile_without_spills(name):
     """The largest per-thread holds at the largest blocks: the template must fall back
     to streaming where a hold does not fit, never spill (spills are forbidden)."""
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec = load_spec(PIPELINES / f"{name}.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     names = [p.name for p in spec.space.params]
     values = {p.name: list(p.values) for p in spec.space.params}
     corner = {"EPT": [values["EPT"][-1]], "TMAX": [values["TMAX"][0], values["TMAX"][-1]], "VEC": values["VEC"]}
@@ -161,7 +161,7 @@ def test_register_heavy_corners_compile_without_spills(name):
 
 
 def test_cluster_prune_reasons():
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     hw = load_spec(PIPELINES / "softmax-h200.yaml").hw
     assert "whole number of clusters" in cuda.prune({}, {"grid": [10], "block": [256], "cluster": [4]}, hw, True)
@@ -241,7 +241,7 @@ def test_bulk_stores_replace_global_stores_where_the_tile_is_held(shape, cfg, bu
     kernel is the "default" one."""
     import re
 
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     from .conftest import load_script
 
@@ -249,7 +249,7 @@ def test_bulk_stores_replace_global_stores_where_the_tile_is_held(shape, cfg, bu
     if sass_mix.cuobjdump() is None:
         pytest.skip("cuobjdump: " + sass_mix.INSTALL)
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    ev = Evaluator(spec, None, None)
+    ev = Builder(spec)
     ops = {}
     for store in ("bulk", "default"):
         full = {**cfg, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": store}

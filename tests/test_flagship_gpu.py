@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 from runner.judge.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]

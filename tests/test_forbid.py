@@ -1,12 +1,12 @@
-"""runner.forbid: forbidden actions over parameters, source and compile options."""
+"""runner.build.forbid: forbidden actions over parameters, source and compile options."""
 
 import re
 
 import pytest
 
-from runner import forbid
-from runner.expr import compile_expr
-from runner.forbid import NAMED, Pattern, Rule, Violation, check_params, check_source, strip_comments
+from runner.build import forbid
+from runner.core.expr import compile_expr
+from runner.build.forbid import NAMED, Pattern, Rule, Violation, check_params, check_source, strip_comments
 
 # One representative offending snippet per (action, backend) with source patterns.
 SNIPPETS = {

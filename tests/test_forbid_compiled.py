@@ -3,7 +3,7 @@ instruction, and the PTX that NVRTC emits, against the approved template's own b
 (issue 18, class 2). NVRTC compiles without a GPU, so all of this runs in the CPU suite.
 
 Each bypass below passed the source rules before this change (the outside suite's three,
-then the ones written here against docs/judge.md and runner/forbid.py, runner/ptx.py); the
+then the ones written here against docs/judge.md and runner/build/forbid.py, runner/build/ptx.py); the
 controls are the approved flagship templates at their start configurations and honest
 variants, which must still build.
 """
@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("cuda.core")
 pytest.importorskip("pcpp")
 
-from runner import forbid, ptx  # noqa: E402
-from runner.spec import load_spec  # noqa: E402
-from runner.trial import Evaluator  # noqa: E402
+from runner.build import forbid, ptx  # noqa: E402
+from runner.spec.spec import load_spec  # noqa: E402
+from runner.build.builder import Builder  # noqa: E402
 
 from .conftest import ROOT  # noqa: E402
 
@@ -96,10 +96,10 @@ def small(tmp_path_factory):
     root = tmp_path_factory.mktemp("compiled_forbid")
     (root / "soft.cu.j2").write_text(APPROVED)
     (root / "spec.yaml").write_text(SPEC.format(template=root / "soft.cu.j2", forbidden="[" + ", ".join(NAMED) + "]"))
-    return Evaluator(load_spec(root / "spec.yaml"), None, None)
+    return Builder(load_spec(root / "spec.yaml"))
 
 
-def build(ev: Evaluator, text: str | None, params: dict | None = None):
+def build(ev: Builder, text: str | None, params: dict | None = None):
     """The Build of the approved template (text None) or of a variant, at params."""
     params = params or {"UNROLL": 1}
     vid = None
@@ -109,7 +109,7 @@ def build(ev: Evaluator, text: str | None, params: dict | None = None):
     return ev.build(ev.render_all(params, vid), ev.geometry(params), ev.approved_sources(params, vid))
 
 
-def raw_check(ev: Evaluator, text: str) -> forbid.Violation | None:
+def raw_check(ev: Builder, text: str) -> forbid.Violation | None:
     ev.variants["raw"] = text
     src = ev.render_all({"UNROLL": 1}, "raw")[0]
     return forbid.check_source(src, (), "cuda", NAMED, ())
@@ -151,7 +151,7 @@ FLAGSHIPS = ["softmax-h200.yaml", "rmsnorm-h200.yaml", "cross-entropy-h200.yaml"
 @pytest.mark.parametrize("name", FLAGSHIPS)
 def test_flagship_templates_pass_at_their_start(name):
     sp = load_spec(ROOT / "pipelines" / name)
-    ev = Evaluator(sp, None, None)
+    ev = Builder(sp)
     start = sp.starts[0]
     b = ev.build(ev.render_all(start), ev.geometry(start), None)
     assert b.status == "ok", b.reason
@@ -167,7 +167,7 @@ def test_flagship_templates_pass_at_their_start(name):
 
 def test_softmax_variant_with_another_unroll_passes_and_a_bypass_does_not():
     sp = load_spec(ROOT / "pipelines" / "softmax-h200.yaml")
-    ev = Evaluator(sp, None, None)
+    ev = Builder(sp)
     start = sp.starts[0]
     t = sp.kernel.template
     old = "__device__ __forceinline__ float ex(float v, float ml) { return exp2f(fmaf(v, L2E, -ml)); }"
@@ -220,7 +220,7 @@ def test_bf16_operator_overloads_are_refused_on_the_compiled_code(small):
 def test_bf16_operators_allowed_where_lower_precision_is_not_forbidden(tmp_path):
     (tmp_path / "soft.cu.j2").write_text(APPROVED)
     (tmp_path / "spec.yaml").write_text(SPEC.format(template=tmp_path / "soft.cu.j2", forbidden="[fast_math]"))
-    ev = Evaluator(load_spec(tmp_path / "spec.yaml"), None, None)
+    ev = Builder(load_spec(tmp_path / "spec.yaml"))
     b = build(ev, BF16_OPERATORS)
     assert b.status == "ok", b.reason
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from runner import figures
-from runner.ledger import Trial
-from runner.loop import Session, _goal_picks, _stop_reason, goal_check_line
+from runner.core import figures
+from runner.core.records import Trial
+from runner.ledger.summary import goal_check_line
+from runner.loop import Session
+from runner.search.core import goal_picks as _goal_picks, stop_reason as _stop_reason
 from runner.loop import run as run_loop
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 _CPU = load_spec(ROOT / "pipelines" / "rmsnorm-cpu.yaml")
@@ -93,7 +95,7 @@ def test_the_lower_quartile_of_the_paired_rounds_decides():
 def test_torch_is_timed_on_the_thread_count_the_spec_gives_kernels():
     import torch
 
-    from runner.backends import cpu
+    from runner.build.backends import cpu
 
     before = torch.get_num_threads()
     try:

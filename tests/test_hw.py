@@ -1,13 +1,13 @@
-"""runner.hw: hardware profiles and the device check (no GPU needed)."""
+"""runner.spec.hw: hardware profiles and the device check (no GPU needed)."""
 
 import types
 from pathlib import Path
 
 import pytest
 
-from runner import hw
-from runner.errors import SpecError
-from runner.hw import HwProfile, check_device, check_present_device, find_profile, load_profile
+from runner.spec import hw
+from runner.core.errors import SpecError
+from runner.spec.hw import HwProfile, check_device, check_present_device, find_profile, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "hw_profiles").glob("*.yaml"))

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from runner.judge.worker import Worker
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 pytestmark = pytest.mark.slow
 
@@ -316,10 +316,10 @@ class Bench:
     def run_unchecked(self, hack: str, worker) -> dict:
         """Build the kernel with g++ directly, past the backend's static source rules,
         and hand it to a worker: what the worker's own defences do with it."""
-        from runner.backends import cpu
+        from runner.build.backends import cpu
 
         params = {"HACK": hack}
-        srcs = self.ev.render_all(params)
+        srcs = self.ev.builder.render_all(params)
         arts = []
         for i, src in enumerate(srcs):
             cpp = self.root / f"unchecked-{hack}-{i}.cpp"
@@ -328,7 +328,7 @@ class Bench:
             subprocess.run([cpu.CXX, *cpu.BASE_FLAGS, str(cpp), "-o", str(lib)], check=True,
                            capture_output=True)
             arts.append(str(lib))
-        job = {"seed": 1, "artifacts": arts, "geometry": self.ev.geometry(params)}
+        job = {"seed": 1, "artifacts": arts, "geometry": self.ev.builder.geometry(params)}
         return worker.request(("evaluate", job), self.spec.runtime.timeout_s)
 
 
@@ -594,7 +594,7 @@ def test_trap_is_a_fault(bench):
 
 def test_hang_is_killed_by_the_watchdog(bench):
     # compiled and a worker up before the clock starts: what is timed is the watchdog
-    bench.ev.prebuild({"HACK": "hang"})
+    bench.ev.builder.prebuild({"HACK": "hang"})
     assert bench.run("honest", fresh=True).status == "ok"
     t0 = time.monotonic()
     t = bench.run("hang", fresh=True)

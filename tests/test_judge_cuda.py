@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from runner.judge.worker import Worker
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 from .conftest import ROOT
 
@@ -330,7 +330,7 @@ def test_both_runtime_modes_verify_and_time(tmp_path, mode):
 def test_hardware_profile_matches_this_gpu():
     import torch
 
-    from runner.hw import check_device, find_profile, load_profile
+    from runner.spec.hw import check_device, find_profile, load_profile
 
     prof = load_profile(find_profile("h200", ROOT))
     props = torch.cuda.get_device_properties(0)
@@ -446,15 +446,15 @@ def test_device_memory_scan_control(tmp_path):
     b.worker.close()
     judge = Judge(b.spec)
     params = {"HACK": "steal_reference"}
-    src = b.ev.render_all(params)[0]
-    c = b.ev.backend.compile(src, b.spec.kernel.entry, b.spec.kernel.options, b.spec.hw)
+    src = b.ev.builder.render_all(params)[0]
+    c = b.ev.builder.backend.compile(src, b.spec.kernel.entry, b.spec.kernel.options, b.spec.hw)
     assert c.ok, c.reason
     shape = b.spec.op.shapes[0]
     outs = judge._outputs(shape)
     inputs = judge._inputs(shape, 1, 0)
     ref = torch.softmax(inputs["x"].double(), -1)
     fn = judge.rt.load(c.artifact, b.spec.kernel.entry, judge.kinds)
-    call = judge.rt.prepare(fn, judge._values(shape, inputs, outs), b.ev.geometry(params)[0], mode="direct")
+    call = judge.rt.prepare(fn, judge._values(shape, inputs, outs), b.ev.builder.geometry(params)[0], mode="direct")
     call()
     torch.cuda.synchronize()
     assert torch.equal(outs[0].view, ref.to(torch.bfloat16)), "the scan did not find the reference"

@@ -29,8 +29,8 @@ import torch
 
 from runner.judge import verify
 from runner.judge.worker import LOG_CAP_BYTES, Worker
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 pytestmark = pytest.mark.slow
 
@@ -199,10 +199,10 @@ class Softmax:
 
     def build_unchecked(self, hack: str) -> list[str]:
         """Compiled with g++ directly, past the backend's static source rules."""
-        from runner.backends import cpu
+        from runner.build.backends import cpu
 
         arts = []
-        for i, src in enumerate(self.ev.render_all({"HACK": hack})):
+        for i, src in enumerate(self.ev.builder.render_all({"HACK": hack})):
             cpp = self.root / f"unchecked-{hack}-{i}.cpp"
             cpp.write_text(src)
             lib = self.root / f"unchecked-{hack}-{i}.so"
@@ -299,7 +299,7 @@ def test_memory_scan_finds_no_reference_in_the_judge(softmax):
     w = Worker(softmax.spec, str(softmax.root / "steal-worker.log"))
     try:
         job = {"seed": 7, "artifacts": softmax.build_unchecked("steal_reference"),
-               "geometry": softmax.ev.geometry({"HACK": "steal_reference"})}
+               "geometry": softmax.ev.builder.geometry({"HACK": "steal_reference"})}
         v = w.request(("evaluate", job), 300)
         assert v["status"] == "wrong", v
         assert "never written" in v["reason"], v
@@ -428,8 +428,8 @@ def test_layernorm_cancellation_needs_the_offset_rows(tmp_path, monkeypatch, dis
 
 def test_new_distributions_reach_what_they_promise():
     from runner.judge.inputs import make_tensor
-    from runner.spec import TensorSpec
-    from runner.expr import compile_expr
+    from runner.spec.spec import TensorSpec
+    from runner.core.expr import compile_expr
 
     t = TensorSpec("x", (compile_expr("M"), compile_expr("N")), "bf16", ("normal",))
     env = {"M": 16, "N": 512}

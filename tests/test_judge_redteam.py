@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 from runner.judge.worker import Worker
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.judge.evaluator import Evaluator
 
 pytestmark = pytest.mark.slow
 

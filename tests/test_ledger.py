@@ -4,8 +4,9 @@ import sqlite3
 
 import pytest
 
-from runner.errors import RunDirError
-from runner.ledger import Ledger, Trial, tsv
+from runner.core.errors import RunDirError
+from runner.ledger.ledger import Ledger, tsv
+from runner.core.records import Trial
 
 
 def trial(i, status="ok", **kw):

@@ -11,8 +11,9 @@ import pytest
 import structlog
 from rich.console import Console
 
-from runner import log, progress
-from runner.ledger import Trial
+from runner.core import log
+from runner import progress
+from runner.core.records import Trial
 
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # cursor moves, erases, colours
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[(info|warning) *\] worker\.event +n=(\d+) token=tok\d\d$")

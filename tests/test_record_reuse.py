@@ -118,7 +118,7 @@ def test_shapes_that_swap_their_code_are_judged_again(project, tmp_path):
 def _rechain(run_dir):
     """Digests and head anchors for rows edited in place, as the pipe that wrote such rows
     would have made them (the ledger's check would otherwise refuse the folder)."""
-    from runner.ledger import Ledger, _row_digest
+    from runner.ledger.ledger import Ledger, _row_digest
 
     led = Ledger.read(run_dir)
     trials = led.trials()

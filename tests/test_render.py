@@ -1,10 +1,10 @@
-"""runner.render: sandboxed Jinja with StrictUndefined."""
+"""runner.build.render: sandboxed Jinja with StrictUndefined."""
 
 import jinja2
 import pytest
 
-from runner.errors import PipeError
-from runner.render import CTYPES, DTYPE_VARS, RenderError, render, source_hash, template_variables, variable_line
+from runner.core.errors import PipeError
+from runner.build.render import CTYPES, DTYPE_VARS, RenderError, render, source_hash, template_variables, variable_line
 
 KERNEL = """\
 template <int BLOCK>

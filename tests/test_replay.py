@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import replay as rp
-from runner.agents import STRATEGIES
-from runner.dataset import load
-from runner.space import config_key
+from runner.search import replay as rp
+from runner.search.agents import DEFAULT_STRATEGY, STRATEGIES
+from runner.search.dataset import load
+from runner.search.space import config_key
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = sorted((ROOT / "datasets").glob("*.json"))
@@ -220,7 +220,7 @@ def test_the_replay_table_fits_100_columns_and_keeps_every_figure():
 
 
 def test_default_strategy_is_registered():
-    assert rp.DEFAULT_STRATEGY in STRATEGIES
+    assert DEFAULT_STRATEGY in STRATEGIES
 
 
 @pytest.mark.parametrize("path", GPU_DATASETS or [None], ids=ids(GPU_DATASETS) or ["no-gpu-dataset"])
@@ -233,10 +233,10 @@ def test_default_strategy_needs_half_the_evaluations_of_random(path):
     if path is None:
         pytest.skip("no GPU dataset committed yet (datasets/*.json whose machine has a 'gpu'); "
                     "this runs once one lands, e.g. datasets/softmax-h200.json")
-    if rp.DEFAULT_STRATEGY == "tpe":
+    if DEFAULT_STRATEGY == "tpe":
         pytest.importorskip("optuna")
     ds = load(path)
-    default = rp.replay(ds, rp.DEFAULT_STRATEGY, range(25))["thresholds"][0.03]
+    default = rp.replay(ds, DEFAULT_STRATEGY, range(25))["thresholds"][0.03]
     random = rp.replay(ds, "random", range(25))["thresholds"][0.03]
     valid = sum(1 for _ in ds.space)
     if valid >= 60:
@@ -246,5 +246,5 @@ def test_default_strategy_needs_half_the_evaluations_of_random(path):
     else:
         bound = random["median"]
     assert default["median"] <= bound, (
-        f"{path.name}: {rp.DEFAULT_STRATEGY} needs a median {default['median']} evaluations to come "
+        f"{path.name}: {DEFAULT_STRATEGY} needs a median {default['median']} evaluations to come "
         f"within 3% of the best, random search {random['median']} (analytic {random['e_random']:.1f})")

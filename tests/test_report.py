@@ -109,7 +109,7 @@ def test_report_says_where_a_trials_time_went(cpu_run, tmp_path):
     """Each judged trial records its build (compiles), the judge's round trip and, inside the
     worker, verification and timing; the report gives their medians, and the parts fit in
     the whole."""
-    from runner.ledger import Ledger
+    from runner.ledger.ledger import Ledger
 
     trials = [t for t in Ledger.read(cpu_run).trials() if t.status == "ok"]
     assert trials
@@ -131,7 +131,7 @@ def test_report_says_where_a_trials_time_went(cpu_run, tmp_path):
 
 def _figures(monkeypatch, run, spec=None):
     """The report's figures, kept open (matplotlib objects) instead of written as PNGs."""
-    from runner import report
+    from runner.ship import report
 
     figs = []
     monkeypatch.setattr(report, "_png", lambda fig: (figs.append(fig), "iVBORw0KGgo=")[1])
@@ -167,7 +167,7 @@ def test_cpu_report_draws_no_roof_from_an_unmeasured_bandwidth(cpu_run, monkeypa
 
 
 def test_h200_profile_bandwidth_is_measured():
-    from runner.hw import load_profile
+    from runner.spec.hw import load_profile
 
     assert load_profile(ROOT / "hw_profiles" / "h200.yaml").bandwidth_measured
     assert not load_profile(ROOT / "hw_profiles" / "host-cpu.yaml").bandwidth_measured

@@ -9,8 +9,9 @@ import time
 import pytest
 import yaml
 
-from runner.ledger import Ledger, Trial
-from runner.spec import load_spec
+from runner.ledger.ledger import Ledger
+from runner.core.records import Trial
+from runner.spec.spec import load_spec
 
 from .conftest import PIPELINES, ROOT
 from .test_cli_e2e import pipe

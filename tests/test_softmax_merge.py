@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.build.builder import Builder
 
 from .conftest import PIPELINES, ROOT
 
@@ -53,7 +53,7 @@ int main() {
 
 @pytest.fixture(scope="module")
 def merger(tmp_path_factory):
-    from runner.backends import cpu
+    from runner.build.backends import cpu
 
     d = tmp_path_factory.mktemp("merge")
     (d / "merge.cpp").write_text(HOST.replace("%MERGE%", _merge_source()))
@@ -144,10 +144,10 @@ cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[c
     ({"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "f32"}, {"M": 4096, "N": 32768}, False),
 ])
 def test_hold_decision(cfg, shape, held):
-    from runner.backends import cuda
+    from runner.build.backends import cuda
 
     spec = load_spec(PIPELINES / "softmax-h200.yaml")
-    src = Evaluator(spec, None, None).render_all({**cfg, "LOAD": "default", "STORE": "default"}, shapes=[shape])[0]
+    src = Builder(spec).render_all({**cfg, "LOAD": "default", "STORE": "default"}, shapes=[shape])[0]
     probe = src + "\n#if " + ("!" if held else "") + "HOLD_F32\n#error hold decision\n#endif\n"
     r = cuda.compile(probe, spec.kernel.entry, spec.kernel.options, spec.hw)
     assert r.ok, r.reason

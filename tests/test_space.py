@@ -1,4 +1,4 @@
-"""runner.space: parameter domains, constraints, sampling, neighbours."""
+"""runner.search.space: parameter domains, constraints, sampling, neighbours."""
 
 import itertools
 import json
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from runner.errors import ExprError
-from runner.expr import compile_expr
-from runner.space import Param, Space, config_key, domain_problem, param_values
+from runner.core.errors import ExprError
+from runner.core.expr import compile_expr
+from runner.search.space import Param, Space, config_key, domain_problem, param_values
 
 
 # ---------------------------------------------------------------- param_values

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner import cli
-from runner.errors import SpecError
-from runner.spec import load_spec
+from runner.core.errors import SpecError
+from runner.spec.spec import load_spec
 
 from .conftest import PIPELINES
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from runner import figures
-from runner.ledger import Trial
-from runner.loop import _goal_met, _stop_reason
-from runner.spec import load_spec
+from runner.core import figures
+from runner.core.records import Trial
+from runner.search.core import goal_met as _goal_met, stop_reason as _stop_reason
+from runner.spec.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 # two timed shapes; the goal set here to speedup >= 3 on the worst (whatever the example's)
@@ -72,12 +72,12 @@ def test_table_metric_needs_every_shape():
 
 
 def test_replay_stops_where_the_loop_would():
-    """runner.replay's PatienceStop and the loop's patience agree, trial for trial, on a
+    """runner.search.replay's PatienceStop and the loop's patience agree, trial for trial, on a
     history where the best moves, shapes get beaten and trials fail."""
     import random
 
-    from runner.agents import Seen
-    from runner.replay import PatienceStop
+    from runner.search.agents import Seen
+    from runner.search.core import PatienceStop
 
     rng = random.Random(7)
     spec = with_patience(5)
@@ -114,7 +114,7 @@ def test_pipe_replay_patience_reports_the_stop_and_the_table(tmp_path):
     ds.write_text(json.dumps({"format": "pipe-dataset/1", "spec": "two", "spec_hash": "x", "hardware": "cpu",
                               "params": {"P": list(range(20))}, "constraints": [], "shapes": [{"M": 1}, {"M": 2}],
                               "timed_shapes": 2, "trials": trials}))
-    from runner.replay import replay_patience
+    from runner.search.replay import replay_patience
 
     few = replay_patience(ds, "pattern", 5, patience=2)
     many = replay_patience(ds, "pattern", 5, patience=19)

@@ -17,9 +17,10 @@ import sys
 import pytest
 import yaml
 
-from runner.errors import RunDirError
-from runner.ledger import HEAD_NOTE, Ledger, Trial
-from runner.rundir import check_folder
+from runner.core.errors import RunDirError
+from runner.ledger.ledger import HEAD_NOTE, Ledger
+from runner.core.records import Trial
+from runner.ledger.rundir import check_folder
 
 from .conftest import PIPELINES, ROOT
 

@@ -11,9 +11,10 @@ import sys
 import pytest
 import yaml
 
-from runner import cli, render
-from runner.errors import SpecError
-from runner.spec import load_spec
+from runner import cli
+from runner.build import render
+from runner.core.errors import SpecError
+from runner.spec.spec import load_spec
 
 from .conftest import ROOT
 

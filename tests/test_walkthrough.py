@@ -43,7 +43,7 @@ def test_the_walkthrough_has_commands_and_its_files_exist():
 
 
 def test_the_walkthrough_names_the_judges_real_statuses():
-    from runner.ledger import STATUSES
+    from runner.core.records import STATUSES
 
     text = DOC.read_text()
     for s in STATUSES:

@@ -1,4 +1,4 @@
-"""runner.yamlsrc: YAML with positions and without the traps."""
+"""runner.spec.yamlsrc: YAML with positions and without the traps."""
 
 import math
 import subprocess
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from runner import yamlsrc
-from runner.errors import Diagnostic, SpecError
-from runner.yamlsrc import Located, dotted, load, load_file
+from runner.spec import yamlsrc
+from runner.core.errors import Diagnostic, SpecError
+from runner.spec.yamlsrc import Located, dotted, load, load_file
 
 from .conftest import ROOT, pipe_cmd
 

@@ -6,9 +6,9 @@ max_active_clusters), against the grid the spec launches: a persistent kernel
 
 import sys
 
-from runner.backends import cuda
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.build.backends import cuda
+from runner.spec.spec import load_spec
+from runner.build.builder import Builder
 
 
 def main(argv):
@@ -19,14 +19,14 @@ def main(argv):
         cfg[k] = type(spec.start[k])(v)
     from cuda.core import Device, ObjectCode
 
-    from runner.exported_runtime import launch_config, raise_smem
+    from runner.ship.exported_runtime import launch_config, raise_smem
 
     dev = Device(0)
     dev.set_current()
     stream = dev.create_stream()
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     shapes = spec.op.shapes
-    for shape, src, geo in zip(shapes, ev.render_all(cfg, shapes=shapes), ev.geometry(cfg, shapes=shapes)):
+    for shape, src, geo in zip(shapes, builder.render_all(cfg, shapes=shapes), builder.geometry(cfg, shapes=shapes)):
         r = cuda.compile(src, spec.kernel.entry, spec.kernel.options, spec.hw)
         if not r.ok:
             print(shape, "compile error", r.reason)

@@ -1,7 +1,7 @@
 """How many distinct kernels a spec's space holds: every configuration is built (rendered,
 checked against the forbidden rules, compiled for every shape, checked against the
 profile's limits) and configurations whose binaries and launches are byte for byte the same
-are counted once, as the runner judges them (Evaluator: "the same kernels as #K"). Needs
+are counted once, as the runner judges them (judge.evaluator.Evaluator: "the same kernels as #K"). Needs
 no GPU. It tells what an exhaustive sweep (`pipe record`) will cost:
     python3 tools/count_kernels.py pipelines/softmax-h200.yaml
 """
@@ -10,22 +10,22 @@ import json
 import sys
 import time
 
-from runner.spec import load_spec
-from runner.trial import Evaluator
+from runner.spec.spec import load_spec
+from runner.build.builder import Builder
 
 
 def main(path: str) -> int:
     spec = load_spec(path)
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     groups: dict[str, int] = {}
     statuses: dict[str, int] = {}
     t0 = time.time()
     for n, cfg in enumerate(spec.space, 1):
-        sources, geometry = ev.render_all(cfg), ev.geometry(cfg)
-        b = ev.build(sources, geometry)
+        sources, geometry = builder.render_all(cfg), builder.geometry(cfg)
+        b = builder.build(sources, geometry)
         statuses[b.status] = statuses.get(b.status, 0) + 1
         if b.status == "ok":
-            key = ev._binary_key(b.artifacts, geometry)
+            key = builder.binary_key(b.artifacts, geometry)
             groups[key] = groups.get(key, 0) + 1
         if n % 100 == 0:
             print(f"{n} configurations, {len(groups)} distinct kernels, {time.time() - t0:.0f} s", file=sys.stderr)

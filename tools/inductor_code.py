@@ -27,7 +27,7 @@ def main() -> int:
 
     from runner.judge.timing import bench
     from runner.judge.worker import Judge
-    from runner.spec import load_spec
+    from runner.spec.spec import load_spec
 
     spec = load_spec(a.spec)
     symbols = list(spec.op.symbols)
@@ -47,7 +47,7 @@ def main() -> int:
     rt.flush_mode = "clean"
     ts = bench(lambda: fn(**ins, **judge.scalars), rt.sync, 10, 40, before=rt.flush, timer=rt.timer, min_reps=10)
     t = statistics.median(ts)
-    from runner import figures
+    from runner.core import figures
 
     nbytes = figures.floors(spec, [shape])[0]["bytes"]
     print(f"# torch.compile at {a.shape}: {t * 1e6:.1f} us, {nbytes / t / 1e12:.2f} TB/s (median of {len(ts)})")

@@ -34,11 +34,11 @@ def main() -> int:
                          "evaluation then loads a kernel it has not run, as in a run")
     a = ap.parse_args()
     from runner.judge.worker import Judge
-    from runner.spec import load_spec
-    from runner.trial import Evaluator
+    from runner.spec.spec import load_spec
+    from runner.build.builder import Builder
 
     spec = load_spec(a.spec)
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     import random
 
     rng = random.Random(0)
@@ -47,9 +47,9 @@ def main() -> int:
     for params in picks:
         if len(jobs) == a.configs or params is None:
             break
-        arts, bad = ev.compiled(ev.render_all(params))
+        arts, bad = builder.compiled(builder.render_all(params))
         if bad is None:
-            jobs.append({"artifacts": arts, "geometry": ev.geometry(params)})
+            jobs.append({"artifacts": arts, "geometry": builder.geometry(params)})
     if not jobs:
         print("nothing compiles")
         return 1

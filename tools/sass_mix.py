@@ -122,24 +122,24 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
-    from runner.backends import cuda
-    from runner.spec import load_spec
-    from runner.trial import Evaluator
+    from runner.build.backends import cuda
+    from runner.spec.spec import load_spec
+    from runner.build.builder import Builder
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import anatomy  # its variants and its shape parsing
 
     spec = load_spec(str(a.spec))
-    ev = Evaluator(spec, None, None)
+    builder = Builder(spec)
     symbols = list(spec.op.symbols)
     shape = anatomy.parse_shape(a.shape, symbols)
     params = json.loads(a.config)
     variant = None
     if a.template:  # rendered as the spec's template is, from the spec's derived values
-        ev.variants["other"] = a.template.read_text()
+        builder.variants["other"] = a.template.read_text()
         variant = "other"
-    src = ev.render_all(params, variant, shapes=[shape])[0]
-    geo = ev.geometry(params, shapes=[shape])[0]
+    src = builder.render_all(params, variant, shapes=[shape])[0]
+    geo = builder.geometry(params, shapes=[shape])[0]
     threads = 1
     for d in geo["block"]:
         threads *= d

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..build.backends import wall_timer
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -35,14 +37,6 @@ def stats(times: Sequence[float]) -> Stats:
     else:
         spread = (ts[-1] - ts[0]) / med if med > 0 else 0.0
     return Stats(med, spread, len(ts), ts[0])
-
-
-def wall_timer(call: Callable[[], None], sync: Callable[[], None]) -> float:
-    sync()
-    t = time.perf_counter()
-    call()
-    sync()
-    return time.perf_counter() - t
 
 
 def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, rep_ms: float,

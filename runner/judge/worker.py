@@ -37,13 +37,13 @@ class Judge:
     def __init__(self, spec):
         import torch
 
-        from .. import backends
+        from ..build import backends
 
         self.torch = torch
         self.spec = spec
         self.op = spec.op
         self.rt = backends.get(spec.kernel.backend).Runtime(spec.hw, spec.runtime)
-        from ..userpath import load_callable  # from the spec's folder, then sys.path
+        from ..core.userpath import load_callable  # from the spec's folder, then sys.path
 
         self.reference = load_callable(spec.op.reference, spec.home)
         self.scalars = {s.name: s.value for s in spec.op.scalars}
@@ -390,7 +390,7 @@ class Judge:
             others["torch.compile"] = self.torch_arm("compile")
         if triton:
             try:
-                from ..userpath import load_callable
+                from ..core.userpath import load_callable
 
                 others["triton"] = load_callable(triton, self.spec.home)
             except Exception as e:  # no triton here: say so in the table

@@ -1,0 +1,301 @@
+"""Forbidden actions: checked on the parameters, the rendered source and the
+compile options before anything runs.
+
+A spec's `forbidden` list holds three kinds of entries:
+- a named action (below): source patterns and compile options per backend,
+  plus runtime rules that the judge enforces (documented in `judge_enforced`);
+- `{pattern: REGEX, reason: ...}`: a custom source pattern;
+- `{rule: EXPR, reason: ...}`: a safe expression over the parameters that
+  must be false.
+Comments are stripped before patterns are matched, so prose about cuBLAS in a
+comment is harmless while a call is not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..core.expr import Expr
+
+_FAST_MATH_OPTS = (r"^-ffast-math$", r"^-Ofast$", r"^-funsafe-math-optimizations$",
+                   r"^-fassociative-math$", r"^-freciprocal-math$", r"^-ffinite-math-only$",
+                   r"^--?use_fast_math$", r"^--?ftz=true$", r"^--?prec-div=false$",
+                   r"^--?prec-sqrt=false$", r"^--?fmad=true$")
+
+
+@dataclass(frozen=True)
+class Named:
+    description: str
+    source: Mapping[str, tuple[str, ...]]  # backend -> regexes over the comment-free source
+    options: tuple[str, ...] = ()  # regexes over each compile option
+    judge_enforced: str = ""  # what the judge checks at run time for this action
+
+
+NAMED: dict[str, Named] = {
+    "fast_math": Named(
+        "approximate math: fast-math flags, optimize pragmas, CUDA's intrinsic approximations",
+        {"cpu": (r"#\s*pragma\s+GCC\s+optimize", r"__attribute__\s*\(\(\s*optimize",
+                 r"#\s*pragma\s+(clang\s+)?fp\s+"),
+         "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef|tanhf)\b",
+                  r"\b__nv_fast_\w+", r"\b__nvvm_\w*(approx|ftz)\w*", r"#\s*pragma\s+nv_fast_math",
+                  r"\b__(USE_FAST_MATH|FAST_MATH|FTZ)__\b", r"\basm\b[^;]*\.approx")},
+        _FAST_MATH_OPTS),
+    "lower_precision": Named(
+        "arithmetic in a narrower type than the op's declared math (half/bf16 math, TF32)",
+        {"cpu": (r"\b_Float16\b", r"\b__bf16\b"),
+         "cuda": (r"\b__h(add|sub|mul|fma|div|max|min)2?(_rn|_sat|_relu)?\s*\(", r"\bh2?(exp|log|sqrt|rsqrt|rcp)2?\s*\(",
+                  r"\bwmma::precision::tf32\b", r"\.tf32\b", r"\b__nvvm_\w*(f16|bf16|tf32)\w*")},
+        judge_enforced="TF32 and reduced-precision reductions are switched off and checked after each trial"),
+    "library_calls": Named(
+        "calling a library (BLAS, cuDNN, CUTLASS, torch) or the system instead of the kernel's own code",
+        {"cpu": (r"\bcblas_", r"\bmkl_", r"\bdlopen\s*\(", r"\bdlsym\s*\(", r"\bsystem\s*\(", r"\bpopen\s*\(",
+                 r"\bexec[lv]p?e?\s*\(", r"#\s*include\s*[<\"](cblas|mkl|torch|ATen|dlfcn)"),
+         "cuda": (r"\bcublas", r"\bcudnn", r"\bcutlass::", r"\bcute::", r"\bthrust::", r"\bcub::Device",
+                  r"#\s*include\s*[<\"](cublas|cudnn|cutlass|cute|thrust|torch|ATen)")}),
+    "side_streams": Named(
+        "work on another stream or left running after the call returns",
+        {"cpu": (r"\.detach\s*\(", r"\bstd::async\b", r"\bpthread_detach\b"),
+         "cuda": (r"\bcudaStream(Create|BeginCapture)", r"\bcudaLaunch", r"\bcudaGraph", r"<<<",
+                  r"\bcudaMemcpy\w*Async")},
+        judge_enforced="a device-wide synchronize before the end event; event time checked against wall time"),
+    "host_sync": Named(
+        "synchronizing with the host from kernel code",
+        {"cpu": (), "cuda": (r"\bcuda(Device|Stream|Event)Synchronize\b",)}),
+    "disable_cuda_graphs": Named(
+        "running outside the spec's runtime mode (CUDA graph replay)",
+        {"cpu": (), "cuda": (r"\bcudaStream(IsCapturing|GetCaptureInfo)", r"\bcudaThreadExchangeStreamCaptureMode")},
+        judge_enforced="the runtime mode is set by the runner from the spec, never by a candidate"),
+    "shrink_workload": Named(
+        "doing less than the whole workload (fewer rows, shorter rows, tuned shapes only)",
+        {"cpu": (), "cuda": ()},
+        judge_enforced="the runner makes the inputs for every spec shape plus extra shapes and checks every output element"),
+    "spills": Named(
+        "register spills to local memory",
+        {"cpu": (), "cuda": ()},
+        judge_enforced="configurations whose compile report shows spill stores are pruned"),
+}
+
+
+@dataclass(frozen=True)
+class Pattern:
+    regex: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    expr: Expr
+    reason: str
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.reason}"
+
+
+# One pass over C/C++ text: string and character literals are kept whole (a "//" or
+# "/*" inside one starts no comment), comments are replaced by their newlines.
+_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
+
+
+_TRIGRAPHS = {"??=": "#", "??/": "\\", "??'": "^", "??(": "[", "??)": "]", "??!": "|", "??<": "{", "??>": "}",
+              "??-": "~"}
+_DIGRAPHS = (("%:%:", "##"), ("%:", "#"), ("<:", "["), (":>", "]"), ("<%", "{"), ("%>", "}"))
+
+
+def normalize(source: str) -> str:
+    """What the compiler sees before it reads tokens: trigraphs and digraphs spelled out,
+    backslash-newline splices joined (line count kept, so reported lines stay right)."""
+    for k, v in _TRIGRAPHS.items():
+        source = source.replace(k, v)
+    for k, v in _DIGRAPHS:
+        source = source.replace(k, v)
+    lines = re.split(r"\r?\n", source)
+    out, pending = [], 0
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if line.endswith("\\") and not last:
+            out.append(line[:-1])
+            pending += 1
+            continue
+        out.append(line + "\n" * pending + ("" if last else "\n"))
+        pending = 0
+    return "".join(out)
+
+
+def strip_comments(source: str) -> str:
+    def repl(m: re.Match) -> str:
+        t = m.group(0)
+        return t if t[0] in "\"'" else "\n" * t.count("\n")
+    return _TOKENS.sub(repl, normalize(source))
+
+
+def check_params(params: Mapping[str, Any], rules: Sequence[Rule],
+                 shapes: Sequence[Mapping[str, Any]]) -> Violation | None:
+    """A rule holds if it is true for any shape the candidate would run on."""
+    for r in rules:
+        for shape in shapes:
+            if r.expr({**shape, **params}):
+                return Violation(f"rule '{r.expr.text}'", r.reason)
+    return None
+
+
+def check_source(source: str, options: Sequence[str], backend: str, named: Sequence[str],
+                 patterns: Sequence[Pattern]) -> Violation | None:
+    code = strip_comments(source)
+    if named:
+        m = re.search(r"##", code)
+        if m:
+            line = code.count("\n", 0, m.start()) + 1
+            return Violation("token_pasting", f"token pasting (##) at line {line} can build names the "
+                                              "forbidden-action rules cannot see; it is refused while any is on")
+    v = _check_code(code, backend, named, patterns, "")
+    if v is not None and not v.rule.startswith("pattern "):
+        return v
+    for name in named:
+        n = NAMED[name]
+        for opt in options:
+            for rx in n.options:
+                if re.search(rx, opt):
+                    return Violation(name, f"{n.description}: compile option '{opt}'")
+    return v
+
+
+def _check_code(code: str, backend: str, named: Sequence[str], patterns: Sequence[Pattern],
+                where: str) -> Violation | None:
+    """The named actions' source patterns, each inline-asm instruction, then the custom
+    patterns, over comment-free code (`where` tells the reason which text it was)."""
+    for name in named:
+        n = NAMED[name]
+        for rx in n.source.get(backend, ()):
+            m = re.search(rx, code)
+            if m:
+                line = code.count("\n", 0, m.start()) + 1
+                return Violation(name, f"{n.description}: '{m.group(0).strip()}' at line {line}{where}")
+    if backend == "cuda" and named:
+        from . import ptx
+
+        for line, text in asm_strings(code):
+            for st in ptx.statements(text):
+                op = ptx.opcode(st)
+                action = ptx.classify(op) if op else None
+                if action in named:
+                    return Violation(action, f"{NAMED[action].description}: inline asm instruction '{st}' "
+                                             f"at line {line}{where}")
+    for p in patterns:
+        m = re.search(p.regex, code)
+        if m:
+            line = code.count("\n", 0, m.start()) + 1
+            return Violation(f"pattern '{p.regex}'", f"{p.reason} ('{m.group(0).strip()}' at line {line}{where})")
+    return None
+
+
+# ---------------------------------------------------------------- inline asm and the preprocessor
+
+_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b(?:\s*(?:volatile|__volatile__|inline|goto)\b)*\s*\(")
+_STRING = re.compile(r'\s*(?:u8|u|U|L)?(?:R"([^()\\\s]{0,16})\((.*?)\)\1"|"((?:\\.|[^"\\\n])*)")', re.S)
+_ESC = {"n": "\n", "t": "\t", "r": "\n", "\\": "\\", '"': '"', "'": "'", "0": ""}
+
+
+def _unescape(s: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _ESC.get(m.group(1), m.group(1)), s)
+
+
+def asm_strings(code: str) -> list[tuple[int, str]]:
+    """(line, text) of every inline-asm statement's template: its adjacent string literals
+    (raw strings and prefixes included) joined, escapes read as the compiler reads them."""
+    out = []
+    for m in _ASM.finditer(code):
+        pos, parts = m.end(), []
+        while True:
+            sm = _STRING.match(code, pos)
+            if not sm:
+                break
+            parts.append(sm.group(2) if sm.group(2) is not None else _unescape(sm.group(3)))
+            pos = sm.end()
+        out.append((code.count("\n", 0, m.start()) + 1, "".join(parts)))
+    return out
+
+
+def nvrtc_macros(arch: str, nvrtc: str = "") -> dict[str, str]:
+    """The macros NVRTC defines that a source may test (#ifdef __CUDACC__ ...): the
+    preprocessor takes the branches the compiler takes."""
+    m = re.search(r"(\d+)", arch or "sm_90")
+    cc = f"{m.group(1)}0" if m else "900"
+    # the ones NVRTC 13 defines (each checked with #ifdef against NVRTC; values as with the
+    # default options, since the fast-math options are forbidden)
+    out = {"__CUDACC__": "1", "__CUDACC_RTC__": "1", "__CUDA_ARCH__": cc, "__CUDA_ARCH_LIST__": cc,
+           "__cplusplus": "201703L", "__CUDA_ARCH_HAS_FEATURE__(x)": "1", "__NVCC_DIAG_PRAGMA_SUPPORT__": "1",
+           "__USE_FAST_MATH__": "0", "__CUDA_FTZ": "0", "__CUDA_PREC_DIV": "1", "__CUDA_PREC_SQRT": "1",
+           "__CUDACC_DEVICE_ATOMIC_BUILTINS__": "1", "__LP64__": "1", "__EDG__": "1"}
+    if arch and arch.endswith("a") and m:
+        out[f"__CUDA_ARCH_FEAT_SM{m.group(1)}_ALL"] = "1"
+        out["__CUDA_ARCH_SPECIFIC__"] = out["__CUDA_ARCH_FAMILY_SPECIFIC__"] = cc
+    v = re.search(r"(\d+)\.(\d+)", nvrtc)
+    if v:
+        out["__CUDACC_VER_MAJOR__"], out["__CUDACC_VER_MINOR__"] = v.group(1), v.group(2)
+    return out
+
+
+class PreprocessError(Exception):
+    pass
+
+
+def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Sequence[str] = ()) -> str:
+    """The source with its own macros expanded and its own conditionals taken (pcpp, a C99
+    preprocessor in Python): `#include`s are left in place unread (their macros stay
+    unexpanded), `macros` (name -> value, NVRTC's) and `defines` (-D options) are defined
+    first. Comments are removed. Raises PreprocessError on malformed input."""
+    import io
+
+    from pcpp import Preprocessor
+    from pcpp.parser import Action, OutputDirective
+
+    errors: list[str] = []
+
+    class _P(Preprocessor):
+        def on_error(self, file, line, msg):
+            errors.append(f"line {line}: {msg}")
+
+        def on_include_not_found(self, is_malformed, is_system_include, curdir, includepath):
+            raise OutputDirective(Action.IgnoreAndPassThrough)
+
+        def on_directive_unknown(self, directive, toks, ifpassthru, precedingtoks):
+            if directive.value == "error":
+                errors.append(f"line {directive.lineno}: #error")
+                return True
+            return None
+
+        def on_comment(self, tok):
+            return None
+
+    p = _P()
+    p.line_directive = None
+    p.compress = 0
+    for k, v in (macros or {}).items():
+        p.define(f"{k} {v}")
+    for d in defines:
+        k, _, v = d.partition("=")
+        p.define(f"{k} {v or '1'}")
+    p.parse(normalize(source), "candidate.cu")
+    out = io.StringIO()
+    try:
+        p.write(out)
+    except Exception as e:  # pcpp's own failures on input it cannot read
+        raise PreprocessError(f"{type(e).__name__}: {e}") from None
+    if errors:
+        raise PreprocessError("; ".join(errors[:3]))
+    return strip_comments(out.getvalue())
+
+
+def check_expanded(expanded: str, backend: str, named: Sequence[str],
+                   patterns: Sequence[Pattern]) -> Violation | None:
+    """The source rules over the preprocessed source (macros expanded, the compiler's
+    conditional branches taken): a macro that expands to a forbidden name is caught here."""
+    return _check_code(expanded, backend, named, patterns, " after the preprocessor")

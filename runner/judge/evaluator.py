@@ -1,0 +1,244 @@
+"""One trial: build (build.builder: forbid → render → forbid → compile → check the
+compiled code) → verify and time in the worker → figures → decide.
+
+`Evaluator.run(params)` returns a ledger Trial whatever happens; every
+per-trial failure is a status with a reason. Deciding whether the trial
+beats the incumbent is `Evaluator.decide`: a faster-looking candidate is
+re-timed interleaved with the incumbent and kept only if it is faster
+beyond the noise of that paired measurement.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+
+from ..build import forbid, render
+from ..build.builder import Builder, geometry_key, sources_hash
+from ..core import figures
+from ..core.errors import ExprError
+from ..core.records import Trial
+from ..ledger.provenance import made_with, run_parts
+
+REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
+RETIME_ROUNDS = 5
+MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
+REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
+CONFIRM_ROUNDS = 7  # paired rounds of a goal check (Evaluator.confirm_goal)
+
+
+class Evaluator:
+    """Judges built candidates in the worker, scores them against the baseline and decides
+    whether one beats the incumbent; `builder` turns parameters into binaries."""
+
+    def __init__(self, spec, worker, baseline: list[float] | None, builder: Builder | None = None):
+        self.spec = spec
+        self.worker = worker
+        self.baseline = baseline
+        self.builder = builder if builder is not None else Builder(spec)
+        self.baseline_spreads: list[float] | None = None  # the baseline's own, per shape (Session sets it)
+        self.sources: dict[str, list[str]] = {}  # trial key -> rendered sources per shape
+        self.artifacts: dict[str, list[str]] = {}  # trial key -> artifact per shape
+        self.judged: dict[str, Trial] = {}  # binaries and launches -> the trial the worker judged them in
+        # (source hash, launch geometry) -> (an earlier run's trial, its provenance): reusable_verdicts
+        self.reuse: dict[tuple[str, str], tuple[Trial, dict]] = {}
+        self._made_with: str | None = None  # the compiler and judge digest each trial keeps
+
+    def run(self, params: dict, agent: str, variant: str | None = None, on_built=None) -> Trial:
+        """Judge one candidate; `variant` is the id of a template variant in self.builder.variants.
+        `on_built` is called once the candidate is built and before the worker judges it (the
+        loop asks its agent for the next proposal there and compiles that beside the judge)."""
+        t0 = time.time()
+        trial = Trial(params=dict(params), status="ok", agent=agent, spec_hash=self.spec.hash, started_at=t0,
+                      variant=variant)
+
+        def done(status: str, reason: str = "") -> Trial:
+            trial.status, trial.reason = status, reason
+            trial.finished_at = time.time()
+            trial.wall_s = trial.finished_at - t0
+            return trial
+
+        sp = self.spec
+        try:
+            v = forbid.check_params(params, sp.forbidden.rules, sp.op.all_shapes)
+        except ExprError as e:
+            return done("error", f"forbidden rule failed to evaluate: {e}")
+        if v:
+            return done("forbidden", str(v))
+        try:
+            sources = self.builder.render_all(params, variant)
+            geometry = self.builder.geometry(params)
+        except (render.RenderError, ExprError) as e:
+            return done("render_error", str(e))
+        unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
+        trial.source_hash = render.source_hash("\n".join(unique))
+        trial.details["sources_hash"] = shapes_key = sources_hash(sources)
+        if self._made_with is None:
+            self._made_with = made_with(run_parts(sp))
+        trial.details["made_with"] = self._made_with
+        prior = self.reuse.get((shapes_key, geometry_key(geometry))) if variant is None else None
+        if prior is not None:  # an earlier run judged this very source and launch under the same spec
+            old, trial.details["reused_from"] = prior
+            self.sources[trial.key] = sources
+            if old.status != "ok":
+                return done(old.status, old.reason)
+            self._score(trial, list(old.times), list(old.spreads or []))  # against this run's baseline
+            return done("ok")
+        t_build = time.perf_counter()
+        b = self.builder.build(sources, geometry, self.builder.approved_sources(params, variant))
+        trial.details["build_wall_s"] = round(time.perf_counter() - t_build, 4)
+        if b.ptx is not None:
+            trial.details["ptx_counts"] = b.ptx
+        if b.ptx_approved is not None:
+            trial.details["ptx_counts_approved"] = b.ptx_approved
+        if b.resources is None:  # forbidden, or a compile failure
+            if b.log:
+                trial.details["compile_log"] = b.log[-4000:]
+            return done(b.status, b.reason)
+        trial.details["compile_s"] = round(b.compile_s, 4)
+        trial.details["resources"] = b.resources[sources[0]]
+        if b.status != "ok":
+            return done(b.status, b.reason)
+        artifacts = b.artifacts
+        # Parameters the template ignores for these shapes give the very same binaries and launches
+        # as a configuration judged already: its verdict is this one's (no new information
+        # would come from judging the same code again), and the worker's time goes elsewhere.
+        bkey = self.builder.binary_key(artifacts, geometry)
+        same = self.judged.get(bkey)
+        if same is not None and same.id is not None and same.status in REUSABLE:
+            trial.details["same_kernels_as"] = same.id
+            if same.status != "ok":
+                return done(same.status, f"the same kernels as trial #{same.id}: {same.reason}"[:2000])
+            trial.times, trial.spreads = list(same.times), list(same.spreads or [])
+            trial.details["shapes"] = same.details.get("shapes")
+            trial.objective, trial.metric = same.objective, same.metric
+            self.sources[trial.key], self.artifacts[trial.key] = sources, artifacts
+            return done("ok")
+        if on_built is not None:
+            on_built()
+        # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
+        trial.details["seed"] = seed = secrets.randbits(48)
+        job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
+        t_judge = time.perf_counter()
+        verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)
+        trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
+        if verdict.get("phases"):
+            trial.details["judge_phases"] = verdict["phases"]
+        if verdict.get("log_capped"):  # the kernel printed past the worker log's cap; the rest was dropped
+            trial.details["log_capped"] = verdict["log_capped"]
+            trial.details["log_cap_bytes"] = verdict.get("log_cap_bytes")
+            if verdict.get("printf_fifo_bytes"):  # and what one launch may print on the device
+                trial.details["printf_fifo_bytes"] = verdict["printf_fifo_bytes"]
+        self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
+        if verdict["status"] != "ok":
+            return done(verdict["status"], verdict.get("reason", ""))
+        trial.details["timed_calls"] = [s.get("n") for s in verdict["shapes"]]
+        shapes = self._score(trial, [s["median"] for s in verdict["shapes"]],
+                             [s["spread"] for s in verdict["shapes"]])
+        self.sources[trial.key] = sources
+        self.artifacts[trial.key] = artifacts
+        bad = figures.impossible(sp, shapes)
+        if bad:
+            return done("impossible", bad)
+        return done("ok")
+
+    def _score(self, trial: Trial, times: list[float], spreads: list[float]) -> list[dict]:
+        """Per-shape times into the trial's figures against this run's baseline; the per-shape figures."""
+        trial.times, trial.spreads = times, spreads
+        shapes = figures.per_shape(self.spec, times, self.baseline)
+        trial.details["shapes"] = shapes
+        trial.objective, trial.metric = figures.geomean(times), figures.metric(self.spec, shapes)
+        ms = figures.metric_spread(self.spec, shapes, spreads, self.baseline_spreads)
+        if ms is not None:
+            trial.details["metric_spread"] = round(ms, 4)
+        return shapes
+
+    def decide(self, cand: Trial, best: Trial | None) -> None:
+        """Set cand.kept. The first correct trial is kept; later ones must win a paired re-timing."""
+        if cand.status != "ok":
+            return
+        if "same_kernels_as" in cand.details:  # the original had its chance against the incumbent
+            return
+        if best is None:
+            cand.kept = True
+            return
+        if cand.objective >= best.objective:
+            return
+        inc = self.artifacts.get(best.key)
+        if inc is None:  # incumbent from an earlier session: compile it again (cached on disk)
+            inc = self._rebuild(best)
+            if inc is None:  # cannot pair them: keep only a clear win, and say so
+                cand.kept = cand.objective < best.objective * (1 - REBUILD_MARGIN)
+                cand.details["retime"] = {"status": "skipped", "reason": "the incumbent could not be rebuilt; "
+                                          f"kept only if {REBUILD_MARGIN:.0%} faster by its own timing"}
+                return
+        jobs = [{"artifacts": self.artifacts[cand.key], "geometry": self.builder.geometry(cand.params)},
+                {"artifacts": inc, "geometry": self.builder.geometry(best.params)}]
+        t0 = time.time()
+        r = self.worker.request(("retime", jobs, RETIME_ROUNDS, secrets.randbits(48)),
+                                self.spec.runtime.timeout_s * RETIME_ROUNDS * 2)
+        if r["status"] != "ok":
+            cand.details["retime"] = {"status": r["status"], "reason": r.get("reason", "")}
+            if r["status"] == "wrong" and r.get("job") == 0:  # right when checked, wrong when re-timed
+                cand.status, cand.reason = "wrong", r.get("reason", "")
+            cand.wall_s += time.time() - t0
+            return
+        ratios = [figures.geomean(c) / figures.geomean(i) for c, i in r["medians"]]
+        med = statistics.median(ratios)
+        wins = sum(x < 1 for x in ratios)
+        cand.kept = med < 1 - MIN_GAIN and wins > len(ratios) // 2
+        cand.details["retime"] = {"ratios": [round(x, 4) for x in ratios], "median_ratio": round(med, 4),
+                                  "wins": wins, "seconds": round(time.time() - t0, 3)}
+        cand.wall_s += time.time() - t0
+
+    def confirm_goal(self, picks: list[Trial], rounds: int = CONFIRM_ROUNDS) -> dict:
+        """The goal's metric measured again, in paired rounds, before a run may say it met it.
+
+        `picks[i]` is the trial whose kernel serves timed shape i (the best configuration on
+        every shape, or the dispatch table of each shape's fastest). In each round the kernels
+        and, for a speedup, the baseline's torch arm are timed back to back in one worker, on
+        the same inputs, in alternating order; each round gives one value of the metric. The
+        goal counts as met only if the conservative quartile meets it (the lower one for
+        at_least, the upper one for at_most): a figure inside its own noise meets nothing.
+        Returns {met, metric, low, high, rounds, values, kernels} or {met: False, error}."""
+        sp = self.spec
+        g = sp.goal
+        arts, geos = [], []
+        for i, t in enumerate(picks):
+            a = self.artifacts.get(t.key) or self._rebuild(t)
+            if a is None:
+                return {"met": False, "error": f"trial #{t.id} could not be rebuilt"}
+            arts.append(a[i])
+            geos.append(self.builder.geometry(t.params)[i])
+        jobs = [{"artifacts": arts, "geometry": geos}]
+        paired = g.metric == "speedup" and sp.baseline != "none"
+        if paired:
+            jobs.append({"torch": sp.baseline})
+        t0 = time.time()
+        # each arm for the spec's whole timing budget, as pipe compare times it
+        r = self.worker.request(("retime", jobs, rounds, secrets.randbits(48), 1.0),
+                                sp.runtime.timeout_s * rounds * len(jobs))
+        out = {"kernels": [t.id for t in picks], "rounds": rounds, "goal": g.describe(), "metric_name": g.metric,
+               "judged_on": "lower quartile" if g.at_least is not None else "upper quartile",
+               "against": sp.baseline if paired else None, "seconds": round(time.time() - t0, 3)}
+        if r["status"] != "ok":
+            return {**out, "met": False, "error": f"{r['status']}: {r.get('reason', '')}"[:500]}
+        values = []
+        for row in r["medians"]:
+            shapes = figures.per_shape(sp, row[0], row[1] if paired else None)
+            values.append(figures.metric(sp, shapes))
+        if any(v is None for v in values):
+            return {**out, "met": False, "error": "the goal's metric could not be computed"}
+        q = statistics.quantiles(sorted(values), n=4, method="inclusive") if len(values) >= 2 else [values[0]] * 3
+        low, med, high = q[0], statistics.median(values), q[2]
+        conservative = low if g.at_least is not None else high
+        return {**out, "met": g.met(conservative), "metric": med, "low": low, "high": high,
+                "min": min(values), "max": max(values), "values": [round(v, 6) for v in values]}
+
+    def _rebuild(self, best: Trial) -> list[str] | None:
+        built = self.builder.rebuild(best.params, best.variant)
+        if built is None:
+            return None
+        self.sources[best.key], arts = built
+        return arts

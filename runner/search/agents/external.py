@@ -1,0 +1,282 @@
+"""Agents that think outside the runner: a language model over the
+OpenAI-compatible chat-completions API, or any executable (a headless coding
+agent, a script) that reads the context as JSON on stdin and prints proposals
+as JSON on stdout.
+
+Both see the same context: the hardware profile's notes, the op and its notes,
+the forbidden actions verbatim, the search space, the template, the goal, the
+budget left and a compact history (best so far, recent trials with status and
+reason). Both answer in one format:
+
+    {"proposals": [{"params": {...}, "variant": "optional whole template text",
+                    "parent": "optional variant id it derives from", "note": "why"}]}
+
+Every reply is validated against the space; a malformed or out-of-space reply
+is recorded, returned as feedback and retried a bounded number of times, then
+the agent falls back to a seeded random candidate so the run goes on. Calls
+have timeouts. The API key is read from the environment variable the spec
+names and never logged. Hybrid mode (`options.then`): after `seed_trials`
+trials, a built-in strategy continues from everything the history holds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import random
+import re
+import shlex
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
+
+from ...core.records import trial_key, variant_id
+from ..space import Space
+from . import Option, Proposal, Seen, make_agent, register
+
+SYSTEM = (
+    "You tune GPU kernels for pipe. A human wrote the kernel's structure as a Jinja template; you choose "
+    "parameter values (and may propose a whole new template text as a variant). A judge you cannot influence "
+    "verifies and times every candidate: forbidden actions, wrong results and impossible times are rejected "
+    "and shown to you as status and reason. Reply with JSON only, in the reply_format given."
+)
+MAX_VARIANT = 200_000
+
+
+class _External:
+    wants_brief = True
+    pure = False
+    replayable = False  # it asks an outside process or service
+    max_retries = 3
+    OPTIONS = {"max_retries": Option(3, int), "history": Option(20, int), "seed_trials": Option(None, int),
+               "then": Option(None, strategy=True), "then_options": Option(None)}
+
+    def __init__(self, space: Space, seed: int, options: dict, brief: dict | None = None):
+        self.space = space
+        self.seed = seed
+        self.options = options
+        self.brief = brief or {}
+        self.events: list[dict] = []
+        self.max_retries = int(options.get("max_retries", self.max_retries))
+        self.history_limit = int(options.get("history", 20))
+        self.seed_trials = options.get("seed_trials")
+        self.then = options.get("then")
+        self._then_agent = None
+
+    # -- context --------------------------------------------------------------------------------
+    def context(self, history: Sequence[Seen], n: int, feedback: str = "") -> dict:
+        ok = [h for h in history if h.status == "ok" and h.objective]
+        best = min(ok, key=lambda h: h.objective) if ok else None
+        counts: dict[str, int] = {}
+        for h in history:
+            counts[h.status] = counts.get(h.status, 0) + 1
+
+        def row(h: Seen) -> dict:
+            return {"params": dict(h.params), "variant": h.variant, "status": h.status,
+                    "reason": (h.reason or "")[:300],
+                    "time_us": round(h.objective * 1e6, 3) if h.objective else None, "metric": h.metric,
+                    "shape_times_us": [round(x * 1e6, 3) for x in h.times] if h.times else None}
+
+        budget = self.brief.get("budget", {})
+        left = (budget.get("trials") - len(history)) if budget.get("trials") else None
+        return {
+            "task": self.brief,
+            "budget_left": {"trials": left},
+            "history": {"trials": len(history), "by_status": counts, "best": row(best) if best else None,
+                        "recent": [row(h) for h in history[-self.history_limit:]]},
+            "want": n,
+            "feedback": feedback,
+            "reply_format": {"proposals": [{"params": {p.name: p.values[0] for p in self.space.params},
+                                            "variant": None, "parent": None, "note": "why this candidate"}]},
+        }
+
+    # -- the exchange ---------------------------------------------------------------------------
+    def ask(self, context: dict, transcript: list[dict]) -> str:
+        raise NotImplementedError
+
+    def propose(self, history: Sequence[Seen], n: int) -> list[Proposal]:
+        if self.then and self.seed_trials is not None and len(history) >= int(self.seed_trials):
+            if self._then_agent is None:
+                self._then_agent = make_agent(self.then, self.space, self.seed, self.options.get("then_options", {}))
+            return self._then_agent.propose(history, n)
+        tried = {_key(h.params, h.variant) for h in history}
+        feedback, transcript = "", []
+        for attempt in range(self.max_retries + 1):
+            ctx = self.context(history, n, feedback)
+            try:
+                reply = self.ask(ctx, transcript)
+            except TimeoutError as e:
+                self._event("timeout", "", str(e))
+                feedback = f"your last reply timed out ({e})"
+                continue
+            except AgentCallError as e:
+                self._event("error", "", str(e))
+                feedback = f"your last reply failed: {e}"
+                continue
+            props, problems = self.validate(reply, tried)
+            if props:
+                self._event("ok" if not problems else "partial", reply, "; ".join(problems))
+                return props[:n]
+            feedback = "; ".join(problems) or "no proposals in the reply"
+            self._event("malformed" if any(p.startswith("reply") for p in problems) else "out_of_space",
+                        reply, feedback)
+            transcript += [{"role": "assistant", "content": reply},
+                           {"role": "user", "content": f"That reply was not usable: {feedback}. "
+                                                       "Answer again with JSON in the reply_format."}]
+        fb = self._fallback(history, tried)
+        self._event("fallback", "", f"no usable reply after {self.max_retries + 1} tries; a random candidate instead")
+        return fb
+
+    def validate(self, reply: str, tried: set) -> tuple[list[Proposal], list[str]]:
+        data = _json_in(reply)
+        if not isinstance(data, dict) or not isinstance(data.get("proposals"), list):
+            return [], ["reply is not a JSON object with a 'proposals' list"]
+        out, problems = [], []
+        for i, p in enumerate(data["proposals"]):
+            if not isinstance(p, dict) or not isinstance(p.get("params"), dict):
+                problems.append(f"reply proposal {i} has no 'params' object")
+                continue
+            params = p["params"]
+            why = self.space.contains(params)
+            if why:
+                problems.append(f"proposal {i} is outside the search space: {why}")
+                continue
+            variant = p.get("variant")
+            if variant is not None and (not isinstance(variant, str) or not variant.strip() or len(variant) > MAX_VARIANT):
+                problems.append(f"proposal {i}: 'variant' must be the whole template text (under {MAX_VARIANT} chars)")
+                continue
+            vid = variant_id(variant) if variant else None
+            if _key(params, vid) in tried:
+                problems.append(f"proposal {i} was already tried: {json.dumps(params, sort_keys=True)}")
+                continue
+            parent = p.get("parent") if isinstance(p.get("parent"), str) else None
+            out.append(Proposal(dict(params), variant, parent, str(p.get("note", ""))[:2000]))
+        return out, problems
+
+    def _fallback(self, history, tried) -> list[Proposal]:
+        rng = random.Random(self.seed * 7919 + len(history))
+        for _ in range(500):
+            cfg = self.space.sample(rng, tries=50)
+            if cfg is not None and _key(cfg, None) not in tried:
+                return [Proposal(cfg, note="fallback: random")]
+        rest = [c for c in self.space if _key(c, None) not in tried]
+        return [Proposal(rest[0], note="fallback: first untried")] if rest else []
+
+    def _event(self, outcome: str, reply: str, feedback: str) -> None:
+        self.events.append({"agent": self.name, "outcome": outcome, "reply": reply, "feedback": feedback})
+
+    def drain(self) -> list[dict]:
+        out, self.events = self.events, []
+        return out
+
+
+class AgentCallError(Exception):
+    pass
+
+
+@register("llm")
+class LanguageModel(_External):
+    """options: base_url, model, api_key_env, temperature, timeout_s, max_retries, history,
+    seed_trials + then (hybrid). PIPE_LLM_BASE_URL, PIPE_LLM_MODEL, PIPE_LLM_API_KEY_ENV fill gaps."""
+
+    OPTIONS = {**_External.OPTIONS, "base_url": Option(required=True, env="PIPE_LLM_BASE_URL"),
+               "model": Option(required=True, env="PIPE_LLM_MODEL"), "api_key_env": Option(None),
+               "timeout_s": Option(120, float), "temperature": Option(0.2, float)}
+
+    def __init__(self, space, seed, options, brief=None):
+        super().__init__(space, seed, options, brief)
+        self.base_url = (options.get("base_url") or os.environ.get("PIPE_LLM_BASE_URL") or "").rstrip("/")
+        self.model = options.get("model") or os.environ.get("PIPE_LLM_MODEL") or ""
+        self.key_env = options.get("api_key_env") or os.environ.get("PIPE_LLM_API_KEY_ENV") or "OPENAI_API_KEY"
+        self.timeout = float(options.get("timeout_s", 120))
+        self.temperature = float(options.get("temperature", 0.2))
+        if not self.base_url or not self.model:
+            raise ValueError("the llm agent needs options.base_url and options.model "
+                             "(or PIPE_LLM_BASE_URL and PIPE_LLM_MODEL)")
+
+    def ask(self, context: dict, transcript: list[dict]) -> str:
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": json.dumps(context, default=str)}] + transcript
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": self.temperature,
+                           "seed": self.seed}).encode()
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        req = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                data = json.loads(r.read().decode("utf-8", "replace"))
+        except (TimeoutError, urllib.error.URLError) as e:
+            if isinstance(e, TimeoutError) or "timed out" in str(e):
+                raise TimeoutError(f"no answer within {self.timeout:g} s") from None
+            raise AgentCallError(_scrub(f"HTTP call failed: {e}", key)) from None
+        except (ValueError, OSError, http.client.HTTPException) as e:
+            raise AgentCallError(_scrub(f"unreadable answer: {type(e).__name__}: {e}", key)) from None
+        try:
+            return str(data["choices"][0]["message"]["content"])
+        except (KeyError, IndexError, TypeError):
+            raise AgentCallError("answer has no choices[0].message.content") from None
+
+
+@register("command")
+class Command(_External):
+    """options: command (a string or a list), timeout_s, max_retries, history, seed_trials + then."""
+
+    OPTIONS = {**_External.OPTIONS, "command": Option(required=True, hint="a string or a list"),
+               "timeout_s": Option(300, float)}
+
+    def __init__(self, space, seed, options, brief=None):
+        super().__init__(space, seed, options, brief)
+        cmd = options.get("command")
+        if not cmd:
+            raise ValueError("the command agent needs options.command")
+        self.argv = shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+        self.timeout = float(options.get("timeout_s", 300))
+
+    def ask(self, context: dict, transcript: list[dict]) -> str:
+        payload = dict(context, transcript=transcript)
+        try:  # its own process group: on a timeout, the agent and everything it started go
+            p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        except OSError as e:
+            raise AgentCallError(f"cannot run {self.argv[0]}: {e}") from None
+        try:
+            out, err = p.communicate(json.dumps(payload, default=str), timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.communicate()
+            raise TimeoutError(f"no answer within {self.timeout:g} s") from None
+        if p.returncode != 0:
+            raise AgentCallError(f"exit code {p.returncode}: {err.strip()[-300:]}")
+        return out
+
+
+def _json_in(text: str) -> Any:
+    """The JSON object in a reply: the whole text, a fenced block, or the outermost braces."""
+    for candidate in (text, *re.findall(r"```(?:json)?\s*(.*?)```", text, re.S)):
+        try:
+            return json.loads(candidate)
+        except (json.JSONDecodeError, TypeError):
+            pass
+    a, b = text.find("{"), text.rfind("}")
+    if 0 <= a < b:
+        try:
+            return json.loads(text[a:b + 1])
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def _key(params: dict, variant: str | None) -> str:
+    return trial_key(dict(params), variant)
+
+
+def _scrub(msg: str, key: str | None) -> str:
+    return msg.replace(key, "***") if key else msg

@@ -1,0 +1,234 @@
+"""Recorded spaces: every configuration of a spec's space with its verdict.
+
+`pipe record SPEC` runs the grid over the whole space (no goal, no keep
+decisions) and `export` writes what the ledger holds as a dataset:
+
+    {"format": "pipe-dataset/1", "spec": ..., "spec_hash": ..., "created": ...,
+     "machine": {"gpu": ..., "torch": ..., ...},
+     "params": {NAME: [values in domain order], ...},
+     "constraints": [expr, ...], "shapes": [{symbol: value}, ...],
+     "trials": [{"params": {...}, "status": "ok", "reason": "", "times": [s per shape],
+                 "objective": geometric-mean seconds or null}, ...]}
+
+`load` rebuilds the Space from the dataset alone, so `pipe replay` needs
+neither the spec nor a GPU.
+
+`merge` (`pipe merge`) joins datasets of one spec recorded in parts (`pipe
+record --only`): the union of the parameter values and of the trials, the later
+file winning a configuration both hold. Each trial gains "part" (the index of the
+file it came from) and the dataset a "parts" list ({"file", "created", "machine",
+"trials": contributed, "recorded": held}); `load` ignores both.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.expr import compile_expr
+from .space import Param, Space, config_key
+
+FORMAT = "pipe-dataset/1"
+
+
+def machine() -> dict:
+    out = {"python": platform.python_version(), "host": platform.machine()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+            out["driver_cuda"] = torch.version.cuda
+    except Exception:
+        pass
+    try:
+        import cuda.core
+
+        out["cuda_core"] = cuda.core.__version__
+    except Exception:
+        pass
+    if "gpu" not in out:
+        out["cpu"] = platform.processor() or platform.machine()
+    return out
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def export(spec, trials) -> dict:
+    return {
+        "format": FORMAT,
+        "spec": spec.name,
+        "spec_hash": spec.hash,
+        "hardware": spec.hw.name,
+        "created": _now(),
+        "machine": machine(),
+        "params": {p.name: list(p.values) for p in spec.space.params},
+        "constraints": [c.text for c in spec.space.constraints],
+        "shapes": list(spec.op.all_shapes),
+        "timed_shapes": len(spec.op.shapes),
+        "trials": [{"params": t.params, "status": t.status, "reason": t.reason, "times": t.times,
+                    "objective": t.objective,
+                    # a verdict carried over from an earlier sweep (pipe record --reuse): where it was judged
+                    **({"reused_from": t.details["reused_from"]} if "reused_from" in t.details else {})}
+                   for t in trials],
+    }
+
+
+@dataclass
+class Dataset:
+    path: str
+    data: dict
+    space: Space
+    results: dict  # config key -> trial dict
+
+    @property
+    def best(self) -> float:
+        """The fastest correct configuration that is a point of the rebuilt space."""
+        ok = [t["objective"] for t in self.results.values()
+              if t["status"] == "ok" and t["objective"] is not None and self.space.contains(t["params"]) is None]
+        if not ok:
+            raise ValueError(f"{self.path}: no correct, timed configuration in the dataset")
+        return min(ok)
+
+    def lookup(self, cfg: dict) -> dict:
+        return self.results.get(config_key(cfg), {"params": cfg, "status": "missing", "reason": "not recorded",
+                                                  "times": None, "objective": None})
+
+
+def load(path: str | Path) -> Dataset:
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} dataset")
+    params = tuple(Param(k, tuple(v)) for k, v in data["params"].items())
+    symbols = {k for shape in data["shapes"] for k in shape}
+    cons = tuple(compile_expr(c, set(data["params"]) | symbols) for c in data["constraints"])
+    space = Space(params, cons, tuple(data["shapes"]) or ({},))
+    results = {config_key(t["params"]): t for t in data["trials"]}
+    return Dataset(str(path), data, space, results)
+
+
+# Fields that must be the same in every part of a merge: the parts are one space's subspaces.
+SAME = ("format", "spec", "spec_hash", "hardware", "shapes", "timed_shapes", "constraints")
+
+
+class MergeError(ValueError):
+    """An input of `merge` that cannot be read or does not belong with the others."""
+
+
+@dataclass
+class Merged:
+    data: dict  # the merged dataset, as `export` writes one (plus "parts" and each trial's "part")
+    overlap: int = 0  # pairs (configuration, the earlier file it replaces) seen in more than one file
+    differ: int = 0  # of those, how many have different statuses
+    ratios: list[list[float]] = field(default_factory=list)  # per timed shape: later time / earlier time
+
+
+def _short(v, n: int = 60) -> str:
+    r = json.dumps(v, sort_keys=True)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def _timed(t: dict, k: int) -> list[float] | None:
+    times = t.get("times")
+    if t.get("status") != "ok" or not isinstance(times, list) or len(times) < k:
+        return None
+    times = times[:k]
+    if not all(isinstance(x, (int, float)) and x > 0 for x in times):
+        return None
+    return times
+
+
+def merge(paths: list[str]) -> Merged:
+    """The datasets at `paths` as one: parameter values and trials joined; a configuration
+    in several files takes the trial of the last of them. Raises MergeError."""
+    if len(paths) < 2:
+        raise MergeError("give at least two datasets to merge")
+    datas = []
+    for p in paths:
+        if not Path(p).is_file():
+            raise MergeError(f"{p}: no such dataset")
+        try:
+            datas.append(load(p).data)  # the same checks `pipe replay` makes
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else \
+                (f"missing field {e}" if isinstance(e, KeyError) else str(e))
+            raise MergeError(f"{p}: cannot load as a dataset: {why}") from None
+    first = datas[0]
+    for p, d in zip(paths[1:], datas[1:]):
+        for k in SAME:
+            if d.get(k) != first.get(k):
+                raise MergeError(f"{paths[0]} and {p} differ in {k!r}: "
+                                 f"{_short(first.get(k))} against {_short(d.get(k))}")
+        if set(d["params"]) != set(first["params"]):
+            only_a = sorted(set(first["params"]) - set(d["params"]))
+            only_b = sorted(set(d["params"]) - set(first["params"]))
+            raise MergeError(f"{paths[0]} and {p} differ in 'params': parameters only in the first: "
+                             f"{', '.join(only_a) or 'none'}; only in the second: {', '.join(only_b) or 'none'}")
+
+    params = {}
+    for name in first["params"]:
+        lists = [d["params"][name] for d in datas]
+        base = max(range(len(lists)), key=lambda i: (len(lists[i]), -i))  # the longest; the first of equals
+        vals = list(lists[base])
+        seen = {json.dumps(v) for v in vals}  # 1, 1.0 and true stay apart, as Param.index keeps them
+        for i, lst in enumerate(lists):
+            if i == base:
+                continue
+            for v in lst:
+                if json.dumps(v) not in seen:
+                    seen.add(json.dumps(v))
+                    vals.append(v)
+        params[name] = vals
+
+    k = first.get("timed_shapes", len(first["shapes"]))  # older datasets timed every shape
+    out = Merged(data={}, ratios=[[] for _ in range(k)])
+    trials: dict[str, dict] = {}
+    for i, d in enumerate(datas):
+        for t in d["trials"]:
+            key = config_key(t["params"])
+            old = trials.get(key)
+            if old is not None:
+                out.overlap += 1
+                out.differ += old.get("status") != t.get("status")
+                a, b = _timed(old, k), _timed(t, k)
+                if a is not None and b is not None:
+                    for s, (x, y) in enumerate(zip(a, b)):
+                        out.ratios[s].append(y / x)
+            trials[key] = {**t, "part": i}  # a key seen before keeps its place, takes the newer trial
+
+    parts = [{"file": str(p), "created": d.get("created"), "machine": d.get("machine"),
+              "trials": sum(1 for t in trials.values() if t["part"] == i), "recorded": len(d["trials"])}
+             for i, (p, d) in enumerate(zip(paths, datas))]
+    data = {}
+    for key, v in first.items():
+        if key == "trials":
+            data["parts"] = parts
+        data[key] = v
+    data.update(created=_now(), machine=datas[-1].get("machine"), params=params, trials=list(trials.values()))
+    out.data = data
+    return out
+
+
+def overlap_lines(m: Merged) -> list[str]:
+    """What the files measured alike: per timed shape, later / earlier time over the
+    configurations that two files both timed."""
+    if not m.overlap:
+        return ["overlap: none (no configuration is in more than one file)"]
+    n = len(m.ratios[0]) if m.ratios else 0
+    lines = [f"overlap: {m.overlap} configurations in more than one file; {n} timed in both; "
+             f"{m.differ} with a different verdict"]
+    shapes = m.data.get("shapes", [])
+    for s, r in enumerate(m.ratios):
+        if not r:
+            continue
+        shape = ", ".join(f"{k}={v}" for k, v in shapes[s].items()) if s < len(shapes) else ""
+        lines.append(f"  shape {s} ({shape}): later/earlier time median {statistics.median(r):.4f}, "
+                     f"min {min(r):.4f}, max {max(r):.4f}")
+    return lines

@@ -1,0 +1,295 @@
+"""`pipe export RUN`: from a tuned run to an importable package.
+
+The dispatch table: for every tuned shape, the kernel to use or the fallback
+(the op's torch reference). A shape's kernel is the winner of `pipe compare`
+when the run has a `compare.json` (a fresh side-by-side timing), else the
+fastest trial the ledger recorded on that shape; it is used only where it beat
+torch eager by more than the noise margin, and the fallback is taken
+otherwise. The table states its rule for shapes that were not tuned: the sizes
+compiled into a kernel (the shape symbols its template reads, directly or
+through derived values) must match a tuned shape exactly; the other symbols
+(typically the number of rows) are free. Anything else falls back.
+
+The package holds `__init__.py` (registers the op with torch.library and
+exposes it as a function), `_runtime.py` (see runner/ship/exported_runtime.py),
+`_reference.py` (a copy of the reference's module, for the fallback),
+`table.json` and the cubins: importing it needs torch and cuda.core, no
+compiler and no pipe.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..core.errors import PipeError
+from .exported_runtime import choose, nearest, nearest_all  # noqa: F401 (the package's own rules, used by pipe compare too)
+
+NOISE = 0.02  # a kernel must beat torch eager by more than this to be used
+NOISE_RECORDED = 0.05  # without pipe compare, against the run's recorded baseline
+
+
+class ExportError(PipeError):
+    pass
+
+
+def baked_symbols(spec) -> list[str]:
+    """Shape symbols whose values are compiled into the kernel: those the template
+    reads, directly or through the derived values it reads."""
+    from ..build import render
+
+    used = render.template_variables(spec.kernel.template)
+    symbols = set(spec.op.symbols)
+    derive = dict(spec.kernel.derive)
+    seen: set[str] = set()
+    stack = [n for n in used if n in derive or n in symbols]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in derive:
+            stack.extend(x for x in derive[n].names if x not in seen)
+    return [s for s in spec.op.symbols if s in seen]
+
+
+def table_entry(shape: dict, row: dict, baked: list[str]) -> dict:
+    """What `choose` needs of a tuned shape's dispatch row."""
+    return {"key": [shape[s] for s in baked], "shape": dict(shape), "use": row["use"], "trial": row["trial"]}
+
+
+def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | None) -> list[dict]:
+    from ..core.figures import per_shape_best
+
+    by_id = {t.id: t for t in history}
+    rows = []
+    best = per_shape_best(history, len(spec.op.shapes))
+    for i, shape in enumerate(spec.op.shapes):
+        row = {"shape": dict(shape), "use": "fallback", "trial": None, "params": None, "variant": None}
+        if compare is not None:
+            c = compare["shapes"][i]
+            t, eager = c.get("tuned"), c["arms"].get("torch eager", {})
+            row["evidence"] = "pipe compare"
+            if t and eager.get("time_s") and not eager.get("error"):
+                # the smaller of the two eager figures (compare's, the run's own baseline): conservative
+                ref = min(eager["time_s"], baseline[i]) if baseline else eager["time_s"]
+                row.update(time_s=t["time_s"], baseline_s=ref)
+                if t["time_s"] < ref * (1 - NOISE):
+                    row.update(use="kernel", trial=t["trial"], params=t["params"], variant=t.get("variant"))
+                else:
+                    row["why"] = f"torch eager is within {NOISE:.0%} or faster"
+            else:
+                row["why"] = "no correct tuned kernel" if not t else "no eager figure to beat"
+        elif best[i] is not None:
+            b = best[i]
+            row["evidence"] = "ledger (recorded times)"
+            base = baseline[i] if baseline else None
+            row.update(time_s=b["time_s"], baseline_s=base)
+            if base and b["time_s"] < base * (1 - NOISE_RECORDED):
+                row.update(use="kernel", trial=b["trial"], params=b["params"], variant=b["variant"])
+            else:
+                row["why"] = "no recorded baseline" if not base else f"not {NOISE_RECORDED:.0%} faster than the baseline"
+        else:
+            row["why"] = "no correct trial"
+        if row["use"] == "kernel" and row["trial"] in by_id and by_id[row["trial"]].status != "ok":
+            row.update(use="fallback", why="the trial is not ok")
+        rows.append(row)
+    return rows
+
+
+def rule_text(baked: list[str], symbols: list[str]) -> str:
+    free = [s for s in symbols if s not in baked]
+    sizes = ", ".join(baked) or "sizes"
+    return (f"a shape uses the kernel tuned for the same {sizes} (compiled into it); "
+            f"{', '.join(free) or 'no size'} may differ, and among several such tuned shapes the nearest in "
+            f"{', '.join(free) or 'size'} (log scale) decides; for a {sizes} nobody tuned but pipe compare "
+            f"timed on a held-out shape, the configuration of the nearest tuned {sizes} (of equally near ones, "
+            "the faster there), compiled for it, where it beat torch eager there; any other shape, CPU tensors "
+            "and non-contiguous inputs use the torch reference")
+
+
+def held_out_entries(compare: dict | None, baked: list[str]) -> list[dict]:
+    """Table rows for held-out shapes where pipe compare found the nearest tuned configuration,
+    compiled for that shape, faster than torch eager (its `ship` record)."""
+    out: list[dict] = []
+    for h in (compare or {}).get("held_out") or []:
+        sh = h.get("ship")
+        if not sh:
+            continue
+        key = [h["shape"][s] for s in baked]
+        same = [o for o in out if o["key"] == key]
+        if same:  # pipe compare ships one kernel per size; a compare.json that does not is refused
+            if same[0]["trial"] != sh["trial"]:
+                raise ExportError(f"compare.json ships trials #{same[0]['trial']} and #{sh['trial']} for the same "
+                                  f"compiled-in sizes {key}; run pipe compare again")
+            continue
+        out.append({"key": key, "shape": dict(h["shape"]), "use": "kernel",
+                    "trial": sh["trial"], "params": sh["params"], "variant": sh.get("variant"),
+                    "time_s": sh["time_s"], "baseline_s": sh["baseline_s"],
+                    "evidence": "pipe compare (held-out shape)", "why": h.get("via")})
+    return out
+
+
+def describe(pkg: Path) -> list[str]:
+    """What pipe export prints of a package it wrote: where it is, its rule, and each shape's
+    kernel or the torch reference."""
+    from ..core.figures import shape_label
+
+    table = json.loads((pkg / "table.json").read_text())
+    out = [f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})",
+           f"rule: {table['rule']}"]
+    for e in table["entries"]:
+        label = shape_label(e["shape"])
+        if e["use"] == "kernel":
+            out.append(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])} "
+                       f"({e['baseline_s'] / e['time_s']:.2f}x torch eager, {e['evidence']})")
+        else:
+            out.append(f"  {label}: torch reference ({e.get('why')})")
+    return out
+
+
+def _is_export(path: Path) -> bool:
+    try:
+        return json.loads((path / "table.json").read_text()).get("format") == "pipe-dispatch/1"
+    except (OSError, ValueError):
+        return False
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"\W+", "_", name).strip("_").lower()
+    return s if s and not s[0].isdigit() else f"op_{s}"
+
+
+def launch_table(spec) -> dict:
+    """The spec's derived values and launch geometry as expression texts, for the exported
+    runtime to evaluate per shape (Op.geometry)."""
+    k = spec.kernel
+    return {"derive": [[n, e.text] for n, e in k.derive],
+            "geometry": {"grid": [e.text for e in k.grid], "block": [e.text for e in k.block],
+                         **({"cluster": [e.text for e in k.cluster]} if k.cluster else {}),
+                         **({"shared_mem": [k.shared_mem.text]} if k.shared_mem else {})}}
+
+
+def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,
+           force: bool = False) -> Path:
+    from .rundata import open_run
+    from ..build.builder import Builder
+
+    rd = open_run(run_dir, spec_path, "export packages", force=force)
+    spec, history, variants = rd.spec, rd.history, rd.variants
+    if spec.kernel.backend != "cuda":
+        raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")
+    compare, baseline = rd.compare, rd.baseline
+    if compare is not None and compare.get("spec_hash") != spec.hash:
+        raise ExportError(f"{run_dir / 'compare.json'}: made for another version of the spec; run pipe compare again")
+    rows = dispatch_table(spec, history, compare, baseline)
+    name = _ident(name or spec.name)
+    final = out_dir / name
+    if final.exists() and not _is_export(final):
+        raise ExportError(f"{final} exists and is not a package pipe exported: choose another --out or --name")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pkg = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out_dir))  # built aside, then moved into place
+    try:
+        (pkg / "kernels").mkdir(parents=True)
+        builder = Builder(spec)
+        builder.variants = variants
+        baked = baked_symbols(spec)
+
+        def ship(src: str, cubin: str, what: str) -> str:
+            """Compile one source into the package as `cubin`, with the source beside it."""
+            arts, bad = builder.compiled([src])
+            if bad is not None:
+                raise ExportError(f"{what}: {bad.reason}")
+            shutil.copyfile(arts[0], pkg / cubin)
+            (pkg / cubin).with_suffix(".cu").write_text(src)
+            return cubin
+
+        entries = []
+        for i, row in enumerate(rows):
+            shape = spec.op.shapes[i]
+            entry = {**table_entry(shape, row, baked), "why": row.get("why"), "evidence": row.get("evidence"),
+                     "time_s": row.get("time_s"), "baseline_s": row.get("baseline_s"), "params": row["params"]}
+            if row["use"] == "kernel":
+                entry["cubin"] = ship(builder.render_all(row["params"], row["variant"])[i],
+                                      f"kernels/shape{i}-trial{row['trial']}.cubin",
+                                      f"trial #{row['trial']} does not compile any more")
+            entries.append(entry)
+        for i, entry in enumerate(held_out_entries(compare, baked)):
+            if any(e["key"] == entry["key"] for e in entries):
+                raise ExportError(f"compare.json ships a held-out kernel for tuned sizes {entry['key']}: it was made "
+                                  "by another version of the table; run pipe compare again")
+            cubin = ship(builder.render_all(entry["params"], entry["variant"], shapes=[entry["shape"]])[0],
+                         f"kernels/held{i}-trial{entry['trial']}.cubin",
+                         f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}")
+            entries.append({**{k: v for k, v in entry.items() if k != "variant"}, "cubin": cubin})
+        op = spec.op
+        table = {
+            "format": "pipe-dispatch/1", "spec": spec.name, "spec_hash": spec.hash, "hardware": spec.hw.name,
+            "arch": spec.hw.arch, "namespace": f"pipe_{name}", "name": _ident(op.reference.rpartition(":")[2]),
+            "op": f"pipe_{name}.{_ident(op.reference.rpartition(':')[2])}", "entry": spec.kernel.entry,
+            "args": list(spec.kernel.args), "symbols": list(op.symbols), "baked": baked,
+            "rule": rule_text(baked, list(op.symbols)),
+            "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
+            "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
+            "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
+            **launch_table(spec),
+            "entries": entries,
+            "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
+        }
+        (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+        shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
+        mod, _, fn = op.reference.partition(":")
+        from ..core.userpath import load_callable
+
+        ref_mod = inspect.getmodule(load_callable(op.reference, spec.home))
+        (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))
+        (pkg / "__init__.py").write_text(_INIT.format(spec=spec.name, name=table["name"], qual=f"{table['namespace']}::{table['name']}",
+                                                      fn=fn, rule=table["rule"],
+                                                      qual_dot=f"{table['namespace']}.{table['name']}"))
+    except BaseException:
+        shutil.rmtree(pkg, ignore_errors=True)
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    pkg.rename(final)
+    final.chmod(0o755)  # mkdtemp made it private
+    return final
+
+
+_INIT = '''"""{spec}, exported by pipe: `{name}` dispatches by shape to the tuned kernels
+shipped here, or to the torch reference. Rule: {rule}.
+
+    import <this package> as ops
+    y = ops.{name}(...)                 # also torch.ops.{qual}
+"""
+
+from pathlib import Path
+
+import torch
+
+from . import _reference, _runtime
+
+ROOT = Path(__file__).parent
+op, _lib = _runtime.register(ROOT, _reference.{fn})
+table = op.t
+InputError = _runtime.InputError
+
+
+def {name}(*args, **kwargs):
+    """The op through torch.library (works under CUDA graph capture and torch.compile)."""
+    names = [t["name"] for t in table["inputs"]] + [s["name"] for s in table["scalars"]]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    missing = [n for n in names if n not in bound]
+    if missing or len(bound) != len(names):
+        raise InputError(f"{{table['op']}}: takes {{', '.join(names)}}")
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in bound.values()):
+        raise InputError(f"{{table['op']}}: forward only (no backward is exported); call it under "
+                         "torch.no_grad() or torch.inference_mode(), or on tensors that do not require grad")
+    return torch.ops.{qual_dot}(*[bound[n] for n in names])
+'''
+

@@ -1,0 +1,122 @@
+"""Hardware profiles: the numbers the judge and the agents use.
+
+A profile lives in `hw_profiles/NAME.yaml` (validated against
+schema.HW_PROFILE) with `NAME.md` beside it as context for agents. The judge
+takes its ceilings from here (measured bandwidth, peak rates per dtype) to
+compute the physical floor of a kernel's time; `check_device` compares a
+CUDA profile with the GPU actually present and reports every mismatch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import yamlsrc
+from ..core.errors import PipeError, SpecError
+from .schema import HW_PROFILE, diagnostics
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class HwProfile:
+    name: str
+    kind: str  # "cpu" | "cuda"
+    path: str
+    data: dict = field(repr=False, compare=False)
+    context: str = field(default="", repr=False, compare=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    @property
+    def bandwidth(self) -> float:
+        return float(self.data["bandwidth"]["measured_bytes_per_s"])
+
+    @property
+    def bandwidth_measured(self) -> bool:
+        """Whether the bandwidth is a measurement of the machine. `measured_by` says when it
+        is not: an upper bound (host-cpu's, for the "faster than physics" check) or an
+        estimate from the datasheet; a roofline drawn against such a figure means nothing."""
+        by = str(self.data["bandwidth"].get("measured_by", ""))
+        return not re.search(r"\b(not (yet )?measured|unmeasured|upper bound|estimate)", by, re.I)
+
+    @property
+    def bandwidth_source(self) -> str:
+        return str(self.data["bandwidth"].get("measured_by", "")) or "not said"
+
+    def peak_flops(self, dtype: str) -> float | None:
+        v = self.data["peak_flops"].get(dtype)
+        return float(v) if v else None
+
+    @property
+    def arch(self) -> str | None:
+        return self.data.get("arch")
+
+    @property
+    def limit_slack(self) -> float:
+        """How far under the measured floor a time may fall before it is called impossible."""
+        return float(self.data.get("limit_slack", 0.05))
+
+
+def find_profile(name: str, near: Path) -> Path | None:
+    """hw_profiles/NAME.yaml in the spec's folder or any folder above it, then pipe's own."""
+    for d in [near, *near.parents, PACKAGE_ROOT]:
+        p = d / "hw_profiles" / f"{name}.yaml"
+        if p.is_file():
+            return p
+    return None
+
+
+def load_profile(path: Path) -> HwProfile:
+    loc = yamlsrc.load_file(str(path))
+    errs = diagnostics(loc, HW_PROFILE)
+    if errs:
+        raise SpecError(errs)
+    md = path.with_suffix(".md")
+    context = md.read_text(encoding="utf-8") if md.is_file() else ""
+    return HwProfile(name=loc.data["name"], kind=loc.data["kind"], path=str(path),
+                     data=loc.data, context=context)
+
+
+class DeviceMismatch(PipeError):
+    pass
+
+
+def check_device(profile: HwProfile, props: Any) -> list[str]:
+    """Mismatches between a CUDA profile and device properties (torch's or alike)."""
+    out = []
+    name = profile.get("device_name")
+    if name and name.lower() not in str(props.name).lower():
+        out.append(f"device is '{props.name}', profile '{profile.name}' expects '{name}'")
+    sms = profile.get("sm_count")
+    if sms and int(props.multi_processor_count) != sms:
+        out.append(f"device has {props.multi_processor_count} SMs, profile says {sms}")
+    arch = profile.arch
+    if arch:
+        cc = f"sm_{props.major}{props.minor}"
+        if not arch.startswith(cc):
+            out.append(f"device is {cc}, profile targets {arch}")
+    mem = profile.get("memory_bytes")
+    if mem and abs(int(props.total_memory) - mem) > 0.1 * mem:
+        out.append(f"device has {props.total_memory / 2**30:.0f} GiB, profile says {mem / 2**30:.0f} GiB")
+    return out
+
+
+def check_present_device(profile: HwProfile) -> None:
+    """Raise DeviceMismatch if a GPU is present and does not match a CUDA profile."""
+    if profile.kind != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceMismatch(f"profile '{profile.name}' needs a CUDA GPU and none is available")
+    bad = check_device(profile, torch.cuda.get_device_properties(0))
+    if bad:
+        raise DeviceMismatch(
+            f"hardware profile {profile.path} does not match this GPU: " + "; ".join(bad)
+            + " (pass --no-hw-check to run anyway)")
+

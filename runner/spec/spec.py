@@ -1,0 +1,674 @@
+"""The spec: YAML → JSON Schema → cross-checks → frozen dataclasses.
+
+Flow: yamlsrc.load_file (positions, no YAML traps) → jsonschema (shape and
+types; unknown keys are errors) → semantic checks (expressions and their
+symbols, parameter domains, the template's variables against the space, the
+hardware profile, the reference, the forbidden actions, the goal) → `Spec`.
+Every problem found is reported at once as `file:line:col: key.path: message`
+in one SpecError; the CLI prints them and exits 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from ..build import forbid as forbid_mod
+from ..build import render
+from ..core import userpath
+from . import yamlsrc
+from ..core.errors import Diagnostic, ExprError, SpecError
+from ..core.expr import Expr, compile_expr
+from .hw import HwProfile, find_profile, load_profile
+from .schema import SPEC, diagnostics as schema_diagnostics
+from ..search.space import Param, Space, domain_problem, param_values
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1,
+               "int32": 4, "int64": 8, "bool": 1}
+DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
+               "fp64": (1e-10, 1e-10)}
+INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: str
+    dists: tuple[str, ...]
+    low: Expr | None = None
+    high: Expr | None = None
+    special: tuple[float, float] | None = None  # (value, fraction): that share of elements set to value
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    name: str
+    value: Any
+    type: str  # i32 | i64 | f32 | f64
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    reference: str  # "module:function"
+    dtype: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    scalars: tuple[ScalarSpec, ...]
+    shapes: tuple[dict, ...]  # tuned and timed
+    extra_shapes: tuple[dict, ...]  # verified only: odd sizes, one row, the longest row
+    atol: float
+    rtol: float
+    bytes: Expr
+    flops: Expr | None
+    in_place: bool = False
+    notes: str = ""
+    triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
+    held_out_shapes: tuple[dict, ...] = ()  # never tuned on: pipe compare checks the dispatch table there
+    ulps: float = 1.0  # error budget in units of the output dtype's rounding at the reference (judge/verify.py)
+    floor: float = 2.0 ** -7  # atol is at most floor x the output's mean magnitude (judge/verify.py)
+
+    @property
+    def symbols(self) -> list[str]:
+        return list(self.shapes[0])
+
+    @property
+    def all_shapes(self) -> tuple[dict, ...]:
+        return self.shapes + self.extra_shapes
+
+    def shape_env(self, shape: dict) -> dict:
+        return {**shape, "elem": DTYPE_BYTES[self.dtype]}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    backend: str
+    template_path: str
+    template: str = field(repr=False)
+    entry: str
+    args: tuple[str, ...]
+    grid: tuple[Expr, ...] = ()
+    block: tuple[Expr, ...] = ()
+    cluster: tuple[Expr, ...] = ()  # thread-block cluster dims (CUDA); the grid counts blocks
+    shared_mem: Expr | None = None
+    options: tuple[str, ...] = ()
+    derive: tuple[tuple[str, Expr], ...] = ()  # named values from params and shape symbols, in order
+
+    def derived(self, env: dict) -> dict:
+        """The derived values for one (params + shape) environment."""
+        out: dict = {}
+        for name, e in self.derive:
+            out[name] = e({**env, **out})
+        return out
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    mode: str = "auto"  # auto | graph | direct
+    cache: str = "cold"  # cold | warm
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    checks: int = 2  # fresh-input verification rounds per shape
+    timeout_s: float = 60.0  # watchdog for one trial in the worker
+    # CPU backend: torch's intra-op threads for every torch arm (the baseline, pipe compare's
+    # eager and compile), so torch and a candidate are timed with the same thread count
+    # (default: the hardware profile's cores)
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class ForbiddenSpec:
+    named: tuple[str, ...] = ()
+    patterns: tuple[forbid_mod.Pattern, ...] = ()
+    rules: tuple[forbid_mod.Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    strategy: str
+    seed: int = 0
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GoalSpec:
+    metric: str | None
+    at_least: float | None
+    at_most: float | None
+    trials: int | None
+    minutes: float | None
+    patience: int | None
+    # false: a met target does not stop the run (it goes on to its budget or patience for
+    # each shape's fastest kernel); the exit code still says whether it was met
+    stop_when_met: bool = True
+
+    def met(self, value: float | None) -> bool:
+        if self.metric is None or value is None:
+            return False
+        if self.at_least is not None:
+            return value >= self.at_least
+        return value <= self.at_most
+
+    def describe(self) -> str:
+        if self.metric is None:
+            return "no target (runs to budget)"
+        return f"{self.metric} {'>=' if self.at_least is not None else '<='} " \
+               f"{self.at_least if self.at_least is not None else self.at_most}"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    description: str
+    path: str
+    hash: str
+    hw: HwProfile
+    op: OpSpec
+    kernel: KernelSpec
+    runtime: RuntimeSpec
+    space: Space
+    start: dict | None  # the first of `starts`: the default fill of pipe render and pipe eval
+    forbidden: ForbiddenSpec
+    agent: AgentSpec
+    goal: GoalSpec
+    baseline: str
+    raw: dict = field(repr=False, compare=False)
+    hash_parts: dict = field(default_factory=dict, repr=False, compare=False)  # part -> digest (see load)
+    starts: tuple = ()  # search.start: the configurations a run tries first, in order
+    folder: str = ""  # the spec file's folder, absolute: where its reference module and template are looked for
+
+    @property
+    def home(self) -> str:
+        """The spec's folder (absolute), for specs made before `folder` was kept."""
+        return self.folder or str(Path(self.path).resolve().parent)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _show(p: Path) -> str:
+    """A path as a user would type it: relative to the working folder when inside it."""
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+class _Checker:
+    """Semantic checks over schema-valid data; collects diagnostics."""
+
+    def __init__(self, loc: yamlsrc.Located):
+        self.loc = loc
+        self.d = loc.data
+        self.diags: list[Diagnostic] = []
+        self.near = Path(loc.file).resolve().parent
+
+    def err(self, path: tuple, msg: str, prefer_key: bool = False) -> None:
+        self.diags.append(self.loc.diag(path, msg, prefer_key))
+
+    def expr(self, path: tuple, text: Any, scope: set[str]) -> Expr | None:
+        try:
+            return compile_expr(text, scope)
+        except ExprError as e:
+            self.err(path, str(e))
+            return None
+
+    def build(self) -> Spec | None:
+        d = self.d
+        hw = self.hardware()
+        op = self.op()
+        symbols = set(op.shapes[0]) if op else set()
+        params, space = self.space(symbols, op)
+        kernel = self.kernel(hw, op, params, symbols, space)
+        runtime = self.runtime()
+        forbidden = self.forbidden(params, symbols, kernel)
+        agent = self.agent()
+        goal = self.goal(hw, op)
+        starts = self.starts(space)
+        if self.diags:
+            return None
+        # Everything a verdict depends on: the spec, the template, the hardware profile's
+        # numbers and the reference's code. A change to any of them makes a new run.
+        whole = {"spec": d, "template": kernel.template, "hardware": hw.data,
+                 "reference": userpath.reference_source(op.reference, self.near)}
+        spec_hash = _digest(whole)
+        # each part's own digest: a run may take verdicts from a run that differs in the
+        # template alone, for kernels whose rendered source is the same (pipe record --reuse)
+        parts = {k: _digest(v) for k, v in whole.items()}
+        return Spec(name=d["name"], description=d.get("description", ""), path=self.loc.file,
+                    hash=spec_hash, hw=hw, op=op, kernel=kernel, runtime=runtime, space=space,
+                    start=starts[0] if starts else None, forbidden=forbidden, agent=agent, goal=goal,
+                    baseline=d.get("baseline", "reference"), raw=d, hash_parts=parts, starts=starts,
+                    folder=str(self.near))
+
+    def hardware(self) -> HwProfile | None:
+        name = self.d["hardware"]
+        p = find_profile(name, self.near)
+        if p is None:
+            self.err(("hardware",), f"no hardware profile hw_profiles/{name}.yaml near {self.loc.file} "
+                                    "or in pipe's own hw_profiles/")
+            return None
+        try:
+            return load_profile(p)
+        except SpecError as e:
+            self.diags.extend(e.diagnostics)
+            self.err(("hardware",), f"hardware profile {p} is invalid (see above)")
+            return None
+
+    def op(self) -> OpSpec | None:
+        o = self.d["op"]
+        ok = True
+        shapes = o["shapes"]
+        extra = o.get("extra_shapes", [])
+        held = o.get("held_out_shapes", [])
+        symbols = list(shapes[0])
+        for key, group in (("shapes", shapes), ("extra_shapes", extra), ("held_out_shapes", held)):
+            for i, s in enumerate(group):
+                if set(s) != set(symbols):
+                    self.err(("op", key, i), f"shape symbols {sorted(s)} differ from the first shape's {sorted(symbols)}")
+                    ok = False
+        scope = set(symbols) | {"elem"}
+        if "elem" in symbols:
+            self.err(("op", "shapes", 0, "elem"), "'elem' is reserved (bytes per element of the dtype)")
+        dtype = o["dtype"]
+        used_syms: set[str] = set()
+
+        def tensor(kind: str, name: str, t: dict) -> TensorSpec | None:
+            base = ("op", kind, name)
+            dims = [self.expr(base + ("shape", i), x, scope) for i, x in enumerate(t["shape"])]
+            if any(x is None for x in dims):
+                return None
+            for x in dims:
+                used_syms.update(x.names)
+            tdtype = t.get("dtype", dtype)
+            dists = t.get("dist", ["randint"] if tdtype in INT_DTYPES else ["normal", "uniform", "outliers"])
+            dists = tuple([dists] if isinstance(dists, str) else dists)
+            if tdtype in INT_DTYPES and any(x != "randint" for x in dists):
+                self.err(base + ("dist",), f"integer tensors ({tdtype}) take dist 'randint' with low and high")
+            if "randint" in dists and ("low" not in t or "high" not in t):
+                self.err(base, "dist 'randint' needs low and high (expressions over the shape symbols)")
+            low = self.expr(base + ("low",), t["low"], scope) if "low" in t else None
+            high = self.expr(base + ("high",), t["high"], scope) if "high" in t else None
+            special = None
+            if "special" in t:
+                sp_ = t["special"]
+                special = (sp_["value"], float(sp_["fraction"]))
+                if tdtype in INT_DTYPES and sp_["value"] != int(sp_["value"]):
+                    self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
+            return TensorSpec(name, tuple(dims), tdtype, dists, low, high, special)
+
+        inputs = tuple(tensor("inputs", n, t) for n, t in o["inputs"].items())
+        outputs = tuple(tensor("outputs", n, t) for n, t in o["outputs"].items())
+        dup = set(o["inputs"]) & set(o["outputs"])
+        for n in dup:
+            self.err(("op", "outputs", n), f"'{n}' is both an input and an output", prefer_key=True)
+        scalars = tuple(ScalarSpec(n, s["value"], s["type"]) for n, s in o.get("scalars", {}).items())
+        for s in scalars:
+            want = (int,) if s.type.startswith("i") else (int, float)
+            if isinstance(s.value, bool) or not isinstance(s.value, want):
+                self.err(("op", "scalars", s.name, "value"), f"value {s.value!r} does not fit type {s.type}")
+            if s.name in symbols:
+                self.err(("op", "scalars", s.name), f"scalar '{s.name}' shadows a shape symbol", prefer_key=True)
+        unused = set(symbols) - used_syms
+        for u in sorted(unused):
+            self.err(("op", "shapes", 0, u), f"shape symbol '{u}' is used by no input or output shape")
+        nbytes = self.expr(("op", "bytes"), o["bytes"], scope)
+        flops = self.expr(("op", "flops"), o["flops"], scope) if "flops" in o else None
+        for path, e in ((("op", "bytes"), nbytes), (("op", "flops"), flops)):
+            if e is not None:
+                for i, s in enumerate(shapes + extra + held):
+                    try:
+                        v = e({**s, "elem": DTYPE_BYTES[dtype]})
+                        if not isinstance(v, (int, float)) or v <= 0:
+                            self.err(path, f"must be positive; is {v!r} for shape {i}")
+                    except ExprError as ex:
+                        self.err(path, f"shape {i}: {ex}")
+        ref = o["reference"]
+        self.reference(ref)
+        atol, rtol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
+        tol = o.get("tolerance", {})
+        if None in inputs or None in outputs or nbytes is None or not ok:
+            return None
+        return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
+                      shapes=tuple(dict(s) for s in shapes), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
+                      rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
+                      in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
+                      held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
+                      floor=float(tol.get("floor", 2.0 ** -7)))
+
+    def reference(self, ref: str) -> None:
+        try:  # from the spec's folder first (no PYTHONPATH needed), then sys.path
+            userpath.load_callable(ref, self.near)
+        except userpath.ModuleLookupError as e:  # an import error in user code is a spec problem here
+            self.err(("op", "reference"), str(e))
+
+    def space(self, symbols: set[str], op: OpSpec | None) -> tuple[dict, Space | None]:
+        s = self.d["search"]
+        params: dict[str, Param] = {}
+        for name, p in s["params"].items():
+            base = ("search", "params", name)
+            if name in symbols or name in render.DTYPE_VARS or name == "elem":
+                self.err(base, f"parameter '{name}' shadows a shape symbol or a runner variable", prefer_key=True)
+                continue
+            if "range" in (p if isinstance(p, dict) else {}) and p["range"]["min"] > p["range"]["max"]:
+                self.err(base + ("range",), "min is greater than max")
+                continue
+            if "pow2" in (p if isinstance(p, dict) else {}):
+                lo, hi = p["pow2"]["min"], p["pow2"]["max"]
+                for k, v in (("min", lo), ("max", hi)):
+                    if v & (v - 1):
+                        self.err(base + ("pow2", k), f"{v} is not a power of two")
+                if lo > hi:
+                    self.err(base + ("pow2",), "min is greater than max")
+                    continue
+            vals = param_values(p)
+            problem = domain_problem(vals)
+            if problem:
+                self.err(base, problem)
+                continue
+            params[name] = Param(name, vals)
+        scope = set(params) | symbols
+        cons = []
+        for i, c in enumerate(s.get("constraints", [])):
+            e = self.expr(("search", "constraints", i), c, scope)
+            if e is not None:
+                cons.append(e)
+        if len(params) != len(s["params"]) or len(cons) != len(s.get("constraints", [])) or op is None:
+            return params, None
+        space = Space(tuple(params.values()), tuple(cons), tuple(op.all_shapes))
+        try:
+            empty = next(iter(space), None) is None if space.size <= 200_000 else space.sample(
+                __import__("random").Random(0), 20_000) is None
+        except ExprError as e:
+            self.err(("search", "constraints"), str(e))
+            return params, None
+        if empty:
+            self.err(("search", "constraints"), "no configuration satisfies the constraints")
+        return params, space
+
+    def kernel(self, hw, op, params, symbols, space: Space | None = None) -> KernelSpec | None:
+        k = self.d["kernel"]
+        backend = k.get("backend", hw.kind if hw else "cpu")
+        if hw and backend != hw.kind:
+            self.err(("kernel", "backend"), f"backend '{backend}' does not run on hardware '{hw.name}' ({hw.kind})")
+        tpath, tried = userpath.find_template(k["template"], self.near)
+        if tpath is None:
+            self.err(("kernel", "template"), f"template '{k['template']}' not found; tried, in order: "
+                                             + ", ".join(str(p) for p in tried))
+            return None
+        tpath = Path(_show(tpath))
+        text = tpath.read_text(encoding="utf-8")
+        try:
+            used = render.template_variables(text)
+        except jinja2.TemplateSyntaxError as e:
+            hint = render.syntax_hint(text, e.lineno or 1)
+            self.diags.append(Diagnostic(str(tpath), e.lineno or 1, 1, "", f"template syntax error: {e.message}"
+                                         + (f"; {hint}" if hint else "")))
+            self.err(("kernel", "template"), f"template {tpath} does not parse (see above)")
+            return None
+        derive, scope_d = [], set(params) | symbols
+        for name, src in k.get("derive", {}).items():
+            if name in scope_d or name in render.DTYPE_VARS:
+                self.err(("kernel", "derive", name), f"derived value '{name}' shadows a parameter or shape symbol",
+                         prefer_key=True)
+                continue
+            e = self.expr(("kernel", "derive", name), src, scope_d)
+            if e is not None:
+                derive.append((name, e))
+            scope_d.add(name)
+        available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
+        for v in sorted(used - available):
+            line = render.variable_line(text, v)
+            self.diags.append(Diagnostic(
+                str(tpath), line, 1, "",
+                f"template uses '{v}', which is no search parameter, shape symbol or dtype variable "
+                f"of {self.loc.file}"))
+        via_derive = {n for _, e in derive for n in e.names} if (used & {n for n, _ in derive}) else set()
+        for p in sorted(set(params) - used - via_derive):
+            self.err(("search", "params", p), f"parameter '{p}' is not used by template {tpath}", prefer_key=True)
+        if not re.search(r"\b" + re.escape(k["entry"]) + r"\b", text):
+            self.err(("kernel", "entry"), f"entry '{k['entry']}' does not appear in template {tpath}")
+        if op is not None:
+            names = {t.name for t in op.inputs} | {t.name for t in op.outputs} | \
+                    {s.name for s in op.scalars} | set(op.symbols)
+            for i, a in enumerate(k["args"]):
+                if a not in names:
+                    self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar or shape symbol of the op")
+            for t in (*op.inputs, *op.outputs):
+                if t.name not in k["args"]:
+                    self.err(("kernel", "args"), f"tensor '{t.name}' is not passed to the kernel")
+        scope = set(params) | symbols | {n for n, _ in derive}
+        geo = {}
+        for key in ("grid", "block", "cluster"):
+            v = k.get(key)
+            if v is None:
+                if backend == "cuda" and key != "cluster":
+                    self.err(("kernel",), f"'{key}' is required for the cuda backend")
+                geo[key] = ()
+                continue
+            items = v if isinstance(v, list) else [v]
+            exprs = [self.expr(("kernel", key) + ((i,) if isinstance(v, list) else ()), x, scope)
+                     for i, x in enumerate(items)]
+            geo[key] = tuple(e for e in exprs if e is not None)
+        if geo["cluster"] and backend != "cuda":
+            self.err(("kernel", "cluster"), "thread-block clusters need the cuda backend")
+        smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
+        if space is not None and op is not None and len(derive) == len(k.get("derive", {})):
+            exprs = [(("kernel", "derive", n), e) for n, e in derive]
+            for key in ("grid", "block", "cluster"):
+                v = k.get(key)
+                exprs += [(("kernel", key) + ((i,) if isinstance(v, list) else ()), e)
+                          for i, e in enumerate(geo[key])]
+            if smem is not None:
+                exprs.append((("kernel", "shared_mem"), smem))
+            self.evaluate_over_space(space, op, exprs)
+        return KernelSpec(backend=backend, template_path=str(tpath), template=text, entry=k["entry"],
+                          args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
+                          shared_mem=smem,
+                          options=tuple(k.get("options", [])), derive=tuple(derive))
+
+    def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:
+        """The configurations `pipe validate` evaluates derived values and geometry on: the whole
+        product when it has at most `limit` points, else every value of each parameter with the
+        others at the spec's start (or their first values). Those outside the space (a constraint
+        fails) are left out: the judge never renders them."""
+        if space.size <= limit:
+            return list(space)
+        st = self.d["search"].get("start")
+        st = st[0] if isinstance(st, list) and st else st
+        base = {p.name: (st[p.name] if isinstance(st, dict) and st.get(p.name) in p.values else p.values[0])
+                for p in space.params}
+        out, seen = [], set()
+        for p in space.params:
+            for v in p.values:
+                cfg = {**base, p.name: v}
+                key = json.dumps(cfg, sort_keys=True)
+                if key not in seen and space.violated(cfg) is None:
+                    seen.add(key)
+                    out.append(cfg)
+        return out
+
+    def evaluate_over_space(self, space: Space, op: OpSpec, exprs: list) -> None:
+        """Derived values and geometry evaluated for each probed configuration on every listed shape
+        (tuned, extra and held-out), in the order the judge evaluates them: the first failure of each
+        key is a spec error at that key (a division by zero for one parameter value would otherwise
+        pass validation and fail at render)."""
+        shapes = [("shapes", i, s) for i, s in enumerate(op.shapes)] + \
+                 [("extra_shapes", i, s) for i, s in enumerate(op.extra_shapes)] + \
+                 [("held_out_shapes", i, s) for i, s in enumerate(op.held_out_shapes)]
+        n_derive = sum(1 for path, _ in exprs if path[1] == "derive")
+        failed: set = set()
+        try:
+            configs = self.probe_configs(space)
+        except ExprError:
+            return  # a constraint that does not evaluate is reported by space()
+        for cfg in configs:
+            for group, i, shape in shapes:
+                env = {**shape, **cfg}
+                for j, (path, e) in enumerate(exprs):
+                    try:
+                        v = e(env)
+                    except ExprError as ex:
+                        if path not in failed:
+                            failed.add(path)
+                            where = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+                            self.err(path, f"fails for {where} on op.{group}[{i}] "
+                                           f"({', '.join(f'{k}={v}' for k, v in shape.items())}): {ex}")
+                        if j < n_derive:
+                            break  # later derived values and the geometry need this one
+                        continue
+                    if j < n_derive:
+                        env[path[2]] = v
+                if len(failed) == len(exprs):
+                    return
+
+    def runtime(self) -> RuntimeSpec:
+        r = self.d.get("runtime", {})
+        return RuntimeSpec(**r)
+
+    def forbidden(self, params, symbols, kernel) -> ForbiddenSpec:
+        named, patterns, rules = [], [], []
+        for i, f in enumerate(self.d.get("forbidden", [])):
+            path = ("forbidden", i)
+            if isinstance(f, str):
+                if f not in forbid_mod.NAMED:
+                    close = difflib.get_close_matches(f, list(forbid_mod.NAMED), n=1)
+                    self.err(path, f"unknown forbidden action '{f}'"
+                                   + (f"; did you mean '{close[0]}'?" if close else
+                                      f" (known: {', '.join(forbid_mod.NAMED)})"))
+                else:
+                    named.append(f)
+            elif "pattern" in f:
+                try:
+                    re.compile(f["pattern"])
+                    patterns.append(forbid_mod.Pattern(f["pattern"], f["reason"]))
+                except re.error as e:
+                    self.err(path + ("pattern",), f"bad regular expression: {e}")
+            else:
+                e = self.expr(path + ("rule",), f["rule"], set(params) | symbols)
+                if e is not None:
+                    rules.append(forbid_mod.Rule(e, f["reason"]))
+        if kernel is not None:
+            v = forbid_mod.check_source("", kernel.options, kernel.backend, named, [])
+            if v:
+                self.err(("kernel", "options"), f"compile options break a forbidden action: {v}")
+        mode = self.d.get("runtime", {}).get("mode")
+        if "disable_cuda_graphs" in named and mode == "direct":
+            self.err(("runtime", "mode"), "runtime.mode 'direct' contradicts forbidden 'disable_cuda_graphs'")
+        return ForbiddenSpec(tuple(named), tuple(patterns), tuple(rules))
+
+    def agent(self) -> AgentSpec:
+        import os
+
+        from ..search.agents import DEFAULT_STRATEGY, STRATEGIES, option_problems
+
+        a = self.d.get("agent", {"strategy": DEFAULT_STRATEGY})
+        opts = dict(a.get("options", {}))
+        if a["strategy"] not in STRATEGIES:
+            close = difflib.get_close_matches(a["strategy"], list(STRATEGIES), n=1)
+            self.err(("agent", "strategy"), f"unknown strategy '{a['strategy']}'"
+                     + (f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(STRATEGIES)})"))
+        for path, msg in option_problems(a["strategy"], opts, os.environ):  # the strategy's declared options
+            self.err(("agent", "options", *path), msg)
+        return AgentSpec(a["strategy"], a.get("seed", 0), opts)
+
+    def goal(self, hw, op) -> GoalSpec:
+        g = self.d["goal"]
+        t = g.get("target", {})
+        metric = t.get("metric")
+        if metric == "speedup" and self.d.get("baseline") == "none":
+            self.err(("goal", "target", "metric"), "metric 'speedup' needs a baseline")
+        if metric == "flops_fraction" and op is not None and op.flops is None:
+            self.err(("goal", "target", "metric"), "metric 'flops_fraction' needs op.flops")
+        if metric and metric != "time_us" and "at_most" in t:
+            self.err(("goal", "target", "at_most"), f"'{metric}' grows as kernels get faster: use at_least")
+        if metric == "time_us" and "at_least" in t:
+            self.err(("goal", "target", "at_least"), "'time_us' shrinks as kernels get faster: use at_most")
+        b = g["budget"]
+        if not b:
+            self.err(("goal", "budget"), "give at least one of trials and minutes")
+        return GoalSpec(metric, t.get("at_least"), t.get("at_most"), b.get("trials"), b.get("minutes"),
+                        g.get("patience"), g.get("stop_when_met", True))
+
+    def starts(self, space: Space | None) -> tuple:
+        """search.start: one configuration or a list of them (for instance each shape's best of
+        an earlier sweep), each in the space; a configuration listed twice is an error."""
+        st = self.d["search"].get("start")
+        if st is None:
+            return ()
+        many = isinstance(st, list)
+        out, keys = [], {}
+        for i, cfg in enumerate(st if many else [st]):
+            path = ("search", "start", i) if many else ("search", "start")
+            why = space.contains(cfg) if space is not None else None
+            if why:
+                self.err(path, f"start configuration is not in the space: {why}")
+                continue
+            k = json.dumps(cfg, sort_keys=True)
+            if k in keys:
+                self.err(path, f"start configuration listed twice (also item {keys[k]})")
+                continue
+            keys[k] = i
+            out.append(dict(cfg))
+        return tuple(out)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Load and validate a spec; raise SpecError with every diagnostic found."""
+    loc = yamlsrc.load_file(str(path))
+    if not isinstance(loc.data, dict):
+        raise SpecError([loc.diag((), "a spec is a mapping of keys (name, hardware, op, ...)")])
+    diags = schema_diagnostics(loc, SPEC)
+    if diags:
+        raise SpecError(diags)
+    checker = _Checker(loc)
+    spec = checker.build()
+    if spec is None:
+        raise SpecError(checker.diags)
+    return spec
+
+
+def parse_value(text: str):
+    """A value given on the command line (--set, --only), read as YAML reads it (a string
+    where it does not parse)."""
+    try:
+        return yamlsrc.load(f"v: {text}\n", "--set").data["v"]
+    except SpecError:
+        return text
+
+
+def restrict(spec: Spec, only: list[str]) -> Spec:
+    """The spec with some parameters limited to the given values (`NAME=V1,V2,...`, a subspace
+    to sweep); ValueError says what is wrong with an item."""
+    params = {p.name: p for p in spec.space.params}
+    for item in only:
+        name, eq, vals = item.partition("=")
+        name = name.strip()
+        if not eq or name not in params:
+            raise ValueError(f"--only {item}: expected NAME=V1,V2,... with NAME one of {', '.join(params)}")
+        want = [parse_value(v.strip()) for v in vals.split(",") if v.strip()]
+        bad = [v for v in want if v not in params[name].values]
+        if bad or not want:
+            raise ValueError(f"--only {item}: {bad or 'no values'} not among {name}'s values {list(params[name].values)}")
+        params[name] = Param(name, tuple(v for v in params[name].values if v in want))
+    space = dataclasses.replace(spec.space, params=tuple(params.values()))
+    starts = tuple(st for st in spec.starts if space.contains(st) is None)  # those of the subspace only
+    return dataclasses.replace(spec, space=space, starts=starts, start=starts[0] if starts else None)
+
+
+def sweep(spec: Spec) -> Spec:
+    """pipe record's spec: the grid over the whole space, no start configurations, a trial
+    budget of the space's size and no goal."""
+    n = sum(1 for _ in spec.space)
+    return dataclasses.replace(spec, agent=AgentSpec("grid"), start=None, starts=(),
+                               goal=GoalSpec(None, None, None, n, None, None))

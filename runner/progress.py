@@ -1,6 +1,6 @@
 """Progress while a run goes: one line per trial with status and the best so
 far; on a terminal, a live bar (rich) under those lines, and the log lines of
-the run printed above it through the same Console (runner.log)."""
+the run printed above it through the same Console (runner.core.log)."""
 
 from __future__ import annotations
 

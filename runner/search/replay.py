@@ -1,6 +1,6 @@
 """Replay: how fast does a strategy find the best of a recorded space? No GPU needed.
 
-A dataset (runner.dataset) holds the verdict of every configuration of a
+A dataset (runner.search.dataset) holds the verdict of every configuration of a
 space. `replay` lets an agent tune against it: propose one configuration,
 look its verdict up, append it to the history, again, until the budget is
 spent or the agent has nothing left. Every proposal counts as an evaluation,

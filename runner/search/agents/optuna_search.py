@@ -29,7 +29,7 @@ Options: n_startup_trials (random trials before the model; default a
 twentieth of the valid space, 3 to 8), n_ei_candidates, multivariate, group,
 max_asks, encoding.
 
-Optuna is imported when an agent is built, so `import runner.agents` stays
+Optuna is imported when an agent is built, so `import runner.search.agents` stays
 fast and works without it.
 """
 

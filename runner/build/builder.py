@@ -1,0 +1,230 @@
+"""Build a configuration: render the template for every shape, derive its launch
+geometry, check the forbidden actions on the source, compile the distinct sources,
+check the compiled code and key the binaries.
+
+`Builder` is all that compare, export, the tools and the judge's trial path need to
+turn parameters into binaries; it judges nothing about what the kernels do (that is
+`judge.evaluator.Evaluator`'s).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import ExprError
+from . import backends, forbid, ptx, render
+
+# the variant id under which an earlier run's template is rendered (judge.reuse): no variant
+# of the approved template, so its builds are judged against nothing
+OLD_TEMPLATE = "\0reuse: the earlier run's template"
+
+
+@dataclass
+class Build:
+    status: str  # ok, forbidden, compile_error (or the backend's), pruned
+    reason: str = ""
+    artifacts: list | None = None  # per source, when ok
+    resources: dict | None = None  # source -> compiler report, once everything compiled
+    compile_s: float = 0.0
+    log: str = ""
+    ptx: dict | None = None  # the classified PTX instructions of every shape's build (ptx.merge)
+    ptx_approved: dict | None = None  # those of the approved template's build, for a variant
+
+
+def geometry_key(geometry: list[dict]) -> str:
+    return json.dumps(geometry, sort_keys=True)
+
+
+def sources_hash(sources: list[str]) -> str:
+    """The rendered source of every shape, in shape order (two shapes that swap which code
+    they run give another hash, where Trial.source_hash, over the distinct sources, does not)."""
+    return render.source_hash("\0".join(sources))
+
+
+class Builder:
+    """Renders, derives the geometry, compiles and keys binaries for one spec; `variants`
+    holds the template variants by id."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.backend = backends.get(spec.kernel.backend)
+        self.ctype = render.CTYPES[spec.kernel.backend][spec.op.dtype]
+        self.variants: dict[str, str] = {}  # variant id -> template text
+        self._digests: dict[str, str] = {}  # artifact path -> content digest
+
+    def template(self, variant: str | None) -> tuple[str, str]:
+        """(text, name) of the spec's template or of a variant."""
+        if variant is None:
+            return self.spec.kernel.template, Path(self.spec.kernel.template_path).name
+        return self.variants[variant], f"variant-{variant}"
+
+    def render_all(self, params: dict, variant: str | None = None, shapes=None) -> list[str]:
+        """The source for every shape (the spec's timed and extra shapes unless `shapes` is given)."""
+        text, name = self.template(variant)
+        if variant is not None:
+            try:
+                used = render.template_variables(text)
+            except Exception as e:  # jinja2.TemplateSyntaxError and friends
+                line = getattr(e, "lineno", None)
+                hint = render.syntax_hint(text, line) if line else None
+                raise render.RenderError(f"{name}: does not parse: {e}" + (f"; {hint}" if hint else "")) from None
+            extra = sorted(used - set(params) - set(self.spec.op.symbols) - set(render.DTYPE_VARS)
+                           - {n for n, _ in self.spec.kernel.derive})
+            if extra:
+                raise render.RenderError(f"{name}: uses {', '.join(extra)}, which are no search parameters, "
+                                         "shape symbols or dtype variables")
+        ctx = {**params, "dtype": self.spec.op.dtype, "ctype": self.ctype}
+        k = self.spec.kernel
+        return [render.render(text, {**ctx, **shape, **k.derived({**shape, **params})}, name)
+                for shape in (self.spec.op.all_shapes if shapes is None else shapes)]
+
+    def geometry(self, params: dict, shapes=None) -> list[dict]:
+        k = self.spec.kernel
+        out = []
+        for shape in (self.spec.op.all_shapes if shapes is None else shapes):
+            env = {**shape, **params}
+            env.update(k.derived(env))
+            geo = {"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],
+                   "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0}
+            if k.cluster:
+                geo["cluster"] = [int(e(env)) for e in k.cluster]
+            out.append(geo)
+        return out
+
+    def binary_key(self, artifacts: list[str], geometry: list[dict]) -> str:
+        h = hashlib.sha256(geometry_key(geometry).encode())
+        for a in artifacts:
+            d = self._digests.get(a)
+            if d is None:
+                d = self._digests[a] = hashlib.sha256(Path(a).read_bytes()).hexdigest()
+            h.update(d.encode())
+        return h.hexdigest()
+
+    def prebuild(self, params: dict, variant: str | None = None) -> None:
+        """Compile a configuration's sources into the compile cache, ahead of its trial (no
+        verdict: the trial itself builds again, from the cache, and judges)."""
+        self.build(self.render_all(params, variant), self.geometry(params), self.approved_sources(params, variant))
+
+    def approved_sources(self, params: dict, variant: str | None) -> list[str] | None:
+        """For a variant, the approved template's source for every shape at the same parameters:
+        the build its compiled code is judged against (None for the approved template itself,
+        or where the template does not render at these parameters)."""
+        if variant is None or variant == OLD_TEMPLATE:
+            return None
+        try:
+            return self.render_all(params, None)
+        except (render.RenderError, ExprError):
+            return None
+
+    def build(self, sources: list[str], geometry: list[dict], approved: list[str] | None = None) -> "Build":
+        """Forbidden rules, compiles (distinct sources side by side) and the profile's limits
+        for per-shape sources and launches; the first failure in that order is the verdict.
+        Where the backend reports the compiled code (CUDA: PTX and the preprocessed source),
+        the source rules run again on the preprocessed source, and a variant's compiled code
+        is judged against the approved template's build at the same parameters (`approved`,
+        its source per shape); the approved template's own build is its own baseline."""
+        sp = self.spec
+        unique = list(dict.fromkeys(sources))
+        for src in unique:
+            v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
+                                    sp.forbidden.patterns)
+            if v:
+                return Build("forbidden", str(v))
+        arts, resources, compile_s, comp = {}, {}, 0.0, {}
+        for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
+            compile_s += c.seconds
+            if not c.ok:
+                return Build(c.status, c.reason, compile_s=compile_s, log=c.log)
+            arts[src] = c.artifact
+            resources[src] = c.resources
+            comp[src] = c
+        judged = self._judge_compiled(sources, comp, approved)
+        if judged is not None:
+            why, mine, theirs = judged
+            if why:
+                return Build("forbidden", why, compile_s=compile_s, ptx=mine, ptx_approved=theirs)
+        mine, theirs = (judged[1], judged[2]) if judged else (None, None)
+        prune = getattr(self.backend, "prune", None)
+        if prune is not None:
+            for i, (src, geo) in enumerate(zip(sources, geometry)):
+                why = prune(resources[src], geo, sp.hw, "spills" in sp.forbidden.named)
+                if why:
+                    return Build("pruned", f"shape {i}: {why}", resources=resources, compile_s=compile_s,
+                                 ptx=mine, ptx_approved=theirs)
+        return Build("ok", artifacts=[arts[s] for s in sources], resources=resources, compile_s=compile_s,
+                     ptx=mine, ptx_approved=theirs)
+
+    def _judge_compiled(self, sources: list[str], comp: dict, approved: list[str] | None):
+        """(why it is forbidden or "", the candidate's PTX counts, the approved build's) from
+        what the compiler reported, or None where the backend reports nothing."""
+        from ..build import ptx
+
+        sp = self.spec
+        named = sp.forbidden.named
+        if any(c.ptx is None for c in comp.values()):
+            return None
+        mine = ptx.merge([comp[s].ptx for s in dict.fromkeys(sources)])
+        if approved is None or (not named and not sp.forbidden.patterns):
+            return "", mine, None  # the approved template: its own build is what is allowed
+        for src in dict.fromkeys(sources):  # a variant: the source rules after the preprocessor
+            expanded, why = self.backend.expand(src, sp.kernel.options, sp.hw)
+            if expanded is None:
+                if named:
+                    return (f"preprocessor: the source rules need the preprocessed source, and the "
+                            f"preprocessor could not read it ({why})"), mine, None
+                continue
+            v = forbid.check_expanded(expanded, sp.kernel.backend, named, sp.forbidden.patterns)
+            if v:
+                return str(v), mine, None
+        base_unique = list(dict.fromkeys(approved))
+        base = dict(zip(base_unique, self._compile_all(base_unique)))
+        ok = all(c.ok and c.ptx is not None for c in base.values())
+        theirs = ptx.merge([base[s].ptx for s in base_unique]) if ok else None
+        waived = self.backend.library_opcodes(sp.kernel.options, sp.hw)
+        for i, (src, asrc) in enumerate(zip(sources, approved)):
+            found = ptx.compare(comp[src].ptx, base[asrc].ptx if ok else None, named, waived)
+            if found:
+                action, why = found
+                return (f"{action}: {forbid.NAMED[action].description}: shape {i}: {why}"
+                        + ("" if ok else " (the approved template does not compile at these parameters)"),
+                        mine, theirs)
+        return "", mine, theirs
+
+    def compiled(self, sources: list[str]) -> tuple[list[str] | None, object | None]:
+        """(artifact per source, None), or (None, the first failed compile): distinct sources
+        compiled side by side, mapped back to the per-shape list."""
+        unique = list(dict.fromkeys(sources))
+        comp = dict(zip(unique, self._compile_all(unique)))
+        bad = next((c for c in comp.values() if not c.ok), None)
+        return (None, bad) if bad is not None else ([comp[s].artifact for s in sources], None)
+
+    def _compile_all(self, sources: list[str]) -> list:
+        """Compile distinct sources side by side: in the backend's worker processes where it
+        has them (NVRTC: backends.cuda.compile_all), else on threads (g++ runs as a process)."""
+        sp = self.spec
+        many = getattr(self.backend, "compile_all", None)
+        if many is not None:
+            return many(sources, sp.kernel.entry, sp.kernel.options, sp.hw)
+
+        def one(src: str):
+            return self.backend.compile(src, sp.kernel.entry, sp.kernel.options, sp.hw)
+
+        if len(sources) == 1:
+            return [one(sources[0])]
+        with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+            return list(pool.map(one, sources))
+
+
+    def rebuild(self, params: dict, variant: str | None) -> tuple[list[str], list[str]] | None:
+        """(sources, artifacts) of a configuration judged before (compiled again, from the
+        cache on disk), or None where it no longer renders or compiles."""
+        try:
+            sources = self.render_all(params, variant)
+        except (render.RenderError, ExprError, KeyError):
+            return None
+        arts, _ = self.compiled(sources)
+        return None if arts is None else (sources, arts)

@@ -79,7 +79,8 @@ class Builder:
                                          "shape symbols or dtype variables")
         ctx = {**params, "dtype": self.spec.op.dtype, "ctype": self.ctype}
         k = self.spec.kernel
-        return [render.render(text, {**ctx, **shape, **k.derived({**shape, **params})}, name)
+        segments = k.template_segments if variant is None else None  # errors name file:line of an include
+        return [render.render(text, {**ctx, **shape, **k.derived({**shape, **params})}, name, segments)
                 for shape in (self.spec.op.all_shapes if shapes is None else shapes)]
 
     def geometry(self, params: dict, shapes=None) -> list[dict]:

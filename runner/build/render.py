@@ -4,6 +4,14 @@ The sandbox keeps a template from reaching Python attributes and globals;
 StrictUndefined turns a misspelt variable into an error instead of an empty
 string. `template_variables` lists what a template reads, so the spec loader
 can check it against the search space, the shape symbols and the dtype.
+
+Templates share parts (CUDA helpers) through `{% include "NAME" %}` lines, NAME
+relative to the including file's folder. The spec loader flattens them
+(`flatten`): every include line is replaced by the file's text, recursively,
+and the flat text is what is rendered, hashed into the spec and the source
+digests, checked for variables and shown to agents. An edit to a shared part
+is an edit to every template that includes it, for the caches and `--reuse`
+alike. Errors name the file and line the text came from (`locate`).
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import hashlib
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jinja2
 from jinja2 import meta
@@ -88,12 +96,74 @@ def variable_line(text: str, name: str) -> int:
     return 1
 
 
-def render(text: str, context: Mapping[str, Any], name: str = "template") -> str:
+class Segment(NamedTuple):
+    """Lines of a flat template from one file: flat line `start` on is `path`'s line `line` on."""
+    start: int
+    path: str
+    line: int
+
+
+_INCLUDE_LINE = re.compile(r"^[ \t]*\{%-?\s*include\s+([\"'])([^\"']+)\1\s*-?%\}[ \t]*(?:\n|$)", re.M)
+_ANY_INCLUDE = re.compile(r"\{%-?\s*(include|import|from|extends)\b")
+
+
+def flatten(path: Path, shown: Callable[[Path], str] = str, _stack: tuple = ()) -> tuple[str, list[Segment]]:
+    """(the template at `path` with its include lines replaced by the included files' text,
+    where each flat line came from). RenderError, naming file:line, for a missing file, a
+    cycle, or an include, import, from or extends tag that is not a whole `{% include "NAME" %}`
+    line (those would read files at render time, past the digest)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    out: list[str] = []
+    segs: list[Segment] = []
+    at, flat_line = 0, 1
+    for m in _INCLUDE_LINE.finditer(text):
+        before = text[at:m.start()]
+        segs.append(Segment(flat_line, shown(path), text.count("\n", 0, at) + 1))
+        out.append(before)
+        flat_line += before.count("\n")
+        line = text.count("\n", 0, m.start()) + 1
+        child = (path.parent / m.group(2))
+        if not child.is_file():
+            raise RenderError(f"{shown(path)}:{line}: include '{m.group(2)}': no file {shown(child)}")
+        if child.resolve() in _stack or child.resolve() == path.resolve():
+            raise RenderError(f"{shown(path)}:{line}: include '{m.group(2)}' includes itself (a cycle)")
+        ctext, csegs = flatten(child, shown, _stack + (path.resolve(),))
+        if ctext and not ctext.endswith("\n"):
+            ctext += "\n"
+        segs.extend(Segment(flat_line + c.start - 1, c.path, c.line) for c in csegs)
+        out.append(ctext)
+        flat_line += ctext.count("\n")
+        at = m.end()
+    segs.append(Segment(flat_line, shown(path), text.count("\n", 0, at) + 1))
+    out.append(text[at:])
+    flat = "".join(out)
+    for bad in _ANY_INCLUDE.finditer(text):
+        if not _INCLUDE_LINE.match(text, text.rfind("\n", 0, bad.start()) + 1):
+            line = text.count("\n", 0, bad.start()) + 1
+            raise RenderError(f"{shown(path)}:{line}: '{{% {bad.group(1)}' is allowed only as a whole line "
+                              "{% include \"NAME\" %} (NAME relative to this file's folder)")
+    return flat, segs
+
+
+def locate(segments, line: int) -> tuple[str, int] | None:
+    """(file, line) of flat line `line`, or None without segments."""
+    seg = None
+    for s_ in segments or ():
+        if s_.start <= line:
+            seg = s_
+        else:
+            break
+    return (seg.path, seg.line + line - seg.start) if seg else None
+
+
+def render(text: str, context: Mapping[str, Any], name: str = "template", segments=None) -> str:
     try:
         return _compiled(text).render(**context)
     except jinja2.TemplateError as e:
         line = getattr(e, "lineno", None)
-        where = f"{name}:{line}" if line else name
+        found = locate(segments, line) if line else None
+        where = f"{found[0]}:{found[1]}" if found else f"{name}:{line}" if line else name
         hint = syntax_hint(text, line) if isinstance(e, jinja2.TemplateSyntaxError) and line else None
         raise RenderError(f"{where}: {type(e).__name__}: {e}" + (f"; {hint}" if hint else "")) from None
     except Exception as e:  # a sandbox violation or an error raised inside a filter
@@ -133,7 +203,8 @@ def render_shape(spec, params: dict, choice: str) -> tuple[str, str]:
     label, shape = pick_shape(spec.op, choice)
     ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
            "ctype": CTYPES[spec.kernel.backend][spec.op.dtype]}
-    return label, render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name)
+    return label, render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name,
+                         spec.kernel.template_segments)
 
 
 def compile_check(spec, source: str, label: str) -> tuple[bool, str]:

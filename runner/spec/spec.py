@@ -93,7 +93,7 @@ class OpSpec:
 class KernelSpec:
     backend: str
     template_path: str
-    template: str = field(repr=False)
+    template: str = field(repr=False)  # flat: include lines replaced by the files' text (render.flatten)
     entry: str
     args: tuple[str, ...]
     grid: tuple[Expr, ...] = ()
@@ -102,6 +102,7 @@ class KernelSpec:
     shared_mem: Expr | None = None
     options: tuple[str, ...] = ()
     derive: tuple[tuple[str, Expr], ...] = ()  # named values from params and shape symbols, in order
+    template_segments: tuple = field(default=(), repr=False)  # where each flat line came from (render.locate)
 
     def derived(self, env: dict) -> dict:
         """The derived values for one (params + shape) environment."""
@@ -407,12 +408,17 @@ class _Checker:
                                              + ", ".join(str(p) for p in tried))
             return None
         tpath = Path(_show(tpath))
-        text = tpath.read_text(encoding="utf-8")
+        try:  # include lines replaced by the files they name: what is rendered and hashed
+            text, segments = render.flatten(tpath, lambda p: _show(p))
+        except render.RenderError as e:
+            self.err(("kernel", "template"), str(e))
+            return None
         try:
             used = render.template_variables(text)
         except jinja2.TemplateSyntaxError as e:
             hint = render.syntax_hint(text, e.lineno or 1)
-            self.diags.append(Diagnostic(str(tpath), e.lineno or 1, 1, "", f"template syntax error: {e.message}"
+            where = render.locate(segments, e.lineno or 1) or (str(tpath), e.lineno or 1)
+            self.diags.append(Diagnostic(where[0], where[1], 1, "", f"template syntax error: {e.message}"
                                          + (f"; {hint}" if hint else "")))
             self.err(("kernel", "template"), f"template {tpath} does not parse (see above)")
             return None
@@ -472,7 +478,8 @@ class _Checker:
             if smem is not None:
                 exprs.append((("kernel", "shared_mem"), smem))
             self.evaluate_over_space(space, op, exprs)
-        return KernelSpec(backend=backend, template_path=str(tpath), template=text, entry=k["entry"],
+        return KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
+                          entry=k["entry"],
                           args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
                           shared_mem=smem,
                           options=tuple(k.get("options", [])), derive=tuple(derive))

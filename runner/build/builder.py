@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,11 @@ class Builder:
         self.ctype = render.CTYPES[spec.kernel.backend][spec.op.dtype]
         self.variants: dict[str, str] = {}  # variant id -> template text
         self._digests: dict[str, str] = {}  # artifact path -> content digest
+        # the source rules' verdict per rendered source (sha256 of the text): a build ahead
+        # checks a guess's sources, and its trial, when it comes, reads the verdict here (the
+        # rules take about 8 ms a softmax source, most of a trial's own time beside the judge)
+        self._rules: dict[str, object] = {}
+        self._rules_lock = threading.Lock()
 
     def template(self, variant: str | None) -> tuple[str, str]:
         """(text, name) of the spec's template or of a variant."""
@@ -105,6 +111,20 @@ class Builder:
             h.update(d.encode())
         return h.hexdigest()
 
+    def source_rules(self, src: str):
+        """forbid.check_source of one rendered source under the spec's rules, worked out once."""
+        key = hashlib.sha256(src.encode()).hexdigest()
+        with self._rules_lock:
+            if key in self._rules:
+                return self._rules[key]
+        sp = self.spec
+        v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named, sp.forbidden.patterns)
+        with self._rules_lock:
+            if len(self._rules) >= 4096:
+                self._rules.clear()
+            self._rules[key] = v
+        return v
+
     def prebuild(self, params: dict, variant: str | None = None) -> None:
         """Compile a configuration's sources into the compile cache, ahead of its trial (no
         verdict: the trial itself builds again, from the cache, and judges)."""
@@ -131,8 +151,7 @@ class Builder:
         sp = self.spec
         unique = list(dict.fromkeys(sources))
         for src in unique:
-            v = forbid.check_source(src, sp.kernel.options, sp.kernel.backend, sp.forbidden.named,
-                                    sp.forbidden.patterns)
+            v = self.source_rules(src)
             if v:
                 return Build("forbidden", str(v))
         arts, resources, compile_s, comp = {}, {}, 0.0, {}

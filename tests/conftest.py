@@ -30,12 +30,24 @@ def has_cuda() -> bool:
         return False
 
 
+def _shares_a_module_setup(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope in ("module", "class", "package")
+                                    for defs in info.name2fixturedefs.values() for d in defs)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     if not has_cuda():
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip_gpu)
+    # Under xdist's --dist loadgroup (the README's test command) the tests that share a
+    # module-scoped set-up (a worker and its memoized trials, a recorded run) stay on one
+    # xdist worker, so it is built once; every other test goes where there is room.
+    for item in items:
+        if _shares_a_module_setup(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
@@ -29,12 +30,24 @@ def has_cuda() -> bool:
         return False
 
 
+def _shares_a_module_setup(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope in ("module", "class", "package")
+                                    for defs in info.name2fixturedefs.values() for d in defs)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     if not has_cuda():
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip_gpu)
+    # Under xdist's --dist loadgroup (the README's test command) the tests that share a
+    # module-scoped set-up (a worker and its memoized trials, a recorded run) stay on one
+    # xdist worker, so it is built once; every other test goes where there is room.
+    for item in items:
+        if _shares_a_module_setup(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture
@@ -55,3 +68,143 @@ def _cache_dir(tmp_path_factory, monkeypatch):
 def pipe_cmd() -> list[str]:
     exe = shutil.which("pipe")
     return [exe] if exe else [sys.executable, "-m", "runner.cli"]
+
+
+# -- the judge's test benches -------------------------------------------------------------------
+# test_judge_cpu, test_judge_redteam, test_judge_issue18, test_judge_cuda and test_forbid_compiled
+# each judge a small spec whose template holds a switch (HACK: one behaviour of the kernel per
+# value) through the real path. The specs are built from the parts below, the benches by JudgeBench.
+
+ROW_TOLERANCE = {"atol": 1.0e-3, "rtol": 1.6e-2}  # softmax's budget, bf16 or fp32
+
+
+def hack_spec(name: str, template: Path, *, op: dict, kernel: dict, params: dict, hardware: str = "host-cpu",
+              runtime: dict | None = None, baseline: str | None = "none", forbidden=(), agent: dict | None = None,
+              trials: int = 100, description: str | None = None) -> str:
+    """The YAML text of a test spec; kernel takes the template's path first."""
+    d: dict = {"name": name}
+    if description:
+        d["description"] = description
+    d["hardware"] = hardware
+    d["op"] = op
+    d["kernel"] = {"template": str(template), **kernel}
+    if runtime is not None:
+        d["runtime"] = runtime
+    if baseline is not None:
+        d["baseline"] = baseline
+    d["search"] = {"params": params}
+    d["forbidden"] = list(forbidden)
+    d["agent"] = agent or {"strategy": "grid"}
+    d["goal"] = {"budget": {"trials": trials}}
+    return yaml.safe_dump(d, sort_keys=False, width=1000)
+
+
+def rmsnorm_op(shapes: list[dict], dists: list[str], tolerance: float = 1.0e-5) -> dict:
+    """Row RMSNorm in fp32 (x, w -> out), as the CPU benches judge it."""
+    return {"reference": "runner.ops.reference:rmsnorm", "dtype": "fp32",
+            "inputs": {"x": {"shape": ["M", "N"], "dist": dists}, "w": {"shape": ["N"], "dist": "positive"}},
+            "outputs": {"out": {"shape": ["M", "N"]}},
+            "scalars": {"eps": {"value": 1.0e-6, "type": "f32"}},
+            "shapes": shapes, "tolerance": {"atol": tolerance, "rtol": tolerance},
+            "bytes": "elem * (2 * M * N + N)", "flops": "4 * M * N"}
+
+
+def rmsnorm_hack_spec(name: str, description: str, template: Path, hacks: list[str], dists: list[str],
+                      timeout_s: float) -> str:
+    """The CPU benches' spec (test_judge_cpu, test_judge_redteam): RMSNorm on two small shapes,
+    a short timing budget, one HACK value a behaviour."""
+    return hack_spec(name, template, description=description,
+                     op=rmsnorm_op([{"M": 64, "N": 256}, {"M": 33, "N": 100}], dists),
+                     kernel={"entry": "rmsnorm_cpu", "args": ["x", "w", "out", "M", "N", "eps"]},
+                     runtime={"cache": "warm", "warmup_ms": 2, "rep_ms": 10, "checks": 2, "timeout_s": timeout_s},
+                     params={"HACK": hacks}, forbidden=["fast_math", "library_calls", "side_streams", "lower_precision"],
+                     agent={"strategy": "random", "seed": 0})
+
+
+def row_op(reference: str, dtype: str, shapes: list[dict], dist=None, tolerance: dict = ROW_TOLERANCE,
+           scalars: dict | None = None) -> dict:
+    """A row-wise op of one input x and one output y (softmax, LayerNorm without affine)."""
+    x: dict = {"shape": ["M", "N"]}
+    if dist is not None:
+        x["dist"] = dist
+    d = {"reference": reference, "dtype": dtype, "inputs": {"x": x}, "outputs": {"y": {"shape": ["M", "N"]}}}
+    if scalars:
+        d["scalars"] = scalars
+    d.update(shapes=shapes, tolerance=tolerance, bytes="2 * M * N * elem")
+    return d
+
+
+SOFTMAX_CUDA_KERNEL = {"entry": "soft", "args": ["x", "y", "M", "N"], "grid": "M", "block": "256"}
+
+
+class JudgeBench:
+    """A template and its spec written to root, with the spawned worker and the evaluator
+    that judge it; run() keeps one trial a switch value unless asked for a fresh one."""
+
+    def __init__(self, root: Path, template_name: str, template: str, spec_name: str, spec_text: str,
+                 log_name: str = "worker.log", switch: str = "HACK"):
+        from runner.judge.worker import Worker
+        from runner.judge.evaluator import Evaluator
+        from runner.spec.spec import load_spec
+
+        self.root = root
+        self.template = root / template_name
+        self.template.write_text(template)
+        (root / spec_name).write_text(spec_text)
+        self.spec = load_spec(root / spec_name)
+        self.log = root / log_name
+        self.worker = Worker(self.spec, str(self.log))
+        self.ev = Evaluator(self.spec, self.worker, None)
+        self.switch = switch
+        self.memo: dict = {}
+
+    def run(self, value: str, fresh: bool = False):
+        """The trial of one behaviour (kept for the next call unless fresh)."""
+        if fresh or value not in self.memo:
+            self.memo[value] = self.ev.run({self.switch: value}, "test")
+        return self.memo[value]
+
+    def build_unchecked(self, value: str) -> list[str]:
+        """The kernel built with g++ directly, past the CPU backend's static source rules."""
+        import subprocess
+
+        from runner.build.backends import cpu
+
+        arts = []
+        for i, src in enumerate(self.ev.builder.render_all({self.switch: value})):
+            cpp = self.root / f"unchecked-{value}-{i}.cpp"
+            cpp.write_text(src)
+            lib = self.root / f"unchecked-{value}-{i}.so"
+            subprocess.run([cpu.CXX, *cpu.BASE_FLAGS, str(cpp), "-o", str(lib)], check=True, capture_output=True)
+            arts.append(str(lib))
+        return arts
+
+    def job(self, value: str, seed: int) -> dict:
+        """An evaluate request for a worker, of the kernel built past the static rules."""
+        return {"seed": seed, "artifacts": self.build_unchecked(value), "geometry": self.ev.builder.geometry({self.switch: value})}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def module_bench(name: str, make):
+    """A module-scoped fixture: the bench make(root) in a fresh folder with a compile cache of
+    its own there (no artifact from an earlier run); PIPE_CACHE_DIR is restored and the
+    worker closed after the module."""
+
+    @pytest.fixture(scope="module")
+    def bench(tmp_path_factory):
+        root = tmp_path_factory.mktemp(name)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PIPE_CACHE_DIR", str(root / "cache"))
+            b = make(root)
+            try:
+                yield b
+            finally:
+                b.close()
+
+    return bench
+
+
+def explain(t) -> str:
+    return f"status={t.status!r} reason={t.reason!r} times={t.times}"

@@ -10,6 +10,8 @@ variants, which must still build.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("cuda.core")
@@ -19,7 +21,7 @@ from runner.build import forbid, ptx  # noqa: E402
 from runner.spec.spec import load_spec  # noqa: E402
 from runner.build.builder import Builder  # noqa: E402
 
-from .conftest import ROOT  # noqa: E402
+from .conftest import ROOT, SOFTMAX_CUDA_KERNEL, hack_spec, row_op  # noqa: E402
 
 NAMED = ["fast_math", "lower_precision", "library_calls", "side_streams", "host_sync", "disable_cuda_graphs",
          "spills"]
@@ -58,34 +60,19 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
 }
 """
 
-SPEC = """\
-name: compiled-forbid
-hardware: h200
-op:
-  reference: runner.ops.reference:softmax
-  dtype: bf16
-  inputs:
-    x: {{shape: [M, N]}}
-  outputs:
-    y: {{shape: [M, N]}}
-  shapes:
-    - {{M: 64, N: 1024}}
-  tolerance: {{atol: 1.0e-3, rtol: 1.6e-2}}
-  bytes: "2 * M * N * elem"
-kernel:
-  template: {template}
-  entry: soft
-  args: [x, y, M, N]
-  grid: "M"
-  block: "256"
-search:
-  params:
-    UNROLL: [1, 2, 4]
-forbidden: {forbidden}
-agent: {{strategy: grid}}
-goal:
-  budget: {{trials: 10}}
-"""
+def spec(template: Path, forbidden: list[str]) -> str:
+    return hack_spec("compiled-forbid", template, hardware="h200",
+                     op=row_op("runner.ops.reference:softmax", "bf16", [{"M": 64, "N": 1024}]),
+                     kernel=SOFTMAX_CUDA_KERNEL, params={"UNROLL": [1, 2, 4]}, forbidden=forbidden,
+                     baseline=None, trials=10)
+
+
+def approved(root: Path, forbidden: list[str]) -> Builder:
+    """The builder of the approved template under forbidden."""
+    (root / "soft.cu.j2").write_text(APPROVED)
+    (root / "spec.yaml").write_text(spec(root / "soft.cu.j2", forbidden))
+    return Builder(load_spec(root / "spec.yaml"))
+
 
 EX_LINE = "  return exp2f((v - m) * L2E);"
 STORE_LINE = "    yr[c] = __float2bfloat16(e * inv);"
@@ -93,10 +80,7 @@ STORE_LINE = "    yr[c] = __float2bfloat16(e * inv);"
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compiled_forbid")
-    (root / "soft.cu.j2").write_text(APPROVED)
-    (root / "spec.yaml").write_text(SPEC.format(template=root / "soft.cu.j2", forbidden="[" + ", ".join(NAMED) + "]"))
-    return Builder(load_spec(root / "spec.yaml"))
+    return approved(tmp_path_factory.mktemp("compiled_forbid"), NAMED)
 
 
 def build(ev: Builder, text: str | None, params: dict | None = None):
@@ -218,9 +202,7 @@ def test_bf16_operator_overloads_are_refused_on_the_compiled_code(small):
 
 
 def test_bf16_operators_allowed_where_lower_precision_is_not_forbidden(tmp_path):
-    (tmp_path / "soft.cu.j2").write_text(APPROVED)
-    (tmp_path / "spec.yaml").write_text(SPEC.format(template=tmp_path / "soft.cu.j2", forbidden="[fast_math]"))
-    ev = Builder(load_spec(tmp_path / "spec.yaml"))
+    ev = approved(tmp_path, ["fast_math"])
     b = build(ev, BF16_OPERATORS)
     assert b.status == "ok", b.reason
 

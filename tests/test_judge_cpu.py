@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
 import pickle
 import struct
 import time
@@ -24,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from runner.judge.worker import Worker
-from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
+
+from .conftest import JudgeBench, explain, module_bench, rmsnorm_hack_spec
 
 pytestmark = pytest.mark.slow
 
@@ -227,57 +226,9 @@ HACKS = [
     "compile_error", "slowed", "print_noise",
 ]
 
-SPEC = """\
-name: judge-cpu-adversarial
-description: RMSNorm with a HACK switch, for the judge's adversarial tests.
-hardware: host-cpu
-
-op:
-  reference: runner.ops.reference:rmsnorm
-  dtype: fp32
-  inputs:
-    x: {{shape: [M, N], dist: [normal, outliers, uniform]}}
-    w: {{shape: [N], dist: positive}}
-  outputs:
-    out: {{shape: [M, N]}}
-  scalars:
-    eps: {{value: 1.0e-6, type: f32}}
-  shapes:
-    - {{M: 64, N: 256}}
-    - {{M: 33, N: 100}}
-  tolerance: {{atol: 1.0e-5, rtol: 1.0e-5}}
-  bytes: "elem * (2 * M * N + N)"
-  flops: "4 * M * N"
-
-kernel:
-  template: {template}
-  entry: rmsnorm_cpu
-  args: [x, w, out, M, N, eps]
-
-runtime:
-  cache: warm
-  warmup_ms: 2
-  rep_ms: 10
-  checks: 2
-  timeout_s: {timeout}
-
-baseline: none
-
-search:
-  params:
-    HACK: [{hacks}]
-
-forbidden:
-  - fast_math
-  - library_calls
-  - side_streams
-  - lower_precision
-
-agent: {{strategy: random, seed: 0}}
-
-goal:
-  budget: {{trials: 100}}
-"""
+def spec(template: Path) -> str:
+    return rmsnorm_hack_spec("judge-cpu-adversarial", "RMSNorm with a HACK switch, for the judge's adversarial tests.",
+                             template, HACKS, ["normal", "outliers", "uniform"], TIMEOUT_S)
 
 
 def _forged_frame(n_shapes: int) -> bytes:
@@ -288,75 +239,30 @@ def _forged_frame(n_shapes: int) -> bytes:
     return struct.pack("!i", len(payload)) + payload
 
 
-class Bench:
+class Bench(JudgeBench):
     """The spec, the worker and the evaluator shared by the module, plus a trial cache."""
 
     def __init__(self, root: Path):
-        self.root = root
         self.marker = root / MARKER_NAME
         frame = _forged_frame(2)
         tmpl = (TEMPLATE.replace("@@FORGED@@", ", ".join(str(b) for b in frame))
                 .replace("@@MARKER@@", str(self.marker)))
-        (root / "hack.cpp.j2").write_text(tmpl)
-        (root / "spec.yaml").write_text(SPEC.format(
-            template=root / "hack.cpp.j2", timeout=TIMEOUT_S,
-            hacks=", ".join(HACKS)))
-        self.spec = load_spec(root / "spec.yaml")
-        self.log = root / "worker.log"
-        self.worker = Worker(self.spec, str(self.log))
-        self.ev = Evaluator(self.spec, self.worker, None)
-        self._memo: dict[str, object] = {}
-
-    def run(self, hack: str, fresh: bool = False):
-        """The trial of one behaviour (memoized unless fresh)."""
-        if fresh or hack not in self._memo:
-            self._memo[hack] = self.ev.run({"HACK": hack}, "test")
-        return self._memo[hack]
+        super().__init__(root, "hack.cpp.j2", tmpl, "spec.yaml", spec(root / "hack.cpp.j2"))
 
     def run_unchecked(self, hack: str, worker) -> dict:
         """Build the kernel with g++ directly, past the backend's static source rules,
         and hand it to a worker: what the worker's own defences do with it."""
-        from runner.build.backends import cpu
-
-        params = {"HACK": hack}
-        srcs = self.ev.builder.render_all(params)
-        arts = []
-        for i, src in enumerate(srcs):
-            cpp = self.root / f"unchecked-{hack}-{i}.cpp"
-            cpp.write_text(src)
-            lib = self.root / f"unchecked-{hack}-{i}.so"
-            subprocess.run([cpu.CXX, *cpu.BASE_FLAGS, str(cpp), "-o", str(lib)], check=True,
-                           capture_output=True)
-            arts.append(str(lib))
-        job = {"seed": 1, "artifacts": arts, "geometry": self.ev.builder.geometry(params)}
-        return worker.request(("evaluate", job), self.spec.runtime.timeout_s)
+        return worker.request(("evaluate", self.job(hack, 1)), self.spec.runtime.timeout_s)
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    root = tmp_path_factory.mktemp("judge_cpu")
-    old = os.environ.get("PIPE_CACHE_DIR")
-    os.environ["PIPE_CACHE_DIR"] = str(root / "cache")  # hermetic: no artifact from an earlier run
-    b = Bench(root)
-    try:
-        yield b
-    finally:
-        b.worker.close()
-        if old is None:
-            os.environ.pop("PIPE_CACHE_DIR", None)
-        else:
-            os.environ["PIPE_CACHE_DIR"] = old
-
-
-def _explain(t) -> str:
-    return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+bench = module_bench("judge_cpu", Bench)
 
 
 # -- controls ----------------------------------------------------------------------------------
 
 def test_honest_kernel_passes(bench):
     t = bench.run("honest")
-    assert t.status == "ok", _explain(t)
+    assert t.status == "ok", explain(t)
     assert t.reason == ""
     assert t.times is not None and len(t.times) == 2
     assert all(x > 0 for x in t.times)
@@ -366,8 +272,8 @@ def test_honest_kernel_passes(bench):
 
 def test_slowed_kernel_measures_slower(bench):
     h, s = bench.run("honest"), bench.run("slowed")
-    assert h.status == "ok", _explain(h)
-    assert s.status == "ok", _explain(s)
+    assert h.status == "ok", explain(h)
+    assert s.status == "ok", explain(s)
     assert s.objective > 1.5 * h.objective, (s.objective, h.objective)
     for ts, th in zip(s.times, h.times):  # every shape, not only the geomean
         assert ts > 1.5 * th, (s.times, h.times)
@@ -424,14 +330,14 @@ def test_artifacts_are_named_by_source(bench):
 
 def test_do_nothing_is_wrong(bench):
     t = bench.run("do_nothing")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "never written" in t.reason and "shape 0" in t.reason, t.reason
     assert t.times is None and t.objective is None
 
 
 def test_partial_row_is_wrong(bench):
     t = bench.run("partial_row")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "never written" in t.reason, t.reason
     # 64 x 256: the first element missing is the first of the last row.
     assert f"first at flat index {63 * 256}" in t.reason, t.reason
@@ -439,46 +345,46 @@ def test_partial_row_is_wrong(bench):
 
 def test_partial_element_is_wrong(bench):
     t = bench.run("partial_element")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "1 of 16384 elements" in t.reason and "never written" in t.reason, t.reason
 
 
 def test_constant_output_is_wrong(bench):
     t = bench.run("constant")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "outside atol" in t.reason, t.reason
 
 
 @pytest.mark.parametrize("hack", ["out_of_bounds_low", "out_of_bounds_high"])
 def test_write_outside_output_is_wrong(bench, hack):
     t = bench.run(hack)
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "guard" in t.reason, t.reason
 
 
 def test_mutating_input_is_wrong(bench):
     t = bench.run("mutate_input")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     # The second checked run sees x[0] == 0, so either the output or the input check fires.
     assert "modified" in t.reason or "outside atol" in t.reason, t.reason
 
 
 def test_mutating_input_within_tolerance_is_caught_by_the_input_check(bench):
     t = bench.run("mutate_input_ulp")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "input 'x' was modified" in t.reason, t.reason
 
 
 def test_cache_by_pointer_is_wrong(bench):
     t = bench.run("cache_by_pointer")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     # The second checked run at the same addresses left the second decoy untouched.
     assert "never written" in t.reason, t.reason
 
 
 def test_cache_output_by_pointer_is_wrong(bench):
     t = bench.run("cache_output_by_pointer")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
 
 
 @pytest.mark.parametrize("hack", ["lazy_when_timed", "lazy_every_other"])
@@ -490,7 +396,7 @@ def test_lazy_when_timed_is_caught_by_the_checked_timed_call(bench, hack):
     for _ in range(4):  # fresh seeds: the random checks land elsewhere each time
         bench.worker.close()  # a new worker process: the kernel's call counter starts at 0
         t = bench.run(hack, fresh=True)
-        assert t.status == "wrong", _explain(t)
+        assert t.status == "wrong", explain(t)
         assert t.reason.startswith("shape 0") and "timed call" in t.reason, t.reason
 
 
@@ -499,24 +405,24 @@ def test_skip_when_output_present_is_not_a_win(bench):
     assert h.status == "ok"
     # Either rejected, or at least not measured as much faster than the honest kernel.
     assert t.status != "ok" or t.objective > 0.5 * h.objective, \
-        f"{_explain(t)}; honest objective {h.objective:.3g} s, hack {t.objective:.3g} s"
+        f"{explain(t)}; honest objective {h.objective:.3g} s, hack {t.objective:.3g} s"
 
 
 def test_shape_hardcode_is_wrong_on_the_other_shape(bench):
     t = bench.run("shape_hardcode")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "shape 1" in t.reason and "never written" in t.reason, t.reason
 
 
 def test_lower_precision_type_is_forbidden(bench):
     t = bench.run("lower_precision_f16")
-    assert t.status == "forbidden", _explain(t)
+    assert t.status == "forbidden", explain(t)
     assert t.reason.startswith("lower_precision") and "_Float16" in t.reason, t.reason
 
 
 def test_truncated_precision_is_wrong(bench):
     t = bench.run("truncate_precision")
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert "outside atol" in t.reason, t.reason
 
 
@@ -524,24 +430,24 @@ def test_truncated_precision_is_wrong(bench):
 
 def test_fast_math_pragma_is_forbidden(bench):
     t = bench.run("fast_math_pragma")
-    assert t.status == "forbidden", _explain(t)
+    assert t.status == "forbidden", explain(t)
     assert t.reason.startswith("fast_math") and "pragma" in t.reason, t.reason
 
 
 def test_file_access_is_forbidden(bench):
     t = bench.run("file_access")
-    assert t.status == "forbidden", _explain(t)
+    assert t.status == "forbidden", explain(t)
     assert "<cstdio> is not on the CPU backend's allow-list" in t.reason, t.reason
 
 
 def test_hand_declared_symbols_and_token_pasting_are_forbidden(bench):
     t = bench.run("file_bypass")
-    assert t.status == "forbidden", f"{_explain(t)}; marker written: {bench.marker.exists()}"
+    assert t.status == "forbidden", f"{explain(t)}; marker written: {bench.marker.exists()}"
     assert ("only the entry point may be declared extern" in t.reason or "token pasting" in t.reason), t.reason
     assert not bench.marker.exists()
     for hack in ("forge_verdict", "forge_write"):
         t = bench.run(hack)
-        assert t.status == "forbidden" and "extern" in t.reason, _explain(t)
+        assert t.status == "forbidden" and "extern" in t.reason, explain(t)
 
 
 def test_sandbox_stops_file_writes_that_pass_the_source_rules(bench):
@@ -577,19 +483,19 @@ def test_segfault_costs_one_worker(bench):
     assert bench.run("honest").status == "ok"  # a live worker to lose
     starts = bench.worker.starts
     t = bench.run("segfault", fresh=True)
-    assert t.status == "fault", _explain(t)
+    assert t.status == "fault", explain(t)
     assert "SIGSEGV" in t.reason, t.reason
     after = bench.run("honest_again", fresh=True)
-    assert after.status == "ok", _explain(after)
+    assert after.status == "ok", explain(after)
     assert bench.worker.starts == starts + 1
 
 
 def test_trap_is_a_fault(bench):
     t = bench.run("abort", fresh=True)
-    assert t.status == "fault", _explain(t)
+    assert t.status == "fault", explain(t)
     assert "signal" in t.reason, t.reason
     after = bench.run("honest_again", fresh=True)
-    assert after.status == "ok", _explain(after)
+    assert after.status == "ok", explain(after)
 
 
 def test_hang_is_killed_by_the_watchdog(bench):
@@ -599,17 +505,17 @@ def test_hang_is_killed_by_the_watchdog(bench):
     t0 = time.monotonic()
     t = bench.run("hang", fresh=True)
     took = time.monotonic() - t0
-    assert t.status == "hang", _explain(t)
+    assert t.status == "hang", explain(t)
     assert f"no verdict within {TIMEOUT_S:g} s" in t.reason, t.reason
     assert TIMEOUT_S * 0.9 <= took <= TIMEOUT_S + 10, took
     assert bench.worker.proc is None  # killed, not left spinning
     after = bench.run("honest_again", fresh=True)
-    assert after.status == "ok", _explain(after)
+    assert after.status == "ok", explain(after)
 
 
 def test_compile_error_reports_the_compiler_message(bench):
     t = bench.run("compile_error")
-    assert t.status == "compile_error", _explain(t)
+    assert t.status == "compile_error", explain(t)
     assert "error" in t.reason and "kernel.cpp:" in t.reason, t.reason
     assert "broken" in t.details.get("compile_log", ""), t.details
 
@@ -618,6 +524,6 @@ def test_compile_error_reports_the_compiler_message(bench):
 
 def test_kernel_output_never_reaches_the_runner(bench, capfd):
     t = bench.run("print_noise", fresh=True)
-    assert t.status == "wrong", _explain(t)  # printing "ok" changes nothing
+    assert t.status == "wrong", explain(t)  # printing "ok" changes nothing
     out, err = capfd.readouterr()
     assert "PIPE-NOISE-MARKER" not in out + err

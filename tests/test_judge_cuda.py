@@ -10,16 +10,11 @@ unharmed.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from runner.judge.worker import Worker
-from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
-
-from .conftest import ROOT
+from .conftest import ROOT, SOFTMAX_CUDA_KERNEL, JudgeBench, explain, hack_spec, row_op
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -165,84 +160,49 @@ HACKS = ["honest", "honest_again", "do_nothing", "partial", "constant", "out_of_
          "truncate_precision", "side_stream", "host_sync", "illegal_address", "misaligned", "trap", "hang",
          "slowed", "skip_rows_when_filled", "steal_reference", "print_flood"]
 
-SPEC = """\
-name: judge-cuda-adversarial
-description: row softmax with a HACK switch, for the judge's adversarial tests.
-hardware: {hardware}
-op:
-  reference: runner.ops.reference:softmax
-  dtype: bf16
-  inputs:
-    x: {{shape: [M, N], dist: [normal, outliers, large]}}
-  outputs:
-    y: {{shape: [M, N]}}
-  shapes: {shapes}
-  tolerance: {{atol: 1.0e-3, rtol: 1.6e-2}}
-  bytes: "2 * M * N * elem"
-kernel:
-  template: {template}
-  entry: soft
-  args: [x, y, M, N]
-  grid: "M"
-  block: "256"
-runtime: {{mode: {mode}, cache: cold, warmup_ms: 5, rep_ms: 20, checks: 2, timeout_s: {timeout}}}
-baseline: none
-search:
-  params:
-    HACK: [{hacks}]
-forbidden: [fast_math, lower_precision, library_calls, side_streams, host_sync, spills]
-agent: {{strategy: grid}}
-goal:
-  budget: {{trials: 100}}
-"""
-
-
-SHAPES = "[{M: 4096, N: 1024}, {M: 37, N: 333}]"
+SHAPES = [{"M": 4096, "N": 1024}, {"M": 37, "N": 333}]
 # long rows: softmax outputs about 1/N = 8e-6, far below atol=1e-3 (issue 18, class 1)
-LONG_ROWS = "[{M: 64, N: 131072}, {M: 5, N: 131071}]"
+LONG_ROWS = [{"M": 64, "N": 131072}, {"M": 5, "N": 131071}]
 # small tensors only: every buffer of a check round in one 2 MiB segment of torch's small pool
-SMALL = "[{M: 8, N: 1024}, {M: 5, N: 999}]"
+SMALL = [{"M": 8, "N": 1024}, {"M": 5, "N": 999}]
 
 
-class Bench:
-    def __init__(self, root: Path, hardware: str = "h200", mode: str = "auto", shapes: str = SHAPES):
-        self.root = root
-        (root / "hack.cu.j2").write_text(TEMPLATE)
-        (root / f"spec-{hardware}-{mode}.yaml").write_text(SPEC.format(
-            template=root / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(HACKS), hardware=hardware, mode=mode,
-            shapes=shapes))
-        self.spec = load_spec(root / f"spec-{hardware}-{mode}.yaml")
-        self.worker = Worker(self.spec, str(root / f"worker-{hardware}-{mode}.log"))
-        self.ev = Evaluator(self.spec, self.worker, None)
-        self.memo: dict = {}
+def softmax_spec(template: Path, hacks: list[str], hardware: str = "h200", mode: str = "auto",
+                 shapes: list = SHAPES, name: str = "judge-cuda-adversarial") -> str:
+    return hack_spec(name, template, description="row softmax with a HACK switch, for the judge's adversarial tests.",
+                     hardware=hardware,
+                     op=row_op("runner.ops.reference:softmax", "bf16", shapes, dist=["normal", "outliers", "large"]),
+                     kernel=SOFTMAX_CUDA_KERNEL,
+                     runtime={"mode": mode, "cache": "cold", "warmup_ms": 5, "rep_ms": 20, "checks": 2,
+                              "timeout_s": TIMEOUT_S},
+                     params={"HACK": hacks},
+                     forbidden=["fast_math", "lower_precision", "library_calls", "side_streams", "host_sync", "spills"])
 
-    def run(self, hack: str, fresh: bool = False):
-        if fresh or hack not in self.memo:
-            self.memo[hack] = self.ev.run({"HACK": hack}, "test")
-        return self.memo[hack]
+
+class Bench(JudgeBench):
+    def __init__(self, root: Path, hardware: str = "h200", mode: str = "auto", shapes: list = SHAPES):
+        super().__init__(root, "hack.cu.j2", TEMPLATE, f"spec-{hardware}-{mode}.yaml",
+                         softmax_spec(root / "hack.cu.j2", HACKS, hardware, mode, shapes),
+                         f"worker-{hardware}-{mode}.log")
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     b = Bench(tmp_path_factory.mktemp("judge_cuda"))
     yield b
-    b.worker.close()
-
-
-def _explain(t) -> str:
-    return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+    b.close()
 
 
 def test_honest_passes(bench):
     t = bench.run("honest")
-    assert t.status == "ok", _explain(t)
+    assert t.status == "ok", explain(t)
     assert all(x > 0 for x in t.times)
     print(f"honest: {[round(x * 1e6, 2) for x in t.times]} us")
 
 
 def test_slowed_measures_slower(bench):
     h, s = bench.run("honest"), bench.run("slowed")
-    assert s.status == "ok", _explain(s)
+    assert s.status == "ok", explain(s)
     assert s.times[0] > 1.5 * h.times[0], (h.times, s.times)
 
 
@@ -268,7 +228,7 @@ def test_decide_uses_paired_retiming(bench):
 ])
 def test_hacks_are_wrong(bench, hack, needle):
     t = bench.run(hack)
-    assert t.status == "wrong", _explain(t)
+    assert t.status == "wrong", explain(t)
     assert needle in t.reason, t.reason
 
 
@@ -278,7 +238,7 @@ def test_hacks_are_wrong(bench, hack, needle):
 ])
 def test_forbidden_actions(bench, hack, rule):
     t = bench.run(hack)
-    assert t.status == "forbidden", _explain(t)
+    assert t.status == "forbidden", explain(t)
     assert t.reason.startswith(rule), t.reason
 
 
@@ -286,18 +246,18 @@ def test_forbidden_actions(bench, hack, rule):
 def test_faults_cost_one_worker(bench, hack):
     starts = bench.worker.starts
     t = bench.run(hack, fresh=True)
-    assert t.status == "fault", _explain(t)
+    assert t.status == "fault", explain(t)
     after = bench.run("honest_again", fresh=True)
-    assert after.status == "ok", _explain(after)
+    assert after.status == "ok", explain(after)
     assert bench.worker.starts == starts + 1
 
 
 def test_hang_costs_one_worker(bench):
     starts = bench.worker.starts
     t = bench.run("hang", fresh=True)
-    assert t.status == "hang", _explain(t)
+    assert t.status == "hang", explain(t)
     after = bench.run("honest_again", fresh=True)
-    assert after.status == "ok", _explain(after)
+    assert after.status == "ok", explain(after)
     assert bench.worker.starts == starts + 1
 
 
@@ -309,7 +269,7 @@ def test_time_below_the_physical_floor_is_impossible(tmp_path):
     b = Bench(tmp_path, hardware="h200-slow")
     try:
         t = b.run("honest")
-        assert t.status == "impossible", _explain(t)
+        assert t.status == "impossible", explain(t)
         assert "below the physical floor" in t.reason
     finally:
         b.worker.close()
@@ -320,7 +280,7 @@ def test_both_runtime_modes_verify_and_time(tmp_path, mode):
     b = Bench(tmp_path, mode=mode)
     try:
         h = b.run("honest")
-        assert h.status == "ok", _explain(h)
+        assert h.status == "ok", explain(h)
         assert b.run("skip_if_output_present").status == "wrong"
         print(f"{mode}: {[round(x * 1e6, 2) for x in h.times]} us")
     finally:
@@ -352,9 +312,7 @@ def test_pipe_run_survives_faults_and_hangs(tmp_path):
     (tmp_path / "hack.cu.j2").write_text(TEMPLATE)
     hacks = ["honest", "illegal_address", "hang", "trap", "slowed"]
     spec = tmp_path / "faulty.yaml"
-    spec.write_text(SPEC.format(template=tmp_path / "hack.cu.j2", timeout=TIMEOUT_S, hacks=", ".join(hacks),
-                                hardware="h200", mode="auto", shapes=SHAPES).replace("name: judge-cuda-adversarial",
-                                                                      "name: faulty"))
+    spec.write_text(softmax_spec(tmp_path / "hack.cu.j2", hacks, name="faulty"))
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "runner.cli", "run", str(spec), "--run-dir", str(run_dir),
                         "--no-hw-check"], capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -391,9 +349,9 @@ def test_skip_rows_when_filled_is_wrong_on_long_rows(tmp_path):
     b = Bench(tmp_path, shapes=LONG_ROWS)
     try:
         h = b.run("honest")
-        assert h.status == "ok", _explain(h)
+        assert h.status == "ok", explain(h)
         t = b.run("skip_rows_when_filled")
-        assert t.status == "wrong", _explain(t)
+        assert t.status == "wrong", explain(t)
         assert "never written" in t.reason, t.reason
     finally:
         b.worker.close()
@@ -414,7 +372,7 @@ def test_printf_from_every_thread_is_capped(tmp_path):
         before = log.stat().st_size
         t = b.run("print_flood")
         assert log.stat().st_size - before <= LOG_CAP_BYTES + 65536  # bounded, whatever the verdict
-        assert t.status in ("ok", "hang"), _explain(t)
+        assert t.status in ("ok", "hang"), explain(t)
         if t.status == "ok":
             assert t.details.get("log_capped", 0) > LOG_CAP_BYTES, t.details
             assert t.details.get("printf_fifo_bytes"), t.details  # the device buffer, as the driver set it
@@ -429,7 +387,7 @@ def test_device_memory_scan_finds_no_reference(tmp_path):
     b = Bench(tmp_path, shapes=SMALL)
     try:
         t = b.run("steal_reference")
-        assert t.status == "wrong", _explain(t)
+        assert t.status == "wrong", explain(t)
     finally:
         b.worker.close()
 

@@ -19,9 +19,6 @@ now, next to an honest control that must pass:
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,8 +26,8 @@ import torch
 
 from runner.judge import verify
 from runner.judge.worker import LOG_CAP_BYTES, Worker
-from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
+
+from .conftest import JudgeBench, explain, hack_spec, module_bench, row_op
 
 pytestmark = pytest.mark.slow
 
@@ -153,82 +150,22 @@ extern "C" void softmax_cpu(const float* x, float* y, int64_t M, int64_t N) {
 }
 """
 
-SOFTMAX_SPEC = """\
-name: issue18-softmax
-hardware: host-cpu
-op:
-  reference: runner.ops.reference:softmax
-  dtype: fp32
-  inputs:
-    x: {{shape: [M, N], dist: normal}}
-  outputs:
-    y: {{shape: [M, N]}}
-  shapes:
-    - {{M: 4, N: 262144}}
-    - {{M: 3, N: 262144}}
-  tolerance: {{atol: 1.0e-3, rtol: 1.6e-2}}
-  bytes: "2 * M * N * elem"
-kernel:
-  template: {template}
-  entry: softmax_cpu
-  args: [x, y, M, N]
-runtime: {{cache: warm, warmup_ms: 2, rep_ms: 10, checks: 2, timeout_s: 120}}
-baseline: none
-search:
-  params:
-    HACK: [honest, skip_rows_when_filled, print_flood, steal_reference]
-forbidden: [fast_math, library_calls]
-agent: {{strategy: grid}}
-goal:
-  budget: {{trials: 10}}
-"""
+def softmax_spec(template: Path) -> str:
+    return hack_spec("issue18-softmax", template,
+                     op=row_op("runner.ops.reference:softmax", "fp32", [{"M": 4, "N": 262144}, {"M": 3, "N": 262144}],
+                               dist="normal"),
+                     kernel={"entry": "softmax_cpu", "args": ["x", "y", "M", "N"]},
+                     runtime={"cache": "warm", "warmup_ms": 2, "rep_ms": 10, "checks": 2, "timeout_s": 120},
+                     params={"HACK": ["honest", "skip_rows_when_filled", "print_flood", "steal_reference"]},
+                     forbidden=["fast_math", "library_calls"], trials=10)
 
 
-class Softmax:
-    def __init__(self, root: Path):
-        self.root = root
-        (root / "softmax.cpp.j2").write_text(SOFTMAX_TEMPLATE)
-        (root / "softmax.yaml").write_text(SOFTMAX_SPEC.format(template=root / "softmax.cpp.j2"))
-        self.spec = load_spec(root / "softmax.yaml")
-        self.log = root / "worker.log"
-        self.worker = Worker(self.spec, str(self.log))
-        self.ev = Evaluator(self.spec, self.worker, None)
-
-    def run(self, hack: str):
-        return self.ev.run({"HACK": hack}, "test")
-
-    def build_unchecked(self, hack: str) -> list[str]:
-        """Compiled with g++ directly, past the backend's static source rules."""
-        from runner.build.backends import cpu
-
-        arts = []
-        for i, src in enumerate(self.ev.builder.render_all({"HACK": hack})):
-            cpp = self.root / f"unchecked-{hack}-{i}.cpp"
-            cpp.write_text(src)
-            lib = self.root / f"unchecked-{hack}-{i}.so"
-            subprocess.run([cpu.CXX, *cpu.BASE_FLAGS, str(cpp), "-o", str(lib)], check=True, capture_output=True)
-            arts.append(str(lib))
-        return arts
-
-
-@pytest.fixture(scope="module")
-def softmax(tmp_path_factory):
-    root = tmp_path_factory.mktemp("issue18")
-    old = os.environ.get("PIPE_CACHE_DIR")
-    os.environ["PIPE_CACHE_DIR"] = str(root / "cache")
-    b = Softmax(root)
-    try:
-        yield b
-    finally:
-        b.worker.close()
-        if old is None:
-            os.environ.pop("PIPE_CACHE_DIR", None)
-        else:
-            os.environ["PIPE_CACHE_DIR"] = old
+softmax = module_bench("issue18", lambda root: JudgeBench(
+    root, "softmax.cpp.j2", SOFTMAX_TEMPLATE, "softmax.yaml", softmax_spec(root / "softmax.cpp.j2")))
 
 
 def _explain(t) -> str:
-    return f"status={t.status!r} reason={t.reason!r} times={t.times} details={ {k: t.details.get(k) for k in ('log_capped',)} }"
+    return f"{explain(t)} details={ {k: t.details.get(k) for k in ('log_capped',)} }"
 
 
 # -- class 1: the error budget and the state of the output before a checked call --------------------
@@ -298,9 +235,7 @@ def test_memory_scan_finds_no_reference_in_the_judge(softmax):
     now the references are computed after the candidate's last call on those values."""
     w = Worker(softmax.spec, str(softmax.root / "steal-worker.log"))
     try:
-        job = {"seed": 7, "artifacts": softmax.build_unchecked("steal_reference"),
-               "geometry": softmax.ev.builder.geometry({"HACK": "steal_reference"})}
-        v = w.request(("evaluate", job), 300)
+        v = w.request(("evaluate", softmax.job("steal_reference", 7)), 300)
         assert v["status"] == "wrong", v
         assert "never written" in v["reason"], v
     finally:
@@ -369,61 +304,34 @@ extern "C" void layernorm_cpu(const float* x, float* y, int64_t M, int64_t N, fl
 }
 """
 
-LAYERNORM_SPEC = """\
-name: issue18-layernorm
-hardware: host-cpu
-op:
-  reference: ln_ref_issue18:layernorm
-  dtype: fp32
-  inputs:
-    x: {{shape: [M, N], dist: [{dists}]}}
-  outputs:
-    y: {{shape: [M, N]}}
-  scalars:
-    eps: {{value: 1.0e-5, type: f32}}
-  shapes:
-    - {{M: 64, N: 1024}}
-    - {{M: 7, N: 333}}
-  tolerance: {{atol: 1.0e-5, rtol: 1.0e-4}}
-  bytes: "2 * M * N * elem"
-kernel:
-  template: {template}
-  entry: layernorm_cpu
-  args: [x, y, M, N, eps]
-runtime: {{cache: warm, warmup_ms: 1, rep_ms: 5, checks: 2, timeout_s: 60}}
-baseline: none
-search:
-  params:
-    HACK: [two_pass, naive]
-forbidden: [fast_math, library_calls]
-agent: {{strategy: grid}}
-goal:
-  budget: {{trials: 4}}
-"""
+def layernorm_spec(template: Path, dists: list[str]) -> str:
+    return hack_spec("issue18-layernorm", template,
+                     op=row_op("ln_ref_issue18:layernorm", "fp32", [{"M": 64, "N": 1024}, {"M": 7, "N": 333}],
+                               dist=dists, tolerance={"atol": 1.0e-5, "rtol": 1.0e-4},
+                               scalars={"eps": {"value": 1.0e-5, "type": "f32"}}),
+                     kernel={"entry": "layernorm_cpu", "args": ["x", "y", "M", "N", "eps"]},
+                     runtime={"cache": "warm", "warmup_ms": 1, "rep_ms": 5, "checks": 2, "timeout_s": 60},
+                     params={"HACK": ["two_pass", "naive"]}, forbidden=["fast_math", "library_calls"], trials=4)
 
 
-@pytest.mark.parametrize("dists,naive_passes", [("normal, uniform, outliers", True),
-                                                ("normal, offset, spike, outliers", False)])
+@pytest.mark.parametrize("dists,naive_passes", [(["normal", "uniform", "outliers"], True),
+                                                (["normal", "offset", "spike", "outliers"], False)])
 def test_layernorm_cancellation_needs_the_offset_rows(tmp_path, monkeypatch, dists, naive_passes):
     monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(tmp_path))  # the spawned worker inherits sys.path
     (tmp_path / "ln_ref_issue18.py").write_text(LAYERNORM_REF)
-    (tmp_path / "ln.cpp.j2").write_text(LAYERNORM_TEMPLATE)
-    (tmp_path / "ln.yaml").write_text(LAYERNORM_SPEC.format(template=tmp_path / "ln.cpp.j2", dists=dists))
-    spec = load_spec(tmp_path / "ln.yaml")
-    w = Worker(spec, str(tmp_path / "worker.log"))
+    b = JudgeBench(tmp_path, "ln.cpp.j2", LAYERNORM_TEMPLATE, "ln.yaml", layernorm_spec(tmp_path / "ln.cpp.j2", dists))
     try:
-        ev = Evaluator(spec, w, None)
-        honest = ev.run({"HACK": "two_pass"}, "test")
+        honest = b.run("two_pass")
         assert honest.status == "ok", _explain(honest)
-        naive = ev.run({"HACK": "naive"}, "test")
+        naive = b.run("naive")
         if naive_passes:  # today's inputs never stress it
             assert naive.status == "ok", _explain(naive)
         else:
             assert naive.status == "wrong", _explain(naive)
             assert "outside" in naive.reason or "NaN" in naive.reason, naive.reason
     finally:
-        w.close()
+        b.close()
 
 
 def test_new_distributions_reach_what_they_promise():

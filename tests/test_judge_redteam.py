@@ -29,14 +29,11 @@ right for it. See docs/judge.md.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
 
-from runner.judge.worker import Worker
-from runner.spec.spec import load_spec
-from runner.judge.evaluator import Evaluator
+from .conftest import JudgeBench, explain, module_bench, rmsnorm_hack_spec
 
 pytestmark = pytest.mark.slow
 
@@ -142,93 +139,28 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
 HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache", "retime_cache",
          "deferred_thread", "slowed"]
 
-SPEC = """\
-name: judge-redteam
-description: RMSNorm with a HACK switch, for the red-team tests.
-hardware: host-cpu
-
-op:
-  reference: runner.ops.reference:rmsnorm
-  dtype: fp32
-  inputs:
-    x: {{shape: [M, N], dist: [normal, uniform]}}
-    w: {{shape: [N], dist: positive}}
-  outputs:
-    out: {{shape: [M, N]}}
-  scalars:
-    eps: {{value: 1.0e-6, type: f32}}
-  shapes:
-    - {{M: 64, N: 256}}
-    - {{M: 33, N: 100}}
-  tolerance: {{atol: 1.0e-5, rtol: 1.0e-5}}
-  bytes: "elem * (2 * M * N + N)"
-  flops: "4 * M * N"
-
-kernel:
-  template: {template}
-  entry: rmsnorm_cpu
-  args: [x, w, out, M, N, eps]
-
-runtime:
-  cache: warm
-  warmup_ms: 2
-  rep_ms: 10
-  checks: 2
-  timeout_s: 20
-
-baseline: none
-
-search:
-  params:
-    HACK: [{hacks}]
-
-forbidden: [fast_math, library_calls, side_streams, lower_precision]
-
-agent: {{strategy: random, seed: 0}}
-
-goal:
-  budget: {{trials: 100}}
-"""
+def spec(template: Path) -> str:
+    return rmsnorm_hack_spec("judge-redteam", "RMSNorm with a HACK switch, for the red-team tests.",
+                             template, HACKS, ["normal", "uniform"], 20)
 
 
-class Bench:
+class Bench(JudgeBench):
     def __init__(self, root: Path):
-        (root / "hack.cpp.j2").write_text(TEMPLATE)
-        (root / "spec.yaml").write_text(SPEC.format(template=root / "hack.cpp.j2", hacks=", ".join(HACKS)))
-        self.spec = load_spec(root / "spec.yaml")
-        self.worker = Worker(self.spec, str(root / "worker.log"))
-        self.ev = Evaluator(self.spec, self.worker, None)
+        super().__init__(root, "hack.cpp.j2", TEMPLATE, "spec.yaml", spec(root / "hack.cpp.j2"))
 
     def run(self, hack: str, fresh_worker: bool = True):
         if fresh_worker:  # the kernel's statics start again
             self.worker.close()
-        return self.ev.run({"HACK": hack}, "test")
+        return super().run(hack, fresh=True)
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    root = tmp_path_factory.mktemp("redteam")
-    old = os.environ.get("PIPE_CACHE_DIR")
-    os.environ["PIPE_CACHE_DIR"] = str(root / "cache")
-    b = Bench(root)
-    try:
-        yield b
-    finally:
-        b.worker.close()
-        if old is None:
-            os.environ.pop("PIPE_CACHE_DIR", None)
-        else:
-            os.environ["PIPE_CACHE_DIR"] = old
-
-
-def _explain(t) -> str:
-    return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+bench = module_bench("redteam", Bench)
 
 
 def test_honest_control_passes_with_many_timed_calls(bench):
     """The control, and what the rare cheats rely on: enough timed calls for a lazy one."""
     t = bench.run("honest")
-    assert t.status == "ok", _explain(t)
+    assert t.status == "ok", explain(t)
     assert all(n >= 32 for n in t.details["timed_calls"]), t.details["timed_calls"]
 
 
@@ -238,7 +170,7 @@ def test_lazy_on_a_few_timed_calls_is_caught(bench, hack):
     ones about 2 times in 3; the per-call samples see every timed call."""
     for _ in range(3):
         t = bench.run(hack)
-        assert t.status == "wrong", _explain(t)
+        assert t.status == "wrong", explain(t)
         assert "timed call" in t.reason, t.reason
 
 
@@ -247,7 +179,7 @@ def test_fingerprint_cache_is_caught(bench):
     salted last call) shows it. Before the salt it passed every time."""
     for _ in range(2):
         t = bench.run("fingerprint_cache")
-        assert t.status == "wrong", _explain(t)
+        assert t.status == "wrong", explain(t)
         assert "timed call" in t.reason, t.reason
 
 
@@ -256,7 +188,7 @@ def test_deferred_work_is_caught(bench):
     returns (every timed call's) finds the previous output."""
     for _ in range(2):
         t = bench.run("deferred_thread")
-        assert t.status == "wrong", _explain(t)
+        assert t.status == "wrong", explain(t)
         assert "timed call" in t.reason, t.reason
 
 
@@ -265,9 +197,9 @@ def test_cache_only_in_the_retiming_is_caught(bench):
     (against a slowed incumbent it would be kept): the re-timing's salted last calls
     make it wrong, and it is not kept."""
     inc = bench.run("slowed")
-    assert inc.status == "ok", _explain(inc)
+    assert inc.status == "ok", explain(inc)
     t = copy.deepcopy(bench.run("retime_cache", fresh_worker=False))
-    assert t.status == "ok", _explain(t)  # evaluate sees an honest kernel
+    assert t.status == "ok", explain(t)  # evaluate sees an honest kernel
     bench.ev.decide(t, inc)
-    assert t.kept is False and t.status == "wrong", (t.details.get("retime"), _explain(t))
+    assert t.kept is False and t.status == "wrong", (t.details.get("retime"), explain(t))
     assert "re-timing" in t.reason, t.reason

@@ -216,7 +216,7 @@ def cmd_merge(a) -> int:
     dest = Path(a.out)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(json.dumps(m.data, indent=1) + "\n")
+        dest.write_text(dataset.dumps(m.data))
     except OSError as e:
         print(f"pipe merge: cannot write {dest}: {e.strerror or e}", file=sys.stderr)
         return EXIT_INPUT

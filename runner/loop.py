@@ -473,7 +473,7 @@ def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minu
     finally:
         led.close()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(data, indent=1) + "\n")
+    dest.write_text(dataset.dumps(data))
     by: dict[str, int] = {}
     for t in data["trials"]:
         by[t["status"]] = by.get(t["status"], 0) + 1

@@ -102,6 +102,15 @@ class Dataset:
                                                   "times": None, "objective": None})
 
 
+def dumps(data: dict) -> str:
+    """A dataset as the files in datasets/ are kept: compact JSON, the header on the first
+    line and one trial a line (small, and a diff of two recordings reads trial by trial)."""
+    head = {k: v for k, v in data.items() if k != "trials"}
+    text = json.dumps(head, separators=(",", ":"))[:-1]
+    trials = ",\n".join(json.dumps(t, separators=(",", ":")) for t in data.get("trials", []))
+    return text + (',\n"trials":[\n' + trials + "\n]}\n" if "trials" in data else "}\n")
+
+
 def load(path: str | Path) -> Dataset:
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT:

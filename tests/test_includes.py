@@ -103,3 +103,25 @@ def test_a_missing_part_is_a_spec_error_at_the_include_line(project):
     with pytest.raises(SpecError) as e:
         load_spec(project / "pipelines" / "rmsnorm-cpu.yaml")
     assert "rmsnorm.cpp.j2:1: include 'common/head.j2': no file" in str(e.value)
+
+
+def test_a_commented_include_is_no_include(tmp_path):
+    (tmp_path / "t.j2").write_text('a\n{# {% include "gone.j2" %} #}\n{#\n{% include "gone.j2" %}\n#}\nb\n')
+    flat, _ = render.flatten(tmp_path / "t.j2")
+    assert render.render(flat, {}) == "a\nb\n"
+
+
+def test_an_unknown_variable_in_a_part_is_named_at_the_part(project):
+    part = project / "kernel_templates" / "common" / "head.j2"
+    part.write_text(part.read_text() + "// {{ NOT_A_PARAM_AT_ALL }}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(project / "pipelines" / "rmsnorm-cpu.yaml")
+    assert "common/head.j2:2" in str(e.value) and "NOT_A_PARAM_AT_ALL" in str(e.value)
+
+
+def test_a_variant_cannot_include_files(project):
+    spec = load_spec(project / "pipelines" / "rmsnorm-cpu.yaml")
+    b = Builder(spec)
+    b.variants["v"] = '{% include "common/head.j2" %}\n' + spec.kernel.template
+    with pytest.raises(render.RenderError, match="a variant cannot read files"):
+        b.render_all(dict(spec.start), "v")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,6 +73,12 @@ class Builder:
         """The source for every shape (the spec's timed and extra shapes unless `shapes` is given)."""
         text, name = self.template(variant)
         if variant is not None:
+            inc = re.search(r"\{%-?\s*(include|import|from|extends)\b", text)
+            if inc:
+                line = text.count("\n", 0, inc.start()) + 1
+                raise render.RenderError(f"{name}:{line}: a variant cannot read files ('{{% {inc.group(1)}'): the "
+                                         "template an agent is shown has its includes in place already; write the "
+                                         "text itself")
             try:
                 used = render.template_variables(text)
             except Exception as e:  # jinja2.TemplateSyntaxError and friends

@@ -105,6 +105,7 @@ class Segment(NamedTuple):
 
 _INCLUDE_LINE = re.compile(r"^[ \t]*\{%-?\s*include\s+([\"'])([^\"']+)\1\s*-?%\}[ \t]*(?:\n|$)", re.M)
 _ANY_INCLUDE = re.compile(r"\{%-?\s*(include|import|from|extends)\b")
+_COMMENT = re.compile(r"\{#.*?#\}", re.S)
 
 
 def flatten(path: Path, shown: Callable[[Path], str] = str, _stack: tuple = ()) -> tuple[str, list[Segment]]:
@@ -114,10 +115,17 @@ def flatten(path: Path, shown: Callable[[Path], str] = str, _stack: tuple = ()) 
     line (those would read files at render time, past the digest)."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
+    comments = [c.span() for c in _COMMENT.finditer(text)]  # Jinja comments render to nothing
+
+    def commented(i: int) -> bool:
+        return any(a <= i < b for a, b in comments)
+
     out: list[str] = []
     segs: list[Segment] = []
     at, flat_line = 0, 1
     for m in _INCLUDE_LINE.finditer(text):
+        if commented(m.start(2)):
+            continue
         before = text[at:m.start()]
         segs.append(Segment(flat_line, shown(path), text.count("\n", 0, at) + 1))
         out.append(before)
@@ -139,6 +147,8 @@ def flatten(path: Path, shown: Callable[[Path], str] = str, _stack: tuple = ()) 
     out.append(text[at:])
     flat = "".join(out)
     for bad in _ANY_INCLUDE.finditer(text):
+        if commented(bad.start()):
+            continue
         if not _INCLUDE_LINE.match(text, text.rfind("\n", 0, bad.start()) + 1):
             line = text.count("\n", 0, bad.start()) + 1
             raise RenderError(f"{shown(path)}:{line}: '{{% {bad.group(1)}' is allowed only as a whole line "

@@ -885,12 +885,18 @@ def worker_main(conn, spec, log_path: str) -> None:
         try:
             if prof is not None:
                 prof.enable()
-            result = getattr(judge, kind)(*args)
+            try:
+                result = getattr(judge, kind)(*args)
+            finally:
+                if prof is not None:
+                    prof.disable()
             if prof is not None:
-                prof.disable()
                 served += 1
                 if served % 10 == 0:
-                    prof.dump_stats(os.environ["PIPE_WORKER_PROFILE"])
+                    try:  # a diagnostic: never the request's verdict (the CPU sandbox forbids files)
+                        prof.dump_stats(os.environ["PIPE_WORKER_PROFILE"])
+                    except OSError:
+                        pass
             mode_broken = judge.rt.mode_changed() if hasattr(judge.rt, "mode_changed") else None
             if mode_broken and result.get("status") == "ok":
                 result = {"status": "forbidden", "reason": f"the runtime mode changed during the trial: {mode_broken}"}

@@ -434,9 +434,9 @@ class _Checker:
             scope_d.add(name)
         available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
         for v in sorted(used - available):
-            line = render.variable_line(text, v)
+            where = render.locate(segments, render.variable_line(text, v)) or (str(tpath), 1)
             self.diags.append(Diagnostic(
-                str(tpath), line, 1, "",
+                where[0], where[1], 1, "",
                 f"template uses '{v}', which is no search parameter, shape symbol or dtype variable "
                 f"of {self.loc.file}"))
         via_derive = {n for _, e in derive for n in e.names} if (used & {n for n, _ in derive}) else set()

@@ -74,7 +74,7 @@ class _OptunaAgent:
     """Shared ask-and-tell machinery; subclasses supply `_sampler(seed)`."""
 
     OPTIONS = {"n_startup_trials": Option(None, int), "encoding": Option("categorical", choices=("categorical", "index")),
-               "max_asks": Option(MAX_ASKS), "n_ei_candidates": Option(24), "multivariate": Option(True),
+               "max_asks": Option(MAX_ASKS, int), "n_ei_candidates": Option(24, int), "multivariate": Option(True),
                "group": Option(False), "deterministic_objective": Option(False)}
 
     def __init__(self, space: Space, seed: int, options: dict):

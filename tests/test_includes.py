@@ -125,3 +125,12 @@ def test_a_variant_cannot_include_files(project):
     b.variants["v"] = '{% include "common/head.j2" %}\n' + spec.kernel.template
     with pytest.raises(render.RenderError, match="a variant cannot read files"):
         b.render_all(dict(spec.start), "v")
+
+
+def test_an_error_while_rendering_a_part_names_the_part(project):
+    part = project / "kernel_templates" / "common" / "head.j2"
+    part.write_text(part.read_text() + "// {{ 1 // (THREADS - THREADS) }}\n")
+    spec = load_spec(project / "pipelines" / "rmsnorm-cpu.yaml")
+    with pytest.raises(render.RenderError) as e:
+        Builder(spec).render_all(dict(spec.start))
+    assert "common/head.j2:2" in str(e.value) and "ZeroDivisionError" in str(e.value)

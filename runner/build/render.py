@@ -167,17 +167,26 @@ def locate(segments, line: int) -> tuple[str, int] | None:
     return (seg.path, seg.line + line - seg.start) if seg else None
 
 
+def _template_line(e: BaseException) -> int | None:
+    """The template line an error was raised at while rendering: Jinja rewrites the
+    traceback so that a template's frames carry the file name '<template>' and its line."""
+    tb, line = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
 def render(text: str, context: Mapping[str, Any], name: str = "template", segments=None) -> str:
     try:
         return _compiled(text).render(**context)
-    except jinja2.TemplateError as e:
-        line = getattr(e, "lineno", None)
+    except Exception as e:  # Jinja's errors, a sandbox violation, an error raised inside an expression
+        line = getattr(e, "lineno", None) or _template_line(e)
         found = locate(segments, line) if line else None
         where = f"{found[0]}:{found[1]}" if found else f"{name}:{line}" if line else name
         hint = syntax_hint(text, line) if isinstance(e, jinja2.TemplateSyntaxError) and line else None
         raise RenderError(f"{where}: {type(e).__name__}: {e}" + (f"; {hint}" if hint else "")) from None
-    except Exception as e:  # a sandbox violation or an error raised inside a filter
-        raise RenderError(f"{name}: {type(e).__name__}: {e}") from None
 
 
 SHAPE_GROUPS = (("shapes", "op.shapes"), ("extra", "op.extra_shapes"), ("held", "op.held_out_shapes"))

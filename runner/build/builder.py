@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,7 +72,7 @@ class Builder:
         """The source for every shape (the spec's timed and extra shapes unless `shapes` is given)."""
         text, name = self.template(variant)
         if variant is not None:
-            inc = re.search(r"\{%-?\s*(include|import|from|extends)\b", text)
+            inc = render.FILE_TAG.search(text)
             if inc:
                 line = text.count("\n", 0, inc.start()) + 1
                 raise render.RenderError(f"{name}:{line}: a variant cannot read files ('{{% {inc.group(1)}'): the "

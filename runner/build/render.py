@@ -104,7 +104,8 @@ class Segment(NamedTuple):
 
 
 _INCLUDE_LINE = re.compile(r"^[ \t]*\{%-?\s*include\s+([\"'])([^\"']+)\1\s*-?%\}[ \t]*(?:\n|$)", re.M)
-_ANY_INCLUDE = re.compile(r"\{%-?\s*(include|import|from|extends)\b")
+# a tag that reads another template file at render time
+FILE_TAG = re.compile(r"\{%-?\s*(include|import|from|extends)\b")
 _COMMENT = re.compile(r"\{#.*?#\}", re.S)
 
 
@@ -146,7 +147,7 @@ def flatten(path: Path, shown: Callable[[Path], str] = str, _stack: tuple = ()) 
     segs.append(Segment(flat_line, shown(path), text.count("\n", 0, at) + 1))
     out.append(text[at:])
     flat = "".join(out)
-    for bad in _ANY_INCLUDE.finditer(text):
+    for bad in FILE_TAG.finditer(text):
         if commented(bad.start()):
             continue
         if not _INCLUDE_LINE.match(text, text.rfind("\n", 0, bad.start()) + 1):

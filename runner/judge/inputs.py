@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .verify import NARROW
+
 TORCH_DTYPES = {
     "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64,
     "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
@@ -32,9 +34,6 @@ def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str) -> t
         mask = torch.rand(x.shape, generator=gen, device=device) < fraction
         x = torch.where(mask, torch.full_like(x, value), x)
     return x
-
-
-NARROW = (torch.bfloat16, torch.float16)
 
 
 def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:

@@ -352,7 +352,8 @@ def cmd_compare(a) -> int:
     from .ship.compare import compare_and_write, format_table
 
     doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
-                            torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force)
+                            torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force,
+                            points=a.points)
     print(format_table(doc))
     return EXIT_OK
 
@@ -396,6 +397,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--top", type=int, default=3, help="candidates per shape: the fastest K on it (default 3)")
     c.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds, at least 2: the even ones pick "
                    "each shape's winner, the odd ones give its time (default 4)")
+    c.add_argument("--points", type=int, help="with op.domain: secret points of the curve across the domain "
+                   "(default 24)")
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
     c.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")

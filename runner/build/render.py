@@ -64,6 +64,27 @@ def template_variables(text: str) -> set[str]:
     return set(meta.find_undeclared_variables(_ENV.parse(text)))
 
 
+def read_symbols(used: set[str], symbols: list[str], derive) -> dict[str, list[str]]:
+    """Shape symbols a template reads (`used`: its variables), directly or through the derived
+    values it reads (`derive`: (name, Expr) pairs): symbol -> the chain of names that reaches
+    it from the template. Those sizes are compiled into the kernel; the others may vary at
+    run time under one binary."""
+    derive = dict(derive)
+    via: dict[str, list[str]] = {}
+    stack = [(n, [n]) for n in sorted(used) if n in derive or n in symbols]
+    seen: set[str] = set()
+    while stack:
+        n, chain = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in symbols:
+            via.setdefault(n, chain)
+        if n in derive:
+            stack.extend((x, chain + [x]) for x in sorted(derive[n].names) if x not in seen)
+    return {s: via[s] for s in symbols if s in via}
+
+
 # Jinja's statement tags: `{%` followed by anything else is not Jinja (inline PTX's `{%0, %1}`).
 JINJA_TAGS = {"if", "elif", "else", "endif", "for", "endfor", "set", "endset", "macro", "endmacro", "call",
               "endcall", "filter", "endfilter", "raw", "endraw", "block", "endblock", "extends", "include",

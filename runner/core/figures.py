@@ -36,9 +36,23 @@ def geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def per_shape(spec, times: Sequence[float], baseline: Sequence[float] | None) -> list[dict]:
+def objective(times: Sequence, baseline: Sequence[float] | None) -> float:
+    """The search objective: the geomean of the times. A shape without a time (a configuration
+    that does not serve it, op.domain) counts at the baseline's time there: the fallback."""
+    if all(t is not None for t in times):
+        return geomean(times)
+    if not baseline:
+        return geomean([t for t in times if t is not None])
+    return geomean([b if t is None else t for t, b in zip(times, baseline)])
+
+
+def per_shape(spec, times: Sequence, baseline: Sequence[float] | None) -> list[dict]:
+    """Figures per timed shape; a shape without a time (not served) has time_s None only."""
     out = []
     for i, (t, f) in enumerate(zip(times, floors(spec))):
+        if t is None:
+            out.append({"time_s": None})
+            continue
         d = {"time_s": t, "floor_s": f["floor"], "bytes_per_s": f["bytes"] / t,
              "bandwidth_fraction": f["t_bw"] / t, "limit_fraction": f["floor"] / t,
              "flops_fraction": (f["t_flops"] / t) if f["t_flops"] else None}
@@ -52,14 +66,20 @@ def per_shape(spec, times: Sequence[float], baseline: Sequence[float] | None) ->
 def impossible(spec, shapes: list[dict]) -> str | None:
     slack = spec.hw.limit_slack
     for i, d in enumerate(shapes):
-        if d["time_s"] < d["floor_s"] * (1 - slack):
+        if d["time_s"] is not None and d["time_s"] < d["floor_s"] * (1 - slack):
             return (f"shape {i}: {d['time_s'] * 1e6:.3f} us is below the physical floor "
                     f"{d['floor_s'] * 1e6:.3f} us ({d['limit_fraction']:.2f}x the {spec.hw.name} limit)")
     return None
 
 
 def metric(spec, shapes: list[dict]) -> float | None:
-    """The goal's metric over all shapes: the worst shape counts."""
+    """The goal's metric over all shapes: the worst shape counts. With op.domain, over the
+    listed shapes only (the tuning grid builds the dispatch table), and None unless the
+    configuration serves every one of them."""
+    if spec.op.domain:
+        shapes = shapes[:spec.op.named]
+        if any(d["time_s"] is None for d in shapes):
+            return None
     m = spec.goal.metric or ("speedup" if shapes and "speedup" in shapes[0] else None)
     if m is None:
         return None
@@ -76,6 +96,10 @@ def metric_spread(spec, shapes: list[dict], spreads: Sequence[float] | None,
     """The relative spread of the goal's metric: the interquartile spread over the median of
     the shape that sets it (the worst), plus the baseline's own on that shape for a speedup
     (both times move the ratio)."""
+    if spec.op.domain:
+        shapes, spreads = shapes[:spec.op.named], (spreads or [])[:spec.op.named]
+        if any(d["time_s"] is None for d in shapes):
+            return None
     m = spec.goal.metric or ("speedup" if shapes and "speedup" in shapes[0] else None)
     if m is None or not spreads or not shapes:
         return None
@@ -102,9 +126,9 @@ def table_metric(spec, history, baseline: Sequence[float] | None) -> float | Non
     trial so far. None until every timed shape has one."""
     n = len(spec.op.shapes)
     rows = per_shape_best(history, n)
-    if any(r is None for r in rows):
+    if any(r is None for r in (rows[:spec.op.named] if spec.op.domain else rows)):
         return None
-    return metric(spec, per_shape(spec, [r["time_s"] for r in rows], baseline))
+    return metric(spec, per_shape(spec, [r["time_s"] if r else None for r in rows], baseline))
 
 
 class Progress:
@@ -118,11 +142,12 @@ class Progress:
     def add(self, t) -> bool:
         if t.status != "ok" or not t.times:
             return False
+        times = [math.inf if x is None else x for x in t.times]  # None: a shape it does not serve
         if self.table is None:
-            self.table = list(t.times)
+            self.table = times
             return True
-        moved = any(x < b * (1 - self.tol) for x, b in zip(t.times, self.table))
-        self.table = [min(x, b) for x, b in zip(t.times, self.table)]
+        moved = any(x < b * (1 - self.tol) for x, b in zip(times, self.table))
+        self.table = [min(x, b) for x, b in zip(times, self.table)]
         return moved
 
 
@@ -143,7 +168,7 @@ def per_shape_best(history, n_shapes: int) -> list[dict | None]:
     """For each timed shape, the ok trial with the lowest recorded time on it."""
     out: list[dict | None] = []
     for i in range(n_shapes):
-        ok = [t for t in history if t.status == "ok" and t.times and len(t.times) > i]
+        ok = [t for t in history if t.status == "ok" and t.times and len(t.times) > i and t.times[i] is not None]
         if not ok:
             out.append(None)
             continue

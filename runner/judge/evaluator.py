@@ -19,7 +19,16 @@ from ..build.builder import Builder, geometry_key, sources_hash
 from ..core import figures
 from ..core.errors import ExprError
 from ..core.records import Trial
+from . import domain
 from ..ledger.provenance import made_with, run_parts
+
+def _spread_out(idx: list[int], xs: list, n: int) -> list:
+    """Values for the shapes `idx` onto a list of n, None elsewhere."""
+    out: list = [None] * n
+    for i, x in zip(idx, xs):
+        out[i] = x
+    return out
+
 
 REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
 RETIME_ROUNDS = 5
@@ -66,12 +75,19 @@ class Evaluator:
             return done("error", f"forbidden rule failed to evaluate: {e}")
         if v:
             return done("forbidden", str(v))
+        plan = self._serves(params) if sp.op.domain else None
+        if plan is not None and not plan[0]:
+            return done("pruned", "serves no tuning point (kernel.serves)")
         try:
-            sources = self.builder.render_all(params, variant)
-            geometry = self.builder.geometry(params)
+            shapes_built = None if plan is None else plan[2]
+            sources = self.builder.render_all(params, variant, shapes_built)
+            geometry = self.builder.geometry(params, shapes_built)
         except (render.RenderError, ExprError) as e:
             return done("render_error", str(e))
         unique = list(dict.fromkeys(sources))  # templates that read shape symbols render once per shape
+        if plan is not None and len(unique) > 1:
+            return done("render_error", "the source differs between shapes: with op.domain the sizes reach the "
+                                        "kernel as arguments, and the template may not read them")
         trial.source_hash = render.source_hash("\n".join(unique))
         trial.details["sources_hash"] = shapes_key = sources_hash(sources)
         if self._made_with is None:
@@ -101,6 +117,8 @@ class Evaluator:
         if b.status != "ok":
             return done(b.status, b.reason)
         artifacts = b.artifacts
+        if plan is not None:  # one binary serves every shape: kept against the spec's shape list
+            artifacts = [artifacts[0]] * len(sp.op.all_shapes)
         # Parameters the template ignores for these shapes give the very same binaries and launches
         # as a configuration judged already: its verdict is this one's (no new information
         # would come from judging the same code again), and the worker's time goes elsewhere.
@@ -120,6 +138,21 @@ class Evaluator:
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
         trial.details["seed"] = seed = secrets.randbits(48)
         job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
+        if plan is not None:
+            # the listed and tuning shapes it serves, timed; its extra shapes and shapes drawn
+            # from the domain in secret (after the build), verified
+            timed_idx, n_extra, shapes_job = plan
+            trial.details["domain_seed"] = dseed = secrets.randbits(48)
+            elem = sp.op.shape_env({})["elem"]
+            draws = domain.draws(sp.op, lambda sh: sp.kernel.serves_shape(params, sh, elem), dseed)
+            try:
+                geometry = geometry + self.builder.geometry(params, draws)
+            except ExprError as e:
+                return done("render_error", f"launch geometry at a domain shape: {e}")
+            job.update(shapes=shapes_job + draws, n_timed=len(timed_idx), geometry=geometry,
+                       artifacts=[artifacts[0]] * (len(shapes_job) + len(draws)))
+            trial.details["served"] = timed_idx
+            trial.details["domain_checks"] = draws
         t_judge = time.perf_counter()
         verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)
         trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
@@ -134,8 +167,12 @@ class Evaluator:
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
         trial.details["timed_calls"] = [s.get("n") for s in verdict["shapes"]]
-        shapes = self._score(trial, [s["median"] for s in verdict["shapes"]],
-                             [s["spread"] for s in verdict["shapes"]])
+        times = [s["median"] for s in verdict["shapes"]]
+        spreads = [s["spread"] for s in verdict["shapes"]]
+        if plan is not None:  # back onto the spec's timed shapes: None where it does not serve
+            times, spreads = _spread_out(plan[0], times, len(sp.op.shapes)), \
+                _spread_out(plan[0], spreads, len(sp.op.shapes))
+        shapes = self._score(trial, times, spreads)
         self.sources[trial.key] = sources
         self.artifacts[trial.key] = artifacts
         bad = figures.impossible(sp, shapes)
@@ -143,12 +180,25 @@ class Evaluator:
             return done("impossible", bad)
         return done("ok")
 
-    def _score(self, trial: Trial, times: list[float], spreads: list[float]) -> list[dict]:
-        """Per-shape times into the trial's figures against this run's baseline; the per-shape figures."""
+    def _serves(self, params: dict) -> tuple[list[int], int, list[dict]]:
+        """With op.domain: (indices of the timed shapes the configuration serves, how many extra
+        shapes it serves, those timed shapes then those extra shapes)."""
+        op, k = self.spec.op, self.spec.kernel
+        elem = op.shape_env({})["elem"]
+        timed = [i for i, s in enumerate(op.shapes) if k.serves_shape(params, s, elem)]
+        extra = [s for s in op.extra_shapes if k.serves_shape(params, s, elem)]
+        return timed, len(extra), [op.shapes[i] for i in timed] + extra
+
+    def _score(self, trial: Trial, times: list, spreads: list) -> list[dict]:
+        """Per-shape times into the trial's figures against this run's baseline; the per-shape figures.
+        With op.domain a time is None where the configuration does not serve the shape; its
+        objective is then the geomean of the dispatch it would make alone: its own time where
+        it serves, the fallback's (the baseline) elsewhere."""
         trial.times, trial.spreads = times, spreads
         shapes = figures.per_shape(self.spec, times, self.baseline)
         trial.details["shapes"] = shapes
-        trial.objective, trial.metric = figures.geomean(times), figures.metric(self.spec, shapes)
+        trial.objective = figures.objective(times, self.baseline)
+        trial.metric = figures.metric(self.spec, shapes)
         ms = figures.metric_spread(self.spec, shapes, spreads, self.baseline_spreads)
         if ms is not None:
             trial.details["metric_spread"] = round(ms, 4)
@@ -173,10 +223,20 @@ class Evaluator:
                 cand.details["retime"] = {"status": "skipped", "reason": "the incumbent could not be rebuilt; "
                                           f"kept only if {REBUILD_MARGIN:.0%} faster by its own timing"}
                 return
-        jobs = [{"artifacts": self.artifacts[cand.key], "geometry": self.builder.geometry(cand.params)},
-                {"artifacts": inc, "geometry": self.builder.geometry(best.params)}]
+        only = None
+        if self.spec.op.domain:  # paired on the shapes both serve; alone elsewhere (the fallback's there)
+            only = [i for i, (a, b) in enumerate(zip(cand.times, best.times)) if a is not None and b is not None]
+            if not only:
+                cand.kept = cand.objective < best.objective * (1 - REBUILD_MARGIN)
+                cand.details["retime"] = {"status": "skipped", "reason": "no timed shape served by both; kept "
+                                          f"only if {REBUILD_MARGIN:.0%} faster by its own timing"}
+                return
+        shapes = None if only is None else [self.spec.op.shapes[i] for i in only]
+        pick = (lambda xs: xs) if only is None else (lambda xs: [xs[i] for i in only])
+        jobs = [{"artifacts": pick(self.artifacts[cand.key]), "geometry": self.builder.geometry(cand.params, shapes)},
+                {"artifacts": pick(inc), "geometry": self.builder.geometry(best.params, shapes)}]
         t0 = time.time()
-        r = self.worker.request(("retime", jobs, RETIME_ROUNDS, secrets.randbits(48)),
+        r = self.worker.request(("retime", jobs, RETIME_ROUNDS, secrets.randbits(48), 0.3, only),
                                 self.spec.runtime.timeout_s * RETIME_ROUNDS * 2)
         if r["status"] != "ok":
             cand.details["retime"] = {"status": r["status"], "reason": r.get("reason", "")}
@@ -210,14 +270,15 @@ class Evaluator:
             if a is None:
                 return {"met": False, "error": f"trial #{t.id} could not be rebuilt"}
             arts.append(a[i])
-            geos.append(self.builder.geometry(t.params)[i])
+            geos.append(self.builder.geometry(t.params, [sp.op.shapes[i]])[0])
         jobs = [{"artifacts": arts, "geometry": geos}]
         paired = g.metric == "speedup" and sp.baseline != "none"
         if paired:
             jobs.append({"torch": sp.baseline})
         t0 = time.time()
         # each arm for the spec's whole timing budget, as pipe compare times it
-        r = self.worker.request(("retime", jobs, rounds, secrets.randbits(48), 1.0),
+        only = list(range(len(picks))) if sp.op.domain else None  # with op.domain: the listed shapes
+        r = self.worker.request(("retime", jobs, rounds, secrets.randbits(48), 1.0, only),
                                 sp.runtime.timeout_s * rounds * len(jobs))
         out = {"kernels": [t.id for t in picks], "rounds": rounds, "goal": g.describe(), "metric_name": g.metric,
                "judged_on": "lower quartile" if g.at_least is not None else "upper quartile",

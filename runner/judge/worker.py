@@ -360,7 +360,8 @@ class Judge:
         if mode != "compile":
             return self.reference
         if getattr(self, "_compiled", None) is None:
-            self._compiled = self.torch.compile(self.reference, dynamic=False)
+            # sizes known at run time (op.domain): dynamic shapes, as a user would compile it
+            self._compiled = self.torch.compile(self.reference, dynamic=bool(self.op.domain))
         return self._compiled
 
     def warm_torch(self, compile_: bool, triton: str | None = None, shapes=None) -> None:
@@ -435,16 +436,20 @@ class Judge:
 
         return (inputs, sets, answers, *_alternate(inputs, sets))
 
-    def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3) -> dict:
+    def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3,
+               only: list[int] | None = None) -> dict:
         """medians[round][job][shape]: the jobs timed in alternating order each round (each
         for `budget_scale` of the spec's warm-up and timing budgets: 0.3 for a keep decision,
         the whole of them for a goal check, as pipe compare times its arms),
         under the same input rotation as `evaluate`, so no job can coast on unchanged
         inputs; after each job's timing its last output is checked against the reference.
-        The runner draws `seed` afresh for every request: the inputs are unpredictable."""
+        The runner draws `seed` afresh for every request: the inputs are unpredictable.
+        `only`: the indices of the spec's timed shapes to time (all by default); a job's
+        artifacts, geometry and the medians then follow that list."""
         prepared, refreshers, checkers, keep = [], [], [], []
         mode = None
-        for si, shape in enumerate(self.op.shapes):
+        which = list(range(len(self.op.shapes))) if only is None else list(only)
+        for si, shape in enumerate(self.op.shapes[i] for i in which):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("retime", seed, si))
 
             row, outs_row = [], []
@@ -472,14 +477,14 @@ class Judge:
         # last round and one earlier round drawn in secret per shape and job (a snapshot of every
         # round would hold rounds x jobs x shapes copies of the outputs)
         taken = []
-        pick = {(si, j): secrets.randbelow(max(1, rounds - 1)) for si in range(len(self.op.shapes))
+        pick = {(si, j): secrets.randbelow(max(1, rounds - 1)) for si in range(len(which))
                 for j in range(len(jobs))}
         for r in range(rounds):
-            row = [[0.0] * len(self.op.shapes) for _ in jobs]
+            row = [[0.0] * len(which) for _ in jobs]
             order = list(range(len(jobs)))
             if r % 2:
                 order.reverse()
-            for si in range(len(self.op.shapes)):
+            for si in range(len(which)):
                 for j in order:
                     ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si])
                     row[j][si] = _mid(ts)
@@ -874,8 +879,9 @@ def worker_main(conn, spec, log_path: str) -> None:
             # torch.compile (and Triton) write caches and start compilers on a shape's first call:
             # those calls happen now, before the sandbox forbids files and processes
             try:
-                if kind == "compare":
-                    judge.warm_torch(args[0].get("compile"), args[0].get("triton"), args[0].get("shapes"))
+                if kind == "compare":  # a job may name what to warm: the arms and shapes of later jobs
+                    w = args[0].get("warm") or args[0]
+                    judge.warm_torch(w.get("compile"), w.get("triton"), w.get("shapes"))
                 elif spec.baseline == "compile":
                     judge.warm_torch(True)
             except Exception:

@@ -108,7 +108,7 @@ def goal_picks(spec, history, best, baseline) -> list[list[Trial]]:
     (what the run ships, and what pipe compare times). Empty when neither looks met."""
     if best is None:
         return []
-    n = len(spec.op.shapes)
+    n = spec.op.named if spec.op.domain else len(spec.op.shapes)  # with op.domain: the listed shapes
     picks = [[best] * n] if spec.goal.met(best.metric) else []
     if best.times and n > 1 and spec.goal.met(figures.table_metric(spec, history, baseline)):
         by_id = {t.id: t for t in history}
@@ -137,7 +137,9 @@ def outcomes(params: dict, vid: str | None, history, best: float | None) -> list
         return [Seen(params, "wrong", "", None, vid)]
     best = best or min(t.objective for t in oks)
     timed = [t.times for t in oks if t.times]
-    table = [min(col) for col in zip(*timed)] if timed else None
+    table = [min((x for x in col if x is not None), default=None) for col in zip(*timed)] if timed else None
+    if table is not None and any(x is None for x in table):
+        table = None
     scaled = lambda f: tuple(x * f for x in table) if table else None  # noqa: E731
     objs = sorted({t.objective for t in oks})
     out = [Seen(params, "ok", "", best * 1.1, vid, times=scaled(1.1)),

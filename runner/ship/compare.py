@@ -66,7 +66,7 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
-                force: bool = False) -> dict:
+                force: bool = False, points: int | None = None) -> dict:
     from ..judge.worker import Worker
     from .rundata import open_run
     from ..build.builder import Builder
@@ -76,6 +76,8 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     rd = open_run(run_dir, spec_path, "compare times", read_compare=False, force=force)
     spec, history, variants = rd.spec, rd.history, rd.variants
     base = rd.baseline
+    if spec.op.domain:
+        return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points)
     n = len(spec.op.shapes)
     cands = candidates(history, n, top)
     if not any(cands):
@@ -106,6 +108,38 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     finally:
         worker.close()
     return doc
+
+
+def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds: int, timeout_s: float,
+                  seed: int | None = None, points: int | None = None) -> dict:
+    """pipe compare of a spec with op.domain: the range table measured, then its curve at
+    secret points (runner/ship/ranges.py)."""
+    from ..judge.worker import Worker
+    from ..build.builder import Builder
+    from . import ranges
+
+    if not any(t.status == "ok" and t.times for t in history):
+        raise CompareError(f"{run_dir}: no correct trial to compare")
+    builder = Builder(spec)
+    builder.variants = variants
+    worker = Worker(spec, str(run_dir / "compare-worker.log"))
+    by_id = {t.id: t for t in history}
+    seed = secrets.randbits(48) if seed is None else seed
+    try:
+        prober = ranges.Prober(spec, builder, worker, by_id, rounds, timeout_s)
+        n = points or ranges.CURVE_POINTS
+        prober.warm = {"compile": True, "triton": spec.op.triton, "shapes": ranges.secret_points(spec, seed, n)}
+        table = ranges.build(spec, history, prober, top=top)
+        rows = ranges.curve(spec, table, prober, seed, n)
+    finally:
+        worker.close()
+    return {"format": "pipe-compare/1", "run": str(run_dir), "spec": spec.name, "spec_path": spec.path,
+            "spec_hash": spec.hash, "hardware": spec.hw.name, "machine": getattr(prober, "machine", {}),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
+                         "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms, "rounds": rounds,
+                         "inputs": compared_inputs(spec), "torch.compile": "dynamic=True"},
+            "recorded_baseline": base, "range_table": table, "curve": rows, "shapes": []}
 
 
 def _held_out(spec, builder, history, doc: dict, base, worker, rounds: int, timeout_s: float) -> list[dict]:
@@ -336,6 +370,15 @@ def _rates(f: dict, t: float, copy_s: float | None) -> dict:
 
 
 def format_table(doc: dict) -> str:
+    if "range_table" in doc:
+        from .ranges import format_curve, format_ranges
+
+        m = doc.get("machine", {})
+        t = doc["range_table"]
+        return (f"{doc['spec']} on {m.get('device', '?')} (torch {m.get('torch', '?')}), {doc['date']}\n"
+                f"dispatch by range ({t['probes']} timing requests):\n{format_ranges(t)}\n\n"
+                f"at {len(doc['curve'])} secret points of the domain:\n"
+                + format_curve(doc["curve"], t["axes"]))
     m = doc.get("machine", {})
     head = (f"{doc['spec']} on {m.get('device', '?')} (torch {m.get('torch', '?')}"
             + (f", triton {m['triton']}" if "triton" in m else "") + f"), {doc['date']}")

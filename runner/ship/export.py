@@ -43,18 +43,7 @@ def baked_symbols(spec) -> list[str]:
     from ..build import render
 
     used = render.template_variables(spec.kernel.template)
-    symbols = set(spec.op.symbols)
-    derive = dict(spec.kernel.derive)
-    seen: set[str] = set()
-    stack = [n for n in used if n in derive or n in symbols]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in derive:
-            stack.extend(x for x in derive[n].names if x not in seen)
-    return [s for s in spec.op.symbols if s in seen]
+    return list(render.read_symbols(used, spec.op.symbols, spec.kernel.derive))
 
 
 def table_entry(shape: dict, row: dict, baked: list[str]) -> dict:
@@ -101,6 +90,33 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
     return rows
 
 
+def range_section(spec, rt: dict, history, ship) -> dict:
+    """The package's table by range (from pipe compare's range_table): its ranges and exact
+    shapes with their kernel lists, and each listed kernel's parameters and cubin
+    (`ship(tid, trial)` compiles one into the package)."""
+    by_id = {t.id: t for t in history}
+    used = [int(t) for r in rt["ranges"] + rt["exact"] for t in r["use"]]
+    kernels = {}
+    for tid in dict.fromkeys(used):
+        t = by_id.get(tid)
+        if t is None or t.status != "ok":
+            raise ExportError(f"the range table names trial #{tid}, which is not an ok trial of this run: "
+                              "run pipe compare again")
+        kernels[str(tid)] = {"params": t.params, "cubin": ship(tid, t)}
+    return {"axes": rt["axes"], "domain": {s: [d.min, d.max] for s, d in spec.op.domain.items()},
+            "serves": spec.kernel.serves.text if spec.kernel.serves is not None else None,
+            "ranges": [{"lo": r["lo"], "hi": r["hi"], "use": [int(t) for t in r["use"]]} for r in rt["ranges"]],
+            "exact": [{"shape": e["shape"], "use": [int(t) for t in e["use"]]} for e in rt["exact"]],
+            "kernels": kernels}
+
+
+def range_rule(spec) -> str:
+    dom = ", ".join(f"{s} {d.min}..{d.max if d.max is not None else 'any'}" for s, d in spec.op.domain.items())
+    return (f"a shape inside the domain ({dom}) takes the kernel of its range (a named shape: its own list): "
+            "the first of the list that serves it (kernel.serves), else the torch reference; any other shape, "
+            "CPU tensors and non-contiguous inputs use the torch reference")
+
+
 def rule_text(baked: list[str], symbols: list[str]) -> str:
     free = [s for s in symbols if s not in baked]
     sizes = ", ".join(baked) or "sizes"
@@ -142,6 +158,14 @@ def describe(pkg: Path) -> list[str]:
     table = json.loads((pkg / "table.json").read_text())
     out = [f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})",
            f"rule: {table['rule']}"]
+    br = table.get("by_range")
+    if br:
+        for r in br["ranges"]:
+            span = ", ".join(f"{a} {r['lo'][a]}..{r['hi'][a] - 1}" for a in br["axes"])
+            out.append(f"  {span}: " + (", ".join(f"#{t} {json.dumps(br['kernels'][str(t)]['params'])}"
+                                                  for t in r["use"][:1]) or "torch reference"))
+        for e in br["exact"]:
+            out.append(f"  exactly {shape_label(e['shape'])}: " + (f"#{e['use'][0]}" if e["use"] else "torch reference"))
     for e in table["entries"]:
         label = shape_label(e["shape"])
         if e["use"] == "kernel":
@@ -186,7 +210,10 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
     compare, baseline = rd.compare, rd.baseline
     if compare is not None and compare.get("spec_hash") != spec.hash:
         raise ExportError(f"{run_dir / 'compare.json'}: made for another version of the spec; run pipe compare again")
-    rows = dispatch_table(spec, history, compare, baseline)
+    if spec.op.domain and (compare is None or "range_table" not in compare):
+        raise ExportError(f"{run_dir}: a spec with op.domain ships a table by range, and its boundaries are "
+                          f"measured by pipe compare: run `pipe compare {run_dir}` first")
+    rows = [] if spec.op.domain else dispatch_table(spec, history, compare, baseline)
     name = _ident(name or spec.name)
     final = out_dir / name
     if final.exists() and not _is_export(final):
@@ -227,17 +254,24 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
                          f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}")
             entries.append({**{k: v for k, v in entry.items() if k != "variant"}, "cubin": cubin})
         op = spec.op
+        by_range = None
+        if op.domain:
+            by_range = range_section(spec, compare["range_table"], history,
+                                     lambda tid, t: ship(builder.render_all(t.params, t.variant, [op.shapes[0]])[0],
+                                                         f"kernels/trial{tid}.cubin",
+                                                         f"trial #{tid} does not compile any more"))
         table = {
             "format": "pipe-dispatch/1", "spec": spec.name, "spec_hash": spec.hash, "hardware": spec.hw.name,
             "arch": spec.hw.arch, "namespace": f"pipe_{name}", "name": _ident(op.reference.rpartition(":")[2]),
             "op": f"pipe_{name}.{_ident(op.reference.rpartition(':')[2])}", "entry": spec.kernel.entry,
             "args": list(spec.kernel.args), "symbols": list(op.symbols), "baked": baked,
-            "rule": rule_text(baked, list(op.symbols)),
+            "rule": range_rule(spec) if op.domain else rule_text(baked, list(op.symbols)),
             "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
             "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
             "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
             **launch_table(spec),
             "entries": entries,
+            **({"by_range": by_range} if by_range else {}),
             "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
         }
         (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")

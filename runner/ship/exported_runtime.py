@@ -157,6 +157,11 @@ class Op:
         self._shape_fns = {t["name"]: [_expr(d) for d in t["shape"]] for t in (*self.inputs, *self.outputs)}
         self._derive = [(n, _expr(x)) for n, x in table["derive"]]
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
+        self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
+        self._serves = None
+        self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
+        if self.by_range:
+            self._serves = _expr(self.by_range["serves"]) if self.by_range.get("serves") else None
         self._kernels: dict = {}
         self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
         self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
@@ -198,14 +203,45 @@ class Op:
         as the number of rows, are free, and the nearest tuned shape in them decides)."""
         if any(env[s] <= 0 for s in self.symbols):
             return None
+        if self.by_range:
+            key = tuple(env[s] for s in self.symbols)
+            if key not in self._chosen:
+                if len(self._chosen) > 65536:
+                    self._chosen.clear()
+                self._chosen[key] = self._by_range(env)
+            return self._chosen[key]
         e = choose(self.entries, self.baked, self.symbols, env)
         return e if e is not None and e["use"] == "kernel" else None
+
+    def serves(self, params: dict, env: dict) -> bool:
+        """kernel.serves of a configuration at these sizes (every size without one)."""
+        if self._serves is None:
+            return True
+        full = {**env, **params}
+        for n, f in self._derive:
+            full[n] = f(full)
+        return bool(self._serves(full))
+
+    def _by_range(self, env: dict) -> dict | None:
+        br = self.by_range
+        for s, (lo, hi) in br["domain"].items():
+            if env[s] < lo or (hi is not None and env[s] > hi):
+                return None
+        shape = {s: env[s] for s in self.symbols}
+        rows = [e for e in br["exact"] if e["shape"] == shape] or \
+               [r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])]
+        for tid in (rows[0]["use"] if rows else []):
+            k = br["kernels"][str(tid)]
+            if self.serves(k["params"], env):
+                return {"use": "kernel", "trial": tid, "params": k["params"], "cubin": k["cubin"]}
+        return None
 
     def preload(self, device=None) -> int:
         """Load every shipped kernel on a device now (the first call does it otherwise): do it
         before capturing a CUDA graph whose first call of this op would be inside the capture."""
         device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-        return len([self._kernel(e, device) for e in self.entries if e["use"] == "kernel"])
+        ranged = list((self.by_range or {}).get("kernels", {}).values())
+        return len([self._kernel(e, device) for e in [*self.entries, *ranged] if e.get("use", "kernel") == "kernel"])
 
     def _kernel(self, e: dict, device: torch.device):
         key = (e["cubin"], device.index)

@@ -237,7 +237,7 @@ def shape_rows(data) -> list[dict]:
     rows = []
     cmp = data["compare"]
     base = (data["baseline"] or {}).get("times")
-    if cmp:
+    if cmp and not cmp.get("range_table"):
         for s in cmp["shapes"]:
             t = s["tuned"] or {}
             r = {"shape": s["label"], "source": "pipe compare", "trial": t.get("trial"), "params": t.get("params"),
@@ -268,13 +268,76 @@ def shape_rows(data) -> list[dict]:
 
 def _with_dispatch(data, rows: list[dict], base) -> list[dict]:
     """What `pipe export` would dispatch to on each shape: the kernel, or torch and why."""
-    if data["spec"] is None:
+    if data["spec"] is None or data["spec"].op.domain:  # a table by range: its own section (curve_rows)
         return rows
     from .export import dispatch_table
 
     for r, d in zip(rows, dispatch_table(data["spec"], data["trials"], data["compare"], base)):
         r["dispatch"] = f"kernel #{d['trial']}" if d["use"] == "kernel" else f"torch ({d.get('why', '')})"
     return rows
+
+
+def plot_curve(data) -> str | None:
+    """pipe compare's curve over the domain (op.domain): time and TB/s of every arm against
+    the range axis, at the secret points; filled markers for the large inputs, hollow for
+    the few-row ones."""
+    cmp = data["compare"] or {}
+    rows, t = cmp.get("curve"), cmp.get("range_table")
+    if not rows or not t or len(t["axes"]) != 1:
+        return None
+    axis = t["axes"][0]
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    big = max(r["bytes"] for r in rows)
+    arms = [("table", "#1864ab")] + [(a, c) for a, c in (("torch eager", "#868e96"), ("torch.compile", "#e8590c"),
+                                                          ("triton", "#2b8a3e"), ("copy", "#adb5bd"))]
+    for name, color in arms:
+        for small in (False, True):
+            pts = []
+            for r in rows:
+                if (r["bytes"] < big / 64) != small:
+                    continue
+                ts = r["table_s"] if name == "table" else (r["arms"].get(name) or {}).get("time_s")
+                if ts and not (name != "table" and (r["arms"].get(name) or {}).get("error")):
+                    pts.append((r["shape"][axis], ts, r["bytes"] / ts / 1e12))
+            if not pts:
+                continue
+            pts.sort()
+            kw = dict(color=color, marker="o", ms=4, lw=0.9 if not small else 0, ls="--" if name == "copy" else "-",
+                      mfc="none" if small else color, label=name if not small else None)
+            a1.plot([p[0] for p in pts], [p[1] * 1e6 for p in pts], **kw)
+            a2.plot([p[0] for p in pts], [p[2] for p in pts], **kw)
+    for ax, lab in ((a1, "time (us)"), (a2, "TB/s (the op's bytes)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(axis)
+        ax.set_ylabel(lab)
+        ax.grid(alpha=0.3)
+    a1.set_yscale("log")
+    for r in t["ranges"][1:]:
+        a2.axvline(r["lo"][axis], color="#dee2e6", lw=0.6, zorder=0)
+    a2.legend(fontsize=8)
+    a1.set_title("secret points; hollow: few rows", fontsize=9)
+    a2.set_title("grey lines: the table's range boundaries", fontsize=9)
+    return _png(fig)
+
+
+def curve_rows(data) -> list[dict]:
+    """pipe compare's regret table at the secret points, as rows."""
+    out = []
+    for r in (data["compare"] or {}).get("curve") or []:
+        a = r["arms"]
+
+        def us(x):
+            return f"{x * 1e6:.2f}" if x else "-"
+
+        out.append({"shape": "x".join(str(v) for v in r["shape"].values()), "table uses": r["use"],
+                    "table us": us(r["table_s"]), "TB/s": f"{(r.get('bytes_per_s') or 0) / 1e12:.2f}",
+                    "of copy": f"{(r.get('copy_fraction') or 0):.0%}",
+                    "eager us": us((a.get("torch eager") or {}).get("time_s")),
+                    "compile us": us((a.get("torch.compile") or {}).get("time_s")),
+                    "triton us": us((a.get("triton") or {}).get("time_s")),
+                    "regret": f"{(r.get('regret') or 0):+.1%}", "best arm": r.get("best_arm") or "-"})
+    return out
 
 
 def _fmt(v, kind: str) -> str:
@@ -404,6 +467,16 @@ def markdown(data, rows) -> str:
     out += ["", "| " + " | ".join(c[0] for c in cols) + " |", "|" + " --- |" * len(cols)]
     for r in rows:
         out.append("| " + " | ".join(_cell(r, k, kind).replace("|", "/") for _, k, kind in cols) + " |")
+    crows = curve_rows(data)
+    if crows:
+        from .ranges import format_ranges
+
+        out += ["", "Dispatch by range, as `pipe compare` measured it:", "", "```",
+                format_ranges(cmp["range_table"]), "```", "",
+                "The table against every arm at secret points of the domain (regret: the table's time over the "
+                "best arm's, minus one; negative where the table is faster than every arm):", "",
+                "| " + " | ".join(crows[0]) + " |", "|" + " --- |" * len(crows[0])]
+        out += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in crows]
     held = held_rows(data)
     if held:
         out += ["", "Held-out shapes (never tuned on): the dispatch table's choice against every kernel of the "
@@ -422,7 +495,8 @@ def html_page(data, rows) -> str:
     s = summary(data)
     imgs = [("Best so far", plot_progress(data)), ("Every trial", plot_status(data)),
             ("Speedups per shape", plot_speedups(data, rows)),
-            ("Roofline" if not roofline_note(data) else "Achieved bandwidth", plot_roofline(data, rows))]
+            ("Roofline" if not roofline_note(data) else "Achieved bandwidth", plot_roofline(data, rows)),
+            ("Across the domain: the dispatch table against every arm", plot_curve(data))]
     cols = _columns(rows)
     table = "<table><tr>" + "".join(f"<th>{html.escape(c[0])}</th>" for c in cols) + "</tr>"
     for r in rows:
@@ -443,6 +517,12 @@ def html_page(data, rows) -> str:
                    + (f"<p>{html.escape(note)}</p>" if note and t == "Achieved bandwidth" else "")
                    + f'<img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
                    for t, p in imgs if p)
+    crows = curve_rows(data)
+    if crows:
+        table += ("<h2>Across the domain: regret at secret points</h2><table><tr>"
+                  + "".join(f"<th>{html.escape(c)}</th>" for c in crows[0]) + "</tr>"
+                  + "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
+                            for r in crows) + "</table>")
     held = held_rows(data)
     if held:
         table += ("<h2>Held-out shapes: the dispatch table where nobody tuned</h2><table><tr>"

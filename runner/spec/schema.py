@@ -79,6 +79,14 @@ SPEC = _obj({
         "bytes": EXPR,
         "flops": EXPR,
         "in_place": {"type": "boolean"},
+        # the sizes the exported op serves: each symbol a range (a grid axis), or a value
+        # worked out from the axes at the tuning points (`tune`)
+        "domain": {"type": "object", "minProperties": 1, "propertyNames": NAME, "additionalProperties": _obj({
+            "min": POS_INT, "max": POS_INT,
+            "typical": {"type": "array", "items": POS_INT},
+            "tune": EXPR,
+        }, ["min"])},
+        "grid": _obj({"per_octave": {"type": "number", "minimum": 0.25, "maximum": 16}}),
     }, ["reference", "dtype", "inputs", "outputs", "shapes", "bytes"]),
     "kernel": _obj({
         "backend": {"enum": ["cpu", "cuda"]},
@@ -90,6 +98,7 @@ SPEC = _obj({
         "cluster": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
         "shared_mem": EXPR,
         "derive": {"type": "object", "propertyNames": NAME, "additionalProperties": EXPR},
+        "serves": EXPR,
         "options": {"type": "array", "items": {"type": "string"}},
     }, ["template", "entry", "args"]),
     "runtime": _obj({

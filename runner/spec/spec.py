@@ -76,6 +76,9 @@ class OpSpec:
     held_out_shapes: tuple[dict, ...] = ()  # never tuned on: pipe compare checks the dispatch table there
     ulps: float = 1.0  # error budget in units of the output dtype's rounding at the reference (judge/verify.py)
     floor: float = 2.0 ** -7  # atol is at most floor x the output's mean magnitude (judge/verify.py)
+    # op.domain: symbol -> Domain, the sizes the exported op serves (empty: the listed shapes only)
+    domain: dict = field(default_factory=dict)
+    named: int = 0  # with a domain: shapes[:named] are the listed sizes, the rest the tuning grid
 
     @property
     def symbols(self) -> list[str]:
@@ -87,6 +90,64 @@ class OpSpec:
 
     def shape_env(self, shape: dict) -> dict:
         return {**shape, "elem": DTYPE_BYTES[self.dtype]}
+
+    @property
+    def named_shapes(self) -> tuple[dict, ...]:
+        """The sizes the spec lists (without a domain, every timed shape)."""
+        return self.shapes[:self.named] if self.domain else self.shapes
+
+    @property
+    def axes(self) -> list[str]:
+        """The domain's range symbols (the tuning grid's axes), in shape-symbol order."""
+        return [s for s in self.symbols if s in self.domain and self.domain[s].tune is None]
+
+    def in_domain(self, shape: dict) -> str | None:
+        """Why a shape lies outside the domain, or None."""
+        for s, d in self.domain.items():
+            v = shape.get(s)
+            if v is None or v < d.min or (d.max is not None and v > d.max):
+                return f"{s}={v} is outside [{d.min}, {d.max if d.max is not None else 'any'}]"
+        return None
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One symbol of op.domain: the values the exported op serves, and at the tuning points
+    either a grid axis (log-spaced from min to max, plus the typical values) or `tune`, a
+    value worked out from the axes."""
+    min: int
+    max: int | None
+    typical: tuple[int, ...] = ()
+    tune: Expr | None = None
+
+
+def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes: int) -> list[dict]:
+    """The tuning points of a domain: the product of each axis's log-spaced values (per_octave
+    of them per doubling, the min and max included, and the typical values), each completed
+    with the `tune` symbols, clamped into their own ranges."""
+    import itertools
+    import math
+
+    axes = [s for s in symbols if s in domain and domain[s].tune is None]
+    values = []
+    for s in axes:
+        d = domain[s]
+        lo, hi = d.min, d.max
+        n = max(1, math.ceil(math.log2(hi / lo) * per_octave)) if hi > lo else 0
+        vs = {lo, hi, *d.typical} | {int(round(lo * (hi / lo) ** (i / n))) for i in range(1, n)} if n else {lo}
+        values.append(sorted(v for v in vs if lo <= v <= hi))
+    out = []
+    for combo in itertools.product(*values):
+        env = dict(zip(axes, combo))
+        env["elem"] = dtype_bytes
+        for s in symbols:
+            d = domain.get(s)
+            if d is not None and d.tune is not None:
+                v = int(d.tune(env))
+                v = max(d.min, v if d.max is None else min(d.max, v))
+                env[s] = v
+        out.append({s: env[s] for s in symbols})
+    return out
 
 
 @dataclass(frozen=True)
@@ -103,6 +164,7 @@ class KernelSpec:
     options: tuple[str, ...] = ()
     derive: tuple[tuple[str, Expr], ...] = ()  # named values from params and shape symbols, in order
     template_segments: tuple = field(default=(), repr=False)  # where each flat line came from (render.locate)
+    serves: Expr | None = None  # with op.domain: the shapes a configuration serves (params, derived, sizes)
 
     def derived(self, env: dict) -> dict:
         """The derived values for one (params + shape) environment."""
@@ -110,6 +172,18 @@ class KernelSpec:
         for name, e in self.derive:
             out[name] = e({**env, **out})
         return out
+
+    def serves_shape(self, params: dict, shape: dict, elem: int) -> bool:
+        """Whether a configuration serves a shape (kernel.serves; every shape without one).
+        A derived value that cannot be worked out for the shape means it does not."""
+        if self.serves is None:
+            return True
+        env = {**shape, **params, "elem": elem}
+        try:
+            env.update(self.derived(env))
+            return bool(self.serves(env))
+        except ExprError:
+            return False
 
 
 @dataclass(frozen=True)
@@ -236,6 +310,9 @@ class _Checker:
         agent = self.agent()
         goal = self.goal(hw, op)
         starts = self.starts(space)
+        if op is not None and op.domain and d.get("baseline", "reference") == "none":
+            self.err(("baseline",), "op.domain needs the reference's baseline: the dispatch table falls back "
+                                    "to it wherever no kernel is faster", prefer_key=True)
         if self.diags:
             return None
         # Everything a verdict depends on: the spec, the template, the hardware profile's
@@ -338,14 +415,73 @@ class _Checker:
         self.reference(ref)
         atol, rtol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
         tol = o.get("tolerance", {})
-        if None in inputs or None in outputs or nbytes is None or not ok:
+        domain, timed = self.domain(o, symbols, shapes, extra, held, dtype)
+        if None in inputs or None in outputs or nbytes is None or not ok or domain is None:
             return None
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
-                      shapes=tuple(dict(s) for s in shapes), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
+                      domain=domain, named=len(shapes),
+                      shapes=tuple(dict(s) for s in timed), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
                       floor=float(tol.get("floor", 2.0 ** -7)))
+
+    def domain(self, o: dict, symbols: list[str], shapes, extra, held, dtype) -> tuple[dict | None, list]:
+        """op.domain and op.grid: the symbols' ranges, checked, and the timed shapes (the listed
+        ones, then the tuning grid's points that are not listed). ({}, shapes) without a domain."""
+        if "domain" not in o:
+            if "grid" in o:
+                self.err(("op", "grid"), "a tuning grid needs op.domain (the ranges it spans)", prefer_key=True)
+            return {}, list(shapes)
+        dom: dict[str, Domain] = {}
+        good = True
+        axes_env = {s for s, d in o["domain"].items() if "tune" not in d} | {"elem"}
+        for s, d in o["domain"].items():
+            base = ("op", "domain", s)
+            if s not in symbols:
+                self.err(base, f"'{s}' is no shape symbol (they are {', '.join(symbols)})", prefer_key=True)
+                good = False
+                continue
+            lo, hi = d["min"], d.get("max")
+            if hi is not None and hi < lo:
+                self.err(base + ("max",), f"max {hi} is below min {lo}")
+                good = False
+            tune = None
+            if "tune" in d:
+                tune = self.expr(base + ("tune",), d["tune"], axes_env - {s})
+                good = good and tune is not None
+                if "typical" in d:
+                    self.err(base + ("typical",), "a `tune` symbol is no grid axis: typical values go on the axes")
+            elif hi is None:
+                self.err(base, f"'{s}' needs a max (a grid axis) or `tune` (its value at the tuning points)")
+                good = False
+            for i, v in enumerate(d.get("typical", [])):
+                if v < lo or (hi is not None and v > hi):
+                    self.err(base + ("typical", i), f"{v} is outside [{lo}, {hi}]")
+            dom[s] = Domain(lo, hi, tuple(d.get("typical", ())), tune)
+        missing = [s for s in symbols if s not in o["domain"]]
+        if missing:
+            self.err(("op", "domain"), f"every shape symbol needs a domain; missing: {', '.join(missing)}")
+            good = False
+        if not any(d.tune is None for d in dom.values()):
+            self.err(("op", "domain"), "at least one symbol must be a range with a max (the grid's axis)")
+            good = False
+        if not good:
+            return None, []
+        probe = OpSpec(reference="", dtype=dtype, inputs=(), outputs=(), scalars=(), shapes=tuple(shapes),
+                       extra_shapes=(), atol=0, rtol=0, bytes=None, flops=None, domain=dom)
+        for key, group in (("shapes", shapes), ("extra_shapes", extra), ("held_out_shapes", held)):
+            for i, sh in enumerate(group):
+                why = probe.in_domain(sh)
+                if why:
+                    self.err(("op", key, i), f"outside op.domain: {why}")
+        try:
+            grid = grid_points(dom, symbols, float(o.get("grid", {}).get("per_octave", 2)), DTYPE_BYTES[dtype])
+        except ExprError as e:
+            self.err(("op", "domain"), f"a tuning point's `tune` value: {e}")
+            return None, []
+        listed = [dict(sh) for sh in shapes]
+        return dom, listed + [g for g in grid if g not in listed]
 
     def reference(self, ref: str) -> None:
         try:  # from the spec's folder first (no PYTHONPATH needed), then sys.path
@@ -469,6 +605,23 @@ class _Checker:
         if geo["cluster"] and backend != "cuda":
             self.err(("kernel", "cluster"), "thread-block clusters need the cuda backend")
         smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
+        serves = self.expr(("kernel", "serves"), k["serves"], scope) if "serves" in k else None
+        if op is not None and op.domain:
+            for s, chain in render.read_symbols(used, op.symbols, derive).items():
+                if s in op.domain:
+                    how = " through " + " -> ".join(chain[:-1]) if len(chain) > 1 else ""
+                    where = render.locate(segments, render.variable_line(text, chain[0])) or (str(tpath), 1)
+                    self.diags.append(Diagnostic(
+                        where[0], where[1], 1, "",
+                        f"the template reads '{s}'{how}, but op.domain of {self.loc.file} gives '{s}' a range: "
+                        "a size known at run time must reach the kernel as an argument only"))
+            for s in op.domain:
+                if s not in k["args"]:
+                    self.err(("kernel", "args"), f"'{s}' ranges over op.domain, so the kernel takes it at run "
+                                                 "time: add it to kernel.args")
+        elif serves is not None:
+            self.err(("kernel", "serves"), "kernel.serves needs op.domain (the sizes it picks from)",
+                     prefer_key=True)
         if space is not None and op is not None and len(derive) == len(k.get("derive", {})):
             exprs = [(("kernel", "derive", n), e) for n, e in derive]
             for key in ("grid", "block", "cluster"):
@@ -482,7 +635,7 @@ class _Checker:
                           entry=k["entry"],
                           args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
                           shared_mem=smem,
-                          options=tuple(k.get("options", [])), derive=tuple(derive))
+                          options=tuple(k.get("options", [])), derive=tuple(derive), serves=serves)
 
     def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:
         """The configurations `pipe validate` evaluates derived values and geometry on: the whole

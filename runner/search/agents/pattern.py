@@ -245,7 +245,8 @@ class Pattern:
         """(config, shape): the fastest configuration of one shape, other than `center`, that has
         untried 1-step neighbours; the shape whose best is furthest ahead of center's time on
         it. None where there is no such shape (or no per-shape times)."""
-        timed = [h for h in history if h.status == "ok" and h.times and all(x > 0 for x in h.times)
+        # a None time: a shape the configuration does not serve (op.domain)
+        timed = [h for h in history if h.status == "ok" and h.times and all(x is None or x > 0 for x in h.times)
                  and self.space.contains(h.params) is None]
         if not timed or len({len(h.times) for h in timed}) != 1 or len(timed[0].times) < 2:
             return None
@@ -255,12 +256,17 @@ class Pattern:
             return None
         out = []
         for s in range(len(mine)):
-            best = min(timed, key=lambda h: h.times[s])
+            on = [h for h in timed if h.times[s] is not None]
+            if not on:
+                continue
+            best = min(on, key=lambda h: h.times[s])
             if config_key(best.params) == ck:
                 continue
             if not any(config_key(c) not in seen for c, _ in self._ring(best.params, 1)):
                 continue
-            out.append((math.log(mine[s]) - math.log(best.times[s]), -s, best.params, s))
+            # a shape the centre does not serve is the furthest behind of all
+            gap = math.inf if mine[s] is None else math.log(mine[s]) - math.log(best.times[s])
+            out.append((gap, -s, best.params, s))
         if not out:
             return None
         _, _, cfg, s = max(out)

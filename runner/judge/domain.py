@@ -1,0 +1,113 @@
+"""Shapes drawn in secret from an op's domain (op.domain), for verification.
+
+A configuration that takes its sizes at run time must be right at every size it
+serves, not only at the tuning points. Every trial is verified on a few shapes
+drawn after its build from a seed the runner draws then (and records): the
+edges of what the configuration serves, found by bisection, odd sizes, primes,
+powers of two and their neighbours, and random points, log-uniform. The
+non-axis symbols (`tune` ones, the rows) are drawn small, where bugs in the
+edges of a grid live and verification is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+DRAWS = 4  # shapes per trial
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    r = int(math.isqrt(n))
+    return all(n % f for f in range(3, r + 1, 2))
+
+
+def _next_prime(n: int) -> int:
+    while not _is_prime(n):
+        n += 1
+    return n
+
+
+def axis_candidates(lo: int, hi: int, rng: random.Random, k: int = 96) -> list[int]:
+    """Values of one axis worth testing: the ends, powers of two and their neighbours, and
+    random log-uniform values (some made odd, some prime)."""
+    out = {lo, hi}
+    p = 1
+    while p <= hi:
+        out.update(v for v in (p - 1, p, p + 1) if lo <= v <= hi)
+        p *= 2
+    for _ in range(k):
+        v = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        kind = rng.random()
+        if kind < 0.3:
+            v |= 1
+        elif kind < 0.45:
+            v = _next_prime(v)
+        if lo <= v <= hi:
+            out.add(v)
+    return sorted(out)
+
+
+def _edge(ok, a: int, b: int) -> int:
+    """The last value from a (ok) towards b (not ok) that is still ok, by bisection."""
+    while abs(b - a) > 1:
+        mid = (a + b) // 2
+        if ok(mid):
+            a = mid
+        else:
+            b = mid
+    return a
+
+
+def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
+    """Up to n distinct shapes of the domain that `serves(shape)` accepts, drawn from `seed`."""
+    rng = random.Random(seed)
+    symbols = op.symbols
+    axes = op.axes
+    out: list[dict] = []
+
+    def complete(env: dict) -> dict:
+        shape = {}
+        for s in symbols:
+            d = op.domain[s]
+            if s in env:
+                shape[s] = env[s]
+            else:  # a non-axis size (the rows): small, from its min
+                hi = d.min + 63 if d.max is None else min(d.max, d.min + 63)
+                shape[s] = rng.choice([d.min, rng.randint(d.min, hi)])
+        return shape
+
+    # each axis in turn (the others random): the edges of what is served, then random picks
+    for attempt in range(4 * n):
+        a = axes[attempt % len(axes)]
+        d = op.domain[a]
+        base = {x: int(round(math.exp(rng.uniform(math.log(op.domain[x].min), math.log(op.domain[x].max)))))
+                for x in axes if x != a}
+        fixed = complete(base)
+
+        def ok(v: int, fixed=fixed, a=a) -> bool:
+            return bool(serves({**fixed, a: v}))
+
+        cands = axis_candidates(d.min, d.max, rng)
+        good = [v for v in cands if ok(v)]
+        if not good:
+            continue
+        picks = []
+        if attempt < 2 * len(axes):  # the served set's ends, exactly
+            lo_i = cands.index(good[0])
+            hi_i = cands.index(good[-1])
+            lo = good[0] if lo_i == 0 else _edge(ok, good[0], cands[lo_i - 1])
+            hi = good[-1] if hi_i == len(cands) - 1 else _edge(ok, good[-1], cands[hi_i + 1])
+            picks = [hi, lo] if attempt % 2 == 0 else [lo, hi]
+        picks.append(rng.choice(good))
+        for v in picks:
+            shape = {**fixed, a: v}
+            if shape not in out and serves(shape):
+                out.append(shape)
+            if len(out) >= n:
+                return out
+    return out

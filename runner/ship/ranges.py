@@ -1,0 +1,368 @@
+"""Dispatch by range (op.domain): from timed points to a table that serves every size.
+
+`pipe compare` on a spec with a domain does three things, in one worker:
+
+1. **The points.** At every tuning point (and named shape) it times side by side the
+   `top` fastest configurations the run recorded there and torch eager, in rounds that
+   alternate the order. A point's choice is its fastest kernel by the even rounds, if it
+   beat torch eager by more than NOISE, else the fallback (torch).
+2. **The boundaries.** Along a range axis, each stretch between two neighbouring points
+   belongs to the nearer one (log scale) until measured: where the two points choose
+   differently, the two contenders (a kernel or the fallback) are timed against each
+   other at the log-midpoint, and the boundary moves by bisection, REFINE times. Each
+   range keeps an ordered list of kernels (its own point's choices, then its
+   neighbours'): a shape takes the first whose `kernel.serves` holds for it, else the
+   fallback.
+3. **The curve.** At points of the domain nobody tuned on, drawn in secret, it times the
+   table's choice against torch eager, torch.compile (dynamic shapes), the spec's Triton
+   kernel and a device copy of the op's bytes, and reports the table's regret against the
+   best arm at each point.
+
+Tables over one range axis are refined; with several axes each point owns its box of
+the product grid (midpoints on every axis), unrefined.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import statistics
+
+NOISE = 0.02  # a kernel must beat torch eager by more than this to be chosen at a point
+REFINE = 3  # bisection steps per boundary
+CURVE_POINTS = 24  # secret points of the curve
+
+
+def _split(rounds: list[float]) -> tuple[float | None, float | None]:
+    """(even rounds' median: to choose; odd rounds' median: to report)."""
+    if not rounds:
+        return None, None
+    pick = statistics.median(rounds[0::2])
+    return pick, (statistics.median(rounds[1::2]) if len(rounds) > 1 else pick)
+
+
+def _geo_mid(a: int, b: int) -> int:
+    return int(round(math.sqrt(a * b)))
+
+
+def point_shape(spec, axes_env: dict) -> dict:
+    """A full shape from values of the range axes: the other symbols from their `tune`."""
+    op = spec.op
+    env = dict(axes_env)
+    env["elem"] = op.shape_env({})["elem"]
+    for s in op.symbols:
+        d = op.domain[s]
+        if s not in env:
+            v = int(d.tune(env)) if d.tune is not None else d.min
+            env[s] = max(d.min, v if d.max is None else min(d.max, v))
+    return {s: env[s] for s in op.symbols}
+
+
+class Prober:
+    """Times kernels and torch at shapes through the worker's compare request: the kernels
+    are compiled once per trial (one binary serves every size)."""
+
+    def __init__(self, spec, builder, worker, by_id: dict, rounds: int, timeout_s: float):
+        self.spec, self.builder, self.worker, self.by_id = spec, builder, worker, by_id
+        self.rounds, self.timeout_s = rounds, timeout_s
+        self._art: dict[int, str] = {}
+        self.requests = 0
+        self.warm: dict | None = None  # the first request's: what a CPU worker warms before its sandbox
+
+    def serves(self, tid: int, shape: dict) -> bool:
+        t = self.by_id[tid]
+        return self.spec.kernel.serves_shape(t.params, shape, self.spec.op.shape_env({})["elem"])
+
+    def artifact(self, tid: int) -> str:
+        if tid not in self._art:
+            t = self.by_id[tid]
+            arts, bad = self.builder.compiled(self.builder.render_all(t.params, t.variant, [self.spec.op.shapes[0]]))
+            if bad is not None:
+                from .compare import CompareError
+
+                raise CompareError(f"trial #{tid} no longer compiles: {bad.reason}")
+            self._art[tid] = arts[0]
+        return self._art[tid]
+
+    def time(self, shapes: list[dict], kernels: list[list[int]], others: bool = False) -> list[dict]:
+        """Per shape: {"#tid" | "torch eager" | ...: {median, rounds, error}} for its kernels
+        (those that serve it) and torch eager; with `others`, torch.compile, Triton and copy too."""
+        cands = []
+        for shape, tids in zip(shapes, kernels):
+            row = []
+            for tid in dict.fromkeys(tids):
+                if not self.serves(tid, shape):
+                    continue
+                t = self.by_id[tid]
+                geo = self.builder.geometry(t.params, [shape])[0]
+                row.append({"label": f"#{tid}", "trial": tid, "artifact": self.artifact(tid), "geometry": geo})
+            cands.append(row)
+        job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes,
+               "compile": others, "triton": self.spec.op.triton if others else None, "copy": others,
+               "candidates": cands}
+        if self.warm is not None:
+            job["warm"], self.warm = self.warm, None
+        self.requests += 1
+        r = self.worker.request(("compare", job), self.timeout_s)
+        if r.get("status") != "ok":
+            from .compare import CompareError
+
+            raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
+        self.machine = r.get("machine", {})
+        return r["shapes"]
+
+
+def choices_at(res: dict, tids: list[int]) -> tuple[list[tuple[int, float]], float | None, float | None]:
+    """From one shape's timings: the kernels that beat torch eager by more than NOISE, fastest
+    first ((tid, reported time)), eager's pick and reported times."""
+    eager = res.get("torch eager") or {}
+    e_pick, e_rep = _split(eager.get("rounds") or []) if not eager.get("error") else (None, None)
+    ranked = []
+    for tid in tids:
+        d = res.get(f"#{tid}")
+        if not d or d.get("error"):
+            continue
+        pick, rep = _split(d["rounds"])
+        if pick and (e_pick is None or pick < e_pick * (1 - NOISE)):
+            ranked.append((pick, tid, rep))
+    ranked.sort()
+    return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep
+
+
+def candidates(spec, history, top: int) -> list[list[int]]:
+    """Per timed shape: the `top` fastest ok trials the run recorded there."""
+    out = []
+    for i in range(len(spec.op.shapes)):
+        ok = [t for t in history if t.status == "ok" and t.times and len(t.times) > i and t.times[i] is not None]
+        out.append([t.id for t in sorted(ok, key=lambda t: t.times[i])[:top]])
+    return out
+
+
+def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log=None) -> dict:
+    """The range table, measured: see the module's docstring."""
+    op = spec.op
+    cands = candidates(spec, history, top)
+    res = prober.time(list(op.shapes), cands)
+    points = []
+    for i, (shape, r) in enumerate(zip(op.shapes, res)):
+        ranked, e_pick, e_rep = choices_at(r, cands[i])
+        points.append({"shape": shape, "named": i < op.named, "use": [tid for tid, _ in ranked],
+                       "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
+                       "eager_pick_s": e_pick})
+    axes = op.axes
+    # the points along the axes: the tuning grid's, then a named shape's where the grid has
+    # none at its axis values (a named shape the grid also holds is listed once, as named)
+    grid, at = [], set()
+    for p in points[op.named:] + points[:op.named]:
+        key = tuple(p["shape"][a] for a in op.axes)
+        if key not in at:
+            at.add(key)
+            grid.append(p)
+    exact = [{"shape": p["shape"], "use": p["use"], "times_s": p["times_s"], "eager_s": p["eager_s"]}
+             for p in points[:op.named]]
+    if len(axes) == 1:
+        ranges = _ranges_1d(spec, axes[0], grid, prober, refine, log)
+    else:
+        ranges = _boxes(spec, axes, grid)
+    return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
+            "ranges": ranges, "exact": exact, "probes": prober.requests,
+            "kernels": {str(t.id): {"params": t.params, "variant": t.variant} for t in history
+                        if any(str(t.id) in map(str, r["use"]) for r in ranges + exact)}}
+
+
+def _first(use: list[int], prober: Prober, shape: dict) -> int | None:
+    return next((tid for tid in use if prober.serves(tid, shape)), None)
+
+
+def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, log) -> list[dict]:
+    d = spec.op.domain[axis]
+    grid = sorted(grid, key=lambda p: p["shape"][axis])
+    # each point's list, then its neighbours' (a shape a point's kernels do not serve may be
+    # served by a neighbour's)
+    for i, p in enumerate(grid):
+        extra = [t for j in (i - 1, i + 1) if 0 <= j < len(grid) for t in grid[j]["use"]]
+        p["list"] = list(dict.fromkeys(p["use"] + extra))
+    cuts = []
+    for a, b in zip(grid, grid[1:]):
+        va, vb = a["shape"][axis], b["shape"][axis]
+        lo, hi = va, vb  # the boundary lies in (lo, hi]: values <= lo go to a, >= hi to b
+        if a["use"][:1] != b["use"][:1]:
+            for _ in range(refine):
+                if hi - lo <= 1:
+                    break
+                mid = _geo_mid(lo, hi)
+                mid = min(max(mid, lo + 1), hi - 1)
+                shape = point_shape(spec, {axis: mid})
+                ka, kb = _first(a["list"], prober, shape), _first(b["list"], prober, shape)
+                if ka == kb:  # the same choice either way: the cut does not matter here
+                    break
+                r = prober.time([shape], [[k for k in (ka, kb) if k is not None]])[0]
+
+                def t_of(k):
+                    if k is None:
+                        return _split((r.get("torch eager") or {}).get("rounds") or [])[0]
+                    x = r.get(f"#{k}") or {}
+                    return None if x.get("error") else _split(x.get("rounds") or [])[0]
+
+                ta, tb = t_of(ka), t_of(kb)
+                a_wins = ta is not None and (tb is None or ta <= tb)
+                if log:
+                    log(f"  {axis}={mid}: {'#' + str(ka) if ka else 'torch'} {ta} vs "
+                        f"{'#' + str(kb) if kb else 'torch'} {tb}")
+                if a_wins:
+                    lo = mid
+                else:
+                    hi = mid
+            cut = hi if hi - lo <= 1 else _geo_mid(lo, hi)
+        else:
+            cut = _geo_mid(va, vb)
+        cuts.append(max(cut, va + 1))
+    out = []
+    bounds = [d.min] + cuts + [d.max + 1]
+    for p, lo, hi in zip(grid, bounds, bounds[1:]):
+        out.append({"lo": {axis: lo}, "hi": {axis: hi}, "point": p["shape"], "use": p["list"],
+                    "times_s": p["times_s"], "eager_s": p["eager_s"]})
+    return out
+
+
+def _boxes(spec, axes: list[str], grid: list[dict]) -> list[dict]:
+    vals = {a: sorted({p["shape"][a] for p in grid}) for a in axes}
+    out = []
+    for p in grid:
+        lo, hi = {}, {}
+        for a in axes:
+            vs, v = vals[a], p["shape"][a]
+            i = vs.index(v)
+            lo[a] = spec.op.domain[a].min if i == 0 else _geo_mid(vs[i - 1], v) + 1
+            hi[a] = spec.op.domain[a].max + 1 if i == len(vs) - 1 else _geo_mid(v, vs[i + 1]) + 1
+        out.append({"lo": lo, "hi": hi, "point": p["shape"], "use": p["use"], "times_s": p["times_s"],
+                    "eager_s": p["eager_s"]})
+    return out
+
+
+def lookup(table: dict, shape: dict, serves) -> int | None:
+    """The table's kernel (a trial id) for a shape, or None for the fallback: an exact named
+    shape first, else the range holding it; the first of its kernels that `serves(tid, shape)`."""
+    for e in table["exact"]:
+        if e["shape"] == shape:
+            return _first_served(e["use"], serves, shape)
+    for r in table["ranges"]:
+        if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
+            return _first_served(r["use"], serves, shape)
+    return None
+
+
+def _first_served(use, serves, shape):
+    return next((int(t) for t in use if serves(int(t), shape)), None)
+
+
+def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
+    """Points of the domain for the curve, never a tuning point or a named shape: log-uniform
+    on the axes (half of them odd), the other symbols at their tuning value (large inputs),
+    and a quarter of them with few rows (small inputs, where launch cost counts)."""
+    op = spec.op
+    rng = random.Random(seed)
+    taken = [dict(s) for s in op.shapes]
+    out = []
+    for k in range(n * 20):
+        if len(out) >= n:
+            break
+        env = {}
+        for a in op.axes:
+            d = op.domain[a]
+            v = int(round(math.exp(rng.uniform(math.log(d.min), math.log(d.max)))))
+            if rng.random() < 0.5:
+                v |= 1
+            env[a] = min(max(v, d.min), d.max)
+        shape = point_shape(spec, env)
+        if len(out) % 4 == 3:
+            for s in op.symbols:
+                d = op.domain[s]
+                if d.tune is not None:
+                    shape[s] = max(d.min, min(shape[s], rng.randint(d.min, d.min + 255)))
+        if shape not in taken:
+            taken.append(shape)
+            out.append(shape)
+    return sorted(out, key=lambda s: [s[a] for a in op.axes] + [s[x] for x in op.symbols])
+
+
+def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -> list[dict]:
+    """The table against every arm at secret points (see the module's docstring)."""
+    from ..core import figures
+
+    pts = secret_points(spec, seed, n)
+    picks = [lookup(table, s, prober.serves) for s in pts]
+    res = prober.time(pts, [[p] if p is not None else [] for p in picks], others=True)
+    fl = figures.floors(spec, pts)
+    rows = []
+    for shape, pick, r, f in zip(pts, picks, res, fl):
+        arms = {}
+        for name in ("torch eager", "torch.compile", "triton", "copy"):
+            d = r.get(name)
+            if d is None:
+                continue
+            arms[name] = {"time_s": d.get("median"), "error": d.get("error")}
+        if pick is not None:
+            d = r.get(f"#{pick}") or {}
+            table_s, err = d.get("median"), d.get("error")
+        else:
+            table_s, err = (r.get("torch eager") or {}).get("median"), None
+        best_arm = min(((a["time_s"], name) for name, a in arms.items()
+                        if name != "copy" and a["time_s"] and not a["error"]), default=(None, None))
+        row = {"shape": shape, "use": f"#{pick}" if pick is not None else "fallback", "table_s": table_s,
+               "table_error": err, "bytes": f["bytes"], "arms": arms, "best_arm": best_arm[1],
+               "best_arm_s": best_arm[0]}
+        if table_s and best_arm[0]:
+            row["regret"] = table_s / best_arm[0] - 1
+            row["bytes_per_s"] = f["bytes"] / table_s
+        copy_s = (arms.get("copy") or {}).get("time_s")
+        if copy_s and table_s:
+            row["copy_fraction"] = copy_s / table_s
+        rows.append(row)
+    return rows
+
+
+def format_curve(rows: list[dict], axes: list[str]) -> str:
+    """The regret table: one line per secret point."""
+    head = f"{'shape':>18} {'table':>9} {'TB/s':>6} {'copy%':>6}  {'eager':>9} {'compile':>9} {'triton':>9}  " \
+           f"{'regret':>7}  vs"
+    lines = [head, "-" * len(head)]
+
+    def us(x):
+        return f"{x * 1e6:9.2f}" if x else f"{'-':>9}"
+
+    for r in rows:
+        a = r["arms"]
+        label = "x".join(str(v) for v in r["shape"].values())
+        lines.append(f"{label:>18} {us(r['table_s'])} {(r.get('bytes_per_s') or 0) / 1e12:6.2f} "
+                     f"{(r.get('copy_fraction') or 0) * 100:5.0f}%  "
+                     f"{us((a.get('torch eager') or {}).get('time_s'))} {us((a.get('torch.compile') or {}).get('time_s'))} "
+                     f"{us((a.get('triton') or {}).get('time_s'))}  "
+                     f"{(r.get('regret') or 0) * 100:6.1f}%  {r['best_arm'] or '-'}"
+                     + (f"  [{r['use']}]"))
+    worst = max((r.get("regret") or 0 for r in rows), default=0)
+    lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points (times in us)")
+    return "\n".join(lines)
+
+
+def format_ranges(table: dict) -> str:
+    """The table's ranges, neighbours with the same first choice merged."""
+    axes = table["axes"]
+    lines = []
+    merged: list[dict] = []
+    for r in table["ranges"]:
+        first = r["use"][:1]
+        if merged and len(axes) == 1 and merged[-1]["use"][:1] == first:
+            merged[-1]["hi"] = r["hi"]
+        else:
+            merged.append({"lo": r["lo"], "hi": r["hi"], "use": r["use"]})
+    for r in merged:
+        span = ", ".join(f"{a} {r['lo'][a]}..{r['hi'][a] - 1}" for a in axes)
+        lines.append(f"  {span}: " + (f"#{r['use'][0]}" + (f" (then {', '.join('#' + str(t) for t in r['use'][1:4])})"
+                                                       if len(r["use"]) > 1 else "")
+                                      if r["use"] else "torch (fallback)"))
+    for e in table["exact"]:
+        lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
+                     + (f"#{e['use'][0]}" if e["use"] else "torch (fallback)"))
+    return "\n".join(lines)

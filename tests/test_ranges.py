@@ -1,0 +1,233 @@
+"""Shapes as ranges (op.domain): the spec's checks and tuning grid, the secret domain
+draws, a run that times each configuration where it serves, the table by range that
+pipe compare measures, its curve and the exported runtime's lookup."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner import cli
+from runner.core import figures
+from runner.core.errors import SpecError
+from runner.judge import domain
+from runner.ship import ranges
+from runner.ship.exported_runtime import Op
+from runner.spec.spec import load_spec
+
+from .conftest import PIPELINES
+
+RANGE_CPU = PIPELINES / "rmsnorm-range-cpu.yaml"
+BASE = yaml.safe_load(RANGE_CPU.read_text())
+
+
+def spec_from(project, data, name="r.yaml"):
+    p = project / "pipelines" / name
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def errors_of(project, data, capsys) -> str:
+    rc = cli.main(["validate", str(spec_from(project, data))])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+# -- the spec ---------------------------------------------------------------------------------
+
+def test_grid_is_log_spaced_with_typical_values_and_tuned_rows(project):
+    d = copy.deepcopy(BASE)
+    d["op"]["grid"] = {"per_octave": 2}
+    d["op"]["domain"]["N"] = {"min": 64, "max": 1024, "typical": [1000]}
+    d["op"]["extra_shapes"] = [{"M": 3, "N": 1000}]
+    s = load_spec(spec_from(project, d))
+    grid = s.op.shapes[s.op.named:]
+    ns = [g["N"] for g in grid]
+    assert s.op.named == 1 and s.op.shapes[0] == {"M": 256, "N": 1024}
+    # 4 octaves at 2 a doubling: 64, 91, 128, ..., 1024, with 1000; the named 1024 is not repeated
+    assert ns == sorted(ns) and ns[0] == 64 and 1000 in ns and 1024 not in ns
+    assert ns == [64, 91, 128, 181, 256, 362, 512, 724, 1000]
+    for a, b in zip(ns, ns[1:]):
+        assert 1.3 < b / a < 1.55 or 1000 in (a, b)
+    assert all(g["M"] == max(1, 2 ** 18 // g["N"]) for g in grid)
+    assert s.op.axes == ["N"]
+
+
+def test_template_that_reads_a_range_symbol_is_refused(project, capsys):
+    tpl = project / "kernel_templates_local"
+    tpl.mkdir()
+    text = (PIPELINES.parent / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+    (tpl / "t.cpp.j2").write_text(text.replace("int64_t N, float eps) {",
+                                               "int64_t N, float eps) {\n  // {{ W }} wide"))
+    d = copy.deepcopy(BASE)
+    d["kernel"]["template"] = str(tpl / "t.cpp.j2")
+    d["kernel"]["derive"] = {"W": "N // 4"}
+    err = errors_of(project, d, capsys)
+    assert "the template reads 'N' through W" in err and "t.cpp.j2:" in err
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["kernel"]["args"].remove("N"), "add it to kernel.args"),
+    (lambda d: d["op"].pop("domain"), "kernel.serves needs op.domain"),
+    (lambda d: d.update(baseline="none"), "op.domain needs the reference's baseline"),
+    (lambda d: d["op"]["domain"].pop("M"), "missing: M"),
+    (lambda d: d["op"]["domain"]["N"].update(max=512), "outside op.domain: N=1024"),
+    (lambda d: d["op"]["domain"]["M"].update(tune="M * 2"), "tune"),
+    (lambda d: d["op"]["domain"]["N"].update(typical=[10]), "10 is outside [64, 16384]"),
+    (lambda d: d["op"]["domain"].update(K={"min": 1, "max": 2}), "'K' is no shape symbol"),
+])
+def test_domain_mistakes_are_spec_errors(project, capsys, change, message):
+    d = copy.deepcopy(BASE)
+    change(d)
+    err = errors_of(project, d, capsys)
+    assert message in err, err
+
+
+def test_serves_is_evaluated_with_derived_values(project):
+    s = load_spec(RANGE_CPU)
+    k = s.kernel
+    assert k.serves_shape({"ACC": 32, "THREADS": 1, "UNROLL": 1}, {"M": 1, "N": 128}, 4)
+    assert not k.serves_shape({"ACC": 32, "THREADS": 1, "UNROLL": 1}, {"M": 1, "N": 127}, 4)
+    assert s.op.in_domain({"M": 5, "N": 63}) and s.op.in_domain({"M": 5, "N": 64}) is None
+
+
+# -- the secret draws -------------------------------------------------------------------------
+
+def test_draws_are_served_hit_the_served_edges_and_follow_the_seed():
+    s = load_spec(RANGE_CPU)
+    serves = lambda sh: s.kernel.serves_shape({"ACC": 32, "THREADS": 1, "UNROLL": 1}, sh, 4)  # noqa: E731
+    seen = []
+    for seed in range(12):
+        ds = domain.draws(s.op, serves, seed)
+        assert 1 <= len(ds) <= domain.DRAWS
+        assert all(serves(x) and s.op.in_domain(x) is None for x in ds)
+        assert ds == domain.draws(s.op, serves, seed)
+        seen += ds
+    ns = {x["N"] for x in seen}
+    assert 128 in ns and 16384 in ns  # the served set's lowest and highest row lengths, exactly
+    assert any(n % 2 for n in ns) and len(ns) > 8
+    assert domain.draws(s.op, serves, 1) != domain.draws(s.op, serves, 2)
+    assert domain.draws(s.op, lambda sh: False, 3) == []
+
+
+def test_edge_bisection_finds_the_last_served_value():
+    assert domain._edge(lambda v: v <= 1234, 100, 5000) == 1234
+    assert domain._edge(lambda v: v >= 77, 4000, 3) == 77
+
+
+# -- a run, its table by range and the curve ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ranged_run(tmp_path_factory):
+    import os
+
+    os.environ.setdefault("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
+    run = tmp_path_factory.mktemp("ranged") / "run"
+    rc = cli.main(["run", str(RANGE_CPU), "--run-dir", str(run), "--max-trials", "6", "-q"])
+    assert rc in (0, 1)
+    from runner.ship.compare import compare_and_write
+
+    doc = compare_and_write(run, rounds=2, top=2, points=6)
+    return run, doc
+
+
+def test_trials_are_timed_where_they_serve_and_verified_on_drawn_shapes(ranged_run):
+    from runner.ship.rundata import open_run
+
+    run, _ = ranged_run
+    rd = open_run(run, None, "test")
+    spec, base = rd.spec, rd.baseline
+    trials = [t for t in rd.history if t.status == "ok"]
+    assert trials and base
+    for t in trials:
+        served = t.details["served"]
+        for i, (shape, x) in enumerate(zip(spec.op.shapes, t.times)):
+            assert (x is not None) == (i in served) == spec.kernel.serves_shape(t.params, shape, 4)
+        assert t.details["domain_checks"] and all(spec.kernel.serves_shape(t.params, sh, 4)
+                                                  for sh in t.details["domain_checks"])
+        # the objective: its own time where it serves, the fallback's elsewhere
+        want = math.exp(sum(math.log(b if x is None else x) for x, b in zip(t.times, base)) / len(base))
+        assert t.objective == pytest.approx(want)
+    # the ACC=8 start does not serve N=16 or below; ACC=32 serves from N=128 only
+    assert any(None in t.times for t in trials)
+    best = figures.per_shape_best(trials, len(spec.op.shapes))
+    for i, b in enumerate(best):
+        if b is not None:
+            assert b["time_s"] == min(t.times[i] for t in trials if t.times[i] is not None)
+
+
+def test_compare_builds_ranges_that_cover_the_domain_in_order(ranged_run):
+    run, doc = ranged_run
+    t = doc["range_table"]
+    assert t["axes"] == ["N"] and t["free"] == ["M"]
+    rs = t["ranges"]
+    assert rs[0]["lo"]["N"] == 64 and rs[-1]["hi"]["N"] == 16385
+    for a, b in zip(rs, rs[1:]):
+        assert a["hi"]["N"] == b["lo"]["N"] and a["lo"]["N"] < a["hi"]["N"]
+    spec = load_spec(RANGE_CPU)
+    for r in rs:  # each range holds its own tuning point, whose choices come first
+        assert r["lo"]["N"] <= r["point"]["N"] < r["hi"]["N"]
+    assert t["exact"][0]["shape"] == {"M": 256, "N": 1024}
+    assert json.loads((run / "compare.json").read_text())["range_table"] == t
+    text = ranges.format_ranges(t)
+    assert "N 64.." in text and "exactly 256x1024" in text
+
+
+def test_curve_points_are_secret_untuned_and_compared_to_every_arm(ranged_run):
+    _, doc = ranged_run
+    spec = load_spec(RANGE_CPU)
+    rows = doc["curve"]
+    assert len(rows) == 6
+    for r in rows:
+        assert r["shape"] not in list(spec.op.shapes) and spec.op.in_domain(r["shape"]) is None
+        assert r["table_s"] and r["arms"]["torch eager"]["time_s"]
+        assert "torch.compile" in r["arms"]
+        if r["use"] != "fallback":
+            assert spec.kernel.serves_shape(doc["range_table"]["kernels"][r["use"][1:]]["params"], r["shape"], 4)
+        assert r["regret"] == pytest.approx(r["table_s"] / r["best_arm_s"] - 1)
+    a = ranges.secret_points(spec, 11, 6)
+    assert a == ranges.secret_points(spec, 11, 6) and a != ranges.secret_points(spec, 12, 6)
+
+
+def test_report_shows_the_curve_and_the_regret_table(ranged_run):
+    from runner.ship import report
+
+    run, _ = ranged_run
+    h, m = report.write(run)
+    md = m.read_text()
+    assert "Dispatch by range" in md and "| shape | table uses |" in md
+    assert "Across the domain" in h.read_text()
+
+
+# -- the exported runtime's lookup ------------------------------------------------------------
+
+def _op(tmp_path: Path) -> Op:
+    table = {
+        "op": "t.rmsnorm", "inputs": [{"name": "x", "dtype": "fp32", "shape": ["M", "N"]}],
+        "outputs": [{"name": "y", "dtype": "fp32", "shape": ["M", "N"]}], "scalars": [],
+        "symbols": ["M", "N"], "baked": [], "entries": [], "entry": "k", "args": ["x", "y", "M", "N"],
+        "derive": [["CAP", "ACC * 64"]], "geometry": {"grid": ["M"], "block": ["32"]},
+        "by_range": {
+            "axes": ["N"], "domain": {"N": [64, 4096], "M": [1, None]}, "serves": "N <= CAP",
+            "ranges": [{"lo": {"N": 64}, "hi": {"N": 500}, "use": [1, 2]},
+                       {"lo": {"N": 500}, "hi": {"N": 4097}, "use": [2]}],
+            "exact": [{"shape": {"M": 8, "N": 256}, "use": [2]}],
+            "kernels": {"1": {"params": {"ACC": 4}, "cubin": "k1.cubin"},
+                        "2": {"params": {"ACC": 64}, "cubin": "k2.cubin"}}}}
+    return Op(tmp_path, table, reference=None)
+
+
+def test_exported_lookup_by_range_exact_shape_serves_and_domain(tmp_path):
+    op = _op(tmp_path)
+    pick = lambda m, n: (op.entry_for({"M": m, "N": n}) or {}).get("trial")  # noqa: E731
+    assert pick(3, 200) == 1  # its range's first kernel serves N <= 256
+    assert pick(3, 300) == 2  # it does not serve 300: the next of the range's list
+    assert pick(8, 256) == 2  # a named shape: its own list
+    assert pick(3, 4096) == 2 and pick(3, 63) is None and pick(3, 4097) is None  # outside: the fallback
+    assert pick(3, 4095) == 2
+    assert op.entry_for({"M": 3, "N": 200})["cubin"] == "k1.cubin"

@@ -361,7 +361,8 @@ def cmd_compare(a) -> int:
 def cmd_export(a) -> int:
     from .ship.export import describe, export
 
-    pkg = export(Path(a.run), Path(a.out), a.name, a.spec, force=a.force)
+    pkg = export(Path(a.run), Path(a.out), a.name, a.spec, force=a.force,
+                 exact=Path(a.exact) if a.exact else None, exact_spec=a.exact_spec)
     print("\n".join(describe(pkg)))
     return EXIT_OK
 
@@ -409,6 +410,9 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", default="exported", help="folder for the package (default exported/)")
     ex.add_argument("--name", help="package name (default: the spec's name)")
     ex.add_argument("--spec", help="the run's spec (default: the path the run recorded)")
+    ex.add_argument("--exact", help="with op.domain: a run of the same op with its sizes compiled in, whose "
+                    "kernels (after pipe compare) take their tuned sizes where they were faster there")
+    ex.add_argument("--exact-spec", help="the --exact run's spec (default: the path it recorded)")
     ex.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     ex.set_defaults(fn=cmd_export)
     rr = sub.add_parser("report", help="a self-contained HTML report (plots) and a markdown summary of a run")

@@ -231,3 +231,16 @@ def test_exported_lookup_by_range_exact_shape_serves_and_domain(tmp_path):
     assert pick(3, 4096) == 2 and pick(3, 63) is None and pick(3, 4097) is None  # outside: the fallback
     assert pick(3, 4095) == 2
     assert op.entry_for({"M": 3, "N": 200})["cubin"] == "k1.cubin"
+
+
+def test_a_kernel_with_its_size_compiled_in_takes_that_size_for_any_rows(tmp_path):
+    op = _op(tmp_path)
+    launch = {"derive": [["RPB", "4"]], "geometry": {"grid": ["ceil_div(M, RPB)"], "block": ["128"]},
+              "args": ["x", "y", "M"], "entry": "k_exact"}
+    op.entries = [{"key": [300], "baked": ["N"], "shape": {"M": 4096, "N": 300}, "use": "kernel", "trial": 9,
+                   "params": {"T": 1}, "cubin": "e9.cubin", "launch": launch}]
+    assert op.entry_for({"M": 5, "N": 300})["trial"] == 9  # its compiled-in size, other rows
+    assert op.entry_for({"M": 5, "N": 301})["trial"] == 2  # the range table elsewhere
+    e = op.entry_for({"M": 10, "N": 300})
+    assert op.geometry(e, {"M": 10, "N": 300})["grid"] == [3]  # its own launch expressions
+    assert op.geometry(op.entry_for({"M": 10, "N": 200}), {"M": 10, "N": 200})["grid"] == [10]

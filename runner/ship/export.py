@@ -110,6 +110,65 @@ def range_section(spec, rt: dict, history, ship) -> dict:
             "kernels": kernels}
 
 
+def open_exact(spec, run_dir: Path, spec_path: str | None, force: bool):
+    """The --exact run: the same op (reference, tensors, scalars, dtype), the same hardware,
+    its sizes compiled in, and a pipe compare of it."""
+    from .rundata import open_run
+
+    rd = open_run(run_dir, spec_path, "export packages", force=force)
+    es = rd.spec
+
+    def sig(s):
+        return (s.op.reference, s.op.dtype, [(t.name, t.dtype, [d.text for d in t.shape]) for t in s.op.inputs],
+                [(t.name, t.dtype, [d.text for d in t.shape]) for t in s.op.outputs],
+                [(x.name, x.type) for x in s.op.scalars], s.hw.name, s.kernel.backend)
+    if sig(es) != sig(spec):
+        raise ExportError(f"--exact {run_dir}: {es.name} is not the same op on the same hardware as {spec.name} "
+                          "(reference, tensors, scalars, dtype, profile and backend must agree)")
+    if es.op.domain:
+        raise ExportError(f"--exact {run_dir}: {es.name} has op.domain; --exact takes a run with sizes compiled in")
+    if rd.compare is None or rd.compare.get("spec_hash") != es.hash:
+        raise ExportError(f"--exact {run_dir}: run pipe compare on it first (its kernels take a size only where "
+                          "a fresh side-by-side timing found them faster)")
+    return rd
+
+
+def exact_entries(spec, rt: dict, ex, ship_src) -> list[dict]:
+    """Entries for the --exact run's kernels: each tuned size whose kernel beat torch eager
+    (its pipe compare), and, where the range run timed the same shape, beat the table's
+    choice there too. Each carries its own launch section (its spec's derived values,
+    geometry and arguments) and its sizes compiled in (`key`)."""
+    from ..build.builder import Builder
+
+    es = ex.spec
+    rows = dispatch_table(es, ex.history, ex.compare, ex.baseline)
+    baked = baked_symbols(es)
+    builder = Builder(es)
+    builder.variants = ex.variants
+    out = []
+    for i, row in enumerate(rows):
+        if row["use"] != "kernel":
+            continue
+        shape = es.op.shapes[i]
+        ranged = next((e for e in rt["exact"] if e["shape"] == shape), None)
+        why = "faster than torch eager (pipe compare of the exact run)"
+        if ranged is not None:
+            mine = row["time_s"]
+            theirs = ranged["times_s"].get(str(ranged["use"][0])) if ranged["use"] else ranged.get("eager_s")
+            if theirs is not None and mine >= theirs:
+                continue  # the range table is as fast there
+            why += f" and than the range table there ({theirs * 1e6:.1f} us against {mine * 1e6:.1f} us)" \
+                if theirs else ""
+        cubin = ship_src(builder.render_all(row["params"], row["variant"])[i],
+                         f"kernels/exact{i}-trial{row['trial']}.cubin",
+                         f"exact run trial #{row['trial']} does not compile any more")
+        out.append({"key": [shape[s] for s in baked], "baked": baked, "shape": dict(shape), "use": "kernel",
+                    "trial": row["trial"], "params": row["params"], "cubin": cubin, "time_s": row.get("time_s"),
+                    "baseline_s": row.get("baseline_s"), "evidence": f"exact run {es.name}: {why}",
+                    "launch": {**launch_table(es), "args": list(es.kernel.args), "entry": es.kernel.entry}})
+    return out
+
+
 def range_rule(spec) -> str:
     dom = ", ".join(f"{s} {d.min}..{d.max if d.max is not None else 'any'}" for s, d in spec.op.domain.items())
     return (f"a shape inside the domain ({dom}) takes the kernel of its range (a named shape: its own list): "
@@ -199,7 +258,7 @@ def launch_table(spec) -> dict:
 
 
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,
-           force: bool = False) -> Path:
+           force: bool = False, exact: Path | None = None, exact_spec: str | None = None) -> Path:
     from .rundata import open_run
     from ..build.builder import Builder
 
@@ -214,6 +273,10 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         raise ExportError(f"{run_dir}: a spec with op.domain ships a table by range, and its boundaries are "
                           f"measured by pipe compare: run `pipe compare {run_dir}` first")
     rows = [] if spec.op.domain else dispatch_table(spec, history, compare, baseline)
+    if exact is not None and not spec.op.domain:
+        raise ExportError("--exact joins a run with sizes compiled in to a table by range: "
+                          f"{spec.name} has no op.domain")
+    ex = open_exact(spec, exact, exact_spec, force) if exact is not None else None
     name = _ident(name or spec.name)
     final = out_dir / name
     if final.exists() and not _is_export(final):
@@ -254,6 +317,8 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
                          f"trial #{entry['trial']} does not compile for held-out shape {entry['shape']}")
             entries.append({**{k: v for k, v in entry.items() if k != "variant"}, "cubin": cubin})
         op = spec.op
+        if ex is not None:
+            entries += exact_entries(spec, compare["range_table"], ex, ship)
         by_range = None
         if op.domain:
             by_range = range_section(spec, compare["range_table"], history,

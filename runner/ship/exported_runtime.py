@@ -163,6 +163,7 @@ class Op:
         if self.by_range:
             self._serves = _expr(self.by_range["serves"]) if self.by_range.get("serves") else None
         self._kernels: dict = {}
+        self._other_launch: dict = {}
         self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
         self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
 
@@ -208,7 +209,7 @@ class Op:
             if key not in self._chosen:
                 if len(self._chosen) > 65536:
                     self._chosen.clear()
-                self._chosen[key] = self._by_range(env)
+                self._chosen[key] = self._exact(env) or self._by_range(env)
             return self._chosen[key]
         e = choose(self.entries, self.baked, self.symbols, env)
         return e if e is not None and e["use"] == "kernel" else None
@@ -221,6 +222,15 @@ class Op:
         for n, f in self._derive:
             full[n] = f(full)
         return bool(self._serves(full))
+
+    def _exact(self, env: dict) -> dict | None:
+        """A kernel with sizes compiled in (pipe export --exact) for these compiled-in sizes:
+        of several, the nearest in the free sizes."""
+        same = [e for e in self.entries if e.get("use") == "kernel" and e.get("baked") is not None
+                and [env[s] for s in e["baked"]] == list(e["key"])]
+        if not same:
+            return None
+        return min(same, key=lambda e: _logdist(env, e["shape"], [s for s in self.symbols if s not in e["baked"]]))
 
     def _by_range(self, env: dict) -> dict | None:
         br = self.by_range
@@ -252,20 +262,33 @@ class Op:
             dev = Device(device.index if device.index is not None else torch.cuda.current_device())
             dev.set_current()
             mod = ObjectCode.from_cubin(str(self.root / e["cubin"]))
-            kern = mod.get_kernel(self.t["entry"])
+            kern = mod.get_kernel((e.get("launch") or self.t)["entry"])
             k = self._kernels[key] = (dev, kern, [p.size for p in kern.arguments_info])
         return k
 
     def geometry(self, e: dict, env: dict) -> dict:
         """grid, block, cluster (in blocks, as the spec counts) and dynamic shared memory of
         entry e's kernel on a shape."""
+        derive, geo = self._launch_exprs(e)
         full = {**env, **e["params"]}
-        for n, f in self._derive:
+        for n, f in derive:
             full[n] = f(full)
-        return {"grid": [int(f(full)) for f in self._geo["grid"]],
-                "block": [int(f(full)) for f in self._geo["block"]],
-                "cluster": [int(f(full)) for f in self._geo.get("cluster", [])],
-                "shared_mem": int(self._geo["shared_mem"][0](full)) if self._geo.get("shared_mem") else 0}
+        return {"grid": [int(f(full)) for f in geo["grid"]],
+                "block": [int(f(full)) for f in geo["block"]],
+                "cluster": [int(f(full)) for f in geo.get("cluster", [])],
+                "shared_mem": int(geo["shared_mem"][0](full)) if geo.get("shared_mem") else 0}
+
+    def _launch_exprs(self, e: dict):
+        """(derived values, geometry) expressions of an entry: its own launch section (a kernel
+        from another spec, pipe export --exact) or the table's."""
+        la = e.get("launch")
+        if la is None:
+            return self._derive, self._geo
+        key = e["cubin"]
+        if key not in self._other_launch:
+            self._other_launch[key] = ([(n, _expr(x)) for n, x in la["derive"]],
+                                       {k: [_expr(x) for x in v] for k, v in la["geometry"].items()})
+        return self._other_launch[key]
 
     def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
         import numpy as np
@@ -278,7 +301,7 @@ class Op:
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}
         args = []
-        for a, size in zip(self.t["args"], sizes):
+        for a, size in zip((e.get("launch") or self.t)["args"], sizes):
             if a in named:
                 args.append(named[a].data_ptr())
             elif a in stypes:

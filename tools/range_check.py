@@ -372,6 +372,7 @@ class Gpu:
         torch.cuda.synchronize()
         for _ in range(reps):
             self.rt.flush()
+            torch.cuda._sleep(100_000)  # ~50 us of GPU work queued ahead: the host's launch stays out of the events
             a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             call()
@@ -380,35 +381,41 @@ class Gpu:
             ts.append(a.elapsed_time(e) / 1e3)
         return sorted(ts)[len(ts) // 2]
 
-    def timed(self, b, cfg: dict, art: str, n: int) -> tuple[float, float]:
-        """(seconds, TB/s) at M * N = 2^27."""
+    def timing_inputs(self, n: int) -> tuple[dict, dict, list]:
+        """(shape, inputs, outputs) at M * N = 2^27, made once a size."""
         from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
 
-        torch = self.torch
-        shape = self.r.shape(n, max(1, TIME_ELEMS // n))
-        inputs = make_inputs(self.op, shape, 1, 0, "cuda")
+        if getattr(self, "_tin", (None,))[0] != n:
+            self._tin = None  # the last size's tensors go first
+            shape = self.r.shape(n, max(1, TIME_ELEMS // n))
+            env = self.op.shape_env(shape)
+            outs = [self.torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device="cuda")
+                    for t in self.op.outputs]
+            self._tin = (n, shape, make_inputs(self.op, shape, 1, 0, "cuda"), outs)
+        return self._tin[1:]
+
+    def timed(self, b, cfg: dict, art: str, n: int) -> tuple[float, float]:
+        """(seconds, TB/s) at M * N = 2^27."""
+        shape, inputs, outs = self.timing_inputs(n)
         env = self.op.shape_env(shape)
-        outs = [torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device="cuda") for t in self.op.outputs]
         fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
         call = self.rt.prepare(fn, self.values(shape, inputs, outs), b.geometry(cfg, [shape])[0], mode="direct")
         t = self.time(call)
         return t, self.op.bytes(env) / t / 1e12
 
     def eager(self, n: int) -> float:
-        from runner.judge.inputs import make_inputs
-
-        shape = self.r.shape(n, max(1, TIME_ELEMS // n))
-        inputs = make_inputs(self.op, shape, 1, 0, "cuda")
+        shape, inputs, _ = self.timing_inputs(n)
         t = self.time(lambda: self.reference(**inputs, **self.scalars))
         return self.op.bytes(self.op.shape_env(shape)) / t / 1e12
 
 
-def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool) -> None:
+def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool, every: bool = False,
+              sweep: list[int] | None = None) -> None:
     from runner.build.builder import Builder
 
     rng = random.Random(20)
     b = Builder(r.spec)
-    cfgs = sample_configs(r, per_bucket, rng)
+    cfgs = list(r.configs) if every else sample_configs(r, per_bucket, rng)
     t0 = time.time()
     srcs = [b.render_all(c, shapes=[r.shape(r.lo, 1)])[0] for c in cfgs]
     comp = b._compile_all(list(dict.fromkeys(srcs)))
@@ -445,6 +452,9 @@ def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool)
                 if why:
                     fail(f"{r.name}: CAP {cap} {label(cfg)} at M={shape['M']} {r.sym}={n}: {why}")
     print(f"  {checked} launches verified in {time.time() - t0:.0f} s", flush=True)
+    if sweep:
+        sweep_sizes(r, g, b, cfgs, arts, sweep)
+        return
     if not timing:
         return
     print(f"  {'CAP':>7} {'configuration':<46} {r.sym:>7} {'us':>8} {'TB/s':>6} {'eager':>6}")
@@ -458,6 +468,25 @@ def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool)
                 eager[n] = g.eager(n)
             t, tbs = g.timed(b, cfg, art, n)
             print(f"  {cap:>7} {label(cfg):<46} {n:>7} {t * 1e6:>8.1f} {tbs:>6.2f} {eager[n]:>6.2f}", flush=True)
+
+
+def sweep_sizes(r: Range, g: "Gpu", b, cfgs: list[dict], arts: list[str], sizes: list[int]) -> None:
+    """Every checked configuration that serves a size, timed there: the best five, the count
+    and torch eager."""
+    for n in sizes:
+        if not r.lo <= n <= r.hi:
+            continue
+        rows = []
+        for cfg, art in zip(cfgs, arts):
+            if r.serves(cfg, n):
+                t, tbs = g.timed(b, cfg, art, n)
+                rows.append((t, tbs, cfg))
+        rows.sort(key=lambda x: x[0])
+        eager = g.eager(n)
+        m = max(1, TIME_ELEMS // n)
+        print(f"  {r.sym}={n} (M={m}): {len(rows)} configurations; eager {eager:.2f} TB/s", flush=True)
+        for t, tbs, cfg in rows[:5]:
+            print(f"    {t * 1e6:8.1f} us {tbs:5.2f} TB/s  CAP {r.cap(cfg):>6}  {label(cfg)}", flush=True)
 
 
 # ----------------------------------------------------------------------------- the assert
@@ -522,6 +551,9 @@ def main() -> int:
     ap.add_argument("--per-bucket", type=int, default=3, help="configurations sampled per bucket (GPU)")
     ap.add_argument("--sizes", type=int, default=7, help="sizes verified per configuration (GPU)")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--all", action="store_true", help="verify every configuration, not a sample (GPU)")
+    ap.add_argument("--sweep", default="", metavar="N1,N2,...",
+                    help="time every verified configuration that serves each size, instead of the sample's timing")
     ap.add_argument("--no-assert", action="store_true", help="skip the out-of-range target probe")
     a = ap.parse_args()
     t0 = time.time()
@@ -535,7 +567,8 @@ def main() -> int:
         if a.compile_only:
             check_static(r, a.nvcc)
         else:
-            check_gpu(r, a.per_bucket, a.sizes, [1, 3, 37, 4096], not a.no_timing)
+            check_gpu(r, a.per_bucket, a.sizes, [1, 3, 37, 4096], not a.no_timing, a.all,
+                      [int(x) for x in a.sweep.split(",") if x])
     if not a.compile_only and not a.no_assert and "cross-entropy" in a.ops:
         check_assert()
     print(f"\n{len(FAILURES)} failure(s) in {time.time() - t0:.0f} s")

@@ -1,0 +1,579 @@
+"""Correctness and speed of the run-time row-length templates (issue 20) on one GPU, or their
+render and compile checks on a machine without one.
+
+    python tools/range_check.py                  # the H200: verify and time a sample of each space
+    python tools/range_check.py --compile-only   # no GPU: every configuration rendered and compiled
+    python tools/range_check.py --compile-only --nvcc   # ... with the local nvcc for sm_90a as well
+
+For each range spec (pipelines/*-range-h200.yaml) it reads the space, the derived values,
+the domain and `kernel.serves` (from the spec when pipe's loader knows them, else from the
+YAML: a copy without the range keys is loaded for the rest). Everything else is pipe's own:
+the Builder renders, checks the forbidden actions and compiles (NVRTC, in its pool of
+processes), the CUDA Runtime loads the cubins and launches through cuda.core, the judge's
+inputs, float64 reference, guard-banded outputs and error budget check the results.
+
+Compile-only (no GPU): the range symbol and M never reach the template (the template reads
+neither, nor a derived value that depends on them, and two shapes render the same source);
+every N of the domain is served by some configuration (checked on a dense sample: the edges,
+around every power of two and three times one, and random points); every configuration
+renders, passes the source rules and compiles with no spills. Prints the bucket table.
+
+On the GPU: a sample of each space, three configurations of every bucket (CAP; the first and
+last geometry and one at random, no spills with that machine's NVRTC), is verified at the
+bucket's edges, powers of two, odd sizes and primes, for M in {1, 3, 37, 4096} (M capped so
+that M * N <= 2^25), each launch with the next input distribution of the spec and its output
+in the middle of a guard band; then each sampled configuration is timed at M * N = 2^27 (the
+median of 20 calls, L2 flushed before each, CUDA events) at its bucket's largest power of two
+and an odd size, beside torch eager. Both cross-entropy templates are also run once, each in
+a child process, with a target out of range: the launch must fail with a device-side assert.
+One line per failure; exit status 1 on any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SPECS = {"softmax": "pipelines/softmax-range-h200.yaml",
+         "rmsnorm": "pipelines/rmsnorm-range-h200.yaml",
+         "cross-entropy": "pipelines/cross-entropy-range-h200.yaml"}
+RANGE_KEYS = (("op", "domain"), ("op", "grid"), ("kernel", "serves"))
+VERIFY_ELEMS = 1 << 25  # M * N at most, for the float64 reference
+TIME_ELEMS = 1 << 27    # M * N of a timed shape (256 MiB of bf16)
+
+FAILURES: list[str] = []
+
+
+def fail(msg: str) -> None:
+    FAILURES.append(msg)
+    print(f"FAIL {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+class Range:
+    """A range spec: pipe's Spec (loaded without the range keys where the loader does not
+    know them yet), its domain, serves expression and range symbol."""
+
+    def __init__(self, name: str, path: Path):
+        import yaml
+
+        from runner.core.expr import compile_expr
+        from runner.core.errors import SpecError
+        from runner.spec.spec import load_spec
+
+        self.name = name
+        self.raw = yaml.safe_load(path.read_text())
+        try:
+            self.spec = load_spec(path)
+        except SpecError:  # a loader that does not know domain, grid and serves yet
+            stripped = copy.deepcopy(self.raw)
+            for a, b in RANGE_KEYS:
+                stripped[a].pop(b, None)
+            from runner.core import userpath
+
+            found, _ = userpath.find_template(stripped["kernel"]["template"], path.resolve().parent)
+            stripped["kernel"]["template"] = str(found or stripped["kernel"]["template"])
+            tmp = Path(tempfile.mkdtemp(prefix="range_check_")) / path.name
+            tmp.write_text(yaml.safe_dump(stripped, sort_keys=False))
+            self.spec = load_spec(tmp)
+        self.domain = self.raw["op"]["domain"]
+        self.sym = next(s for s, d in self.domain.items() if "max" in d)  # N or V
+        self.lo, self.hi = int(self.domain[self.sym]["min"]), int(self.domain[self.sym]["max"])
+        ks = getattr(self.spec.kernel, "serves", None)
+        self.serves_expr = ks if callable(ks) else compile_expr(self.raw["kernel"]["serves"])
+        self.configs = list(self.spec.space)
+        self._derived: dict = {}
+
+    def env(self, cfg: dict, shape: dict) -> dict:
+        env = {**shape, **cfg}
+        env.update(self.spec.kernel.derived(env))
+        return env
+
+    def serves(self, cfg: dict, n: int, m: int = 1) -> bool:
+        return bool(self.serves_expr(self.env(cfg, {"M": m, self.sym: n})))
+
+    def cap(self, cfg: dict) -> int:
+        """The bucket's key: the derived CAP (the same for every shape)."""
+        return int(self.env(cfg, {"M": 1, self.sym: self.lo})["CAP"])
+
+    def shape(self, n: int, m: int) -> dict:
+        return {"M": m, self.sym: n}
+
+
+def label(cfg: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def primes_near(n: int, k: int = 1) -> list[int]:
+    out, x = [], n
+    while len(out) < k and x > 2:
+        if all(x % d for d in range(2, int(math.isqrt(x)) + 1)):
+            out.append(x)
+        x -= 1
+    return out
+
+
+def coverage_points(lo: int, hi: int, rng: random.Random) -> list[int]:
+    pts = set(range(lo, min(hi, lo + 2048) + 1)) | set(range(max(lo, hi - 2048), hi + 1))
+    for k in range(0, 20):
+        for base in (1 << k, 3 << k, 5 << k):
+            for d in range(-24, 25):
+                if lo <= base + d <= hi:
+                    pts.add(base + d)
+    pts |= {rng.randint(lo, hi) for _ in range(20000)}
+    return sorted(pts)
+
+
+# ----------------------------------------------------------------------------- compile-only
+
+
+def check_static(r: Range, nvcc: bool) -> None:
+    from runner.build import render
+    from runner.build.builder import Builder
+
+    sp = r.spec
+    k = sp.kernel
+    symbols = set(sp.op.symbols)
+    used = render.template_variables(k.template)
+    read = used & symbols
+    if read:
+        fail(f"{r.name}: the template reads the shape symbols {sorted(read)}")
+    derive = dict(k.derive)
+    deps: dict[str, set] = {}
+    for name, e in k.derive:  # the shape symbols each derived value depends on, through earlier ones
+        deps[name] = set(e.names) & symbols
+        for n2 in e.names:
+            deps[name] |= deps.get(n2, set())
+    for name in sorted(used & set(derive)):
+        if deps[name]:
+            fail(f"{r.name}: the template reads derived value {name}, which depends on {sorted(deps[name])}")
+
+    # coverage of the domain and the bucket table
+    rng = random.Random(0)
+    pts = coverage_points(r.lo, r.hi, rng)
+    by_cap: dict[int, list[dict]] = {}
+    for cfg in r.configs:
+        by_cap.setdefault(r.cap(cfg), []).append(cfg)
+    reps = {cap: cfgs[0] for cap, cfgs in by_cap.items()}  # serves depends on the bucket alone here
+    for cap, cfgs in by_cap.items():
+        for cfg in cfgs[1:3]:
+            for n in (r.lo, cap // 4 + 1, cap - 9, cap, r.hi):
+                if r.serves(cfg, n) != r.serves(reps[cap], n):
+                    fail(f"{r.name}: configurations of CAP {cap} serve N={n} differently")
+    served_by: dict[int, list[int]] = {cap: [] for cap in reps}
+    missing = []
+    for n in pts:
+        hit = False
+        for cap, cfg in reps.items():
+            if r.serves(cfg, n):
+                served_by[cap].append(n)
+                hit = True
+        if not hit:
+            missing.append(n)
+    if missing:
+        fail(f"{r.name}: {len(missing)} of {len(pts)} sampled {r.sym} served by no configuration: "
+             f"{missing[:12]}{' ...' if len(missing) > 12 else ''}")
+    print(f"\n{r.name}: {len(r.configs)} configurations, {len(by_cap)} buckets "
+          f"({r.sym} in [{r.lo}, {r.hi}]; {len(pts)} sampled sizes, {len(missing)} unserved)")
+    print(f"  {'CAP':>8} {'configs':>7}  {r.sym} served (sampled)")
+    for cap in sorted(by_cap):
+        s = served_by[cap]
+        print(f"  {cap:>8} {len(by_cap[cap]):>7}  " + (f"{min(s)} .. {max(s)}" if s else "none in the domain"))
+        if not s:
+            fail(f"{r.name}: bucket CAP {cap} serves no sampled size of the domain")
+
+    # render every configuration (two shapes: the same source), the source rules, NVRTC
+    b = Builder(sp)
+    sources, owners = [], {}
+    t0 = time.time()
+    for cfg in r.configs:
+        try:
+            s1, s2 = b.render_all(cfg, shapes=[r.shape(r.lo, 1), r.shape(r.hi - 1, 4099)])
+        except Exception as e:  # noqa: BLE001
+            fail(f"{r.name}: {label(cfg)}: render: {e}")
+            continue
+        if s1 != s2:
+            fail(f"{r.name}: {label(cfg)}: the source depends on the shape")
+        if "{{" in s1 or "{%" in s1:
+            fail(f"{r.name}: {label(cfg)}: Jinja left in the source")
+        v = b.source_rules(s1)
+        if v:
+            fail(f"{r.name}: {label(cfg)}: forbidden: {v}")
+        owners.setdefault(s1, []).append(cfg)
+        if len(owners[s1]) == 1:
+            sources.append(s1)
+    comp = b._compile_all(sources)
+    regs = []
+    for src, c in zip(sources, comp):
+        who = label(owners[src][0])
+        if not c.ok:
+            fail(f"{r.name}: {who}: {c.status}: {c.reason}")
+            continue
+        res = c.resources
+        regs.append(res.get("registers", 0))
+        if res.get("spill_stores") or res.get("spill_loads") or res.get("stack_bytes"):
+            fail(f"{r.name}: {who}: spills ({res})")
+        geo = b.geometry(owners[src][0], [r.shape(r.lo, 37)])[0]  # threads, cluster, shared memory
+        why = b.backend.prune(res, geo, sp.hw, False)  # the launch limits (spills are reported above)
+        if why:
+            fail(f"{r.name}: {who}: pruned: {why}")
+        ext = set((c.ptx or {}).get("extern", {})) - {"__assertfail", "vprintf"}
+        if ext:
+            fail(f"{r.name}: {who}: calls external functions {sorted(ext)}")
+    print(f"  {len(sources)} distinct sources compiled with NVRTC ({b.backend.toolchain()}, {sp.hw.arch}) in "
+          f"{time.time() - t0:.0f} s; registers {min(regs, default=0)} .. {max(regs, default=0)}")
+    if nvcc:
+        nvcc_all(r, sources, owners)
+
+
+def _nvcc_one(args: tuple[str, str, str]) -> tuple[str, str, str]:
+    src, entry, tmpdir = args
+    import hashlib
+
+    h = hashlib.sha256(src.encode()).hexdigest()[:16]
+    cu = Path(tmpdir) / f"{h}.cu"
+    cu.write_text(src)
+    p = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
+                        "-o", str(cu.with_suffix(".cubin")), str(cu)], capture_output=True, text=True)
+    return src, str(p.returncode), p.stdout + p.stderr
+
+
+def nvcc_all(r: Range, sources: list[str], owners: dict) -> None:
+    import re
+
+    t0 = time.time()
+    tmpdir = tempfile.mkdtemp(prefix="range_nvcc_")
+    with ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2))) as pool:
+        out = list(pool.map(_nvcc_one, [(s, r.spec.kernel.entry, tmpdir) for s in sources]))
+    regs = []
+    for src, rc, log in out:
+        who = label(owners[src][0])
+        if rc != "0":
+            fail(f"{r.name}: {who}: nvcc -arch=sm_90a failed: {log.strip().splitlines()[-1] if log.strip() else rc}")
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        if m and any(int(x) for x in m.groups()):
+            fail(f"{r.name}: {who}: nvcc sm_90a spills: {m.group(0)}")
+        m = re.search(r"Used (\d+) registers", log)
+        if m:
+            regs.append(int(m.group(1)))
+    print(f"  {len(sources)} sources compiled with nvcc -arch=sm_90a in {time.time() - t0:.0f} s; "
+          f"registers {min(regs, default=0)} .. {max(regs, default=0)}")
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+def sample_configs(r: Range, per_bucket: int, rng: random.Random) -> list[dict]:
+    by_cap: dict[int, list[dict]] = {}
+    for cfg in r.configs:
+        by_cap.setdefault(r.cap(cfg), []).append(cfg)
+    out = []
+    for cap in sorted(by_cap):
+        cfgs = by_cap[cap]
+        if not any(r.serves(cfgs[0], n) for n in (max(r.lo, cap // 4 + 1), min(r.hi, cap), r.lo, r.hi)):
+            continue
+        # spread over the geometries (the hints ride along at random)
+        geos: dict[tuple, list[dict]] = {}
+        for cfg in cfgs:
+            geos.setdefault(tuple(v for k, v in cfg.items() if k not in ("LOAD", "STORE")), []).append(cfg)
+        keys = sorted(geos)
+        rest = keys[1:-1]
+        rng.shuffle(rest)
+        for key in list(dict.fromkeys([keys[0], keys[-1]] + rest))[:max(per_bucket, 1)]:
+            out.append(rng.choice(geos[key]))
+    return out
+
+
+def test_sizes(r: Range, cfg: dict, rng: random.Random, many: int) -> list[int]:
+    """Sizes the configuration serves: its bucket's edges, powers of two, odd sizes, primes."""
+    cap = r.cap(cfg)
+    lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+    cand = {lo, lo + 1, hi, hi - 1, hi - 7, hi - 8, hi - 9, hi - 15}
+    cand |= {1 << k for k in range(0, 20) if lo <= 1 << k <= hi}
+    cand |= set(primes_near(hi, 2)) | set(primes_near((lo + hi) // 2, 1)) | set(primes_near(lo + 64, 1))
+    cand |= {rng.randint(lo, hi) | 1 for _ in range(3)} | {(rng.randint(lo, hi) & ~3) | 2 for _ in range(2)}
+    ok = sorted(n for n in cand if r.lo <= n <= r.hi and r.serves(cfg, n))
+    if len(ok) > many:
+        keep = {ok[0], ok[-1]} | set(rng.sample(ok, many - 2))
+        ok = sorted(keep)
+    return ok
+
+
+class Gpu:
+    def __init__(self, r: Range):
+        import torch
+
+        from runner.build.backends import cuda
+        from runner.core.userpath import load_callable
+
+        self.torch = torch
+        self.r = r
+        self.op = r.spec.op
+        self.rt = cuda.Runtime(r.spec.hw, r.spec.runtime)
+        self.reference = load_callable(self.op.reference, r.spec.home)
+        self.scalars = {s.name: s.value for s in self.op.scalars}
+        names = {t.name for t in (*self.op.inputs, *self.op.outputs)}
+        types = {s.name: s.type for s in self.op.scalars}
+        self.kinds = [("ptr" if a in names else types.get(a, self.rt.symbol_type)) for a in r.spec.kernel.args]
+
+    def values(self, shape: dict, inputs: dict, outs: list) -> list:
+        tensors = {**{k: v.data_ptr() for k, v in inputs.items()},
+                   **{t.name: o.data_ptr() for t, o in zip(self.op.outputs, outs)}}
+        return [tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a]
+                for a in self.r.spec.kernel.args]
+
+    def verify(self, b, cfg: dict, art: str, shape: dict, seed: int, round_: int) -> str | None:
+        from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
+        from runner.judge.verify import Budget, compare, poisoned, reference_dtype
+
+        torch = self.torch
+        inputs = make_inputs(self.op, shape, seed, round_, "cuda")
+        env = self.op.shape_env(shape)
+        outs = [poisoned(shape_of(t, env), TORCH_DTYPES[t.dtype], "cuda") for t in self.op.outputs]
+        geo = b.geometry(cfg, [shape])[0]
+        fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
+        call = self.rt.prepare(fn, self.values(shape, inputs, [o.view for o in outs]), geo, mode="direct")
+        call()
+        torch.cuda.synchronize()
+        private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v) for k, v in inputs.items()}
+        ref = self.reference(**private, **self.scalars)
+        refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+        for t, o, rr in zip(self.op.outputs, outs, refs):
+            dt = TORCH_DTYPES[t.dtype]
+            rr = rr.to(reference_dtype(dt)) if rr.is_floating_point() else rr
+            if not o.guards_intact():
+                return f"output '{t.name}': wrote outside its bounds"
+            ok, why, _ = compare(o.view, rr, self.op.atol, self.op.rtol,
+                                 Budget(rr, self.op.atol, self.op.rtol, dt, self.op.ulps, self.op.floor))
+            if not ok:
+                dist = self.op.inputs[0].dists[round_ % len(self.op.inputs[0].dists)]
+                return f"output '{t.name}' (input dist {dist}): {why}"
+        return None
+
+    def time(self, call, reps: int = 20) -> float:
+        torch = self.torch
+        ts = []
+        call()
+        torch.cuda.synchronize()
+        for _ in range(reps):
+            self.rt.flush()
+            torch.cuda._sleep(100_000)  # ~50 us of GPU work queued ahead: the host's launch stays out of the events
+            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            call()
+            e.record()
+            e.synchronize()
+            ts.append(a.elapsed_time(e) / 1e3)
+        return sorted(ts)[len(ts) // 2]
+
+    def timing_inputs(self, n: int) -> tuple[dict, dict, list]:
+        """(shape, inputs, outputs) at M * N = 2^27, made once a size."""
+        from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
+
+        if getattr(self, "_tin", (None,))[0] != n:
+            self._tin = None  # the last size's tensors go first
+            shape = self.r.shape(n, max(1, TIME_ELEMS // n))
+            env = self.op.shape_env(shape)
+            outs = [self.torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device="cuda")
+                    for t in self.op.outputs]
+            self._tin = (n, shape, make_inputs(self.op, shape, 1, 0, "cuda"), outs)
+        return self._tin[1:]
+
+    def timed(self, b, cfg: dict, art: str, n: int) -> tuple[float, float]:
+        """(seconds, TB/s) at M * N = 2^27."""
+        shape, inputs, outs = self.timing_inputs(n)
+        env = self.op.shape_env(shape)
+        fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
+        call = self.rt.prepare(fn, self.values(shape, inputs, outs), b.geometry(cfg, [shape])[0], mode="direct")
+        t = self.time(call)
+        return t, self.op.bytes(env) / t / 1e12
+
+    def eager(self, n: int) -> float:
+        shape, inputs, _ = self.timing_inputs(n)
+        t = self.time(lambda: self.reference(**inputs, **self.scalars))
+        return self.op.bytes(self.op.shape_env(shape)) / t / 1e12
+
+
+def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool, every: bool = False,
+              sweep: list[int] | None = None) -> None:
+    from runner.build.builder import Builder
+
+    rng = random.Random(20)
+    b = Builder(r.spec)
+    cfgs = list(r.configs) if every else sample_configs(r, per_bucket, rng)
+    t0 = time.time()
+    srcs = [b.render_all(c, shapes=[r.shape(r.lo, 1)])[0] for c in cfgs]
+    comp = b._compile_all(list(dict.fromkeys(srcs)))
+    by_src = dict(zip(dict.fromkeys(srcs), comp))
+    keep = []
+    for cfg, src in zip(cfgs, srcs):
+        c = by_src[src]
+        res = c.resources if c.ok else {}
+        if not c.ok:
+            fail(f"{r.name}: {label(cfg)}: {c.status}: {c.reason}")
+        elif res.get("spill_stores") or res.get("spill_loads"):  # the runner prunes these (forbidden: spills)
+            fail(f"{r.name}: {label(cfg)}: spills with this machine's NVRTC ({b.backend.toolchain()}): {res}")
+        else:
+            keep.append((cfg, c.artifact))
+    cfgs, arts = [k[0] for k in keep], [k[1] for k in keep]
+    print(f"\n{r.name}: {len(cfgs)} sampled configurations of {len(r.configs)}, compiled in {time.time() - t0:.0f} s",
+          flush=True)
+    g = Gpu(r)
+    checked = 0
+    round_ = 0
+    for cfg, art in zip(cfgs, arts):
+        cap = r.cap(cfg)
+        for n in test_sizes(r, cfg, rng, many):
+            for m in ms:
+                m = m if m * n <= VERIFY_ELEMS else max(1, min(m, VERIFY_ELEMS // n))
+                shape = r.shape(n, m)
+                try:
+                    why = g.verify(b, cfg, art, shape, seed=1000 + round_, round_=round_)
+                except Exception as e:  # noqa: BLE001 - a launch that failed (a trap) spoils the context
+                    fail(f"{r.name}: CAP {cap} {label(cfg)} at {shape}: launch failed: {type(e).__name__}: {e}")
+                    raise SystemExit(1)
+                round_ += 1
+                checked += 1
+                if why:
+                    fail(f"{r.name}: CAP {cap} {label(cfg)} at M={shape['M']} {r.sym}={n}: {why}")
+    print(f"  {checked} launches verified in {time.time() - t0:.0f} s", flush=True)
+    if sweep:
+        sweep_sizes(r, g, b, cfgs, arts, sweep)
+        return
+    if not timing:
+        return
+    print(f"  {'CAP':>7} {'configuration':<46} {r.sym:>7} {'us':>8} {'TB/s':>6} {'eager':>6}")
+    eager: dict[int, float] = {}
+    for cfg, art in zip(cfgs, arts):
+        cap = r.cap(cfg)
+        lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+        pts = [n for n in (1 << int(math.log2(hi)), ((lo + hi) // 2) | 1) if r.serves(cfg, n)]
+        for n in dict.fromkeys(pts):
+            if n not in eager:
+                eager[n] = g.eager(n)
+            t, tbs = g.timed(b, cfg, art, n)
+            print(f"  {cap:>7} {label(cfg):<46} {n:>7} {t * 1e6:>8.1f} {tbs:>6.2f} {eager[n]:>6.2f}", flush=True)
+
+
+def sweep_sizes(r: Range, g: "Gpu", b, cfgs: list[dict], arts: list[str], sizes: list[int]) -> None:
+    """Every checked configuration that serves a size, timed there: the best five, the count
+    and torch eager."""
+    for n in sizes:
+        if not r.lo <= n <= r.hi:
+            continue
+        rows = []
+        for cfg, art in zip(cfgs, arts):
+            if r.serves(cfg, n):
+                t, tbs = g.timed(b, cfg, art, n)
+                rows.append((t, tbs, cfg))
+        rows.sort(key=lambda x: x[0])
+        eager = g.eager(n)
+        m = max(1, TIME_ELEMS // n)
+        print(f"  {r.sym}={n} (M={m}): {len(rows)} configurations; eager {eager:.2f} TB/s", flush=True)
+        for t, tbs, cfg in rows[:5]:
+            print(f"    {t * 1e6:8.1f} us {tbs:5.2f} TB/s  CAP {r.cap(cfg):>6}  {label(cfg)}", flush=True)
+
+
+# ----------------------------------------------------------------------------- the assert
+
+
+PROBE = r"""
+import sys
+sys.path[:0] = [{root!r}, {root!r} + "/tools"]
+from pathlib import Path
+
+import torch
+from range_check import Gpu, Range
+from runner.build.builder import Builder
+from runner.spec.spec import load_spec
+
+if {which!r} == "flagship":
+    class R:
+        spec = load_spec(Path({root!r}) / "pipelines/cross-entropy-h200.yaml")
+        sym = "V"
+        shape = staticmethod(lambda n, m: {{"M": m, "V": n}})
+    r, cfg = R(), dict(R.spec.start)
+else:
+    r = Range("cross-entropy", Path({root!r}) / "pipelines/cross-entropy-range-h200.yaml")
+    cfg = next(c for c in r.configs if r.serves(c, 1000))
+b = Builder(r.spec)
+shape = r.shape(1000, 4)
+arts, bad = b.compiled(b.render_all(cfg, shapes=[shape]))
+g = Gpu(r)
+x = torch.randn(4, 1000, device="cuda").bfloat16()
+t = torch.tensor([1, 2, 1000, 3], device="cuda")  # row 2: out of range, and not ignore_index
+loss = torch.empty(4, device="cuda")
+fn = g.rt.load(arts[0], r.spec.kernel.entry, g.kinds)
+vals = g.values(shape, {{"logits": x, "targets": t}}, [loss])
+try:
+    g.rt.prepare(fn, vals, b.geometry(cfg, [shape])[0], mode="direct")()
+    torch.cuda.synchronize()
+    print("NO-ASSERT", loss.tolist())
+except Exception as e:
+    print("ASSERTED", type(e).__name__, str(e).splitlines()[0])
+"""
+
+
+def check_assert() -> None:
+    for which in ("flagship", "range"):
+        code = PROBE.format(root=str(ROOT), which=which)
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        out = p.stdout + p.stderr
+        if "ASSERTED" in p.stdout and "assert" in out.lower():
+            print(f"cross-entropy ({which}): a target out of range fails a device-side assert: ok")
+        else:
+            tail = " | ".join(out.strip().splitlines()[-3:])
+            fail(f"cross-entropy ({which}): a target out of range did not fail a device-side assert: {tail}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile every configuration")
+    ap.add_argument("--nvcc", action="store_true", help="with --compile-only: also nvcc -arch=sm_90a")
+    ap.add_argument("--ops", default=",".join(SPECS), help="comma-separated: " + ", ".join(SPECS))
+    ap.add_argument("--only", action="append", default=[], metavar="NAME=V1,V2",
+                    help="limit a parameter to some values (pipe's --only)")
+    ap.add_argument("--per-bucket", type=int, default=3, help="configurations sampled per bucket (GPU)")
+    ap.add_argument("--sizes", type=int, default=7, help="sizes verified per configuration (GPU)")
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--all", action="store_true", help="verify every configuration, not a sample (GPU)")
+    ap.add_argument("--sweep", default="", metavar="N1,N2,...",
+                    help="time every verified configuration that serves each size, instead of the sample's timing")
+    ap.add_argument("--no-assert", action="store_true", help="skip the out-of-range target probe")
+    a = ap.parse_args()
+    t0 = time.time()
+    for name in a.ops.split(","):
+        r = Range(name, ROOT / SPECS[name])
+        if a.only:
+            from runner.spec.spec import restrict
+
+            r.spec = restrict(r.spec, a.only)
+            r.configs = list(r.spec.space)
+        if a.compile_only:
+            check_static(r, a.nvcc)
+        else:
+            check_gpu(r, a.per_bucket, a.sizes, [1, 3, 37, 4096], not a.no_timing, a.all,
+                      [int(x) for x in a.sweep.split(",") if x])
+    if not a.compile_only and not a.no_assert and "cross-entropy" in a.ops:
+        check_assert()
+    print(f"\n{len(FAILURES)} failure(s) in {time.time() - t0:.0f} s")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

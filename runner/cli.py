@@ -309,6 +309,9 @@ def cmd_show(a) -> int:
         spreads = b.get("spreads") or []
         for i, d in enumerate(b.get("shapes") or []):
             sp = f" ±{spreads[i]:.0%}" if i < len(spreads) and spreads[i] is not None else ""
+            if d.get("time_s") is None:  # op.domain: a size this configuration does not serve
+                print(f"  shape {i}: not served by this configuration (kernel.serves)")
+                continue
             line = f"  shape {i}: {d['time_s'] * 1e6:.3f} us{sp}, {d['bytes_per_s'] / 1e9:.1f} GB/s, " \
                    f"{d['limit_fraction']:.3f} of the limit"
             if "speedup" in d:

@@ -161,6 +161,16 @@ def test_trials_are_timed_where_they_serve_and_verified_on_drawn_shapes(ranged_r
             assert b["time_s"] == min(t.times[i] for t in trials if t.times[i] is not None)
 
 
+def test_show_names_the_shapes_the_best_does_not_serve(ranged_run, capsys):
+    run, _ = ranged_run
+    assert cli.main(["show", str(run)]) == 0
+    out = capsys.readouterr().out
+    best = json.loads((run / "run.json").read_text())["best"]
+    unserved = sum(t is None for t in best["times_s"])
+    assert out.count("not served by this configuration") == unserved
+    assert "Traceback" not in out
+
+
 def test_compare_builds_ranges_that_cover_the_domain_in_order(ranged_run):
     run, doc = ranged_run
     t = doc["range_table"]

@@ -80,8 +80,9 @@ def test_the_lower_quartile_of_the_paired_rounds_decides():
     c, asked = _confirm(rounds)
     assert c["metric"] == pytest.approx(3.3) and c["low"] == pytest.approx(2.85)
     assert not c["met"] and c["against"] == "reference" and c["kernels"] == [1, 1]
-    kind, jobs, n, _seed, budget = asked[0]
+    kind, jobs, n, _seed, budget, only = asked[0]
     assert kind == "retime" and n == 7 and jobs[1] == {"torch": "reference"}  # the baseline's arm, paired
+    assert only is None  # every timed shape (a spec with op.domain names its listed ones)
     assert budget == 1.0  # each arm for the whole timing budget, as pipe compare times it
     assert (c["min"], c["max"]) == (pytest.approx(2.4), pytest.approx(3.3))
     assert jobs[0]["artifacts"] == ["k0.so", "k1.so"]

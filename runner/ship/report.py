@@ -517,18 +517,13 @@ def html_page(data, rows) -> str:
                    + (f"<p>{html.escape(note)}</p>" if note and t == "Achieved bandwidth" else "")
                    + f'<img alt="{html.escape(t)}" src="data:image/png;base64,{p}">'
                    for t, p in imgs if p)
-    crows = curve_rows(data)
-    if crows:
-        table += ("<h2>Across the domain: regret at secret points</h2><table><tr>"
-                  + "".join(f"<th>{html.escape(c)}</th>" for c in crows[0]) + "</tr>"
-                  + "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
-                            for r in crows) + "</table>")
-    held = held_rows(data)
-    if held:
-        table += ("<h2>Held-out shapes: the dispatch table where nobody tuned</h2><table><tr>"
-                  + "".join(f"<th>{c}</th>" for c in held[0]) + "</tr>"
-                  + "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
-                            for r in held) + "</table>")
+    for title, rs in (("Across the domain: regret at secret points", curve_rows(data)),
+                      ("Held-out shapes: the dispatch table where nobody tuned", held_rows(data))):
+        if rs:
+            table += (f"<h2>{html.escape(title)}</h2><table><tr>"
+                      + "".join(f"<th>{html.escape(c)}</th>" for c in rs[0]) + "</tr>"
+                      + "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
+                                for r in rs) + "</table>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#212529}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dee2e6;padding:4px 8px;"
              "text-align:left}th{background:#f1f3f5}img{max-width:100%}code{font-size:12px}")

@@ -36,6 +36,7 @@ def _shares_a_module_setup(item) -> bool:
                                     for defs in info.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     if not has_cuda():
@@ -48,6 +49,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _shares_a_module_setup(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    yield  # the other plugins' hooks: xdist's names each marked test's group
+    _carry_xdist_groups(items)
+
+
+def _carry_xdist_groups(items) -> None:
+    """pytest-xdist (3.8) tells its loadgroup scheduler a test's group by appending "@group" to
+    item._nodeid; pytest 9.2 reads a test's id from item._id instead, so the groups were lost
+    without a word and each module-scoped set-up was built on both workers (pytest-xdist
+    issue 1386). The suffixed id is carried over to where pytest reads it."""
+    if not hasattr(pytest.Item, "_id"):
+        return  # an older pytest: item._nodeid is the id itself
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        want = item.__dict__.get("_nodeid")
+        if want and want != item.nodeid:
+            item._id = NodeId.parse(want)
 
 
 @pytest.fixture

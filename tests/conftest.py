@@ -77,10 +77,21 @@ def project(tmp_path):
     return tmp_path
 
 
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    # One compile cache for the whole session, away from the user's ~/.cache.
-    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
+def run_root(tmp_path_factory) -> Path:
+    """The folder of this whole test run: under xdist, the parent that the workers' own base
+    folders share (each worker is a session of its own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    # One compile cache for the whole test run, away from the user's ~/.cache, shared by the
+    # xdist workers (a kernel built on one is found by the other; the backends write each
+    # artifact by an atomic rename) and set before any module-scoped set-up starts a pipe.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPE_CACHE_DIR", str(run_root(tmp_path_factory) / "pipe-cache"))
+        yield
 
 
 def pipe_cmd() -> list[str]:

@@ -46,7 +46,7 @@ def base(tmp_path_factory):
     d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
     d["goal"] = {"budget": {"trials": TRIALS}}
     (proj / "pipelines" / "rmsnorm-cpu.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
-    env = {"PIPE_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "pipe-cache")}
+    env = {"PIPE_CACHE_DIR": os.environ["PIPE_CACHE_DIR"]}  # the run's shared cache (tests/conftest.py)
     r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q", cwd=proj, env=env)
     assert r.returncode == 1, r.stderr  # the budget ends it
     return proj, env

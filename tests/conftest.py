@@ -1,5 +1,7 @@
+import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,6 +99,50 @@ def _cache_dir(tmp_path_factory):
 def pipe_cmd() -> list[str]:
     exe = shutil.which("pipe")
     return [exe] if exe else [sys.executable, "-m", "runner.cli"]
+
+
+def pipe_main(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`pipe ARGS` through the CLI's own entry (runner.cli.main) in this process: the exit
+    code, stdout and stderr that a `pipe` process gives, without the process and its import
+    of torch. For tests of what a command says and returns, not of the process (signals,
+    a fresh interpreter's imports, a judge worker spawned from it): those start `pipe`."""
+    import contextlib
+    import io
+
+    from runner import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        if cwd is not None:
+            mp.chdir(cwd)
+        for k, v in (env or {}).items():
+            mp.setenv(k, str(v))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main([str(a) for a in args])
+            except SystemExit as e:  # argparse's usage errors, as the process would exit
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(["pipe", *map(str, args)], rc, out.getvalue(), err.getvalue())
+
+
+def build_once(tmp_path_factory, name: str, make) -> Path:
+    """The folder run_root/shared/NAME, filled by make(folder) once for the whole test run:
+    under xdist the first worker to ask builds it while the other waits on a lock, then both
+    use it. Its users only read it (copy it before changing anything). When make fails, the
+    next to ask tries again."""
+    import fcntl
+
+    root = run_root(tmp_path_factory) / "shared"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 # -- the judge's test benches -------------------------------------------------------------------
@@ -237,3 +283,35 @@ def module_bench(name: str, make):
 
 def explain(t) -> str:
     return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+
+
+# -- set-ups shared by modules, built once for the whole test run -------------------------------
+
+H200_RUNS = {"softmax": ROOT / "tests" / "data" / "softmax-h200-run",
+             "rmsnorm": ROOT / "tests" / "data" / "rmsnorm-h200-run",
+             "cross_entropy": ROOT / "tests" / "data" / "cross-entropy-h200-run"}
+
+
+def frozen_spec(run: Path) -> str:
+    """The spec (with its template and profile) as it was when the run was made."""
+    return str(next((run / "project" / "pipelines").glob("*.yaml")))
+
+
+@pytest.fixture(scope="session")
+def exported_h200(tmp_path_factory):
+    """The three H200 runs of tests/data exported into one folder, each by `pipe export RUN
+    --out FOLDER --spec` the spec it was made with: (the folder, {op: the export's
+    CompletedProcess}). test_export and test_e2e import the packages."""
+
+    def make(d: Path) -> None:
+        done = {}
+        for op, run in H200_RUNS.items():
+            r = pipe_main("export", run, "--out", d / "packages", "--spec", frozen_spec(run), cwd=ROOT)
+            done[op] = {"args": r.args, "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+            if r.returncode != 0:
+                break
+        (d / "exports.json").write_text(json.dumps(done))
+
+    d = build_once(tmp_path_factory, "exported-h200", make)
+    done = {op: subprocess.CompletedProcess(**r) for op, r in json.loads((d / "exports.json").read_text()).items()}
+    return d / "packages", done

@@ -287,6 +287,34 @@ def explain(t) -> str:
 
 # -- set-ups shared by modules, built once for the whole test run -------------------------------
 
+CPU_RUN_TRIALS = 5
+
+
+@pytest.fixture(scope="session")
+def shared_cpu_run(tmp_path_factory):
+    """One real run (a `pipe` process) of the shipped CPU pipeline with its goal target taken out,
+    so that its budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own
+    (pipelines/ and links to the repo's templates and profiles) as `pipe run
+    pipelines/rmsnorm-cpu.yaml --run-dir base -q`: (project, run folder, the process's exit
+    code and stderr). test_tamper tampers with copies of it, made in the same project (the spec
+    path the run recorded resolves there), and both xdist workers may take tamper tests."""
+
+    def make(proj: Path) -> None:
+        (proj / "pipelines").mkdir()
+        for d in ("kernel_templates", "hw_profiles"):
+            os.symlink(ROOT / d, proj / d)
+        d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+        d["goal"] = {"budget": {"trials": CPU_RUN_TRIALS}}
+        (proj / "pipelines" / "rmsnorm-cpu.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+        r = subprocess.run([*pipe_cmd(), "run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q"],
+                           cwd=proj, capture_output=True, text=True, timeout=600)
+        (proj / "base.exit.json").write_text(json.dumps({"returncode": r.returncode, "stderr": r.stderr}))
+
+    proj = build_once(tmp_path_factory, "cpu-run", make)
+    r = json.loads((proj / "base.exit.json").read_text())
+    return proj, proj / "base", r["returncode"], r["stderr"]
+
+
 H200_RUNS = {"softmax": ROOT / "tests" / "data" / "softmax-h200-run",
              "rmsnorm": ROOT / "tests" / "data" / "rmsnorm-h200-run",
              "cross_entropy": ROOT / "tests" / "data" / "cross-entropy-h200-run"}

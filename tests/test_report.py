@@ -10,20 +10,22 @@ import subprocess
 
 import pytest
 
-from .conftest import PIPELINES, ROOT, pipe_cmd
+from .conftest import PIPELINES, ROOT, pipe_cmd, pipe_main
 
 DATA = ROOT / "tests" / "data"
 
 
-def _pipe(args, cwd, timeout=600):
-    return subprocess.run(pipe_cmd() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _pipe(args, cwd):
+    """pipe report: the CLI's entry in this process (tests/conftest.py)."""
+    return pipe_main(*args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
     run = d / "run"
-    r = _pipe(["run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(run), "--max-trials", "5", "-q"], ROOT)
+    r = subprocess.run(pipe_cmd() + ["run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(run),
+                                     "--max-trials", "5", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     return run
 

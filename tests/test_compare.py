@@ -11,7 +11,7 @@ from runner.ship.export import NOISE
 from runner.core.figures import per_shape_best
 from runner.core.records import Trial
 
-from .conftest import PIPELINES, ROOT, pipe_cmd
+from .conftest import PIPELINES, ROOT, pipe_cmd, pipe_main
 
 
 def _t(i, times, status="ok", kept=False):
@@ -29,6 +29,8 @@ def test_best_per_shape_and_candidates_pick_each_shapes_fastest():
 
 
 def _run(args, cwd, timeout=600):
+    """A `pipe` process: record, run and compare judge in a spawned worker. Commands refused on
+    their input, and report, go through the CLI's entry in this process (conftest.pipe_main)."""
     return subprocess.run(pipe_cmd() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -39,7 +41,7 @@ def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["params"]["ACC"] == [1, 16] and len(data["trials"]) == 2
-    r = _run(["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=3"], ROOT)
+    r = pipe_main("record", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=3", cwd=ROOT)
     assert r.returncode == 2 and "not among ACC's values" in r.stderr
 
 
@@ -56,7 +58,7 @@ def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     trials = json.loads((tmp_path / "d.json").read_text())["trials"]
     assert len(trials) == 4 and trials[:len(first)] == first  # resumed, nothing judged twice
-    r = _run(args + ["--minutes", "0"], ROOT)
+    r = pipe_main(*args, "--minutes", "0", cwd=ROOT)
     assert r.returncode == 2 and "--minutes must be positive" in r.stderr
 
 
@@ -89,7 +91,7 @@ def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, proj
     assert "inputs, alternating before every timed call: x normal and outliers; w positive" in r.stdout
     # the spec changed since the run: compare refuses rather than judge other kernels
     spec.write_text(spec.read_text().replace("eps: {value: 1.0e-6", "eps: {value: 2.0e-6"))
-    r = _run(["compare", str(run), "--no-compile"], project)
+    r = pipe_main("compare", run, "--no-compile", cwd=project)
     assert r.returncode == 2 and "changed since the run" in r.stderr
 
 
@@ -161,7 +163,7 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     if tie["choice"] != "torch eager":
         assert tie["via"].startswith("nearest tuned sizes") and tie["ship"]["trial"] == int(tie["choice"][1:])
     assert "held-out shapes" in r.stdout and "regret" in r.stdout
-    r = _run(["report", str(run)], project)
+    r = pipe_main("report", run, cwd=project)
     assert r.returncode == 0, r.stderr
     md = (run / "report.md").read_text()
     assert "Held-out shapes" in md and "| 100x3000 |" in md
@@ -172,12 +174,12 @@ def test_bad_compare_options_and_a_corrupt_compare_json_are_clear_errors(tmp_pat
 
     run = tmp_path / "run"
     shutil.copytree(ROOT / "tests" / "data" / "softmax-h200-run", run)
-    r = _run(["compare", str(run), "--rounds", "1"], ROOT)
+    r = pipe_main("compare", run, "--rounds", "1", cwd=ROOT)
     assert r.returncode == 2 and "--rounds at least 2" in r.stderr and "Traceback" not in r.stderr
     (run / "compare.json").write_text("{ not json")
     spec = str(run / "project" / "pipelines" / "softmax-h200.yaml")
     for cmd in (["report", str(run), "--spec", spec], ["export", str(run), "--spec", spec, "--out", str(tmp_path / "o")]):
-        r = _run(cmd, ROOT)
+        r = pipe_main(*cmd, cwd=ROOT)
         assert r.returncode == 2 and "compare.json: unreadable" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, pipe_main
 from .test_cli_e2e import pipe
 
 pytestmark = pytest.mark.slow
@@ -85,14 +85,15 @@ def test_a_run_of_another_spec_is_refused(project, tmp_path):
              "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", cwd=project)
     assert r.returncode == 0, r.stderr
     spec, _, _ = _project(project, rep_ms=40)  # the timing protocol changed: no verdict carries over
-    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"),
-             "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", "--reuse", str(a), cwd=project)
+    # refused on their input: the CLI's entry in this process (conftest.pipe_main)
+    r = pipe_main("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"),
+                  "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", "--reuse", str(a), cwd=project)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{a}: made with another spec than this run" in r.stderr
     assert not (tmp_path / "b").exists()  # refused before the sweep's folder was made
-    r = pipe("record", str(spec), "--run-dir", str(a), "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--reuse", str(a), cwd=project)
     assert r.returncode == 2 and "is the sweep's own run folder" in r.stderr
-    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "c"), "--reuse", str(tmp_path), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(tmp_path / "c"), "--reuse", str(tmp_path), cwd=project)
     assert r.returncode == 2 and "no ledger.db here" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -1,4 +1,6 @@
-"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs."""
+"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs. Runs are real
+`pipe` processes; commands refused on their input, and show and runs, go through the CLI's entry
+in the test's process (conftest.pipe_main)."""
 
 import fcntl
 import json
@@ -13,7 +15,7 @@ from runner.ledger.ledger import Ledger
 from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, pipe_main
 from .test_cli_e2e import pipe
 
 BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
@@ -36,7 +38,7 @@ def test_run_folder_that_is_a_file(project):
     f.write_text("x")
     for cmd in (("run", small_spec(project), "--run-dir", str(f)),
                 ("eval", small_spec(project), "--params", "{}", "--run-dir", str(f))):
-        r = pipe(*cmd, cwd=project)
+        r = pipe_main(*cmd, cwd=project)
         assert r.returncode == 2 and "Traceback" not in r.stderr and "cannot be a run folder" in r.stderr
 
 
@@ -44,21 +46,21 @@ def test_corrupt_ledger_is_reported_not_raised(project):
     junk = project / "runs" / "junk"
     junk.mkdir(parents=True)
     (junk / "ledger.db").write_text("not sqlite at all " * 100)
-    r = pipe("show", str(junk), cwd=project)
+    r = pipe_main("show", str(junk), cwd=project)
     assert r.returncode == 2 and "not a readable ledger" in r.stderr and "Traceback" not in r.stderr
-    r = pipe("runs", "--root", str(project / "runs"), cwd=project)
+    r = pipe_main("runs", "--root", str(project / "runs"), cwd=project)
     assert r.returncode == 0 and "unreadable" in r.stdout
     assert (junk / "ledger.db").read_text().startswith("not sqlite")  # show wrote nothing
 
 
 def test_bad_budgets_and_agent_options(project):
-    r = pipe("run", small_spec(project), "--max-trials", "0", cwd=project)
+    r = pipe_main("run", small_spec(project), "--max-trials", "0", cwd=project)
     assert r.returncode == 2 and "--max-trials must be positive" in r.stderr
     spec = small_spec(project, agent={"strategy": "tpe", "options": {"n_startup_trials": "many"}})
-    r = pipe("validate", spec, cwd=project)
+    r = pipe_main("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.n_startup_trials: expected a non-negative integer" in r.stderr
     spec = small_spec(project, agent={"strategy": "pattern", "options": {"shapes": "yes"}})
-    r = pipe("validate", spec, cwd=project)
+    r = pipe_main("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.shapes: expected one of 'off', 'alternate', got 'yes'" in r.stderr
     assert "Traceback" not in r.stderr
 

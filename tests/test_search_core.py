@@ -17,7 +17,7 @@ from runner.search.agents import STRATEGIES, Option
 from runner.search.space import config_key
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, pipe_main
 
 RUNS = sorted((ROOT / "tests" / "data").glob("*-run"))
 
@@ -119,10 +119,12 @@ def test_a_strategy_defined_here_validates_replays_and_runs(project, tmp_path, m
     monkeypatch.setattr(Walk, "name", "walk", raising=False)
     ok = _spec(project, {"step": 2})
     assert load_spec(ok).agent.strategy == "walk"
-    r = _pipe(project, "validate", ok)
+    # validate and replay through the CLI's entry in this process, where the strategy is
+    # registered above (conftest.pipe_main); pipe run below is a process that registers it
+    r = pipe_main("validate", ok, cwd=project)
     assert r.returncode == 0, r.stderr
     bad = _spec(project, {"step": -1}, "bad.yaml")
-    r = _pipe(project, "validate", bad)
+    r = pipe_main("validate", bad, cwd=project)
     assert r.returncode == 2 and "agent.options.step: expected a non-negative integer, got -1" in r.stderr
     # without the strategy, the spec names an unknown one
     r = subprocess.run([sys.executable, "-m", "runner.cli", "validate", ok], cwd=project, capture_output=True,
@@ -137,7 +139,7 @@ def test_a_strategy_defined_here_validates_replays_and_runs(project, tmp_path, m
                               "timed_shapes": 1, "trials": trials}))
     h = replay.run_once(dataset.load(ds), "walk", 0, stop_at=0.0)
     assert [x.params["P"] for x in h] == [0, 1, 2, 3, 4, 5, 6, 7]  # step 1 (the default) up to the best
-    r = _pipe(project, "replay", str(ds), "--agent", "walk", "--seeds", "2")
+    r = pipe_main("replay", str(ds), "--agent", "walk", "--seeds", "2", cwd=project)
     assert r.returncode == 0, r.stderr
     assert "twelve: 12 valid configurations" in r.stdout and re.search(r"(?m)^walk\s", r.stdout)
 

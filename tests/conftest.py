@@ -292,11 +292,10 @@ CPU_RUN_TRIALS = 5
 
 @pytest.fixture(scope="session")
 def shared_cpu_run(tmp_path_factory):
-    """One real run (a `pipe` process) of the shipped CPU pipeline with its goal target taken out,
-    so that its budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own
-    (pipelines/ and links to the repo's templates and profiles) as `pipe run
-    pipelines/rmsnorm-cpu.yaml --run-dir base -q`: (project, run folder, the process's exit
-    code and stderr). test_tamper tampers with copies of it, made in the same project (the spec
+    """One real run of the shipped CPU pipeline with its goal target taken out, so that its
+    budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own (pipelines/ and
+    links to the repo's templates and profiles) by `pipe run pipelines/rmsnorm-cpu.yaml
+    --run-dir base -q` (through pipe_main): (project, run folder, the exit code and stderr). test_tamper tampers with copies of it, made in the same project (the spec
     path the run recorded resolves there), and both xdist workers may take tamper tests."""
 
     def make(proj: Path) -> None:
@@ -306,8 +305,7 @@ def shared_cpu_run(tmp_path_factory):
         d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
         d["goal"] = {"budget": {"trials": CPU_RUN_TRIALS}}
         (proj / "pipelines" / "rmsnorm-cpu.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
-        r = subprocess.run([*pipe_cmd(), "run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q"],
-                           cwd=proj, capture_output=True, text=True, timeout=600)
+        r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q", cwd=proj)
         (proj / "base.exit.json").write_text(json.dumps({"returncode": r.returncode, "stderr": r.stderr}))
 
     proj = build_once(tmp_path_factory, "cpu-run", make)
@@ -341,5 +339,6 @@ def exported_h200(tmp_path_factory):
         (d / "exports.json").write_text(json.dumps(done))
 
     d = build_once(tmp_path_factory, "exported-h200", make)
-    done = {op: subprocess.CompletedProcess(**r) for op, r in json.loads((d / "exports.json").read_text()).items()}
+    done = json.loads((d / "exports.json").read_text())
+    done = {op: subprocess.CompletedProcess(**r) for op, r in done.items()}
     return d / "packages", done

@@ -1,8 +1,10 @@
-"""End to end through real `pipe` processes on the CPU backend: a run that
-improves on its first trial, resume after SIGKILL mid-trial, faults and hangs
-inside a run, and the other commands with their exit codes. Commands that only
-read a run folder or refuse their input (show, runs, render, validate, a refused
-run) go through the CLI's entry in the test's process (conftest.pipe_main)."""
+"""End to end on the CPU backend: a run that improves on its first trial, resume
+after SIGKILL mid-trial, faults and hangs inside a run, and the other commands
+with their exit codes. The shipped pipeline, the SIGKILLed run and its resume,
+the run with faults and hangs, and the runs of test_other_commands are real `pipe`
+processes; the other runs, and the commands that only read a run folder or refuse
+their input, go through the CLI's entry in the test's process (conftest.pipe_main),
+each run's judge a worker process of its own as ever."""
 
 import json
 import os
@@ -53,7 +55,7 @@ def test_cpu_pipeline_improves_on_its_first_trial(project, tmp_path):
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = tmp_path / "run"
     t0 = time.time()
-    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     took = time.time() - t0
     assert r.returncode in (0, 1), r.stderr
     assert "Traceback" not in r.stderr
@@ -78,7 +80,7 @@ def test_cpu_pipeline_improves_on_its_first_trial(project, tmp_path):
     rr = pipe_main("runs", "--root", tmp_path, cwd=ROOT)
     assert rr.returncode == 0 and "run" in rr.stdout and f"#{s['best']['trial']}" in rr.stdout
     # the same folder again: nothing repeated, budget or goal already settled
-    r2 = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    r2 = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r2.returncode == r.returncode == 1
     assert rows(run_dir) == trials and len(trials) == 12
 
@@ -232,8 +234,8 @@ def test_build_ahead_compiles_the_next_proposal_while_the_judge_runs(project, tm
     runs = {}
     for flag in ("1", "0"):
         run_dir = tmp_path / f"run{flag}"
-        r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project,
-                 env={"PIPE_BUILD_AHEAD": flag, "PIPE_CACHE_DIR": str(tmp_path / f"cache{flag}")})
+        r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project,
+                      env={"PIPE_BUILD_AHEAD": flag, "PIPE_CACHE_DIR": str(tmp_path / f"cache{flag}")})
         assert r.returncode in (0, 1), r.stderr
         db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
         runs[flag] = [(json.loads(p), json.loads(det)) for p, det in
@@ -266,7 +268,7 @@ def test_a_parameter_the_kernel_ignores_is_not_judged_twice(project):
     spec = project / "pipelines" / "note.yaml"
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = project / "run"
-    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r.returncode in (0, 1), r.stderr
     db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
     rows = [(i, json.loads(p), st, json.loads(det), obj, kept) for i, p, st, det, obj, kept in

@@ -14,7 +14,7 @@ from runner.ship.export import NOISE, baked_symbols, dispatch_table, launch_tabl
 from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
-from .conftest import H200_RUNS, PIPELINES, ROOT, frozen_spec, pipe_main
+from .conftest import H200_RUNS, PIPELINES, ROOT, pipe_main
 
 RUNS = H200_RUNS
 

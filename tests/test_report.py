@@ -10,13 +10,13 @@ import subprocess
 
 import pytest
 
-from .conftest import PIPELINES, ROOT, pipe_cmd, pipe_main
+from .conftest import PIPELINES, ROOT, pipe_main
 
 DATA = ROOT / "tests" / "data"
 
 
 def _pipe(args, cwd):
-    """pipe report: the CLI's entry in this process (tests/conftest.py)."""
+    """The CLI's entry in this process (conftest.pipe_main); a run's judge is a worker process."""
     return pipe_main(*args, cwd=cwd)
 
 
@@ -24,8 +24,7 @@ def _pipe(args, cwd):
 def cpu_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
     run = d / "run"
-    r = subprocess.run(pipe_cmd() + ["run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(run),
-                                     "--max-trials", "5", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = pipe_main("run", PIPELINES / "rmsnorm-cpu.yaml", "--run-dir", run, "--max-trials", "5", "-q", cwd=ROOT)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     return run
 

@@ -1,6 +1,6 @@
-"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs. Runs are real
-`pipe` processes; commands refused on their input, and show and runs, go through the CLI's entry
-in the test's process (conftest.pipe_main)."""
+"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs. The commands
+go through the CLI's entry in the test's process (conftest.pipe_main), the judge in a worker
+process of its own as ever; a second `pipe` on a busy run folder is a process of its own."""
 
 import fcntl
 import json
@@ -79,7 +79,7 @@ def test_spec_hash_covers_profile_and_reference(project):
 def test_interrupted_trial_is_tried_first_and_stale_best_is_repaired(project):
     spec = small_spec(project, agent={"strategy": "random", "seed": 5})
     run_dir = project / "run"
-    r = pipe("run", spec, "--run-dir", str(run_dir), "--max-trials", "1", cwd=project)
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), "--max-trials", "1", cwd=project)
     assert r.returncode == 1, r.stderr
     s = load_spec(spec)
     led = Ledger.open(run_dir, s.hash, s.name, s.path)
@@ -92,7 +92,7 @@ def test_interrupted_trial_is_tried_first_and_stale_best_is_repaired(project):
     led.begin(json.dumps(interrupted, sort_keys=True, separators=(",", ":")))
     led.close()
     assert json.loads((run_dir / "best" / "params.json").read_text())["trial"] == 1
-    r = pipe("run", spec, "--run-dir", str(run_dir), "--max-trials", "3", cwd=project)
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), "--max-trials", "3", cwd=project)
     assert r.returncode == 1, r.stderr
     rows = sqlite3.connect(run_dir / "ledger.db").execute("SELECT params FROM trials ORDER BY id").fetchall()
     assert json.loads(rows[2][0]) == interrupted  # retried before anything the agent proposes
@@ -118,7 +118,7 @@ def test_a_list_of_starts_runs_first_in_order_and_is_built_ahead(project):
     spec = small_spec(project, agent={"strategy": "pattern", "seed": 1},
                       search={**BASE["search"], "start": starts}, goal={"budget": {"trials": 4}})
     run_dir = project / "run"
-    r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_BUILD_AHEAD": "1"})
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_BUILD_AHEAD": "1"})
     assert r.returncode == 1, r.stderr  # no goal to meet: the budget ends it
     rows = sqlite3.connect(run_dir / "ledger.db").execute("SELECT params, details FROM trials ORDER BY id").fetchall()
     assert [json.loads(p) for p, _ in rows[:3]] == starts and len(rows) == 4
@@ -132,8 +132,8 @@ def test_a_sweep_records_its_slice_only_whatever_the_starts(project, tmp_path):
     starts = [{"ACC": 8, "THREADS": 1, "UNROLL": 2}, {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, search={**BASE["search"], "start": starts})
     out = tmp_path / "slice.json"
-    r = pipe("record", spec, "--run-dir", str(project / "rec"), "--out", str(out),
-             "--only", "ACC=1", "--only", "THREADS=1", cwd=project)
+    r = pipe_main("record", spec, "--run-dir", str(project / "rec"), "--out", str(out),
+                  "--only", "ACC=1", "--only", "THREADS=1", cwd=project)
     assert r.returncode == 0, r.stderr
     got = [t["params"] for t in json.loads(out.read_text())["trials"]]
     assert sorted(p["UNROLL"] for p in got) == [1, 2, 4]
@@ -146,8 +146,8 @@ def test_eval_builds_nothing_ahead(project, tmp_path):
               {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, search={**BASE["search"], "start": starts})
     cache = tmp_path / "cache"
-    r = pipe("eval", spec, "--params", json.dumps(starts[0]), "--run-dir", str(project / "ev"), cwd=project,
-             env={"PIPE_BUILD_AHEAD": "1", "PIPE_CACHE_DIR": str(cache)})
+    r = pipe_main("eval", spec, "--params", json.dumps(starts[0]), "--run-dir", str(project / "ev"), cwd=project,
+                  env={"PIPE_BUILD_AHEAD": "1", "PIPE_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
     built = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".log", ".txt", ".json")]
     assert len({p.stem for p in built}) == 1, built

@@ -90,7 +90,7 @@ class Walk:
 
 
 def register_walk():
-    """Registration, as a plug-in strategy does it (pipe run imports this file to use it)."""
+    """Registration, as a plug-in strategy does it."""
     from runner.search.agents import register
 
     register("walk")(Walk)
@@ -107,26 +107,19 @@ def _spec(project, options, file: str = "walk.yaml") -> str:
     return str(p)
 
 
-def _pipe(project, *args: str) -> subprocess.CompletedProcess:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tests.test_search_core as t; t.register_walk(); "
-            "from runner.cli import main; sys.exit(main(sys.argv[2:]))")
-    return subprocess.run([sys.executable, "-c", code, str(ROOT), *args], cwd=project,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_a_strategy_defined_here_validates_replays_and_runs(project, tmp_path, monkeypatch):
     monkeypatch.setitem(STRATEGIES, "walk", Walk)
     monkeypatch.setattr(Walk, "name", "walk", raising=False)
     ok = _spec(project, {"step": 2})
     assert load_spec(ok).agent.strategy == "walk"
-    # validate and replay through the CLI's entry in this process, where the strategy is
-    # registered above (conftest.pipe_main); pipe run below is a process that registers it
+    register_walk()  # as a plug-in does (the monkeypatches above undo it after the test)
+    # validate, replay and run through the CLI's entry in this process (conftest.pipe_main)
     r = pipe_main("validate", ok, cwd=project)
     assert r.returncode == 0, r.stderr
     bad = _spec(project, {"step": -1}, "bad.yaml")
     r = pipe_main("validate", bad, cwd=project)
     assert r.returncode == 2 and "agent.options.step: expected a non-negative integer, got -1" in r.stderr
-    # without the strategy, the spec names an unknown one
+    # without the strategy (a fresh process), the spec names an unknown one
     r = subprocess.run([sys.executable, "-m", "runner.cli", "validate", ok], cwd=project, capture_output=True,
                        text=True)
     assert r.returncode == 2 and "unknown strategy 'walk'" in r.stderr
@@ -144,7 +137,7 @@ def test_a_strategy_defined_here_validates_replays_and_runs(project, tmp_path, m
     assert "twelve: 12 valid configurations" in r.stdout and re.search(r"(?m)^walk\s", r.stdout)
 
     run_dir = project / "runs" / "walk"
-    r = _pipe(project, "run", ok, "--run-dir", str(run_dir), "--no-hw-check")
+    r = pipe_main("run", ok, "--run-dir", str(run_dir), "--no-hw-check", cwd=project)
     assert r.returncode in (0, 1), r.stderr
     led = Ledger.read(run_dir)
     try:

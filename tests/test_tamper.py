@@ -29,15 +29,14 @@ TRIALS = CPU_RUN_TRIALS
 
 
 def pipe(*args, cwd, env=None):
-    """A `pipe` process: for run and eval (they judge in a spawned worker) and for a folder
-    locked by this test, which another process must find held."""
+    """A `pipe` process: for a folder this test holds locked, which another process must find held."""
     e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd, env=e)
 
 
 def pipe_here(*args, cwd, env=None):
-    """show, runs, export and report: the CLI's entry in this process (tests/conftest.py)."""
+    """The CLI's entry in this process (conftest.pipe_main); a run's judge is still a worker process."""
     return pipe_main(*args, cwd=cwd, env=env)
 
 
@@ -173,7 +172,7 @@ def test_truncated_ledger_file_is_named(run):
     r = pipe_here("show", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 1 and f"row {c.first_bad_row}" in r.stdout and "Traceback" not in r.stderr
     # resuming names the row too
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 2 and f"row {c.first_bad_row}" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -218,14 +217,14 @@ def test_an_older_ledger_without_anchor_still_verifies(run):
 def test_resume_refused_without_force_and_goes_on_with_it(run):
     proj, run_dir, env = run
     forge_best(run_dir, 3)
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
-             cwd=proj, env=env)
+    r = pipe_here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
+                  cwd=proj, env=env)
     assert r.returncode == 2 and "row 3" in r.stderr and "--force" in r.stderr and "Traceback" not in r.stderr
     assert check(run_dir).rows == TRIALS  # nothing appended
-    r = pipe("eval", "pipelines/rmsnorm-cpu.yaml", "--params", "{}", "--run-dir", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("eval", "pipelines/rmsnorm-cpu.yaml", "--params", "{}", "--run-dir", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 2 and "row 3" in r.stderr
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
-             "--force", cwd=proj, env=env)
+    r = pipe_here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
+                  "--force", cwd=proj, env=env)
     assert r.returncode in (0, 1), r.stderr
     assert "ledger.broken" in r.stderr  # the warning
     c = check(run_dir)

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT, pipe_main
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +30,7 @@ def spec_with_agent(project, agent: dict, trials: int) -> str:
     d["goal"] = {"budget": {"trials": trials}}
     d["runtime"]["rep_ms"] = 10
     d["baseline"] = "none"
+    d["op"]["shapes"] = FEW_ROWS
     p = project / "pipelines" / "agent.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))
     return str(p)

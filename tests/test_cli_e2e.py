@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT, pipe_cmd, pipe_main
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_cmd, pipe_main
 
 pytestmark = pytest.mark.slow
 
@@ -265,6 +265,7 @@ def test_a_parameter_the_kernel_ignores_is_not_judged_twice(project):
     d["search"]["start"] = {**d["search"]["start"], "NOTE": 1}
     d["goal"] = {"budget": {"trials": 6}}
     d["agent"] = {"strategy": "grid", "seed": 0}
+    d["op"]["shapes"] = FEW_ROWS
     spec = project / "pipelines" / "note.yaml"
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = project / "run"

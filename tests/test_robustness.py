@@ -15,7 +15,7 @@ from runner.ledger.ledger import Ledger
 from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT, pipe_main
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 from .test_cli_e2e import pipe
 
 BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
@@ -27,6 +27,7 @@ def small_spec(project, **over) -> str:
     d["goal"] = {"budget": {"trials": 3}}
     d["baseline"] = "none"
     d["runtime"]["rep_ms"] = 5
+    d["op"]["shapes"] = FEW_ROWS
     d.update(over)
     p = project / "pipelines" / "robust.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))

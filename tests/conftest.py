@@ -1,5 +1,7 @@
+import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +38,7 @@ def _shares_a_module_setup(item) -> bool:
                                     for defs in info.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     if not has_cuda():
@@ -48,6 +51,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _shares_a_module_setup(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    yield  # the other plugins' hooks: xdist's names each marked test's group
+    _carry_xdist_groups(items)
+
+
+def _carry_xdist_groups(items) -> None:
+    """pytest-xdist (3.8) tells its loadgroup scheduler a test's group by appending "@group" to
+    item._nodeid; pytest 9.2 reads a test's id from item._id instead, so the groups were lost
+    without a word and each module-scoped set-up was built on both workers (pytest-xdist
+    issue 1386). The suffixed id is carried over to where pytest reads it."""
+    if not hasattr(pytest.Item, "_id"):
+        return  # an older pytest: item._nodeid is the id itself
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        want = item.__dict__.get("_nodeid")
+        if want and want != item.nodeid:
+            item._id = NodeId.parse(want)
 
 
 @pytest.fixture
@@ -59,15 +79,77 @@ def project(tmp_path):
     return tmp_path
 
 
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    # One compile cache for the whole session, away from the user's ~/.cache.
-    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
+# rmsnorm-cpu.yaml's two timed shapes (512x4096, 2048x1024) with fewer rows: the same row
+# lengths, which is what its template and its kernels' sources see, for a thirty-second of the
+# judge's work. For tests of what the loop, the ledger or an agent does with trials, where how
+# long a trial takes is asserted nowhere; its extra shapes (one row, odd sizes) stay.
+FEW_ROWS = [{"M": 16, "N": 4096}, {"M": 64, "N": 1024}]
+
+
+def run_root(tmp_path_factory) -> Path:
+    """The folder of this whole test run: under xdist, the parent that the workers' own base
+    folders share (each worker is a session of its own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    # One compile cache for the whole test run, away from the user's ~/.cache, shared by the
+    # xdist workers (a kernel built on one is found by the other; the backends write each
+    # artifact by an atomic rename) and set before any module-scoped set-up starts a pipe.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPE_CACHE_DIR", str(run_root(tmp_path_factory) / "pipe-cache"))
+        yield
 
 
 def pipe_cmd() -> list[str]:
     exe = shutil.which("pipe")
     return [exe] if exe else [sys.executable, "-m", "runner.cli"]
+
+
+def pipe_main(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`pipe ARGS` through the CLI's own entry (runner.cli.main) in this process: the exit
+    code, stdout and stderr that a `pipe` process gives, without the process and its import
+    of torch. For tests of what a command says and returns, not of the process (signals,
+    a fresh interpreter's imports, a judge worker spawned from it): those start `pipe`."""
+    import contextlib
+    import io
+
+    from runner import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        if cwd is not None:
+            mp.chdir(cwd)
+        for k, v in (env or {}).items():
+            mp.setenv(k, str(v))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main([str(a) for a in args])
+            except SystemExit as e:  # argparse's usage errors, as the process would exit
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(["pipe", *map(str, args)], rc, out.getvalue(), err.getvalue())
+
+
+def build_once(tmp_path_factory, name: str, make) -> Path:
+    """The folder run_root/shared/NAME, filled by make(folder) once for the whole test run:
+    under xdist the first worker to ask builds it while the other waits on a lock, then both
+    use it. Its users only read it (copy it before changing anything). When make fails, the
+    next to ask tries again."""
+    import fcntl
+
+    root = run_root(tmp_path_factory) / "shared"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 # -- the judge's test benches -------------------------------------------------------------------
@@ -208,3 +290,62 @@ def module_bench(name: str, make):
 
 def explain(t) -> str:
     return f"status={t.status!r} reason={t.reason!r} times={t.times}"
+
+
+# -- set-ups shared by modules, built once for the whole test run -------------------------------
+
+CPU_RUN_TRIALS = 5
+
+
+@pytest.fixture(scope="session")
+def shared_cpu_run(tmp_path_factory):
+    """One real run of the shipped CPU pipeline with its goal target taken out, so that its
+    budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own (pipelines/ and
+    links to the repo's templates and profiles) by `pipe run pipelines/rmsnorm-cpu.yaml
+    --run-dir base -q` (through pipe_main): (project, run folder, the exit code and stderr). test_tamper tampers with copies of it, made in the same project (the spec
+    path the run recorded resolves there), and both xdist workers may take tamper tests."""
+
+    def make(proj: Path) -> None:
+        (proj / "pipelines").mkdir()
+        for d in ("kernel_templates", "hw_profiles"):
+            os.symlink(ROOT / d, proj / d)
+        d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+        d["goal"] = {"budget": {"trials": CPU_RUN_TRIALS}}
+        (proj / "pipelines" / "rmsnorm-cpu.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+        r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q", cwd=proj)
+        (proj / "base.exit.json").write_text(json.dumps({"returncode": r.returncode, "stderr": r.stderr}))
+
+    proj = build_once(tmp_path_factory, "cpu-run", make)
+    r = json.loads((proj / "base.exit.json").read_text())
+    return proj, proj / "base", r["returncode"], r["stderr"]
+
+
+H200_RUNS = {"softmax": ROOT / "tests" / "data" / "softmax-h200-run",
+             "rmsnorm": ROOT / "tests" / "data" / "rmsnorm-h200-run",
+             "cross_entropy": ROOT / "tests" / "data" / "cross-entropy-h200-run"}
+
+
+def frozen_spec(run: Path) -> str:
+    """The spec (with its template and profile) as it was when the run was made."""
+    return str(next((run / "project" / "pipelines").glob("*.yaml")))
+
+
+@pytest.fixture(scope="session")
+def exported_h200(tmp_path_factory):
+    """The three H200 runs of tests/data exported into one folder, each by `pipe export RUN
+    --out FOLDER --spec` the spec it was made with: (the folder, {op: the export's
+    CompletedProcess}). test_export and test_e2e import the packages."""
+
+    def make(d: Path) -> None:
+        done = {}
+        for op, run in H200_RUNS.items():
+            r = pipe_main("export", run, "--out", d / "packages", "--spec", frozen_spec(run), cwd=ROOT)
+            done[op] = {"args": r.args, "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+            if r.returncode != 0:
+                break
+        (d / "exports.json").write_text(json.dumps(done))
+
+    d = build_once(tmp_path_factory, "exported-h200", make)
+    done = json.loads((d / "exports.json").read_text())
+    done = {op: subprocess.CompletedProcess(**r) for op, r in done.items()}
+    return d / "packages", done

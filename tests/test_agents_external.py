@@ -1,8 +1,9 @@
-"""Context-reading agents through real `pipe run` processes on the CPU pipeline:
-a language model behind a local chat-completions server, and a command agent.
-Malformed, out-of-space and forbidden replies and a variant that fails to
-compile are all recorded, and the run completes. Plus `pipe eval` sharing a
-run folder with `pipe run`."""
+"""Context-reading agents through `pipe run` on the CPU pipeline: a language model
+behind a local chat-completions server, and a command agent. Malformed,
+out-of-space and forbidden replies and a variant that fails to compile are all
+recorded, and the run completes. Plus `pipe eval` sharing a run folder with
+`pipe run`. The commands go through the CLI's entry in the test's process
+(conftest.pipe_main); each run's judge is a worker process of its own."""
 
 import json
 import os
@@ -14,8 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT
-from .test_cli_e2e import pipe
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +30,7 @@ def spec_with_agent(project, agent: dict, trials: int) -> str:
     d["goal"] = {"budget": {"trials": trials}}
     d["runtime"]["rep_ms"] = 10
     d["baseline"] = "none"
+    d["op"]["shapes"] = FEW_ROWS
     p = project / "pipelines" / "agent.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))
     return str(p)
@@ -93,7 +94,7 @@ def test_llm_agent_end_to_end(project):
             "base_url": srv.url, "model": "test-model", "api_key_env": "PIPE_TEST_KEY", "timeout_s": 10,
             "max_retries": 2}}, trials=7)
         run_dir = project / "run"
-        r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_TEST_KEY": "sekrit-123"})
+        r = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_TEST_KEY": "sekrit-123"})
     finally:
         srv.close()
     assert r.returncode == 1, r.stderr  # no target: the budget ends it
@@ -161,7 +162,7 @@ def test_command_agent_end_to_end(project):
     spec = spec_with_agent(project, {"strategy": "command", "options": {
         "command": [sys.executable, str(script), str(project / "state")], "timeout_s": 30}}, trials=4)
     run_dir = project / "run"
-    r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project)
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project)
     assert r.returncode == 1, r.stderr
     db = sqlite3.connect(run_dir / "ledger.db")
     statuses = [s for (s,) in db.execute("SELECT status FROM trials")]
@@ -179,7 +180,7 @@ def test_hybrid_hands_over_to_a_builtin_strategy(project):
     spec = spec_with_agent(project, {"strategy": "command", "seed": 3, "options": {
         "command": [sys.executable, str(script), str(project / "state")], "seed_trials": 3, "then": "random"}},
         trials=6)
-    r = pipe("run", spec, "--run-dir", str(project / "run"), cwd=project)
+    r = pipe_main("run", spec, "--run-dir", str(project / "run"), cwd=project)
     assert r.returncode == 1, r.stderr
     db = sqlite3.connect(project / "run" / "ledger.db")
     notes = [json.loads(d).get("note") for (d,) in db.execute("SELECT details FROM trials ORDER BY id")]
@@ -191,26 +192,26 @@ def test_hybrid_hands_over_to_a_builtin_strategy(project):
 def test_eval_and_run_share_a_run_folder(project):
     spec = spec_with_agent(project, {"strategy": "random", "seed": 0}, trials=5)
     run_dir = project / "run"
-    r1 = pipe("eval", spec, "--params", '{"ACC": 16, "THREADS": 1, "UNROLL": 4}', "--run-dir", str(run_dir),
-              "--json", cwd=project)
+    r1 = pipe_main("eval", spec, "--params", '{"ACC": 16, "THREADS": 1, "UNROLL": 4}', "--run-dir", str(run_dir),
+                   "--json", cwd=project)
     assert r1.returncode == 0, r1.stderr
     v = json.loads(r1.stdout)
     assert v["status"] == "ok" and v["trial"] == 1 and v["kept"] and len(v["shapes"]) == 2
     bad = project / "bad.cpp.j2"
     bad.write_text(TEMPLATE.replace("acc[j] += xr[i + j] * xr[i + j];", "acc[j] += xr[i + j];"))
-    r2 = pipe("eval", spec, "--params", '{"ACC": 4}', "--variant", str(bad), "--run-dir", str(run_dir), "--json",
-              cwd=project)
+    r2 = pipe_main("eval", spec, "--params", '{"ACC": 4}', "--variant", str(bad), "--run-dir", str(run_dir), "--json",
+                   cwd=project)
     assert r2.returncode == 1
     v2 = json.loads(r2.stdout)
     assert v2["status"] == "wrong" and v2["variant"] and "output 'out'" in v2["reason"]
-    r3 = pipe("run", spec, "--run-dir", str(run_dir), cwd=project)
+    r3 = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project)
     assert r3.returncode == 1, r3.stderr
     db = sqlite3.connect(run_dir / "ledger.db")
     rows = db.execute("SELECT id, agent, params_key FROM trials ORDER BY id").fetchall()
     assert [a for _, a, _ in rows[:2]] == ["eval", "eval"] and len(rows) == 5
     assert len({k for _, _, k in rows}) == 5
     # the same candidate again is not judged twice
-    r4 = pipe("eval", spec, "--params", '{"ACC": 16, "THREADS": 1, "UNROLL": 4}', "--run-dir", str(run_dir),
-              "--json", cwd=project)
+    r4 = pipe_main("eval", spec, "--params", '{"ACC": 16, "THREADS": 1, "UNROLL": 4}', "--run-dir", str(run_dir),
+                   "--json", cwd=project)
     assert json.loads(r4.stdout)["already_judged"] is True
     assert db.execute("SELECT count(*) FROM trials").fetchone()[0] == 5

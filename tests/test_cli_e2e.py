@@ -1,6 +1,10 @@
-"""End to end through real `pipe` processes on the CPU backend: a run that
-improves on its first trial, resume after SIGKILL mid-trial, faults and hangs
-inside a run, and the other commands with their exit codes."""
+"""End to end on the CPU backend: a run that improves on its first trial, resume
+after SIGKILL mid-trial, faults and hangs inside a run, and the other commands
+with their exit codes. The shipped pipeline, the SIGKILLed run and its resume,
+the run with faults and hangs, and the runs of test_other_commands are real `pipe`
+processes; the other runs, and the commands that only read a run folder or refuse
+their input, go through the CLI's entry in the test's process (conftest.pipe_main),
+each run's judge a worker process of its own as ever."""
 
 import json
 import os
@@ -14,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT, pipe_cmd
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_cmd, pipe_main
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +32,7 @@ def pipe(*args, cwd=None, timeout=180, env=None):
 
 
 def show(run_dir) -> dict:
-    r = pipe("show", str(run_dir), "--json")
+    r = pipe_main("show", run_dir, "--json", cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -51,7 +55,7 @@ def test_cpu_pipeline_improves_on_its_first_trial(project, tmp_path):
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = tmp_path / "run"
     t0 = time.time()
-    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     took = time.time() - t0
     assert r.returncode in (0, 1), r.stderr
     assert "Traceback" not in r.stderr
@@ -73,10 +77,10 @@ def test_cpu_pipeline_improves_on_its_first_trial(project, tmp_path):
     print(f"cpu pipeline: {len(trials)} trials in {took:.1f} s; first {s['first_ok']['objective_s'] * 1e6:.1f} us "
           f"-> best {s['best']['objective_s'] * 1e6:.1f} us")
     # pipe runs lists it
-    rr = pipe("runs", "--root", str(tmp_path))
+    rr = pipe_main("runs", "--root", tmp_path, cwd=ROOT)
     assert rr.returncode == 0 and "run" in rr.stdout and f"#{s['best']['trial']}" in rr.stdout
     # the same folder again: nothing repeated, budget or goal already settled
-    r2 = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    r2 = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r2.returncode == r.returncode == 1
     assert rows(run_dir) == trials and len(trials) == 12
 
@@ -189,26 +193,27 @@ def test_faults_and_hangs_inside_a_run(project):
 
 
 def test_other_commands_and_exit_codes(project, tmp_path):
-    r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=8", "--set", "UNROLL=4")
+    here = lambda *a, cwd=ROOT: pipe_main(*a, cwd=cwd)  # noqa: E731  (in this process)
+    r = here("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=8", "--set", "UNROLL=4")
     assert r.returncode == 0 and "acc[8]" in r.stdout and "#pragma GCC unroll 4" in r.stdout
     assert "std::thread pool" not in r.stdout  # THREADS=1, as torch is given (runtime.threads)
-    r = pipe("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=3")
+    r = here("render", "pipelines/rmsnorm-cpu.yaml", "--set", "ACC=3")
     assert r.returncode == 2 and "ACC=3 is not one of" in r.stderr and "Traceback" not in r.stderr
-    r = pipe("validate", *map(str, sorted(PIPELINES.glob("*.yaml"))))
+    r = here("validate", *map(str, sorted(PIPELINES.glob("*.yaml"))))
     assert r.returncode == 0
     bad = project / "pipelines" / "bad.yaml"
     bad.write_text("name: x\nhardware: h200\nop: 3\n")
     for args in (("validate", str(bad)), ("run", str(bad))):
-        r = pipe(*args)
+        r = here(*args)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert f"{bad}:3:5: op: expected object" in r.stderr
     # a run folder of another spec is refused
     run_dir = tmp_path / "r"
     r = pipe("run", str(slow_spec(project, trials=1)), "--run-dir", str(run_dir), cwd=project)
     assert r.returncode == 1
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
+    r = here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir))
     assert r.returncode == 2 and "another spec" in r.stderr
-    r = pipe("show", str(tmp_path / "nothing"))
+    r = here("show", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no ledger.db" in r.stderr
     # JSON logs
     r = pipe("--log-json", "run", str(slow_spec(project, trials=1)), "--run-dir", str(run_dir), cwd=project)
@@ -229,8 +234,8 @@ def test_build_ahead_compiles_the_next_proposal_while_the_judge_runs(project, tm
     runs = {}
     for flag in ("1", "0"):
         run_dir = tmp_path / f"run{flag}"
-        r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project,
-                 env={"PIPE_BUILD_AHEAD": flag, "PIPE_CACHE_DIR": str(tmp_path / f"cache{flag}")})
+        r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project,
+                      env={"PIPE_BUILD_AHEAD": flag, "PIPE_CACHE_DIR": str(tmp_path / f"cache{flag}")})
         assert r.returncode in (0, 1), r.stderr
         db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
         runs[flag] = [(json.loads(p), json.loads(det)) for p, det in
@@ -260,10 +265,11 @@ def test_a_parameter_the_kernel_ignores_is_not_judged_twice(project):
     d["search"]["start"] = {**d["search"]["start"], "NOTE": 1}
     d["goal"] = {"budget": {"trials": 6}}
     d["agent"] = {"strategy": "grid", "seed": 0}
+    d["op"]["shapes"] = FEW_ROWS
     spec = project / "pipelines" / "note.yaml"
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = project / "run"
-    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r.returncode in (0, 1), r.stderr
     db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
     rows = [(i, json.loads(p), st, json.loads(det), obj, kept) for i, p, st, det, obj, kept in

@@ -1,6 +1,7 @@
 """pipe compare (on the CPU backend here; the H200 figures come from the device),
 pipe record --only, best per shape, and compiling a trial's sources on threads
-from a fresh process."""
+from a fresh process. The commands go through the CLI's entry in the test's process
+(conftest.pipe_main); their judges are worker processes of their own."""
 
 import json
 import subprocess
@@ -11,7 +12,7 @@ from runner.ship.export import NOISE
 from runner.core.figures import per_shape_best
 from runner.core.records import Trial
 
-from .conftest import PIPELINES, ROOT, pipe_cmd
+from .conftest import PIPELINES, ROOT, pipe_main
 
 
 def _t(i, times, status="ok", kept=False):
@@ -28,18 +29,14 @@ def test_best_per_shape_and_candidates_pick_each_shapes_fastest():
     assert [t.id for t in c[1]] == [1, 2]
 
 
-def _run(args, cwd, timeout=600):
-    return subprocess.run(pipe_cmd() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
 def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
     out = tmp_path / "d.json"
-    r = _run(["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=1,16", "--only", "THREADS=1",
-              "--only", "UNROLL=1", "--run-dir", str(tmp_path / "rec"), "--out", str(out), "-q"], ROOT)
+    r = pipe_main("record", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=1,16", "--only", "THREADS=1",
+                  "--only", "UNROLL=1", "--run-dir", tmp_path / "rec", "--out", out, "-q", cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["params"]["ACC"] == [1, 16] and len(data["trials"]) == 2
-    r = _run(["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=3"], ROOT)
+    r = pipe_main("record", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=3", cwd=ROOT)
     assert r.returncode == 2 and "not among ACC's values" in r.stderr
 
 
@@ -48,15 +45,15 @@ def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path):
     dataset holds what was recorded), and the same --run-dir picks it up."""
     args = ["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=1,8,16,32", "--only", "THREADS=1",
             "--only", "UNROLL=1", "--run-dir", str(tmp_path / "rec"), "--out", str(tmp_path / "d.json"), "-q"]
-    r = _run(args + ["--minutes", "0.001"], ROOT)
+    r = pipe_main(*args, "--minutes", "0.001", cwd=ROOT)
     assert r.returncode == 1, r.stderr[-2000:]
     first = json.loads((tmp_path / "d.json").read_text())["trials"]
     assert 1 <= len(first) < 4 and "time budget spent" in r.stdout + r.stderr
-    r = _run(args, ROOT)
+    r = pipe_main(*args, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     trials = json.loads((tmp_path / "d.json").read_text())["trials"]
     assert len(trials) == 4 and trials[:len(first)] == first  # resumed, nothing judged twice
-    r = _run(args + ["--minutes", "0"], ROOT)
+    r = pipe_main(*args, "--minutes", "0", cwd=ROOT)
     assert r.returncode == 2 and "--minutes must be positive" in r.stderr
 
 
@@ -64,11 +61,11 @@ def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, proj
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
     spec.write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())
     run = tmp_path / "run"
-    r = _run(["run", str(spec), "--run-dir", str(run), "--max-trials", "3", "-q"], project)
+    r = pipe_main("run", spec, "--run-dir", run, "--max-trials", "3", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     # the defaults: torch.compile is an arm too (its first calls, which write Dynamo's and
     # Inductor's caches and run the host compiler, come before the worker's sandbox goes on)
-    r = _run(["compare", str(run), "--rounds", "2", "--json", str(tmp_path / "c.json")], project)
+    r = pipe_main("compare", run, "--rounds", "2", "--json", tmp_path / "c.json", cwd=project)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc == json.loads((run / "compare.json").read_text())
@@ -89,7 +86,7 @@ def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, proj
     assert "inputs, alternating before every timed call: x normal and outliers; w positive" in r.stdout
     # the spec changed since the run: compare refuses rather than judge other kernels
     spec.write_text(spec.read_text().replace("eps: {value: 1.0e-6", "eps: {value: 2.0e-6"))
-    r = _run(["compare", str(run), "--no-compile"], project)
+    r = pipe_main("compare", run, "--no-compile", cwd=project)
     assert r.returncode == 2 and "changed since the run" in r.stderr
 
 
@@ -127,9 +124,9 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
     spec.write_text(text)
     run = tmp_path / "run"
-    r = _run(["run", str(spec), "--run-dir", str(run), "--max-trials", "3", "-q"], project)
+    r = pipe_main("run", spec, "--run-dir", run, "--max-trials", "3", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
-    r = _run(["compare", str(run), "--no-compile", "--rounds", "2"], project)
+    r = pipe_main("compare", run, "--no-compile", "--rounds", "2", cwd=project)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((run / "compare.json").read_text())
     held = doc["held_out"]
@@ -161,7 +158,7 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     if tie["choice"] != "torch eager":
         assert tie["via"].startswith("nearest tuned sizes") and tie["ship"]["trial"] == int(tie["choice"][1:])
     assert "held-out shapes" in r.stdout and "regret" in r.stdout
-    r = _run(["report", str(run)], project)
+    r = pipe_main("report", run, cwd=project)
     assert r.returncode == 0, r.stderr
     md = (run / "report.md").read_text()
     assert "Held-out shapes" in md and "| 100x3000 |" in md
@@ -172,12 +169,12 @@ def test_bad_compare_options_and_a_corrupt_compare_json_are_clear_errors(tmp_pat
 
     run = tmp_path / "run"
     shutil.copytree(ROOT / "tests" / "data" / "softmax-h200-run", run)
-    r = _run(["compare", str(run), "--rounds", "1"], ROOT)
+    r = pipe_main("compare", run, "--rounds", "1", cwd=ROOT)
     assert r.returncode == 2 and "--rounds at least 2" in r.stderr and "Traceback" not in r.stderr
     (run / "compare.json").write_text("{ not json")
     spec = str(run / "project" / "pipelines" / "softmax-h200.yaml")
     for cmd in (["report", str(run), "--spec", spec], ["export", str(run), "--spec", spec, "--out", str(tmp_path / "o")]):
-        r = _run(cmd, ROOT)
+        r = pipe_main(*cmd, cwd=ROOT)
         assert r.returncode == 2 and "compare.json: unreadable" in r.stderr and "Traceback" not in r.stderr
 
 

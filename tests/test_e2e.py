@@ -9,17 +9,17 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, pipe_cmd
+from .conftest import H200_RUNS, ROOT
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    out = tmp_path_factory.mktemp("e2e")
-    for run in ("softmax-h200-run", "rmsnorm-h200-run", "cross-entropy-h200-run"):
-        d = ROOT / "tests" / "data" / run
-        spec = next((d / "project" / "pipelines").glob("*.yaml"))  # the spec as it was for the run
-        r = subprocess.run(pipe_cmd() + ["export", str(d), "--out", str(out), "--spec", str(spec)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def exported(exported_h200):
+    """The three H200 runs of tests/data exported with the specs they were made with, once for
+    the whole test run (tests/conftest.py)."""
+    out, exports = exported_h200
+    for op in H200_RUNS:
+        r = exports.get(op)
+        assert r is not None, f"not exported: {op} (an export before it failed)"
         assert r.returncode == 0, r.stderr[-2000:]
     return out
 

@@ -14,16 +14,9 @@ from runner.ship.export import NOISE, baked_symbols, dispatch_table, launch_tabl
 from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT, pipe_cmd
+from .conftest import H200_RUNS, PIPELINES, ROOT, pipe_main
 
-DATA = ROOT / "tests" / "data"
-RUNS = {"softmax": DATA / "softmax-h200-run", "rmsnorm": DATA / "rmsnorm-h200-run",
-        "cross_entropy": DATA / "cross-entropy-h200-run"}
-
-
-def frozen_spec(run):
-    """The spec (with its template and profile) as it was when the run was made."""
-    return str(next((run / "project" / "pipelines").glob("*.yaml")))
+RUNS = H200_RUNS
 
 
 def test_baked_symbols_are_the_sizes_compiled_into_the_kernel():
@@ -52,12 +45,14 @@ def test_dispatch_uses_a_kernel_only_where_it_beats_eager_beyond_noise():
     assert rows[0]["evidence"].startswith("ledger")
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    out = tmp_path_factory.mktemp("exported")
-    for op, run in RUNS.items():
-        r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(out), "--spec", frozen_spec(run)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def exported(exported_h200):
+    """The three runs exported (`pipe export RUN --out OUT --spec` the run's own spec), once for
+    the whole test run (tests/conftest.py)."""
+    out, exports = exported_h200
+    for op in RUNS:
+        r = exports.get(op)
+        assert r is not None, f"not exported: {op} (an export before it failed)"
         assert r.returncode == 0, r.stderr[-3000:]
         assert "rule: a shape uses the kernel tuned for the same" in r.stdout
     return out
@@ -128,8 +123,7 @@ def test_export_refuses_a_changed_spec(tmp_path):
     spec.write_text(spec.read_text().replace("warmup_ms: 10", "warmup_ms: 11"))
     run = tmp_path / "run"
     shutil.copytree(RUNS["softmax"], run)
-    r = subprocess.run(pipe_cmd() + ["export", str(run), "--out", str(tmp_path / "o"), "--spec", str(spec)],
-                       cwd=proj, capture_output=True, text=True, timeout=300)
+    r = pipe_main("export", run, "--out", tmp_path / "o", "--spec", spec, cwd=proj)
     assert r.returncode == 2 and "changed since the run" in r.stderr and "Traceback" not in r.stderr
 
 

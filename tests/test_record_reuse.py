@@ -1,7 +1,8 @@
 """pipe record --reuse: after a template change, a sweep takes an earlier sweep's verdicts for
 the configurations whose rendered source and launch the change left the same, judges the
-others, and refuses a run made with another spec, hardware profile or reference. Real
-`pipe` processes on the CPU backend."""
+others, and refuses a run made with another spec, hardware profile or reference. On the CPU
+backend, through the CLI's entry in the test's process (conftest.pipe_main); each sweep's judge
+is a worker process of its own, as in `pipe record`."""
 
 import json
 import sqlite3
@@ -9,8 +10,7 @@ import sqlite3
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT
-from .test_cli_e2e import pipe
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,7 @@ def _project(project, rep_ms=50):
     d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
     d["kernel"]["template"] = "tpl/rmsnorm.cpp.j2"
     d["runtime"]["rep_ms"] = rep_ms
+    d["op"]["shapes"] = FEW_ROWS  # N = 4096 and 1024 still: a template change below branches on N
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     (project / "tpl").mkdir(exist_ok=True)
@@ -45,15 +46,15 @@ def _trials(run_dir) -> list[dict]:
 def test_a_changed_template_judges_only_the_kernels_it_changed(project, tmp_path):
     spec, tpl, text = _project(project)
     a, b = tmp_path / "a", tmp_path / "b"
-    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *ONLY, cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *ONLY, cwd=project)
     assert r.returncode == 0, r.stderr
     first = {json.dumps(t["params"], sort_keys=True): t for t in _trials(a)}
     assert len(first) == 6 and all(t["status"] == "ok" for t in first.values())
 
     # the change reaches the UNROLL = 4 kernels only (a comment in their source)
     tpl.write_text(text.replace(MARK, "{% if UNROLL == 4 %}// unrolled four times\n{% endif %}" + MARK))
-    r = pipe("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *ONLY,
-             "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *ONLY,
+                  "--reuse", str(a), cwd=project)
     assert r.returncode == 0, r.stderr
     assert "4 verdicts reused from an earlier run" in r.stdout
     second = _trials(b)
@@ -71,8 +72,8 @@ def test_a_changed_template_judges_only_the_kernels_it_changed(project, tmp_path
 
     # a third sweep reusing the second names the run that judged each kernel first
     c = tmp_path / "c"
-    r = pipe("record", str(spec), "--run-dir", str(c), "--out", str(tmp_path / "c.json"), *ONLY,
-             "--reuse", str(b), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(c), "--out", str(tmp_path / "c.json"), *ONLY,
+                  "--reuse", str(b), cwd=project)
     assert r.returncode == 0, r.stderr
     origins = {t["details"]["reused_from"]["run"] for t in _trials(c)}
     assert origins == {str(a), str(b)}
@@ -81,18 +82,18 @@ def test_a_changed_template_judges_only_the_kernels_it_changed(project, tmp_path
 def test_a_run_of_another_spec_is_refused(project, tmp_path):
     spec, _, _ = _project(project)
     a = tmp_path / "a"
-    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"),
-             "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"),
+                  "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", cwd=project)
     assert r.returncode == 0, r.stderr
     spec, _, _ = _project(project, rep_ms=40)  # the timing protocol changed: no verdict carries over
-    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"),
-             "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"),
+                  "--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1", "--reuse", str(a), cwd=project)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{a}: made with another spec than this run" in r.stderr
     assert not (tmp_path / "b").exists()  # refused before the sweep's folder was made
-    r = pipe("record", str(spec), "--run-dir", str(a), "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--reuse", str(a), cwd=project)
     assert r.returncode == 2 and "is the sweep's own run folder" in r.stderr
-    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "c"), "--reuse", str(tmp_path), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(tmp_path / "c"), "--reuse", str(tmp_path), cwd=project)
     assert r.returncode == 2 and "no ledger.db here" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -105,11 +106,11 @@ def test_shapes_that_swap_their_code_are_judged_again(project, tmp_path):
     tpl.write_text(text.replace(MARK, branch.replace("THRESH", "4096") + MARK))
     a, b = tmp_path / "a", tmp_path / "b"
     only = ["--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1,2"]
-    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
     assert r.returncode == 0, r.stderr
     tpl.write_text(text.replace(MARK, branch.replace("THRESH", "1024") + MARK))
-    r = pipe("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *only,
-             "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *only,
+                  "--reuse", str(a), cwd=project)
     assert r.returncode == 0, r.stderr
     assert "2 verdicts of" in r.stdout and "verdicts reused" not in r.stdout  # offered, none taken
     assert [("reused_from" in t["details"], "seed" in t["details"]) for t in _trials(b)] == [(False, True)] * 2
@@ -144,7 +145,7 @@ def test_trials_judged_before_per_shape_digests_are_matched_through_the_stored_t
     spec, tpl, text = _project(project)
     a = tmp_path / "a"
     only = ["--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1,2,4"]
-    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
     assert r.returncode == 0, r.stderr
     db = sqlite3.connect(a / "ledger.db")  # as such a run would have written it
     db.execute("DROP TRIGGER trials_no_update")
@@ -154,16 +155,16 @@ def test_trials_judged_before_per_shape_digests_are_matched_through_the_stored_t
     _rechain(a)
     assert all("sources_hash" not in t["details"] for t in _trials(a))
     tpl.write_text(text.replace(MARK, "{% if UNROLL == 4 %}// unrolled four times\n{% endif %}" + MARK))
-    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"), *only,
-             "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.json"), *only,
+                  "--reuse", str(a), cwd=project)
     assert r.returncode == 0, r.stderr
     assert "2 verdicts reused" in r.stdout
     db = sqlite3.connect(a / "ledger.db")
     db.execute("DELETE FROM meta WHERE key = 'template'")
     db.commit()
     db.close()
-    r = pipe("record", str(spec), "--run-dir", str(tmp_path / "c"), "--out", str(tmp_path / "c.json"), *only,
-             "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(tmp_path / "c"), "--out", str(tmp_path / "c.json"), *only,
+                  "--reuse", str(a), cwd=project)
     assert r.returncode == 0, r.stderr
     assert "0 verdicts of" in r.stdout and "verdicts reused" not in r.stdout
 
@@ -174,7 +175,7 @@ def test_faults_and_trials_of_another_compiler_or_judge_are_judged_again(project
     spec, _, _ = _project(project)
     a = tmp_path / "a"
     only = ["--only", "THREADS=1", "--only", "ACC=1", "--only", "UNROLL=1,2,4"]
-    r = pipe("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(a), "--out", str(tmp_path / "a.json"), *only, cwd=project)
     assert r.returncode == 0, r.stderr
     ids = [t["id"] for t in _trials(a)]
     assert all("made_with" in t["details"] for t in _trials(a))
@@ -186,8 +187,8 @@ def test_faults_and_trials_of_another_compiler_or_judge_are_judged_again(project
     db.close()
     _rechain(a)
     b = tmp_path / "b"
-    r = pipe("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *only,
-             "--reuse", str(a), cwd=project)
+    r = pipe_main("record", str(spec), "--run-dir", str(b), "--out", str(tmp_path / "b.json"), *only,
+                  "--reuse", str(a), cwd=project)
     assert r.returncode == 0, r.stderr
     assert "1 verdicts reused" in r.stdout
     reused = [t["details"].get("reused_from", {}).get("trial") for t in _trials(b)]

@@ -10,20 +10,21 @@ import subprocess
 
 import pytest
 
-from .conftest import PIPELINES, ROOT, pipe_cmd
+from .conftest import PIPELINES, ROOT, pipe_main
 
 DATA = ROOT / "tests" / "data"
 
 
-def _pipe(args, cwd, timeout=600):
-    return subprocess.run(pipe_cmd() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _pipe(args, cwd):
+    """The CLI's entry in this process (conftest.pipe_main); a run's judge is a worker process."""
+    return pipe_main(*args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
     run = d / "run"
-    r = _pipe(["run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(run), "--max-trials", "5", "-q"], ROOT)
+    r = pipe_main("run", PIPELINES / "rmsnorm-cpu.yaml", "--run-dir", run, "--max-trials", "5", "-q", cwd=ROOT)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     return run
 

@@ -1,4 +1,6 @@
-"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs."""
+"""Bad run folders, bad options, interrupted and concurrent runs, stale outputs. The commands
+go through the CLI's entry in the test's process (conftest.pipe_main), the judge in a worker
+process of its own as ever; a second `pipe` on a busy run folder is a process of its own."""
 
 import fcntl
 import json
@@ -13,7 +15,7 @@ from runner.ledger.ledger import Ledger
 from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 from .test_cli_e2e import pipe
 
 BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
@@ -25,6 +27,7 @@ def small_spec(project, **over) -> str:
     d["goal"] = {"budget": {"trials": 3}}
     d["baseline"] = "none"
     d["runtime"]["rep_ms"] = 5
+    d["op"]["shapes"] = FEW_ROWS
     d.update(over)
     p = project / "pipelines" / "robust.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))
@@ -36,7 +39,7 @@ def test_run_folder_that_is_a_file(project):
     f.write_text("x")
     for cmd in (("run", small_spec(project), "--run-dir", str(f)),
                 ("eval", small_spec(project), "--params", "{}", "--run-dir", str(f))):
-        r = pipe(*cmd, cwd=project)
+        r = pipe_main(*cmd, cwd=project)
         assert r.returncode == 2 and "Traceback" not in r.stderr and "cannot be a run folder" in r.stderr
 
 
@@ -44,21 +47,21 @@ def test_corrupt_ledger_is_reported_not_raised(project):
     junk = project / "runs" / "junk"
     junk.mkdir(parents=True)
     (junk / "ledger.db").write_text("not sqlite at all " * 100)
-    r = pipe("show", str(junk), cwd=project)
+    r = pipe_main("show", str(junk), cwd=project)
     assert r.returncode == 2 and "not a readable ledger" in r.stderr and "Traceback" not in r.stderr
-    r = pipe("runs", "--root", str(project / "runs"), cwd=project)
+    r = pipe_main("runs", "--root", str(project / "runs"), cwd=project)
     assert r.returncode == 0 and "unreadable" in r.stdout
     assert (junk / "ledger.db").read_text().startswith("not sqlite")  # show wrote nothing
 
 
 def test_bad_budgets_and_agent_options(project):
-    r = pipe("run", small_spec(project), "--max-trials", "0", cwd=project)
+    r = pipe_main("run", small_spec(project), "--max-trials", "0", cwd=project)
     assert r.returncode == 2 and "--max-trials must be positive" in r.stderr
     spec = small_spec(project, agent={"strategy": "tpe", "options": {"n_startup_trials": "many"}})
-    r = pipe("validate", spec, cwd=project)
+    r = pipe_main("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.n_startup_trials: expected a non-negative integer" in r.stderr
     spec = small_spec(project, agent={"strategy": "pattern", "options": {"shapes": "yes"}})
-    r = pipe("validate", spec, cwd=project)
+    r = pipe_main("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.shapes: expected one of 'off', 'alternate', got 'yes'" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -77,7 +80,7 @@ def test_spec_hash_covers_profile_and_reference(project):
 def test_interrupted_trial_is_tried_first_and_stale_best_is_repaired(project):
     spec = small_spec(project, agent={"strategy": "random", "seed": 5})
     run_dir = project / "run"
-    r = pipe("run", spec, "--run-dir", str(run_dir), "--max-trials", "1", cwd=project)
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), "--max-trials", "1", cwd=project)
     assert r.returncode == 1, r.stderr
     s = load_spec(spec)
     led = Ledger.open(run_dir, s.hash, s.name, s.path)
@@ -90,7 +93,7 @@ def test_interrupted_trial_is_tried_first_and_stale_best_is_repaired(project):
     led.begin(json.dumps(interrupted, sort_keys=True, separators=(",", ":")))
     led.close()
     assert json.loads((run_dir / "best" / "params.json").read_text())["trial"] == 1
-    r = pipe("run", spec, "--run-dir", str(run_dir), "--max-trials", "3", cwd=project)
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), "--max-trials", "3", cwd=project)
     assert r.returncode == 1, r.stderr
     rows = sqlite3.connect(run_dir / "ledger.db").execute("SELECT params FROM trials ORDER BY id").fetchall()
     assert json.loads(rows[2][0]) == interrupted  # retried before anything the agent proposes
@@ -116,7 +119,7 @@ def test_a_list_of_starts_runs_first_in_order_and_is_built_ahead(project):
     spec = small_spec(project, agent={"strategy": "pattern", "seed": 1},
                       search={**BASE["search"], "start": starts}, goal={"budget": {"trials": 4}})
     run_dir = project / "run"
-    r = pipe("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_BUILD_AHEAD": "1"})
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project, env={"PIPE_BUILD_AHEAD": "1"})
     assert r.returncode == 1, r.stderr  # no goal to meet: the budget ends it
     rows = sqlite3.connect(run_dir / "ledger.db").execute("SELECT params, details FROM trials ORDER BY id").fetchall()
     assert [json.loads(p) for p, _ in rows[:3]] == starts and len(rows) == 4
@@ -130,8 +133,8 @@ def test_a_sweep_records_its_slice_only_whatever_the_starts(project, tmp_path):
     starts = [{"ACC": 8, "THREADS": 1, "UNROLL": 2}, {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, search={**BASE["search"], "start": starts})
     out = tmp_path / "slice.json"
-    r = pipe("record", spec, "--run-dir", str(project / "rec"), "--out", str(out),
-             "--only", "ACC=1", "--only", "THREADS=1", cwd=project)
+    r = pipe_main("record", spec, "--run-dir", str(project / "rec"), "--out", str(out),
+                  "--only", "ACC=1", "--only", "THREADS=1", cwd=project)
     assert r.returncode == 0, r.stderr
     got = [t["params"] for t in json.loads(out.read_text())["trials"]]
     assert sorted(p["UNROLL"] for p in got) == [1, 2, 4]
@@ -144,8 +147,8 @@ def test_eval_builds_nothing_ahead(project, tmp_path):
               {"ACC": 32, "THREADS": 1, "UNROLL": 1}]
     spec = small_spec(project, search={**BASE["search"], "start": starts})
     cache = tmp_path / "cache"
-    r = pipe("eval", spec, "--params", json.dumps(starts[0]), "--run-dir", str(project / "ev"), cwd=project,
-             env={"PIPE_BUILD_AHEAD": "1", "PIPE_CACHE_DIR": str(cache)})
+    r = pipe_main("eval", spec, "--params", json.dumps(starts[0]), "--run-dir", str(project / "ev"), cwd=project,
+                  env={"PIPE_BUILD_AHEAD": "1", "PIPE_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
     built = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".log", ".txt", ".json")]
     assert len({p.stem for p in built}) == 1, built

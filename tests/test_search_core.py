@@ -17,7 +17,7 @@ from runner.search.agents import STRATEGIES, Option
 from runner.search.space import config_key
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, pipe_main
 
 RUNS = sorted((ROOT / "tests" / "data").glob("*-run"))
 
@@ -90,7 +90,7 @@ class Walk:
 
 
 def register_walk():
-    """Registration, as a plug-in strategy does it (pipe run imports this file to use it)."""
+    """Registration, as a plug-in strategy does it."""
     from runner.search.agents import register
 
     register("walk")(Walk)
@@ -107,24 +107,19 @@ def _spec(project, options, file: str = "walk.yaml") -> str:
     return str(p)
 
 
-def _pipe(project, *args: str) -> subprocess.CompletedProcess:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tests.test_search_core as t; t.register_walk(); "
-            "from runner.cli import main; sys.exit(main(sys.argv[2:]))")
-    return subprocess.run([sys.executable, "-c", code, str(ROOT), *args], cwd=project,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_a_strategy_defined_here_validates_replays_and_runs(project, tmp_path, monkeypatch):
     monkeypatch.setitem(STRATEGIES, "walk", Walk)
     monkeypatch.setattr(Walk, "name", "walk", raising=False)
     ok = _spec(project, {"step": 2})
     assert load_spec(ok).agent.strategy == "walk"
-    r = _pipe(project, "validate", ok)
+    register_walk()  # as a plug-in does (the monkeypatches above undo it after the test)
+    # validate, replay and run through the CLI's entry in this process (conftest.pipe_main)
+    r = pipe_main("validate", ok, cwd=project)
     assert r.returncode == 0, r.stderr
     bad = _spec(project, {"step": -1}, "bad.yaml")
-    r = _pipe(project, "validate", bad)
+    r = pipe_main("validate", bad, cwd=project)
     assert r.returncode == 2 and "agent.options.step: expected a non-negative integer, got -1" in r.stderr
-    # without the strategy, the spec names an unknown one
+    # without the strategy (a fresh process), the spec names an unknown one
     r = subprocess.run([sys.executable, "-m", "runner.cli", "validate", ok], cwd=project, capture_output=True,
                        text=True)
     assert r.returncode == 2 and "unknown strategy 'walk'" in r.stderr
@@ -137,12 +132,12 @@ def test_a_strategy_defined_here_validates_replays_and_runs(project, tmp_path, m
                               "timed_shapes": 1, "trials": trials}))
     h = replay.run_once(dataset.load(ds), "walk", 0, stop_at=0.0)
     assert [x.params["P"] for x in h] == [0, 1, 2, 3, 4, 5, 6, 7]  # step 1 (the default) up to the best
-    r = _pipe(project, "replay", str(ds), "--agent", "walk", "--seeds", "2")
+    r = pipe_main("replay", str(ds), "--agent", "walk", "--seeds", "2", cwd=project)
     assert r.returncode == 0, r.stderr
     assert "twelve: 12 valid configurations" in r.stdout and re.search(r"(?m)^walk\s", r.stdout)
 
     run_dir = project / "runs" / "walk"
-    r = _pipe(project, "run", ok, "--run-dir", str(run_dir), "--no-hw-check")
+    r = pipe_main("run", ok, "--run-dir", str(run_dir), "--no-hw-check", cwd=project)
     assert r.returncode in (0, 1), r.stderr
     led = Ledger.read(run_dir)
     try:

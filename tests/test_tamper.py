@@ -15,40 +15,38 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 from runner.core.errors import RunDirError
 from runner.ledger.ledger import HEAD_NOTE, Ledger
 from runner.core.records import Trial
 from runner.ledger.rundir import check_folder
 
-from .conftest import PIPELINES, ROOT
+from .conftest import CPU_RUN_TRIALS, ROOT, pipe_main
 
 pytestmark = pytest.mark.slow
 
-TRIALS = 5
+TRIALS = CPU_RUN_TRIALS
 
 
 def pipe(*args, cwd, env=None):
+    """A `pipe` process: for a folder this test holds locked, which another process must find held."""
     e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd, env=e)
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """One real CPU run of TRIALS trials (no goal target, so the budget ends it); each test
-    tampers with a copy."""
-    proj = tmp_path_factory.mktemp("tamper-project")
-    (proj / "pipelines").mkdir()
-    for d in ("kernel_templates", "hw_profiles"):
-        os.symlink(ROOT / d, proj / d)
-    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-    d["goal"] = {"budget": {"trials": TRIALS}}
-    (proj / "pipelines" / "rmsnorm-cpu.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
-    env = {"PIPE_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "pipe-cache")}
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q", cwd=proj, env=env)
-    assert r.returncode == 1, r.stderr  # the budget ends it
+def pipe_here(*args, cwd, env=None):
+    """The CLI's entry in this process (conftest.pipe_main); a run's judge is still a worker process."""
+    return pipe_main(*args, cwd=cwd, env=env)
+
+
+@pytest.fixture
+def base(shared_cpu_run):
+    """One real CPU run of TRIALS trials (no goal target, so the budget ends it), made once for
+    the whole test run (tests/conftest.py); each test tampers with a copy."""
+    proj, _, returncode, stderr = shared_cpu_run
+    assert returncode == 1, stderr  # the budget ends it
+    env = {"PIPE_CACHE_DIR": os.environ["PIPE_CACHE_DIR"]}  # the run's shared cache (tests/conftest.py)
     return proj, env
 
 
@@ -56,7 +54,7 @@ def base(tmp_path_factory):
 def run(base, tmp_path):
     """A copy of the base run, in the same project (the spec path it recorded still resolves)."""
     proj, env = base
-    name = f"run-{tmp_path.name}"
+    name = f"run-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"  # the project is the run's, shared
     shutil.rmtree(proj / name, ignore_errors=True)
     shutil.copytree(proj / "base", proj / name)
     return proj, proj / name, env
@@ -86,8 +84,8 @@ def check(run_dir):
         led.close()
 
 
-def show_json(proj, run_dir, env):
-    r = pipe("show", str(run_dir), "--json", cwd=proj, env=env)
+def show_json(proj, run_dir, env, run=None):
+    r = (run or pipe_here)("show", str(run_dir), "--json", cwd=proj, env=env)
     assert "Traceback" not in r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -108,7 +106,7 @@ def assert_flagged(proj, run_dir, env, row, words):
     rc, s = show_json(proj, run_dir, env)
     assert rc == 1
     assert s["ledger"]["intact"] is False and s["ledger"]["first_bad_row"] == row and s["ledger_intact"] is False
-    r = pipe("show", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("show", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 1 and f"BROKEN at row {row}" in r.stdout, r.stdout
     return s
 
@@ -171,10 +169,10 @@ def test_truncated_ledger_file_is_named(run):
     assert c.first_bad_row == rows_left + 1  # the first row that could not be read
     rc, s = show_json(proj, run_dir, env)
     assert rc == 1 and s["ledger"]["first_bad_row"] == c.first_bad_row
-    r = pipe("show", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("show", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 1 and f"row {c.first_bad_row}" in r.stdout and "Traceback" not in r.stderr
     # resuming names the row too
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 2 and f"row {c.first_bad_row}" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -210,7 +208,7 @@ def test_an_older_ledger_without_anchor_still_verifies(run):
     (run_dir / "run.json").write_text(json.dumps(doc))
     c = check(run_dir)
     assert c.intact and c.note == HEAD_NOTE
-    r = pipe("show", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("show", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 0 and "a deleted last row cannot be detected" in r.stdout
     forge_best(run_dir, 2)  # and an edit is still found
     assert check(run_dir).first_bad_row == 2
@@ -219,14 +217,14 @@ def test_an_older_ledger_without_anchor_still_verifies(run):
 def test_resume_refused_without_force_and_goes_on_with_it(run):
     proj, run_dir, env = run
     forge_best(run_dir, 3)
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
-             cwd=proj, env=env)
+    r = pipe_here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
+                  cwd=proj, env=env)
     assert r.returncode == 2 and "row 3" in r.stderr and "--force" in r.stderr and "Traceback" not in r.stderr
     assert check(run_dir).rows == TRIALS  # nothing appended
-    r = pipe("eval", "pipelines/rmsnorm-cpu.yaml", "--params", "{}", "--run-dir", str(run_dir), cwd=proj, env=env)
+    r = pipe_here("eval", "pipelines/rmsnorm-cpu.yaml", "--params", "{}", "--run-dir", str(run_dir), cwd=proj, env=env)
     assert r.returncode == 2 and "row 3" in r.stderr
-    r = pipe("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
-             "--force", cwd=proj, env=env)
+    r = pipe_here("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", str(run_dir), "--max-trials", str(TRIALS + 1),
+                  "--force", cwd=proj, env=env)
     assert r.returncode in (0, 1), r.stderr
     assert "ledger.broken" in r.stderr  # the warning
     c = check(run_dir)
@@ -241,15 +239,15 @@ def test_resume_refused_without_force_and_goes_on_with_it(run):
 def test_export_and_report_refused_without_force(run):
     proj, run_dir, env = run
     delete(run_dir, 2)
-    r = pipe("export", str(run_dir), "--out", str(run_dir / "exp"), cwd=proj, env=env)
+    r = pipe_here("export", str(run_dir), "--out", str(run_dir / "exp"), cwd=proj, env=env)
     assert r.returncode == 2 and "row 2" in r.stderr and "--force" in r.stderr
-    r = pipe("export", str(run_dir), "--out", str(run_dir / "exp"), "--force", cwd=proj, env=env)
+    r = pipe_here("export", str(run_dir), "--out", str(run_dir / "exp"), "--force", cwd=proj, env=env)
     # past the ledger check: the CPU run then meets export's own limit
     assert r.returncode == 2 and "refusing" not in r.stderr and "only CUDA" in r.stderr
     assert "ledger.broken" in r.stderr  # the warning
-    r = pipe("report", str(run_dir), "--out", str(run_dir / "rep"), cwd=proj, env=env)
+    r = pipe_here("report", str(run_dir), "--out", str(run_dir / "rep"), cwd=proj, env=env)
     assert r.returncode == 2 and "row 2" in r.stderr and not (run_dir / "rep" / "report.md").exists()
-    r = pipe("report", str(run_dir), "--out", str(run_dir / "rep"), "--force", cwd=proj, env=env)
+    r = pipe_here("report", str(run_dir), "--out", str(run_dir / "rep"), "--force", cwd=proj, env=env)
     assert r.returncode == 0, r.stderr
     assert "BROKEN" in (run_dir / "rep" / "report.md").read_text()
 
@@ -267,7 +265,7 @@ def test_runs_flags_tampered_and_interrupted_runs(base, tmp_path):
     with open(root / "busy" / ".lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         r = pipe("runs", "--root", str(root), cwd=proj, env=env)
-        rc, s_busy = show_json(proj, root / "busy", env)
+        rc, s_busy = show_json(proj, root / "busy", env, run=pipe)
     rc, s_stopped = show_json(proj, root / "stopped", env)
     assert r.returncode == 0, r.stderr
     lines = {ln.split()[0].rsplit("/", 1)[-1]: ln for ln in r.stdout.splitlines()[1:]}

@@ -128,11 +128,12 @@ def ranged_run(tmp_path_factory):
 
     os.environ.setdefault("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
     run = tmp_path_factory.mktemp("ranged") / "run"
-    rc = cli.main(["run", str(RANGE_CPU), "--run-dir", str(run), "--max-trials", "6", "-q"])
+    rc = cli.main(["run", str(RANGE_CPU), "--run-dir", str(run), "--max-trials", "5", "-q"])
     assert rc in (0, 1)
     from runner.ship.compare import compare_and_write
 
-    doc = compare_and_write(run, rounds=2, top=2, points=6)
+    # torch.compile left out: Inductor's C++ builds would double this set-up (the GPU test has it)
+    doc = compare_and_write(run, rounds=2, top=2, points=6, torch_compile=False)
     return run, doc
 
 
@@ -196,7 +197,7 @@ def test_curve_points_are_secret_untuned_and_compared_to_every_arm(ranged_run):
     for r in rows:
         assert r["shape"] not in list(spec.op.shapes) and spec.op.in_domain(r["shape"]) is None
         assert r["table_s"] and r["arms"]["torch eager"]["time_s"]
-        assert "torch.compile" in r["arms"]
+        assert "torch.compile" not in r["arms"] and "copy" in r["arms"]  # left out, as asked
         if r["use"] != "fallback":
             assert spec.kernel.serves_shape(doc["range_table"]["kernels"][r["use"][1:]]["params"], r["shape"], 4)
         assert r["regret"] == pytest.approx(r["table_s"] / r["best_arm_s"] - 1)

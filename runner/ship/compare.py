@@ -77,7 +77,8 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     spec, history, variants = rd.spec, rd.history, rd.variants
     base = rd.baseline
     if spec.op.domain:
-        return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points)
+        return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points,
+                             torch_compile=torch_compile, triton=triton)
     n = len(spec.op.shapes)
     cands = candidates(history, n, top)
     if not any(cands):
@@ -111,7 +112,8 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
 
 
 def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds: int, timeout_s: float,
-                  seed: int | None = None, points: int | None = None) -> dict:
+                  seed: int | None = None, points: int | None = None, torch_compile: bool = True,
+                  triton: bool = True) -> dict:
     """pipe compare of a spec with op.domain: the range table measured, then its curve at
     secret points (runner/ship/ranges.py)."""
     from ..judge.worker import Worker
@@ -127,8 +129,9 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
     seed = secrets.randbits(48) if seed is None else seed
     try:
         prober = ranges.Prober(spec, builder, worker, by_id, rounds, timeout_s)
+        prober.arms = {"compile": torch_compile, "triton": spec.op.triton if triton else None}
         n = points or ranges.CURVE_POINTS
-        prober.warm = {"compile": True, "triton": spec.op.triton, "shapes": ranges.secret_points(spec, seed, n)}
+        prober.warm = {**prober.arms, "shapes": ranges.secret_points(spec, seed, n)}
         table = ranges.build(spec, history, prober, top=top)
         rows = ranges.curve(spec, table, prober, seed, n)
     finally:
@@ -138,7 +141,8 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
                          "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms, "rounds": rounds,
-                         "inputs": compared_inputs(spec), "torch.compile": "dynamic=True"},
+                         "inputs": compared_inputs(spec),
+                         "torch.compile": "dynamic=True" if torch_compile else "left out"},
             "recorded_baseline": base, "range_table": table, "curve": rows, "shapes": []}
 
 

@@ -69,6 +69,7 @@ class Prober:
         self._art: dict[int, str] = {}
         self.requests = 0
         self.warm: dict | None = None  # the first request's: what a CPU worker warms before its sandbox
+        self.arms = {"compile": True, "triton": spec.op.triton}  # the curve's other arms
 
     def serves(self, tid: int, shape: dict) -> bool:
         t = self.by_id[tid]
@@ -99,7 +100,8 @@ class Prober:
                 row.append({"label": f"#{tid}", "trial": tid, "artifact": self.artifact(tid), "geometry": geo})
             cands.append(row)
         job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes,
-               "compile": others, "triton": self.spec.op.triton if others else None, "copy": others,
+               "compile": others and self.arms["compile"], "triton": self.arms["triton"] if others else None,
+               "copy": others,
                "candidates": cands}
         if self.warm is not None:
             job["warm"], self.warm = self.warm, None

@@ -32,10 +32,23 @@ def has_cuda() -> bool:
         return False
 
 
-def _shares_a_module_setup(item) -> bool:
+# Session-scoped set-ups built once for the whole test run (build_once, below): the tests that
+# use one are kept on one xdist worker, which builds it, so that the other never waits for it.
+SHARED_SETUPS = ("shared_cpu_run", "shipped_cpu_run", "exported_h200")
+
+
+def _xdist_group(item) -> str | None:
+    """The xdist group of a test: the shared set-up it uses, else its module when it uses a
+    module-scoped set-up (a worker and its memoized trials, a recorded run), else none."""
     info = getattr(item, "_fixtureinfo", None)
-    return info is not None and any(d.scope in ("module", "class", "package")
-                                    for defs in info.name2fixturedefs.values() for d in defs)
+    if info is None:
+        return None
+    shared = [n for n in SHARED_SETUPS if n in info.name2fixturedefs]
+    if shared:
+        return shared[0]
+    if any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs):
+        return item.module.__name__
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -45,12 +58,12 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip_gpu)
-    # Under xdist's --dist loadgroup (the README's test command) the tests that share a
-    # module-scoped set-up (a worker and its memoized trials, a recorded run) stay on one
-    # xdist worker, so it is built once; every other test goes where there is room.
+    # Under xdist's --dist loadgroup (the README's test command) the tests that share a set-up
+    # stay on one xdist worker, so it is built once; every other test goes where there is room.
     for item in items:
-        if _shares_a_module_setup(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        group = _xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     yield  # the other plugins' hooks: xdist's names each marked test's group
     _carry_xdist_groups(items)
 
@@ -300,10 +313,11 @@ CPU_RUN_TRIALS = 5
 @pytest.fixture(scope="session")
 def shared_cpu_run(tmp_path_factory):
     """One real run of the shipped CPU pipeline with its goal target taken out, so that its
-    budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own (pipelines/ and
-    links to the repo's templates and profiles) by `pipe run pipelines/rmsnorm-cpu.yaml
-    --run-dir base -q` (through pipe_main): (project, run folder, the exit code and stderr). test_tamper tampers with copies of it, made in the same project (the spec
-    path the run recorded resolves there), and both xdist workers may take tamper tests."""
+    budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own
+    (pipelines/ and links to the repo's templates and profiles) by `pipe run
+    pipelines/rmsnorm-cpu.yaml --run-dir base -q` (through pipe_main): (project, run folder,
+    the exit code and stderr). test_tamper tampers with copies of it, made in the same project
+    (the spec path the run recorded resolves there); both xdist workers may take tamper tests."""
 
     def make(proj: Path) -> None:
         (proj / "pipelines").mkdir()
@@ -318,6 +332,27 @@ def shared_cpu_run(tmp_path_factory):
     proj = build_once(tmp_path_factory, "cpu-run", make)
     r = json.loads((proj / "base.exit.json").read_text())
     return proj, proj / "base", r["returncode"], r["stderr"]
+
+
+@pytest.fixture(scope="session")
+def shipped_cpu_run(tmp_path_factory):
+    """The shipped CPU pipeline as it is, goal and all, run by a real `pipe` process from the
+    repo's root: `pipe run PIPELINES/rmsnorm-cpu.yaml --run-dir RUN`: (the run folder, the
+    CompletedProcess, its wall time in seconds). test_cli_e2e checks the run; test_report reports
+    on it."""
+    import time
+
+    def make(d: Path) -> None:
+        t0 = time.time()
+        r = subprocess.run([*pipe_cmd(), "run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(d / "run")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        (d / "exit.json").write_text(json.dumps({"args": r.args, "returncode": r.returncode, "stdout": r.stdout,
+                                                 "stderr": r.stderr, "took": time.time() - t0}))
+
+    d = build_once(tmp_path_factory, "shipped-cpu-run", make)
+    r = json.loads((d / "exit.json").read_text())
+    took = r.pop("took")
+    return d / "run", subprocess.CompletedProcess(**r), took
 
 
 H200_RUNS = {"softmax": ROOT / "tests" / "data" / "softmax-h200-run",

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from .conftest import PIPELINES, ROOT, pipe_main
+from .conftest import ROOT, pipe_main
 
 DATA = ROOT / "tests" / "data"
 
@@ -20,11 +20,11 @@ def _pipe(args, cwd):
     return pipe_main(*args, cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("report")
-    run = d / "run"
-    r = pipe_main("run", PIPELINES / "rmsnorm-cpu.yaml", "--run-dir", run, "--max-trials", "5", "-q", cwd=ROOT)
+@pytest.fixture
+def cpu_run(shipped_cpu_run):
+    """The shipped CPU pipeline's run (test_cli_e2e checks it), made once for the whole test run
+    (conftest.shipped_cpu_run): reported on here, never changed."""
+    run, r, _ = shipped_cpu_run
     assert r.returncode in (0, 1), r.stderr[-2000:]
     return run
 

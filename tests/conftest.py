@@ -313,7 +313,7 @@ CPU_RUN_TRIALS = 5
 @pytest.fixture(scope="session")
 def shared_cpu_run(tmp_path_factory):
     """One real run of the shipped CPU pipeline with its goal target taken out, so that its
-    budget of CPU_RUN_TRIALS trials ends it, made in a project folder of its own
+    budget of CPU_RUN_TRIALS trials ends it, on FEW_ROWS, made in a project folder of its own
     (pipelines/ and links to the repo's templates and profiles) by `pipe run
     pipelines/rmsnorm-cpu.yaml --run-dir base -q` (through pipe_main): (project, run folder,
     the exit code and stderr). test_tamper tampers with copies of it, made in the same project
@@ -325,6 +325,7 @@ def shared_cpu_run(tmp_path_factory):
             os.symlink(ROOT / d, proj / d)
         d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
         d["goal"] = {"budget": {"trials": CPU_RUN_TRIALS}}
+        d["op"]["shapes"] = FEW_ROWS  # what is tampered with is the ledger, not the figures
         (proj / "pipelines" / "rmsnorm-cpu.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
         r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "base", "-q", cwd=proj)
         (proj / "base.exit.json").write_text(json.dumps({"returncode": r.returncode, "stderr": r.stderr}))

@@ -17,7 +17,7 @@ from runner.search.agents import STRATEGIES, Option
 from runner.search.space import config_key
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT, pipe_main
+from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 
 RUNS = sorted((ROOT / "tests" / "data").glob("*-run"))
 
@@ -101,6 +101,7 @@ def _spec(project, options, file: str = "walk.yaml") -> str:
     d.update(name="walk", baseline="none", goal={"budget": {"trials": 2}},
              agent={"strategy": "walk", "seed": 0, "options": options})
     d["runtime"]["rep_ms"] = 5
+    d["op"]["shapes"] = FEW_ROWS  # what is checked is which points the strategy proposes
     d["search"].pop("start", None)
     p = project / "pipelines" / file
     p.write_text(yaml.safe_dump(d, sort_keys=False))

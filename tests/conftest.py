@@ -123,9 +123,11 @@ def pipe_cmd() -> list[str]:
 
 def pipe_main(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
     """`pipe ARGS` through the CLI's own entry (runner.cli.main) in this process: the exit
-    code, stdout and stderr that a `pipe` process gives, without the process and its import
-    of torch. For tests of what a command says and returns, not of the process (signals,
-    a fresh interpreter's imports, a judge worker spawned from it): those start `pipe`."""
+    code, stdout and stderr that a `pipe` process gives, without the process and its start-up
+    (the interpreter, torch, pipe's modules: some three seconds of CPU). A run's judge is still
+    a worker process of its own. For tests of what a command does, says and returns; tests of
+    the process itself (signals, a fresh interpreter's imports, a lock another process holds)
+    start `pipe`."""
     import contextlib
     import io
 

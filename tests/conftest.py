@@ -387,3 +387,16 @@ def exported_h200(tmp_path_factory):
     done = json.loads((d / "exports.json").read_text())
     done = {op: subprocess.CompletedProcess(**r) for op, r in done.items()}
     return d / "packages", done
+
+
+@pytest.fixture
+def exported(exported_h200):
+    """The folder of the three exported packages, each export checked: it ran, exited 0 and
+    printed the table's rule (test_export, test_e2e)."""
+    out, exports = exported_h200
+    for op in H200_RUNS:
+        r = exports.get(op)
+        assert r is not None, f"not exported: {op} (an export before it failed)"
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "rule: a shape uses the kernel tuned for the same" in r.stdout
+    return out

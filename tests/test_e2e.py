@@ -7,21 +7,8 @@ import json
 import subprocess
 import sys
 
-import pytest
 
-from .conftest import H200_RUNS, ROOT
-
-
-@pytest.fixture
-def exported(exported_h200):
-    """The three H200 runs of tests/data exported with the specs they were made with, once for
-    the whole test run (tests/conftest.py)."""
-    out, exports = exported_h200
-    for op in H200_RUNS:
-        r = exports.get(op)
-        assert r is not None, f"not exported: {op} (an export before it failed)"
-        assert r.returncode == 0, r.stderr[-2000:]
-    return out
+from .conftest import ROOT
 
 
 def test_e2e_step_with_exported_ops_matches_stock_torch(exported, tmp_path):

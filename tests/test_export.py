@@ -45,19 +45,6 @@ def test_dispatch_uses_a_kernel_only_where_it_beats_eager_beyond_noise():
     assert rows[0]["evidence"].startswith("ledger")
 
 
-@pytest.fixture
-def exported(exported_h200):
-    """The three runs exported (`pipe export RUN --out OUT --spec` the run's own spec), once for
-    the whole test run (tests/conftest.py)."""
-    out, exports = exported_h200
-    for op in RUNS:
-        r = exports.get(op)
-        assert r is not None, f"not exported: {op} (an export before it failed)"
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert "rule: a shape uses the kernel tuned for the same" in r.stdout
-    return out
-
-
 def test_packages_ship_tables_cubins_and_sources(exported):
     for pkg in ("softmax_h200", "rmsnorm_h200", "cross_entropy_h200"):
         d = exported / pkg

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-
 from .conftest import ROOT
 
 

@@ -416,3 +416,31 @@ def test_device_memory_scan_control(tmp_path):
     call()
     torch.cuda.synchronize()
     assert torch.equal(outs[0].view, ref.to(torch.bfloat16)), "the scan did not find the reference"
+
+
+def test_auto_mode_goes_by_device_time(tmp_path):
+    """Auto mode replays a kernel as a CUDA graph when its device time is under 20 us, however
+    long its launch takes from Python, and launches a long one directly. Before the timer's
+    device spin, a 3 us softmax of 8 rows read as 20 us and more (its cuda.core launch
+    inside the events) and was launched directly, with its launch cost in every figure."""
+    from runner.build.backends.cuda import GRAPH_BELOW_S
+    from runner.judge.worker import Judge
+
+    b = Bench(tmp_path, shapes=[SMALL[0], {"M": 32768, "N": 4096}])
+    b.worker.close()
+    judge = Judge(b.spec)
+    params = {"HACK": "honest"}
+    modes = []
+    for si, shape in enumerate(b.spec.op.shapes):
+        src = b.ev.builder.render_all(params)[si]
+        c = b.ev.builder.backend.compile(src, b.spec.kernel.entry, b.spec.kernel.options, b.spec.hw)
+        assert c.ok, c.reason
+        fn = judge.rt.load(c.artifact, b.spec.kernel.entry, judge.kinds)
+        outs = judge._outputs(shape)
+        call = judge.rt.prepare(fn, judge._values(shape, judge._inputs(shape, 1, 0), outs),
+                                b.ev.builder.geometry(params)[si])
+        ts = sorted(judge.rt.timer(call, judge.rt.sync) for _ in range(7))
+        modes.append((call.mode, ts[3]))
+    print("modes and median event times:", modes)
+    assert modes[0][0] == "graph" and modes[0][1] < GRAPH_BELOW_S, modes
+    assert modes[1][0] == "direct" and modes[1][1] > GRAPH_BELOW_S, modes

@@ -314,7 +314,9 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
                         if name != "copy" and a["time_s"] and not a["error"]), default=(None, None))
         row = {"shape": shape, "use": f"#{pick}" if pick is not None else "fallback", "table_s": table_s,
                "table_error": err, "bytes": f["bytes"], "arms": arms, "best_arm": best_arm[1],
-               "best_arm_s": best_arm[0]}
+               "best_arm_s": best_arm[0],
+               # graph replay or direct launches: every arm of a point runs in the same mode
+               "mode": (r.get(f"#{pick}") or r.get("torch eager") or {}).get("mode")}
         if table_s and best_arm[0]:
             row["regret"] = table_s / best_arm[0] - 1
             row["bytes_per_s"] = f["bytes"] / table_s
@@ -342,9 +344,10 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                      f"{us((a.get('torch eager') or {}).get('time_s'))} {us((a.get('torch.compile') or {}).get('time_s'))} "
                      f"{us((a.get('triton') or {}).get('time_s'))}  "
                      f"{(r.get('regret') or 0) * 100:6.1f}%  {r['best_arm'] or '-'}"
-                     + (f"  [{r['use']}]"))
+                     + f"  [{r['use']}]" + (" graph" if r.get("mode") == "graph" else ""))
     worst = max((r.get("regret") or 0 for r in rows), default=0)
-    lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points (times in us)")
+    lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points (times in us; \"graph\": "
+                 f"every arm of the point timed as CUDA graph replays)")
     return "\n".join(lines)
 
 

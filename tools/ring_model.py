@@ -197,7 +197,12 @@ def main() -> int:
                     check(T, items, slots, n, m)
             if a.every:
                 lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
-                every = np.array([x for x in range(lo, hi + 1) if r.serves(cfg, x)], np.int64)
+                ns_all = np.arange(lo, hi + 1, dtype=np.int64)
+                nv = (ns_all + 8 - np.minimum(8, ns_all & -ns_all) + 7) // 8  # the spec's NV
+                every = ns_all[(nv <= cap // 8) & (4 * ns_all > cap)]         # and its serves
+                for x in rng.sample(range(lo, hi + 1), 200):
+                    if r.serves(cfg, x) != bool(np.isin(x, every)):
+                        raise RingError(f"the spec's serves and the model's disagree at N={x}")
                 check_fit(T, items, every, list(range(16)) + [2 ** 27 // hi - 1, 1_000_003])
             print(f"{name}: T={T} ITEMS={items} SLOTS={slots} CAP={cap}: ok ({len(ns)} sizes"
                   f"{', every N' if a.every else ''})", flush=True)

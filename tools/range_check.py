@@ -18,10 +18,10 @@ every N of the domain is served by some configuration (checked on a dense sample
 around every power of two and three times one, and random points); every configuration
 renders, passes the source rules and compiles with no spills. Prints the bucket table.
 
-On the GPU: a sample of each space, three configurations of every bucket (CAP; the first and
-last geometry and one at random, no spills with that machine's NVRTC), is verified at the
-bucket's edges, powers of two, odd sizes and primes, for M in {1, 3, 37, 4096} (M capped so
-that M * N <= 2^25), each launch with the next input distribution of the spec and its output
+On the GPU: a sample of each space, three configurations of every bucket and path (CAP; the
+register hold, PF = 0 or 1, apart from the ring, PF = 2; the first and last geometry and one
+at random, no spills with that machine's NVRTC), is verified at the bucket's edges, powers of
+two, odd sizes and primes, for M in {1, 3, 37, 4096} (M capped so that M * N <= 2^25), each launch with the next input distribution of the spec and its output
 in the middle of a guard band; then each sampled configuration is timed at M * N = 2^27 (the
 median of 20 calls, L2 flushed before each, CUDA events) at its bucket's largest power of two
 and an odd size, beside torch eager. Both cross-entropy templates are also run once, each in
@@ -278,13 +278,20 @@ def nvcc_all(r: Range, sources: list[str], owners: dict) -> None:
 # ----------------------------------------------------------------------------- on the GPU
 
 
+def path_of(cfg: dict) -> str:
+    """The kernel path a configuration takes: "ring" (PF = 2: the rows streamed through a ring
+    of shared-memory slots) or "hold" (the row in registers, PF = 0 or 1). Sampled apart, so
+    that each path of a bucket gets its own configurations."""
+    return "ring" if cfg.get("PF") == 2 else "hold"
+
+
 def sample_configs(r: Range, per_bucket: int, rng: random.Random) -> list[dict]:
-    by_cap: dict[int, list[dict]] = {}
+    by_cap: dict[tuple, list[dict]] = {}
     for cfg in r.configs:
-        by_cap.setdefault(r.cap(cfg), []).append(cfg)
+        by_cap.setdefault((r.cap(cfg), path_of(cfg)), []).append(cfg)
     out = []
-    for cap in sorted(by_cap):
-        cfgs = by_cap[cap]
+    for key in sorted(by_cap):
+        cap, cfgs = key[0], by_cap[key]
         if not any(r.serves(cfgs[0], n) for n in (max(r.lo, cap // 4 + 1), min(r.hi, cap), r.lo, r.hi)):
             continue
         # spread over the geometries (the hints ride along at random)

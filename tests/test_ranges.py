@@ -44,6 +44,7 @@ def test_grid_is_log_spaced_with_typical_values_and_tuned_rows(project):
     d = copy.deepcopy(BASE)
     d["op"]["grid"] = {"per_octave": 2}
     d["op"]["domain"]["N"] = {"min": 64, "max": 1024, "typical": [1000]}
+    d["op"]["domain"]["M"] = {"min": 1, "tune": "max(1, 2 ** 18 // N)"}
     d["op"]["extra_shapes"] = [{"M": 3, "N": 1000}]
     s = load_spec(spec_from(project, d))
     grid = s.op.shapes[s.op.named:]
@@ -56,6 +57,24 @@ def test_grid_is_log_spaced_with_typical_values_and_tuned_rows(project):
         assert 1.3 < b / a < 1.55 or 1000 in (a, b)
     assert all(g["M"] == max(1, 2 ** 18 // g["N"]) for g in grid)
     assert s.op.axes == ["N"]
+
+
+def test_tune_levels_add_a_row_of_points_at_the_same_axis_values(project):
+    d = copy.deepcopy(BASE)
+    d["op"]["domain"]["N"] = {"min": 64, "max": 1024}
+    d["op"]["domain"]["M"] = {"min": 1, "tune": ["max(1, 2 ** 18 // N)", "2 + N // 512"]}
+    d["op"]["extra_shapes"] = [{"M": 3, "N": 1000}]
+    s = load_spec(spec_from(project, d))
+    grid = s.op.shapes[s.op.named:]
+    assert s.op.levels == ("M", 2)
+    main = [g for g in grid if s.op.level_of(g) == 0]
+    few = [g for g in grid if s.op.level_of(g) == 1]
+    assert len(main) + len(few) == len(grid) and list(grid[:len(main)]) == main  # the main level first
+    # the named 256x1024 is the main level's point at N = 1024
+    assert sorted(g["N"] for g in few) == sorted([g["N"] for g in main] + [1024])
+    assert all(g["M"] == 2 + g["N"] // 512 for g in few)
+    assert s.op.point({"N": 300}, 1) == {"M": 2, "N": 300} and s.op.point({"N": 300}) == {"M": 873, "N": 300}
+    assert s.op.level_of({"M": 5, "N": 300}) is None
 
 
 def test_template_that_reads_a_range_symbol_is_refused(project, capsys):
@@ -187,6 +206,19 @@ def test_compare_builds_ranges_that_cover_the_domain_in_order(ranged_run):
     assert json.loads((run / "compare.json").read_text())["range_table"] == t
     text = ranges.format_ranges(t)
     assert "N 64.." in text and "exactly 256x1024" in text
+    # the spec's second `tune` level (4 rows): each range chooses for few rows on its own,
+    # below a cut between 4 and its main point's rows; the lookup follows it
+    assert t["levels"] == "M"
+    for r in rs:
+        (w,) = r["rows"]
+        assert w["point"] == {"M": 4, "N": r["point"]["N"]} and 4 < w["below"] <= r["point"]["M"]
+        serves = lambda tid, shape: spec.kernel.serves_shape(t["kernels"][str(tid)]["params"], shape, 4)  # noqa: E731
+        n = r["point"]["N"]
+        want_few = next((int(x) for x in w["use"] if serves(x, {"M": 2, "N": n})), None)
+        want_main = next((int(x) for x in r["use"] if serves(x, {"M": w["below"], "N": n})), None)
+        assert ranges.lookup(t, {"M": 2, "N": n}, serves) == want_few
+        assert ranges.lookup(t, {"M": w["below"], "N": n}, serves) == want_main
+    assert "M < " in text and "M >= " in text
 
 
 def test_curve_points_are_secret_untuned_and_compared_to_every_arm(ranged_run):
@@ -242,6 +274,18 @@ def test_exported_lookup_by_range_exact_shape_serves_and_domain(tmp_path):
     assert pick(3, 4096) == 2 and pick(3, 63) is None and pick(3, 4097) is None  # outside: the fallback
     assert pick(3, 4095) == 2
     assert op.entry_for({"M": 3, "N": 200})["cubin"] == "k1.cubin"
+
+
+def test_exported_lookup_takes_the_few_rows_list_below_its_cut(tmp_path):
+    op = _op(tmp_path)
+    op.by_range["levels"] = "M"
+    op.by_range["ranges"][1]["rows"] = [{"below": 16, "use": []}]  # few rows: the fallback
+    op.by_range["ranges"][0]["rows"] = [{"below": 8, "use": [2]}]
+    pick = lambda m, n: (op.entry_for({"M": m, "N": n}) or {}).get("trial")  # noqa: E731
+    assert pick(15, 1000) is None and pick(16, 1000) == 2 and pick(1, 1000) is None
+    assert pick(7, 200) == 2 and pick(8, 200) == 1
+    assert pick(3, 4096) is None and pick(100, 4096) == 2
+    assert pick(8, 256) == 2  # a named shape keeps its own list
 
 
 def test_a_kernel_with_its_size_compiled_in_takes_that_size_for_any_rows(tmp_path):

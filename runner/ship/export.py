@@ -95,7 +95,8 @@ def range_section(spec, rt: dict, history, ship) -> dict:
     shapes with their kernel lists, and each listed kernel's parameters and cubin
     (`ship(tid, trial)` compiles one into the package)."""
     by_id = {t.id: t for t in history}
-    used = [int(t) for r in rt["ranges"] + rt["exact"] for t in r["use"]]
+    used = [int(t) for r in rt["ranges"] + rt["exact"] for t in r["use"]] + \
+        [int(t) for r in rt["ranges"] for w in r.get("rows", ()) for t in w["use"]]
     kernels = {}
     for tid in dict.fromkeys(used):
         t = by_id.get(tid)
@@ -105,7 +106,11 @@ def range_section(spec, rt: dict, history, ship) -> dict:
         kernels[str(tid)] = {"params": t.params, "cubin": ship(tid, t)}
     return {"axes": rt["axes"], "domain": {s: [d.min, d.max] for s, d in spec.op.domain.items()},
             "serves": spec.kernel.serves.text if spec.kernel.serves is not None else None,
-            "ranges": [{"lo": r["lo"], "hi": r["hi"], "use": [int(t) for t in r["use"]]} for r in rt["ranges"]],
+            # rows (several `tune` levels): below a value of the level symbol, another kernel list
+            **({"levels": rt["levels"]} if rt.get("levels") else {}),
+            "ranges": [{"lo": r["lo"], "hi": r["hi"], "use": [int(t) for t in r["use"]],
+                        **({"rows": [{"below": w["below"], "use": [int(t) for t in w["use"]]} for w in r["rows"]]}
+                           if r.get("rows") else {})} for r in rt["ranges"]],
             "exact": [{"shape": e["shape"], "use": [int(t) for t in e["use"]]} for e in rt["exact"]],
             "kernels": kernels}
 

@@ -240,7 +240,10 @@ class Op:
         shape = {s: env[s] for s in self.symbols}
         rows = [e for e in br["exact"] if e["shape"] == shape] or \
                [r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])]
-        for tid in (rows[0]["use"] if rows else []):
+        use = rows[0]["use"] if rows else []
+        if rows and rows[0].get("rows"):  # another list below a value of the level symbol (few rows)
+            use = next((w["use"] for w in rows[0]["rows"] if env[br["levels"]] < w["below"]), use)
+        for tid in use:
             k = br["kernels"][str(tid)]
             if self.serves(k["params"], env):
                 return {"use": "kernel", "trial": tid, "params": k["params"], "cubin": k["cubin"]}

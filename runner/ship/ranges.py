@@ -46,17 +46,9 @@ def _geo_mid(a: int, b: int) -> int:
     return int(round(math.sqrt(a * b)))
 
 
-def point_shape(spec, axes_env: dict) -> dict:
-    """A full shape from values of the range axes: the other symbols from their `tune`."""
-    op = spec.op
-    env = dict(axes_env)
-    env["elem"] = op.shape_env({})["elem"]
-    for s in op.symbols:
-        d = op.domain[s]
-        if s not in env:
-            v = int(d.tune(env)) if d.tune is not None else d.min
-            env[s] = max(d.min, v if d.max is None else min(d.max, v))
-    return {s: env[s] for s in op.symbols}
+def point_shape(spec, axes_env: dict, level: int = 0) -> dict:
+    """A full shape from values of the range axes: the other symbols from their `tune` (at a level)."""
+    return spec.op.point(axes_env, level)
 
 
 class Prober:
@@ -153,10 +145,13 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
                        "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
                        "eager_pick_s": e_pick})
     axes = op.axes
-    # the points along the axes: the tuning grid's, then a named shape's where the grid has
-    # none at its axis values (a named shape the grid also holds is listed once, as named)
+    sym, nlv = op.levels
+    for i, p in enumerate(points):
+        p["level"] = 0 if i < op.named else (op.level_of(p["shape"]) or 0)
+    # the points along the axes: the tuning grid's main level, then a named shape's where the
+    # grid has none at its axis values (a named shape the grid also holds is listed once, as named)
     grid, at = [], set()
-    for p in points[op.named:] + points[:op.named]:
+    for p in [q for q in points[op.named:] if q["level"] == 0] + points[:op.named]:
         key = tuple(p["shape"][a] for a in op.axes)
         if key not in at:
             at.add(key)
@@ -167,56 +162,103 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         ranges = _ranges_1d(spec, axes[0], grid, prober, refine, log)
     else:
         ranges = _boxes(spec, axes, grid)
+    if nlv > 1:
+        _level_rows(spec, ranges, [p for p in points[op.named:] if p["level"] > 0], prober, refine, log)
+    lists = [r["use"] for r in ranges + exact] + [w["use"] for r in ranges for w in r.get("rows", ())]
     return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
+            **({"levels": sym} if nlv > 1 else {}),
             "ranges": ranges, "exact": exact, "probes": prober.requests,
             "kernels": {str(t.id): {"params": t.params, "variant": t.variant} for t in history
-                        if any(str(t.id) in map(str, r["use"]) for r in ranges + exact)}}
+                        if any(str(t.id) in map(str, u) for u in lists)}}
 
 
 def _first(use: list[int], prober: Prober, shape: dict) -> int | None:
     return next((tid for tid in use if prober.serves(tid, shape)), None)
 
 
+def _neighbour_lists(points: list[dict]) -> None:
+    """Each point's list: its own choices, then its neighbours' along the sorted order (a
+    shape a point's kernels do not serve may be served by a neighbour's)."""
+    for i, p in enumerate(points):
+        extra = [t for j in (i - 1, i + 1) if 0 <= j < len(points) for t in points[j]["use"]]
+        p["list"] = list(dict.fromkeys(p["use"] + extra))
+
+
+def _bisect(spec, lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prober, refine: int,
+            log, label: str) -> int:
+    """The cut between two neighbouring points' choices on one symbol: values <= lo go to a,
+    >= hi to b. Where their first choices differ, the two contenders (a kernel or the fallback)
+    are timed against each other at the log-midpoint, REFINE times; the cut is the first
+    value that goes to b."""
+    for _ in range(refine):
+        if hi - lo <= 1:
+            break
+        mid = min(max(_geo_mid(lo, hi), lo + 1), hi - 1)
+        shape = shape_at(mid)
+        ka, kb = _first(a_list, prober, shape), _first(b_list, prober, shape)
+        if ka == kb:  # the same choice either way: the cut does not matter here
+            break
+        r = prober.time([shape], [[k for k in (ka, kb) if k is not None]])[0]
+
+        def t_of(k):
+            if k is None:
+                return _split((r.get("torch eager") or {}).get("rounds") or [])[0]
+            x = r.get(f"#{k}") or {}
+            return None if x.get("error") else _split(x.get("rounds") or [])[0]
+
+        ta, tb = t_of(ka), t_of(kb)
+        if log:
+            log(f"  {label}={mid}: {'#' + str(ka) if ka else 'torch'} {ta} vs {'#' + str(kb) if kb else 'torch'} {tb}")
+        if ta is not None and (tb is None or ta <= tb):
+            lo = mid
+        else:
+            hi = mid
+    return hi if hi - lo <= 1 else _geo_mid(lo, hi)
+
+
+def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prober, refine: int, log) -> None:
+    """Several `tune` levels (few rows, say): each range also gets, for every further level
+    tuned at its point's axis values, that level's kernel list and the value of the level
+    symbol below which it applies (`rows`, ascending). The cuts between levels are
+    measured as the range boundaries are, at the range's point."""
+    op = spec.op
+    sym = op.levels[0]
+    by_level: dict[int, list[dict]] = {}
+    for p in level_points:
+        by_level.setdefault(p["level"], []).append(p)
+    for pts in by_level.values():
+        pts.sort(key=lambda p: [p["shape"][a] for a in op.axes])
+        _neighbour_lists(pts)
+    for r in ranges:
+        key = {a: r["point"][a] for a in op.axes}
+        levels = [{"shape": r["point"], "list": r["use"], "times_s": r["times_s"], "eager_s": r["eager_s"]}]
+        for pts in by_level.values():
+            q = next((p for p in pts if all(p["shape"][a] == v for a, v in key.items())), None)
+            if q is not None and q["shape"][sym] != r["point"][sym]:
+                levels.append(q)
+        levels.sort(key=lambda q: q["shape"][sym])
+        rows = []
+        for a, b in zip(levels, levels[1:]):
+            va, vb = a["shape"][sym], b["shape"][sym]
+            cut = _bisect(spec, va, vb, lambda v: {**r["point"], sym: v}, a["list"], b["list"], prober, refine,
+                          log, f"{'x'.join(str(v) for v in key.values())} {sym}")
+            rows.append({"below": max(cut, va + 1), "point": a["shape"], "use": a["list"], "times_s": a["times_s"],
+                         "eager_s": a["eager_s"]})
+        top = levels[-1]  # the level of the most rows (the main one, as a rule) serves the rest
+        r.update({"point": top["shape"], "use": top["list"], "times_s": top["times_s"], "eager_s": top["eager_s"],
+                  "rows": rows})
+
+
 def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, log) -> list[dict]:
     d = spec.op.domain[axis]
     grid = sorted(grid, key=lambda p: p["shape"][axis])
-    # each point's list, then its neighbours' (a shape a point's kernels do not serve may be
-    # served by a neighbour's)
-    for i, p in enumerate(grid):
-        extra = [t for j in (i - 1, i + 1) if 0 <= j < len(grid) for t in grid[j]["use"]]
-        p["list"] = list(dict.fromkeys(p["use"] + extra))
+    _neighbour_lists(grid)
     cuts = []
     for a, b in zip(grid, grid[1:]):
         va, vb = a["shape"][axis], b["shape"][axis]
-        lo, hi = va, vb  # the boundary lies in (lo, hi]: values <= lo go to a, >= hi to b
         if a["use"][:1] != b["use"][:1]:
-            for _ in range(refine):
-                if hi - lo <= 1:
-                    break
-                mid = _geo_mid(lo, hi)
-                mid = min(max(mid, lo + 1), hi - 1)
-                shape = point_shape(spec, {axis: mid})
-                ka, kb = _first(a["list"], prober, shape), _first(b["list"], prober, shape)
-                if ka == kb:  # the same choice either way: the cut does not matter here
-                    break
-                r = prober.time([shape], [[k for k in (ka, kb) if k is not None]])[0]
-
-                def t_of(k):
-                    if k is None:
-                        return _split((r.get("torch eager") or {}).get("rounds") or [])[0]
-                    x = r.get(f"#{k}") or {}
-                    return None if x.get("error") else _split(x.get("rounds") or [])[0]
-
-                ta, tb = t_of(ka), t_of(kb)
-                a_wins = ta is not None and (tb is None or ta <= tb)
-                if log:
-                    log(f"  {axis}={mid}: {'#' + str(ka) if ka else 'torch'} {ta} vs "
-                        f"{'#' + str(kb) if kb else 'torch'} {tb}")
-                if a_wins:
-                    lo = mid
-                else:
-                    hi = mid
-            cut = hi if hi - lo <= 1 else _geo_mid(lo, hi)
+            cut = _bisect(spec, va, vb, lambda v: point_shape(spec, {axis: v}), a["list"], b["list"], prober,
+                          refine, log, axis)
         else:
             cut = _geo_mid(va, vb)
         cuts.append(max(cut, va + 1))
@@ -251,7 +293,9 @@ def lookup(table: dict, shape: dict, serves) -> int | None:
             return _first_served(e["use"], serves, shape)
     for r in table["ranges"]:
         if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
-            return _first_served(r["use"], serves, shape)
+            sym = table.get("levels")
+            use = next((w["use"] for w in r.get("rows", ()) if shape[sym] < w["below"]), r["use"])
+            return _first_served(use, serves, shape)
     return None
 
 
@@ -356,17 +400,30 @@ def format_ranges(table: dict) -> str:
     axes = table["axes"]
     lines = []
     merged: list[dict] = []
+    def sig(r):
+        return (r["use"][:1], [(w["below"], w["use"][:1]) for w in r.get("rows", ())])
+
+    def names(use):
+        return (f"#{use[0]}" + (f" (then {', '.join('#' + str(t) for t in use[1:4])})" if len(use) > 1 else "")
+                if use else "torch (fallback)")
+
     for r in table["ranges"]:
-        first = r["use"][:1]
-        if merged and len(axes) == 1 and merged[-1]["use"][:1] == first:
+        if merged and len(axes) == 1 and sig(merged[-1]) == sig(r):
             merged[-1]["hi"] = r["hi"]
         else:
-            merged.append({"lo": r["lo"], "hi": r["hi"], "use": r["use"]})
+            merged.append({"lo": r["lo"], "hi": r["hi"], "use": r["use"], "rows": r.get("rows", ())})
+    sym = table.get("levels")
     for r in merged:
         span = ", ".join(f"{a} {r['lo'][a]}..{r['hi'][a] - 1}" for a in axes)
-        lines.append(f"  {span}: " + (f"#{r['use'][0]}" + (f" (then {', '.join('#' + str(t) for t in r['use'][1:4])})"
-                                                       if len(r["use"]) > 1 else "")
-                                      if r["use"] else "torch (fallback)"))
+        if r["rows"]:
+            lo = None
+            for w in r["rows"]:
+                at = f"{lo} <= {sym} < {w['below']}" if lo else f"{sym} < {w['below']}"
+                lines.append(f"  {span}, {at}: {names(w['use'])}")
+                lo = w["below"]
+            lines.append(f"  {span}, {sym} >= {lo}: {names(r['use'])}")
+        else:
+            lines.append(f"  {span}: {names(r['use'])}")
     for e in table["exact"]:
         lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
                      + (f"#{e['use'][0]}" if e["use"] else "torch (fallback)"))

@@ -84,7 +84,9 @@ SPEC = _obj({
         "domain": {"type": "object", "minProperties": 1, "propertyNames": NAME, "additionalProperties": _obj({
             "min": POS_INT, "max": POS_INT,
             "typical": {"type": "array", "items": POS_INT},
-            "tune": EXPR,
+            # one expression, or a list: the first gives the main tuning points, each other
+            # one a second row of points at the same axis values (few rows, say)
+            "tune": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 4}]},
         }, ["min"])},
         "grid": _obj({"per_octave": {"type": "number", "minimum": 0.25, "maximum": 16}}),
     }, ["reference", "dtype", "inputs", "outputs", "shapes", "bytes"]),

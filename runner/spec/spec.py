@@ -101,6 +101,20 @@ class OpSpec:
         """The domain's range symbols (the tuning grid's axes), in shape-symbol order."""
         return [s for s in self.symbols if s in self.domain and self.domain[s].tune is None]
 
+    def point(self, axes_env: dict, level: int = 0) -> dict:
+        """The tuning point (a full shape) at values of the grid axes, at a `tune` level."""
+        return complete(self.domain, self.symbols, axes_env, DTYPE_BYTES[self.dtype], level)
+
+    @property
+    def levels(self) -> tuple[str | None, int]:
+        """(the symbol whose `tune` has several levels, or None; the number of levels)."""
+        return levels_of(self.domain)
+
+    def level_of(self, shape: dict) -> int | None:
+        """The `tune` level whose tuning point at this shape's axis values is the shape."""
+        env = {a: shape[a] for a in self.axes}
+        return next((i for i in range(self.levels[1]) if self.point(env, i) == shape), None)
+
     def in_domain(self, shape: dict) -> str | None:
         """Why a shape lies outside the domain, or None."""
         for s, d in self.domain.items():
@@ -119,12 +133,41 @@ class Domain:
     max: int | None
     typical: tuple[int, ...] = ()
     tune: Expr | None = None
+    # more `tune` expressions: each a level of its own, tuned at the same axis values (the
+    # table chooses per level, and between levels by this symbol's value)
+    levels: tuple[Expr, ...] = ()
+
+
+def levels_of(domain: dict) -> tuple[str | None, int]:
+    """The symbol whose `tune` lists several levels, and how many levels (1: none)."""
+    for s, d in domain.items():
+        if d.levels:
+            return s, 1 + len(d.levels)
+    return None, 1
+
+
+def complete(domain: dict, symbols: list[str], env: dict, dtype_bytes: int, level: int = 0) -> dict:
+    """A full shape from values of the grid axes: each `tune` symbol at its level's value
+    (level 0 the main one; a symbol with one expression has it at every level), clamped
+    into its range."""
+    env = {**env, "elem": dtype_bytes}
+    for s in symbols:
+        d = domain.get(s)
+        if d is None or d.tune is None:
+            if s not in env and d is not None:
+                env[s] = d.min
+            continue
+        exprs = (d.tune, *d.levels)
+        v = int((exprs[level] if level < len(exprs) else d.tune)(env))
+        env[s] = max(d.min, v if d.max is None else min(d.max, v))
+    return {s: env[s] for s in symbols}
 
 
 def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes: int) -> list[dict]:
     """The tuning points of a domain: the product of each axis's log-spaced values (per_octave
     of them per doubling, the min and max included, and the typical values), each completed
-    with the `tune` symbols, clamped into their own ranges."""
+    with the `tune` symbols, clamped into their own ranges; with several `tune` levels, the
+    main level's points first, then each further level's."""
     import itertools
     import math
 
@@ -137,16 +180,11 @@ def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes
         vs = {lo, hi, *d.typical} | {int(round(lo * (hi / lo) ** (i / n))) for i in range(1, n)} if n else {lo}
         values.append(sorted(v for v in vs if lo <= v <= hi))
     out = []
-    for combo in itertools.product(*values):
-        env = dict(zip(axes, combo))
-        env["elem"] = dtype_bytes
-        for s in symbols:
-            d = domain.get(s)
-            if d is not None and d.tune is not None:
-                v = int(d.tune(env))
-                v = max(d.min, v if d.max is None else min(d.max, v))
-                env[s] = v
-        out.append({s: env[s] for s in symbols})
+    for level in range(levels_of(domain)[1]):
+        for combo in itertools.product(*values):
+            shape = complete(domain, symbols, dict(zip(axes, combo)), dtype_bytes, level)
+            if shape not in out:
+                out.append(shape)
     return out
 
 
@@ -446,10 +484,18 @@ class _Checker:
             if hi is not None and hi < lo:
                 self.err(base + ("max",), f"max {hi} is below min {lo}")
                 good = False
-            tune = None
+            tune, levels = None, ()
             if "tune" in d:
-                tune = self.expr(base + ("tune",), d["tune"], axes_env - {s})
-                good = good and tune is not None
+                if isinstance(d["tune"], list):
+                    exprs = [self.expr(base + ("tune", i), e, axes_env - {s}) for i, e in enumerate(d["tune"])]
+                    good = good and all(e is not None for e in exprs)
+                    tune, levels = exprs[0], tuple(exprs[1:])
+                    if levels and any(dom[x].levels for x in dom):
+                        self.err(base + ("tune",), "only one symbol may have several `tune` levels")
+                        good = False
+                else:
+                    tune = self.expr(base + ("tune",), d["tune"], axes_env - {s})
+                    good = good and tune is not None
                 if "typical" in d:
                     self.err(base + ("typical",), "a `tune` symbol is no grid axis: typical values go on the axes")
             elif hi is None:
@@ -458,7 +504,7 @@ class _Checker:
             for i, v in enumerate(d.get("typical", [])):
                 if v < lo or (hi is not None and v > hi):
                     self.err(base + ("typical", i), f"{v} is outside [{lo}, {hi}]")
-            dom[s] = Domain(lo, hi, tuple(d.get("typical", ())), tune)
+            dom[s] = Domain(lo, hi, tuple(d.get("typical", ())), tune, levels)
         missing = [s for s in symbols if s not in o["domain"]]
         if missing:
             self.err(("op", "domain"), f"every shape symbol needs a domain; missing: {', '.join(missing)}")

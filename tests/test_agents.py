@@ -31,6 +31,25 @@ def test_grid_enumerates_valid_space_in_order():
     assert all(c["A"] != 8 for c in got)
 
 
+def test_grid_spread_visits_every_configuration_and_covers_the_space_early():
+    from runner.search.agents.grid import spread
+
+    sp = Space((Param("A", tuple(range(8))), Param("B", tuple(range(5)))), (), ({},))
+    got = drive(make_agent("grid", sp, 0, {"order": "spread"}))
+    assert sorted(map(config_key, got)) == sorted(map(config_key, sp)) and len(got) == 40
+    # the space's own order reaches A = 7 only after 35 trials; spread has every A in 8
+    assert {c["A"] for c in got[:8]} == set(range(8))
+    assert drive(make_agent("grid", sp, 0, {}))[:8] == list(sp)[:8]  # the default: the space's order
+    for n in (40, 158, 188):  # no stretch of the space's order longer than 2n/k is left out of k
+        s = spread(n)
+        for k in (4, 8, 16, 32):
+            taken = sorted(s[:k]) + [n]
+            assert max(b - a for a, b in zip([-1] + taken, taken)) <= 2 * n / k + 1
+    assert got == drive(make_agent("grid", sp, 0, {"order": "spread"}))  # pure: the same order
+    for n in (1, 2, 7, 40, 158):
+        assert sorted(spread(n)) == list(range(n))
+
+
 def test_grid_skips_what_history_holds():
     sp = space()
     first = list(sp)[:3]

@@ -263,3 +263,26 @@ def test_mutation_cut_short(project, capsys, cut):
     assert rc in (0, 2)
     if rc == 2:
         assert_diagnostics(err)
+
+
+def test_named_arms_take_no_built_in_name(project, capsys):
+    """op.arms (pipe compare's named arms): a name of a built-in arm is an error at its key's line."""
+    text = BASE_TEXT.replace("  dtype: fp32\n", "  dtype: fp32\n  arms:\n    by hand: tests.compare_arms:rmsnorm_rsqrt\n"
+                             "    torch.compile: tests.compare_arms:rmsnorm_rsqrt\n", 1)
+    rc, err = validate(capsys, write(project, text=text))
+    assert rc == 2
+    assert_diagnostics(err)
+    line = text.splitlines().index("    torch.compile: tests.compare_arms:rmsnorm_rsqrt") + 1
+    assert any(f":{line}:" in ln and "op.arms.torch.compile" in ln and "taken by a built-in arm" in ln
+               for ln in err.splitlines()), err
+    assert "by hand" not in err
+    rc, err = validate(capsys, write(project, text=BASE_TEXT.replace(
+        "  dtype: fp32\n", "  dtype: fp32\n  arms:\n    bad: not-a-callable\n", 1), name="bad.yaml"))
+    assert rc == 2 and "op.arms.bad" in err
+    assert_diagnostics(err)
+    ok = load_spec(write(project, text=BASE_TEXT.replace(
+        "  dtype: fp32\n", "  dtype: fp32\n  triton: a.b:c\n  arms:\n    by hand: tests.compare_arms:rmsnorm_rsqrt\n", 1),
+        name="ok.yaml"))
+    assert ok.op.arms == {"by hand": "tests.compare_arms:rmsnorm_rsqrt"}
+    assert list(ok.op.compare_arms()) == ["triton", "by hand"]
+    assert list(ok.op.compare_arms(triton=False)) == ["by hand"] and ok.op.compare_arms(arms=False) == {"triton": "a.b:c"}

@@ -61,6 +61,10 @@ SPEC = _obj({
     "op": _obj({
         "reference": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
         "triton": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
+        # named arms of pipe compare: name -> "module:function" (spec.py refuses the built-in names)
+        "arms": {"type": "object", "propertyNames": {"type": "string", "pattern": r"^[^#\s]([^\n]*\S)?$",
+                                                     "maxLength": 40},
+                 "additionalProperties": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"}},
         "notes": {"type": "string"},
         "dtype": {"enum": DTYPES},
         "inputs": {"type": "object", "additionalProperties": TENSOR, "minProperties": 1,

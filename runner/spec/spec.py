@@ -34,6 +34,9 @@ from ..search.space import Param, Space, domain_problem, param_values
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1,
                "int32": 4, "int64": 8, "bool": 1}
+# the arms pipe compare names itself (and "table", the range curve's line for the dispatch
+# table): op.arms may not take these names
+RESERVED_ARMS = ("torch eager", "torch.compile", "triton", "copy", "table")
 DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
                "fp64": (1e-10, 1e-10)}
 INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}
@@ -73,12 +76,22 @@ class OpSpec:
     in_place: bool = False
     notes: str = ""
     triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
+    # op.arms: name -> "module:function", more arms for `pipe compare` (imported only there), in order
+    arms: dict = field(default_factory=dict)
     held_out_shapes: tuple[dict, ...] = ()  # never tuned on: pipe compare checks the dispatch table there
     ulps: float = 1.0  # error budget in units of the output dtype's rounding at the reference (judge/verify.py)
     floor: float = 2.0 ** -7  # atol is at most floor x the output's mean magnitude (judge/verify.py)
     # op.domain: symbol -> Domain, the sizes the exported op serves (empty: the listed shapes only)
     domain: dict = field(default_factory=dict)
     named: int = 0  # with a domain: shapes[:named] are the listed sizes, the rest the tuning grid
+
+    def compare_arms(self, triton: bool = True, arms: bool = True) -> dict[str, str]:
+        """The user's arms of pipe compare, name -> "module:function": op.triton (named
+        "triton") unless `triton` is false, then op.arms unless `arms` is false."""
+        out = {"triton": self.triton} if (triton and self.triton) else {}
+        if arms:
+            out.update(self.arms)
+        return out
 
     @property
     def symbols(self) -> list[str]:
@@ -451,6 +464,10 @@ class _Checker:
                         self.err(path, f"shape {i}: {ex}")
         ref = o["reference"]
         self.reference(ref)
+        for name in o.get("arms") or {}:
+            if name in RESERVED_ARMS:
+                self.err(("op", "arms", name), f"arm name '{name}' is taken by a built-in arm of pipe compare "
+                         f"({', '.join(RESERVED_ARMS)}); use op.triton for the Triton kernel", prefer_key=True)
         atol, rtol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
         tol = o.get("tolerance", {})
         domain, timed = self.domain(o, symbols, shapes, extra, held, dtype)
@@ -461,6 +478,7 @@ class _Checker:
                       shapes=tuple(dict(s) for s in timed), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
+                      arms=dict(o.get("arms") or {}),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
                       floor=float(tol.get("floor", 2.0 ** -7)))
 

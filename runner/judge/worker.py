@@ -364,11 +364,12 @@ class Judge:
             self._compiled = self.torch.compile(self.reference, dynamic=bool(self.op.domain))
         return self._compiled
 
-    def warm_torch(self, compile_: bool, triton: str | None = None, shapes=None) -> None:
-        """Run the torch arms that compile (torch.compile, a Triton kernel) once on every shape
-        before a CPU worker's sandbox goes on: Dynamo and Inductor write their caches and start
-        the host compiler on the first call of each shape, which the sandbox forbids."""
-        arms = self._other_arms(compile_, triton)[0]
+    def warm_torch(self, compile_: bool, triton: str | None = None, shapes=None, arms: dict | None = None) -> None:
+        """Run the torch arms that compile (torch.compile, a Triton kernel, the spec's named
+        arms) once on every shape before a CPU worker's sandbox goes on: Dynamo and Inductor
+        write their caches and start the host compiler on the first call of each shape, which
+        the sandbox forbids."""
+        arms = self._other_arms(compile_, triton, arms)[0]
         for si, shape in enumerate(shapes or self.op.shapes):
             inputs = self._inputs(shape, _seed("warm", si), 0)
             for name, f in arms.items():
@@ -379,9 +380,12 @@ class Judge:
                 except Exception:  # the arm reports its own error when compared
                     pass
 
-    def _other_arms(self, compile_: bool, triton: str | None) -> tuple[dict, dict]:
-        """The torch arms of pipe compare, built once per worker: {name: fn}, {name: note}."""
-        key = (bool(compile_), triton)
+    def _other_arms(self, compile_: bool, triton: str | None, arms: dict | None = None) -> tuple[dict, dict]:
+        """The torch arms of pipe compare, built once per worker: {name: fn}, {name: note}.
+        The user's arms (`triton`, named "triton", then `arms`: name -> "module:function")
+        that do not import are left out, their reason noted."""
+        user = {**({"triton": triton} if triton else {}), **(arms or {})}
+        key = (bool(compile_), tuple(user.items()))
         cache = self.__dict__.setdefault("_arms", {})
         if key in cache:
             return cache[key]
@@ -389,13 +393,13 @@ class Judge:
         notes: dict = {}
         if compile_:
             others["torch.compile"] = self.torch_arm("compile")
-        if triton:
+        for name, target in user.items():
             try:
                 from ..core.userpath import load_callable
 
-                others["triton"] = load_callable(triton, self.spec.home)
-            except Exception as e:  # no triton here: say so in the table
-                notes["triton"] = f"unavailable: {type(e).__name__}: {e}"[:300]
+                others[name] = load_callable(target, self.spec.home)
+            except Exception as e:  # no triton here, or no such backend: say so in the table
+                notes[name] = f"unavailable: {type(e).__name__}: {e}"[:300]
         cache[key] = (others, notes)
         return others, notes
 
@@ -512,7 +516,7 @@ class Judge:
         from .verify import compare as close_enough
 
         torch = self.torch
-        others, notes = self._other_arms(job.get("compile"), job.get("triton"))
+        others, notes = self._other_arms(job.get("compile"), job.get("triton"), job.get("arms"))
         others, notes = dict(others), dict(notes)
         if not job.get("eager", True):
             others.pop("torch eager")
@@ -548,8 +552,10 @@ class Judge:
                     errors[name] = None
                     calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars), mode)
                     mode = getattr(calls[name], "mode", mode)
-                except Exception as e:
-                    errors[name] = f"{type(e).__name__}: {e}"[:400]
+                except Exception as e:  # say, an SDPA backend this device lacks: no time, the reason shown
+                    if not self.rt.healthy():
+                        raise
+                    errors[name] = f"unavailable: {type(e).__name__}: {e}"[:400]
             if job.get("copy", True):
                 nbytes = int(self.op.bytes(self.op.shape_env(shape)))
                 src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)
@@ -574,19 +580,28 @@ class Judge:
                 if not why:
                     for k, v in sets[0].items():
                         inputs[k].copy_(v)
-                    res = f(**inputs, **self.scalars)
-                    self.rt.sync()
-                    res = list(res) if isinstance(res, (tuple, list)) else [res]
-                    why = next((f"output {i}: {w}" for i, (o, (r, b)) in enumerate(zip(res, refs))
-                                for ok, w, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)] if not ok), None)
+                    try:  # a user's arm may return anything: a wrong answer, never a crash
+                        res = f(**inputs, **self.scalars)
+                        self.rt.sync()
+                        res = list(res) if isinstance(res, (tuple, list)) else [res]
+                        if len(res) < len(refs):
+                            why = f"{len(res)} outputs, the reference has {len(refs)}"
+                        else:
+                            why = next((f"output {i}: {w}" for i, (o, (r, b)) in enumerate(zip(res, refs))
+                                        for ok, w, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)]
+                                        if not ok), None)
+                    except Exception as e:
+                        if not self.rt.healthy():
+                            raise
+                        why = f"checking its answer: {type(e).__name__}: {e}"[:400]
                 errors[name] = why
             for name, prefix, k, salt, t in taken:
                 refs, why = answers(k, salt)
                 why = why or self._settle(t, refs)
                 if why and errors.get(name) is None:
                     errors[name] = prefix + why
-            shapes.append({name: {"median": statistics.median(times[name]) if times[name] else None,
-                                  "rounds": times[name], "error": errors.get(name),
+            shapes.append({name: {"median": statistics.median(times[name]) if times.get(name) else None,
+                                  "rounds": times.get(name, []), "error": errors.get(name),
                                   "mode": getattr(calls.get(name), "mode", None)}
                            for name in dict.fromkeys([*names, *errors])})
             del calls, outs_of, inputs, sets, answers, taken, results
@@ -881,7 +896,7 @@ def worker_main(conn, spec, log_path: str) -> None:
             try:
                 if kind == "compare":  # a job may name what to warm: the arms and shapes of later jobs
                     w = args[0].get("warm") or args[0]
-                    judge.warm_torch(w.get("compile"), w.get("triton"), w.get("shapes"))
+                    judge.warm_torch(w.get("compile"), w.get("triton"), w.get("shapes"), w.get("arms"))
                 elif spec.baseline == "compile":
                     judge.warm_torch(True)
             except Exception:

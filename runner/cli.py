@@ -7,7 +7,7 @@
     pipe show RUN [--json]
     pipe report RUN [--out DIR]
     pipe export RUN [--out DIR] [--name NAME]
-    pipe compare RUN [--json PATH] [--top K] [--rounds R] [--no-compile] [--no-triton]
+    pipe compare RUN [--json PATH] [--top K] [--rounds R] [--no-compile] [--no-triton] [--no-arms]
     pipe merge A.json B.json [C.json ...] --out OUT.json
 
 Exit codes: 0 goal met (or command succeeded), 1 budget spent without
@@ -356,7 +356,7 @@ def cmd_compare(a) -> int:
 
     doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
                             torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force,
-                            points=a.points)
+                            points=a.points, arms=not a.no_arms)
     print(format_table(doc))
     return EXIT_OK
 
@@ -394,7 +394,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="time a run's per-shape best against torch eager, torch.compile, "
-                                      "Triton and the copy ceiling, side by side")
+                                      "Triton, the spec's named arms and the copy ceiling, side by side")
     c.add_argument("run", help="run folder")
     c.add_argument("--spec", help="the run's spec (default: the path the run recorded)")
     c.add_argument("--json", help="also write the figures here (always written to RUN/compare.json)")
@@ -404,7 +404,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--points", type=int, help="with op.domain: secret points of the curve across the domain "
                    "(default 24)")
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
-    c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel")
+    c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel (op.triton)")
+    c.add_argument("--no-arms", action="store_true", help="leave out the spec's named arms (op.arms)")
     c.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     c.set_defaults(fn=cmd_compare)
     ex = sub.add_parser("export", help="write an importable package: a torch custom op dispatching by shape to "

@@ -299,3 +299,41 @@ def test_a_kernel_with_its_size_compiled_in_takes_that_size_for_any_rows(tmp_pat
     e = op.entry_for({"M": 10, "N": 300})
     assert op.geometry(e, {"M": 10, "N": 300})["grid"] == [3]  # its own launch expressions
     assert op.geometry(op.entry_for({"M": 10, "N": 200}), {"M": 10, "N": 200})["grid"] == [10]
+
+
+def test_curve_regret_counts_every_named_arm_but_copy_and_the_wrong():
+    """op.arms on the curve: the best arm (and the regret) is over every arm but the copy
+    and arms with an error; each named arm is a column of the table and of the report's."""
+    from runner.ship import report
+
+    spec = load_spec(RANGE_CPU)
+
+    class Stub:  # what Prober.time returns, without a worker
+        arms = {"compile": False, "arms": {"fast": "m:f", "faster but wrong": "m:g", "gone": "m:h"}}
+
+        def serves(self, tid, shape):
+            return True
+
+        def time(self, shapes, kernels, others=False):
+            assert others and all(k == [1] for k in kernels)
+            d = lambda t, err=None: {"median": t, "rounds": [t, t], "error": err, "mode": None}  # noqa: E731
+            return [{"#1": d(2e-6), "torch eager": d(3e-6), "fast": d(1e-6), "faster but wrong": d(0.5e-6, "output 0: x"),
+                     "gone": d(None, "unavailable: ImportError: no"), "copy": d(0.1e-6)} for _ in shapes]
+
+    table = {"axes": ["N"], "exact": [], "ranges": [{"lo": {"N": 1}, "hi": {"N": 1 << 30}, "use": [1]}]}
+    rows = ranges.curve(spec, table, Stub(), seed=3, n=4)
+    assert len(rows) == 4
+    for r in rows:
+        assert r["best_arm"] == "fast" and r["best_arm_s"] == 1e-6 and r["regret"] == pytest.approx(1.0)
+        assert set(r["arms"]) == {"torch eager", "fast", "faster but wrong", "gone", "copy"}
+    text = ranges.format_curve(rows, ["N"])
+    head = text.splitlines()[0]
+    assert head.index("triton") < head.index("fast") < head.index("faster but wrong") < head.index("gone")
+    assert "100.0%  fast" in text and "wrong" in text and "n/a" in text
+    assert "gone at " in text and "unavailable: ImportError" in text
+    cr = report.curve_rows({"compare": {"curve": rows}})
+    assert cr[0]["fast us"] == "1.00" and cr[0]["faster but wrong us"] == "wrong" and cr[0]["gone us"] == "n/a"
+    assert cr[0]["best arm"] == "fast"
+    colors = report.arm_colors(["fast", "gone"])
+    assert colors["triton"] == "#2b8a3e" and colors["fast"] != colors["gone"]
+    assert report.plot_curve({"compare": {"curve": rows, "range_table": table}})  # a line per arm that has times

@@ -10,6 +10,9 @@ protocol, side by side in rounds that alternate the order:
 - torch.compile of the same reference;
 - a Triton kernel with `triton.autotune` (the spec's `op.triton`), written for
   the comparison;
+- the spec's named arms (`op.arms`: name -> "module:function", say each SDPA
+  backend, or a loop over experts), called like the reference; one that does not
+  import or raises (a backend this device lacks) is reported unavailable, with why;
 - the copy ceiling: a device copy moving the op's floor bytes (half read,
   half written), measured in the same run.
 
@@ -31,7 +34,18 @@ from ..core.errors import ExprError, PipeError
 from ..build.render import RenderError
 from ..core.figures import shape_label
 
-ARMS = ("torch eager", "torch.compile", "triton", "copy")
+ARMS = ("torch eager", "torch.compile", "triton", "copy")  # the built-in arms; op.arms adds named ones
+
+
+def arm_order(user: dict | None) -> list[str]:
+    """The arms of a table, in order: torch eager, torch.compile, then the user's arms
+    (op.triton as "triton", then op.arms), never the copy."""
+    return ["torch eager", "torch.compile", *(user or {})]
+
+
+def extra_arms(arm_dicts) -> list[str]:
+    """The named arms (op.arms) among several {arm: figures} dicts, in first-seen order."""
+    return list(dict.fromkeys(k for d in arm_dicts for k in d if k not in ARMS))
 
 
 class CompareError(PipeError):
@@ -66,7 +80,8 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
-                force: bool = False, points: int | None = None) -> dict:
+                force: bool = False, points: int | None = None, arms: bool = True) -> dict:
+    """`triton`, `arms`: whether op.triton and op.arms (every named arm) are compared."""
     from ..judge.worker import Worker
     from .rundata import open_run
     from ..build.builder import Builder
@@ -78,7 +93,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     base = rd.baseline
     if spec.op.domain:
         return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points,
-                             torch_compile=torch_compile, triton=triton)
+                             torch_compile=torch_compile, triton=triton, arms=arms)
     n = len(spec.op.shapes)
     cands = candidates(history, n, top)
     if not any(cands):
@@ -91,8 +106,9 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
         if bad is not None:
             raise CompareError(f"trial #{t.id} no longer compiles: {bad.reason}")
         built[t.id] = (arts, builder.geometry(t.params))
+    user = spec.op.compare_arms(triton, arms)
     job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": torch_compile,
-           "triton": (spec.op.triton if triton else None),
+           "triton": None, "arms": user,
            "candidates": [[{"label": f"#{t.id}", "trial": t.id, "artifact": built[t.id][0][i],
                             "geometry": built[t.id][1][i]} for t in row] for i, row in enumerate(cands)]}
     worker = Worker(spec, str(run_dir / "compare-worker.log"))
@@ -100,7 +116,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
         r = worker.request(("compare", job), timeout_s)
         if r.get("status") != "ok":
             raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
-        doc = _figures(spec, run_dir, history, cands, r, base)
+        doc = _figures(spec, run_dir, history, cands, r, base, user)
         if spec.op.held_out_shapes:  # a failure there keeps the figures above and says why
             try:
                 doc["held_out"] = _held_out(spec, builder, history, doc, base, worker, rounds, timeout_s)
@@ -113,7 +129,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
 
 def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds: int, timeout_s: float,
                   seed: int | None = None, points: int | None = None, torch_compile: bool = True,
-                  triton: bool = True) -> dict:
+                  triton: bool = True, arms: bool = True) -> dict:
     """pipe compare of a spec with op.domain: the range table measured, then its curve at
     secret points (runner/ship/ranges.py)."""
     from ..judge.worker import Worker
@@ -129,7 +145,8 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
     seed = secrets.randbits(48) if seed is None else seed
     try:
         prober = ranges.Prober(spec, builder, worker, by_id, rounds, timeout_s)
-        prober.arms = {"compile": torch_compile, "triton": spec.op.triton if triton else None}
+        user = spec.op.compare_arms(triton, arms)
+        prober.arms = {"compile": torch_compile, "arms": user}
         n = points or ranges.CURVE_POINTS
         prober.warm = {**prober.arms, "shapes": ranges.secret_points(spec, seed, n)}
         table = ranges.build(spec, history, prober, top=top)
@@ -142,7 +159,7 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
             "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
                          "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms, "rounds": rounds,
                          "inputs": compared_inputs(spec),
-                         "torch.compile": "dynamic=True" if torch_compile else "left out"},
+                         "torch.compile": "dynamic=True" if torch_compile else "left out", "arms": user},
             "recorded_baseline": base, "range_table": table, "curve": rows, "shapes": []}
 
 
@@ -292,7 +309,7 @@ def _one_choice_per_size(rows: list[dict]) -> None:
                 _unship(r, "not the same nearest kernel faster and verified on every held-out shape of these sizes")
 
 
-def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
+def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict | None = None) -> dict:
     fl = figures.floors(spec)
     by_id = {t.id: t for t in history}
     shapes = []
@@ -322,7 +339,7 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
                             **_rates(f, ts, copy_s)}
         else:
             row["tuned"] = None
-        for arm in ARMS[:3]:
+        for arm in arm_order(user):
             d = res.get(arm)
             if d is None:
                 continue
@@ -344,7 +361,7 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline) -> dict:
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
                          "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms,
-                         "inputs": compared_inputs(spec)},
+                         "inputs": compared_inputs(spec), "arms": dict(user or {})},
             "recorded_baseline": baseline, "shapes": shapes}
 
 
@@ -386,7 +403,8 @@ def format_table(doc: dict) -> str:
     m = doc.get("machine", {})
     head = (f"{doc['spec']} on {m.get('device', '?')} (torch {m.get('torch', '?')}"
             + (f", triton {m['triton']}" if "triton" in m else "") + f"), {doc['date']}")
-    cols = ["shape", "tuned", "TB/s", "of copy", "eager", "compile", "triton", "copy TB/s", "trial"]
+    named = extra_arms(s["arms"] for s in doc["shapes"])  # op.arms: a column each, after triton
+    cols = ["shape", "tuned", "TB/s", "of copy", "eager", "compile", "triton", *named, "copy TB/s", "trial"]
     rows = []
     for s in doc["shapes"]:
         t = s["tuned"]
@@ -396,12 +414,13 @@ def format_table(doc: dict) -> str:
                       f"{t['copy_fraction']:.3f}" if t["copy_fraction"] else "-"]
         else:
             cells += ["wrong", "-", "-"]
-        for arm in ARMS[:3]:
+        for arm in [*ARMS[:3], *named]:
             a = s["arms"].get(arm)
             if a is None:
                 cells.append("-")
             elif a.get("error"):
-                cells.append("wrong" if "elements" in a["error"] or "shape" in a["error"] else "n/a")
+                # unavailable: it did not import or raised on its first call (its reason is below)
+                cells.append("n/a" if a["error"].startswith("unavailable") else "wrong")
             else:
                 sp, rg = a.get("tuned_speedup"), a.get("tuned_speedup_range")
                 cells.append(f"{a['time_s'] * 1e6:.1f} us" + (

@@ -61,7 +61,8 @@ class Prober:
         self._art: dict[int, str] = {}
         self.requests = 0
         self.warm: dict | None = None  # the first request's: what a CPU worker warms before its sandbox
-        self.arms = {"compile": True, "triton": spec.op.triton}  # the curve's other arms
+        # the curve's other arms: torch.compile, and the user's (op.triton as "triton", op.arms)
+        self.arms = {"compile": True, "arms": spec.op.compare_arms()}
 
     def serves(self, tid: int, shape: dict) -> bool:
         t = self.by_id[tid]
@@ -80,7 +81,8 @@ class Prober:
 
     def time(self, shapes: list[dict], kernels: list[list[int]], others: bool = False) -> list[dict]:
         """Per shape: {"#tid" | "torch eager" | ...: {median, rounds, error}} for its kernels
-        (those that serve it) and torch eager; with `others`, torch.compile, Triton and copy too."""
+        (those that serve it) and torch eager; with `others`, torch.compile, the user's arms
+        (op.triton, op.arms) and copy too."""
         cands = []
         for shape, tids in zip(shapes, kernels):
             row = []
@@ -92,7 +94,8 @@ class Prober:
                 row.append({"label": f"#{tid}", "trial": tid, "artifact": self.artifact(tid), "geometry": geo})
             cands.append(row)
         job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes,
-               "compile": others and self.arms["compile"], "triton": self.arms["triton"] if others else None,
+               "compile": others and self.arms["compile"], "triton": None,
+               "arms": self.arms.get("arms") or {} if others else {},
                "copy": others,
                "candidates": cands}
         if self.warm is not None:
@@ -344,7 +347,7 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
     rows = []
     for shape, pick, r, f in zip(pts, picks, res, fl):
         arms = {}
-        for name in ("torch eager", "torch.compile", "triton", "copy"):
+        for name in ["torch eager", "torch.compile", *(prober.arms.get("arms") or {}), "copy"]:
             d = r.get(name)
             if d is None:
                 continue
@@ -372,13 +375,23 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
 
 
 def format_curve(rows: list[dict], axes: list[str]) -> str:
-    """The regret table: one line per secret point."""
+    """The regret table: one line per secret point; op.arms' arms a column each after triton."""
+    from .compare import extra_arms
+
+    named = extra_arms(r["arms"] for r in rows)
+    wide = {n: max(9, len(n)) for n in named}
     head = f"{'shape':>18} {'table':>9} {'TB/s':>6} {'copy%':>6}  {'eager':>9} {'compile':>9} {'triton':>9}  " \
-           f"{'regret':>7}  vs"
+           + "".join(f"{n:>{wide[n]}}  " for n in named) + f"{'regret':>7}  vs"
     lines = [head, "-" * len(head)]
 
-    def us(x):
-        return f"{x * 1e6:9.2f}" if x else f"{'-':>9}"
+    def us(x, w=9):
+        return f"{x * 1e6:{w}.2f}" if x else f"{'-':>{w}}"
+
+    def arm_us(a, n):  # an arm with an error (wrong, or unavailable here) has no time that counts
+        d, w = a.get(n) or {}, wide.get(n, 9)
+        if d.get("error"):
+            return f"{'n/a' if d['error'].startswith('unavailable') else 'wrong':>{w}}"
+        return us(d.get("time_s"), w)
 
     for r in rows:
         a = r["arms"]
@@ -386,12 +399,19 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
         lines.append(f"{label:>18} {us(r['table_s'])} {(r.get('bytes_per_s') or 0) / 1e12:6.2f} "
                      f"{(r.get('copy_fraction') or 0) * 100:5.0f}%  "
                      f"{us((a.get('torch eager') or {}).get('time_s'))} {us((a.get('torch.compile') or {}).get('time_s'))} "
-                     f"{us((a.get('triton') or {}).get('time_s'))}  "
+                     f"{arm_us(a, 'triton')}  "
+                     + "".join(f"{arm_us(a, n)}  " for n in named) +
                      f"{(r.get('regret') or 0) * 100:6.1f}%  {r['best_arm'] or '-'}"
                      + f"  [{r['use']}]" + (" graph" if r.get("mode") == "graph" else ""))
     worst = max((r.get("regret") or 0 for r in rows), default=0)
     lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points (times in us; \"graph\": "
-                 f"every arm of the point timed as CUDA graph replays)")
+                 f"every arm of the point timed as CUDA graph replays; regret: over the best arm but copy)")
+    said: set[str] = set()
+    for r in rows:  # why an arm is wrong or n/a: once per arm, at the first point it was
+        for n, d in r["arms"].items():
+            if d.get("error") and n not in said:
+                said.add(n)
+                lines.append(f"{n} at {'x'.join(str(v) for v in r['shape'].values())}: {d['error']}")
     return "\n".join(lines)
 
 

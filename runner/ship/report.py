@@ -127,11 +127,31 @@ def plot_status(data) -> str:
     return _png(fig)
 
 
+# pipe compare's arms on the range curve; the spec's named arms (op.arms) take NAMED_COLORS in order
+ARM_COLORS = {"table": "#1864ab", "torch eager": "#868e96", "torch.compile": "#e8590c", "triton": "#2b8a3e",
+              "copy": "#adb5bd"}
+NAMED_COLORS = ("#9c36b5", "#c2255c", "#1098ad", "#f59f00", "#5c940d", "#364fc7", "#d6336c", "#0b7285")
+
+
+def arm_colors(names) -> dict[str, str]:
+    """A colour per arm: the built-in arms keep theirs, each named arm (op.arms) the next of NAMED_COLORS."""
+    named = [n for n in dict.fromkeys(names) if n not in ARM_COLORS]
+    return {**ARM_COLORS, **{n: NAMED_COLORS[i % len(NAMED_COLORS)] for i, n in enumerate(named)}}
+
+
 def plot_speedups(data, rows) -> str | None:
     if not rows:
         return None
+    from .compare import ARMS
+
     plt = _plt()
     arms = [k for k in rows[0] if k.startswith("vs ") and not k.endswith(" range")]
+    # the built-in arms and the run's baseline first, in matplotlib's colours as before; then op.arms'
+    builtin = [k for k in arms if k[3:] in ARMS or k == "vs run baseline"]
+    named = [k for k in arms if k not in builtin]
+    arms = builtin + named
+    colors = {**{k: f"C{j}" for j, k in enumerate(builtin)}, **{k: arm_colors(n[3:] for n in named)[k[3:]]
+                                                                 for k in named}}
     fig, ax = plt.subplots(figsize=(11, 3.4))
     width = 0.8 / max(1, len(arms))
     for j, arm in enumerate(arms):
@@ -139,7 +159,8 @@ def plot_speedups(data, rows) -> str | None:
         # error bars: the lowest and highest ratio over pipe compare's paired rounds
         rg = [r.get(f"{arm} range") or (v, v) for r, v in zip(rows, vals)]
         err = [[max(0.0, v - lo) for v, (lo, _) in zip(vals, rg)], [max(0.0, hi - v) for v, (_, hi) in zip(vals, rg)]]
-        ax.bar([i + j * width for i in range(len(rows))], vals, width, label=arm, yerr=err, capsize=3)
+        ax.bar([i + j * width for i in range(len(rows))], vals, width, label=arm, yerr=err, capsize=3,
+               color=colors[arm])
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(rows))], [r["shape"] for r in rows])
     ax.set_ylabel("speedup of the tuned kernel")
@@ -289,8 +310,11 @@ def plot_curve(data) -> str | None:
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
     big = max(r["bytes"] for r in rows)
-    arms = [("table", "#1864ab")] + [(a, c) for a, c in (("torch eager", "#868e96"), ("torch.compile", "#e8590c"),
-                                                          ("triton", "#2b8a3e"), ("copy", "#adb5bd"))]
+    from .compare import extra_arms
+
+    named = extra_arms(r["arms"] for r in rows)  # op.arms: a line each, in a colour of its own
+    colors = arm_colors(named)
+    arms = [(a, colors[a]) for a in ("table", "torch eager", "torch.compile", "triton", *named, "copy")]
     for name, color in arms:
         for small in (False, True):
             pts = []
@@ -323,19 +347,29 @@ def plot_curve(data) -> str | None:
 
 def curve_rows(data) -> list[dict]:
     """pipe compare's regret table at the secret points, as rows."""
+    from .compare import extra_arms
+
     out = []
-    for r in (data["compare"] or {}).get("curve") or []:
+    curve = (data["compare"] or {}).get("curve") or []
+    named = extra_arms(r["arms"] for r in curve)
+    for r in curve:
         a = r["arms"]
 
         def us(x):
             return f"{x * 1e6:.2f}" if x else "-"
+
+        def arm_us(n):  # a wrong arm, or one unavailable here, has no time that counts
+            d = a.get(n) or {}
+            if d.get("error"):
+                return "n/a" if d["error"].startswith("unavailable") else "wrong"
+            return us(d.get("time_s"))
 
         out.append({"shape": "x".join(str(v) for v in r["shape"].values()), "table uses": r["use"],
                     "table us": us(r["table_s"]), "TB/s": f"{(r.get('bytes_per_s') or 0) / 1e12:.2f}",
                     "of copy": f"{(r.get('copy_fraction') or 0):.0%}",
                     "eager us": us((a.get("torch eager") or {}).get("time_s")),
                     "compile us": us((a.get("torch.compile") or {}).get("time_s")),
-                    "triton us": us((a.get("triton") or {}).get("time_s")),
+                    "triton us": arm_us("triton"), **{f"{n} us": arm_us(n) for n in named},
                     "regret": f"{(r.get('regret') or 0):+.1%}", "best arm": r.get("best_arm") or "-"})
     return out
 

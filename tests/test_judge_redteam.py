@@ -17,13 +17,19 @@ it; what it does in the timed calls is the cheat:
 - retime_cache: honest in `evaluate`, the fingerprint cache in the re-timing that
   decides a keep (told apart by the guard poison in the re-timing's fresh buffers);
 - deferred_thread: hands the work to a std::thread and returns, joining it at the
-  next call (work left for later; the CPU backend times by wall clock).
+  next call (work left for later; the CPU backend times by wall clock);
+- pool_thread: a thread kept between calls does the rows, and the call returns with the
+  last row left to it (done before any sample could look).
+
+joined_threads is honest: threads started and joined inside the call.
 
 The defences: every timed call's output is sampled at secret positions right after it
 returns (outside the timed region) and checked against its value set's reference; the
 last timed call of every timed loop (evaluate, re-timing, compare) gets inputs with a
 few elements swapped within their rows at secret positions, so no remembered output is
-right for it. See docs/judge.md.
+right for it; after every call of the kernel the judge lists the process's threads, and
+one of the kernel's still alive (not exiting) is work outside the call (judge/threads.py).
+See docs/judge.md.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ TEMPLATE = r"""// Red-team kernel: RMSNorm with a HACK switch.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <atomic>
 #include <thread>
 
 namespace {
@@ -92,6 +99,27 @@ void remember(const float* x, const float* out, int64_t n) {
 std::thread pending;
 bool retiming = false;
 
+// pool_thread: one thread kept from call to call, spinning for work
+struct Job { const float* x; const float* w; float* out; int64_t M, N; float eps; };
+Job job;
+std::atomic<int64_t> posted{0}, served{0}, progress{0};
+std::thread* helper = nullptr;
+
+void serve() {
+  int64_t seen = 0;
+  for (;;) {
+    int64_t p;
+    while ((p = posted.load(std::memory_order_acquire)) == seen) {}
+    seen = p;
+    for (int64_t r = 0; r < job.M; ++r) {
+      rows(job.x, job.w, job.out, r, r + 1, job.N, job.eps);
+      if (r == 0) last_written = job.out[0];
+      progress.store(r + 1, std::memory_order_release);
+    }
+    served.store(seen, std::memory_order_release);
+  }
+}
+
 }  // namespace
 
 extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
@@ -128,6 +156,28 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
     return;
   }
   pending = std::thread([=] { rows(x, w, out, 0, M, N, eps); last_written = out[0]; });
+{% elif HACK == "pool_thread" %}
+  while (served.load(std::memory_order_acquire) != posted.load(std::memory_order_relaxed)) {}  // the last call's work ends
+  if (!own_output(out)) {
+    rows(x, w, out, 0, M, N, eps);
+    last_written = out[0];
+    return;
+  }
+  if (!helper) helper = new std::thread(serve);  // kept, never joined
+  job = Job{x, w, out, M, N, eps};
+  progress.store(0, std::memory_order_relaxed);
+  posted.fetch_add(1, std::memory_order_release);
+  // return with the last row still to do: it is written well before any sample is taken
+  while (progress.load(std::memory_order_acquire) < M - 1) {}
+{% elif HACK == "joined_threads" %}
+  std::thread team[3];  // honest: threads started and joined inside the call
+  const int64_t chunk = (M + 3) / 4;
+  for (int t = 1; t < 4; ++t) {
+    const int64_t r0 = t * chunk < M ? t * chunk : M, r1 = r0 + chunk < M ? r0 + chunk : M;
+    team[t - 1] = std::thread(rows, x, w, out, r0, r1, N, eps);
+  }
+  rows(x, w, out, 0, chunk < M ? chunk : M, N, eps);
+  for (auto& th : team) th.join();
 {% elif HACK == "slowed" %}
   rows(x, w, out, 0, M, N, eps);
   volatile int64_t sink = 0;
@@ -137,7 +187,7 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
 """
 
 HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache", "retime_cache",
-         "deferred_thread", "slowed"]
+         "deferred_thread", "pool_thread", "joined_threads", "slowed"]
 
 def spec(template: Path) -> str:
     return rmsnorm_hack_spec("judge-redteam", "RMSNorm with a HACK switch, for the red-team tests.",
@@ -183,13 +233,37 @@ def test_fingerprint_cache_is_caught(bench):
         assert "timed call" in t.reason, t.reason
 
 
+def outside_the_call(t) -> bool:
+    """The verdict on work done outside the timed call, whichever defence saw it first: the
+    thread census (a kernel's thread alive after the call) or the per-call samples."""
+    return t.status == "wrong" and ("work outside the timed call" in t.reason or "left for later" in t.reason)
+
+
 def test_deferred_work_is_caught(bench):
-    """Work handed to a thread that outlives the call: the sample taken as the call
-    returns (every timed call's) finds the previous output."""
-    for _ in range(2):
+    """Work handed to a thread that outlives the call. The per-call samples alone missed
+    every timed call now and then (a thread on the second core done before the sample):
+    the thread census after every call sees the thread alive."""
+    for _ in range(3):
         t = bench.run("deferred_thread")
-        assert t.status == "wrong", explain(t)
-        assert "timed call" in t.reason, t.reason
+        assert outside_the_call(t), explain(t)
+
+
+def test_kept_thread_finishing_after_return_is_caught(bench):
+    """A thread kept from call to call does the rows; the call returns with the last row
+    still to do, written long before any sample: the samples and the salted call see right
+    answers (the judge before the census passed it every time). The census sees the thread."""
+    for _ in range(3):
+        t = bench.run("pool_thread")
+        assert outside_the_call(t), explain(t)
+        assert "still running after" in t.reason, t.reason
+
+
+def test_threads_joined_inside_the_call_pass(bench):
+    """The census's other side: a kernel that starts threads and joins them before it
+    returns is honest, however soon after the join the judge looks."""
+    for _ in range(3):
+        t = bench.run("joined_threads")
+        assert t.status == "ok", explain(t)
 
 
 def test_cache_only_in_the_retiming_is_caught(bench):

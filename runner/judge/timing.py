@@ -44,7 +44,8 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
           min_reps: int = 5, max_reps: int = 2000,
           checks: Sequence[tuple[float, Callable[[], None]]] = (), probe: int = 3,
           after: Callable[[], None] | None = None,
-          plan: Callable[[int, int], None] | None = None) -> list[float]:
+          plan: Callable[[int, int], None] | None = None,
+          guard: Callable[[], None] | None = None) -> list[float]:
     """Per-call times in seconds.
 
     `before` runs ahead of every timed call, outside the timed region (new input
@@ -55,6 +56,8 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
     included. `after` runs right after every timed call, outside the timed region (the
     judge samples each call's output there); `plan(reps, probe)` is told how many timed
     calls there will be once the probe has run (the judge salts the last one's inputs).
+    `guard` runs right after every call, warm-up ones included, before anything else
+    (the judge's thread census: no thread of the kernel may outlive a call).
     The first `probe` timed calls measure what one repetition costs (the fastest of them; for
     a 150 us kernel behind a 256 MiB input refresh and an L2 flush, about 1 ms, where
     the kernel alone would have suggested 7 times more repetitions than the budget
@@ -69,13 +72,18 @@ def bench(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float, 
     while n < 2 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
         call()
         sync()
+        if guard is not None:
+            guard()
         n += 1
     times: list[float] = []
 
     def one() -> None:
         if before is not None:
             before()
-        times.append(timer(call, sync))
+        t = timer(call, sync)
+        if guard is not None:
+            guard()
+        times.append(t)
         if after is not None:
             after()
 

@@ -51,6 +51,28 @@ class Judge:
         self.kinds = [self._kind(a) for a in spec.kernel.args]
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
+        # CPU: no thread of a kernel may outlive its call (judge/threads.py)
+        self.census = None
+        if spec.kernel.backend == "cpu":
+            from .threads import Census
+
+            self.census = Census()
+
+    def _guard(self) -> None:
+        """Right after a call of candidate code returns: the thread census (CPU backend)."""
+        if self.census is not None:
+            self.census.check()
+
+    def _outlived(self) -> str | None:
+        """What the census found since it was last asked (None on other backends)."""
+        return self.census.take() if self.census is not None else None
+
+    def own_threads(self) -> None:
+        """Start torch's CPU thread pool now (a parallel op) and take the threads alive as the
+        judge's own: called where no candidate code has run yet."""
+        if self.census is not None:
+            self.torch.ones(1 << 20).add_(1)
+            self.census.rebase()
 
     def _kind(self, name: str) -> str:
         if name in self.tensor_names:
@@ -173,7 +195,7 @@ class Judge:
         return fresh, None
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
-               second_check: float | None = None, after=None) -> list[float]:
+               second_check: float | None = None, after=None, guard=None) -> list[float]:
         from .timing import bench
 
         rt = self.spec.runtime
@@ -185,7 +207,7 @@ class Judge:
             checks.append((second_check, check_at[1]))
         return bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
                      before=before, timer=self.rt.timer, checks=checks, min_reps=10, after=after,
-                     plan=getattr(refresh, "plan", None))
+                     plan=getattr(refresh, "plan", None), guard=guard)
 
     # -- requests --------------------------------------------------------------
     def evaluate(self, job: dict) -> dict:
@@ -237,10 +259,14 @@ class Judge:
                         o.put(d[which])
                     self.rt.sync()
                     run()
+                    self._guard()
                     taken.append(self._snap(outs))
                 pristine, changed = self._unchanged(shape, made, inputs)
                 if changed and not self.op.in_place:
                     return {"status": "wrong", "reason": f"{label}: input '{changed}' was modified by the kernel"}
+                outlived = self._outlived()
+                if outlived:
+                    return {"status": "wrong", "reason": f"{label}, check {r}: {outlived}"}
                 refs = self._reference(pristine)
                 for which in (0, 1):
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
@@ -301,10 +327,10 @@ class Judge:
         self.rt.walls = []
         t1 = clock()
         times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
-                            after=sample)
+                            after=sample, guard=self._guard)
         phases["time_setup_s"] += t1 - t0
         phases["time_loop_s"] += clock() - t1 - checking[0]
-        late = self._late(times)
+        late = self._late(times) or self._outlived()
         if late:
             return late, times
         check()
@@ -315,8 +341,12 @@ class Judge:
             # other set, is checked too.
             refresh()
             run()
+            self._guard()
             sample()
             check()
+            outlived = self._outlived()
+            if outlived:
+                return outlived, times
         # no candidate code runs from here on: the answers can be worked out
         c0 = clock()
         cur, live_salt = state["cur"], state["salt"]
@@ -490,9 +520,16 @@ class Judge:
                 order.reverse()
             for si in range(len(which)):
                 for j in order:
-                    ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si])
-                    row[j][si] = _mid(ts)
                     outs_row, _, state = checkers[si]
+                    cand = outs_row[j] is not None  # a candidate's calls, not the baseline's torch arm
+                    ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si],
+                                     guard=self._guard if cand else None)
+                    outlived = self._outlived() if cand else None
+                    if outlived:
+                        return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}, round {r}: {outlived}"}
+                    if not cand and self.census is not None:
+                        self.census.rebase()  # threads torch started are the judge's
+                    row[j][si] = _mid(ts)
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
                         taken.append((si, j, r, state["cur"], state["salt"],
                                       self._snap(outs_row[j], guards=False)))
@@ -534,6 +571,7 @@ class Judge:
                     call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"], mode=mode)
                     self.rt.sync()
                     call()
+                    self._guard()
                     taken.append((name, "", state["cur"], state["salt"], self._snap(outs)))
                 except Exception as e:
                     if not self.rt.healthy():
@@ -541,7 +579,7 @@ class Judge:
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
                     continue
                 mode = getattr(call, "mode", mode)
-                errors[name] = None
+                errors[name] = self._outlived()  # None unless its threads outlived the call
                 calls[name], outs_of[name] = call, outs
             for name, f in others.items():
                 try:
@@ -556,6 +594,8 @@ class Judge:
                     if not self.rt.healthy():
                         raise
                     errors[name] = f"unavailable: {type(e).__name__}: {e}"[:400]
+            if self.census is not None:
+                self.census.rebase()  # threads torch's arms started are the judge's
             if job.get("copy", True):
                 nbytes = int(self.op.bytes(self.op.shape_env(shape)))
                 src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)
@@ -569,8 +609,14 @@ class Judge:
                     # one protocol for every arm: new input values and the L2 flush queued
                     # ahead of each call (which also keeps the device busy while the host
                     # launches, so no arm's host overhead lands between its events)
-                    ts = self._bench(calls[name], refresh=refresh)
+                    cand = name in outs_of
+                    ts = self._bench(calls[name], refresh=refresh, guard=self._guard if cand else None)
                     times[name].append(_mid(ts))
+                    outlived = self._outlived() if cand else None
+                    if outlived and errors.get(name) is None:
+                        errors[name] = outlived
+                    if not cand and self.census is not None:
+                        self.census.rebase()  # threads torch started are the judge's
                     if name in outs_of:
                         taken.append((name, "after timing: ", state["cur"], state["salt"],
                                       self._snap(outs_of[name], guards=False)))
@@ -850,6 +896,23 @@ def _die_with_parent() -> None:
         pass
 
 
+def _stray_threads(judge, result: dict) -> dict:
+    """After a request (CPU backend): a thread of a kernel still alive, seen by a call's census or
+    only now, makes an `ok` verdict `wrong`, and the reply fatal: the runner restarts the worker,
+    and the thread dies with this process."""
+    census = getattr(judge, "census", None)
+    if census is None:
+        return result
+    census.check("its call")
+    why = census.take()
+    if not census.convicted and not why:
+        return result
+    if result.get("status") == "ok":
+        result = {"status": "wrong", "reason": why or "a thread a kernel started outlived its call "
+                  "(work outside the timed call)"}
+    return {**result, "fatal": True}
+
+
 def _capped(done: dict, judge) -> dict:
     """The log cap's figures for a reply, with the device printf FIFO's size where it was set."""
     fifo = getattr(judge.rt, "printf_fifo", None)
@@ -901,7 +964,10 @@ def worker_main(conn, spec, log_path: str) -> None:
                     judge.warm_torch(True)
             except Exception:
                 traceback.print_exc()
+            judge.own_threads()  # torch's pool started: the threads alive are the judge's
             sandboxed = install()  # native candidate code runs from here on
+        if judge.census is not None and kind in ("evaluate", "retime", "compare"):
+            judge.census.rebase()  # a kernel's thread seen alive never joins these (`convicted`)
         log.start()
         try:
             if prof is not None:
@@ -921,6 +987,7 @@ def worker_main(conn, spec, log_path: str) -> None:
             mode_broken = judge.rt.mode_changed() if hasattr(judge.rt, "mode_changed") else None
             if mode_broken and result.get("status") == "ok":
                 result = {"status": "forbidden", "reason": f"the runtime mode changed during the trial: {mode_broken}"}
+            result = _stray_threads(judge, result)
         except Exception as e:
             traceback.print_exc()
             result = {"status": "error", "reason": f"{type(e).__name__}: {e}"}

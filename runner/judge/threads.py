@@ -1,0 +1,100 @@
+"""Work that outlives the call (CPU backend): a thread census after every candidate call.
+
+The CPU backend times a call by wall clock on the calling thread, so any work a kernel
+leaves running when it returns is work the timer never sees: a thread handed the rows
+and joined at the next call, a thread that finishes a moment after the return, a pool
+of threads kept from an earlier call that goes on working between calls. The sandbox
+(judge/sandbox.py) already leaves threads as the only way to run code outside the call:
+no fork, no other process, no signal timers.
+
+The rule: outside a call of the candidate, the worker runs no thread the judge did not
+start. A kernel may start threads inside a call; it must have joined them before it
+returns. After every call of candidate code (checked, warm-up, timed: outside the timed
+region, the first thing after the call returns) the judge lists /proc/self/task (about
+5 us); a thread that is not one of the judge's own (`base`: the main thread, the log
+thread, torch's pool, listed before the request's first candidate call) and that is not
+already exiting is a thread of the kernel still alive after the call: the verdict is
+`wrong`, and the worker is restarted afterwards so that the thread dies with it.
+
+A joined thread may still be listed for a few microseconds after the join returns (the
+kernel clears its thread id, which wakes the joiner, before it finishes exiting): the
+kernel marks it PF_EXITING before that, and such a thread runs no more user code, so it
+is let through. What a listing cannot see is a thread that does its last work in the
+microseconds between the return and the listing and has exited by then: the work moved
+out of the timed region is at most that gap (`gap_s`, a few microseconds), and the
+thread had to be started inside the call to do it (tens of microseconds of the timed
+call). A thread kept between calls is always listed.
+"""
+
+from __future__ import annotations
+
+import os
+
+TASK = "/proc/self/task"
+PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join can return
+
+
+def _exiting(tid: str) -> bool:
+    """True if the thread is exiting or already gone (it runs no more user code)."""
+    try:
+        with open(f"{TASK}/{tid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # gone between the listing and now
+    # fields after the command (which may hold spaces and parentheses): state is field 3, flags 9
+    rest = stat[stat.rindex(b")") + 2:].split()
+    return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & PF_EXITING)
+
+
+def _names(tids: list[str]) -> str:
+    """'tid name, ...' for a reason (the names are the threads' own: a diagnostic, nothing more)."""
+    out = []
+    for t in tids[:4]:
+        try:
+            with open(f"{TASK}/{t}/comm", "rb") as f:
+                out.append(f"{t} {f.read().strip().decode(errors='replace')[:16]!r}")
+        except OSError:
+            out.append(t)
+    return ", ".join(out) + (", ..." if len(tids) > 4 else "")
+
+
+class Census:
+    """The judge's own threads, and a check after candidate calls that no other is alive."""
+
+    def __init__(self):
+        self.enabled = os.path.isdir(TASK)
+        self.base: set[str] = set()
+        self.convicted: set[str] = set()  # kernel threads seen alive: never taken into `base`
+        self.why: str | None = None
+        self.rebase()
+
+    def rebase(self) -> None:
+        """Take the threads alive now as the judge's own (at a point where no candidate thread
+        can be alive unseen: before a request's first candidate call, after a torch arm)."""
+        if self.enabled:
+            self.base = set(os.listdir(TASK)) - self.convicted
+
+    def strays(self) -> list[str]:
+        """Threads alive now that are neither the judge's nor exiting."""
+        if not self.enabled:
+            return []
+        extra = set(os.listdir(TASK)) - self.base
+        return sorted(t for t in extra if not _exiting(t)) if extra else []
+
+    def check(self, what: str = "the call") -> str | None:
+        """Right after a call of candidate code returns: the first finding, also kept in `why`."""
+        if not self.enabled:
+            return None
+        stray = self.strays()
+        if stray:
+            self.convicted.update(stray)
+            if self.why is None:
+                self.why = (f"{len(stray)} thread(s) the kernel started ({_names(stray)}) were still running "
+                            f"after {what} returned: work outside the timed call (a kernel must join its "
+                            "threads before it returns)")
+        return self.why
+
+    def take(self) -> str | None:
+        """The finding since the last take (None if none), cleared."""
+        why, self.why = self.why, None
+        return why

@@ -394,12 +394,12 @@ class Judge:
             self._compiled = self.torch.compile(self.reference, dynamic=bool(self.op.domain))
         return self._compiled
 
-    def warm_torch(self, compile_: bool, triton: str | None = None, shapes=None, arms: dict | None = None) -> None:
+    def warm_torch(self, compile_: bool, shapes=None, arms: dict | None = None) -> None:
         """Run the torch arms that compile (torch.compile, a Triton kernel, the spec's named
         arms) once on every shape before a CPU worker's sandbox goes on: Dynamo and Inductor
         write their caches and start the host compiler on the first call of each shape, which
         the sandbox forbids."""
-        arms = self._other_arms(compile_, triton, arms)[0]
+        arms = self._other_arms(compile_, arms)[0]
         for si, shape in enumerate(shapes or self.op.shapes):
             inputs = self._inputs(shape, _seed("warm", si), 0)
             for name, f in arms.items():
@@ -410,11 +410,11 @@ class Judge:
                 except Exception:  # the arm reports its own error when compared
                     pass
 
-    def _other_arms(self, compile_: bool, triton: str | None, arms: dict | None = None) -> tuple[dict, dict]:
+    def _other_arms(self, compile_: bool, arms: dict | None = None) -> tuple[dict, dict]:
         """The torch arms of pipe compare, built once per worker: {name: fn}, {name: note}.
-        The user's arms (`triton`, named "triton", then `arms`: name -> "module:function")
-        that do not import are left out, their reason noted."""
-        user = {**({"triton": triton} if triton else {}), **(arms or {})}
+        The user's arms (`arms`: name -> "module:function", op.triton's named "triton",
+        OpSpec.compare_arms) that do not import are left out, their reason noted."""
+        user = dict(arms or {})
         key = (bool(compile_), tuple(user.items()))
         cache = self.__dict__.setdefault("_arms", {})
         if key in cache:
@@ -553,7 +553,7 @@ class Judge:
         from .verify import compare as close_enough
 
         torch = self.torch
-        others, notes = self._other_arms(job.get("compile"), job.get("triton"), job.get("arms"))
+        others, notes = self._other_arms(job.get("compile"), job.get("arms"))
         others, notes = dict(others), dict(notes)
         if not job.get("eager", True):
             others.pop("torch eager")
@@ -959,7 +959,7 @@ def worker_main(conn, spec, log_path: str) -> None:
             try:
                 if kind == "compare":  # a job may name what to warm: the arms and shapes of later jobs
                     w = args[0].get("warm") or args[0]
-                    judge.warm_torch(w.get("compile"), w.get("triton"), w.get("shapes"), w.get("arms"))
+                    judge.warm_torch(w.get("compile"), w.get("shapes"), w.get("arms"))
                 elif spec.baseline == "compile":
                     judge.warm_torch(True)
             except Exception:

@@ -33,8 +33,9 @@ from ..core import figures
 from ..core.errors import ExprError, PipeError
 from ..build.render import RenderError
 from ..core.figures import shape_label
+from ..spec.spec import BUILTIN_ARMS
 
-ARMS = ("torch eager", "torch.compile", "triton", "copy")  # the built-in arms; op.arms adds named ones
+ARMS = BUILTIN_ARMS  # the built-in arms; op.arms adds named ones
 
 
 def arm_order(user: dict | None) -> list[str]:
@@ -108,7 +109,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
         built[t.id] = (arts, builder.geometry(t.params))
     user = spec.op.compare_arms(triton, arms)
     job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": torch_compile,
-           "triton": None, "arms": user,
+           "arms": user,
            "candidates": [[{"label": f"#{t.id}", "trial": t.id, "artifact": built[t.id][0][i],
                             "geometry": built[t.id][1][i]} for t in row] for i, row in enumerate(cands)]}
     worker = Worker(spec, str(run_dir / "compare-worker.log"))
@@ -176,7 +177,7 @@ def _held_out(spec, builder, history, doc: dict, base, worker, rounds: int, time
     by_id = {t.id: t for t in history}
     kernels = sorted({row["trial"] for row in table if row["use"] == "kernel"})
     held = list(spec.op.held_out_shapes)
-    job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": False, "triton": None,
+    job = {"seed": secrets.randbits(48), "rounds": rounds, "eager": True, "compile": False,
            "copy": False, "shapes": held, "candidates": []}
     for shape in held:
         row = []

@@ -46,11 +46,6 @@ def _geo_mid(a: int, b: int) -> int:
     return int(round(math.sqrt(a * b)))
 
 
-def point_shape(spec, axes_env: dict, level: int = 0) -> dict:
-    """A full shape from values of the range axes: the other symbols from their `tune` (at a level)."""
-    return spec.op.point(axes_env, level)
-
-
 class Prober:
     """Times kernels and torch at shapes through the worker's compare request: the kernels
     are compiled once per trial (one binary serves every size)."""
@@ -94,7 +89,7 @@ class Prober:
                 row.append({"label": f"#{tid}", "trial": tid, "artifact": self.artifact(tid), "geometry": geo})
             cands.append(row)
         job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes,
-               "compile": others and self.arms["compile"], "triton": None,
+               "compile": others and self.arms["compile"],
                "arms": self.arms.get("arms") or {} if others else {},
                "copy": others,
                "candidates": cands}
@@ -187,7 +182,7 @@ def _neighbour_lists(points: list[dict]) -> None:
         p["list"] = list(dict.fromkeys(p["use"] + extra))
 
 
-def _bisect(spec, lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prober, refine: int,
+def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prober, refine: int,
             log, label: str) -> int:
     """The cut between two neighbouring points' choices on one symbol: values <= lo go to a,
     >= hi to b. Where their first choices differ, the two contenders (a kernel or the fallback)
@@ -243,7 +238,7 @@ def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prob
         rows = []
         for a, b in zip(levels, levels[1:]):
             va, vb = a["shape"][sym], b["shape"][sym]
-            cut = _bisect(spec, va, vb, lambda v: {**r["point"], sym: v}, a["list"], b["list"], prober, refine,
+            cut = _bisect(va, vb, lambda v: {**r["point"], sym: v}, a["list"], b["list"], prober, refine,
                           log, f"{'x'.join(str(v) for v in key.values())} {sym}")
             rows.append({"below": max(cut, va + 1), "point": a["shape"], "use": a["list"], "times_s": a["times_s"],
                          "eager_s": a["eager_s"]})
@@ -260,7 +255,7 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
     for a, b in zip(grid, grid[1:]):
         va, vb = a["shape"][axis], b["shape"][axis]
         if a["use"][:1] != b["use"][:1]:
-            cut = _bisect(spec, va, vb, lambda v: point_shape(spec, {axis: v}), a["list"], b["list"], prober,
+            cut = _bisect(va, vb, lambda v: spec.op.point({axis: v}), a["list"], b["list"], prober,
                           refine, log, axis)
         else:
             cut = _geo_mid(va, vb)
@@ -324,7 +319,7 @@ def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
             if rng.random() < 0.5:
                 v |= 1
             env[a] = min(max(v, d.min), d.max)
-        shape = point_shape(spec, env)
+        shape = spec.op.point(env)
         if len(out) % 4 == 3:
             for s in op.symbols:
                 d = op.domain[s]

@@ -36,7 +36,8 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1
                "int32": 4, "int64": 8, "bool": 1}
 # the arms pipe compare names itself (and "table", the range curve's line for the dispatch
 # table): op.arms may not take these names
-RESERVED_ARMS = ("torch eager", "torch.compile", "triton", "copy", "table")
+BUILTIN_ARMS = ("torch eager", "torch.compile", "triton", "copy")
+RESERVED_ARMS = (*BUILTIN_ARMS, "table")
 DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
                "fp64": (1e-10, 1e-10)}
 INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}

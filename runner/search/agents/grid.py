@@ -44,17 +44,17 @@ class Grid:
         self.order = options.get("order", "space")
         self._list: list[Config] | None = None
 
-    def _configs(self) -> list[Config]:
+    def _spread(self) -> list[Config]:
         if self._list is None:
             cfgs = list(self.space)
-            self._list = [cfgs[i] for i in spread(len(cfgs))] if self.order == "spread" else cfgs
+            self._list = [cfgs[i] for i in spread(len(cfgs))]
         return self._list
 
     def propose(self, history: Sequence[Seen], n: int) -> list[Config]:
         # from the first point every time (no cursor): the same history, the same answer
         seen = {config_key(h.params) for h in history}
         out: list[Config] = []
-        for cfg in (self._configs() if self.order == "spread" else self.space):
+        for cfg in (self._spread() if self.order == "spread" else self.space):
             if config_key(cfg) not in seen:
                 out.append(cfg)
                 if len(out) == n:

@@ -18,7 +18,6 @@ now, next to an honest control that must pass:
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import pytest
@@ -214,20 +213,33 @@ def test_decoys_are_plausible_and_rarely_pass():
 
 # -- class 3: the reference is not in memory while the candidate runs ---------------------------------
 
+_SCAN_CONTROL = """
+import ctypes, sys, torch
+fn = ctypes.CDLL(sys.argv[1]).softmax_cpu
+fn.restype = None
+fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+x = torch.randn(4, 262144)
+y = torch.zeros_like(x)
+fn(x.data_ptr(), y.data_ptr(), 4, 262144)
+assert bool((y == 0).all())  # no answer in memory: nothing to copy
+ref = torch.softmax(x.double(), -1)
+fn(x.data_ptr(), y.data_ptr(), 4, 262144)
+assert torch.equal(y, ref.float()), "the scan did not find the reference"
+"""
+
+
 def test_memory_scan_finds_a_float64_answer_when_one_exists(softmax):
-    """Control: in this process, with the answer allocated as the judge used to, the scanning
-    kernel finds it and copies it (so the attack is real)."""
-    lib = ctypes.CDLL(softmax.build_unchecked("steal_reference")[0])
-    fn = lib.softmax_cpu
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    x = torch.randn(4, 262144)
-    y = torch.zeros_like(x)
-    fn(x.data_ptr(), y.data_ptr(), 4, 262144)
-    assert bool((y == 0).all())  # no answer in memory: nothing to copy
-    ref = torch.softmax(x.double(), -1)
-    fn(x.data_ptr(), y.data_ptr(), 4, 262144)
-    assert torch.equal(y, ref.float()), "the scan did not find the reference"
+    """Control: in a process of its own, with the answer allocated as the judge used to, the
+    scanning kernel finds it and copies it (so the attack is real). A process of its own: the
+    control failed once in a clean-clone .ci/run, inside a test process that had run many
+    other tests; the kernel reads at most 1 MiB of /proc/self/maps and 8192 mappings, which
+    such a process may exceed (the cause is not confirmed)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _SCAN_CONTROL, softmax.build_unchecked("steal_reference")[0]],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_memory_scan_finds_no_reference_in_the_judge(softmax):

@@ -216,7 +216,8 @@ def main() -> int:
                     except ExprError as e:
                         raise SystemExit(f"--grid {gexpr[1]}: {e}")
                 info[label].setdefault("geometry", {})[m] = geo
-                call = rt.prepare(kern, judge._values(shape, ins, outs), geo, mode="direct")
+                ws = judge._workspace(geo)  # kernel.scratch, zeroed (kept alive with the call)
+                call = rt.prepare(kern, judge._values(shape, ins, outs, ws), geo, mode="direct")
                 if v == "real":  # the real kernel must be the op before its time means anything
                     for o in outs:
                         o.fill(0)

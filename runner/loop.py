@@ -374,6 +374,11 @@ def brief(spec) -> dict:
         "space": {"params": {p.name: list(p.values) for p in spec.space.params},
                   "constraints": [c.text for c in spec.space.constraints]},
         "template": spec.kernel.template,
+        # kernel.scratch: workspaces the runner passes (zero before the first call; the kernel
+        # must leave them zero after every call, checked as its outputs are)
+        **({"scratch": {s.name: {"shape": [d.text for d in s.shape], "dtype": s.dtype,
+                                 "rule": "zero when the kernel is called; the kernel must leave it zero"}
+                        for s in spec.kernel.scratch}} if spec.kernel.scratch else {}),
         "goal": spec.goal.describe(),
         "budget": {"trials": spec.goal.trials, "minutes": spec.goal.minutes},
     }

@@ -331,6 +331,8 @@ class Gpu:
         self.torch = torch
         self.r = r
         self.op = r.spec.op
+        if r.spec.kernel.scratch:  # the judge's worker allocates and checks them; this tool does not
+            raise SystemExit(f"{r.spec.name}: kernel.scratch is not supported by this tool; use pipe eval")
         self.rt = cuda.Runtime(r.spec.hw, r.spec.runtime)
         self.reference = load_callable(self.op.reference, r.spec.home)
         self.scalars = {s.name: s.value for s in self.op.scalars}

@@ -96,6 +96,9 @@ class Builder:
                 for shape in (self.spec.op.all_shapes if shapes is None else shapes)]
 
     def geometry(self, params: dict, shapes=None) -> list[dict]:
+        """Per shape, the launch: grid, block, dynamic shared memory, cluster where the spec has
+        one, and with kernel.scratch each buffer's shape (`scratch`: name -> dims), all worked
+        out from the parameters, the shape and the derived values."""
         k = self.spec.kernel
         out = []
         for shape in (self.spec.op.all_shapes if shapes is None else shapes):
@@ -105,6 +108,8 @@ class Builder:
                    "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0}
             if k.cluster:
                 geo["cluster"] = [int(e(env)) for e in k.cluster]
+            if k.scratch:  # the runner's workspaces: part of the launch (and of the binary key)
+                geo["scratch"] = k.scratch_shapes(env)
             out.append(geo)
         return out
 

@@ -2,7 +2,9 @@
 
 Each output lives in the middle of a larger buffer. The rest (the guard bands)
 is filled once with a sentinel and must still hold it bit for bit after every
-checked call: a kernel that writes out of bounds is caught.
+checked call: a kernel that writes out of bounds is caught. A kernel's scratch
+buffers (kernel.scratch, `Scratch`) live in guard bands the same way; they are
+zeroed once, when allocated, and must be zero again after every checked call.
 
 Before a checked call the output holds a plausible wrong answer, never NaN
 poison a kernel could test for: in verification a *decoy* (the reference's
@@ -71,6 +73,8 @@ def _poison(dtype: torch.dtype):
     if dtype == torch.bool:
         return True
     info = torch.iinfo(dtype)
+    if info.min == 0:  # unsigned (uint8): the sentinel's low bits, never 0, which a kernel writes most often
+        return INT_GUARD_POISON % (info.max + 1)
     return max(info.min, min(info.max, INT_GUARD_POISON))
 
 
@@ -80,6 +84,67 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> Poisone
         numel *= d
     buf = torch.full((numel + 2 * GUARD,), _poison(dtype), dtype=dtype, device=device)
     return Poisoned(buf, buf[GUARD:GUARD + numel].view(shape), numel)
+
+
+@dataclass
+class Scratch:
+    """A kernel's scratch buffer (kernel.scratch), owned by the judge: allocated for one
+    configuration on one shape, inside guard bands that hold the outputs' sentinel, and
+    zeroed once, at allocation (never the allocator's leftovers, which could be a freed
+    reference). The judge never zeroes it again: the kernel must leave it zero after every
+    call, and after every checked call `problem` says whether it did (bit for bit: -0.0 and
+    NaN are not zero) and whether the guards still hold."""
+    name: str
+    mem: Poisoned
+
+    @property
+    def view(self) -> torch.Tensor:
+        return self.mem.view
+
+    @property
+    def numel(self) -> int:
+        return self.mem.numel
+
+    @property
+    def ptr(self) -> int:
+        return self.mem.view.data_ptr()
+
+    def problem(self) -> str | None:
+        """Why the buffer breaks the rule now (guard band changed, an element not zero), or None."""
+        if not self.mem.guards_intact():
+            return f"scratch '{self.name}': wrote outside its bounds (guard band changed)"
+        found = first_nonzero(self.mem.view)
+        if found is None:
+            return None
+        n, i, what = found
+        return (f"scratch '{self.name}' is not zero after the call: {n} of {self.numel} elements are not zero "
+                f"(first at flat index {i}: {what}); a kernel must leave its scratch buffers zero")
+
+
+def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> Scratch:
+    """A zeroed scratch buffer inside guard bands (see Scratch)."""
+    mem = poisoned(shape, dtype, device)
+    mem.view.zero_()
+    return Scratch(name, mem)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's elements as integers of their own width (bool as uint8): their bit patterns."""
+    flat = t.reshape(-1)
+    return flat.view(torch.uint8) if flat.dtype == torch.bool else flat.view(_BITS[flat.element_size()])
+
+
+def first_nonzero(t: torch.Tensor) -> tuple[int, int, str] | None:
+    """(how many elements are not all-zero bits, the first's flat index, its value and bits),
+    or None when every element's bits are zero (so -0.0 and NaN count as not zero)."""
+    b = bits(t)
+    nz = b != 0
+    if not bool(nz.any()):
+        return None
+    i = int(nz.nonzero()[0])
+    v = t.reshape(-1)[i].item()
+    width = t.element_size() * 2
+    return int(nz.sum()), i, f"{v!r} (bits 0x{int(b[i].item()) & ((1 << (4 * width)) - 1):0{width}x})"
 
 
 def decoys(answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

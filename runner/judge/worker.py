@@ -48,6 +48,7 @@ class Judge:
         self.reference = load_callable(spec.op.reference, spec.home)
         self.scalars = {s.name: s.value for s in spec.op.scalars}
         self.tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
+        self.scratch_names = {s.name for s in spec.kernel.scratch}  # kernel.scratch: pointers too
         self.kinds = [self._kind(a) for a in spec.kernel.args]
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
@@ -75,7 +76,7 @@ class Judge:
             self.census.rebase()
 
     def _kind(self, name: str) -> str:
-        if name in self.tensor_names:
+        if name in self.tensor_names or name in self.scratch_names:
             return "ptr"
         for s in self.op.scalars:
             if s.name == name:
@@ -138,9 +139,26 @@ class Judge:
         env = self.op.shape_env(shape)
         return [poisoned(shape_of(t, env), TORCH_DTYPES[t.dtype], self.rt.device) for t in self.op.outputs]
 
-    def _values(self, shape: dict, inputs: dict, outs: list) -> list:
+    def _workspace(self, geometry: dict | None) -> list:
+        """The kernel's scratch buffers (kernel.scratch) for one configuration on one shape, their
+        shapes from the launch geometry (Builder.geometry worked them out with the parameters and
+        derived values). Allocated here, apart from every input and output, zeroed once inside
+        guard bands (verify.Scratch), and kept for that configuration and shape only: never
+        shared with another request, configuration or shape, and never zeroed again. The kernel
+        must leave each one zero after every call; the checked calls see whether it did."""
+        if not self.scratch_names:
+            return []
+        from .inputs import TORCH_DTYPES
+        from .verify import scratch
+
+        shapes = (geometry or {}).get("scratch") or {}
+        return [scratch(s.name, tuple(shapes[s.name]), TORCH_DTYPES[s.dtype], self.rt.device)
+                for s in self.spec.kernel.scratch]
+
+    def _values(self, shape: dict, inputs: dict, outs: list, ws: list = ()) -> list:
         tensors = {**{k: v.data_ptr() for k, v in inputs.items()},
-                   **{t.name: o.view.data_ptr() for t, o in zip(self.op.outputs, outs)}}
+                   **{t.name: o.view.data_ptr() for t, o in zip(self.op.outputs, outs)},
+                   **{w.name: w.ptr for w in ws}}
         vals = []
         for a in self.spec.kernel.args:
             vals.append(tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a])
@@ -158,20 +176,23 @@ class Judge:
                 return f"output '{t.name}': {why}"
         return None
 
-    def _snap(self, outs: list, guards: bool = True) -> dict:
-        """Right after a checked call: checksummed copies of the outputs, and the guard bands'
-        verdict; compared with the reference later (`_settle`)."""
+    def _snap(self, outs: list, guards: bool = True, ws: list = ()) -> dict:
+        """Right after a checked call: checksummed copies of the outputs, the guard bands'
+        verdict, and whether every scratch buffer is zero again within intact guards (always
+        checked); compared with the reference later (`_settle`)."""
         from .verify import Snapshot
 
         self.rt.sync()
         bad = next((t.name for t, o in zip(self.op.outputs, outs) if guards and not o.guards_intact()), None)
-        return {"snaps": [Snapshot(o.view) for o in outs], "guard": bad}
+        return {"snaps": [Snapshot(o.view) for o in outs], "guard": bad, "scratch": _scratch_problem(ws)}
 
     def _settle(self, taken: dict, refs: list, priors: list | None = None) -> str | None:
         from .verify import compare
 
         if taken["guard"]:
             return f"output '{taken['guard']}': wrote outside its bounds (guard band changed)"
+        if taken.get("scratch"):
+            return taken["scratch"]
         for i, (t, snap, (r, bound)) in enumerate(zip(self.op.outputs, taken["snaps"], refs)):
             if not snap.intact():
                 return f"output '{t.name}': the judge's copy of the output changed after the call (tampering)"
@@ -237,6 +258,7 @@ class Judge:
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
             outs = self._outputs(shape)
+            ws = self._workspace(geometry)  # zeroed once, here: every call after this one must leave it zero
             decoys = self._decoys(shape)
             inputs: dict = {}
             run = mode = None
@@ -251,7 +273,7 @@ class Judge:
                         inputs[k].copy_(v)
                 del fresh
                 # graph replay or direct launches: measured in the first round, kept after
-                run = self.rt.prepare(fn, self._values(shape, inputs, outs), geometry, mode)
+                run = self.rt.prepare(fn, self._values(shape, inputs, outs, ws), geometry, mode)
                 mode = getattr(run, "mode", None)
                 taken = []
                 for which in (0, 1):  # two runs, two decoys: both must pass
@@ -260,7 +282,7 @@ class Judge:
                     self.rt.sync()
                     run()
                     self._guard()
-                    taken.append(self._snap(outs))
+                    taken.append(self._snap(outs, ws=ws))
                 pristine, changed = self._unchanged(shape, made, inputs)
                 if changed and not self.op.in_place:
                     return {"status": "wrong", "reason": f"{label}: input '{changed}' was modified by the kernel"}
@@ -277,7 +299,7 @@ class Judge:
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
                 continue
-            why, times = self._time_checked(job, si, shape, inputs, run, outs, phases)
+            why, times = self._time_checked(job, si, shape, inputs, run, outs, phases, ws)
             phases["time_s"] += clock() - t1
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
@@ -285,7 +307,7 @@ class Judge:
             shapes_out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
 
-    def _time_checked(self, job, si, shape, inputs, run, outs, phases):
+    def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=()):
         """Time `run` while two value sets take turns in the input buffers.
 
         Before every timed call (outside the timed region) the inputs get the
@@ -300,6 +322,10 @@ class Judge:
         verification) cannot pass unseen. A checked call's outputs are
         snapshotted; the references are computed after the loop, from the
         value sets made again from their seeds.
+
+        The scratch buffers (`ws`) are the verification's, never zeroed again: each checked
+        call must leave them zero, and every timed call's scratch is sampled as it returns
+        (outside the timed region) at secret positions that must all be zero too.
         """
         clock = time.perf_counter
         t0 = clock()
@@ -313,14 +339,19 @@ class Judge:
         # timed region): (value set, salt, samples per output)
         where = _sample_positions(outs, self.rt.device)
         samples: list[tuple[int, list | None, list]] = []
+        # the scratch buffers too: per timed call, a gather at secret positions (all must be zero)
+        ws_where = _sample_positions(ws, self.rt.device)
+        ws_samples: list[list] = []
 
         def sample():
             samples.append((state["cur"], state["salt"],
                             [o.view.reshape(-1).index_select(0, p) for o, p in zip(outs, where)]))
+            if ws:
+                ws_samples.append([w.view.reshape(-1).index_select(0, p) for w, p in zip(ws, ws_where)])
 
         def check():
             c0 = clock()
-            taken.append((state["cur"], state["salt"], self._snap(outs)))
+            taken.append((state["cur"], state["salt"], self._snap(outs, ws=ws)))
             checking[0] += clock() - c0
 
         rng = random.Random(job["seed"] + si)
@@ -349,8 +380,15 @@ class Judge:
                 return outlived, times
         # no candidate code runs from here on: the answers can be worked out
         c0 = clock()
+        # the scratch rule first (it needs no reference): every checked call left the scratch
+        # zero within intact guards, and so did every timed call at the sampled positions
+        why = next((f"a checked timed call: {t['scratch']}" for _, _, t in taken if t.get("scratch")), None) \
+            or _scratch_sampled(ws_samples, ws, ws_where)
+        if why:
+            checking[0] += clock() - c0
+            phases["time_check_s"] += checking[0]
+            return why, times
         cur, live_salt = state["cur"], state["salt"]
-        why = None
         for k in sorted({k for k, _, _ in taken} | {k for k, _, _ in samples}):
             pristine, changed = self._unchanged(shape, made[k], sets[k])
             if not changed and k == cur and not self.op.in_place:  # the buffers hold set k (salted or not)
@@ -486,7 +524,7 @@ class Judge:
         for si, shape in enumerate(self.op.shapes[i] for i in which):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("retime", seed, si))
 
-            row, outs_row = [], []
+            row, outs_row, ws_row = [], [], []
             for j in jobs:
                 if j.get("torch"):  # the baseline's arm, timed under the same protocol, not checked
                     f = self.torch_arm(j["torch"])
@@ -494,17 +532,20 @@ class Judge:
                     mode = getattr(call, "mode", mode)
                     row.append(call)
                     outs_row.append(None)
+                    ws_row.append([])
                     continue
                 outs = self._outputs(shape)
+                ws = self._workspace(j["geometry"][si])  # each job its own, zeroed once
                 fn = self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds)
-                call = self.rt.prepare(fn, self._values(shape, inputs, outs), j["geometry"][si], mode=mode)
+                call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws), j["geometry"][si], mode=mode)
                 mode = getattr(call, "mode", mode)  # every job of a shape runs in the first job's mode
                 row.append(call)
                 outs_row.append(outs)
+                ws_row.append(ws)
             mode = None
             prepared.append(row)
             refreshers.append(refresh)
-            checkers.append((outs_row, answers, state))
+            checkers.append((outs_row, answers, state, ws_row))
             keep.append((inputs, sets))  # the prepared calls point into these buffers
         medians = []
         # (shape, job, round, value set, snapshots): checked once every round is done, for the
@@ -520,7 +561,7 @@ class Judge:
                 order.reverse()
             for si in range(len(which)):
                 for j in order:
-                    outs_row, _, state = checkers[si]
+                    outs_row, _, state, ws_row = checkers[si]
                     cand = outs_row[j] is not None  # a candidate's calls, not the baseline's torch arm
                     ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si],
                                      guard=self._guard if cand else None)
@@ -532,7 +573,7 @@ class Judge:
                     row[j][si] = _mid(ts)
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
                         taken.append((si, j, r, state["cur"], state["salt"],
-                                      self._snap(outs_row[j], guards=False)))
+                                      self._snap(outs_row[j], guards=False, ws=ws_row[j])))
             medians.append(row)
         for si, j, r, k, salt, t in taken:
             refs, why = checkers[si][1](k, salt)
@@ -561,18 +602,19 @@ class Judge:
         for si, shape in enumerate(job.get("shapes") or self.op.shapes):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
-            calls, errors, outs_of, taken, results = {}, dict(notes), {}, [], {}
+            calls, errors, outs_of, taken, results, ws_of = {}, dict(notes), {}, [], {}, {}
             mode = None  # every arm of a shape runs in the first arm's mode (graph replay or direct)
             for cand in job["candidates"][si]:
                 name = cand["label"]
                 outs = self._outputs(shape)
                 try:
+                    ws = self._workspace(cand["geometry"])  # each candidate its own, zeroed once
                     fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
-                    call = self.rt.prepare(fn, self._values(shape, inputs, outs), cand["geometry"], mode=mode)
+                    call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws), cand["geometry"], mode=mode)
                     self.rt.sync()
                     call()
                     self._guard()
-                    taken.append((name, "", state["cur"], state["salt"], self._snap(outs)))
+                    taken.append((name, "", state["cur"], state["salt"], self._snap(outs, ws=ws)))
                 except Exception as e:
                     if not self.rt.healthy():
                         raise  # a sticky device error: the worker is lost, the runner says so
@@ -580,7 +622,7 @@ class Judge:
                     continue
                 mode = getattr(call, "mode", mode)
                 errors[name] = self._outlived()  # None unless its threads outlived the call
-                calls[name], outs_of[name] = call, outs
+                calls[name], outs_of[name], ws_of[name] = call, outs, ws
             for name, f in others.items():
                 try:
                     res = f(**inputs, **self.scalars)  # it runs; its answer is checked after the rounds
@@ -619,7 +661,7 @@ class Judge:
                         self.census.rebase()  # threads torch started are the judge's
                     if name in outs_of:
                         taken.append((name, "after timing: ", state["cur"], state["salt"],
-                                      self._snap(outs_of[name], guards=False)))
+                                      self._snap(outs_of[name], guards=False, ws=ws_of[name])))
             # the candidates are done on this shape: the references can be worked out
             for name, f in results.items():
                 refs, why = answers(0)
@@ -650,7 +692,7 @@ class Judge:
                                   "rounds": times.get(name, []), "error": errors.get(name),
                                   "mode": getattr(calls.get(name), "mode", None)}
                            for name in dict.fromkeys([*names, *errors])})
-            del calls, outs_of, inputs, sets, answers, taken, results
+            del calls, outs_of, inputs, sets, answers, taken, results, ws_of
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None
         return {"status": "ok", "shapes": shapes, "machine": self._machine()}
 
@@ -776,6 +818,31 @@ def _sample_positions(outs: list, device: str) -> list:
     g = torch.Generator().manual_seed(secrets.randbits(63))
     return [torch.randint(0, o.numel, (min(SAMPLES, o.numel),), generator=g).to(device) if o.numel > SAMPLES
             else torch.arange(o.numel, device=device) for o in outs]
+
+
+def _scratch_problem(ws: list) -> str | None:
+    """The first scratch buffer that is not zero or whose guards changed (verify.Scratch.problem)."""
+    for w in ws:
+        why = w.problem()
+        if why:
+            return why
+    return None
+
+
+def _scratch_sampled(ws_samples: list, ws: list, where: list) -> str | None:
+    """The scratch samples of every timed call: each must be zero, bit for bit."""
+    from .verify import bits
+
+    for c, per_call in enumerate(ws_samples):
+        for w, got, pos in zip(ws, per_call, where):
+            b = bits(got)
+            nz = b != 0
+            if bool(nz.any()):
+                e = int(nz.nonzero()[0])
+                return (f"timed call {c + 1} of {len(ws_samples)}: scratch '{w.name}' was not zero as the call "
+                        f"returned ({int(nz.sum())} of {got.numel()} positions sampled are not zero, e.g. flat "
+                        f"index {int(pos[e])}: {got[e].item()!r}); a kernel must leave its scratch buffers zero")
+    return None
 
 
 def _sampled(samples: list, k: int, refs: list, where: list, outputs, n_calls: int) -> str | None:

@@ -10,7 +10,11 @@ shipped cubins; no compiler and no pipe. One `Op` per exported op:
   fallback, also taken on CPU tensors);
 - kernels launch on torch's current stream, so the op works inside CUDA graph
   capture, and `torch.library` wraps it as a custom op with a fake (meta)
-  implementation, so `torch.compile(fullgraph=True)` traces through it.
+  implementation, so `torch.compile(fullgraph=True)` traces through it;
+- a kernel with scratch buffers (the spec's kernel.scratch) gets them from
+  `Op.workspace`: zeroed once by torch.zeros on the inputs' device and kept per
+  (device, stream, buffer, dtype, shape), so repeated calls and CUDA graph replays
+  use the same memory, two streams never share one, and the kernel leaves it zero.
 
 Expressions (shapes, launch geometry) are the spec's, checked by pipe's safe
 parser when the package was written, and evaluated here with the helpers
@@ -143,6 +147,11 @@ def _expr(text: str):
     return f
 
 
+def _scratch_exprs(items) -> list:
+    """[(name, dtype, [dimension expressions])] of a table's `scratch` list (kernel.scratch)."""
+    return [(s["name"], s["dtype"], [_expr(d) for d in s["shape"]]) for s in items or ()]
+
+
 class Op:
     def __init__(self, root: Path, table: dict, reference):
         self.root = root
@@ -157,6 +166,8 @@ class Op:
         self._shape_fns = {t["name"]: [_expr(d) for d in t["shape"]] for t in (*self.inputs, *self.outputs)}
         self._derive = [(n, _expr(x)) for n, x in table["derive"]]
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
+        self._scratch = _scratch_exprs(table.get("scratch"))  # [(name, dtype, [dimension expressions])]
+        self._workspaces: dict = {}  # (device, stream, name, dtype, shape) -> the zeroed buffer
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
         self._serves = None
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
@@ -269,38 +280,84 @@ class Op:
             k = self._kernels[key] = (dev, kern, [p.size for p in kern.arguments_info])
         return k
 
-    def geometry(self, e: dict, env: dict) -> dict:
-        """grid, block, cluster (in blocks, as the spec counts) and dynamic shared memory of
-        entry e's kernel on a shape."""
-        derive, geo = self._launch_exprs(e)
+    def _full(self, e: dict, env: dict) -> dict:
+        """The sizes, entry e's parameters and its derived values: what its launch is worked out from."""
+        derive = self._launch_exprs(e)[0]
         full = {**env, **e["params"]}
         for n, f in derive:
             full[n] = f(full)
+        return full
+
+    def geometry(self, e: dict, env: dict, full: dict | None = None) -> dict:
+        """grid, block, cluster (in blocks, as the spec counts) and dynamic shared memory of
+        entry e's kernel on a shape."""
+        geo = self._launch_exprs(e)[1]
+        full = self._full(e, env) if full is None else full
         return {"grid": [int(f(full)) for f in geo["grid"]],
                 "block": [int(f(full)) for f in geo["block"]],
                 "cluster": [int(f(full)) for f in geo.get("cluster", [])],
                 "shared_mem": int(geo["shared_mem"][0](full)) if geo.get("shared_mem") else 0}
 
     def _launch_exprs(self, e: dict):
-        """(derived values, geometry) expressions of an entry: its own launch section (a kernel
-        from another spec, pipe export --exact) or the table's."""
+        """(derived values, geometry, scratch buffers) expressions of an entry: its own launch
+        section (a kernel from another spec, pipe export --exact) or the table's."""
         la = e.get("launch")
         if la is None:
-            return self._derive, self._geo
+            return self._derive, self._geo, self._scratch
         key = e["cubin"]
         if key not in self._other_launch:
             self._other_launch[key] = ([(n, _expr(x)) for n, x in la["derive"]],
-                                       {k: [_expr(x) for x in v] for k, v in la["geometry"].items()})
+                                       {k: [_expr(x) for x in v] for k, v in la["geometry"].items()},
+                                       _scratch_exprs(la.get("scratch")))
         return self._other_launch[key]
 
-    def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
-        import numpy as np
-        from cuda.core import launch
+    def scratch_shapes(self, e: dict, env: dict, full: dict | None = None) -> dict:
+        """name -> (dtype, shape) of entry e's scratch buffers on a shape (none without kernel.scratch)."""
+        scratch = self._launch_exprs(e)[2]
+        if not scratch:
+            return {}
+        full = self._full(e, env) if full is None else full
+        return {name: (dtype, [int(f(full)) for f in dims]) for name, dtype, dims in scratch}
 
-        dev, kernel, sizes = self._kernel(e, tensors[self.inputs[0]["name"]].device)
-        g = self.geometry(e, env)
-        raise_smem(kernel, g["shared_mem"], dev.device_id, self._smem, (e["cubin"], dev.device_id))
-        named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
+    def workspace(self, e: dict, env: dict, device, full: dict | None = None) -> dict:
+        """name -> the scratch buffer entry e's kernel gets on a shape, on `device`.
+
+        Each buffer is made by torch.zeros on the device's current stream the first time a
+        (device, stream, name, dtype, shape) asks for it, and kept for the op's life: a later
+        call on that stream gets the same memory (the kernel left it zero), a CUDA graph
+        captured with it replays with that pointer, and a call on another stream gets a
+        buffer of its own, so two streams never share one. A first call inside graph capture
+        allocates it in the capture (from the graph's private pool, the zeroing a node of the
+        graph); it is kept all the same, for the graph's replays and for the stream's later
+        calls. Warm the op up on the capture stream to have it allocated outside the capture."""
+        shapes = self.scratch_shapes(e, env, full)
+        if not shapes:
+            return {}
+        device = torch.device(device)
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+        out = {}
+        for name, (dtype, dims) in shapes.items():
+            key = (str(device), stream, name, dtype, tuple(dims))
+            buf = self._workspaces.get(key)
+            if buf is None:
+                buf = self._workspaces[key] = torch.zeros(dims, dtype=DTYPES[dtype], device=device)
+            out[name] = buf
+        return out
+
+    def release_workspaces(self) -> int:
+        """Drop every cached scratch buffer (how many there were). Only when no captured CUDA graph
+        that called this op will be replayed again: such a graph holds the buffers' pointers."""
+        n = len(self._workspaces)
+        self._workspaces.clear()
+        return n
+
+    def arguments(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list, sizes: list,
+                  scratch: dict | None = None) -> list:
+        """The kernel's arguments in kernel.args order: tensors, outputs and scratch buffers as
+        device pointers, scalars in their declared types, sizes as the kernel's int or long."""
+        import numpy as np
+
+        named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors, **(scratch or {})}
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}
         args = []
@@ -311,12 +368,23 @@ class Op:
                 args.append(casts[stypes[a]](scalars[a]))
             else:
                 args.append(np.int32(env[a]) if size == 4 else np.int64(env[a]))
+        return args
+
+    def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
+        from cuda.core import launch
+
+        device = tensors[self.inputs[0]["name"]].device
+        dev, kernel, sizes = self._kernel(e, device)
+        full = self._full(e, env)
+        g = self.geometry(e, env, full)
+        raise_smem(kernel, g["shared_mem"], dev.device_id, self._smem, (e["cubin"], dev.device_id))
         try:
             cfg = launch_config(g["grid"], g["block"], g["cluster"], g["shared_mem"])
         except ValueError as err:
             raise RuntimeError(f"{self.t['op']}: {err}") from None
-        device = tensors[self.inputs[0]["name"]].device
         with torch.cuda.device(device):  # the inputs' device and its current stream, whatever is current
+            scratch = self.workspace(e, env, device, full)  # on that stream: its own buffers
+            args = self.arguments(e, env, tensors, scalars, outs, sizes, scratch)
             launch(dev.create_stream(torch.cuda.current_stream(device)), cfg, kernel, *args)
 
     def __call__(self, *args, **kwargs):

@@ -104,6 +104,13 @@ SPEC = _obj({
         "cluster": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 3}]},
         "shared_mem": EXPR,
         "derive": {"type": "object", "propertyNames": NAME, "additionalProperties": EXPR},
+        # runner-owned workspaces: zeroed once at allocation, left zero by the kernel after
+        # every call (spec.py checks names, args and expressions; judge/worker.py the rule)
+        "scratch": {"type": "object", "propertyNames": NAME, "additionalProperties": _obj({
+            "shape": {"type": "array", "items": EXPR, "minItems": 1},
+            "dtype": {"enum": DTYPES},
+            "zero": {"type": "boolean"},
+        }, ["shape", "dtype"])},
         "serves": EXPR,
         "options": {"type": "array", "items": {"type": "string"}},
     }, ["template", "entry", "args"]),

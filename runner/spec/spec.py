@@ -203,6 +203,23 @@ def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes
 
 
 @dataclass(frozen=True)
+class ScratchSpec:
+    """kernel.scratch: a workspace the runner allocates (zeroed, once) and passes as a pointer;
+    the kernel must leave it zero after every call (docs/judge.md)."""
+    name: str
+    shape: tuple[Expr, ...]  # over parameters, shape symbols and derived values, as the launch geometry
+    dtype: str
+
+
+def scratch_dim(value, name: str, i: int) -> int:
+    """A scratch dimension as the launch works it out: a whole number of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise ExprError(f"kernel.scratch.{name}.shape[{i}] is {value!r}: a dimension must be a whole number "
+                        "of at least 1")
+    return int(value)
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     backend: str
     template_path: str
@@ -217,6 +234,7 @@ class KernelSpec:
     derive: tuple[tuple[str, Expr], ...] = ()  # named values from params and shape symbols, in order
     template_segments: tuple = field(default=(), repr=False)  # where each flat line came from (render.locate)
     serves: Expr | None = None  # with op.domain: the shapes a configuration serves (params, derived, sizes)
+    scratch: tuple[ScratchSpec, ...] = ()  # runner-owned workspaces, each passed as a pointer (in args)
 
     def derived(self, env: dict) -> dict:
         """The derived values for one (params + shape) environment."""
@@ -224,6 +242,12 @@ class KernelSpec:
         for name, e in self.derive:
             out[name] = e({**env, **out})
         return out
+
+    def scratch_shapes(self, env: dict) -> dict[str, list[int]]:
+        """name -> shape of every scratch buffer for one launch's environment (parameters, shape
+        symbols and derived values, as the geometry is worked out); ExprError for a dimension
+        that is not a whole number of at least 1."""
+        return {s.name: [scratch_dim(d(env), s.name, i) for i, d in enumerate(s.shape)] for s in self.scratch}
 
     def serves_shape(self, params: dict, shape: dict, elem: int) -> bool:
         """Whether a configuration serves a shape (kernel.serves; every shape without one).
@@ -317,6 +341,13 @@ class Spec:
     def home(self) -> str:
         """The spec's folder (absolute), for specs made before `folder` was kept."""
         return self.folder or str(Path(self.path).resolve().parent)
+
+
+def _checked_dim(e: Expr, name: str, i: int):
+    """A scratch dimension's expression that fails (ExprError) unless it gives a whole number >= 1."""
+    def f(env: dict) -> int:
+        return scratch_dim(e(env), name, i)
+    return f
 
 
 def _digest(obj) -> str:
@@ -633,6 +664,7 @@ class _Checker:
             if e is not None:
                 derive.append((name, e))
             scope_d.add(name)
+        scratch = self.scratch(k, op, params, symbols, derive)
         available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
         for v in sorted(used - available):
             where = render.locate(segments, render.variable_line(text, v)) or (str(tpath), 1)
@@ -647,10 +679,11 @@ class _Checker:
             self.err(("kernel", "entry"), f"entry '{k['entry']}' does not appear in template {tpath}")
         if op is not None:
             names = {t.name for t in op.inputs} | {t.name for t in op.outputs} | \
-                    {s.name for s in op.scalars} | set(op.symbols)
+                    {s.name for s in op.scalars} | set(op.symbols) | set(k.get("scratch", {}))
             for i, a in enumerate(k["args"]):
                 if a not in names:
-                    self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar or shape symbol of the op")
+                    self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar, scratch buffer or shape "
+                                                    "symbol of the op")
             for t in (*op.inputs, *op.outputs):
                 if t.name not in k["args"]:
                     self.err(("kernel", "args"), f"tensor '{t.name}' is not passed to the kernel")
@@ -695,12 +728,48 @@ class _Checker:
                           for i, e in enumerate(geo[key])]
             if smem is not None:
                 exprs.append((("kernel", "shared_mem"), smem))
+            for sc in scratch:  # each dimension must come out a whole number of at least 1
+                exprs += [(("kernel", "scratch", sc.name, "shape", i), _checked_dim(d, sc.name, i))
+                          for i, d in enumerate(sc.shape)]
             self.evaluate_over_space(space, op, exprs)
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
                           entry=k["entry"],
                           args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
                           shared_mem=smem,
-                          options=tuple(k.get("options", [])), derive=tuple(derive), serves=serves)
+                          options=tuple(k.get("options", [])), derive=tuple(derive), serves=serves,
+                          scratch=tuple(scratch))
+
+    def scratch(self, k: dict, op, params, symbols, derive) -> list[ScratchSpec]:
+        """kernel.scratch: each buffer's name (no other name of the spec), its place in
+        kernel.args, `zero` (true is the only mode) and its shape's expressions, over the
+        scope of the launch geometry (parameters, shape symbols, derived values)."""
+        taken: dict[str, str] = {v: "a runner variable" for v in (*render.DTYPE_VARS, "elem")}
+        taken.update({n: "a derived value" for n, _ in derive})
+        taken.update({p: "a search parameter" for p in params})
+        taken.update({s: "a shape symbol" for s in symbols})
+        if op is not None:
+            taken.update({s.name: "a scalar" for s in op.scalars})
+            taken.update({t.name: "an output" for t in op.outputs})
+            taken.update({t.name: "an input" for t in op.inputs})
+        scope = set(params) | set(symbols) | {n for n, _ in derive}
+        out = []
+        for name, sd in k.get("scratch", {}).items():
+            base = ("kernel", "scratch", name)
+            if name in taken:
+                self.err(base, f"scratch buffer '{name}' has the name of {taken[name]}: give it a name of its own",
+                         prefer_key=True)
+                continue
+            if sd.get("zero", True) is not True:
+                self.err(base + ("zero",), "only `zero: true` is supported (the default): the runner zeroes a "
+                                           "scratch buffer once, when it allocates it, and the kernel must leave it "
+                                           "zero after every call")
+            if name not in k["args"]:
+                self.err(base, f"scratch buffer '{name}' is not passed to the kernel: add it to kernel.args",
+                         prefer_key=True)
+            dims = [self.expr(base + ("shape", i), x, scope) for i, x in enumerate(sd["shape"])]
+            if all(d is not None for d in dims):
+                out.append(ScratchSpec(name, tuple(dims), sd["dtype"]))
+        return out
 
     def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:
         """The configurations `pipe validate` evaluates derived values and geometry on: the whole

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runner.ops.reference import decode_attention, decode_attention_split, decode_attention_ws_row
+from runner.ops.reference import decode_attention, decode_attention_ws_row
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
 import attn_model  # noqa: E402
 
 
@@ -73,12 +74,17 @@ def test_baseline_path_masks_on_the_device():
     torch.testing.assert_close(out.double(), decode_attention(q, k, v, lens), rtol=1e-4, atol=1e-5)
 
 
-def test_split_reference_workspace_is_zero_and_sized():
-    q, k, v, lens = _inputs(2, 300, 32, 8, seed=5)
-    out, ws = decode_attention_split(q, k, v, lens)
-    assert ws.shape == (2, 8, 4 + 3 * 4 * 132) and not ws.any()
+def test_workspace_row_matches_the_spec_scratch():
+    """The spec's kernel.scratch row and the reference module's count agree (the probe sizes
+    its workspace by the latter)."""
+    from runner.spec.spec import load_spec
+
+    sp = load_spec(ROOT / "pipelines/decode-attention-h200.yaml")
     assert decode_attention_ws_row(131072, 4) == 4 + 128 * 4 * 132
-    torch.testing.assert_close(out, decode_attention(q, k, v, lens))
+    for L in (128, 129, 1000, 16384, 131072):
+        env = {"B": 3, "L": L, **sp.start}
+        env.update(sp.kernel.derived(env))
+        assert sp.kernel.scratch_shapes(env) == {"ws": [3, 8, decode_attention_ws_row(L, 4)]}
 
 
 # ----------------------------------------------------------------------------- the kernel's model

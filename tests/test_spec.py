@@ -286,3 +286,30 @@ def test_named_arms_take_no_built_in_name(project, capsys):
     assert ok.op.arms == {"by hand": "tests.compare_arms:rmsnorm_rsqrt"}
     assert list(ok.op.compare_arms()) == ["triton", "by hand"]
     assert list(ok.op.compare_arms(triton=False)) == ["by hand"] and ok.op.compare_arms(arms=False) == {"triton": "a.b:c"}
+
+
+def test_read_traffic_needs_the_profiles_read_bandwidth(project, capsys):
+    """op.traffic read on a profile without bandwidth.read_bytes_per_s (host-cpu): a
+    diagnostic at op.traffic, exit 2."""
+    text = BASE_TEXT.replace("\nop:\n", "\nop:\n  traffic: read\n", 1)
+    assert "traffic: read" in text
+    rc, err = validate(capsys, write(project, text=text))
+    assert rc == 2
+    assert_diagnostics(err)
+    assert "traffic" in err and "read_bytes_per_s" in err
+
+
+def test_read_traffic_floors_use_the_read_bandwidth():
+    """The decode-attention spec (op.traffic read) takes its floor and bandwidth fraction from
+    the h200 profile's read-only figure; the softmax flagship from the copy figure."""
+    from runner.core.figures import floors
+
+    att = load_spec(PIPELINES / "decode-attention-h200.yaml")
+    sm = load_spec(PIPELINES / "softmax-h200.yaml")
+    assert att.op.traffic == "read" and sm.op.traffic == "copy"
+    read, copy_ = att.hw.read_bandwidth, att.hw.bandwidth
+    assert read and read > copy_
+    f = floors(att)[0]
+    assert f["t_bw"] == pytest.approx(f["bytes"] / read)
+    g = floors(sm)[0]
+    assert g["t_bw"] == pytest.approx(g["bytes"] / copy_)

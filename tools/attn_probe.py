@@ -61,7 +61,7 @@ class Probe:
         self.op = self.spec.op
         self.b = Builder(self.spec)
         self.rt = cuda.Runtime(self.spec.hw, self.spec.runtime)
-        names = {t.name for t in (*self.op.inputs, *self.op.outputs)} | {"ws"}
+        names = {t.name for t in (*self.op.inputs, *self.op.outputs)} | {s.name for s in self.spec.kernel.scratch}
         self.kinds = [("ptr" if a in names else self.rt.symbol_type) for a in self.spec.kernel.args]
         self.serves = self.spec.kernel.serves
 

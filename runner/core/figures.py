@@ -1,7 +1,8 @@
 """From per-shape times to figures: the physical floor, fractions of the
 limit, speedups, the goal's metric and the search objective.
 
-floor(shape) = max(bytes / measured bandwidth, flops / peak rate of the dtype)
+floor(shape) = max(bytes / measured bandwidth, flops / peak rate of the dtype), the bandwidth
+the copy figure, or the read-only one for an op whose op.traffic is "read"
 A time below floor * (1 - profile slack) is physically impossible: the kernel
 skipped work or the timing was fooled, and the trial is rejected.
 """
@@ -26,7 +27,7 @@ def floors(spec, shapes=None) -> list[dict]:
         env = op.shape_env(shape)
         nbytes = float(op.bytes(env))
         flops = float(op.flops(env)) if op.flops is not None else None
-        t_bw = nbytes / hw.bandwidth
+        t_bw = nbytes / hw.bandwidth_for(getattr(op, "traffic", "copy"))
         t_fl = flops / peak if (flops and peak) else 0.0
         out.append({"bytes": nbytes, "flops": flops, "t_bw": t_bw, "t_flops": t_fl, "floor": max(t_bw, t_fl)})
     return out

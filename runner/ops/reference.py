@@ -59,9 +59,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: to
     return o.reshape(B, HQ, D)
 
 
-# The kernel's workspace (kernel_templates/decode_attention.cu.j2): per (b, KV head) a counter
-# and up to WS_MAX_SPLITS records of GROUP * 132 floats. The kernel finds it zero and leaves it
-# zero, so the reference's answer for it is zeros: the judge then checks that postcondition.
+# The kernel's workspace (kernel_templates/decode_attention.cu.j2, the spec's kernel.scratch):
+# per (b, KV head) a counter and up to WS_MAX_SPLITS records of GROUP * 132 floats. The kernel
+# finds it zero and leaves it zero; the judge checks that after every checked call.
 WS_MIN_SPLIT = 128
 WS_MAX_SPLITS = 128
 WS_RECORD = 132
@@ -70,13 +70,3 @@ WS_RECORD = 132
 def decode_attention_ws_row(L: int, group: int) -> int:
     """Floats of one (b, KV head) row of the workspace."""
     return 4 + min(-(-L // WS_MIN_SPLIT), WS_MAX_SPLITS) * group * WS_RECORD
-
-
-def decode_attention_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor):
-    """(out, ws): decode_attention and the split kernel's workspace after a call, all zeros
-    (a broadcast view: no allocation in the baseline's timed calls)."""
-    B, HQ, _ = q.shape
-    L, HKV = k.shape[1], k.shape[2]
-    ws_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    ws = torch.zeros((), dtype=ws_dtype, device=q.device).expand(B, HKV, decode_attention_ws_row(L, HQ // HKV))
-    return decode_attention(q, k, v, lens), ws

@@ -37,6 +37,18 @@ class HwProfile:
         return float(self.data["bandwidth"]["measured_bytes_per_s"])
 
     @property
+    def read_bandwidth(self) -> float | None:
+        """The read-only bandwidth (bytes read a second by a kernel that writes next to nothing),
+        where the profile gives it: above the copy figure on HBM, whose writes cost turnarounds."""
+        v = self.data["bandwidth"].get("read_bytes_per_s")
+        return float(v) if v else None
+
+    def bandwidth_for(self, traffic: str = "copy") -> float:
+        """The ceiling of an op's bytes: the read-only bandwidth for op.traffic 'read', else the
+        copy bandwidth."""
+        return (self.read_bandwidth or self.bandwidth) if traffic == "read" else self.bandwidth
+
+    @property
     def bandwidth_measured(self) -> bool:
         """Whether the bandwidth is a measurement of the machine. `measured_by` says when it
         is not: an upper bound (host-cpu's, for the "faster than physics" check) or an

@@ -79,6 +79,9 @@ class OpSpec:
     triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
     # op.arms: name -> "module:function", more arms for `pipe compare` (imported only there), in order
     arms: dict = field(default_factory=dict)
+    # op.traffic: which of the profile's bandwidths bounds the op ("copy": bytes read plus
+    # written, the default; "read": an op that reads nearly all its bytes, a decode attention)
+    traffic: str = "copy"
     held_out_shapes: tuple[dict, ...] = ()  # never tuned on: pipe compare checks the dispatch table there
     ulps: float = 1.0  # error budget in units of the output dtype's rounding at the reference (judge/verify.py)
     floor: float = 2.0 ** -7  # atol is at most floor x the output's mean magnitude (judge/verify.py)
@@ -393,6 +396,9 @@ class _Checker:
         agent = self.agent()
         goal = self.goal(hw, op)
         starts = self.starts(space)
+        if op is not None and hw is not None and op.traffic == "read" and hw.read_bandwidth is None:
+            self.err(("op", "traffic"), f"op.traffic 'read' needs the read-only bandwidth in the profile "
+                                        f"'{hw.name}' (bandwidth.read_bytes_per_s), which it does not give")
         if op is not None and op.domain and d.get("baseline", "reference") == "none":
             self.err(("baseline",), "op.domain needs the reference's baseline: the dispatch table falls back "
                                     "to it wherever no kernel is faster", prefer_key=True)
@@ -510,7 +516,7 @@ class _Checker:
                       shapes=tuple(dict(s) for s in timed), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
-                      arms=dict(o.get("arms") or {}),
+                      arms=dict(o.get("arms") or {}), traffic=str(o.get("traffic", "copy")),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
                       floor=float(tol.get("floor", 2.0 ** -7)))
 

@@ -1,0 +1,122 @@
+"""Decode attention on the GPU (issue 21): a short run of the decode-attention spec on a small
+part of its domain, pipe compare's table, the exported op at sizes nobody tuned on and inside
+one captured CUDA graph whose context lengths change between replays (as a serving engine's
+decode step does), and the runner-owned workspace left zero by every call."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from .conftest import PIPELINES, ROOT, has_cuda, pipe_cmd
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")]
+
+
+def _pipe(*args, timeout=900):
+    return subprocess.run(pipe_cmd() + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def small_spec(folder):
+    """The h200 spec, its domain cut to B 1..4 and L 128..4096 and its space to six
+    configurations (every split size class the small domain needs)."""
+    d = yaml.safe_load((PIPELINES / "decode-attention-h200.yaml").read_text())
+    d["name"] = "decode-attention-small"
+    d["op"]["shapes"] = [{"B": 1, "L": 2048}, {"B": 4, "L": 1024}]
+    d["op"]["domain"]["L"] = {"min": 128, "max": 4096}
+    d["op"]["domain"]["B"] = {"min": 1, "max": 4}
+    d["op"]["held_out_shapes"] = [{"B": 3, "L": 3000}]
+    d["op"]["extra_shapes"] = [{"B": 3, "L": 129}, {"B": 3, "L": 1021}]
+    d["op"].pop("domain_where", None)
+    d["op"].pop("arms", None)  # compiled FlexAttention alone takes minutes; the device compare has them
+    p = d["search"]["params"]
+    p.update({"SPLIT": [128, 512, 2048], "NW": [4, 8], "TW": [16], "STAGES": [2], "VEC": [8], "BULK": [0]})
+    d["search"]["start"] = {**d["search"]["start"], "SPLIT": 512, "NW": 8, "TW": 16, "STAGES": 2, "VEC": 8}
+    d["goal"]["budget"] = {"trials": 6, "minutes": 20}
+    path = folder / "decode-attention-small.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    out = tmp_path_factory.mktemp("attn")
+    spec = small_spec(out)
+    run = out / "run"
+    r = _pipe("run", str(spec), "--run-dir", str(run), "--max-trials", "6", "-q")
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    r = _pipe("compare", str(run), "--points", "6", "--rounds", "2", "--top", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "worst regret" in r.stdout
+    r = _pipe("export", str(run), "--out", str(out / "pkgs"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def _py(root, code):
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=root, capture_output=True, text=True,
+                       timeout=600, env={"PYTHONPATH": f"{root}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    return r.stdout
+
+
+def test_every_trial_verified_with_its_workspace(package):
+    from runner.ship.rundata import open_run
+
+    rd = open_run(package / "run", None, "test")
+    assert rd.history and all(t.status == "ok" for t in rd.history), [(t.status, t.reason) for t in rd.history]
+    for t in rd.history:
+        assert t.details["domain_checks"]
+
+
+def test_exported_op_in_one_graph_with_changing_lengths(package):
+    pkgs = package / "pkgs"
+    (name,) = [p.name for p in pkgs.iterdir() if (p / "table.json").exists()]
+    table = json.loads((pkgs / name / "table.json").read_text())
+    assert table["by_range"]["ranges"]
+    out = _py(pkgs, f"""
+        import torch
+        import {name} as pkg
+        from runner.ops.reference import decode_attention
+        torch.manual_seed(0)
+        fn = getattr(pkg, "{name}")
+        # sizes nobody tuned on, ragged lengths
+        for B, L in ((1, 333), (3, 1500), (2, 4000), (4, 129)):
+            q = torch.randn(B, 32, 128, device="cuda").bfloat16()
+            k = torch.randn(B, L, 8, 128, device="cuda").bfloat16()
+            v = torch.randn(B, L, 8, 128, device="cuda").bfloat16()
+            lens = torch.randint(1, L + 1, (B,), device="cuda", dtype=torch.int32)
+            y = fn(q, k, v, lens)
+            ref = decode_attention(q.double(), k.double(), v.double(), lens)
+            assert torch.allclose(y.double(), ref, atol=1e-3, rtol=1.6e-2), (B, L)
+        assert pkg.op.calls["kernel"] >= 3, pkg.op.calls
+        # one captured graph; the lengths change in place between replays
+        B, L = 4, 3000
+        q = torch.randn(B, 32, 128, device="cuda").bfloat16()
+        k = torch.randn(B, L, 8, 128, device="cuda").bfloat16()
+        v = torch.randn(B, L, 8, 128, device="cuda").bfloat16()
+        lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
+        pkg.op.preload()
+        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn(q, k, v, lens)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn(q, k, v, lens)
+        seen = set()
+        for step in range(6):
+            new = torch.randint(1, L + 1, (B,), device="cuda", dtype=torch.int32)
+            lens.copy_(new)
+            g.replay()
+            torch.cuda.synchronize()
+            ref = decode_attention(q.double(), k.double(), v.double(), lens)
+            assert torch.allclose(out.double(), ref, atol=1e-3, rtol=1.6e-2), (step, new.tolist())
+            seen.add(tuple(new.tolist()))
+        assert len(seen) == 6
+        print("graph ok", pkg.op.calls)
+    """)
+    assert "graph ok" in out

@@ -6,7 +6,8 @@ drawn after its build from a seed the runner draws then (and records): the
 edges of what the configuration serves, found by bisection, odd sizes, primes,
 powers of two and their neighbours, and random points, log-uniform. The
 non-axis symbols (`tune` ones, the rows) are drawn small, where bugs in the
-edges of a grid live and verification is cheap.
+edges of a grid live and verification is cheap. Every shape satisfies
+op.domain_where (sizes outside it are outside the domain).
 """
 
 from __future__ import annotations
@@ -64,7 +65,15 @@ def _edge(ok, a: int, b: int) -> int:
 
 
 def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
-    """Up to n distinct shapes of the domain that `serves(shape)` accepts, drawn from `seed`."""
+    """Up to n distinct shapes of the domain that `serves(shape)` accepts, drawn from `seed`.
+    With op.domain_where, only shapes where it holds: the edges found by bisection are then
+    those of what is served inside the constraint (B * L <= C: the longest L served at a B)."""
+    if op.domain_where is not None:
+        served = serves
+
+        def serves(shape: dict) -> bool:
+            return op.where_holds(shape) and bool(served(shape))
+
     rng = random.Random(seed)
     symbols = op.symbols
     axes = op.axes

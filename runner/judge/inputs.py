@@ -88,8 +88,18 @@ def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.T
     return x.to(dtype)
 
 
-def make_inputs(op, shape: dict, seed: int, round_: int, device: str) -> dict[str, torch.Tensor]:
+def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
+                timed: bool = False) -> dict[str, torch.Tensor]:
+    """One value set of the op's inputs. `timed`: the values of timed calls (the candidate's
+    timed loop, the baseline's, pipe compare's arms and the checks on their outputs), where an
+    input's `timed` override gives its own dist, low or high (say, every sequence at its full
+    length, as op.bytes counts it); otherwise verification's. Shapes, dtypes and the draws'
+    order are the same either way: only the values differ."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
-    return {t.name: make_tensor(t, env, t.dists[round_ % len(t.dists)], gen, device) for t in op.inputs}
+    out = {}
+    for t in op.inputs:
+        v = t.drawn(timed)
+        out[t.name] = make_tensor(v, env, v.dists[round_ % len(v.dists)], gen, device)
+    return out

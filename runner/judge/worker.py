@@ -84,10 +84,13 @@ class Judge:
         return self.rt.symbol_type
 
     # -- helpers ---------------------------------------------------------------
-    def _inputs(self, shape: dict, seed: int, round_: int) -> dict:
+    def _inputs(self, shape: dict, seed: int, round_: int, timed: bool = False) -> dict:
+        """One value set: verification's, or with `timed` the values of timed calls (an input's
+        `timed` override). A value set is named by (seed, round, timed), `made` below, and
+        made again from it to check the buffers and work out its reference."""
         from .inputs import make_inputs
 
-        return make_inputs(self.op, shape, seed, round_, self.rt.device)
+        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed)
 
     def _reference(self, inputs: dict) -> list:
         """[(float64 reference, error budget)] per output, on private float64 copies. The judge
@@ -123,7 +126,7 @@ class Judge:
         key = repr(sorted(shape.items()))
         if key in self._decoy_cache:
             return self._decoy_cache[key]
-        vals = self._inputs(shape, _seed(self._decoy_secret, key, "decoy"), 0)
+        vals = self._inputs(shape, _seed(self._decoy_secret, key, "decoy"), 0)  # verification's values
         private = {k: (v.to(self.torch.float64) if v.dtype.is_floating_point else v) for k, v in vals.items()}
         out = self.reference(**private, **self.scalars)
         out = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -263,8 +266,9 @@ class Judge:
             inputs: dict = {}
             run = mode = None
             for r in range(checks):
-                # the distribution cycles with the shape too, so a trial meets every one of them
-                made = (_seed(job["seed"], si, r), r + si)
+                # the distribution cycles with the shape too, so a trial meets every one of them;
+                # verification's values (never an input's `timed` override)
+                made = (_seed(job["seed"], si, r), r + si, False)
                 fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses
                     inputs = fresh
@@ -310,8 +314,10 @@ class Judge:
     def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=()):
         """Time `run` while two value sets take turns in the input buffers.
 
-        Before every timed call (outside the timed region) the inputs get the
-        other set's values, so no call sees the inputs of the call before it:
+        The value sets are the timed calls' (an input's `timed` override: every sequence
+        at its full length, say), copied into the buffers verification used; the first
+        goes in before the warm-up. Before every timed call (outside the timed region)
+        the inputs get the other set's values, so no call sees the inputs of the call before it:
         a kernel that skips work when its inputs look unchanged, or replays a
         cached output, leaves a wrong output. Two random timed calls and the
         last are checked, with nothing put in the output beforehand: each
@@ -329,9 +335,11 @@ class Judge:
         """
         clock = time.perf_counter
         t0 = clock()
-        made = [(_seed(job["seed"], si, "timing", k), k + si) for k in (0, 1)]
+        # the timed calls' values (an input's `timed` override), in verification's buffers
+        made = [(_seed(job["seed"], si, "timing", k), k + si, True) for k in (0, 1)]
         sets = [self._inputs(shape, *m) for m in made]
         state, refresh = _alternate(inputs, sets)
+        refresh()  # the warm-up calls too run on the timed calls' values, not the last check round's
         self.rt.sync()
         checking = [0.0]
         taken: list[tuple[int, list | None, dict]] = []  # (value set, salt, snapshots)
@@ -439,7 +447,7 @@ class Judge:
         the sandbox forbids."""
         arms = self._other_arms(compile_, arms)[0]
         for si, shape in enumerate(shapes or self.op.shapes):
-            inputs = self._inputs(shape, _seed("warm", si), 0)
+            inputs = self._inputs(shape, _seed("warm", si), 0, True)  # as compare times them
             for name, f in arms.items():
                 if name == "torch eager":
                     continue
@@ -477,7 +485,7 @@ class Judge:
         fn = self.torch_arm(mode)
         out = []
         for si, shape in enumerate(self.op.shapes):
-            inputs = self._inputs(shape, _seed("baseline", si), 0)
+            inputs = self._inputs(shape, _seed("baseline", si), 0, True)  # timed: the timed calls' values
             run = self.rt.prepare_torch(lambda: fn(**inputs, **self.scalars))
             times = self._bench(run)
             out.append(stats(times).as_dict())
@@ -488,7 +496,7 @@ class Judge:
         once the candidates are done: from the sets made again from their seeds, checked
         against the copies the candidates could reach) and `refresh`, which copies the other
         set into the input buffers before a call (state["cur"] says which)."""
-        made = [(_seed(*tag, k), k) for k in (0, 1)]
+        made = [(_seed(*tag, k), k, True) for k in (0, 1)]  # timed calls' values (`timed` overrides)
         inputs = self._inputs(shape, *made[0])
         sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, *made[1])]
         done: dict = {}

@@ -368,10 +368,18 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict 
 
 def compared_inputs(spec) -> dict[str, list[str]]:
     """The input distributions every arm of pipe compare is timed on: the worker's rotation
-    alternates the values of rounds 0 and 1 (`Judge._rotation`). Torch eager softmax, for
+    alternates the values of rounds 0 and 1 (`Judge._rotation`), the timed calls' values (an
+    input's `timed` override, its bounds shown: "randint [L, L + 1)"). Torch eager softmax, for
     one, runs twice as long on "outliers" as on "normal" values (notebook/kernels.md), and
     a run's own baseline is timed on round 0's alone."""
-    return {t.name: list(dict.fromkeys(t.dists[r % len(t.dists)] for r in (0, 1))) for t in spec.op.inputs}
+    out = {}
+    for t in spec.op.inputs:
+        v = t.drawn(timed=True)
+        names = [v.dists[r % len(v.dists)] for r in (0, 1)]
+        if v is not t:
+            names = [f"{d} [{v.low.text}, {v.high.text})" if d == "randint" else d for d in names]
+        out[t.name] = list(dict.fromkeys(names))
+    return out
 
 
 def _split(rounds: list[float]) -> tuple[float | None, float | None]:

@@ -105,6 +105,9 @@ def range_section(spec, rt: dict, history, ship) -> dict:
                               "run pipe compare again")
         kernels[str(tid)] = {"params": t.params, "cubin": ship(tid, t)}
     return {"axes": rt["axes"], "domain": {s: [d.min, d.max] for s, d in spec.op.domain.items()},
+            # op.domain_where: a size where it does not hold is outside the domain (the fallback)
+            "where": spec.op.domain_where.text if spec.op.domain_where is not None else None,
+            "elem": spec.op.shape_env({})["elem"],  # what `elem` stands for in it (the dtype's bytes)
             "serves": spec.kernel.serves.text if spec.kernel.serves is not None else None,
             # rows (several `tune` levels): below a value of the level symbol, another kernel list
             **({"levels": rt["levels"]} if rt.get("levels") else {}),
@@ -176,6 +179,8 @@ def exact_entries(spec, rt: dict, ex, ship_src) -> list[dict]:
 
 def range_rule(spec) -> str:
     dom = ", ".join(f"{s} {d.min}..{d.max if d.max is not None else 'any'}" for s, d in spec.op.domain.items())
+    if spec.op.domain_where is not None:
+        dom += f", where {spec.op.domain_where.text}"
     return (f"a shape inside the domain ({dom}) takes the kernel of its range (a named shape: its own list): "
             "the first of the list that serves it (kernel.serves), else the torch reference; any other shape, "
             "CPU tensors and non-contiguous inputs use the torch reference")

@@ -169,10 +169,12 @@ class Op:
         self._scratch = _scratch_exprs(table.get("scratch"))  # [(name, dtype, [dimension expressions])]
         self._workspaces: dict = {}  # (device, stream, name, dtype, shape) -> the zeroed buffer
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
-        self._serves = None
+        self._serves = self._where = None
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
         if self.by_range:
             self._serves = _expr(self.by_range["serves"]) if self.by_range.get("serves") else None
+            # op.domain_where: sizes where it does not hold are outside the domain
+            self._where = _expr(self.by_range["where"]) if self.by_range.get("where") else None
         self._kernels: dict = {}
         self._other_launch: dict = {}
         self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
@@ -220,10 +222,20 @@ class Op:
             if key not in self._chosen:
                 if len(self._chosen) > 65536:
                     self._chosen.clear()
-                self._chosen[key] = self._exact(env) or self._by_range(env)
+                # outside op.domain_where no kernel was verified, an --exact one neither: the fallback
+                self._chosen[key] = (self._exact(env) or self._by_range(env)) if self.where(env) else None
             return self._chosen[key]
         e = choose(self.entries, self.baked, self.symbols, env)
         return e if e is not None and e["use"] == "kernel" else None
+
+    def where(self, env: dict) -> bool:
+        """op.domain_where at these sizes (True without one; False where it cannot be worked out)."""
+        if self._where is None:
+            return True
+        try:
+            return bool(self._where({**{s: env[s] for s in self.symbols}, "elem": self.by_range.get("elem")}))
+        except Exception:  # noqa: BLE001 (a size the expression cannot take is outside the domain)
+            return False
 
     def serves(self, params: dict, env: dict) -> bool:
         """kernel.serves of a configuration at these sizes (every size without one)."""

@@ -19,7 +19,9 @@
    best arm at each point.
 
 Tables over one range axis are refined; with several axes each point owns its box of
-the product grid (midpoints on every axis), unrefined.
+the product grid (midpoints on every axis), unrefined. Every size timed (the points, the
+midpoints of a bisection, the curve's) lies inside op.domain_where; the grid has no point
+outside it (nor a box of its own there), and the exported op takes the fallback outside it.
 """
 
 from __future__ import annotations
@@ -187,12 +189,15 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
     """The cut between two neighbouring points' choices on one symbol: values <= lo go to a,
     >= hi to b. Where their first choices differ, the two contenders (a kernel or the fallback)
     are timed against each other at the log-midpoint, REFINE times; the cut is the first
-    value that goes to b."""
+    value that goes to b. `shape_at(v)` is None where the shape lies outside op.domain_where:
+    the bisection stops there."""
     for _ in range(refine):
         if hi - lo <= 1:
             break
         mid = min(max(_geo_mid(lo, hi), lo + 1), hi - 1)
         shape = shape_at(mid)
+        if shape is None:  # outside op.domain_where: nothing to time there, the cut stays put
+            break
         ka, kb = _first(a_list, prober, shape), _first(b_list, prober, shape)
         if ka == kb:  # the same choice either way: the cut does not matter here
             break
@@ -212,6 +217,11 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
         else:
             hi = mid
     return hi if hi - lo <= 1 else _geo_mid(lo, hi)
+
+
+def _inside(op, shape: dict) -> dict | None:
+    """The shape, or None where op.domain_where does not hold (no size there to time)."""
+    return shape if op.where_holds(shape) else None
 
 
 def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prober, refine: int, log) -> None:
@@ -238,8 +248,8 @@ def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prob
         rows = []
         for a, b in zip(levels, levels[1:]):
             va, vb = a["shape"][sym], b["shape"][sym]
-            cut = _bisect(va, vb, lambda v: {**r["point"], sym: v}, a["list"], b["list"], prober, refine,
-                          log, f"{'x'.join(str(v) for v in key.values())} {sym}")
+            cut = _bisect(va, vb, lambda v: _inside(op, {**r["point"], sym: v}), a["list"], b["list"], prober,
+                          refine, log, f"{'x'.join(str(v) for v in key.values())} {sym}")
             rows.append({"below": max(cut, va + 1), "point": a["shape"], "use": a["list"], "times_s": a["times_s"],
                          "eager_s": a["eager_s"]})
         top = levels[-1]  # the level of the most rows (the main one, as a rule) serves the rest
@@ -255,8 +265,8 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
     for a, b in zip(grid, grid[1:]):
         va, vb = a["shape"][axis], b["shape"][axis]
         if a["use"][:1] != b["use"][:1]:
-            cut = _bisect(va, vb, lambda v: spec.op.point({axis: v}), a["list"], b["list"], prober,
-                          refine, log, axis)
+            cut = _bisect(va, vb, lambda v: _inside(spec.op, spec.op.point({axis: v})), a["list"], b["list"],
+                          prober, refine, log, axis)
         else:
             cut = _geo_mid(va, vb)
         cuts.append(max(cut, va + 1))
@@ -304,7 +314,8 @@ def _first_served(use, serves, shape):
 def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
     """Points of the domain for the curve, never a tuning point or a named shape: log-uniform
     on the axes (half of them odd), the other symbols at their tuning value (large inputs),
-    and a quarter of them with few rows (small inputs, where launch cost counts)."""
+    and a quarter of them with few rows (small inputs, where launch cost counts); each inside
+    op.domain_where (a draw outside it is drawn again)."""
     op = spec.op
     rng = random.Random(seed)
     taken = [dict(s) for s in op.shapes]
@@ -325,7 +336,7 @@ def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
                 d = op.domain[s]
                 if d.tune is not None:
                     shape[s] = max(d.min, min(shape[s], rng.randint(d.min, d.min + 255)))
-        if shape not in taken:
+        if shape not in taken and op.where_holds(shape):
             taken.append(shape)
             out.append(shape)
     return sorted(out, key=lambda s: [s[a] for a in op.axes] + [s[x] for x in op.symbols])

@@ -37,6 +37,12 @@ TENSOR = _obj({
     "high": EXPR,
     "special": _obj({"value": NUM, "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
                     ["value", "fraction"]),
+    # an input's values in timed calls, where they differ from verification's (spec.py)
+    "timed": _obj({
+        "dist": {"oneOf": [{"enum": DISTS}, {"type": "array", "items": {"enum": DISTS}, "minItems": 1}]},
+        "low": EXPR,
+        "high": EXPR,
+    }, minProperties=1),
 }, ["shape"])
 
 PARAM = {"oneOf": [
@@ -94,6 +100,9 @@ SPEC = _obj({
             "tune": {"oneOf": [EXPR, {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 4}]},
         }, ["min"])},
         "grid": _obj({"per_octave": {"type": "number", "minimum": 0.25, "maximum": 16}}),
+        # a constraint across the domain's symbols (B * L <= 2 ** 21): sizes outside it are
+        # outside the domain
+        "domain_where": EXPR,
     }, ["reference", "dtype", "inputs", "outputs", "shapes", "bytes"]),
     "kernel": _obj({
         "backend": {"enum": ["cpu", "cuda"]},

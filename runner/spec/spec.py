@@ -52,6 +52,14 @@ class TensorSpec:
     low: Expr | None = None
     high: Expr | None = None
     special: tuple[float, float] | None = None  # (value, fraction): that share of elements set to value
+    # an input's `timed` override: the same tensor with other dist/low/high, the values of the
+    # timed calls (the candidate's timed loop, the baseline's, pipe compare's arms); the check
+    # rounds of verification and the domain checks take the tensor's own
+    timed: "TensorSpec | None" = None
+
+    def drawn(self, timed: bool = False) -> "TensorSpec":
+        """The tensor as its values are drawn: for timed calls (`timed`) or for verification."""
+        return self.timed if timed and self.timed is not None else self
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,9 @@ class OpSpec:
     # op.domain: symbol -> Domain, the sizes the exported op serves (empty: the listed shapes only)
     domain: dict = field(default_factory=dict)
     named: int = 0  # with a domain: shapes[:named] are the listed sizes, the rest the tuning grid
+    # op.domain_where: an expression over the domain's symbols (and elem) that every size of the
+    # domain satisfies besides its ranges (a cross-axis bound, such as B * L <= 2 ** 21)
+    domain_where: Expr | None = None
 
     def compare_arms(self, triton: bool = True, arms: bool = True) -> dict[str, str]:
         """The user's arms of pipe compare, name -> "module:function": op.triton (named
@@ -120,7 +131,7 @@ class OpSpec:
 
     def point(self, axes_env: dict, level: int = 0) -> dict:
         """The tuning point (a full shape) at values of the grid axes, at a `tune` level."""
-        return complete(self.domain, self.symbols, axes_env, DTYPE_BYTES[self.dtype], level)
+        return complete(self.domain, self.symbols, axes_env, DTYPE_BYTES[self.dtype], level, self.domain_where)
 
     @property
     def levels(self) -> tuple[str | None, int]:
@@ -138,7 +149,15 @@ class OpSpec:
             v = shape.get(s)
             if v is None or v < d.min or (d.max is not None and v > d.max):
                 return f"{s}={v} is outside [{d.min}, {d.max if d.max is not None else 'any'}]"
+        if not self.where_holds(shape):
+            return (f"op.domain_where '{self.domain_where.text}' does not hold at "
+                    f"{', '.join(f'{k}={v}' for k, v in shape.items())}")
         return None
+
+    def where_holds(self, shape: dict) -> bool:
+        """Whether op.domain_where holds at a shape (always without one; an expression that
+        cannot be worked out at the shape does not hold)."""
+        return holds(self.domain_where, shape, DTYPE_BYTES[self.dtype])
 
 
 @dataclass(frozen=True)
@@ -163,10 +182,49 @@ def levels_of(domain: dict) -> tuple[str | None, int]:
     return None, 1
 
 
-def complete(domain: dict, symbols: list[str], env: dict, dtype_bytes: int, level: int = 0) -> dict:
+def holds(where: Expr | None, shape: dict, dtype_bytes: int) -> bool:
+    """Whether op.domain_where holds at a shape (True without one; False where it cannot be
+    worked out)."""
+    if where is None:
+        return True
+    try:
+        return bool(where({**shape, "elem": dtype_bytes}))
+    except ExprError:
+        return False
+
+
+def _lower_tune(where: Expr, domain: dict, symbols: list[str], shape: dict, dtype_bytes: int) -> dict:
+    """A tuning point where op.domain_where does not hold, its `tune` sizes lowered until it
+    does: each in turn (symbol order) to the largest value from its min up to its value at the
+    point that satisfies the constraint, by bisection (a bound such as rows x length <= C);
+    a symbol at whose min it still fails goes to its min and the next is lowered. Grid axes
+    are never moved: a point still outside is dropped by the caller."""
+    shape = dict(shape)
+    for s in symbols:
+        if holds(where, shape, dtype_bytes):
+            break
+        d = domain.get(s)
+        if d is None or d.tune is None:
+            continue
+        lo, hi = d.min, shape[s]
+        if holds(where, {**shape, s: lo}, dtype_bytes):
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if holds(where, {**shape, s: mid}, dtype_bytes):
+                    lo = mid
+                else:
+                    hi = mid
+        shape[s] = lo
+    return shape
+
+
+def complete(domain: dict, symbols: list[str], env: dict, dtype_bytes: int, level: int = 0,
+             where: Expr | None = None) -> dict:
     """A full shape from values of the grid axes: each `tune` symbol at its level's value
     (level 0 the main one; a symbol with one expression has it at every level), clamped
-    into its range."""
+    into its range, and lowered (`_lower_tune`) where op.domain_where (`where`) does not
+    hold there. The shape may still lie outside `where` (the axes' values alone break it):
+    callers check."""
     env = {**env, "elem": dtype_bytes}
     for s in symbols:
         d = domain.get(s)
@@ -177,14 +235,20 @@ def complete(domain: dict, symbols: list[str], env: dict, dtype_bytes: int, leve
         exprs = (d.tune, *d.levels)
         v = int((exprs[level] if level < len(exprs) else d.tune)(env))
         env[s] = max(d.min, v if d.max is None else min(d.max, v))
-    return {s: env[s] for s in symbols}
+    shape = {s: env[s] for s in symbols}
+    if where is not None and not holds(where, shape, dtype_bytes):
+        shape = _lower_tune(where, domain, symbols, shape, dtype_bytes)
+    return shape
 
 
-def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes: int) -> list[dict]:
+def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes: int,
+                where: Expr | None = None) -> list[dict]:
     """The tuning points of a domain: the product of each axis's log-spaced values (per_octave
     of them per doubling, the min and max included, and the typical values), each completed
     with the `tune` symbols, clamped into their own ranges; with several `tune` levels, the
-    main level's points first, then each further level's."""
+    main level's points first, then each further level's. With op.domain_where (`where`),
+    the `tune` sizes are lowered to satisfy it (`complete`) and a point whose axis values
+    break it is dropped: the grid keeps every other point where it was."""
     import itertools
     import math
 
@@ -199,8 +263,8 @@ def grid_points(domain: dict, symbols: list[str], per_octave: float, dtype_bytes
     out = []
     for level in range(levels_of(domain)[1]):
         for combo in itertools.product(*values):
-            shape = complete(domain, symbols, dict(zip(axes, combo)), dtype_bytes, level)
-            if shape not in out:
+            shape = complete(domain, symbols, dict(zip(axes, combo)), dtype_bytes, level, where)
+            if shape not in out and holds(where, shape, dtype_bytes):
                 out.append(shape)
     return out
 
@@ -472,7 +536,34 @@ class _Checker:
                 special = (sp_["value"], float(sp_["fraction"]))
                 if tdtype in INT_DTYPES and sp_["value"] != int(sp_["value"]):
                     self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
-            return TensorSpec(name, tuple(dims), tdtype, dists, low, high, special)
+            spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special)
+            if "timed" in t:
+                spec_ = timed_override(kind, base, t, spec_)
+            return spec_
+
+        def timed_override(kind: str, base: tuple, t: dict, main: TensorSpec) -> TensorSpec:
+            """An input's `timed` override: the same tensor, its dist, low or high replaced for
+            the values of timed calls."""
+            o_ = t["timed"]
+            path = base + ("timed",)
+            if kind != "inputs":
+                self.err(path, "`timed` gives the values of an input in timed calls; an output has none",
+                         prefer_key=True)
+                return main
+            dists = o_.get("dist", main.dists)
+            dists = tuple([dists] if isinstance(dists, str) else dists)
+            if "dist" in o_ and main.dtype in INT_DTYPES and any(x != "randint" for x in dists):
+                self.err(path + ("dist",), f"integer tensors ({main.dtype}) take dist 'randint' with low and high")
+            bounds = [k for k in ("low", "high") if k in o_]
+            if bounds and "randint" not in dists:
+                self.err(path + (bounds[0],), f"'{bounds[0]}' bounds dist 'randint' only; input '{main.name}' "
+                                              f"({main.dtype}) is drawn from {', '.join(dists)} in timed calls: "
+                                              "give `timed.dist` as well, or leave the bounds out")
+            low = self.expr(path + ("low",), o_["low"], scope) if "low" in o_ else main.low
+            high = self.expr(path + ("high",), o_["high"], scope) if "high" in o_ else main.high
+            if "randint" in dists and (low is None or high is None) and "randint" not in main.dists:
+                self.err(path, "dist 'randint' needs low and high (here or beside dist)")
+            return dataclasses.replace(main, timed=dataclasses.replace(main, dists=dists, low=low, high=high))
 
         inputs = tuple(tensor("inputs", n, t) for n, t in o["inputs"].items())
         outputs = tuple(tensor("outputs", n, t) for n, t in o["outputs"].items())
@@ -508,11 +599,12 @@ class _Checker:
                          f"({', '.join(RESERVED_ARMS)}); use op.triton for the Triton kernel", prefer_key=True)
         atol, rtol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
         tol = o.get("tolerance", {})
-        domain, timed = self.domain(o, symbols, shapes, extra, held, dtype)
+        domain, timed, where = self.domain(o, symbols, shapes, extra, held, dtype)
         if None in inputs or None in outputs or nbytes is None or not ok or domain is None:
             return None
+        self.randint_bounds(inputs, timed + list(extra) + list(held), dtype)
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
-                      domain=domain, named=len(shapes),
+                      domain=domain, named=len(shapes), domain_where=where,
                       shapes=tuple(dict(s) for s in timed), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
@@ -520,13 +612,39 @@ class _Checker:
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
                       floor=float(tol.get("floor", 2.0 ** -7)))
 
-    def domain(self, o: dict, symbols: list[str], shapes, extra, held, dtype) -> tuple[dict | None, list]:
-        """op.domain and op.grid: the symbols' ranges, checked, and the timed shapes (the listed
-        ones, then the tuning grid's points that are not listed). ({}, shapes) without a domain."""
+    def randint_bounds(self, inputs, shapes: list[dict], dtype: str) -> None:
+        """Each `randint` input's low and high (its own, and its `timed` override's) at every
+        timed, extra and held-out shape: worked out, and low below high (torch draws from
+        [low, high))."""
+        for t in inputs:
+            for which, v in (((), t), (("timed",), t.timed)):
+                if v is None or "randint" not in v.dists or v.low is None or v.high is None:
+                    continue
+                path = ("op", "inputs", t.name) + which
+                for sh in shapes:
+                    env = {**sh, "elem": DTYPE_BYTES[dtype]}
+                    at = ", ".join(f"{k}={x}" for k, x in sh.items())
+                    try:
+                        lo, hi = v.low(env), v.high(env)
+                    except ExprError as e:
+                        self.err(path, f"low or high at {at}: {e}")
+                        break
+                    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo < hi):
+                        self.err(path, f"randint draws from [low, high): low {lo} is not below high {hi} at {at}")
+                        break
+
+    def domain(self, o: dict, symbols: list[str], shapes, extra, held,
+               dtype) -> tuple[dict | None, list, Expr | None]:
+        """op.domain, op.domain_where and op.grid: the symbols' ranges, checked, the timed shapes
+        (the listed ones, then the tuning grid's points that are not listed) and the cross-axis
+        constraint. ({}, shapes, None) without a domain."""
         if "domain" not in o:
             if "grid" in o:
                 self.err(("op", "grid"), "a tuning grid needs op.domain (the ranges it spans)", prefer_key=True)
-            return {}, list(shapes)
+            if "domain_where" in o:
+                self.err(("op", "domain_where"), "op.domain_where needs op.domain (the ranges it narrows)",
+                         prefer_key=True)
+            return {}, list(shapes), None
         dom: dict[str, Domain] = {}
         good = True
         axes_env = {s for s, d in o["domain"].items() if "tune" not in d} | {"elem"}
@@ -568,22 +686,44 @@ class _Checker:
         if not any(d.tune is None for d in dom.values()):
             self.err(("op", "domain"), "at least one symbol must be a range with a max (the grid's axis)")
             good = False
+        where = None
+        if "domain_where" in o:
+            # over the sizes (and elem): a bound across axes, such as what the judge can verify
+            where = self.expr(("op", "domain_where"), o["domain_where"], set(symbols) | {"elem"})
+            good = good and where is not None
         if not good:
-            return None, []
+            return None, [], None
         probe = OpSpec(reference="", dtype=dtype, inputs=(), outputs=(), scalars=(), shapes=tuple(shapes),
                        extra_shapes=(), atol=0, rtol=0, bytes=None, flops=None, domain=dom)
+        per_octave = float(o.get("grid", {}).get("per_octave", 2))
+        if where is not None:
+            # an expression that cannot be worked out at a listed size or a tuning point (a
+            # division by zero, say) is a mistake, not a size outside the domain
+            try:
+                raw = grid_points(dom, symbols, per_octave, DTYPE_BYTES[dtype])
+            except ExprError:
+                raw = []  # reported below
+            for sh in [*shapes, *extra, *held, *raw]:
+                try:
+                    where({**sh, "elem": DTYPE_BYTES[dtype]})
+                except ExprError as e:
+                    self.err(("op", "domain_where"), f"at {', '.join(f'{k}={v}' for k, v in sh.items())}: {e}")
+                    return None, [], None
+            probe = dataclasses.replace(probe, domain_where=where)
         for key, group in (("shapes", shapes), ("extra_shapes", extra), ("held_out_shapes", held)):
             for i, sh in enumerate(group):
                 why = probe.in_domain(sh)
                 if why:
                     self.err(("op", key, i), f"outside op.domain: {why}")
         try:
-            grid = grid_points(dom, symbols, float(o.get("grid", {}).get("per_octave", 2)), DTYPE_BYTES[dtype])
+            grid = grid_points(dom, symbols, per_octave, DTYPE_BYTES[dtype], where)
         except ExprError as e:
             self.err(("op", "domain"), f"a tuning point's `tune` value: {e}")
-            return None, []
+            return None, [], None
+        if where is not None and not grid:
+            self.err(("op", "domain_where"), f"'{where.text}' holds at no tuning point of op.domain's grid")
         listed = [dict(sh) for sh in shapes]
-        return dom, listed + [g for g in grid if g not in listed]
+        return dom, listed + [g for g in grid if g not in listed], where
 
     def reference(self, ref: str) -> None:
         try:  # from the spec's folder first (no PYTHONPATH needed), then sys.path

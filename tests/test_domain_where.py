@@ -1,0 +1,479 @@
+"""op.domain_where (a constraint across the domain's symbols) and an input's `timed` override
+(its values in timed calls), on the ragged test op of tests/ragged_cpu/ (B rows, each summed
+to its own length lens[b] <= L, B * L <= 2^14) and on the RMSNorm range spec.
+
+- the spec: mistakes in either key are errors at their file, line, column and key path;
+- the tuning grid keeps every point where the constraint holds and drops the others, with
+  `tune` sizes lowered to satisfy it;
+- the judge's secret domain checks, pipe compare's curve points and its bisection midpoints
+  satisfy it; the exported op takes the fallback outside it;
+- timed calls (a candidate's timed loop, the baseline, the re-timing, pipe compare's arms)
+  get the override's values, verification the input's own, in the same buffers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from runner import cli
+from runner.judge import domain
+from runner.judge.inputs import make_inputs
+from runner.ship import ranges
+from runner.ship.exported_runtime import Op
+from runner.spec.spec import grid_points, load_spec
+
+from .conftest import PIPELINES
+
+RAGGED_DIR = Path(__file__).resolve().parent / "ragged_cpu"
+RAGGED = RAGGED_DIR / "spec.yaml"
+RAGGED_BASE = yaml.safe_load(RAGGED.read_text())
+RANGE_CPU = PIPELINES / "rmsnorm-range-cpu.yaml"
+RANGE_BASE = yaml.safe_load(RANGE_CPU.read_text())
+LIMIT = 2 ** 14  # the ragged spec's B * L bound
+
+
+def ragged_spec(tmp_path: Path, change=None) -> Path:
+    """The ragged spec, changed, in a folder of its own (with its template and a copy of its
+    reference under another name: a spec folder stays on sys.path, and a worker this process
+    spawns later for tests/ragged_cpu must not meet a second `ragged_ref` there)."""
+    d = copy.deepcopy(RAGGED_BASE)
+    d["op"]["reference"] = "ragged_ref_copy:ragged_sum"
+    if change is not None:
+        change(d)
+    folder = tmp_path / "ragged"
+    if not folder.exists():
+        folder.mkdir()
+        shutil.copyfile(RAGGED_DIR / "ragged.cpp.j2", folder / "ragged.cpp.j2")
+        shutil.copyfile(RAGGED_DIR / "ragged_ref.py", folder / "ragged_ref_copy.py")
+    p = folder / "r.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def range_spec(project: Path, change) -> Path:
+    """The RMSNorm range spec (N an axis, M `tune` levels) with few rows named, changed."""
+    d = copy.deepcopy(RANGE_BASE)
+    d["op"]["shapes"] = [{"M": 4, "N": 1024}]
+    d["op"]["extra_shapes"] = [{"M": 1, "N": 4096}, {"M": 3, "N": 1000}, {"M": 7, "N": 66}]
+    change(d)
+    p = project / "pipelines" / "r.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def diagnostics(path: Path, capsys) -> list[tuple[int, int, str, str]]:
+    """`pipe validate`'s errors as (line, column, key path, message); it must fail cleanly."""
+    rc = cli.main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    out = []
+    for m in re.finditer(r"^\S*r\.yaml:(\d+):(\d+): (\S+): (.*)$", err, re.M):
+        out.append((int(m[1]), int(m[2]), m[3], m[4]))
+    assert out, err
+    return out
+
+
+def line_of(path: Path, needle: str) -> int:
+    """The first line (1-based) of a file holding `needle` ("A >> B": the first holding B
+    after the first holding A)."""
+    lines = path.read_text().splitlines()
+    start = 0
+    if " >> " in needle:
+        anchor, needle = needle.split(" >> ")
+        start = next(i for i, line in enumerate(lines) if anchor in line) + 1
+    return next(i for i, line in enumerate(lines[start:], start + 1) if needle in line)
+
+
+def the_error(path: Path, capsys, key: str, message: str, needle: str | None = None) -> None:
+    """One of the errors is at `key`, says `message` and (with `needle`) points at its line."""
+    diags = diagnostics(path, capsys)
+    hits = [d for d in diags if d[2] == key and message in d[3]]
+    assert hits, diags
+    if needle is not None:
+        assert hits[0][0] == line_of(path, needle), (hits, path.read_text())
+    assert hits[0][1] >= 1
+
+
+# -- 1. op.domain_where: the spec -------------------------------------------------------------
+
+def test_the_ragged_spec_holds_both_keys():
+    s = load_spec(RAGGED)
+    assert s.op.domain_where.text == "B * L <= 2 ** 14"
+    lens = next(t for t in s.op.inputs if t.name == "lens")
+    assert lens.low.text == "1" and lens.timed.low.text == "L" and lens.timed.high.text == "L + 1"
+    x = next(t for t in s.op.inputs if t.name == "x")
+    assert x.timed is None and x.drawn(timed=True) is x
+    assert s.op.in_domain({"B": 4, "L": 4096}) is None
+    why = s.op.in_domain({"B": 5, "L": 4096})
+    assert "op.domain_where 'B * L <= 2 ** 14' does not hold at B=5, L=4096" in why
+
+
+@pytest.mark.parametrize("change, key, message, needle", [
+    (lambda d: d["op"].update(domain_where="B * K <= 4"), "op.domain_where", "unknown name K", "domain_where:"),
+    (lambda d: d["op"].update(domain_where="B * L <="), "op.domain_where", "syntax error", "domain_where:"),
+    (lambda d: d["op"].update(domain_where="B // (L - 16) < 99"), "op.domain_where", "ZeroDivisionError",
+     "domain_where:"),
+    (lambda d: d["op"].update(shapes=[{"B": 32, "L": 1000}]), "op.shapes[0]",
+     "outside op.domain: op.domain_where 'B * L <= 2 ** 14' does not hold at B=32, L=1000", "- B: 32"),
+    (lambda d: d["op"]["extra_shapes"].append({"B": 17, "L": 1000}), "op.extra_shapes[2]",
+     "does not hold at B=17, L=1000", "- B: 17"),
+    (lambda d: d["op"].update(held_out_shapes=[{"B": 30, "L": 4000}]), "op.held_out_shapes[0]",
+     "does not hold at B=30, L=4000", "- B: 30"),
+    (lambda d: d["op"].update(domain_where="B * L > 2 ** 30"), "op.domain_where", "holds at no tuning point",
+     "domain_where:"),
+    (lambda d: d["op"].pop("domain"), "op.domain_where", "needs op.domain", "domain_where:"),
+])
+def test_domain_where_mistakes_are_spec_errors(tmp_path, capsys, change, key, message, needle):
+    the_error(ragged_spec(tmp_path, change), capsys, key, message, needle)
+
+
+# -- 1. the tuning grid ---------------------------------------------------------------------------
+
+def test_the_grid_drops_the_points_outside_and_keeps_the_others():
+    s = load_spec(RAGGED)
+    op = s.op
+    grid = list(op.shapes[op.named:])
+    raw = grid_points(op.domain, op.symbols, 0.25, 4)  # the product grid, no constraint
+    assert len(raw) == 9
+    assert all(g["B"] * g["L"] <= LIMIT and op.in_domain(g) is None for g in grid)
+    assert grid == [g for g in raw if g["B"] * g["L"] <= LIMIT]  # the others, in the grid's order
+    assert {"B": 32, "L": 4096} not in grid and {"B": 6, "L": 4096} not in grid
+    assert {"B": 32, "L": 256} in grid and {"B": 1, "L": 4096} in grid  # the constraint's staircase
+    assert s.op.shapes[0] == {"B": 4, "L": 1000}
+
+
+def test_tune_sizes_are_lowered_to_the_constraint_and_axis_points_past_it_dropped(project):
+    s = load_spec(range_spec(project, lambda d: d["op"].update(domain_where="M * N <= 2 ** 16 and N <= 8192")))
+    op = s.op
+    grid = op.shapes[op.named:]
+    assert all(g["M"] * g["N"] <= 2 ** 16 and g["N"] <= 8192 for g in grid)
+    ns = sorted({g["N"] for g in grid})
+    assert ns == [64, 128, 256, 512, 1000, 1024, 2048, 4096, 8192]  # 16384 dropped, not moved
+    main = [g for g in grid if op.level_of(g) == 0]
+    few = [g for g in grid if op.level_of(g) == 1]
+    # the main level's rows (2^18 // N) lowered to the largest the constraint lets through
+    assert all(g["M"] == 2 ** 16 // g["N"] for g in main)
+    assert all(g["M"] == 4 for g in few)  # the few rows hold: every level kept (4x1024 is named)
+    assert sorted([g["N"] for g in few] + [1024]) == ns
+    assert op.point({"N": 300}) == {"M": 2 ** 16 // 300, "N": 300}
+    assert op.point({"N": 300}, 1) == {"M": 4, "N": 300}
+
+
+# -- 1. the judge's domain checks -------------------------------------------------------------
+
+def test_domain_checks_drawn_over_many_seeds_all_satisfy_it_and_reach_its_edge():
+    s = load_spec(RAGGED)
+    serves = lambda sh: sh["L"] >= 32  # noqa: E731 (a configuration that serves L >= 32)
+    seen = []
+    for seed in range(300):
+        ds = domain.draws(s.op, serves, seed)
+        assert ds and len(ds) <= domain.DRAWS
+        assert all(x["B"] * x["L"] <= LIMIT and serves(x) and s.op.in_domain(x) is None for x in ds), ds
+        seen += ds
+    # the bisection for the highest sizes served stops at the constraint, exactly
+    on_edge = [x for x in seen if (x["B"] + 1) * x["L"] > LIMIT or x["B"] * (x["L"] + 1) > LIMIT]
+    assert on_edge and any(x["B"] > 1 and x["L"] > 32 for x in on_edge)
+    assert {x["L"] for x in seen} >= {32}  # the lowest served, by bisection too
+
+
+def test_domain_checks_of_a_run_of_tune_levels_satisfy_it(project):
+    s = load_spec(range_spec(project, lambda d: d["op"].update(domain_where="M * N <= 2 ** 12")))
+    serves = lambda sh: s.kernel.serves_shape({"ACC": 8, "THREADS": 1, "UNROLL": 1}, sh, 4)  # noqa: E731
+    for seed in range(100):
+        for x in domain.draws(s.op, serves, seed):
+            assert x["M"] * x["N"] <= 2 ** 12 and s.op.in_domain(x) is None
+
+
+# -- 1. pipe compare: the curve's secret points, the bisection's midpoints ------------------------
+
+def test_compare_curve_points_satisfy_it():
+    s = load_spec(RAGGED)
+    for seed in range(60):
+        pts = ranges.secret_points(s, seed, 24)
+        assert len(pts) >= 20
+        for p in pts:
+            assert p["B"] * p["L"] <= LIMIT and s.op.in_domain(p) is None
+            assert p not in list(s.op.shapes)
+
+
+def test_compare_curve_points_with_few_rows_satisfy_it(project):
+    s = load_spec(range_spec(project, lambda d: d["op"].update(domain_where="M * N <= 2 ** 15")))
+    for seed in range(30):
+        for p in ranges.secret_points(s, seed, 24):
+            assert p["M"] * p["N"] <= 2 ** 15 and s.op.in_domain(p) is None
+
+
+class ChoosingProber:
+    """Prober's interface without a worker: every kernel serves every size; kernel #1 is
+    faster below N = 700, #2 above; every shape timed is kept to be checked."""
+
+    def __init__(self):
+        self.timed: list[dict] = []
+
+    def serves(self, tid, shape):
+        return True
+
+    def time(self, shapes, kernels, others=False):
+        self.timed += shapes
+        out = []
+        for sh, ks in zip(shapes, kernels):
+            t = {1: 1.0 if sh["N"] < 700 else 3.0, 2: 2.0}
+            d = {f"#{k}": {"rounds": [t[k]] * 2, "median": t[k], "error": None} for k in ks}
+            d["torch eager"] = {"rounds": [9.0, 9.0], "median": 9.0, "error": None}
+            out.append(d)
+        return out
+
+
+def test_compare_bisection_never_times_a_midpoint_outside_it(project):
+    # even row lengths only (the grid's are powers of two and 1000): the log-midpoints of a
+    # bisection between them are often odd, and must not be timed
+    s = load_spec(range_spec(project, lambda d: d["op"].update(domain_where="N % 2 == 0")))
+    op = s.op
+    grid = [{"shape": g, "use": [1] if g["N"] < 700 else [2], "times_s": {}, "eager_s": 9.0}
+            for g in op.shapes[op.named:] if op.level_of(g) == 0]
+    prober = ChoosingProber()
+    rs = ranges._ranges_1d(s, "N", grid, prober, ranges.REFINE, None)
+    assert rs[0]["lo"]["N"] == 64 and rs[-1]["hi"]["N"] == 16385
+    assert prober.timed, "a bisection was expected between the two kernels' points"
+    assert all(sh["N"] % 2 == 0 and op.in_domain(sh) is None for sh in prober.timed)
+    # and a midpoint outside the constraint stops the bisection where it is
+    assert ranges._bisect(512, 1000, lambda v: None, [1], [2], prober, 3, None, "N") == ranges._geo_mid(512, 1000)
+
+
+# -- 1. the exported op -----------------------------------------------------------------------------
+
+def _exported(tmp_path: Path) -> Op:
+    table = {
+        "op": "t.ragged", "inputs": [{"name": "x", "dtype": "fp32", "shape": ["B", "L"]}],
+        "outputs": [{"name": "y", "dtype": "fp32", "shape": ["B"]}], "scalars": [],
+        "symbols": ["B", "L"], "baked": [], "entries": [], "entry": "k", "args": ["x", "y", "B", "L"],
+        "derive": [], "geometry": {"grid": ["B"], "block": ["32"]},
+        "by_range": {
+            "axes": ["B", "L"], "domain": {"B": [1, 64], "L": [128, 131072]},
+            "where": "B * L <= 2 ** 21 and elem * B <= 256", "elem": 2, "serves": None,
+            "ranges": [{"lo": {"B": 1, "L": 128}, "hi": {"B": 65, "L": 131073}, "use": [1]}],
+            "exact": [{"shape": {"B": 64, "L": 32768}, "use": [1]}],
+            "kernels": {"1": {"params": {"T": 1}, "cubin": "k1.cubin"}}}}
+    return Op(tmp_path, table, reference=None)
+
+
+def test_the_exported_lookup_falls_back_outside_it(tmp_path):
+    op = _exported(tmp_path)
+    pick = lambda b, n: (op.entry_for({"B": b, "L": n}) or {}).get("trial")  # noqa: E731
+    assert pick(1, 131072) == 1 and pick(16, 131072) == 1 and pick(64, 32768) == 1  # on its edge
+    assert pick(17, 131072) is None and pick(64, 32769) is None and pick(64, 131072) is None  # past it
+    assert pick(64, 32768) == 1  # the cached choice stands
+    op.by_range["elem"] = 8  # `elem` is the package's dtype size: 8 * 64 > 256
+    op._chosen.clear()
+    assert pick(64, 128) is None and pick(32, 128) == 1
+    # a kernel with its sizes compiled in (pipe export --exact) takes the fallback outside it too
+    op.entries = [{"key": [32768], "baked": ["L"], "shape": {"B": 8, "L": 32768}, "use": "kernel", "trial": 9,
+                   "params": {}, "cubin": "e9.cubin"}]
+    op._chosen.clear()
+    assert pick(8, 32768) == 9 and pick(64, 32768) is None  # 8 * 64 > 256
+    assert op.where({"B": 1, "L": 0}) is True and op.where({"B": "x", "L": 1}) is False  # no crash
+
+
+def test_export_writes_the_expression_and_its_rule():
+    from runner.ship.export import range_rule, range_section
+
+    s = load_spec(RAGGED)
+    sec = range_section(s, {"axes": ["B", "L"], "ranges": [], "exact": []}, [], lambda tid, t: None)
+    assert sec["where"] == "B * L <= 2 ** 14" and sec["elem"] == 4
+    assert sec["domain"] == {"B": [1, 32], "L": [16, 4096]}
+    assert "where B * L <= 2 ** 14" in range_rule(s)
+    plain = load_spec(RANGE_CPU)
+    assert range_section(plain, {"axes": ["N"], "ranges": [], "exact": []}, [], lambda tid, t: None)["where"] is None
+
+
+# -- 2. the `timed` override: the spec -------------------------------------------------------------
+
+def _lens(d: dict) -> dict:
+    return d["op"]["inputs"]["lens"]
+
+
+@pytest.mark.parametrize("change, key, message, needle", [
+    (lambda d: _lens(d).update(timed={"lo": "L"}), "op.inputs.lens.timed.lo", "unknown key 'lo'; did you mean 'low'?",
+     "lo: L"),
+    (lambda d: _lens(d).update(timed={"low": "K"}), "op.inputs.lens.timed.low", "unknown name K", "low: K"),
+    (lambda d: _lens(d).update(timed={"high": "L + N"}), "op.inputs.lens.timed.high", "unknown name N", "high: L + N"),
+    (lambda d: _lens(d).update(timed={}), "op.inputs.lens.timed", "should be non-empty", "timed: {}"),
+    (lambda d: _lens(d).update(timed={"dist": "normal"}), "op.inputs.lens.timed.dist",
+     "integer tensors (int32) take dist 'randint'", "dist: normal"),
+    (lambda d: _lens(d).update(timed={"low": "L + 1"}), "op.inputs.lens.timed",
+     "low 1001 is not below high 1001 at B=4, L=1000", "low: L + 1"),
+    # an override that does not make sense on a float input: bounds of a dist it is not drawn from
+    (lambda d: d["op"]["inputs"]["x"].update(timed={"low": 1}), "op.inputs.x.timed.low",
+     "'low' bounds dist 'randint' only; input 'x' (fp32) is drawn from normal, positive", "low: 1"),
+    (lambda d: d["op"]["inputs"]["x"].update(timed={"dist": "randint"}), "op.inputs.x.timed",
+     "dist 'randint' needs low and high", "dist: randint"),
+    (lambda d: (_lens(d).pop("timed"), d["op"]["outputs"]["out"].update(timed={"dist": "normal"})),
+     "op.outputs.out.timed", "an output has none", "timed:"),
+    (lambda d: _lens(d).update(timed="L"), "op.inputs.lens.timed", "expected object", "timed: L"),
+    (lambda d: _lens(d).update(high=1), "op.inputs.lens", "low 1 is not below high 1 at B=4, L=1000", "lens: >> shape:"),
+])
+def test_timed_override_mistakes_are_spec_errors(tmp_path, capsys, change, key, message, needle):
+    the_error(ragged_spec(tmp_path, change), capsys, key, message, needle)
+
+
+def test_a_float_input_may_take_another_distribution_when_timed(tmp_path):
+    s = load_spec(ragged_spec(tmp_path, lambda d: d["op"]["inputs"]["x"].update(timed={"dist": ["uniform"]})))
+    x = next(t for t in s.op.inputs if t.name == "x")
+    assert x.dists == ("normal", "positive") and x.drawn(timed=True).dists == ("uniform",)
+
+
+def test_compare_reports_the_timed_values():
+    from runner.ship.compare import compared_inputs
+
+    assert compared_inputs(load_spec(RAGGED)) == {"x": ["normal", "positive"], "lens": ["randint [L, L + 1)"]}
+    assert compared_inputs(load_spec(RANGE_CPU))["w"] == ["positive"]
+
+
+# -- 2. the values drawn -------------------------------------------------------------------------------
+
+def test_make_inputs_timed_takes_the_override_and_verification_the_inputs_own():
+    op = load_spec(RAGGED).op
+    shape = {"B": 32, "L": 500}
+    for seed in range(5):
+        for r in range(3):
+            v = make_inputs(op, shape, seed, r, "cpu")
+            t = make_inputs(op, shape, seed, r, "cpu", timed=True)
+            assert v["lens"].dtype == t["lens"].dtype == torch.int32 and v["lens"].shape == t["lens"].shape
+            assert int(v["lens"].min()) >= 1 and int(v["lens"].max()) <= 500
+            assert int(v["lens"].min()) < 500  # ragged: 32 rows all at 500 is one chance in 500^32
+            assert torch.equal(t["lens"], torch.full((32,), 500, dtype=torch.int32))
+            assert torch.equal(v["x"], t["x"])  # the same draws otherwise: only the override differs
+
+
+class Spy:
+    """The Judge in this process, with a kernel in Python (it sums each row to its length with
+    torch) that records what every call saw: the phase (verification or a timed loop), lens,
+    and the buffers' addresses."""
+
+    def __init__(self, spec):
+        from runner.judge.worker import Judge
+
+        self.threads = torch.get_num_threads()
+        self.judge = j = Judge(spec)
+        j.census = None  # no native code runs: no thread census
+        self.phase = "verify"
+        self.calls: list[tuple[str, torch.Tensor, int, tuple]] = []  # kernel calls
+        self.torch_calls: list[tuple[str, torch.Tensor, int]] = []  # the reference in the op's dtype
+        ref = j.reference
+
+        def kernel(x, lens, out, B, L):
+            self.calls.append((self.phase, lens.clone(), L, (x.data_ptr(), lens.data_ptr(), x.dtype, x.shape)))
+            out.copy_(ref(x=x, lens=lens))
+
+        def reference(x, lens):
+            if x.dtype == torch.float32:  # a torch arm (the float64 references are the judge's own)
+                self.torch_calls.append((self.phase, lens.clone(), x.shape[1]))
+            return ref(x=x, lens=lens)
+
+        j.reference = reference
+        j.rt.load = lambda artifact, entry, kinds: kernel
+
+        def values(shape, inputs, outs):  # the tensors themselves, for the Python kernel
+            named = {**inputs, **{t.name: o.view for t, o in zip(j.op.outputs, outs)}}
+            return [named[a] if a in named else shape[a] for a in spec.kernel.args]
+
+        j._values = values
+        timed = j._time_checked
+
+        def time_checked(*a, **k):
+            self.phase = "timed"
+            try:
+                return timed(*a, **k)
+            finally:
+                self.phase = "verify"
+
+        j._time_checked = time_checked
+
+    def close(self):
+        torch.set_num_threads(self.threads)
+
+
+@pytest.fixture
+def spy():
+    s = Spy(load_spec(RAGGED))
+    yield s
+    s.close()
+
+
+def test_verification_is_ragged_and_timed_calls_full_in_the_same_buffers(spy):
+    j = spy.judge
+    shapes = [j.op.shapes[0], *j.op.extra_shapes]  # 4x1000 timed; 1x17 and 3x100 verified only
+    job = {"seed": 11, "artifacts": ["py"] * 3, "geometry": [None] * 3, "shapes": shapes, "n_timed": 1, "checks": 2}
+    r = j.evaluate(job)
+    assert r["status"] == "ok", r
+    verify = [c for c in spy.calls if c[0] == "verify"]
+    timed = [c for c in spy.calls if c[0] == "timed"]
+    assert len(verify) == 3 * 2 * 2 and len(timed) >= 10  # 3 shapes x 2 rounds x 2 runs; the timed loop
+    for _, lens, L, _ in verify:
+        assert int(lens.min()) >= 1 and int(lens.max()) <= L
+    assert any(int(lens.min()) < L for _, lens, L, _ in verify if L == 1000)  # ragged
+    for _, lens, L, _ in timed:
+        assert L == 1000 and bool((lens == L).all())  # every row at its full length
+    # nothing but the values tells them apart: the timed calls run in the last check round's
+    # buffers (addresses, dtypes and shapes)
+    last_check = [c[3] for c in verify if c[2] == 1000][-1]
+    assert all(c[3] == last_check for c in timed)
+
+
+def test_the_baseline_retiming_and_compare_arms_are_timed_on_the_override(spy):
+    j = spy.judge
+    spy.phase = "baseline"
+    r = j.baseline("reference")
+    assert r["status"] == "ok" and len(r["shapes"]) == len(j.op.shapes)
+    spy.phase = "retime"
+    r = j.retime([{"artifacts": ["py"], "geometry": [None]}, {"torch": "reference"}], rounds=2, seed=5, only=[0])
+    assert r["status"] == "ok", r
+    spy.phase = "compare"
+    job = {"seed": 3, "rounds": 2, "shapes": [j.op.shapes[0], {"B": 7, "L": 333}], "compile": False, "arms": {},
+           "copy": False, "candidates": [[{"label": "#1", "artifact": "py", "geometry": None}]] * 2}
+    r = j.compare(job)
+    assert r["status"] == "ok" and all(s["#1"]["error"] is None and s["torch eager"]["error"] is None
+                                        for s in r["shapes"]), r
+    phases = {p for p, *_ in spy.calls} | {p for p, *_ in spy.torch_calls}
+    assert phases == {"baseline", "retime", "compare"}
+    assert len([c for c in spy.torch_calls if c[0] == "baseline"]) >= 10 * len(j.op.shapes)
+    for _, lens, L, *_ in spy.calls + spy.torch_calls:
+        assert bool((lens == L).all()), (lens, L)
+
+
+# -- both, end to end: a run, pipe compare ----------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_run_and_compare_of_the_ragged_op(tmp_path):
+    from runner.ship.compare import compare_and_write
+    from runner.ship.rundata import open_run
+
+    run = tmp_path / "run"
+    assert cli.main(["run", str(RAGGED), "--run-dir", str(run), "-q"]) in (0, 1)
+    rd = open_run(run, None, "test")
+    spec = rd.spec
+    assert len(spec.op.shapes) == 8 and rd.baseline and all(b for b in rd.baseline)
+    trials = rd.history
+    assert trials and all(t.status == "ok" for t in trials), [(t.status, t.reason) for t in trials]
+    for t in trials:  # verified on ragged lengths, timed on full ones: both pass
+        assert t.details["domain_checks"]
+        assert all(sh["B"] * sh["L"] <= LIMIT for sh in t.details["domain_checks"])
+    doc = compare_and_write(run, rounds=2, top=1, points=6, torch_compile=False)
+    table = doc["range_table"]
+    assert table["axes"] == ["B", "L"]
+    assert all(r["point"]["B"] * r["point"]["L"] <= LIMIT for r in table["ranges"])
+    assert len(doc["curve"]) == 6
+    for row in doc["curve"]:
+        assert row["shape"]["B"] * row["shape"]["L"] <= LIMIT
+        assert row["table_s"] and row["arms"]["torch eager"]["error"] is None
+    assert doc["protocol"]["inputs"]["lens"] == ["randint [L, L + 1)"]
+    assert math.isfinite(max(r.get("regret") or 0 for r in doc["curve"]))

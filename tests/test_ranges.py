@@ -337,3 +337,35 @@ def test_curve_regret_counts_every_named_arm_but_copy_and_the_wrong():
     colors = report.arm_colors(["fast", "gone"])
     assert colors["triton"] == "#2b8a3e" and colors["fast"] != colors["gone"]
     assert report.plot_curve({"compare": {"curve": rows, "range_table": table}})  # a line per arm that has times
+
+
+def test_curve_of_a_read_bound_op_shows_the_read_fraction():
+    """op.traffic read: the curve's ceiling column is the table's time against the op's bytes
+    at the profile's read-only bandwidth (a copy of the same bytes is slower than a read-only
+    op can be); a copy-bound op keeps the copy's fraction."""
+    import dataclasses
+
+    spec = load_spec(RANGE_CPU)
+
+    class Stub:
+        arms = {"compile": False, "arms": {}}
+
+        def serves(self, tid, shape):
+            return True
+
+        def time(self, shapes, kernels, others=False):
+            d = lambda t: {"median": t, "rounds": [t, t], "error": None, "mode": None}  # noqa: E731
+            return [{"#1": d(2e-6), "torch eager": d(3e-6), "copy": d(1e-6)} for _ in shapes]
+
+    table = {"axes": ["N"], "exact": [], "ranges": [{"lo": {"N": 1}, "hi": {"N": 1 << 30}, "use": [1]}]}
+    rows = ranges.curve(spec, table, Stub(), seed=3, n=3)
+    assert all("read_fraction" not in r and r["copy_fraction"] == pytest.approx(0.5) for r in rows)
+    assert "copy%" in ranges.format_curve(rows, ["N"]).splitlines()[0]
+    read_hw = dataclasses.replace(spec.hw, data={**spec.hw.data, "bandwidth": {
+        **spec.hw.data["bandwidth"], "read_bytes_per_s": 2 * spec.hw.bandwidth}})
+    rspec = dataclasses.replace(spec, hw=read_hw, op=dataclasses.replace(spec.op, traffic="read"))
+    rows = ranges.curve(rspec, table, Stub(), seed=3, n=3)
+    for r in rows:
+        assert r["read_fraction"] == pytest.approx(r["bytes"] / (2 * spec.hw.bandwidth) / 2e-6)
+    text = ranges.format_curve(rows, ["N"])
+    assert "read%" in text.splitlines()[0] and "read-only bandwidth" in text

@@ -376,6 +376,9 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
         copy_s = (arms.get("copy") or {}).get("time_s")
         if copy_s and table_s:
             row["copy_fraction"] = copy_s / table_s
+        if getattr(spec.op, "traffic", "copy") == "read" and table_s:
+            # a read-bound op beats a copy of its bytes: its ceiling is the read-only bandwidth
+            row["read_fraction"] = f["t_bw"] / table_s
         rows.append(row)
     return rows
 
@@ -386,7 +389,8 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
 
     named = extra_arms(r["arms"] for r in rows)
     wide = {n: max(9, len(n)) for n in named}
-    head = f"{'shape':>18} {'table':>9} {'TB/s':>6} {'copy%':>6}  {'eager':>9} {'compile':>9} {'triton':>9}  " \
+    ceiling = "read" if any("read_fraction" in r for r in rows) else "copy"
+    head = f"{'shape':>18} {'table':>9} {'TB/s':>6} {ceiling + '%':>6}  {'eager':>9} {'compile':>9} {'triton':>9}  " \
            + "".join(f"{n:>{wide[n]}}  " for n in named) + f"{'regret':>7}  vs"
     lines = [head, "-" * len(head)]
 
@@ -403,7 +407,7 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
         a = r["arms"]
         label = "x".join(str(v) for v in r["shape"].values())
         lines.append(f"{label:>18} {us(r['table_s'])} {(r.get('bytes_per_s') or 0) / 1e12:6.2f} "
-                     f"{(r.get('copy_fraction') or 0) * 100:5.0f}%  "
+                     f"{(r.get(ceiling + '_fraction') or 0) * 100:5.0f}%  "
                      f"{us((a.get('torch eager') or {}).get('time_s'))} {us((a.get('torch.compile') or {}).get('time_s'))} "
                      f"{arm_us(a, 'triton')}  "
                      + "".join(f"{arm_us(a, n)}  " for n in named) +
@@ -411,7 +415,9 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                      + f"  [{r['use']}]" + (" graph" if r.get("mode") == "graph" else ""))
     worst = max((r.get("regret") or 0 for r in rows), default=0)
     lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points (times in us; \"graph\": "
-                 f"every arm of the point timed as CUDA graph replays; regret: over the best arm but copy)")
+                 f"every arm of the point timed as CUDA graph replays; regret: over the best arm but copy"
+                 + ("; read%: the table's time against the op's bytes at the profile's read-only bandwidth)"
+                    if ceiling == "read" else ")"))
     said: set[str] = set()
     for r in rows:  # why an arm is wrong or n/a: once per arm, at the first point it was
         for n, d in r["arms"].items():

@@ -6,10 +6,15 @@ some exist to stress the numerics, and each op's spec lists those that apply:
 E[x]^2 and other cancellations fail), `spike` (one element of each row 1e2 to 1e4
 times the rest), `huge` (magnitudes up to a quarter of the dtype's largest: safe
 for ops that subtract the row maximum first, not for squares) and `tiny` (around
-the dtype's smallest normal, subnormals included).
+the dtype's smallest normal, subnormals included). Integer tensors take `randint` (low,
+high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
+that every value appears once (a block table over a pool of pages, each page owned by one
+sequence, in shuffled order).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,6 +50,9 @@ def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.T
     if dist == "randint":
         lo, hi = int(t.low(env)), int(t.high(env))
         return torch.randint(lo, hi, shape, generator=gen, device=device, dtype=torch.int64).to(dtype)
+    if dist == "perm":  # 0 .. numel - 1 in random order, row-major in the shape: a shuffled page table
+        n = math.prod(shape)
+        return torch.randperm(n, generator=gen, device=device, dtype=torch.int64).view(shape).to(dtype)
     if dist == "uniform":  # [-1, 1) pushed away from zero
         x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
         x = torch.where(x.abs() < 1e-3, torch.full_like(x, 0.5), x)

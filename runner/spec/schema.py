@@ -18,7 +18,7 @@ NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
 DTYPES = ["bf16", "fp16", "fp32", "fp64", "int8", "uint8", "int32", "int64", "bool"]
 DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge", "tiny",
-         "randint"]
+         "randint", "perm"]
 METRICS = ["time_us", "speedup", "bandwidth_fraction", "flops_fraction", "limit_fraction"]
 
 

@@ -15,6 +15,7 @@ import difflib
 import hashlib
 import importlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ RESERVED_ARMS = (*BUILTIN_ARMS, "table")
 DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
                "fp64": (1e-10, 1e-10)}
 INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}
+INT_DISTS = ("randint", "perm")  # what an integer tensor may be drawn from
+PERM_MAX = {"int8": 127, "uint8": 255, "int32": 2 ** 31 - 1, "int64": 2 ** 63 - 1}  # the largest value a dtype holds
 
 
 @dataclass(frozen=True)
@@ -524,8 +527,7 @@ class _Checker:
             tdtype = t.get("dtype", dtype)
             dists = t.get("dist", ["randint"] if tdtype in INT_DTYPES else ["normal", "uniform", "outliers"])
             dists = tuple([dists] if isinstance(dists, str) else dists)
-            if tdtype in INT_DTYPES and any(x != "randint" for x in dists):
-                self.err(base + ("dist",), f"integer tensors ({tdtype}) take dist 'randint' with low and high")
+            self.int_dists(base + ("dist",), tdtype, dists)
             if "randint" in dists and ("low" not in t or "high" not in t):
                 self.err(base, "dist 'randint' needs low and high (expressions over the shape symbols)")
             low = self.expr(base + ("low",), t["low"], scope) if "low" in t else None
@@ -552,8 +554,8 @@ class _Checker:
                 return main
             dists = o_.get("dist", main.dists)
             dists = tuple([dists] if isinstance(dists, str) else dists)
-            if "dist" in o_ and main.dtype in INT_DTYPES and any(x != "randint" for x in dists):
-                self.err(path + ("dist",), f"integer tensors ({main.dtype}) take dist 'randint' with low and high")
+            if "dist" in o_:
+                self.int_dists(path + ("dist",), main.dtype, dists)
             bounds = [k for k in ("low", "high") if k in o_]
             if bounds and "randint" not in dists:
                 self.err(path + (bounds[0],), f"'{bounds[0]}' bounds dist 'randint' only; input '{main.name}' "
@@ -603,6 +605,7 @@ class _Checker:
         if None in inputs or None in outputs or nbytes is None or not ok or domain is None:
             return None
         self.randint_bounds(inputs, timed + list(extra) + list(held), dtype)
+        self.perm_sizes(inputs, timed + list(extra) + list(held), dtype)
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
                       domain=domain, named=len(shapes), domain_where=where,
                       shapes=tuple(dict(s) for s in timed), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
@@ -611,6 +614,36 @@ class _Checker:
                       arms=dict(o.get("arms") or {}), traffic=str(o.get("traffic", "copy")),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
                       floor=float(tol.get("floor", 2.0 ** -7)))
+
+    def int_dists(self, path: tuple, tdtype: str, dists: tuple) -> None:
+        """Integer tensors draw from `randint` (low, high) or `perm`; `perm` draws integers only."""
+        if tdtype in INT_DTYPES and any(x not in INT_DISTS for x in dists):
+            self.err(path, f"integer tensors ({tdtype}) take dist 'randint' with low and high, or 'perm'")
+        elif tdtype not in INT_DTYPES and "perm" in dists:
+            self.err(path, f"dist 'perm' (a permutation of 0 .. n - 1) draws integers; this tensor is {tdtype}: "
+                           "give it an integer dtype (int32, int64)")
+        elif tdtype == "bool" and "perm" in dists:
+            self.err(path, "dist 'perm' (a permutation of 0 .. n - 1) cannot be bool")
+
+    def perm_sizes(self, inputs, shapes: list[dict], dtype: str) -> None:
+        """Each `perm` input (its own dist, and its `timed` override's) at every timed, extra and
+        held-out shape: its values 0 .. numel - 1 fit its dtype."""
+        for t in inputs:
+            for which, v in (((), t), (("timed",), t.timed)):
+                if v is None or "perm" not in v.dists or v.dtype not in PERM_MAX or (which and "perm" in t.dists):
+                    continue  # (a timed override's perm is the same size as its input's: reported once)
+                path = ("op", "inputs", t.name) + which + ("dist",)
+                for sh in shapes:
+                    env = {**sh, "elem": DTYPE_BYTES[dtype]}
+                    try:
+                        n = math.prod(int(d(env)) for d in v.shape)
+                    except (ExprError, TypeError, ValueError):
+                        break  # the shape's own check reports it
+                    if n - 1 > PERM_MAX[v.dtype]:
+                        at = ", ".join(f"{k}={x}" for k, x in sh.items())
+                        self.err(path, f"dist 'perm' draws 0 .. {n - 1} ({n} elements at {at}); "
+                                       f"{v.dtype} holds at most {PERM_MAX[v.dtype]}")
+                        break
 
     def randint_bounds(self, inputs, shapes: list[dict], dtype: str) -> None:
         """Each `randint` input's low and high (its own, and its `timed` override's) at every

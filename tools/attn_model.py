@@ -1,4 +1,5 @@
-"""A CPU model of kernel_templates/decode_attention.cu.j2's index arithmetic and algorithm.
+"""A CPU model of kernel_templates/decode_attention.cu.j2's index arithmetic and algorithm,
+and of decode_attention_paged.cu.j2's page addressing (`warp_pages`, `run_paged`).
 
 It mirrors the kernel line for line where the kernel decides which tokens a block, a warp and
 a tile read, where a split's record lies in the workspace, which block combines and in which
@@ -68,10 +69,20 @@ def run(q, k, v, lens, split: int, nw: int, tw: int, finish_order=None):
     rounding) and the order in which each (b, kvh) combined its splits. `finish_order`, a
     permutation of the blocks, is the order the blocks take their tickets (default: launch
     order); the answer must not depend on it."""
+    kf, vf = k.float(), v.float()
+
+    def rows(b, s, w, tiles, kvh):  # tile i's K and V rows: tokens toks of sequence b
+        return [(kf[b, toks, kvh], vf[b, toks, kvh]) for _, toks in tiles]
+
+    return _run(q, rows, lens, k.shape[1], k.shape[2], split, nw, tw, finish_order)
+
+
+def _run(q, rows, lens, L: int, hkv: int, split: int, nw: int, tw: int, finish_order=None):
+    """`run` with the K and V rows of a warp's tiles from `rows(b, s, w, tiles, kvh)` (the
+    layout's addressing): [(K rows [n, D], V rows [n, D]) per tile]."""
     B, HQ, _ = q.shape
-    L, hkv = k.shape[1], k.shape[2]
     group = HQ // hkv
-    qf, kf, vf = q.float(), k.float(), v.float()
+    qf = q.float()
     out = torch.full((B, HQ, D), float("nan"))
     recs: dict = {}
     counters: dict = {}
@@ -87,13 +98,11 @@ def run(q, k, v, lens, split: int, nw: int, tw: int, finish_order=None):
         ns = -(-len_b // split)
         qg = qf[b, kvh * group:(kvh + 1) * group]  # [G, D]
         states = []
-        for tiles in warps:  # each warp's online softmax over its tiles, in tile order
+        for w, tiles in enumerate(warps):  # each warp's online softmax over its tiles, in tile order
             m = torch.full((group,), float("-inf"))
             l = torch.zeros(group)
             acc = torch.zeros(group, D)
-            for t0, toks in tiles:
-                kt = kf[b, toks, kvh]  # [n, D]
-                vt = vf[b, toks, kvh]
+            for kt, vt in rows(b, s, w, tiles, kvh):  # [n, D] each
                 sc = (qg @ kt.T) * SCALE_LOG2  # [G, n]
                 mn = torch.maximum(m, sc.max(dim=1).values)
                 alpha = torch.exp2(m - mn)
@@ -130,3 +139,75 @@ def run(q, k, v, lens, split: int, nw: int, tw: int, finish_order=None):
         combined[(b, kvh)] = list(range(ns))
         counters[(b, kvh)] = 0  # reset for the next call
     return out, combined, counters
+
+
+# ----------------------------------------------------------------------------- paged KV
+
+def warp_pages(table_row, len_b: int, s: int, w: int, split: int, nw: int, tw: int, page: int, stages: int):
+    """The pool page of each of warp w's tiles in block split s, as the paged kernel finds it,
+    and the table slots it reads. The kernel's start, before lens[b] is known: lane x of the warp
+    loads the slot of tile 32 c + x into pg[c], for every tile the split would have at full
+    length (i < SPLIT / (NW * TW)) whose slot is inside the row. Then, if the block has work, its
+    tiles i < nmine are issued in order, the first STAGES - 1 in the prologue and one a step in
+    the refill, each page a shuffle of pg[0] from lane i % 32, pg shifted down (pg[c] = pg[c + 1])
+    before every 32nd tile's. Returns ([page of tile i for i < nmine], [slots read])."""
+    maxp = len(table_row)
+    maxt = split // (nw * tw)
+    nch = -(-maxt // 32)  # NCH
+    pg = [[0] * 32 for _ in range(nch)]
+    slots = []
+    for c in range(nch):
+        for x in range(32):
+            i = 32 * c + x
+            slot = (s * split + (w + i * nw) * tw) // page
+            if i < maxt and slot < maxp:
+                slots.append(slot)
+                pg[c][x] = int(table_row[slot])
+    warps = block_tiles(len_b, s, split, nw, tw)
+    if warps is None:
+        return [], slots
+    tiles = warps[w]
+    nmine = len(tiles)
+    issued = {}
+    for i in range(stages - 1):  # the prologue
+        if i < nmine:
+            issued[i] = pg[0][i & 31]
+    for i in range(nmine):  # the refill of step i issues tile i + STAGES - 1
+        ia = i + stages - 1
+        if ia < nmine:
+            if nch > 1 and ia & 31 == 0:
+                pg = pg[1:] + [pg[-1]]
+            issued[ia] = pg[0][ia & 31]
+    return [issued[i] for i in range(nmine)], slots
+
+
+def tile_pool_rows(pg: int, t0: int, n: int, page: int) -> list[int]:
+    """Rows of the pool (in tokens: page * PAGE + row) of a tile's first n tokens: tile_at's
+    base (page pg, row t0 % PAGE) and the layout's stride. A tile never straddles a page."""
+    assert t0 % page + n <= page, "a tile straddles a page"
+    return [pg * page + t0 % page + r for r in range(n)]
+
+
+def run_paged(q, k_cache, v_cache, table, lens, split: int, nw: int, tw: int, stages: int = 2,
+              finish_order=None, trace=None):
+    """The paged kernel's answer (as `run`), its K and V rows found by `warp_pages` and
+    `tile_pool_rows`: k_cache, v_cache [NP, PAGE, HKV, D], table [B, MAXP]. `trace`, a dict,
+    gets {(b, kvh, s, w): (slots read, [(token, pool row) ...])}."""
+    npages, page, hkv, _ = k_cache.shape
+    maxp = table.shape[1]
+    kp = k_cache.float().reshape(npages * page, hkv, D)
+    vp = v_cache.float().reshape(npages * page, hkv, D)
+
+    def rows(b, s, w, tiles, kvh):
+        len_b = min(max(int(lens[b]), 0), maxp * page)
+        pages, slots = warp_pages(table[b], len_b, s, w, split, nw, tw, page, stages)
+        out, seen = [], []
+        for (t0, toks), pg in zip(tiles, pages):
+            pool = tile_pool_rows(pg, t0, len(toks), page)
+            seen += list(zip(toks, pool))
+            out.append((kp[pool, kvh], vp[pool, kvh]))
+        if trace is not None:
+            trace[(b, kvh, s, w)] = (slots, seen)
+        return out
+
+    return _run(q, rows, lens, maxp * page, hkv, split, nw, tw, finish_order)

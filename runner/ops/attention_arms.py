@@ -13,6 +13,13 @@ Each is called like the reference, `fn(q, k, v, lens)` with q [B, HQ, D], k and 
   kernel has no GQA path) raises, and pipe compare shows it n/a with the reason.
 - `flex`: FlexAttention compiled by torch.compile (dynamic shapes), with the lengths as a
   score mod: exact for any lengths, as the reference.
+
+The paged specs (pipelines/decode-attention-paged*-h200.yaml) call theirs like their reference,
+`fn(q, k_cache, v_cache, block_table, lens)`. SDPA reads no block table, so:
+
+- `paged_sdpa_flash`: the pages gathered into contiguous [B, MAXP * PAGE, HKV, D] buffers (one
+  index_select each, K and V read and written once more), then `sdpa_flash`: what a user of
+  torch without a paged kernel runs at full lengths.
 """
 
 from __future__ import annotations
@@ -68,3 +75,17 @@ def _flex_fn():
 def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     o = _flex_fn()(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2), lens)
     return o[:, :, 0, :]
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """[NP, PAGE, HKV, D] through [B, MAXP] -> [B, MAXP * PAGE, HKV, D] (reference.gather_pages;
+    this module stands alone)."""
+    B, maxp = block_table.shape
+    _, page, hkv, d = cache.shape
+    idx = block_table.reshape(-1).to(device=cache.device, dtype=torch.int64)
+    return cache.index_select(0, idx).view(B, maxp * page, hkv, d)
+
+
+def paged_sdpa_flash(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     lens: torch.Tensor) -> torch.Tensor:
+    return sdpa_flash(q, _gather(k_cache, block_table), _gather(v_cache, block_table), lens)

@@ -408,6 +408,13 @@ def brief(spec) -> dict:
         **({"scratch": {s.name: {"shape": [d.text for d in s.shape], "dtype": s.dtype,
                                  "rule": "zero when the kernel is called; the kernel must leave it zero"}
                         for s in spec.kernel.scratch}} if spec.kernel.scratch else {}),
+        # op.batch_invariant: the judge compares each row's output alone and in other batches
+        **({"batch_invariant": {
+            "axis": spec.op.batch_axis, "required": spec.op.batch_required,
+            "rule": "each row's output must be bitwise the same run to run and in any batch (alone, reordered, "
+                    "among other rows); " + ("a kernel that is not is wrong" if spec.op.batch_required else
+                                             "recorded per trial, and the exported op's deterministic mode uses "
+                                             "only the kernels that are")}} if spec.op.batch_axis else {}),
         "goal": spec.goal.describe(),
         "budget": {"trials": spec.goal.trials, "minutes": spec.goal.minutes},
     }

@@ -90,6 +90,17 @@ def _positive(a) -> str | None:
     return None
 
 
+def _scale(a, spec) -> dict | None:
+    """--workers, --gpus, --ray: the judge workers of a scaled-out run (runner.scale), checked
+    before the run folder is touched; None for the one worker of a plain run."""
+    if a.workers is None and a.gpus is None and a.ray is None:
+        return None
+    from .loop import check_scale
+
+    check_scale(spec, a.workers, a.gpus, a.ray)
+    return {"workers": a.workers, "gpus": a.gpus, "ray": a.ray, "hw_check": not a.no_hw_check}
+
+
 def cmd_run(a) -> int:
     from . import loop
     from .progress import Reporter
@@ -100,11 +111,13 @@ def cmd_run(a) -> int:
         return EXIT_INPUT
     _check_free(a)
     spec = _load(a.spec)
-    if not a.no_hw_check:
+    scale = _scale(a, spec)
+    if not a.no_hw_check and a.ray is None:
         loop.check_hardware(spec)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
     total = a.max_trials or spec.goal.trials
-    out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet), force=a.force)
+    out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet), force=a.force,
+                   scale=scale)
     b = out.best
     if b is not None:
         from .progress import fmt_params, fmt_time
@@ -187,7 +200,8 @@ def cmd_record(a) -> int:
         except ValueError as e:
             print(str(e), file=sys.stderr)
             return EXIT_INPUT
-    if not a.no_hw_check:
+    scale = _scale(a, spec)
+    if not a.no_hw_check and a.ray is None:
         loop.check_hardware(spec)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
     if a.reuse and Path(a.reuse).resolve() == run_dir.resolve():
@@ -196,7 +210,7 @@ def cmd_record(a) -> int:
         return EXIT_INPUT
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
     r = loop.record(spec, run_dir, dest, Path(a.reuse) if a.reuse else None, a.minutes, a.quiet, a.force,
-                    on_reuse=lambda n: print(f"pipe record: {n} verdicts of {a.reuse} may stand for this "
+                    scale=scale, on_reuse=lambda n: print(f"pipe record: {n} verdicts of {a.reuse} may stand for this "
                                              "template's kernels"))
     by = r["by_status"]
     print(f"recorded {r['recorded']} of {r['size']} configurations ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}) "
@@ -378,6 +392,18 @@ def cmd_report(a) -> int:
     return EXIT_OK
 
 
+def _scale_flags(p) -> None:
+    g = p.add_argument_group("scale out (docs/commands.md, 'Scaling out')")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="CPU backend: N judge workers, each pinned to runtime.threads cores of its own; "
+                        "with --ray: at most N actors")
+    g.add_argument("--gpus", metavar="all|I,J", help="CUDA: one judge worker per listed GPU of this host "
+                   "(GPUs that differ are refused)")
+    g.add_argument("--ray", metavar="ADDRESS", help="a Ray cluster ('auto': the one started here with "
+                   "`ray start`; 'local': start one in this process): a judge actor per GPU (per "
+                   "runtime.threads CPUs on the CPU backend); needs the ray extra")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipe", description="Autoresearch for GPU kernels, driven by a YAML spec.")
     p.add_argument("--version", action="version", version=f"pipe {__version__}")
@@ -392,6 +418,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-hw-check", action="store_true", help="run even if the GPU does not match the profile")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-trial lines")
     r.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
+    _scale_flags(r)
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="time a run's per-shape best against torch eager, torch.compile, "
                                       "Triton, the spec's named arms and the copy ceiling, side by side")
@@ -462,6 +489,7 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--no-hw-check", action="store_true")
     rc.add_argument("-q", "--quiet", action="store_true")
     rc.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
+    _scale_flags(rc)
     rc.set_defaults(fn=cmd_record)
     mg = sub.add_parser("merge", help="join replay datasets of one spec recorded in parts (pipe record --only); "
                                       "a configuration in several takes the later file's trial")

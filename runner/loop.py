@@ -54,7 +54,8 @@ class Outcome:
 class Session:
     """One open run folder: judge candidates, record them, keep the best."""
 
-    def __init__(self, spec, run_dir: Path, keep_decisions: bool = True, force: bool = False):
+    def __init__(self, spec, run_dir: Path, keep_decisions: bool = True, force: bool = False,
+                 scale: dict | None = None):
         self.spec = spec
         self.run_dir = run_dir
         self.keep_decisions = keep_decisions
@@ -76,7 +77,21 @@ class Session:
         self.ledger.adopt_head()
         self.history = self.check.trials
         self._summary: dict | None = None  # run.json as last written; each trial updates its head
-        self.worker = Worker(spec, str(run_dir / "worker.log"))
+        # scale: {workers, gpus, ray, hw_check} (runner.scale): several judge workers (slots),
+        # this process the one writer of the ledger; the first slot times the baseline
+        self.slots = None
+        if scale:
+            from .scale.slots import make_slots
+
+            try:
+                self.slots = make_slots(spec, run_dir, **scale)
+            except BaseException:
+                self.ledger.close()
+                self._lock.close()
+                raise
+        self.pool = None  # the slots' threads (_run_pool)
+        self.inflight: dict[str, Proposal] = {}  # trial key -> its proposal, out on a slot
+        self.worker = self.slots[0] if self.slots else Worker(spec, str(run_dir / "worker.log"))
         self.ev: Evaluator | None = None
         self.best: Trial | None = None
         self.agent = None  # set by run(): a pure agent lets the loop build its next proposal ahead
@@ -120,13 +135,16 @@ class Session:
             self._planner.shutdown(wait=True, cancel_futures=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        self.worker.close()
+        for w in self.slots or [self.worker]:
+            w.close()
+        if self.pool is not None:
+            self.pool.close()
         self.ledger.close()
         self._lock.close()
 
     @property
     def tried(self) -> set[str]:
-        return {t.key for t in self.history}
+        return {t.key for t in self.history} | set(self.inflight)
 
     def seen(self) -> list[Seen]:
         return [Seen(t.params, t.status, t.reason, t.objective, t.variant, t.metric,
@@ -223,7 +241,12 @@ class Session:
             t.details["note"] = p.note[:2000]
         if self.keep_decisions:
             self.ev.decide(t, self.best)
-        elif t.status == "ok" and (self.best is None or t.objective < self.best.objective):
+        return self.record_trial(t)
+
+    def record_trial(self, t: Trial) -> Trial:
+        """Append a judged trial (this process is the ledger's one writer), then trials.tsv,
+        the best and run.json's head."""
+        if not self.keep_decisions and t.status == "ok" and (self.best is None or t.objective < self.best.objective):
             t.kept = True  # recording a space: the fastest so far, without paired re-timing
         t = self.ledger.append(t)
         self.history.append(t)
@@ -316,14 +339,16 @@ class Session:
 
 def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | None = None,
         reporter: Reporter | None = None, keep_decisions: bool = True,
-        call_minutes: float | None = None, reuse: dict | None = None, force: bool = False) -> Outcome:
+        call_minutes: float | None = None, reuse: dict | None = None, force: bool = False,
+        scale: dict | None = None) -> Outcome:
     """`minutes` budgets the run's whole time, resumed trials included; `call_minutes` this
     call's alone (pipe record's slices). `reuse`: an earlier run's verdicts that stand for
-    this spec (judge.reuse.reusable_verdicts)."""
+    this spec (judge.reuse.reusable_verdicts). `scale`: judge on several workers
+    (runner.scale.slots.make_slots's arguments; _run_pool)."""
     budget_trials = max_trials or spec.goal.trials
     budget_s = (minutes or spec.goal.minutes or 0) * 60 or None
     reporter = reporter or Reporter(budget_trials)
-    s = Session(spec, run_dir, keep_decisions, force)
+    s = Session(spec, run_dir, keep_decisions, force, scale)
     s.reporter = reporter
     s.log.info("run.start", spec=spec.path, spec_hash=spec.hash, resumed_trials=len(s.history),
                agent=spec.agent.strategy, goal=spec.goal.describe())
@@ -333,7 +358,11 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                                      brief=brief(spec))
         session_t0 = time.time()
         elapsed_before = sum(t.wall_s for t in s.history)
-        while True:
+        confirm = s.confirm_goal
+        if s.slots:
+            stop, confirm = _run_pool(spec, agent, s, reporter, budget_trials, budget_s, call_minutes,
+                                      session_t0, elapsed_before)
+        while not s.slots:
             stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                 elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
                                 s.ev.baseline, s.confirm_goal)
@@ -345,7 +374,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                 break
             t = s.judge(cand, agent.name)
             reporter.trial(t, s.best, len(s.history))
-        met = goal_met(spec, s.history, s.best, s.ev.baseline, s.confirm_goal)
+        met = goal_met(spec, s.history, s.best, s.ev.baseline, confirm)
         s.write_outputs("goal met" if met else stop, stop)
         s.log.info("run.end", stop=stop, trials=len(s.history), best_id=s.best.id if s.best else None,
                    best_objective_s=s.best.objective if s.best else None, goal_met=met)
@@ -379,6 +408,13 @@ def brief(spec) -> dict:
         **({"scratch": {s.name: {"shape": [d.text for d in s.shape], "dtype": s.dtype,
                                  "rule": "zero when the kernel is called; the kernel must leave it zero"}
                         for s in spec.kernel.scratch}} if spec.kernel.scratch else {}),
+        # op.batch_invariant: the judge compares each row's output alone and in other batches
+        **({"batch_invariant": {
+            "axis": spec.op.batch_axis, "required": spec.op.batch_required,
+            "rule": "each row's output must be bitwise the same run to run and in any batch (alone, reordered, "
+                    "among other rows); " + ("a kernel that is not is wrong" if spec.op.batch_required else
+                                             "recorded per trial, and the exported op's deterministic mode uses "
+                                             "only the kernels that are")}} if spec.op.batch_axis else {}),
         "goal": spec.goal.describe(),
         "budget": {"trials": spec.goal.trials, "minutes": spec.goal.minutes},
     }
@@ -399,6 +435,167 @@ def _next(spec, agent, s: Session) -> Proposal | None:
 
     # every reply of a context-reading agent is in the ledger before its trial runs
     return next_proposal(agent, s.seen, tried, spec.space, owed(), after_ask=lambda: _drain(agent, s))
+
+
+def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_minutes, session_t0,
+              elapsed_before) -> tuple[str, object]:
+    """The loop over several slots (runner.scale): the free slots are filled with the agent's
+    proposals (asked for as many as are in flight and free), each slot's thread builds (the
+    one compile cache is shared) and judges on its own worker, and this thread, the ledger's
+    one writer, records the trials in the order they complete, each with its slot. A keep
+    decision's paired re-timing runs on the slot that timed the candidate, against the
+    incumbent timed there too; when another trial became the best meanwhile, the candidate
+    is decided again against that one. A trial whose worker was lost (killed from outside,
+    a Ray actor or node gone) is given to another slot; lost twice, it is a `fault`. The
+    trials in flight are in the ledger's attempts: a runner killed with trials in flight
+    retries them on resume. Returns (why it stopped, the goal check to use at the end)."""
+    import copy
+
+    from .scale.pool import Pool
+    from .scale.slots import SlotLost
+
+    pool = s.pool = Pool(s.slots)
+    evs = {}
+    for sl in s.slots:
+        e = copy.copy(s.ev)  # the builder, its cache and what was judged are shared; the worker is the slot
+        e.worker = sl
+        evs[sl.name] = e
+    retry: list[Proposal] = []
+    lost: dict[str, list[str]] = {}  # trial key -> why its workers were lost
+    begun: set[str] = set()
+
+    def confirm(picks):  # a goal check runs on a free slot, from this thread, while nothing else uses it
+        key = tuple(t.id for t in picks)
+        if key in s.goal_checks:
+            return s.goal_checks[key]["met"]
+        free = pool.free()
+        if not free:
+            return False  # asked again once a slot is free
+        s.ev.worker = free[0]
+        try:
+            return s.confirm_goal(picks)
+        except SlotLost as e:  # asked again on another slot
+            s.log.warning("slot.lost", slot=free[0].name, gone=free[0].gone, during="goal check", reason=str(e))
+            return False
+        finally:
+            s.ev.worker = s.worker
+
+    def record(t: Trial, key: str) -> None:
+        t = s.record_trial(t)
+        s.inflight.pop(key, None)
+        reporter.trial(t, s.best, len(s.history))
+
+    def decide(t: Trial, key: str, slot) -> None:
+        best = s.best
+
+        def go(sl):
+            evs[sl.name].decide(t, best)
+            return best
+        pool.submit(slot, "decide", (t, key), go)
+
+    stop = None
+    while True:
+        if stop is None:
+            stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
+                               elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
+                               s.ev.baseline, confirm)
+        while stop is None and pool.free() and (budget_trials is None or
+                                                len(s.history) + len(pool.busy) < budget_trials):
+            free = pool.free()
+            if retry:
+                p = retry.pop(0)
+            else:
+                p = next_proposal(agent, s.seen, s.tried, spec.space, _owed(spec, s),
+                                  after_ask=lambda: _drain(agent, s), n=len(pool.busy) + len(free))
+                if p is None:
+                    break
+            vid = s.register_variant(p, agent.name)
+            key = trial_key(dict(p.params), vid)
+            where = [sl for sl in free if not any(sl.name in w for w in lost.get(key, []))] or free
+            s.inflight[key] = p
+            if key not in begun:  # a retry after a lost worker is the same attempt
+                s.ledger.begin(key)
+                begun.add(key)
+            pool.submit(where[0], "run", (p, key),
+                        lambda sl, p=p, vid=vid: evs[sl.name].run(dict(p.params), agent.name, vid))
+        if not pool.busy:
+            if not pool.alive():
+                raise RunDirError("every judge worker of this run is gone; the trials in flight are retried "
+                                  "when the run is resumed")
+            if stop is None:
+                stop = "space exhausted"
+            break
+        d = pool.wait()
+        if d.error is not None and not isinstance(d.error, SlotLost):
+            raise d.error
+        if d.kind == "run":
+            p, key = d.tag
+            if d.error is not None:
+                why = str(d.error)
+                lost.setdefault(key, []).append(why)
+                s.log.warning("slot.lost", slot=d.slot.name, gone=d.slot.gone, params=dict(p.params), reason=why)
+                if len(lost[key]) < 2:
+                    retry.append(p)
+                    continue
+                now = time.time()
+                t = Trial(params=dict(p.params), variant=trial_key_variant(key), status="fault", agent=agent.name,
+                          spec_hash=spec.hash, reason=f"the worker died twice during this trial: {why}"[:2000],
+                          started_at=now, finished_at=now)
+                t.details["lost"] = lost[key]
+                record(t, key)
+                continue
+            t = d.result
+            t.details["slot"] = d.slot.name
+            if key in lost:
+                t.details["retried_after"] = lost[key]
+            if p.note:
+                t.details["note"] = p.note[:2000]
+            if s.keep_decisions and _needs_retime(t, s.best):
+                decide(t, key, d.slot)
+                continue
+            if s.keep_decisions:
+                s.ev.decide(t, s.best)  # no worker needed: not ok, the same kernels, the first, or slower
+            record(t, key)
+        else:
+            t, key = d.tag
+            if d.error is not None:
+                t.kept = False
+                t.details["retime"] = {"status": "lost", "reason": str(d.error)[:500]}
+            elif d.result is not s.best and t.kept:  # another trial became the best meanwhile
+                t.kept = False
+                t.details["retime_before"] = t.details.pop("retime", None)
+                if _needs_retime(t, s.best):
+                    decide(t, key, d.slot)
+                    continue
+            record(t, key)
+    return stop, confirm
+
+
+def trial_key_variant(key: str) -> str | None:
+    return split_key(key)[1]
+
+
+def _needs_retime(t: Trial, best: Trial | None) -> bool:
+    return (t.status == "ok" and "same_kernels_as" not in t.details and best is not None
+            and t.objective is not None and t.objective < best.objective)
+
+
+def _owed(spec, s: Session):
+    for st in spec.starts:  # the spec's start configurations first, in order (those of its space)
+        yield Proposal(dict(st))
+    for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
+        if n < 2:
+            params, variant = split_key(key)
+            if variant is None or variant in s.ev.builder.variants:
+                text = s.ev.builder.variants.get(variant) if variant else None
+                yield Proposal(params, text, note="retried: the runner died during this trial")
+
+
+def check_scale(spec, workers: int | None, gpus: str | None, ray: str | None) -> None:
+    """--workers, --gpus, --ray refused before the run folder is touched (PipeError)."""
+    from .scale.slots import precheck
+
+    precheck(spec, workers, gpus, ray)
 
 
 def check_free(run_dir: str | None, spec_path: str, suffix: str = "") -> None:
@@ -455,7 +652,7 @@ def eval_one(spec, run_dir: Path, params: dict, variant: str | None, force: bool
 
 
 def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minutes: float | None = None,
-           quiet: bool = False, force: bool = False, on_reuse=None) -> dict:
+           quiet: bool = False, force: bool = False, on_reuse=None, scale: dict | None = None) -> dict:
     """pipe record: sweep the whole space (spec.spec.sweep) in `run_dir`, taking the verdicts
     of `reuse_from` that stand for these kernels (judge.reuse), and write what the ledger holds
     as a replay dataset to `dest`. Returns the counts pipe record prints."""
@@ -471,7 +668,7 @@ def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minu
         if on_reuse is not None:
             on_reuse(len(reuse))
     out = run(sweep, run_dir, reporter=Reporter(n, quiet=quiet), keep_decisions=False, call_minutes=minutes,
-              reuse=reuse, force=force)
+              reuse=reuse, force=force, scale=scale)
     led = Ledger.read(run_dir)
     try:
         data = dataset.export(spec, led.trials())

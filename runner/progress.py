@@ -43,6 +43,8 @@ def trial_line(t: Trial, best: Trial | None, total: int | None) -> str:
     if (t.details or {}).get("reused_from"):
         r = t.details["reused_from"]
         head += f"  (reused: {r['run']} #{r['trial']})"
+    if (t.details or {}).get("slot"):  # a scaled-out run: the worker that judged it
+        head += f"  @{t.details['slot']}" + (" (retried)" if t.details.get("retried_after") else "")
     if best is not None:
         head += f"  | best #{best.id} {fmt_time(best.objective)}"
     return head

@@ -382,7 +382,7 @@ class Spy:
         j.reference = reference
         j.rt.load = lambda artifact, entry, kinds: kernel
 
-        def values(shape, inputs, outs):  # the tensors themselves, for the Python kernel
+        def values(shape, inputs, outs, ws=()):  # the tensors themselves, for the Python kernel
             named = {**inputs, **{t.name: o.view for t, o in zip(j.op.outputs, outs)}}
             return [named[a] if a in named else shape[a] for a in spec.kernel.args]
 

@@ -17,6 +17,7 @@ LAYERS = [
     ("judge", ("runner.judge",)),  # inputs, verify, timing, sandbox, worker, evaluator, reuse
     ("spec", ("runner.spec",)),  # yamlsrc, schema, hw, the spec checker
     ("ship", ("runner.ship",)),  # compare, dispatch, export, report, rundata
+    ("scale", ("runner.scale",)),  # slots (judge workers on cores, GPUs, Ray actors), the pool
     ("top", ("runner.loop", "runner.progress", "runner.cli", "runner.__main__")),
 ]
 # modules that import nothing of runner, so any room may use them: the launch runtime that

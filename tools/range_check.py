@@ -103,7 +103,8 @@ class Range:
         env.update(self.spec.kernel.derived(env))
         return env
 
-    def serves(self, cfg: dict, n: int, m: int = 1) -> bool:
+    def serves(self, cfg: dict, n: int, m: int = 4096) -> bool:
+        """At many rows by default (the bucket; a spec may admit more sizes for few rows)."""
         return bool(self.serves_expr(self.env(cfg, {"M": m, self.sym: n})))
 
     def cap(self, cfg: dict) -> int:

@@ -19,7 +19,7 @@ from ..build.builder import Builder, geometry_key, sources_hash
 from ..core import figures
 from ..core.errors import ExprError
 from ..core.records import Trial
-from . import domain
+from . import domain, invariance
 from ..ledger.provenance import made_with, run_parts
 
 def _spread_out(idx: list[int], xs: list, n: int) -> list:
@@ -31,6 +31,9 @@ def _spread_out(idx: list[int], xs: list, n: int) -> list:
 
 
 REUSABLE = ("ok", "wrong", "impossible", "fault", "hang")  # the worker's verdicts on a binary
+# what a trial's details say of its batch invariance (op.batch_invariant), carried over where
+# a verdict is taken from another trial of the same kernels
+INVARIANCE_DETAILS = ("batch_invariant", "batch_invariance", "batch_seed")
 RETIME_ROUNDS = 5
 MIN_GAIN = 0.01  # a keep must be at least 1% faster in the paired re-timing
 REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
@@ -96,6 +99,7 @@ class Evaluator:
         prior = self.reuse.get((shapes_key, geometry_key(geometry))) if variant is None else None
         if prior is not None:  # an earlier run judged this very source and launch under the same spec
             old, trial.details["reused_from"] = prior
+            trial.details.update({k: old.details[k] for k in INVARIANCE_DETAILS if k in old.details})
             self.sources[trial.key] = sources
             if old.status != "ok":
                 return done(old.status, old.reason)
@@ -126,6 +130,7 @@ class Evaluator:
         same = self.judged.get(bkey)
         if same is not None and same.id is not None and same.status in REUSABLE:
             trial.details["same_kernels_as"] = same.id
+            trial.details.update({k: same.details[k] for k in INVARIANCE_DETAILS if k in same.details})
             if same.status != "ok":
                 return done(same.status, f"the same kernels as trial #{same.id}: {same.reason}"[:2000])
             trial.times, trial.spreads = list(same.times), list(same.spreads or [])
@@ -153,6 +158,10 @@ class Evaluator:
                        artifacts=[artifacts[0]] * (len(shapes_job) + len(draws)))
             trial.details["served"] = timed_idx
             trial.details["domain_checks"] = draws
+        if sp.op.batch_axis:
+            why = self._invariance(trial, params, job)
+            if why:
+                return done("render_error", why)
         t_judge = time.perf_counter()
         verdict = self.worker.request(("evaluate", job), sp.runtime.timeout_s)
         trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
@@ -166,6 +175,10 @@ class Evaluator:
         self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))
+        bi = verdict.get("batch_invariance")
+        if bi is not None:
+            trial.details["batch_invariant"] = bi["invariant"]
+            trial.details["batch_invariance"] = {k: v for k, v in bi.items() if k != "invariant"}
         trial.details["timed_calls"] = [s.get("n") for s in verdict["shapes"]]
         times = [s["median"] for s in verdict["shapes"]]
         spreads = [s["spread"] for s in verdict["shapes"]]
@@ -179,6 +192,31 @@ class Evaluator:
         if bad:
             return done("impossible", bad)
         return done("ok")
+
+    def _invariance(self, trial: Trial, params: dict, job: dict) -> str | None:
+        """op.batch_invariant: the sub-batch checks of this trial (judge/invariance.py), drawn from
+        a seed of its own, drawn now (after the build) and recorded, and each sub-batch's launch
+        geometry worked out for its shape (the binary is the shape's own: the template never
+        reads the batch size). Puts them in the job; the reason where a geometry fails."""
+        sp = self.spec
+        op = sp.op
+        shapes = job.get("shapes") or list(op.all_shapes)
+        serves = None
+        if op.domain:
+            elem = op.shape_env({})["elem"]
+
+            def serves(sh: dict) -> bool:
+                return op.in_domain(sh) is None and sp.kernel.serves_shape(params, sh, elem)
+        trial.details["batch_seed"] = seed = secrets.randbits(48)
+        checks = invariance.plan(op.batch_axis, shapes, seed, serves)
+        for c in checks:
+            for sub in c["subs"]:
+                try:
+                    sub["geometry"] = self.builder.geometry(params, [sub["shape"]])[0]
+                except ExprError as e:
+                    return f"launch geometry at a sub-batch {sub['shape']} (op.batch_invariant): {e}"
+        job["invariance"] = checks
+        return None
 
     def _serves(self, params: dict) -> tuple[list[int], int, list[dict]]:
         """With op.domain: (indices of the timed shapes the configuration serves, how many extra

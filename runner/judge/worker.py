@@ -255,6 +255,16 @@ class Judge:
         # set and its reference (time_setup_s), the timed loop (time_loop_s) and the output
         # checks after timed calls (time_check_s)
         phases = {"verify_s": 0.0, "time_s": 0.0, "time_setup_s": 0.0, "time_loop_s": 0.0, "time_check_s": 0.0}
+        # op.batch_invariant: the run-to-run and sub-batch checks (judge/invariance.py), where the
+        # job asks for them (a trial's evaluation; not pipe compare's verification of a ship)
+        inv = None
+        if self.op.batch_axis and job.get("invariance") is not None:
+            inv = {"plan": {p["index"]: p for p in job["invariance"]}, "run_to_run": None, "reason": None,
+                   "checked": [], "rows_differing": 0}
+            if self.op.batch_required and not job["invariance"]:
+                return {"status": "wrong", "reason": "not batch-invariant as far as the judge can tell "
+                        f"(op.batch_invariant requires it): no verified shape with {self.op.batch_axis} >= 3 "
+                        "that the configuration serves, where the judge checks it"}
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
@@ -287,6 +297,21 @@ class Judge:
                     run()
                     self._guard()
                     taken.append(self._snap(outs, ws=ws))
+                found: list = []  # rows that differ in a sub-batch, held to the budget once refs exist
+                if inv is not None:
+                    if inv["run_to_run"] is None:  # the round's two calls had the same inputs
+                        why = _run_to_run(taken, self.op.outputs)
+                        if why:
+                            inv["run_to_run"] = f"{label}, check {r}: {why}"
+                    if si in inv["plan"] and r == checks - 1:
+                        outlived = self._outlived()  # the round's own calls first
+                        if outlived:
+                            return {"status": "wrong", "reason": f"{label}, check {r}: {outlived}"}
+                        why, found = self._sub_batches(inv["plan"][si], shape, fn, inputs, taken[0], decoys,
+                                                       job["seed"], si, r, mode)
+                        if why:
+                            return {"status": "wrong", "reason": f"{label}, batch invariance: {why}"}
+                        inv["checked"].append(_checked(inv["plan"][si], shape))
                 pristine, changed = self._unchanged(shape, made, inputs)
                 if changed and not self.op.in_place:
                     return {"status": "wrong", "reason": f"{label}: input '{changed}' was modified by the kernel"}
@@ -298,7 +323,14 @@ class Judge:
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
-                del refs, pristine, taken
+                if found:
+                    why = self._differing(found, refs, inv, label)
+                    if why:
+                        return {"status": "wrong", "reason": f"{label}, batch invariance: {why}"}
+                del refs, pristine, taken, found
+                if inv is not None and self.op.batch_required and (inv["run_to_run"] or inv["reason"]):
+                    return {"status": "wrong", "reason": "not batch-invariant (op.batch_invariant requires it): "
+                            + (inv["run_to_run"] or inv["reason"])}
             t1 = clock()
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
@@ -309,7 +341,97 @@ class Judge:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
             shapes_out.append(stats(times).as_dict())
-        return {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
+        out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
+        if inv is not None:
+            why = inv["run_to_run"] or inv["reason"]
+            out["batch_invariance"] = {
+                "invariant": False if why else (True if inv["checked"] else None),
+                "reason": why, "run_to_run": inv["run_to_run"] is None, "checked": inv["checked"],
+                **({"rows_differing": inv["rows_differing"]} if inv["rows_differing"] else {})}
+        return out
+
+    def _sub_batches(self, plan: dict, shape: dict, fn, inputs: dict, full: dict, decoys: list, seed: int,
+                     si: int, r: int, mode) -> tuple[str | None, list]:
+        """The sub-batch calls of one shape (judge/invariance.py): each composition on a shape of
+        its own (its batch), its geometry the plan's, its outputs, scratch and inputs new
+        allocations; every rule of a checked call holds. `full` is the full batch's snapshot of
+        the round's first call. (why it is wrong, or None; [differing rows])."""
+        from . import invariance
+
+        axis = self.op.batch_axis
+        found = []
+        for k, sub in enumerate(plan["subs"]):
+            sub_shape, rows = sub["shape"], sub["rows"]
+            what = invariance.describe(sub)
+            made = (_seed(seed, si, "batch", k), r + si, False)  # fresh rows: verification's values
+            has_fresh = any(x is None for x in rows)
+            fresh = self._inputs(sub_shape, *made) if has_fresh else None
+            xs = invariance.sub_inputs(self.op, axis, inputs, rows, fresh)
+            del fresh
+            outs = self._outputs(sub_shape)
+            ws = self._workspace(sub["geometry"])  # its own, zeroed once
+            # in the verification's mode (a CUDA graph's capture calls the kernel once first)
+            call = self.rt.prepare(fn, self._values(sub_shape, xs, outs, ws), sub["geometry"], mode)
+            for o, d in zip(outs, decoys):  # a plausible wrong answer, never NaN
+                o.put(d[k % 2][:len(rows)])
+            self.rt.sync()
+            call()
+            self._guard()
+            taken = self._snap(outs, ws=ws)
+            outlived = self._outlived()
+            if outlived:
+                return f"{what}: {outlived}", found
+            if taken["guard"]:
+                return f"{what}: output '{taken['guard']}': wrote outside its bounds (guard band changed)", found
+            if taken["scratch"]:
+                return f"{what}: {taken['scratch']}", found
+            # the sub-batch's inputs are still the rows they were made from
+            fresh = self._inputs(sub_shape, *made) if has_fresh else None
+            changed = None
+            for t in self.op.inputs:
+                x, src = xs[t.name], inputs[t.name]
+                if not any(axis in d.names for d in t.shape):
+                    changed = changed or (None if _same_bits(x, src) else t.name)
+                    continue
+                for p, row in enumerate(rows):
+                    if not _same_bits(x[p], src[row] if row is not None else fresh[t.name][p]):
+                        changed = changed or t.name
+                        break
+            del fresh
+            if changed and not self.op.in_place:
+                return f"{what}: input '{changed}' was modified by the kernel", found
+            for t, snap, ref in zip(self.op.outputs, taken["snaps"], full["snaps"]):
+                if not snap.intact():
+                    return (f"{what}: output '{t.name}': the judge's copy of the output changed after the call "
+                            "(tampering)"), found
+                for p, row in invariance.differing_rows(ref.data, snap.data, rows):
+                    found.append({"what": what, "output": t.name, "place": p, "row": row,
+                                  "data": snap.data[p].clone(),
+                                  "diff": invariance.first_difference(ref.data[row], snap.data[p])})
+            del xs, outs, ws, call, taken
+        return None, found
+
+    def _differing(self, found: list, refs: list, inv: dict, label: str) -> str | None:
+        """Rows that differ in a sub-batch from their output in the full batch: each still within
+        the error budget against the reference (else the kernel is wrong there: the reason), and
+        the first is the trial's reason for not being batch-invariant."""
+        from .verify import compare
+
+        names = [t.name for t in self.op.outputs]
+        for f in found:
+            ref, bound = refs[names.index(f["output"])]
+            r = ref[f["row"]]
+            b = r.abs().mul(bound.c).add(bound.a) if r.is_floating_point() else None
+            ok, why, _ = compare(f["data"], r, self.op.atol, self.op.rtol, b)
+            if not ok:
+                return (f"{f['what']}: output '{f['output']}' at place {f['place']} (row {f['row']}): {why} "
+                        "(the same row is right in the full batch)")
+        inv["rows_differing"] += len(found)
+        if inv["reason"] is None:
+            f = found[0]
+            inv["reason"] = (f"{label}: {f['what']}: output '{f['output']}' at place {f['place']} differs from "
+                             f"row {f['row']} of the full batch ({f['diff']}); {len(found)} such rows")
+        return None
 
     def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=()):
         """Time `run` while two value sets take turns in the input buffers.
@@ -727,6 +849,25 @@ class Judge:
 
             info["device"] = platform.processor() or platform.machine()
         return info
+
+
+def _run_to_run(taken: list, outputs) -> str | None:
+    """Whether a check round's two calls (the same inputs, two decoys) gave the same bits."""
+    from .invariance import first_difference
+
+    for t, a, b in zip(outputs, taken[0]["snaps"], taken[1]["snaps"]):
+        if not _same_bits(a.data, b.data):
+            return (f"output '{t.name}' differs between two calls on the same inputs (run to run: "
+                    f"{first_difference(a.data, b.data)})")
+    return None
+
+
+def _checked(plan: dict, shape: dict) -> dict:
+    """What the sub-batch check of one shape covered, for the trial's details."""
+    from .invariance import describe
+
+    return {"shape": dict(shape), "row": plan["row"], "compositions": [describe(s) for s in plan["subs"]],
+            **({"skipped": plan["skipped"]} if plan.get("skipped") else {})}
 
 
 def _same_bits(a, b) -> bool:

@@ -22,17 +22,19 @@ ASKS = 3  # times an agent is asked for an untried point of the space before the
 
 
 def next_proposal(agent, seen: Callable[[], list[Seen]], tried: set[str], space, owed: Iterable[Proposal] = (),
-                  after_ask: Callable[[], None] | None = None) -> Proposal | None:
+                  after_ask: Callable[[], None] | None = None, n: int = 1) -> Proposal | None:
     """The next candidate: the first of `owed` (the spec's start configurations, a trial the
     runner died in) that is untried and in the space, else the agent's first proposal that is,
     asking it up to ASKS times; None when it has nothing left. `seen` gives the history the
     agent sees; `after_ask` runs after each ask (the loop writes a context-reading agent's
-    replies to the ledger there, before its trial runs)."""
+    replies to the ledger there, before its trial runs). `n`: how many the agent is asked for at
+once (a scaled-out run asks for its trials in flight and its free slots: the trials in
+flight are in `tried` and not yet in the history the agent sees)."""
     for p in owed:
         if _fresh(p, tried, space):
             return p
     for _ in range(ASKS):
-        props = agent.propose(seen(), 1)
+        props = agent.propose(seen(), n)
         if after_ask is not None:
             after_ask()
         for raw in props:

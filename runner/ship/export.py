@@ -86,6 +86,9 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
             row["why"] = "no correct trial"
         if row["use"] == "kernel" and row["trial"] in by_id and by_id[row["trial"]].status != "ok":
             row.update(use="fallback", why="the trial is not ok")
+        if row["use"] == "kernel" and spec.op.batch_axis:  # the judge's check of the trial (op.batch_invariant)
+            row["batch_invariant"] = by_id[row["trial"]].details.get("batch_invariant") \
+                if row["trial"] in by_id else None
         rows.append(row)
     return rows
 
@@ -104,6 +107,8 @@ def range_section(spec, rt: dict, history, ship) -> dict:
             raise ExportError(f"the range table names trial #{tid}, which is not an ok trial of this run: "
                               "run pipe compare again")
         kernels[str(tid)] = {"params": t.params, "cubin": ship(tid, t)}
+        if spec.op.batch_axis:  # whether the judge found its rows independent of the batch (or None: unchecked)
+            kernels[str(tid)]["batch_invariant"] = t.details.get("batch_invariant")
     return {"axes": rt["axes"], "domain": {s: [d.min, d.max] for s, d in spec.op.domain.items()},
             # op.domain_where: a size where it does not hold is outside the domain (the fallback)
             "where": spec.op.domain_where.text if spec.op.domain_where is not None else None,
@@ -172,6 +177,8 @@ def exact_entries(spec, rt: dict, ex, ship_src) -> list[dict]:
                          f"exact run trial #{row['trial']} does not compile any more")
         out.append({"key": [shape[s] for s in baked], "baked": baked, "shape": dict(shape), "use": "kernel",
                     "trial": row["trial"], "params": row["params"], "cubin": cubin, "time_s": row.get("time_s"),
+                    **({"batch_invariant": row.get("batch_invariant")}
+                       if es.op.batch_axis and es.op.batch_axis == spec.op.batch_axis else {}),
                     "baseline_s": row.get("baseline_s"), "evidence": f"exact run {es.name}: {why}",
                     "launch": {**launch_table(es), "args": list(es.kernel.args), "entry": es.kernel.entry}})
     return out
@@ -227,18 +234,28 @@ def describe(pkg: Path) -> list[str]:
     table = json.loads((pkg / "table.json").read_text())
     out = [f"exported {table['op']} to {pkg} (import it with {pkg.parent} on the path: import {pkg.name})",
            f"rule: {table['rule']}"]
+    bi = table.get("batch_invariant")
+    if bi:
+        out.append(f"deterministic mode ({pkg.name}.set_deterministic(True) or PIPE_DETERMINISTIC=1): the "
+                   f"batch-invariant kernels only, each size looked up at the smallest {bi['axis']}; "
+                   "[inv]: batch-invariant")
+
+    def inv(e: dict) -> str:
+        return " [inv]" if bi and e.get("batch_invariant") is True else ""
+
     br = table.get("by_range")
     if br:
         for r in br["ranges"]:
             span = ", ".join(f"{a} {r['lo'][a]}..{r['hi'][a] - 1}" for a in br["axes"])
             out.append(f"  {span}: " + (", ".join(f"#{t} {json.dumps(br['kernels'][str(t)]['params'])}"
+                                                  + inv(br["kernels"][str(t)])
                                                   for t in r["use"][:1]) or "torch reference"))
         for e in br["exact"]:
             out.append(f"  exactly {shape_label(e['shape'])}: " + (f"#{e['use'][0]}" if e["use"] else "torch reference"))
     for e in table["entries"]:
         label = shape_label(e["shape"])
         if e["use"] == "kernel":
-            out.append(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])} "
+            out.append(f"  {label}: trial #{e['trial']} {json.dumps(e['params'])}{inv(e)} "
                        f"({e['baseline_s'] / e['time_s']:.2f}x torch eager, {e['evidence']})")
         else:
             out.append(f"  {label}: torch reference ({e.get('why')})")
@@ -315,7 +332,8 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
         for i, row in enumerate(rows):
             shape = spec.op.shapes[i]
             entry = {**table_entry(shape, row, baked), "why": row.get("why"), "evidence": row.get("evidence"),
-                     "time_s": row.get("time_s"), "baseline_s": row.get("baseline_s"), "params": row["params"]}
+                     "time_s": row.get("time_s"), "baseline_s": row.get("baseline_s"), "params": row["params"],
+                     **({"batch_invariant": row["batch_invariant"]} if "batch_invariant" in row else {})}
             if row["use"] == "kernel":
                 entry["cubin"] = ship(builder.render_all(row["params"], row["variant"])[i],
                                       f"kernels/shape{i}-trial{row['trial']}.cubin",
@@ -347,6 +365,9 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
             "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
             "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
+            # op.batch_invariant: the batch axis, for the exported op's deterministic mode (each
+            # kernel's own `batch_invariant` says whether the judge found it so)
+            "batch_invariant": {"axis": op.batch_axis, "required": op.batch_required} if op.batch_axis else None,
             **launch_table(spec),
             "entries": entries,
             **({"by_range": by_range} if by_range else {}),
@@ -389,6 +410,18 @@ ROOT = Path(__file__).parent
 op, _lib = _runtime.register(ROOT, _reference.{fn})
 table = op.t
 InputError = _runtime.InputError
+
+
+def set_deterministic(on=True):
+    """The deterministic mode (a spec with op.batch_invariant): only the kernels the judge found
+    batch-invariant, each size looked up as if the batch were at its smallest, so a sequence
+    gets the same bits in any batch; elsewhere the torch reference, which is not guaranteed
+    to be batch-invariant. PIPE_DETERMINISTIC=1 at import turns it on too."""
+    op.set_deterministic(on)
+
+
+def deterministic():
+    return op.deterministic
 
 
 def {name}(*args, **kwargs):

@@ -14,7 +14,13 @@ shipped cubins; no compiler and no pipe. One `Op` per exported op:
 - a kernel with scratch buffers (the spec's kernel.scratch) gets them from
   `Op.workspace`: zeroed once by torch.zeros on the inputs' device and kept per
   (device, stream, buffer, dtype, shape), so repeated calls and CUDA graph replays
-  use the same memory, two streams never share one, and the kernel leaves it zero.
+  use the same memory, two streams never share one, and the kernel leaves it zero;
+- a spec with op.batch_invariant gives the op a deterministic mode
+  (`Op.set_deterministic(True)`, or PIPE_DETERMINISTIC=1 when the package is imported):
+  only the kernels the judge found batch-invariant are used, and the size is looked up as
+  if the batch were at its smallest, so every batch size takes the same kernel for the
+  same other sizes (`Op.entry_for`); elsewhere the torch reference runs, which is itself
+  not guaranteed to be batch-invariant.
 
 Expressions (shapes, launch geometry) are the spec's, checked by pipe's safe
 parser when the package was written, and evaluated here with the helpers
@@ -138,6 +144,15 @@ class InputError(ValueError):
     """An input the exported op does not accept; the message names the argument."""
 
 
+DETERMINISTIC_ENV = "PIPE_DETERMINISTIC"  # "1" when the package is imported: the deterministic mode
+
+
+def _env_deterministic() -> bool:
+    import os
+
+    return os.environ.get(DETERMINISTIC_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def _expr(text: str):
     code = compile(text, "<spec expression>", "eval")
 
@@ -175,6 +190,10 @@ class Op:
             self._serves = _expr(self.by_range["serves"]) if self.by_range.get("serves") else None
             # op.domain_where: sizes where it does not hold are outside the domain
             self._where = _expr(self.by_range["where"]) if self.by_range.get("where") else None
+        # op.batch_invariant: {"axis", "required"} (None: the spec named no batch axis, and no
+        # kernel was checked); the deterministic mode uses the batch-invariant kernels only
+        self.batch = table.get("batch_invariant")
+        self.deterministic = _env_deterministic()
         self._kernels: dict = {}
         self._other_launch: dict = {}
         self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
@@ -211,12 +230,29 @@ class Op:
         return [[int(f(env)) for f in self._shape_fns[t["name"]]] for t in self.outputs]
 
     # -- dispatch -------------------------------------------------------------
+    def set_deterministic(self, on: bool = True) -> None:
+        """The deterministic mode (see `_deterministic`) on or off. A package whose spec named no
+        batch axis (op.batch_invariant) has no kernel the judge checked: turning it on there is
+        an error (with PIPE_DETERMINISTIC=1 such a package takes the torch reference always)."""
+        if on and not self.batch:
+            raise ValueError(f"{self.t['op']}: no deterministic mode: the spec it was exported from names no batch "
+                             "axis (op.batch_invariant), so the judge checked no kernel of it for batch invariance")
+        self.deterministic = bool(on)
+
     def entry_for(self, env: dict) -> dict | None:
         """The table's kernel for these sizes, or None for the fallback (the rule is in
         the table: the sizes compiled into a kernel must match exactly; the others, such
-        as the number of rows, are free, and the nearest tuned shape in them decides)."""
+        as the number of rows, are free, and the nearest tuned shape in them decides).
+        In the deterministic mode, `_deterministic`'s choice."""
         if any(env[s] <= 0 for s in self.symbols):
             return None
+        if self.deterministic:
+            key = ("deterministic", *(env[s] for s in self.symbols))
+            if key not in self._chosen:
+                if len(self._chosen) > 65536:
+                    self._chosen.clear()
+                self._chosen[key] = self._deterministic(env)
+            return self._chosen[key]
         if self.by_range:
             key = tuple(env[s] for s in self.symbols)
             if key not in self._chosen:
@@ -227,6 +263,37 @@ class Op:
             return self._chosen[key]
         e = choose(self.entries, self.baked, self.symbols, env)
         return e if e is not None and e["use"] == "kernel" else None
+
+    def _deterministic(self, env: dict) -> dict | None:
+        """The deterministic mode's kernel for these sizes, or None for the fallback. The sizes
+        are looked up as if the batch axis were at its smallest (op.domain's min, 1 without a
+        domain), among the kernels the judge found batch-invariant only: so the choice never
+        depends on the batch size, and a sequence takes the same kernel, and gets the same
+        bits, in any batch. The kernel must also serve the actual sizes (kernel.serves), and
+        they must lie inside the domain (op.domain_where too); else the torch reference runs."""
+        if not self.batch:
+            return None
+        axis = self.batch["axis"]
+        lo = 1
+        if self.by_range:
+            if not self.where(env) or not self._in_domain(env):
+                return None
+            lo = (self.by_range["domain"].get(axis) or [1])[0]
+        look = {**env, axis: lo}
+        if self.by_range:
+            e = self._exact(look, invariant=True) or self._by_range(look, invariant=True)
+            if e is not None and e.get("baked") is None and not self.serves(e["params"], env):
+                return None  # the smallest batch's kernel does not serve this one: never another kernel
+            return e
+        cands = [e for e in self.entries if e["use"] != "kernel" or e.get("batch_invariant") is True]
+        e = choose(cands, self.baked, self.symbols, look)
+        return e if e is not None and e["use"] == "kernel" else None
+
+    def _in_domain(self, env: dict) -> bool:
+        for s, (lo, hi) in self.by_range["domain"].items():
+            if env[s] < lo or (hi is not None and env[s] > hi):
+                return False
+        return True
 
     def where(self, env: dict) -> bool:
         """op.domain_where at these sizes (True without one; False where it cannot be worked out)."""
@@ -246,20 +313,22 @@ class Op:
             full[n] = f(full)
         return bool(self._serves(full))
 
-    def _exact(self, env: dict) -> dict | None:
+    def _exact(self, env: dict, invariant: bool = False) -> dict | None:
         """A kernel with sizes compiled in (pipe export --exact) for these compiled-in sizes:
-        of several, the nearest in the free sizes."""
+        of several, the nearest in the free sizes (`invariant`: batch-invariant ones only)."""
         same = [e for e in self.entries if e.get("use") == "kernel" and e.get("baked") is not None
-                and [env[s] for s in e["baked"]] == list(e["key"])]
+                and [env[s] for s in e["baked"]] == list(e["key"])
+                and (not invariant or e.get("batch_invariant") is True)]
         if not same:
             return None
         return min(same, key=lambda e: _logdist(env, e["shape"], [s for s in self.symbols if s not in e["baked"]]))
 
-    def _by_range(self, env: dict) -> dict | None:
+    def _by_range(self, env: dict, invariant: bool = False) -> dict | None:
+        """The first kernel of the list of the sizes' range (or named shape) that serves them
+        (`invariant`: of the batch-invariant kernels only)."""
         br = self.by_range
-        for s, (lo, hi) in br["domain"].items():
-            if env[s] < lo or (hi is not None and env[s] > hi):
-                return None
+        if not self._in_domain(env):
+            return None
         shape = {s: env[s] for s in self.symbols}
         rows = [e for e in br["exact"] if e["shape"] == shape] or \
                [r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])]
@@ -268,6 +337,8 @@ class Op:
             use = next((w["use"] for w in rows[0]["rows"] if env[br["levels"]] < w["below"]), use)
         for tid in use:
             k = br["kernels"][str(tid)]
+            if invariant and k.get("batch_invariant") is not True:
+                continue
             if self.serves(k["params"], env):
                 return {"use": "kernel", "trial": tid, "params": k["params"], "cubin": k["cubin"]}
         return None

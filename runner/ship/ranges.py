@@ -168,8 +168,12 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
     return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
             **({"levels": sym} if nlv > 1 else {}),
             "ranges": ranges, "exact": exact, "probes": prober.requests,
-            "kernels": {str(t.id): {"params": t.params, "variant": t.variant} for t in history
-                        if any(str(t.id) in map(str, u) for u in lists)}}
+            # op.batch_invariant: whether the judge found each kernel's rows independent of the batch
+            # (the trial's details: True, False, or None where unchecked), for the deterministic mode
+            **({"batch_axis": op.batch_axis} if op.batch_axis else {}),
+            "kernels": {str(t.id): {"params": t.params, "variant": t.variant,
+                                    **({"batch_invariant": t.details.get("batch_invariant")} if op.batch_axis else {})}
+                        for t in history if any(str(t.id) in map(str, u) for u in lists)}}
 
 
 def _first(use: list[int], prober: Prober, shape: dict) -> int | None:
@@ -459,4 +463,20 @@ def format_ranges(table: dict) -> str:
     for e in table["exact"]:
         lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
                      + (f"#{e['use'][0]}" if e["use"] else "torch (fallback)"))
+    if table.get("batch_axis"):
+        lines.append(invariance_line(table["batch_axis"], {k: v.get("batch_invariant")
+                                                           for k, v in table.get("kernels", {}).items()}))
     return "\n".join(lines)
+
+
+def invariance_line(axis: str, flags: dict) -> str:
+    """The kernels of a table by their batch invariance (op.batch_invariant), in one line."""
+    def ids(v):
+        return " ".join(f"#{k}" for k, f in sorted(flags.items(), key=lambda kv: int(kv[0])) if f is v) or "none"
+
+    line = f"  batch-invariant ({axis}; the exported op's deterministic mode uses only these): {ids(True)}"
+    if any(f is False for f in flags.values()):
+        line += f"; not: {ids(False)}"
+    if any(f is None for f in flags.values()):
+        line += f"; unchecked: {ids(None)}"
+    return line

@@ -103,6 +103,13 @@ SPEC = _obj({
         # a constraint across the domain's symbols (B * L <= 2 ** 21): sizes outside it are
         # outside the domain
         "domain_where": EXPR,
+        # the batch axis whose rows must not depend on each other (deterministic mode):
+        # a shape symbol, or {axis, require} (spec.py checks it; judge/invariance.py the rule)
+        # (one schema for both forms: `pattern` binds a string, the rest an object, so a misspelt
+        # key gets its own suggestion)
+        "batch_invariant": {"type": ["string", "object"], "pattern": NAME["pattern"],
+                            "properties": {"axis": NAME, "require": {"type": "boolean"}}, "required": ["axis"],
+                            "additionalProperties": False},
     }, ["reference", "dtype", "inputs", "outputs", "shapes", "bytes"]),
     "kernel": _obj({
         "backend": {"enum": ["cpu", "cuda"]},

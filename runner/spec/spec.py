@@ -102,6 +102,11 @@ class OpSpec:
     # op.domain_where: an expression over the domain's symbols (and elem) that every size of the
     # domain satisfies besides its ranges (a cross-axis bound, such as B * L <= 2 ** 21)
     domain_where: Expr | None = None
+    # op.batch_invariant: the shape symbol of the batch axis (the leading dimension of every
+    # tensor that has it) whose rows the judge checks are computed independently of each
+    # other (judge/invariance.py); `batch_required`: a kernel whose rows are not is wrong
+    batch_axis: str | None = None
+    batch_required: bool = False
 
     def compare_arms(self, triton: bool = True, arms: bool = True) -> dict[str, str]:
         """The user's arms of pipe compare, name -> "module:function": op.triton (named
@@ -606,7 +611,9 @@ class _Checker:
             return None
         self.randint_bounds(inputs, timed + list(extra) + list(held), dtype)
         self.perm_sizes(inputs, timed + list(extra) + list(held), dtype)
+        batch_axis, batch_required = self.batch_invariant(o, symbols, inputs, outputs, timed + list(extra))
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
+                      batch_axis=batch_axis, batch_required=batch_required,
                       domain=domain, named=len(shapes), domain_where=where,
                       shapes=tuple(dict(s) for s in timed), extra_shapes=tuple(dict(s) for s in extra), atol=float(tol.get("atol", atol)),
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
@@ -644,6 +651,66 @@ class _Checker:
                         self.err(path, f"dist 'perm' draws 0 .. {n - 1} ({n} elements at {at}); "
                                        f"{v.dtype} holds at most {PERM_MAX[v.dtype]}")
                         break
+
+    def batch_invariant(self, o: dict, symbols: list[str], inputs, outputs,
+                        verified: list[dict]) -> tuple[str | None, bool]:
+        """op.batch_invariant: (the batch axis, whether invariance is required). The axis is a
+        shape symbol; every tensor that has it has it as its leading dimension, on its own and
+        nowhere else in its shape; every output and at least one input have it; no input's
+        values (randint bounds) depend on it; the op is not in place; a verified shape (timed
+        or extra) has a batch of at least 3, where the judge checks it."""
+        v = o.get("batch_invariant")
+        if v is None:
+            return None, False
+        axis, required = (v, False) if isinstance(v, str) else (v["axis"], bool(v.get("require", False)))
+        base = ("op", "batch_invariant") + (() if isinstance(v, str) else ("axis",))
+        if axis not in symbols:
+            self.err(base, f"'{axis}' is no shape symbol (they are {', '.join(symbols)}): op.batch_invariant "
+                           "names the batch axis, the leading dimension of the tensors that have it")
+            return None, False
+        good = True
+        for kind, group in (("inputs", inputs), ("outputs", outputs)):
+            for t in group:
+                for key in ("low", "high"):  # the values of a row may not change with the batch size
+                    own = getattr(t, key)
+                    timed = getattr(t.timed, key) if t.timed is not None else None
+                    for which, e in (((), own), (("timed",), timed if timed is not own else None)):
+                        if e is not None and axis in e.names:
+                            self.err(("op", kind, t.name) + which + (key,),
+                                     f"the values of '{t.name}' may not depend on the batch size '{axis}' "
+                                     "(op.batch_invariant): a row taken alone or among other rows keeps its "
+                                     "values")
+                            good = False
+                at = [i for i, d in enumerate(t.shape) if axis in d.names]
+                if not at:
+                    if kind == "outputs":
+                        self.err(("op", kind, t.name), f"output '{t.name}' has no batch axis '{axis}' "
+                                 "(op.batch_invariant): each row of every output must come from its own rows "
+                                 "of the inputs, so the judge can compare it row by row", prefer_key=True)
+                        good = False
+                    continue
+                first = t.shape[0].text.strip() == axis
+                bad = next((i for i in at if i > 0), None) if first else at[0]
+                if bad is not None or not first:
+                    i = bad if bad is not None else 0
+                    self.err(("op", kind, t.name, "shape", i),
+                             f"'{axis}' (op.batch_invariant: the batch axis) must be the leading dimension of "
+                             f"every tensor that has it, on its own, and nowhere else in its shape; "
+                             f"{t.name}'s shape[{i}] is '{t.shape[i].text}'")
+                    good = False
+        if not any(any(axis in d.names for d in t.shape) for t in inputs):
+            self.err(base, f"no input has the batch axis '{axis}': op.batch_invariant names the leading "
+                           "dimension of the inputs whose rows the outputs' rows are made from")
+            good = False
+        if o.get("in_place"):
+            self.err(base, "op.batch_invariant cannot check an in-place op: the judge calls the kernel again "
+                           "on the same inputs")
+            good = False
+        if not any(s.get(axis, 0) >= 3 for s in verified):
+            self.err(base, f"op.batch_invariant needs a verified shape (op.shapes or op.extra_shapes) with "
+                           f"{axis} >= 3: the judge checks the rows there, alone and in other batches")
+            good = False
+        return (axis, required) if good else (None, False)
 
     def randint_bounds(self, inputs, shapes: list[dict], dtype: str) -> None:
         """Each `randint` input's low and high (its own, and its `timed` override's) at every
@@ -899,6 +966,16 @@ class _Checker:
         elif serves is not None:
             self.err(("kernel", "serves"), "kernel.serves needs op.domain (the sizes it picks from)",
                      prefer_key=True)
+        if op is not None and op.batch_axis and op.batch_axis not in op.domain:  # a domain symbol: above
+            chain = render.read_symbols(used, op.symbols, derive).get(op.batch_axis)
+            if chain:
+                how = " through " + " -> ".join(chain[:-1]) if len(chain) > 1 else ""
+                where = render.locate(segments, render.variable_line(text, chain[0])) or (str(tpath), 1)
+                self.diags.append(Diagnostic(
+                    where[0], where[1], 1, "",
+                    f"the template reads '{op.batch_axis}'{how}, but op.batch_invariant of {self.loc.file} names "
+                    f"'{op.batch_axis}' the batch axis: one binary must serve every batch size (the judge calls "
+                    "it on sub-batches of other sizes), so the size may reach the kernel as an argument only"))
         if space is not None and op is not None and len(derive) == len(k.get("derive", {})):
             exprs = [(("kernel", "derive", n), e) for n, e in derive]
             for key in ("grid", "block", "cluster"):

@@ -1,0 +1,196 @@
+"""Scale out (runner.scale): several judge workers, one driver writing the ledger.
+
+On the CPU backend, `--workers N`: the same verdicts as one worker, every trial with its
+slot, a worker killed mid-sweep losing nothing; `--gpus` without CUDA refused cleanly; the
+Ray path on a real local cluster (slow, skipped without ray) with an actor killed mid-sweep."""
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner.core.errors import PipeError
+from runner.scale import slots as slotmod
+
+from .conftest import FEW_ROWS, PIPELINES, has_cuda, pipe_main
+
+SPEC = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+
+
+def small_spec(project: Path, accs=(1, 2, 4, 8)) -> str:
+    d = json.loads(json.dumps(SPEC))
+    d["op"]["shapes"] = FEW_ROWS
+    d["search"]["params"]["ACC"] = list(accs)
+    d["goal"] = {"budget": {"trials": 50}}
+    (project / "pipelines" / "s.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    return "pipelines/s.yaml"
+
+
+def rows(run_dir) -> list[tuple]:
+    db = sqlite3.connect(f"file:{run_dir}/ledger.db?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT id, params_key, status, details FROM trials ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+def verified(run_dir, cwd) -> dict:
+    r = pipe_main("show", str(run_dir), "--json", cwd=cwd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout)
+    assert s["ledger"]["intact"], s["ledger"]
+    return s
+
+
+# --- no worker started ------------------------------------------------------------------
+
+def test_core_sets_are_disjoint_until_they_wrap():
+    sets, over = slotmod.core_sets(2, 1, [0, 1])
+    assert sets == [[0], [1]] and not over
+    sets, over = slotmod.core_sets(4, 1, [0, 1])
+    assert sets == [[0], [1], [0], [1]] and over
+    sets, over = slotmod.core_sets(2, 2, [0, 1, 2, 3])
+    assert sets == [[0, 1], [2, 3]] and not over
+
+
+def test_gpu_lists_and_unlike_devices_are_refused():
+    assert slotmod.parse_gpus("all", 3) == [0, 1, 2]
+    assert slotmod.parse_gpus("0,2", 3) == [0, 2]
+    for bad in ("0,0", "5", "x", ""):
+        with pytest.raises(PipeError):
+            slotmod.parse_gpus(bad, 3)
+    h200 = {"name": "NVIDIA H200", "sms": 132, "cc": "9.0", "memory_gib": 140}
+    slotmod.same_profiles({"cuda:0": h200, "cuda:1": dict(h200)})
+    with pytest.raises(PipeError, match="devices differ"):
+        slotmod.same_profiles({"cuda:0": h200, "cuda:1": {**h200, "name": "NVIDIA H100", "sms": 114}})
+
+
+def test_only_a_worker_killed_from_outside_is_lost():
+    assert slotmod.lost_reason({"status": "fault", "reason": "worker died during the trial (signal SIGKILL)"})
+    assert not slotmod.lost_reason({"status": "fault", "reason": "worker died during the trial (signal SIGSEGV)"})
+    assert not slotmod.lost_reason({"status": "ok"})
+
+
+@pytest.mark.skipif(has_cuda(), reason="this host has CUDA")
+def test_gpus_without_cuda_is_a_clean_error(project):
+    spec = small_spec(project)
+    for cmd in ("run", "record"):
+        r = pipe_main(cmd, spec, "--run-dir", "g", "--gpus", "all", cwd=project)
+        assert r.returncode == 2, r.stderr
+        assert "no CUDA device" in r.stderr and "Traceback" not in r.stderr
+    assert not (project / "g").exists()  # refused before the run folder was made
+    r = pipe_main("run", spec, "--run-dir", "g", "--workers", "0", cwd=project)
+    assert r.returncode == 2 and "at least 1" in r.stderr
+
+
+# --- real workers ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_two_workers_give_the_verdicts_of_one(project):
+    spec = small_spec(project)
+    got = {}
+    for n in (1, 2):
+        r = pipe_main("record", spec, "--run-dir", f"w{n}", "--out", f"w{n}.json", "--workers", str(n), "-q",
+                      cwd=project)
+        assert r.returncode == 0, r.stderr
+        rs = rows(project / f"w{n}")
+        keys = [k for _, k, _, _ in rs]
+        assert len(keys) == len(set(keys)) == 12  # 4 ACC x 3 UNROLL, each exactly once
+        slots = {json.loads(d)["slot"] for _, _, _, d in rs}
+        assert slots <= {f"cpu:{i}" for i in range(n)}
+        if n == 2:
+            assert slots == {"cpu:0", "cpu:1"}  # both workers judged
+        got[n] = {k: st for _, k, st, _ in rs}
+        verified(project / f"w{n}", project)
+    assert got[1] == got[2]
+
+
+def _killer(box: dict, stop: threading.Event, run_dir: Path, pid_of, min_rows: int = 1):
+    """Kill (SIGKILL) the worker of a slot busy with a trial, once the ledger has a row."""
+    while not stop.is_set():
+        tsv = run_dir / "trials.tsv"
+        n = len(tsv.read_text().splitlines()) - 1 if tsv.exists() else 0
+        if n >= min_rows and box.get("slots"):
+            for sl in box["slots"]:
+                since = sl.busy_since
+                if since is not None and time.monotonic() - since > 0.05:
+                    pid = pid_of(sl)
+                    if pid:
+                        os.kill(pid, signal.SIGKILL)
+                        box["killed"] = sl.name
+                        return
+        time.sleep(0.01)
+
+
+def _capture(monkeypatch, box):
+    real = slotmod.make_slots
+
+    def make(*a, **k):
+        box["slots"] = real(*a, **k)
+        return box["slots"]
+    monkeypatch.setattr(slotmod, "make_slots", make)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_sweep_loses_no_trial(project, monkeypatch):
+    from runner import loop
+    from runner.spec.spec import load_spec
+
+    small_spec(project)
+    spec = load_spec(str(project / "pipelines" / "s.yaml"))
+    box, stop = {}, threading.Event()
+    _capture(monkeypatch, box)
+    run_dir = project / "k"
+    th = threading.Thread(target=_killer, args=(box, stop, run_dir, lambda sl: sl.pid))
+    th.start()
+    try:
+        r = loop.record(spec, run_dir, project / "k.json", quiet=True, scale={"workers": 2})
+    finally:
+        stop.set()
+        th.join()
+    assert box.get("killed"), "no worker was killed while busy"
+    rs = rows(run_dir)
+    keys = [k for _, k, _, _ in rs]
+    assert len(keys) == len(set(keys)) == 12 and r["recorded"] == 12
+    assert all(st == "ok" for _, _, st, _ in rs)
+    retried = [json.loads(d) for _, _, _, d in rs if "retried_after" in json.loads(d)]
+    assert len(retried) == 1 and "SIGKILL" in retried[0]["retried_after"][0]
+    verified(run_dir, project)
+
+
+@pytest.mark.slow
+def test_ray_cluster_with_an_actor_killed_mid_sweep(project, monkeypatch):
+    ray = pytest.importorskip("ray")
+    from runner import loop
+    from runner.spec.spec import load_spec
+
+    small_spec(project)
+    spec = load_spec(str(project / "pipelines" / "s.yaml"))
+    box, stop = {}, threading.Event()
+    _capture(monkeypatch, box)
+    run_dir = project / "ray"
+    th = threading.Thread(target=_killer, args=(box, stop, run_dir, lambda sl: sl.pid, 2))
+    th.start()
+    try:
+        r = loop.record(spec, run_dir, project / "ray.json", quiet=True, scale={"ray": "local", "workers": 2})
+    finally:
+        stop.set()
+        th.join()
+        ray.shutdown()
+    assert box.get("killed"), "no actor was killed while busy"
+    rs = rows(run_dir)
+    keys = [k for _, k, _, _ in rs]
+    assert len(keys) == len(set(keys)) == 12 and r["recorded"] == 12
+    assert all(st == "ok" for _, _, st, _ in rs)
+    details = [json.loads(d) for _, _, _, d in rs]
+    assert all(d["slot"].startswith("ray:") for d in details)
+    assert box["killed"] in {sl.name for sl in box["slots"]}
+    retried = [d for d in details if "retried_after" in d]
+    assert len(retried) == 1 and retried[0]["slot"] != box["killed"]
+    verified(run_dir, project)

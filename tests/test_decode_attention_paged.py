@@ -425,3 +425,19 @@ def test_paged_model_matches_the_reference_and_the_contiguous_model(split, nw, t
     for (b, _, _, _), (slots, seen) in trace.items():
         assert all(0 <= x < maxp for x in slots)
         assert all(row == int(table[b, t // page]) * page + t % page for t, row in seen)
+
+
+def test_the_probe_dry_run_packs_and_checks_its_inputs_without_a_gpu(capsys):
+    """tools/attn_probe.py --paged --dry-run: the three specs' kernels rendered and compiled, their
+    PTX parameters against the packed arguments, every point's geometry and workspace, and the
+    probe's shuffled, poisoned tables on the CPU (what next session's single GPU call relies on)."""
+    from .conftest import load_script
+
+    probe = load_script("tools/attn_probe.py")
+    probe.FAILURES.clear()
+    rc = probe.main(["--paged", "--dry-run", "--sample", "2", "--only", "NW=4", "--only", "STAGES=4"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count("bytes match the arguments") == 3
+    assert out.count("the probe's paged inputs hold the contiguous K and V") == 2
+    assert "registers contiguous/paged16/paged64" in out

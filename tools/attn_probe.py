@@ -21,8 +21,9 @@ error budget. The probe owns the workspace: zeroed once, and checked zero after 
    K and V read, beside SDPA flash, cuDNN, efficient (no mask: every sequence at L) and the
    masked SDPA reference; the best five configurations a point.
 
-With --paged (pipelines/decode-attention-paged16-h200.yaml and -paged64-, or --page 16): the
-same sample of configurations, each compiled as the contiguous kernel and as the paged one.
+With --paged (pipelines/decode-attention-paged16-h200.yaml and -paged64-, or --page 16): a
+sample of configurations that holds the start and the contiguous kernel's fastest of session 15
+(NW 8, STAGES 2, every split), each compiled as the contiguous kernel and as the paged one.
 1. Verify: the paged kernel on shuffled block tables (a random permutation of the pool),
    ragged lengths, the table's entries past each sequence's last page poisoned (a page far
    outside the pool: reading one faults), against the float64 reference, the workspace zero
@@ -343,10 +344,10 @@ extern "C" __global__ void readk(const uint4* __restrict__ x, long long n, unsig
               flush=True)
 
 
-def sample_configs(p: Probe, a) -> list[dict]:
-    """The configurations probed: every one (--all) or the start and a seeded sample, --only
-    filtering either."""
-    cfgs = list(p.spec.space)
+def sample_configs(p: Probe, a, favour=None) -> list[dict]:
+    """The configurations probed: every one (--all) or the start, those `favour` picks, and a
+    seeded sample up to --sample, --only filtering any of them."""
+    cfgs = [dict(c) for c in p.spec.space]
     for o in a.only:
         k, vs = o.split("=")
         cfgs = [c for c in cfgs if str(c[k]) in vs.split(",")]
@@ -354,8 +355,16 @@ def sample_configs(p: Probe, a) -> list[dict]:
         return cfgs
     rng = random.Random(0)
     start = dict(p.spec.start)
-    rest = [c for c in cfgs if c != start]
-    return ([start] if start in cfgs else []) + rng.sample(rest, min(a.sample - 1, len(rest)))
+    first = ([start] if start in cfgs else []) + [c for c in cfgs if favour and favour(c) and c != start]
+    rest = [c for c in cfgs if c not in first]
+    return first + rng.sample(rest, max(0, min(a.sample - len(first), len(rest))))
+
+
+def contiguous_winners(c: dict) -> bool:
+    """The configurations that were the contiguous kernel's fastest at the probe's points in
+    session 15 (NW 8, STAGES 2, at every split; notebook/kernels.md): the paged comparison
+    must have them."""
+    return c["NW"] == 8 and c["STAGES"] == 2
 
 
 def entry_params(p: Probe, src: str) -> list[int]:
@@ -530,7 +539,7 @@ def paged_main(a) -> int:
     device = not a.dry_run
     pc = Probe(Path(a.spec), device=device)
     pps = [Probe(PAGED[pg], device=device) for pg in (a.page or sorted(PAGED))]
-    cfgs = sample_configs(pc, a)  # the contiguous space's; each paged spec's is the same with its page
+    cfgs = sample_configs(pc, a, contiguous_winners)  # the contiguous space's; each paged spec's adds its page
     for pp in pps:
         space = [dict(c) for c in pp.spec.space]
         missing = [c for c in cfgs if pp.config(c) not in space]

@@ -421,20 +421,8 @@ def brief(spec) -> dict:
 
 
 def _next(spec, agent, s: Session) -> Proposal | None:
-    tried = s.tried
-
-    def owed():
-        for st in spec.starts:  # the spec's start configurations first, in order (those of its space)
-            yield Proposal(dict(st))
-        for key, n in s.ledger.interrupted().items():  # a trial that was in flight when the runner died
-            if n < 2:
-                params, variant = split_key(key)
-                if variant is None or variant in s.ev.builder.variants:
-                    text = s.ev.builder.variants.get(variant) if variant else None
-                    yield Proposal(params, text, note="retried: the runner died during this trial")
-
     # every reply of a context-reading agent is in the ledger before its trial runs
-    return next_proposal(agent, s.seen, tried, spec.space, owed(), after_ask=lambda: _drain(agent, s))
+    return next_proposal(agent, s.seen, s.tried, spec.space, _owed(spec, s), after_ask=lambda: _drain(agent, s))
 
 
 def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_minutes, session_t0,

@@ -121,6 +121,33 @@ def pipe_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "runner.cli"]
 
 
+def tune_compare_export(spec, run, pkgs, trials: int) -> None:
+    """A short GPU run of SPEC into RUN (`pipe run --max-trials TRIALS`), its `pipe compare`
+    (6 secret points, 2 rounds, the top 2) and its `pipe export` into PKGS, each asserted to
+    end as it should: the set-up of the range and attention GPU tests."""
+    def pipe(*args):
+        return subprocess.run(pipe_cmd() + list(args), cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+    r = pipe("run", str(spec), "--run-dir", str(run), "--max-trials", str(trials), "-q")
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    r = pipe("compare", str(run), "--points", "6", "--rounds", "2", "--top", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "worst regret" in r.stdout
+    r = pipe("export", str(run), "--out", str(pkgs))
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def run_exported(root, code: str) -> str:
+    """CODE (dedented) in a fresh interpreter beside exported packages in ROOT (pipe's own
+    folder on the path too, for its references): its stdout, asserted exit 0."""
+    import textwrap
+
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=root, capture_output=True, text=True,
+                       timeout=600, env={"PYTHONPATH": f"{root}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    return r.stdout
+
+
 def pipe_main(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
     """`pipe ARGS` through the CLI's own entry (runner.cli.main) in this process: the exit
     code, stdout and stderr that a `pipe` process gives, without the process and its start-up

@@ -4,20 +4,13 @@ nobody tuned on with shuffled block tables, then inside one captured CUDA graph 
 block table change between replays (a serving engine's decode step: new tokens, new pages)."""
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import yaml
 
-from .conftest import PIPELINES, ROOT, has_cuda, pipe_cmd
+from .conftest import PIPELINES, has_cuda, run_exported, tune_compare_export
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")]
-
-
-def _pipe(*args, timeout=900):
-    return subprocess.run(pipe_cmd() + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def small_spec(folder):
@@ -44,22 +37,8 @@ def small_spec(folder):
 def package(tmp_path_factory):
     out = tmp_path_factory.mktemp("paged")
     spec = small_spec(out)
-    run = out / "run"
-    r = _pipe("run", str(spec), "--run-dir", str(run), "--max-trials", "6", "-q")
-    assert r.returncode in (0, 1), r.stderr[-3000:]
-    r = _pipe("compare", str(run), "--points", "6", "--rounds", "2", "--top", "2")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "worst regret" in r.stdout
-    r = _pipe("export", str(run), "--out", str(out / "pkgs"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    tune_compare_export(spec, out / "run", out / "pkgs", trials=6)
     return out
-
-
-def _py(root, code):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=root, capture_output=True, text=True,
-                       timeout=600, env={"PYTHONPATH": f"{root}:{ROOT}", "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    return r.stdout
 
 
 def test_every_trial_verified_on_shuffled_tables(package):
@@ -76,7 +55,7 @@ def test_exported_paged_op_in_one_graph_with_changing_lengths_and_pages(package)
     (name,) = [p.name for p in pkgs.iterdir() if (p / "table.json").exists()]
     table = json.loads((pkgs / name / "table.json").read_text())
     assert table["by_range"]["ranges"]
-    out = _py(pkgs, f"""
+    out = run_exported(pkgs, f"""
         import torch
         import {name} as pkg
         from runner.ops.reference import decode_attention_paged

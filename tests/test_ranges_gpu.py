@@ -9,28 +9,16 @@ import textwrap
 
 import pytest
 
-from .conftest import PIPELINES, ROOT, has_cuda, pipe_cmd
+from .conftest import PIPELINES, has_cuda, tune_compare_export
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")]
-
-
-def _pipe(*args, timeout=900):
-    r = subprocess.run(pipe_cmd() + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    return r
 
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranged")
     for name, trials in (("softmax-range-h200", 12), ("cross-entropy-range-h200", 8)):
-        run = out / name
-        r = _pipe("run", str(PIPELINES / f"{name}.yaml"), "--run-dir", str(run), "--max-trials", str(trials), "-q")
-        assert r.returncode in (0, 1), r.stderr[-3000:]
-        r = _pipe("compare", str(run), "--points", "6", "--rounds", "2", "--top", "2")
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert "worst regret" in r.stdout
-        r = _pipe("export", str(run), "--out", str(out / "pkgs"))
-        assert r.returncode == 0, r.stderr[-3000:]
+        tune_compare_export(PIPELINES / f"{name}.yaml", out / name, out / "pkgs", trials)
     return out
 
 

@@ -137,8 +137,10 @@ def _capture(monkeypatch, box):
     monkeypatch.setattr(slotmod, "make_slots", make)
 
 
-@pytest.mark.slow
-def test_a_worker_killed_mid_sweep_loses_no_trial(project, monkeypatch):
+def _record_while_killing(monkeypatch, project, name: str, scale: dict, min_rows: int = 1):
+    """`pipe record` of the small spec with `scale`, one worker killed (SIGKILL) while busy
+    once the ledger holds `min_rows` rows: (the record's summary, the killer's box, the run
+    folder), every trial asserted judged exactly once and ok."""
     from runner import loop
     from runner.spec.spec import load_spec
 
@@ -146,11 +148,11 @@ def test_a_worker_killed_mid_sweep_loses_no_trial(project, monkeypatch):
     spec = load_spec(str(project / "pipelines" / "s.yaml"))
     box, stop = {}, threading.Event()
     _capture(monkeypatch, box)
-    run_dir = project / "k"
-    th = threading.Thread(target=_killer, args=(box, stop, run_dir, lambda sl: sl.pid))
+    run_dir = project / name
+    th = threading.Thread(target=_killer, args=(box, stop, run_dir, lambda sl: sl.pid, min_rows))
     th.start()
     try:
-        r = loop.record(spec, run_dir, project / "k.json", quiet=True, scale={"workers": 2})
+        r = loop.record(spec, run_dir, project / f"{name}.json", quiet=True, scale=scale)
     finally:
         stop.set()
         th.join()
@@ -159,6 +161,13 @@ def test_a_worker_killed_mid_sweep_loses_no_trial(project, monkeypatch):
     keys = [k for _, k, _, _ in rs]
     assert len(keys) == len(set(keys)) == 12 and r["recorded"] == 12
     assert all(st == "ok" for _, _, st, _ in rs)
+    return r, box, run_dir
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_sweep_loses_no_trial(project, monkeypatch):
+    r, box, run_dir = _record_while_killing(monkeypatch, project, "k", {"workers": 2})
+    rs = rows(run_dir)
     retried = [json.loads(d) for _, _, _, d in rs if "retried_after" in json.loads(d)]
     assert len(retried) == 1 and "SIGKILL" in retried[0]["retried_after"][0]
     verified(run_dir, project)
@@ -167,28 +176,11 @@ def test_a_worker_killed_mid_sweep_loses_no_trial(project, monkeypatch):
 @pytest.mark.slow
 def test_ray_cluster_with_an_actor_killed_mid_sweep(project, monkeypatch):
     ray = pytest.importorskip("ray")
-    from runner import loop
-    from runner.spec.spec import load_spec
-
-    small_spec(project)
-    spec = load_spec(str(project / "pipelines" / "s.yaml"))
-    box, stop = {}, threading.Event()
-    _capture(monkeypatch, box)
-    run_dir = project / "ray"
-    th = threading.Thread(target=_killer, args=(box, stop, run_dir, lambda sl: sl.pid, 2))
-    th.start()
     try:
-        r = loop.record(spec, run_dir, project / "ray.json", quiet=True, scale={"ray": "local", "workers": 2})
+        r, box, run_dir = _record_while_killing(monkeypatch, project, "ray", {"ray": "local", "workers": 2}, 2)
     finally:
-        stop.set()
-        th.join()
         ray.shutdown()
-    assert box.get("killed"), "no actor was killed while busy"
-    rs = rows(run_dir)
-    keys = [k for _, k, _, _ in rs]
-    assert len(keys) == len(set(keys)) == 12 and r["recorded"] == 12
-    assert all(st == "ok" for _, _, st, _ in rs)
-    details = [json.loads(d) for _, _, _, d in rs]
+    details = [json.loads(d) for _, _, _, d in rows(run_dir)]
     assert all(d["slot"].startswith("ray:") for d in details)
     assert box["killed"] in {sl.name for sl in box["slots"]}
     retried = [d for d in details if "retried_after" in d]

@@ -17,18 +17,14 @@ Prints registers and shared memory per configuration family. Exit status 1 on an
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 SPEC = ROOT / "pipelines/decode-attention-h200.yaml"
 PAGED = [ROOT / "pipelines/decode-attention-paged16-h200.yaml", ROOT / "pipelines/decode-attention-paged64-h200.yaml"]
@@ -42,18 +38,6 @@ def fail(msg: str) -> None:
 
 def label(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items() if k not in ("HKV", "GROUP"))
-
-
-def _nvcc_one(args):
-    src, tmpdir = args
-    import hashlib
-
-    cu = Path(tmpdir) / f"{hashlib.sha256(src.encode()).hexdigest()[:16]}.cu"
-    cu.write_text(src)
-    p = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin",
-                        "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)],
-                       capture_output=True, text=True)
-    return p.returncode, p.stdout + p.stderr
 
 
 def context_symbol(sp) -> str:
@@ -83,8 +67,8 @@ def main() -> int:
 
 def check(path: Path, nvcc: bool) -> None:
     from runner.build import render
-    from runner.build.builder import Builder
     from runner.spec.spec import load_spec
+    from space_check import compile_space, nvcc_all
 
     sp = load_spec(path)
     ctx = context_symbol(sp)
@@ -117,44 +101,13 @@ def check(path: Path, nvcc: bool) -> None:
             fail(f"{ctx}={L} served by no configuration")
     print(f"  configurations serving {ctx}: " + ", ".join(f"{L}: {served[L]}" for L in Ls if L & (L - 1) == 0))
 
-    b = Builder(sp)
-    sources, owners = [], {}
     t0 = time.time()
-    for cfg in configs:
-        try:
-            s1, s2 = b.render_all(cfg, shapes=[{"B": 1, ctx: dom.min}, {"B": 16, ctx: dom.max - 1}])
-        except Exception as e:  # noqa: BLE001
-            fail(f"{label(cfg)}: render: {e}")
-            continue
-        if s1 != s2:
-            fail(f"{label(cfg)}: the source depends on the shape")
-        v = b.source_rules(s1)
-        if v:
-            fail(f"{label(cfg)}: forbidden: {v}")
-        owners.setdefault(s1, []).append(cfg)
-        if len(owners[s1]) == 1:
-            sources.append(s1)
-    comp = b._compile_all(sources)
-    table = []
-    for src, c in zip(sources, comp):
-        cfg = owners[src][0]
-        if not c.ok:
-            fail(f"{label(cfg)}: {c.status}: {c.reason}")
-            continue
-        res = c.resources
-        if res.get("spill_stores") or res.get("spill_loads") or res.get("stack_bytes"):
-            fail(f"{label(cfg)}: spills ({res})")
-        geo = b.geometry(cfg, [{"B": 3, ctx: dom.max // 32 + 3}])[0]
-        why = b.backend.prune(res, geo, sp.hw, False)
-        if why:
-            fail(f"{label(cfg)}: pruned: {why}")
-        ext = set((c.ptx or {}).get("extern", {})) - {"__assertfail", "vprintf"}
-        if ext:
-            fail(f"{label(cfg)}: calls external functions {sorted(ext)}")
-        smem = k.derived({"B": 1, ctx: dom.min, **cfg})["RING"]
-        table.append((cfg, res.get("registers", 0), smem))
+    b, compiled, owners = compile_space(sp, configs, [{"B": 1, ctx: dom.min}, {"B": 16, ctx: dom.max - 1}],
+                                        {"B": 3, ctx: dom.max // 32 + 3}, fail, label)
+    table = [(cfg, c.resources.get("registers", 0), k.derived({"B": 1, ctx: dom.min, **cfg})["RING"])
+             for cfg, c in compiled]
     regs = [r for _, r, _ in table]
-    print(f"  {len(sources)} distinct sources compiled with NVRTC ({b.backend.toolchain()}, {sp.hw.arch}) in "
+    print(f"  {len(owners)} distinct sources compiled with NVRTC ({b.backend.toolchain()}, {sp.hw.arch}) in "
           f"{time.time() - t0:.0f} s; registers {min(regs, default=0)} .. {max(regs, default=0)}")
     fam = defaultdict(list)  # registers by (NW, TW, VEC); SPLIT and STAGES change little
     for cfg, r, smem in table:
@@ -167,25 +120,7 @@ def check(path: Path, nvcc: bool) -> None:
               + ", ".join(f"{s / 1024:.1f}" for s in sm))
 
     if nvcc:
-        t0 = time.time()
-        tmpdir = tempfile.mkdtemp(prefix="attn_nvcc_")
-        with ProcessPoolExecutor(max_workers=max(1, os.cpu_count() or 2)) as pool:
-            out = list(pool.map(_nvcc_one, [(s, tmpdir) for s in sources]))
-        nregs = []
-        for src, (rc, log) in zip(sources, out):
-            who = label(owners[src][0])
-            if rc:
-                fail(f"{who}: nvcc sm_90a failed: {log.strip().splitlines()[-1] if log.strip() else rc}")
-                continue
-            m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-            if m and any(int(x) for x in m.groups()):
-                fail(f"{who}: nvcc sm_90a spills: {m.group(0)}")
-            m = re.search(r"Used (\d+) registers", log)
-            if m:
-                nregs.append(int(m.group(1)))
-        print(f"  {len(sources)} sources compiled with nvcc sm_90a in {time.time() - t0:.0f} s; "
-              f"registers {min(nregs, default=0)} .. {max(nregs, default=0)}")
-
+        nvcc_all(owners, fail, label)
 
 if __name__ == "__main__":
     sys.exit(main())

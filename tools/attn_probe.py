@@ -250,19 +250,15 @@ class Probe:
         return None
 
     def time(self, call, reps: int = 30) -> float:
+        """The median of `reps` calls by the runner's own timer (the L2 flushed, then its
+        device spin ahead of the start event)."""
         torch = self.torch
         call()
         torch.cuda.synchronize()
         ts = []
         for _ in range(reps):
             self.rt.flush()
-            torch.cuda._sleep(100_000)
-            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            e.record()
-            e.synchronize()
-            ts.append(a.elapsed_time(e) / 1e3)
+            ts.append(self.rt.timer(call, torch.cuda.synchronize))
         ts.sort()
         return ts[len(ts) // 2]
 
@@ -553,7 +549,7 @@ def paged_main(a) -> int:
     for c in cfgs:
         regs = [str(kc.get(label(c), (0, 0, {}))[2].get("registers"))] + \
             [str(kp.get(label(pp.config(c)), (0, 0, {}))[2].get("registers")) for pp, kp in zip(pps, kps)]
-        print(f"  registers contiguous/" + "/".join(f"paged{pp.page}" for pp in pps) + f" {'/'.join(regs)}  {label(c)}")
+        print("  registers contiguous/" + "/".join(f"paged{pp.page}" for pp in pps) + f" {'/'.join(regs)}  {label(c)}")
     if a.dry_run:
         dry_run([pc, *pps], [[kc[x] for x in both]] + [[kp[label(pp.config(kc[x][0]))] for x in both]
                                                          for pp, kp in zip(pps, kps)])
@@ -661,8 +657,9 @@ def paged_main(a) -> int:
         if best_c is None:
             print(f"{B:>3} {L:>7}  no configuration of the sample serves it", flush=True)
             continue
-        base = [pc.rt.prepare_torch(lambda kk=kcache, vv=vcache, tt=table: decode_attention_paged(q, kk, vv, tt, lens),
-                                    mode="graph") for kcache, vcache, table in pages]
+        base = [pc.rt.prepare_torch(
+            lambda kk=kcache, vv=vcache, tt=table, qq=q, ll=lens: decode_attention_paged(qq, kk, vv, tt, ll),
+            mode="graph") for kcache, vcache, table in pages]
         tb = [pc.time(f) for f in base]
         cells = [f"{byts / best_c[0] / 1e12:.2f} ({best_c[0] * 1e6:.1f})"]
         for j, pp in enumerate(pps):

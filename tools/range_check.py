@@ -34,17 +34,16 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 SPECS = {"softmax": "pipelines/softmax-range-h200.yaml",
          "rmsnorm": "pipelines/rmsnorm-range-h200.yaml",
@@ -144,7 +143,7 @@ def coverage_points(lo: int, hi: int, rng: random.Random) -> list[int]:
 
 def check_static(r: Range, nvcc: bool) -> None:
     from runner.build import render
-    from runner.build.builder import Builder
+    from space_check import compile_space, nvcc_all
 
     sp = r.spec
     k = sp.kernel
@@ -198,82 +197,14 @@ def check_static(r: Range, nvcc: bool) -> None:
             fail(f"{r.name}: bucket CAP {cap} serves no sampled size of the domain")
 
     # render every configuration (two shapes: the same source), the source rules, NVRTC
-    b = Builder(sp)
-    sources, owners = [], {}
     t0 = time.time()
-    for cfg in r.configs:
-        try:
-            s1, s2 = b.render_all(cfg, shapes=[r.shape(r.lo, 1), r.shape(r.hi - 1, 4099)])
-        except Exception as e:  # noqa: BLE001
-            fail(f"{r.name}: {label(cfg)}: render: {e}")
-            continue
-        if s1 != s2:
-            fail(f"{r.name}: {label(cfg)}: the source depends on the shape")
-        if "{{" in s1 or "{%" in s1:
-            fail(f"{r.name}: {label(cfg)}: Jinja left in the source")
-        v = b.source_rules(s1)
-        if v:
-            fail(f"{r.name}: {label(cfg)}: forbidden: {v}")
-        owners.setdefault(s1, []).append(cfg)
-        if len(owners[s1]) == 1:
-            sources.append(s1)
-    comp = b._compile_all(sources)
-    regs = []
-    for src, c in zip(sources, comp):
-        who = label(owners[src][0])
-        if not c.ok:
-            fail(f"{r.name}: {who}: {c.status}: {c.reason}")
-            continue
-        res = c.resources
-        regs.append(res.get("registers", 0))
-        if res.get("spill_stores") or res.get("spill_loads") or res.get("stack_bytes"):
-            fail(f"{r.name}: {who}: spills ({res})")
-        geo = b.geometry(owners[src][0], [r.shape(r.lo, 37)])[0]  # threads, cluster, shared memory
-        why = b.backend.prune(res, geo, sp.hw, False)  # the launch limits (spills are reported above)
-        if why:
-            fail(f"{r.name}: {who}: pruned: {why}")
-        ext = set((c.ptx or {}).get("extern", {})) - {"__assertfail", "vprintf"}
-        if ext:
-            fail(f"{r.name}: {who}: calls external functions {sorted(ext)}")
-    print(f"  {len(sources)} distinct sources compiled with NVRTC ({b.backend.toolchain()}, {sp.hw.arch}) in "
+    b, compiled, owners = compile_space(sp, r.configs, [r.shape(r.lo, 1), r.shape(r.hi - 1, 4099)],
+                                        r.shape(r.lo, 37), fail, lambda cfg: f"{r.name}: {label(cfg)}")
+    regs = [c.resources.get("registers", 0) for _, c in compiled]
+    print(f"  {len(owners)} distinct sources compiled with NVRTC ({b.backend.toolchain()}, {sp.hw.arch}) in "
           f"{time.time() - t0:.0f} s; registers {min(regs, default=0)} .. {max(regs, default=0)}")
     if nvcc:
-        nvcc_all(r, sources, owners)
-
-
-def _nvcc_one(args: tuple[str, str, str]) -> tuple[str, str, str]:
-    src, entry, tmpdir = args
-    import hashlib
-
-    h = hashlib.sha256(src.encode()).hexdigest()[:16]
-    cu = Path(tmpdir) / f"{h}.cu"
-    cu.write_text(src)
-    p = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
-                        "-o", str(cu.with_suffix(".cubin")), str(cu)], capture_output=True, text=True)
-    return src, str(p.returncode), p.stdout + p.stderr
-
-
-def nvcc_all(r: Range, sources: list[str], owners: dict) -> None:
-    import re
-
-    t0 = time.time()
-    tmpdir = tempfile.mkdtemp(prefix="range_nvcc_")
-    with ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2))) as pool:
-        out = list(pool.map(_nvcc_one, [(s, r.spec.kernel.entry, tmpdir) for s in sources]))
-    regs = []
-    for src, rc, log in out:
-        who = label(owners[src][0])
-        if rc != "0":
-            fail(f"{r.name}: {who}: nvcc -arch=sm_90a failed: {log.strip().splitlines()[-1] if log.strip() else rc}")
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        if m and any(int(x) for x in m.groups()):
-            fail(f"{r.name}: {who}: nvcc sm_90a spills: {m.group(0)}")
-        m = re.search(r"Used (\d+) registers", log)
-        if m:
-            regs.append(int(m.group(1)))
-    print(f"  {len(sources)} sources compiled with nvcc -arch=sm_90a in {time.time() - t0:.0f} s; "
-          f"registers {min(regs, default=0)} .. {max(regs, default=0)}")
+        nvcc_all(owners, fail, lambda cfg: f"{r.name}: {label(cfg)}")
 
 
 # ----------------------------------------------------------------------------- on the GPU

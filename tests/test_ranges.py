@@ -214,7 +214,9 @@ def test_compare_builds_ranges_that_cover_the_domain_in_order(ranged_run):
         assert w["point"] == {"M": 4, "N": r["point"]["N"]} and 4 < w["below"] <= r["point"]["M"]
         serves = lambda tid, shape: spec.kernel.serves_shape(t["kernels"][str(tid)]["params"], shape, 4)  # noqa: E731
         n = r["point"]["N"]
-        want_few = next((int(x) for x in w["use"] if serves(x, {"M": 2, "N": n})), None)
+        # the level's list first; where none of it serves, the main list's first that does
+        chain = [*w["use"], *r["use"]] if w["use"] else []
+        want_few = next((int(x) for x in chain if serves(x, {"M": 2, "N": n})), None)
         want_main = next((int(x) for x in r["use"] if serves(x, {"M": w["below"], "N": n})), None)
         assert ranges.lookup(t, {"M": 2, "N": n}, serves) == want_few
         assert ranges.lookup(t, {"M": w["below"], "N": n}, serves) == want_main
@@ -286,6 +288,26 @@ def test_exported_lookup_takes_the_few_rows_list_below_its_cut(tmp_path):
     assert pick(7, 200) == 2 and pick(8, 200) == 1
     assert pick(3, 4096) is None and pick(100, 4096) == 2
     assert pick(8, 256) == 2  # a named shape keeps its own list
+
+
+def test_exported_lookup_falls_through_levels_whose_kernels_do_not_serve(tmp_path):
+    """A few-rows list whose kernels do not serve a shape (kernel.serves) hands it to the main
+    list, not to the fallback; an empty list (the fallback measured fastest) does not."""
+    op = _op(tmp_path)
+    op.by_range["levels"] = "M"
+    op.by_range["kernels"]["3"] = {**op.by_range["kernels"]["2"], "params": {"T": 3}}
+    op.serves = lambda params, env: params.get("T") != 3 or env["M"] < 4  # #3 serves up to 3 rows
+    op.by_range["ranges"][0]["rows"] = [{"below": 8, "use": [3]}]
+    op.by_range["ranges"][1]["rows"] = [{"below": 16, "use": []}]
+    pick = lambda m, n: (op.entry_for({"M": m, "N": n}) or {}).get("trial")  # noqa: E731
+    assert pick(3, 200) == 3 and pick(5, 200) == 1 and pick(9, 200) == 1
+    assert pick(5, 1000) is None and pick(16, 1000) == 2
+    table = {"axes": ["N"], "levels": "M", "exact": [], "ranges": [
+        {"lo": {"N": 1}, "hi": {"N": 500}, "use": [1], "rows": [{"below": 8, "use": [3]}]},
+        {"lo": {"N": 500}, "hi": {"N": 5000}, "use": [2], "rows": [{"below": 16, "use": []}]}]}
+    serves = lambda tid, shape: tid != 3 or shape["M"] < 4  # noqa: E731
+    assert [ranges.lookup(table, {"M": m, "N": n}, serves) for m, n in [(3, 200), (5, 200), (5, 1000), (16, 1000)]] \
+        == [3, 1, None, 2]
 
 
 def test_a_kernel_with_its_size_compiled_in_takes_that_size_for_any_rows(tmp_path):

@@ -333,8 +333,17 @@ class Op:
         rows = [e for e in br["exact"] if e["shape"] == shape] or \
                [r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])]
         use = rows[0]["use"] if rows else []
-        if rows and rows[0].get("rows"):  # another list below a value of the level symbol (few rows)
-            use = next((w["use"] for w in rows[0]["rows"] if env[br["levels"]] < w["below"]), use)
+        if rows and rows[0].get("rows"):
+            # other lists below values of the level symbol (few rows): the shape's level's, then
+            # the levels' above it, then the main list (runner/ship/ranges.py, level_order)
+            lv = rows[0]["rows"]
+            i = next((k for k, w in enumerate(lv) if env[br["levels"]] < w["below"]), len(lv))
+            chain: list = []
+            for u in [w["use"] for w in lv[i:]] + [use]:
+                if not u:  # a level measured to take the fallback ends the chain
+                    break
+                chain += u
+            use = list(dict.fromkeys(chain))
         for tid in use:
             k = br["kernels"][str(tid)]
             if invariant and k.get("batch_invariant") is not True:

@@ -305,10 +305,25 @@ def lookup(table: dict, shape: dict, serves) -> int | None:
             return _first_served(e["use"], serves, shape)
     for r in table["ranges"]:
         if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
-            sym = table.get("levels")
-            use = next((w["use"] for w in r.get("rows", ()) if shape[sym] < w["below"]), r["use"])
-            return _first_served(use, serves, shape)
+            return _first_served(level_order(r, table.get("levels"), shape), serves, shape)
     return None
+
+
+def level_order(r: dict, sym: str | None, shape: dict) -> list:
+    """A range's kernels for a shape, in the order the table prefers them: the list of the
+    shape's `tune` level (the first `rows` entry whose cut lies above it), then the lists of
+    the levels above it, then the main list. A level's kernels may serve fewer sizes than its
+    rows reach (kernel.serves): a shape they do not serve takes the next level's kernel that
+    serves it before the fallback. A level whose list is empty (the fallback was measured
+    fastest there) ends the chain. exported_runtime's _by_range follows the same order."""
+    rows = r.get("rows") or ()
+    i = next((k for k, w in enumerate(rows) if shape[sym] < w["below"]), len(rows))
+    out: list = []
+    for use in [w["use"] for w in rows[i:]] + [r["use"]]:
+        if not use:  # a level whose measured choice was the fallback: the chain stops there
+            break
+        out += use
+    return list(dict.fromkeys(out))
 
 
 def _first_served(use, serves, shape):

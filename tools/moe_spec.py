@@ -178,3 +178,77 @@ def grouped_ref(x, w, offs, act: str = "none"):
     y = silu * u
     bound = 2.0 ** -8 * y.abs() + 1.1 * (u.abs() + eu) * eg + (silu.abs() + 1.1 * eg) * eu + 1e-6 * y.abs() + 1e-30
     return y, bound
+
+
+# -- the kernel's tile mapping, on the host -----------------------------------------------------
+def mt_bound(T: int, cfg: dict) -> int:
+    """The grid's bound on row tiles (the spec's derived MT, the kernel's `mtb`)."""
+    R = T * cfg["TOPK"]
+    return min(R, (R + cfg["E"] * (cfg["BM"] - 1)) // cfg["BM"])
+
+
+def grid_size(T: int, cfg: dict) -> int:
+    return mt_bound(T, cfg) * (cfg["N"] // cfg["BN"]) * cfg["SPLITK"]
+
+
+def find_tile(bid: int, offs: list[int], T: int, cfg: dict):
+    """moe_tile.cuh.j2's find_tile, step for step (the lanes' scan as a plain prefix sum):
+    (expert, row0, rows, mt, nt, split), rows <= 0 for a block with no work."""
+    E, BM, GM, SPLITK = cfg["E"], cfg["BM"], cfg["GM"], cfg["SPLITK"]
+    NT = cfg["N"] // cfg["BN"]
+    R = T * cfg["TOPK"]
+    split, tile = bid % SPLITK, bid // SPLITK
+    mtb = mt_bound(T, cfg)
+    grp = tile // (GM * NT)
+    first = grp * GM
+    gsz = min(GM, mtb - first)
+    inr = tile - grp * GM * NT
+    mt, nt = first + inr % gsz, inr // gsz
+    clamp = [min(max(o, 0), R) for o in offs]
+    base = 0
+    for e in range(E):
+        lo = clamp[e - 1] if e else 0
+        n = max(clamp[e] - lo, 0)
+        c = -(-n // BM)
+        if base <= mt < base + c:
+            row0 = lo + (mt - base) * BM
+            return e, row0, min(BM, clamp[e] - row0), mt, nt, split
+        base += c
+    return 0, 0, 0, mt, nt, split
+
+
+def coverage(offs: list[int], T: int, cfg: dict) -> str | None:
+    """Whether the blocks of the grid cover every (row, column tile, split) of every expert
+    exactly once, each row with its own expert's weight, and (mt, nt) pairs are unique (the
+    split-K counters). None when they do, else what is wrong."""
+    R = T * cfg["TOPK"]
+    NT = cfg["N"] // cfg["BN"]
+    owner = []
+    prev = 0
+    for e, o in enumerate(offs):
+        owner += [e] * (o - prev)
+        prev = o
+    seen = {}
+    counters = set()
+    for bid in range(grid_size(T, cfg)):
+        e, row0, rows, mt, nt, split = find_tile(bid, offs, T, cfg)
+        if not 0 <= nt < NT:
+            return f"block {bid}: column tile {nt} outside 0..{NT - 1}"
+        if rows <= 0:
+            continue
+        if rows > cfg["BM"]:
+            return f"block {bid}: {rows} rows"
+        if (mt, nt, split) in counters:
+            return f"block {bid}: tile ({mt}, {nt}, split {split}) twice"
+        counters.add((mt, nt, split))
+        for r in range(row0, row0 + rows):
+            if owner[r] != e:
+                return f"block {bid}: row {r} of expert {owner[r]} computed with expert {e}"
+            key = (r, nt, split)
+            if key in seen:
+                return f"row {r} column tile {nt} split {split}: blocks {seen[key]} and {bid}"
+            seen[key] = bid
+    want = R * NT * cfg["SPLITK"]
+    if len(seen) != want:
+        return f"{len(seen)} of {want} (row, column tile, split) covered"
+    return None

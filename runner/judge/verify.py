@@ -35,6 +35,7 @@ import secrets
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 GUARD = 4096  # elements on each side of an output
 GUARD_POISON = -31337.0  # the guard bands' sentinel (floating outputs)
@@ -219,7 +220,8 @@ ACC_ULP = 2.0 ** -23  # one unit in the last place of fp32 at 1: two unit roundo
 COMPARE_SLACK = 2.0 ** -21  # x |ref|: the float32 reference's and the comparison's own roundings (3 x 2^-24)
 SILU_EVAL = 2.0 ** -20  # relative error of silu evaluated in fp32 (expf within 2 ulps, one division), 2x margin
 SILU_FLOOR = 2.0 ** -120  # absolute: fp32's exp(-g) overflows below g = -88.7, where |silu(g)| < 2^-121
-SILU_CURVE = 0.25  # |silu''| <= 1/2, so |silu(g + d) - silu(g)| <= |silu'(g)| |d| + d^2 / 4
+SILU_ARGMIN = -1.2784645427610738  # where silu is least (silu'(x) = 0: 1 + x (1 - sigmoid(x)) = 0)
+SILU_MIN = SILU_ARGMIN / (1.0 + 2.718281828459045 ** -SILU_ARGMIN)  # silu there, about -0.2785
 
 
 def gemm_gamma(k: int) -> float:
@@ -287,28 +289,33 @@ class GemmBudget:
         return bool(torch.le(err, self.tensor()).all())
 
 
+def _silu_spread(g: torch.Tensor, dg: torch.Tensor) -> torch.Tensor:
+    """max |silu(t) - silu(g)| over |t - g| <= dg, exactly (float64): silu falls on
+    (-inf, SILU_ARGMIN] and rises after, so its extremes on an interval lie at the ends, or at
+    SILU_ARGMIN where the interval holds it."""
+    s = F.silu(g)
+    d = torch.maximum(F.silu(g - dg).sub_(s).abs_(), F.silu(g + dg).sub_(s).abs_())
+    inside = (g - dg <= SILU_ARGMIN) & (g + dg >= SILU_ARGMIN)
+    return torch.where(inside, torch.maximum(d, s.sub(SILU_MIN).abs_()), d)
+
+
 def _swiglu_delta(acc: torch.Tensor, mag: torch.Tensor, gamma: float, uo: float) -> torch.Tensor:
     """The error of silu(g) * u before the output's rounding (float64), g and u the halves of
     acc's columns: each with its fp32 accumulation (gamma x its magnitudes) and its rounding to
-    the output dtype; silu(g) with its propagated error, its fp32 evaluation and its rounding;
-    then the product's first- and second-order terms."""
+    the output dtype; silu(g) with the spread of silu over g's error interval, its fp32
+    evaluation and its rounding; then the product: |s' u' - s u| <= |u| ds + (|s| + ds) du."""
     h = acc.shape[-1] // 2
     g, u = acc[..., :h], acc[..., h:]
     dg = mag[..., :h] * gamma
     dg.add_(g.abs().add_(dg).mul_(uo))  # g rounded to the output dtype (torch's unfused path)
     du = mag[..., h:] * gamma
     du.add_(u.abs().add_(du).mul_(uo))
-    sig = torch.sigmoid(g)
-    s = g * sig
-    ds = sig.mul(g.mul(1 - sig).add_(1)).abs_()  # |silu'(g)|
-    del sig
-    prop = ds.mul_(dg).add_(dg.square().mul_(SILU_CURVE))  # |silu(g + dg) - silu(g)|
+    ds = _silu_spread(g, dg)
     del dg
-    sa = s.abs_()
+    sa = F.silu(g).abs_()
     # silu's own evaluation in fp32 and its rounding to the output dtype (torch's unfused path)
-    prop.add_(sa.add(prop).mul_(max(uo, SILU_EVAL)).add_(SILU_FLOOR))
-    # |s' u' - s u| <= |u| ds + (|s| + ds) du
-    return u.abs().mul_(prop).add_(sa.add_(prop).mul_(du))
+    ds.add_(sa.add(ds).mul_(max(uo, SILU_EVAL)).add_(SILU_FLOOR))
+    return u.abs().mul_(ds).add_(sa.add_(ds).mul_(du))
 
 
 _GEMM_JIT: list = []

@@ -775,8 +775,15 @@ class Judge:
                     del res
                     results[name] = f
                     errors[name] = None
-                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars), mode)
-                    mode = getattr(calls[name], "mode", mode)
+                    # an arm that cannot be captured in a CUDA graph (a host sync: the MoE loop over
+                    # experts) says so (`capturable = False`) and is timed as direct launches,
+                    # leaving the shape's mode to the others; one whose capture fails falls back
+                    # to direct launches in prepare_torch, its note saying why
+                    forced = getattr(f, "capturable", True) is False
+                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars),
+                                                        "direct" if forced else mode)
+                    if not forced and getattr(calls[name], "note", None) is None:
+                        mode = getattr(calls[name], "mode", mode)
                 except Exception as e:  # say, an SDPA backend this device lacks: no time, the reason shown
                     if not self.rt.healthy():
                         raise
@@ -835,7 +842,9 @@ class Judge:
                     errors[name] = prefix + why
             shapes.append({name: {"median": statistics.median(times[name]) if times.get(name) else None,
                                   "rounds": times.get(name, []), "error": errors.get(name),
-                                  "mode": getattr(calls.get(name), "mode", None)}
+                                  "mode": getattr(calls.get(name), "mode", None),
+                                  **({"note": calls[name].note} if getattr(calls.get(name), "note", None)
+                                     else {})}
                            for name in dict.fromkeys([*names, *errors])})
             del calls, outs_of, inputs, sets, answers, taken, results, ws_of
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None

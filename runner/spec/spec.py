@@ -684,7 +684,8 @@ class _Checker:
         if tdtype not in ROUTING_DTYPES:
             self.err(base + ("dtype",) if "dtype" in t else base,
                      f"dist '{routed[0]}' draws per-expert cumulative row ends: an int32 or int64 input, not "
-                     f"{tdtype}" + ("" if "dtype" in t else " (the op's dtype): give it `dtype: int32`"))
+                     f"{tdtype}" + ("" if "dtype" in t else " (the op's dtype): give it `dtype: int32`"),
+                     prefer_key="dtype" not in t)
             good = False
         if len(dims) != 1:
             self.err(base + ("shape",), f"dist '{routed[0]}' draws one cumulative row end per expert: a 1-D shape "
@@ -694,7 +695,7 @@ class _Checker:
         if missing:
             self.err(base, f"dist '{routed[0]}' needs {' and '.join(missing)}: `rows`, the rows routed (an "
                            "expression over the shape symbols, tokens x topk), and `topk`, the experts each "
-                           "token picks")
+                           "token picks", prefer_key=True)
             good = False
         rows = self.expr(base + ("rows",), t["rows"], scope) if "rows" in t else None
         if not good or rows is None:

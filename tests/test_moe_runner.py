@@ -525,3 +525,47 @@ def test_the_cpu_pipeline_runs_compares_and_catches_a_wrong_routing(tmp_path, pr
     r = pipe_main("eval", wrong, "--params", json.dumps({"MR": 1, "NR": 4}), "--run-dir", tmp_path / "w",
                   cwd=project)
     assert "wrong" in r.stdout + r.stderr and "GEMM budget" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+
+
+def test_the_offsets_are_never_salted():
+    from runner.judge.worker import _salt_target
+
+    inputs = {"x": torch.zeros(4, 8), "offs": torch.zeros(100, dtype=torch.int32)}
+    assert _salt_target(inputs) == "offs"  # the largest, were it not excluded
+    assert _salt_target(inputs, frozenset({"offs"})) == "x"
+
+
+def test_compare_times_an_uncapturable_arm_directly_and_leaves_the_mode_to_the_others():
+    """Judge.compare on the moe spec, its runtime's prepare_torch recording the mode each torch
+    arm is asked for: the loop (capturable = False) direct, the others in the first one's mode
+    (a CUDA graph here, as the recorder answers); an arm whose capture failed (a note) does not
+    set the mode either."""
+    from runner.judge.worker import Judge
+
+    judge = Judge(load_spec(SPEC))
+    asked = []
+
+    def prepare_torch(fn, mode=None):
+        asked.append(mode)
+
+        def call():
+            return fn()
+
+        call.mode = mode or "graph"
+        if len(asked) == 1:
+            call.mode, call.note = "direct", "timed as direct launches: its CUDA graph capture failed (x)"
+        return call
+
+    judge.rt.prepare_torch = prepare_torch
+    arms = {"first": "runner.ops.moe_arms:grouped_mm", "loop": "runner.ops.moe_arms:loop",
+            "grouped_mm": "runner.ops.moe_arms:grouped_mm", "loop again": "runner.ops.moe_arms:loop",
+            "last": "runner.ops.moe_arms:grouped_mm"}
+    res = judge.compare({"candidates": [[]], "seed": 3, "arms": arms, "compile": False, "eager": False,
+                         "copy": False, "rounds": 1, "shapes": [{"T": 5}]})
+    (shape,) = res["shapes"]
+    # the first's capture failed: the mode is still open after it; grouped_mm sets it (a graph),
+    # the second loop is still direct, the last arm follows grouped_mm
+    assert asked == [None, "direct", None, "direct", "graph"]
+    assert shape["loop"]["mode"] == "direct" and shape["loop"]["error"] is None
+    assert shape["first"]["note"].startswith("timed as direct launches") and shape["grouped_mm"]["mode"] == "graph"
+    assert "note" not in shape["loop"] and all(s["error"] is None for s in shape.values())

@@ -569,3 +569,25 @@ def test_compare_times_an_uncapturable_arm_directly_and_leaves_the_mode_to_the_o
     assert shape["loop"]["mode"] == "direct" and shape["loop"]["error"] is None
     assert shape["first"]["note"].startswith("timed as direct launches") and shape["grouped_mm"]["mode"] == "graph"
     assert "note" not in shape["loop"] and all(s["error"] is None for s in shape.values())
+
+
+def test_the_swiglu_cpu_pipeline_passes_an_honest_kernel_and_catches_swapped_halves(tmp_path, project):
+    """pipelines/moe-swiglu-cpu.yaml: the fused epilogue judged by the GEMM budget carried through
+    silu and the product; a kernel that takes u for the gate (silu(u) * g) is wrong."""
+    spec = PIPELINES / "moe-swiglu-cpu.yaml"
+    r = pipe_main("eval", spec, "--params", json.dumps({"MR": 2, "NR": 8}), "--run-dir", tmp_path / "ok",
+                  cwd=project)
+    assert r.returncode == 0 and "trial #1: ok" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    tpl = (ROOT / "kernel_templates" / "moe_gemm.cpp.j2").read_text()
+    bad = tpl.replace("acc[i][j] = g / (1.0f + std::exp(-g)) * up[i][j];",
+                      "acc[i][j] = up[i][j] / (1.0f + std::exp(-up[i][j])) * g;")
+    assert bad != tpl
+    (project / "swapped.cpp.j2").write_text(bad)
+    d = yaml.safe_load(spec.read_text())
+    d["kernel"]["template"] = str(project / "swapped.cpp.j2")
+    wrong = project / "pipelines" / "moe-swapped.yaml"
+    wrong.write_text(yaml.safe_dump(d, sort_keys=False))
+    r = pipe_main("eval", wrong, "--params", json.dumps({"MR": 2, "NR": 8}), "--run-dir", tmp_path / "w",
+                  cwd=project)
+    out = r.stdout + r.stderr
+    assert "trial #1: wrong" in out and "outside the GEMM budget (gemm_k=64, swiglu)" in out, out[-3000:]

@@ -98,13 +98,14 @@ class Judge:
         cumulative ends; swapping two would route rows nowhere, not test a cache)."""
         return frozenset(t.name for t in self.op.inputs if t.rows is not None)
 
-    def _reference(self, inputs: dict, shape: dict) -> list:
+    def _reference(self, inputs: dict, shape: dict | None = None) -> list:
         """[(float64 reference, error budget)] per output, on private float64 copies. The judge
         computes it only once the candidate will never again be called on these values (after
         the runs of a check round, after a timed loop), from inputs made afresh from their seed
         (`_pristine`): no answer sits in memory the candidate could copy from while it runs.
         With op.tolerance.gemm_k the reference gives the GEMM's parts (`parts=True`) and the
-        budget is the GEMM's (verify.GemmBudget, over the shape's reduction length)."""
+        budget is the GEMM's (verify.GemmBudget, over the reduction length at `shape`, which
+        it then needs)."""
         torch = self.torch
         private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v.clone())
                    for k, v in inputs.items()}
@@ -112,6 +113,8 @@ class Judge:
         from .verify import Budget, GemmBudget, reference_dtype
 
         if self.op.gemm_k is not None:
+            if shape is None:
+                raise ValueError("op.tolerance.gemm_k: the reference's budget needs the shape (its K)")
             parts = self.reference(**private, **self.scalars, parts=True)
             del private
             (t,) = self.op.outputs

@@ -150,6 +150,8 @@ def _errors(path: Path, capsys) -> list[tuple[int, int, str, str]]:
     (lambda d: d["op"]["outputs"]["y"].update(rows="T * 2"), "op.outputs.y.rows",
      "an output has none", "rows:"),
     (lambda d: _inp(d, "offs").update(topk=0), "op.inputs.offs.topk", "", "topk:"),
+    (lambda d: _inp(d, "offs").update(special={"value": 0, "fraction": 0.5}), "op.inputs.offs.special",
+     "`special` would overwrite some of the cumulative ends", "special:"),
     (lambda d: d["op"]["tolerance"].update(atol=0.01), "op.tolerance.atol",
      "op.tolerance.gemm_k sets the whole error budget", "atol"),
     (lambda d: d["op"]["tolerance"].update(gemm_k="T / 3"), "op.tolerance.gemm_k",

@@ -691,6 +691,11 @@ class _Checker:
             self.err(base + ("shape",), f"dist '{routed[0]}' draws one cumulative row end per expert: a 1-D shape "
                                         f"[E], not {len(dims)}-D")
             good = False
+        if "special" in t:
+            self.err(base + ("special",), f"`special` would overwrite some of the cumulative ends dist "
+                                          f"'{routed[0]}' draws (they must stay in order): leave it out",
+                     prefer_key=True)
+            good = False
         missing = [k for k in ("rows", "topk") if k not in t]
         if missing:
             self.err(base, f"dist '{routed[0]}' needs {' and '.join(missing)}: `rows`, the rows routed (an "

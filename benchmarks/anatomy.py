@@ -224,7 +224,7 @@ def main() -> int:
                     rt.sync()
                     call()
                     rt.sync()
-                    why = judge._check(outs, judge._reference(ins), 0)
+                    why = judge._check(outs, judge._reference(ins, shape), 0)
                     if why:
                         raise SystemExit(f"{label} at {m} rows: the output does not match the reference: {why}")
                 arms[(label, m)] = call

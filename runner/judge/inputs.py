@@ -10,6 +10,17 @@ the dtype's smallest normal, subnormals included). Integer tensors take `randint
 high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
 that every value appears once (a block table over a pool of pages, each page owned by one
 sequence, in shuffled order).
+
+An offsets input of a mixture-of-experts GEMM (int32 [E], `rows` and `topk` in the spec)
+takes a routing dist: the cumulative END row of each expert's group in the expert-sorted
+rows (torch._grouped_mm's `offs`: non-decreasing, the last equal to `rows`, a group empty
+where two ends are equal). `routing` is what a real router gives: each of rows / topk tokens
+picks topk distinct experts uniformly at random; `routing_one` puts every row on one random
+expert (all others empty), `routing_empty` leaves about half the experts empty and gives the
+rest uneven sizes (one row, sizes that are no multiple of 16), and `routing_single` gives one
+expert a single row and one other expert the rest. Every draw holds for any rows >= 1 (fewer
+rows than experts, one row); `routing` with rows not a multiple of topk (the spec refuses it
+at the shapes it lists) gives the rows left over to one more token with fewer experts.
 """
 
 from __future__ import annotations
@@ -41,8 +52,65 @@ def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str) -> t
     return x
 
 
+ROUTING = ("routing", "routing_one", "routing_empty", "routing_single")
+
+
+def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows per expert (int64 [experts], on the CPU, summing to `rows`) for a routing dist,
+    drawn from `gen` (the judge's seeded generator: the same seed gives the same routing)."""
+    counts = torch.zeros(experts, dtype=torch.int64)
+    if rows <= 0 or experts <= 0:
+        return counts
+    if dist == "routing":  # each token picks topk distinct experts, uniformly
+        k = max(1, min(topk, experts))
+        tokens, left = divmod(rows, k)
+        if tokens:  # the first k of a random permutation of the experts, per token
+            picks = torch.rand((tokens, experts), generator=gen).argsort(dim=1)[:, :k]
+            counts += torch.bincount(picks.reshape(-1), minlength=experts)
+        if left:  # rows not a multiple of topk: one more token with fewer experts
+            counts[torch.randperm(experts, generator=gen)[:left]] += 1
+        return counts
+    order = torch.randperm(experts, generator=gen)  # which experts, in random places
+    if dist == "routing_one" or experts == 1 or rows == 1:
+        counts[order[0]] = rows
+        return counts
+    if dist == "routing_single":  # one expert a single row, one other the rest
+        counts[order[0]] = 1
+        counts[order[1]] = rows - 1
+        return counts
+    # routing_empty: about half the experts empty; of the others one holds a single row and the
+    # rest share what is left unevenly (squared uniform weights), so most sizes are no multiple
+    # of 16, 64 or 128 and some are far larger than others
+    n = max(1, min((experts + 1) // 2, rows))
+    live = order[:n]
+    sizes = torch.ones(n, dtype=torch.int64)
+    left = rows - n
+    if n > 1 and left:
+        wts = torch.rand(n - 1, generator=gen, dtype=torch.float64) ** 2 + 1e-3
+        share = torch.floor(wts / wts.sum() * left).to(torch.int64)
+        share[torch.argmax(wts)] += left - int(share.sum())  # the remainder to the largest
+        sizes[1:] += share
+    elif left:
+        sizes[0] += left
+    counts[live] = sizes
+    return counts
+
+
+def _routing(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
+    """A routing dist's offsets: the cumulative row ends of `routing_counts`, in the input's
+    dtype, on the device (drawn on the CPU: a few hundred numbers, with any generator)."""
+    (experts,) = shape_of(t, env)
+    rows, topk = int(t.rows(env)), int(t.topk)
+    cpu = gen if gen.device.type == "cpu" else torch.Generator().manual_seed(
+        int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device).item()))
+    counts = routing_counts(dist, experts, rows, topk, cpu)
+    return torch.cumsum(counts, 0).to(device=device, dtype=TORCH_DTYPES[t.dtype])
+
+
 def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
     dtype = TORCH_DTYPES[t.dtype]
+    if dist in ROUTING:
+        return _routing(t, env, dist, gen, device)
     shape = shape_of(t, env)
     # the everyday distributions are drawn in a 16-bit dtype directly (a third of the bytes
     # of drawing in float32 and rounding); the numerics' own ones in float32 or float64

@@ -35,6 +35,7 @@ import secrets
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 GUARD = 4096  # elements on each side of an output
 GUARD_POISON = -31337.0  # the guard bands' sentinel (floating outputs)
@@ -194,6 +195,10 @@ class Budget:
         """The bounds at flat positions `idx`."""
         return self.ref.reshape(-1).index_select(0, idx).abs_().mul_(self.c).add_(self.a)
 
+    def row(self, i: int) -> torch.Tensor:
+        """The bounds of row `i` (the leading index) of the output."""
+        return self.ref[i].abs().mul(self.c).add(self.a)
+
     def holds(self, out: torch.Tensor) -> bool:
         """|out - ref| <= bound for every element (false for any NaN or Inf in `out`)."""
         fn = _over_budget() if out.is_cuda else None
@@ -204,6 +209,131 @@ class Budget:
                 _JIT[0] = None
         err = torch.sub(out, self.ref).abs_()
         return bool(torch.le(err, self.tensor()).all())
+
+
+# ----------------------------------------------------------------------------- the GEMM budget
+# op.tolerance.gemm_k (docs/judge.md, "The GEMM budget"): a bf16 (or fp16, fp32) GEMM whose
+# products are exact in fp32 and whose K products are summed in fp32, in any order (split-K
+# partial sums, tensor-core blocks), then rounded once to the output dtype.
+ACC_ULP = 2.0 ** -23  # one unit in the last place of fp32 at 1: two unit roundoffs (u = 2^-24) per addition,
+#                       so directed (round-toward-zero) accumulation as on tensor cores is covered too
+COMPARE_SLACK = 2.0 ** -21  # x |ref|: the float32 reference's and the comparison's own roundings (3 x 2^-24)
+SILU_EVAL = 2.0 ** -20  # relative error of silu evaluated in fp32 (expf within 2 ulps, one division), 2x margin
+SILU_FLOOR = 2.0 ** -120  # absolute: fp32's exp(-g) overflows below g = -88.7, where |silu(g)| < 2^-121
+SILU_ARGMIN = -1.2784645427610738  # where silu is least (silu'(x) = 0: 1 + x (1 - sigmoid(x)) = 0)
+SILU_MIN = SILU_ARGMIN / (1.0 + 2.718281828459045 ** -SILU_ARGMIN)  # silu there, about -0.2785
+
+
+def gemm_gamma(k: int) -> float:
+    """The relative bound of fp32 accumulation over k products, against sum |x_i w_i|:
+    gamma = k * 2^-23 / (1 - k * 2^-23) (Higham's gamma_k with two unit roundoffs an addition)."""
+    g = k * ACC_ULP
+    return g / (1.0 - g)
+
+
+class GemmBudget:
+    """The error budget of a GEMM with fp32 accumulation over `k` (op.tolerance.gemm_k), from
+    the reference's parts (`parts=True`): `out` the float64 answer, `acc` the float64 product
+    x @ w^T, `abs` the float64 magnitudes |x| @ |w|^T, `epilogue` None or "swiglu" (out =
+    silu(g) * u, g and u the first and second half of acc's columns). Per element:
+
+        |out - ref| <= u_o * |ref| + (1 + u_o) * D + 2^-21 * |ref| + tiny
+
+    u_o the output dtype's unit roundoff (2^-8 for bf16), tiny its smallest subnormal and D
+    the error of the fp32 computation before the output's rounding: gamma_k * (|x| @ |w|^T)
+    for a GEMM (`gemm_gamma`); for swiglu, g's and u's own budgets (each rounded to the output
+    dtype, as torch's unfused path does) carried through silu and the product (docs/judge.md).
+    The additive part is kept as a tensor (in the reference dtype); `holds`, `tensor`, `at` and
+    `row` are Budget's."""
+
+    def __init__(self, parts: dict, k: int, out_dtype: torch.dtype):
+        p, tiny = FLOAT_INFO.get(out_dtype, (52, 2.0 ** -1074))
+        uo = 2.0 ** -(p + 1)
+        self.k, self.epilogue = int(k), parts.get("epilogue")
+        gamma = gemm_gamma(self.k)
+        acc, mag = parts["acc"].to(torch.float64), parts["abs"].to(torch.float64)
+        if self.epilogue is None:
+            delta = mag.mul_(gamma)
+        elif self.epilogue == "swiglu":
+            delta = _swiglu_delta(acc, mag, gamma, uo)
+        else:
+            raise ValueError(f"unknown epilogue {self.epilogue!r} (known: None, 'swiglu')")
+        del acc, mag
+        rdt = reference_dtype(out_dtype)
+        self.ref = parts["out"].detach().to(rdt)
+        self.c = uo + COMPARE_SLACK
+        self.add = delta.mul_(1.0 + uo).add_(tiny).to(rdt)
+
+    def describe(self) -> str:
+        return f"the GEMM budget (gemm_k={self.k}{', swiglu' if self.epilogue else ''})"
+
+    def tensor(self) -> torch.Tensor:
+        return self.ref.abs().mul_(self.c).add_(self.add)
+
+    def at(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.ref.reshape(-1).index_select(0, idx).abs_().mul_(self.c).add_(
+            self.add.reshape(-1).index_select(0, idx))
+
+    def row(self, i: int) -> torch.Tensor:
+        return self.ref[i].abs().mul(self.c).add(self.add[i])
+
+    def holds(self, out: torch.Tensor) -> bool:
+        """|out - ref| <= bound for every element (false for any NaN or Inf in `out`)."""
+        fn = _over_gemm_budget() if out.is_cuda else None
+        if fn is not None and out.dtype.itemsize <= self.ref.dtype.itemsize:
+            try:
+                return not bool(fn(out, self.ref, self.add, c=self.c).any())
+            except RuntimeError:
+                _GEMM_JIT[0] = None
+        err = torch.sub(out, self.ref).abs_()
+        return bool(torch.le(err, self.tensor()).all())
+
+
+def _silu_spread(g: torch.Tensor, dg: torch.Tensor) -> torch.Tensor:
+    """max |silu(t) - silu(g)| over |t - g| <= dg, exactly (float64): silu falls on
+    (-inf, SILU_ARGMIN] and rises after, so its extremes on an interval lie at the ends, or at
+    SILU_ARGMIN where the interval holds it."""
+    s = F.silu(g)
+    d = torch.maximum(F.silu(g - dg).sub_(s).abs_(), F.silu(g + dg).sub_(s).abs_())
+    inside = (g - dg <= SILU_ARGMIN) & (g + dg >= SILU_ARGMIN)
+    return torch.where(inside, torch.maximum(d, s.sub(SILU_MIN).abs_()), d)
+
+
+def _swiglu_delta(acc: torch.Tensor, mag: torch.Tensor, gamma: float, uo: float) -> torch.Tensor:
+    """The error of silu(g) * u before the output's rounding (float64), g and u the halves of
+    acc's columns: each with its fp32 accumulation (gamma x its magnitudes) and its rounding to
+    the output dtype; silu(g) with the spread of silu over g's error interval, its fp32
+    evaluation and its rounding; then the product: |s' u' - s u| <= |u| ds + (|s| + ds) du."""
+    h = acc.shape[-1] // 2
+    g, u = acc[..., :h], acc[..., h:]
+    dg = mag[..., :h] * gamma
+    dg.add_(g.abs().add_(dg).mul_(uo))  # g rounded to the output dtype (torch's unfused path)
+    du = mag[..., h:] * gamma
+    du.add_(u.abs().add_(du).mul_(uo))
+    ds = _silu_spread(g, dg)
+    del dg
+    sa = F.silu(g).abs_()
+    # silu's own evaluation in fp32 and its rounding to the output dtype (torch's unfused path)
+    ds.add_(sa.add(ds).mul_(max(uo, SILU_EVAL)).add_(SILU_FLOOR))
+    return u.abs().mul_(ds).add_(sa.add_(ds).mul_(du))
+
+
+_GEMM_JIT: list = []
+
+
+def _over_gemm_budget():
+    """As `_over_budget`, with a per-element additive bound: 1 where |o - r| > c * |r| + a."""
+    if not _GEMM_JIT:
+        try:
+            from torch.cuda.jiterator import _create_jit_fn
+
+            _GEMM_JIT.append(_create_jit_fn(
+                "template <typename T> T over_gemm_budget(T o, T r, T a, T c) {"
+                " T e = o - r; e = e < T(0) ? -e : e; T m = r < T(0) ? -r : r;"
+                " return (e <= c * m + a) ? T(0) : T(1); }", c=0.0))
+        except Exception:  # noqa: BLE001 - an older torch, or no NVRTC: the unfused path
+            _GEMM_JIT.append(None)
+    return _GEMM_JIT[0]
 
 
 def _mean_abs(r: torch.Tensor) -> float:
@@ -265,9 +395,11 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
             return False, f"{n} of {out.numel()} elements differ (first at flat index {i}: " \
                           f"{out.flatten()[i].item()} vs {ref.flatten()[i].item()})", float("inf")
         return True, "", 0.0
-    if isinstance(bound, Budget):
+    what = f"atol={atol:g} rtol={rtol:g}"
+    if isinstance(bound, (Budget, GemmBudget)):
         if not want_max and bound.holds(out):
             return True, "", 0.0
+        what = bound.describe() if isinstance(bound, GemmBudget) else what
         bound = bound.tensor()
     if bound is None:
         bound = tolerance_bound(ref, atol, rtol, out.dtype)
@@ -295,7 +427,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
         same = int((out.flatten()[bad.flatten()] == prior.flatten()[bad.flatten()]).sum())
         if same:
             stale = f"; {same} of them still hold what the buffer held before the call (never written?)"
-    return False, f"{n} of {o.numel()} elements outside atol={atol:g} rtol={rtol:g} " \
+    return False, f"{n} of {o.numel()} elements outside {what} " \
                   f"(first at flat index {i}: {o.flatten()[i].item():.6g} vs reference " \
                   f"{r:.6g}, allowed error {b:.3g}); max abs error {max_err:.3g}{stale}", max_err
 

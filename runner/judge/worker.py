@@ -92,17 +92,35 @@ class Judge:
 
         return make_inputs(self.op, shape, seed, round_, self.rt.device, timed)
 
-    def _reference(self, inputs: dict) -> list:
+    @property
+    def _unsalted(self) -> frozenset:
+        """Inputs the salted last timed call leaves alone: a routing dist's offsets (ordered
+        cumulative ends; swapping two would route rows nowhere, not test a cache)."""
+        return frozenset(t.name for t in self.op.inputs if t.rows is not None)
+
+    def _reference(self, inputs: dict, shape: dict | None = None) -> list:
         """[(float64 reference, error budget)] per output, on private float64 copies. The judge
         computes it only once the candidate will never again be called on these values (after
         the runs of a check round, after a timed loop), from inputs made afresh from their seed
-        (`_pristine`): no answer sits in memory the candidate could copy from while it runs."""
+        (`_pristine`): no answer sits in memory the candidate could copy from while it runs.
+        With op.tolerance.gemm_k the reference gives the GEMM's parts (`parts=True`) and the
+        budget is the GEMM's (verify.GemmBudget, over the reduction length at `shape`, which
+        it then needs)."""
         torch = self.torch
         private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v.clone())
                    for k, v in inputs.items()}
         from .inputs import TORCH_DTYPES
-        from .verify import Budget, reference_dtype
+        from .verify import Budget, GemmBudget, reference_dtype
 
+        if self.op.gemm_k is not None:
+            if shape is None:
+                raise ValueError("op.tolerance.gemm_k: the reference's budget needs the shape (its K)")
+            parts = self.reference(**private, **self.scalars, parts=True)
+            del private
+            (t,) = self.op.outputs
+            budget = GemmBudget(parts, self.op.gemm_k_at(shape), TORCH_DTYPES[t.dtype])
+            del parts
+            return [(budget.ref, budget)]
         out = self.reference(**private, **self.scalars)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         del private
@@ -318,7 +336,7 @@ class Judge:
                 outlived = self._outlived()
                 if outlived:
                     return {"status": "wrong", "reason": f"{label}, check {r}: {outlived}"}
-                refs = self._reference(pristine)
+                refs = self._reference(pristine, shape)
                 for which in (0, 1):
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
@@ -421,7 +439,7 @@ class Judge:
         for f in found:
             ref, bound = refs[names.index(f["output"])]
             r = ref[f["row"]]
-            b = r.abs().mul(bound.c).add(bound.a) if r.is_floating_point() else None
+            b = bound.row(f["row"]) if r.is_floating_point() else None
             ok, why, _ = compare(f["data"], r, self.op.atol, self.op.rtol, b)
             if not ok:
                 return (f"{f['what']}: output '{f['output']}' at place {f['place']} (row {f['row']}): {why} "
@@ -460,7 +478,7 @@ class Judge:
         # the timed calls' values (an input's `timed` override), in verification's buffers
         made = [(_seed(job["seed"], si, "timing", k), k + si, True) for k in (0, 1)]
         sets = [self._inputs(shape, *m) for m in made]
-        state, refresh = _alternate(inputs, sets)
+        state, refresh = _alternate(inputs, sets, self._unsalted)
         refresh()  # the warm-up calls too run on the timed calls' values, not the last check round's
         self.rt.sync()
         checking = [0.0]
@@ -527,11 +545,11 @@ class Judge:
             if changed:
                 why = f"input '{changed}' (value set {k}) was modified during the timed calls"
                 break
-            refs = self._reference(pristine)
+            refs = self._reference(pristine, shape)
             why = _sampled(samples, k, refs, where, self.op.outputs, len(times))
             for kk, salt, t in taken:
                 if kk == k and not why:
-                    why = self._settle(t, self._reference(_salted(pristine, salt)) if salt else refs)
+                    why = self._settle(t, self._reference(_salted(pristine, salt), shape) if salt else refs)
                     if why and salt:
                         why = f"the last timed call, its inputs salted (a few elements swapped in their rows): {why}"
             if why:
@@ -629,14 +647,14 @@ class Judge:
             if salt:
                 pristine, changed = self._unchanged(shape, made[k], sets[k])
                 return ((None, f"the judge's copy of input '{changed}' was modified") if changed else
-                        (self._reference(_salted(pristine, salt)), None))
+                        (self._reference(_salted(pristine, salt), shape), None))
             if k not in done:
                 pristine, changed = self._unchanged(shape, made[k], sets[k])
                 done[k] = (None, f"the judge's copy of input '{changed}' was modified") if changed else \
-                    (self._reference(pristine), None)
+                    (self._reference(pristine, shape), None)
             return done[k]
 
-        return (inputs, sets, answers, *_alternate(inputs, sets))
+        return (inputs, sets, answers, *_alternate(inputs, sets, self._unsalted))
 
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3,
                only: list[int] | None = None) -> dict:
@@ -760,8 +778,15 @@ class Judge:
                     del res
                     results[name] = f
                     errors[name] = None
-                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars), mode)
-                    mode = getattr(calls[name], "mode", mode)
+                    # an arm that cannot be captured in a CUDA graph (a host sync: the MoE loop over
+                    # experts) says so (`capturable = False`) and is timed as direct launches,
+                    # leaving the shape's mode to the others; one whose capture fails falls back
+                    # to direct launches in prepare_torch, its note saying why
+                    forced = getattr(f, "capturable", True) is False
+                    calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars),
+                                                        "direct" if forced else mode)
+                    if not forced and getattr(calls[name], "note", None) is None:
+                        mode = getattr(calls[name], "mode", mode)
                 except Exception as e:  # say, an SDPA backend this device lacks: no time, the reason shown
                     if not self.rt.healthy():
                         raise
@@ -820,7 +845,9 @@ class Judge:
                     errors[name] = prefix + why
             shapes.append({name: {"median": statistics.median(times[name]) if times.get(name) else None,
                                   "rounds": times.get(name, []), "error": errors.get(name),
-                                  "mode": getattr(calls.get(name), "mode", None)}
+                                  "mode": getattr(calls.get(name), "mode", None),
+                                  **({"note": calls[name].note} if getattr(calls.get(name), "note", None)
+                                     else {})}
                            for name in dict.fromkeys([*names, *errors])})
             del calls, outs_of, inputs, sets, answers, taken, results, ws_of
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None
@@ -890,7 +917,7 @@ def _mid(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _alternate(inputs: dict, sets: list[dict]):
+def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()):
     """(state, refresh): refresh copies the next of the two value sets into the input
     buffers before a call; state["cur"] says which set the buffers hold now.
 
@@ -901,7 +928,7 @@ def _alternate(inputs: dict, sets: list[dict]):
     sampled elements, or worked out ahead by a thread) is its answer."""
     state = {"i": 0, "cur": 0, "salt": None, "salt_at": None}
     rng = random.Random(secrets.randbits(64))
-    target = _salt_target(inputs)
+    target = _salt_target(inputs, unsalted)
 
     def refresh():
         k = state["i"] % 2
@@ -925,9 +952,11 @@ SALT_PAIRS = 8  # element pairs swapped in the last timed call's largest input
 SAMPLES = 1024  # elements of each output sampled after every timed call
 
 
-def _salt_target(inputs: dict) -> str | None:
-    """The largest input with rows of at least two elements (the one salted), or None."""
-    cands = [(v.numel(), n) for n, v in inputs.items() if v.dim() >= 1 and v.shape[-1] >= 2]
+def _salt_target(inputs: dict, unsalted: frozenset = frozenset()) -> str | None:
+    """The largest input with rows of at least two elements (the one salted), or None. The
+    inputs in `unsalted` never are: a routing dist's offsets (swapping two ends breaks their
+    order, which the op requires, Judge._unsalted)."""
+    cands = [(v.numel(), n) for n, v in inputs.items() if v.dim() >= 1 and v.shape[-1] >= 2 and n not in unsalted]
     return max(cands)[1] if cands else None
 
 

@@ -104,3 +104,79 @@ WS_RECORD = 132
 def decode_attention_ws_row(L: int, group: int) -> int:
     """Floats of one (b, KV head) row of the workspace."""
     return 4 + min(-(-L // WS_MIN_SPLIT), WS_MAX_SPLITS) * group * WS_RECORD
+
+
+# ----------------------------------------------------------------------------- MoE experts
+# The grouped GEMM of a mixture-of-experts layer (issue 22, docs/moe.md). x [R, K], its rows
+# sorted by expert (R = tokens x topk); w [E, N, K], each expert's weight as nn.Linear keeps it
+# (K contiguous); offs int32 [E], the cumulative END row of each expert's group (torch's
+# _grouped_mm convention: non-decreasing, offs[E - 1] == R, a group empty where two ends are
+# equal). y [R, N] with y[r] = x[r] @ w[e(r)]^T, e(r) the expert whose group holds row r. The
+# SwiGLU variant fuses the activation: y [R, N / 2] = silu(g) * u, g the columns [0, N / 2) and
+# u the columns [N / 2, N) of x @ w^T.
+
+
+def _grouped_bf16(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """What a user calls: torch._grouped_mm on w^T (column-major B, no copy) and int32 offs,
+    fp32 accumulation, no host sync (a CUDA graph captures it). On CPU tensors a torch without
+    a CPU _grouped_mm gets a loop over the experts instead (2.13 has one)."""
+    offs = offs.to(torch.int32)
+    try:
+        return torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        if x.is_cuda:
+            raise
+    return _loop(x, w, offs, x.dtype)
+
+
+def _loop(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dtype: torch.dtype, mag: bool = False):
+    """The grouped GEMM one expert at a time (the ends to the host), into one output of
+    `dtype`; with `mag`, also |x| @ |w|^T. Each expert's slice of x and its weight are the only
+    temporaries, so a float64 verdict on the largest shapes holds one expert's weight twice
+    (|w| for the magnitudes) beside the output."""
+    R, N = x.shape[0], w.shape[1]
+    y = torch.zeros((R, N), dtype=dtype, device=x.device)
+    m = torch.zeros((R, N), dtype=dtype, device=x.device) if mag else None
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        end = min(int(end), R)
+        if end > start:
+            xe, we = x[start:end].to(dtype), w[e].to(dtype)
+            torch.mm(xe, we.t(), out=y[start:end])
+            if mag:
+                torch.mm(xe.abs(), we.abs().t(), out=m[start:end])
+            del xe, we
+        start = max(start, end)
+    return (y, m) if mag else y
+
+
+def _swiglu(y: torch.Tensor) -> torch.Tensor:
+    g, u = y.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def moe_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, parts: bool = False):
+    """y [R, N] = x[r] @ w[e(r)]^T per row. On float64 inputs (the verdict) a float64 loop over
+    the experts on the inputs' device; on bf16 or fp16 inputs (the baseline) torch._grouped_mm.
+    `parts` (float64 inputs, op.tolerance.gemm_k): the judge's error budget needs the
+    magnitudes too, {"out": y, "acc": y, "abs": |x| @ |w|^T, "epilogue": None}
+    (judge/verify.GemmBudget)."""
+    if x.dtype != torch.float64 and not parts:
+        return _grouped_bf16(x, w, offs)
+    if parts:
+        y, m = _loop(x, w, offs, torch.float64, mag=True)
+        return {"out": y, "acc": y, "abs": m, "epilogue": None}
+    return _loop(x, w, offs, torch.float64)
+
+
+def moe_gemm_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, parts: bool = False):
+    """y [R, N / 2] = silu(g) * u with [g | u] = x[r] @ w[e(r)]^T. On float64 inputs the whole
+    computation is float64; on bf16 inputs torch._grouped_mm, then silu and the product in bf16
+    (torch's unfused path: g, u and silu(g) each rounded to bf16). `parts`: {"out": y, "acc":
+    [g | u], "abs": |x| @ |w|^T, "epilogue": "swiglu"} (judge/verify.GemmBudget)."""
+    if x.dtype != torch.float64 and not parts:
+        return _swiglu(_grouped_bf16(x, w, offs))
+    if parts:
+        acc, m = _loop(x, w, offs, torch.float64, mag=True)
+        return {"out": _swiglu(acc), "acc": acc, "abs": m, "epilogue": "swiglu"}
+    return _swiglu(_loop(x, w, offs, torch.float64))

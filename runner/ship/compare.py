@@ -348,7 +348,8 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict 
             d = res.get(arm)
             if d is None:
                 continue
-            a = {"error": d["error"]}
+            a = {"error": d["error"], **({"mode": d["mode"]} if d.get("mode") else {}),
+                 **({"note": d["note"]} if d.get("note") else {})}
             if d["median"]:
                 a.update(_rates(f, d["median"], copy_s))
                 if best and d["error"] is None:
@@ -472,6 +473,8 @@ def format_table(doc: dict) -> str:
         for arm, a in s["arms"].items():
             if a.get("error"):
                 lines.append(f"{s['label']} {arm}: {a['error']}")
+            elif a.get("note"):
+                lines.append(f"{s['label']} {arm}: {a['note']}")
         for tid, c in s["candidates"].items():
             if c.get("error"):
                 lines.append(f"{s['label']} trial #{tid}: {c['error']}")

@@ -17,8 +17,10 @@ SCALAR = {"type": ["integer", "number", "string", "boolean"]}
 NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
 DTYPES = ["bf16", "fp16", "fp32", "fp64", "int8", "uint8", "int32", "int64", "bool"]
+# the routing dists draw an offsets input: per-expert cumulative row ends (judge/inputs.py)
+ROUTING_DISTS = ["routing", "routing_one", "routing_empty", "routing_single"]
 DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge", "tiny",
-         "randint", "perm"]
+         "randint", "perm", *ROUTING_DISTS]
 METRICS = ["time_us", "speedup", "bandwidth_fraction", "flops_fraction", "limit_fraction"]
 
 
@@ -37,6 +39,10 @@ TENSOR = _obj({
     "high": EXPR,
     "special": _obj({"value": NUM, "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
                     ["value", "fraction"]),
+    # a routing dist's offsets input: the rows routed (an expression: R = tokens x topk) and the
+    # experts each token picks (spec.py checks them)
+    "rows": EXPR,
+    "topk": POS_INT,
     # an input's values in timed calls, where they differ from verification's (spec.py)
     "timed": _obj({
         "dist": {"oneOf": [{"enum": DISTS}, {"type": "array", "items": {"enum": DISTS}, "minItems": 1}]},
@@ -86,7 +92,9 @@ SPEC = _obj({
         "tolerance": _obj({"atol": {"type": "number", "minimum": 0},
                            "rtol": {"type": "number", "minimum": 0},
                            "ulps": {"type": "number", "minimum": 0},
-                           "floor": {"type": "number", "minimum": 0}}),
+                           "floor": {"type": "number", "minimum": 0},
+                           # the budget of a GEMM with fp32 accumulation over K (judge/verify.GemmBudget)
+                           "gemm_k": EXPR}),
         "bytes": EXPR,
         "flops": EXPR,
         "in_place": {"type": "boolean"},

@@ -30,7 +30,7 @@ from . import yamlsrc
 from ..core.errors import Diagnostic, ExprError, SpecError
 from ..core.expr import Expr, compile_expr
 from .hw import HwProfile, find_profile, load_profile
-from .schema import SPEC, diagnostics as schema_diagnostics
+from .schema import ROUTING_DISTS, SPEC, diagnostics as schema_diagnostics
 from ..search.space import Param, Space, domain_problem, param_values
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1,
@@ -42,7 +42,8 @@ RESERVED_ARMS = (*BUILTIN_ARMS, "table")
 DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
                "fp64": (1e-10, 1e-10)}
 INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}
-INT_DISTS = ("randint", "perm")  # what an integer tensor may be drawn from
+INT_DISTS = ("randint", "perm", *ROUTING_DISTS)  # what an integer tensor may be drawn from
+ROUTING_DTYPES = ("int32", "int64")  # an offsets input (routing dists): cumulative row ends
 PERM_MAX = {"int8": 127, "uint8": 255, "int32": 2 ** 31 - 1, "int64": 2 ** 63 - 1}  # the largest value a dtype holds
 
 
@@ -59,6 +60,10 @@ class TensorSpec:
     # timed calls (the candidate's timed loop, the baseline's, pipe compare's arms); the check
     # rounds of verification and the domain checks take the tensor's own
     timed: "TensorSpec | None" = None
+    # an offsets input drawn by a routing dist (judge/inputs.py): the rows routed, an
+    # expression over the shape symbols (R = tokens x topk), and the experts a token picks
+    rows: Expr | None = None
+    topk: int | None = None
 
     def drawn(self, timed: bool = False) -> "TensorSpec":
         """The tensor as its values are drawn: for timed calls (`timed`) or for verification."""
@@ -107,6 +112,14 @@ class OpSpec:
     # other (judge/invariance.py); `batch_required`: a kernel whose rows are not is wrong
     batch_axis: str | None = None
     batch_required: bool = False
+    # op.tolerance.gemm_k: the reduction length of a GEMM with fp32 accumulation, an expression
+    # over the shape symbols; the error budget is then judge/verify.GemmBudget's (the reference
+    # gives the GEMM's parts), not atol/rtol's
+    gemm_k: Expr | None = None
+
+    def gemm_k_at(self, shape: dict) -> int:
+        """op.tolerance.gemm_k at a shape (spec.py checked it is a whole number >= 1 there)."""
+        return int(self.gemm_k(self.shape_env(shape)))
 
     def compare_arms(self, triton: bool = True, arms: bool = True) -> dict[str, str]:
         """The user's arms of pipe compare, name -> "module:function": op.triton (named
@@ -425,6 +438,17 @@ def _checked_dim(e: Expr, name: str, i: int):
     return f
 
 
+def _takes_parts(fn) -> bool:
+    """Whether a reference takes the `parts` keyword (op.tolerance.gemm_k)."""
+    import inspect
+
+    try:
+        ps = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True  # a builtin: cannot tell, the judge's call says
+    return "parts" in ps or any(p.kind is p.VAR_KEYWORD for p in ps.values())
+
+
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -543,7 +567,8 @@ class _Checker:
                 special = (sp_["value"], float(sp_["fraction"]))
                 if tdtype in INT_DTYPES and sp_["value"] != int(sp_["value"]):
                     self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
-            spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special)
+            rows, topk = self.routing_keys(kind, base, t, tdtype, dims, scope)
+            spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special, rows=rows, topk=topk)
             if "timed" in t:
                 spec_ = timed_override(kind, base, t, spec_)
             return spec_
@@ -611,6 +636,8 @@ class _Checker:
             return None
         self.randint_bounds(inputs, timed + list(extra) + list(held), dtype)
         self.perm_sizes(inputs, timed + list(extra) + list(held), dtype)
+        self.routing_sizes(inputs, timed + list(extra) + list(held), dtype)
+        gemm_k = self.gemm_k(o, scope, outputs, timed + list(extra) + list(held), dtype)
         batch_axis, batch_required = self.batch_invariant(o, symbols, inputs, outputs, timed + list(extra))
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
                       batch_axis=batch_axis, batch_required=batch_required,
@@ -620,17 +647,147 @@ class _Checker:
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
                       arms=dict(o.get("arms") or {}), traffic=str(o.get("traffic", "copy")),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
-                      floor=float(tol.get("floor", 2.0 ** -7)))
+                      floor=float(tol.get("floor", 2.0 ** -7)), gemm_k=gemm_k)
 
     def int_dists(self, path: tuple, tdtype: str, dists: tuple) -> None:
         """Integer tensors draw from `randint` (low, high) or `perm`; `perm` draws integers only."""
         if tdtype in INT_DTYPES and any(x not in INT_DISTS for x in dists):
-            self.err(path, f"integer tensors ({tdtype}) take dist 'randint' with low and high, or 'perm'")
+            self.err(path, f"integer tensors ({tdtype}) take dist 'randint' with low and high, or 'perm', or a "
+                           f"routing dist ({', '.join(ROUTING_DISTS)}) with rows and topk")
         elif tdtype not in INT_DTYPES and "perm" in dists:
             self.err(path, f"dist 'perm' (a permutation of 0 .. n - 1) draws integers; this tensor is {tdtype}: "
                            "give it an integer dtype (int32, int64)")
         elif tdtype == "bool" and "perm" in dists:
             self.err(path, "dist 'perm' (a permutation of 0 .. n - 1) cannot be bool")
+
+    def routing_keys(self, kind: str, base: tuple, t: dict, tdtype: str, dims: list,
+                     scope: set) -> tuple[Expr | None, int | None]:
+        """`rows` and `topk` of an offsets input drawn by a routing dist (its own or its timed
+        override's): both given, on a 1-D int32 or int64 input, and only there."""
+        own = t.get("dist", [])
+        timed = (t.get("timed") or {}).get("dist", [])
+        routed = [d for d in ([own] if isinstance(own, str) else own) + ([timed] if isinstance(timed, str) else timed)
+                  if d in ROUTING_DISTS]
+        keys = [k for k in ("rows", "topk") if k in t]
+        if kind != "inputs":
+            for k in keys:
+                self.err(base + (k,), f"'{k}' describes an offsets input drawn by a routing dist; an output has none",
+                         prefer_key=True)
+            return None, None
+        if keys and not routed:
+            self.err(base + (keys[0],), f"'{keys[0]}' goes with a routing dist ({', '.join(ROUTING_DISTS)}): "
+                                        f"input '{base[-1]}' draws none, so nothing reads it", prefer_key=True)
+            return None, None
+        if not routed:
+            return None, None
+        good = True
+        if tdtype not in ROUTING_DTYPES:
+            self.err(base + ("dtype",) if "dtype" in t else base,
+                     f"dist '{routed[0]}' draws per-expert cumulative row ends: an int32 or int64 input, not "
+                     f"{tdtype}" + ("" if "dtype" in t else " (the op's dtype): give it `dtype: int32`"),
+                     prefer_key="dtype" not in t)
+            good = False
+        if len(dims) != 1:
+            self.err(base + ("shape",), f"dist '{routed[0]}' draws one cumulative row end per expert: a 1-D shape "
+                                        f"[E], not {len(dims)}-D")
+            good = False
+        if "special" in t:
+            self.err(base + ("special",), f"`special` would overwrite some of the cumulative ends dist "
+                                          f"'{routed[0]}' draws (they must stay in order): leave it out",
+                     prefer_key=True)
+            good = False
+        missing = [k for k in ("rows", "topk") if k not in t]
+        if missing:
+            self.err(base, f"dist '{routed[0]}' needs {' and '.join(missing)}: `rows`, the rows routed (an "
+                           "expression over the shape symbols, tokens x topk), and `topk`, the experts each "
+                           "token picks", prefer_key=True)
+            good = False
+        rows = self.expr(base + ("rows",), t["rows"], scope) if "rows" in t else None
+        if not good or rows is None:
+            return None, None
+        return rows, int(t["topk"])
+
+    def routing_sizes(self, inputs, shapes: list[dict], dtype: str) -> None:
+        """Each routing input at every timed, extra and held-out shape: `rows` a whole number of
+        at least 1 that its dtype holds and that `topk` divides (tokens x topk), and at least
+        `topk` experts (a token picks topk distinct ones)."""
+        for t in inputs:
+            if t.rows is None:
+                continue
+            path = ("op", "inputs", t.name)
+            top = {"int32": 2 ** 31 - 1, "int64": 2 ** 63 - 1}[t.dtype]
+            for sh in shapes:
+                env = {**sh, "elem": DTYPE_BYTES[dtype]}
+                at = ", ".join(f"{k}={x}" for k, x in sh.items())
+                try:
+                    rows, experts = t.rows(env), t.shape[0](env)
+                except ExprError as e:
+                    self.err(path + ("rows",), f"at {at}: {e}")
+                    break
+                if isinstance(rows, bool) or not isinstance(rows, (int, float)) or rows != int(rows) or rows < 1:
+                    self.err(path + ("rows",), f"rows '{t.rows.text}' is {rows!r} at {at}: the rows routed must be "
+                                               "a whole number of at least 1")
+                    break
+                rows = int(rows)
+                if rows % t.topk:
+                    self.err(path + ("rows",), f"rows '{t.rows.text}' is {rows} at {at}, which topk {t.topk} does "
+                                               f"not divide: the rows are tokens x topk")
+                    break
+                if rows > top:
+                    self.err(path + ("rows",), f"rows '{t.rows.text}' is {rows} at {at}: {t.dtype} holds at most "
+                                               f"{top}")
+                    break
+                if isinstance(experts, (int, float)) and experts < t.topk:
+                    self.err(path + ("topk",), f"topk {t.topk} is more than the {experts} experts at {at}: a token "
+                                               "picks topk distinct experts")
+                    break
+
+    def gemm_k(self, o: dict, scope: set, outputs, shapes: list[dict], dtype: str) -> Expr | None:
+        """op.tolerance.gemm_k: an expression over the shape symbols, a whole number from 1 to
+        2^22 at every timed, extra and held-out shape; alone in op.tolerance (it sets the whole
+        budget); one floating output; a reference that gives the GEMM's parts (`parts=True`,
+        judge/verify.GemmBudget)."""
+        tol = o.get("tolerance", {})
+        if "gemm_k" not in tol:
+            return None
+        path = ("op", "tolerance", "gemm_k")
+        e = self.expr(path, tol["gemm_k"], scope)
+        good = e is not None
+        for k in ("atol", "rtol", "ulps", "floor"):
+            if k in tol:
+                self.err(("op", "tolerance", k), f"op.tolerance.gemm_k sets the whole error budget (the GEMM's, "
+                                                 f"docs/judge.md): '{k}' does not apply beside it", prefer_key=True)
+                good = False
+        outs = [t for t in outputs if t is not None]
+        if len(outs) != 1 or outs[0].dtype in INT_DTYPES:
+            self.err(path, "op.tolerance.gemm_k budgets one floating output (the GEMM's, or its epilogue's); "
+                           f"this op has {len(outs)} output(s)"
+                           + (f", '{outs[0].name}' of {outs[0].dtype}" if len(outs) == 1 else ""))
+            good = False
+        if e is not None:
+            for sh in shapes:
+                at = ", ".join(f"{k}={x}" for k, x in sh.items())
+                try:
+                    v = e({**sh, "elem": DTYPE_BYTES[dtype]})
+                except ExprError as ex:
+                    self.err(path, f"at {at}: {ex}")
+                    good = False
+                    break
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 1 <= v <= 2 ** 22:
+                    self.err(path, f"'{e.text}' is {v!r} at {at}: the reduction length must be a whole number "
+                                   "from 1 to 2^22 (fp32 accumulation's bound K * 2^-23 stays below 1)")
+                    good = False
+                    break
+        try:
+            fn = userpath.load_callable(o["reference"], self.near)
+        except Exception:  # noqa: BLE001 - reported at op.reference
+            fn = None
+        if fn is not None and not _takes_parts(fn):
+            self.err(path, f"op.tolerance.gemm_k needs a reference that gives the GEMM's parts: "
+                           f"{o['reference']} takes no `parts` keyword (runner/ops/reference.moe_gemm does; "
+                           "docs/judge.md, \"The GEMM budget\")")
+            good = False
+        return e if good else None
 
     def perm_sizes(self, inputs, shapes: list[dict], dtype: str) -> None:
         """Each `perm` input (its own dist, and its `timed` override's) at every timed, extra and

@@ -487,7 +487,23 @@ class Runtime:
         return self._maybe_graph(direct, mode)
 
     def prepare_torch(self, fn, mode: str | None = None):
-        return self._maybe_graph(fn, mode)
+        """A torch arm's callable, replayed as a CUDA graph or launched directly (`mode`, else
+        the runtime's). An arm whose capture fails (a host sync inside it, say) falls back to
+        direct launches, with a `note` saying why, while the device is still healthy: pipe
+        compare times it that way and shows the note."""
+        try:
+            return self._maybe_graph(fn, mode)
+        except Exception as e:  # noqa: BLE001 - whatever the capture raised
+            if (mode or self.mode) == "direct" or not self.healthy():
+                raise
+            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+        def direct():
+            return fn()
+
+        direct.mode = "direct"
+        direct.note = f"timed as direct launches: its CUDA graph capture failed ({why})"
+        return direct
 
     def _maybe_graph(self, direct, mode: str | None = None):
         torch = self.torch

@@ -105,10 +105,12 @@ class MBar:
     def passed(self, parity: int, meant: int) -> bool:
         """try_wait.parity: the phase of that parity completed; `meant` is the phase the
         template means to wait for, which must be the one that completed."""
+        if self.phase > meant + 1:  # by parity alone the wait would hang or pass on a later phase
+            raise BulkError(f"{self.name}: a wait for phase {meant} came at phase {self.phase} (lapped)")
         if (self.phase & 1) == parity:
             return False
         if self.phase != meant + 1:
-            raise BulkError(f"{self.name}: a wait for phase {meant} passed at phase {self.phase} (lapped)")
+            raise BulkError(f"{self.name}: a wait for phase {meant} passed at phase {self.phase}")
         return True
 
 

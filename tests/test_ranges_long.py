@@ -1,0 +1,280 @@
+"""PF = 3 of softmax_rt (the long rows through the bulk-copy engine, common/row_bulk.cuh.j2)
+without a GPU: the host model of its run-time cut, slot schedule, mbarrier protocol and
+stores (tools/bulk_model.py) on odd N and rows at every offset, the fit of every N of every
+PF = 3 bucket, the kernel's float32 arithmetic of a row against float64, the spec's geometry
+against the H200's limits, and the rendered sources. The GPU check is
+`tools/range_check.py --ops softmax --only PF=3` on the H200."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import bulk_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def geos():
+    return bulk_model.bulk_geometries()
+
+
+# -- the spec ----------------------------------------------------------------------------------
+
+def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
+    assert 10 <= len(geos) <= 30
+    r = geos[0][0]
+    assert len(r.configs) == 274
+    caps = sorted({g[-1] for g in geos})
+    assert caps[0] >= 16384 and caps[-1] == 262144
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
+        assert cfg["STORE"] in ("default", "bulk") and tpr in (256, 512) and items in (6, 8)
+        # the bulk hold is the only path with STORE = bulk
+    assert all(c["PF"] == 3 for c in r.configs if c["STORE"] == "bulk")
+
+
+def test_pf3_geometry_fits_the_h200(geos):
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
+        env = r.env(cfg, {"M": 1000, "N": cap})
+        minb = int(env["MINB"])
+        # a producer warp besides the compute warps; slots of whole multiples of the block's chunks
+        assert slot % (tpr * 16) == 0
+        submax = -(-(tpr * items * 16) // slot)
+        assert nslot >= 2 * submax
+        # the ring and a few KiB of static arrays: 227 KiB a block, MINB blocks in the SM's 228 KiB
+        assert nslot * slot + 3072 <= 232448
+        assert minb * (nslot * slot + 3072) <= 233472
+        # registers: the f32 hold of ITEMS * 8 floats under the launch bound's cap
+        warps = (tpr + 32) // 32 * minb
+        cap_regs = 65536 // (warps * 32) // 8 * 8
+        assert items * 8 + 24 <= cap_regs, (cfg, cap_regs)
+        # clusters of 4 and 8 on 120 SMs, 2 and 1 on 132; M = 1 and M not a multiple of the grid
+        for m in (1, 3, 37, 2 ** 27 // cap, 2 ** 27 // cap + 5):
+            e = r.env(cfg, {"M": m, "N": cap})
+            from runner.core.expr import compile_expr
+            spec = r.raw["kernel"]
+            grid = compile_expr(spec["grid"])(e)
+            block = compile_expr(spec["block"])(e)
+            smem = compile_expr(spec["shared_mem"])(e)
+            assert block == tpr + 32 and smem == nslot * slot
+            assert grid % cl == 0 and grid // cl == min(m, (132 if cl <= 2 else 120) * minb // cl)
+
+
+def test_every_n_of_every_pf3_bucket_fits_its_cut(geos):
+    seen = set()
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
+        if (tpr, items, cl) in seen:
+            continue
+        seen.add((tpr, items, cl))
+        lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+        ns = np.arange(lo, hi + 1, dtype=np.int64)
+        nv = (ns + 8 - np.minimum(8, ns & -ns) + 7) // 8
+        served = ns[(nv <= cap // 8) & (4 * ns > cap)]
+        # the spec's serves agrees with that at the bucket's edges
+        for n in list(served[:3]) + list(served[-9:]):
+            assert r.serves(cfg, int(n))
+        for n in (int(served[-1]) + 1, lo - 1):
+            if r.lo <= n <= r.hi and n not in set(served.tolist()):
+                assert not r.serves(cfg, n)
+        bulk_model.check_fit(tpr, items, cl, served)
+
+
+def test_the_kernels_cut_counts_the_chunks_of_the_worst_placed_row():
+    for n in list(range(1, 200)) + [16383, 16385, 23170, 46341, 92682, 185364, 262143, 262144]:
+        low = n & -n
+        assert (n + 8 - min(low, 8) + 7) >> 3 == bulk_model.max_nv(n)
+
+
+# -- the protocol, on small geometries (the template's arithmetic with TPR 32 to 64) -----------
+
+SMALL = [  # (TPR, ITEMS, CL, SLOT, NSLOT): SLOT a multiple of TPR * 16, NSLOT >= 2 * SUBMAX
+    (64, 4, 1, 1024, 8),
+    (64, 6, 2, 1024, 12),
+    (32, 8, 4, 512, 16),
+    (64, 8, 8, 2048, 9),
+    (32, 6, 2, 1536, 5),   # a piece of 3 chunks a thread: parts cut mid-piece
+]
+
+
+def small_sizes(tpr, items, cl, rng):
+    cap = tpr * cl * items * 8
+    lo, hi = cap // 4 + 1, cap
+    ns = {hi, hi - 1, hi - 2, hi - 6, hi - 7, hi - 8, hi - 9, lo, lo + 1}
+    ns |= {rng.randint(lo, hi) | 1 for _ in range(3)} | {(rng.randint(lo, hi) & ~3) | 2 for _ in range(2)}
+    out = []
+    for n in sorted(ns):
+        nv = (n + 8 - min(8, n & -n) + 7) // 8
+        if nv <= cap // 8 and 4 * n > cap:
+            out.append(n)
+    return out
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["plain", "bulk"])
+@pytest.mark.parametrize("geo", SMALL, ids=lambda g: "T{}-I{}-CL{}-S{}x{}".format(*g))
+def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk):
+    tpr, items, cl, slot, nslot = geo
+    rng = random.Random(tpr * 7 + items * 3 + cl)
+    ns = small_sizes(tpr, items, cl, rng)
+    assert len(ns) >= 6
+    for n in ns:
+        _, sub = bulk_model.cut_of(n, cl, slot // 16)
+        wrap = 2 * (nslot // max(sub, 1) + 2) + 1  # rows enough to wrap the ring twice a cluster
+        for m, G, seed in ((1, 2, n), (3, 2, n + 1), (wrap, 2, n + 2), (wrap + 2, 3, n + 3)):
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ring_is_correct_under_many_schedules(seed):
+    # rows at every offset within a chunk (N odd), the ring wrapping several times
+    for bulk in (False, True):
+        bulk_model.check(64, 8, 2, 2048, 8, bulk, 8185 - 2 * seed, 23, G=2, seed=seed)
+
+
+@pytest.mark.parametrize("broken, bulk, why", [
+    ((), True, None),
+    (("release_early",), True, "bulk store of slot"),   # slots back before their store read them
+    (("partial_bulk",), True, "bulk store of slot|y written"),  # the row's partial last chunk in bulk
+    (("parity",), False, "holds|deadlock|lapped"),      # a full wait one phase off
+    (("no_mask",), False, "seen"),                      # the neighbours' elements kept
+])
+def test_the_model_catches_a_protocol_out_of_step(broken, bulk, why):
+    kw = dict(broken=frozenset(broken))
+    if why is None:
+        for seed in range(3):
+            bulk_model.check(64, 4, 2, 1024, 8, bulk, 4089, 19, G=2, seed=seed, **kw)
+        return
+    with pytest.raises(bulk_model.BulkError, match=why):
+        for seed in range(3):
+            bulk_model.check(64, 4, 2, 1024, 8, bulk, 4089, 19, G=2, seed=seed, **kw)
+
+
+def test_the_model_finds_a_ring_too_small_for_bulk_stores():
+    # two parts of 4 slots need 8; with 7 the producer waits for a slot whose store waits for it
+    with pytest.raises(bulk_model.BulkError, match="deadlock"):
+        bulk_model.check(64, 4, 2, 1024, 7, True, 4096, 9, G=1, broken=frozenset({"small_ring"}))
+
+
+def test_an_mbarrier_wait_that_laps_is_an_error():
+    b = bulk_model.MBar(1, "b")
+    b.expect_arrive(0)
+    b.expect_arrive(0)  # two phases completed: a wait for phase 0 by parity would pass wrongly
+    with pytest.raises(bulk_model.BulkError, match="lapped"):
+        b.passed(0, 0)
+
+
+def test_a_row_longer_than_the_parts_is_refused_as_the_kernel_traps():
+    with pytest.raises(bulk_model.BulkError, match="exceeds"):
+        bulk_model.check(64, 4, 2, 1024, 8, False, 4097, 1)
+
+
+@pytest.mark.slow
+def test_ring_on_the_specs_own_geometries(geos):
+    rng = random.Random(3)
+    done = set()
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
+        if cl == 8 and (tpr, items, bulk) in done:
+            continue  # the largest clusters are slow to model: one each
+        done.add((tpr, items, bulk))
+        lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+        ns = [n for n in (hi, hi - 7, lo, rng.randint(lo, hi) | 1) if r.serves(cfg, n)]
+        for n in ns:
+            _, sub = bulk_model.cut_of(n, cl, slot // 16)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n + 1)
+
+
+# -- the arithmetic of a row ---------------------------------------------------------------------
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bf16 (nearest even), as float32."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    out = r.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), np.float32(np.nan), out)
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - m)
+        return e / e.sum()
+
+
+def rows(n: int, rng: np.random.Generator):
+    yield "normal", rng.standard_normal(n)
+    yield "large", rng.standard_normal(n) * 30
+    x = rng.standard_normal(n)
+    x[rng.random(n) < 0.25] = -np.inf
+    yield "masked", x
+    x = rng.standard_normal(n)
+    x[: n * 7 // 8] = -np.inf  # every block's part but the last one's: only -inf
+    yield "masked-parts", x
+    x = rng.standard_normal(n)
+    x[rng.integers(n)] = 80.0
+    yield "spike", x
+    yield "huge", 3.0e38 - rng.random(n) * 1e37
+    yield "offset", rng.standard_normal(n) + 1e4
+
+
+@pytest.mark.parametrize("cl, tpr, items, n, row", [
+    (1, 256, 8, 16384, 0), (2, 256, 6, 23170, 3), (4, 512, 6, 46341, 5), (8, 256, 8, 92682, 1),
+    (8, 512, 8, 262137, 7), (8, 512, 6, 185364, 2),
+])
+def test_row_arithmetic_matches_float64(cl, tpr, items, n, row):
+    rng = np.random.default_rng(n)
+    for name, x in rows(n, rng):
+        x = bf16(x.astype(np.float32))
+        y = bf16(bulk_model.row_softmax(x, cl, tpr, items, row=row)).astype(np.float64)
+        ref = reference(x)
+        assert np.isfinite(y).all(), name
+        err = np.abs(y - ref)
+        assert np.all(err <= 1.0e-3 + 1.6e-2 * np.abs(ref)), (name, float(err.max()))
+        assert abs(y.sum() - 1) < 0.02, name
+
+
+def test_a_row_of_minus_inf_gives_nan_as_the_reference():
+    for cl in (1, 2, 8):
+        y = bulk_model.row_softmax(np.full(50001, -np.inf, np.float32), cl, 256, 8, row=3)
+        assert np.isnan(y).all()
+
+
+# -- the rendered sources ------------------------------------------------------------------------
+
+def test_pf3_sources_render_and_earlier_paths_do_not_carry_it(geos):
+    from runner.build.builder import Builder
+
+    r = geos[0][0]
+    b = Builder(r.spec)
+    for _, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos[:4] + geos[-2:]:
+        s = b.render_all(cfg, shapes=[r.shape(cap, 1)])[0]
+        assert "{{" not in s and "{%" not in s
+        assert f"#define SLOT {slot}" in s and f"#define NSLOT {nslot}" in s and f"#define BULK {int(bulk)}" in s
+        assert "cp.async.bulk.shared::cluster.global" in s and "bar.sync 1" in s
+        assert "bulk_store_part(y" in s and "#if BULK" in s  # STORE = bulk: BULK 1 picks the slots' store
+        # one source serves every N of the bucket: the launch's sizes are arguments
+        assert s == b.render_all(cfg, shapes=[r.shape(cap // 4 + 1, 37)])[0]
+    others = [c for c in r.configs if c["PF"] != 3][::25]
+    for cfg in others:
+        s = b.render_all(cfg, shapes=[r.shape(r.lo, 1)])[0]
+        assert "PF = 3" not in s and "mbarrier" not in s and "bulk" not in s.lower()
+
+
+@pytest.mark.slow
+def test_pf3_sources_compile_without_spills(geos):
+    from runner.build.builder import Builder
+
+    r = geos[0][0]
+    b = Builder(r.spec)
+    pick = [g for g in geos if (g[2], g[3], g[4]) in {(256, 8, 8), (512, 8, 8), (512, 6, 1)}]
+    srcs = [b.render_all(g[1], shapes=[r.shape(g[-1], 1)])[0] for g in pick]
+    for g, c in zip(pick, b._compile_all(srcs)):
+        assert c.ok, (g[1], c.reason)
+        res = c.resources
+        assert not res.get("spill_stores") and not res.get("spill_loads"), (g[1], res)

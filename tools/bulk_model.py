@@ -1,0 +1,499 @@
+"""A host model of PF = 3, the bulk-copy ring of softmax_rt (common/row_bulk.cuh.j2 and the
+template's PF = 3 kernel): the run-time cut of a row into block parts and pieces, the producer
+warp's bulk copies into the ring's slots, the mbarrier protocol (full, empty, the cluster's
+st.async pairs), the compute warps' reads, their stores and the bulk stores from the slots;
+and the kernel's float32 arithmetic on one row against float64.
+
+    python tools/bulk_model.py            # every PF = 3 geometry of the softmax range spec, sampled N
+    python tools/bulk_model.py --every    # ... and the fit of every N of each bucket
+
+`simulate` transliterates the template's integer arithmetic (cut_of, span_of, part_len,
+bulk_slot, bulk_at, bulk_produce, bulk_wait, bulk_release, bulk_release_all,
+bulk_store_part, whole, the row loop) and runs every agent of a cluster (each block's
+producer lane and its compute warps, one agent a warp) under a seeded random schedule, the
+asynchronous copies landing (and the bulk stores reading their slots) at random later steps.
+An mbarrier is modelled by its phase, pending arrivals and transaction bytes; a wait on a
+parity passes when the phase of that parity completed, and the model checks that the phase
+it passed on is the one the template meant (no lapping). It checks:
+- a bulk copy never writes a slot that a warp may still read or a bulk store still has to
+  read (the slot holds garbage from the copy's issue until its bytes land);
+- every read finds in its slot position exactly the chunk of x the template's index names
+  (the row's chunk a + q, a the block's first, q = it * TPR + t), and every bulk store finds
+  the output of exactly the chunks it writes;
+- no copy reads outside x's chunks; every agent finishes (no deadlock);
+- the row's elements, the neighbours' masked by index, go to exactly one thread each, and
+  y's elements are written exactly once (16-byte stores, bulk stores of whole chunks, the
+  partial chunks element by element) and nothing outside y;
+- the cluster's pairs: every block merges the pairs of the same row from every block.
+`row_softmax` is the kernel's arithmetic on one row (block maxima, exponentials against
+them, the block sums, the cluster's log-depth merge of (max, sum) pairs, the scale) in
+float32; tests/test_ranges_long.py compares it with float64 on masked rows, rows of -inf, a
+block's part of only -inf and rows near bf16's largest values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class BulkError(AssertionError):
+    pass
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+def span_of(row: int, n: int) -> tuple[int, int, int]:
+    """(base, off, nv) as common/row_span.cuh.j2's span_of."""
+    start = row * n
+    off = start & 7
+    return start >> 3, off, (off + n + 7) >> 3
+
+
+def cut_of(n: int, cl: int, sc: int) -> tuple[int, int]:
+    """(P, sub) as row_bulk's cut_of: chunks of a block's part, slots a part spans."""
+    low = n & -n
+    nvm = (n + 8 - min(low, 8) + 7) >> 3
+    p = (nvm + cl - 1) // cl
+    return p, (p + sc - 1) // sc
+
+
+def part_len(nv: int, a: int, p: int) -> int:
+    return max(0, min(nv - a, p))
+
+
+def max_nv(n: int) -> int:
+    """The most chunks a row of n touches, over every row offset (brute force)."""
+    return max(span_of(r, n)[2] for r in range(8))
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+class MBar:
+    """An mbarrier: phase, pending arrivals, transaction bytes."""
+
+    def __init__(self, count: int, name: str):
+        self.count, self.pending, self.tx, self.phase, self.name = count, count, 0, 0, name
+
+    def arrive(self, c: int = 1) -> None:
+        self.pending -= c
+        if self.pending < 0:
+            raise BulkError(f"{self.name}: more arrivals than its count in phase {self.phase}")
+        self._step()
+
+    def expect_arrive(self, tx: int) -> None:  # mbarrier.arrive.expect_tx
+        self.tx += tx
+        self.arrive(1)
+
+    def complete(self, tx: int) -> None:  # complete_tx of a copy's bytes
+        self.tx -= tx
+        self._step()
+
+    def _step(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def passed(self, parity: int, meant: int) -> bool:
+        """try_wait.parity: the phase of that parity completed; `meant` is the phase the
+        template means to wait for, which must be the one that completed."""
+        if self.phase > meant + 1:  # by parity alone the wait would hang or pass on a later phase
+            raise BulkError(f"{self.name}: a wait for phase {meant} came at phase {self.phase} (lapped)")
+        if (self.phase & 1) == parity:
+            return False
+        if self.phase != meant + 1:
+            raise BulkError(f"{self.name}: a wait for phase {meant} passed at phase {self.phase}")
+        return True
+
+
+GARBAGE = -(1 << 62)
+
+
+class Sim:
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.events: list = []  # pending asynchronous completions (callables)
+
+    def run(self, agents: list) -> None:
+        """agents: generators yielding wait predicates. Runs until all finish."""
+        waits = {}
+        live = list(agents)
+        for a in live:
+            waits[a] = lambda: True
+        steps = 0
+        while live or self.events:
+            ready = [a for a in live if waits[a]()]
+            choices = len(ready) + len(self.events)
+            if not choices:
+                raise BulkError(f"deadlock: {len(live)} agents waiting, no copy in flight")
+            i = self.rng.randrange(choices)
+            if i < len(ready):
+                a = ready[i]
+                try:
+                    waits[a] = next(a)
+                except StopIteration:
+                    live.remove(a)
+                    del waits[a]
+            else:
+                ev = self.events.pop(i - len(ready))
+                ev()
+            steps += 1
+            if steps > 5_000_000:
+                raise BulkError("no progress")
+
+
+class Barrier:
+    """bar.sync among `count` agents (the compute warps' named barrier)."""
+
+    def __init__(self, count: int):
+        self.count, self.arrived, self.gen = count, 0, 0
+
+    def sync(self):
+        g = self.gen
+        self.arrived += 1
+        if self.arrived == self.count:
+            self.arrived = 0
+            self.gen += 1
+        return lambda: self.gen != g
+
+
+def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
+             seed: int = 0, broken: frozenset = frozenset()) -> np.ndarray:
+    """Runs clusters 0 ... G - 1 of a persistent grid over m rows of n; returns how many times
+    each element of y (its 16-byte chunks' elements) was written. `broken` names mistakes the
+    tests make on purpose: "release_early" (the bulk path gives a row's slots back as soon as
+    it is read), "parity" (the full wait one phase off), "partial_bulk" (the bulk store takes
+    the row's partial last chunk), "no_mask" (the neighbours' elements not masked)."""
+    sc = slot // 16
+    if slot % (tpr * 16) or tpr % 32:
+        raise BulkError("SLOT must be a whole multiple of the block's chunks")
+    nw = tpr // 32
+    P, sub = cut_of(n, cl, sc)
+    if P > tpr * items:
+        raise BulkError(f"N={n}: a part of {P} chunks exceeds TPR * ITEMS = {tpr * items} (the kernel traps)")
+    submax = -(-(tpr * items) // sc)
+    if nslot < 2 * submax and "small_ring" not in broken:
+        raise BulkError(f"NSLOT {nslot} < 2 * SUBMAX {2 * submax}")
+    nchunks = (m * n + 7) >> 3
+    written = np.zeros(nchunks * 8, np.int64)
+    seen_all = np.zeros(m * n, np.int64)
+    sim = Sim(seed)
+    lanes = np.arange(32)
+
+    for cid in range(G):
+        mine = (m - 1 - cid) // G + 1 if cid < m else 0
+        # the cluster's blocks
+        rings = [np.full((nslot, sc), GARBAGE, np.int64) for _ in range(cl)]
+        full = [[MBar(1, f"block {r} full[{i}]") for i in range(nslot)] for r in range(cl)]
+        empty = [[MBar(nw, f"block {r} empty[{i}]") for i in range(nslot)] for r in range(cl)]
+        clb = [[MBar(1, f"block {r} clb[{i}]") for i in range(2)] for r in range(cl)]
+        clv = [np.full((2, cl), -1, np.int64) for _ in range(cl)]
+        bars = [Barrier(nw) for _ in range(cl)]
+        # slot positions a warp may still read: (block, slot) -> outstanding readers of the piece
+        groups = [[] for _ in range(cl)]  # thread 0's bulk groups: [read?] flags, oldest first
+
+        def bulk_slot(s: int, i: int) -> int:
+            return s + i if s + i < nslot else s + i - nslot
+
+        def producer(rank: int):
+            a = rank * P
+            nn = 0
+            for k in range(mine):
+                base, off, nv = span_of(cid + k * G, n)
+                pc = part_len(nv, a, P)
+                for i in range(sub):
+                    sl = nn % nslot
+                    if nn >= nslot:
+                        e = empty[rank][sl]
+                        ph = nn // nslot - 1
+                        yield (lambda e=e, ph=ph: e.passed(ph & 1, ph))
+                    q = pc - i * sc
+                    ln = 0 if q <= 0 else min(q, sc)
+                    full[rank][sl].expect_arrive(ln * 16)
+                    if ln:
+                        src = base + a + i * sc + np.arange(ln)
+                        if src[0] < 0 or src[-1] >= nchunks:
+                            raise BulkError(f"a copy from outside x: chunks {src[0]}..{src[-1]} of {nchunks}")
+                        rings[rank][sl, :ln] = GARBAGE  # in flight: nobody may rely on these bytes
+
+                        def land(rank=rank, sl=sl, ln=ln, src=src):
+                            rings[rank][sl, :ln] = src + 1  # x's chunk c is held as c + 1
+                            full[rank][sl].complete(ln * 16)
+                        sim.events.append(land)
+                    nn += 1
+
+        def warp(rank: int, w: int):
+            a = rank * P
+            t = w * 32 + lanes
+            n0 = s0 = 0
+            pend = -1
+            jc = 0
+            for k in range(mine):
+                row = cid + k * G
+                base, off, nv = span_of(row, n)
+                pc = part_len(nv, a, P)
+                for i in range(sub):
+                    sl = bulk_slot(s0, i)
+                    ph = (n0 + i) // nslot
+                    par = (ph & 1) ^ (1 if "parity" in broken else 0)
+                    b = full[rank][sl]
+                    yield (lambda b=b, par=par, ph=ph: b.passed(par, ph) if "parity" not in broken
+                           else (b.phase & 1) != par)
+                held = []
+                for it in range(items):
+                    q = it * tpr + t
+                    on = q < pc
+                    sl = bulk_slot(s0, it * tpr // sc)
+                    pos = it * tpr % sc + t
+                    got = rings[rank][sl, pos]
+                    want = base + a + q + 1
+                    if np.any(on & (got != want)):
+                        bad = int(np.argmax(on & (got != want)))
+                        raise BulkError(f"N={n} row {row} block {rank} warp {w}: slot {sl} position {pos[bad]} "
+                                        f"holds {got[bad]}, not x chunk {want[bad] - 1}")
+                    held.append((it, q[on], sl, pos[on]))
+                    # the row's elements of these chunks, the neighbours' masked by index
+                    qq = a + q[on]
+                    e = 8 * qq[:, None] - off + np.arange(8)[None, :]
+                    inrow = (e >= 0) & (e < n)
+                    whole = (qq * 8 >= off) & (qq * 8 + 8 <= off + n)
+                    if np.any(whole != inrow.all(axis=1)):
+                        raise BulkError("whole() disagrees with the mask")
+                    if "no_mask" in broken:
+                        inrow = (e >= -8) & (e < n + 8)
+                        e = np.clip(e, 0, n - 1)
+                    np.add.at(seen_all, row * n + e[inrow], 1)
+                if not bulk or "release_early" in broken:
+                    for i in range(sub):
+                        empty[rank][bulk_slot(s0, i)].arrive(1)
+                # block_reduce twice: two named barriers
+                yield bars[rank].sync()
+                yield bars[rank].sync()
+                if cl > 1:
+                    if w == 0:  # threads b < CL send the block's pair to block b
+                        for dst in range(cl):
+                            def deliver(dst=dst, rank=rank, jc=jc, row=row):
+                                clv[dst][jc & 1, rank] = row
+                                clb[dst][jc & 1].complete(8)
+                            sim.events.append(deliver)
+                        clb[rank][jc & 1].expect_arrive(cl * 8)
+                    cb = clb[rank][jc & 1]
+                    yield (lambda cb=cb, jc=jc: cb.passed((jc >> 1) & 1, jc >> 1))
+                    if np.any(clv[rank][jc & 1] != row):
+                        raise BulkError(f"row {row} block {rank}: merged the pairs of rows {clv[rank][jc & 1]}")
+                    jc += 1
+                # the output
+                for it, q, sl, pos in held:
+                    qq = a + q
+                    whole = (qq * 8 >= off) & (qq * 8 + 8 <= off + n)
+                    e = 8 * qq[:, None] - off + np.arange(8)[None, :]
+                    inrow = (e >= 0) & (e < n)
+                    ge = (base + qq)[:, None] * 8 + np.arange(8)[None, :]
+                    np.add.at(written, ge[~whole[:, None] & inrow], 1)  # store_part
+                    if bulk:
+                        rings[rank][sl, pos[whole]] = -(base + qq[whole] + 1)  # y's chunk c as -(c + 1)
+                    else:
+                        np.add.at(written, ge[whole].ravel(), 1)
+                if bulk:
+                    yield bars[rank].sync()
+                    if w == 0:
+                        w0 = 1 if off else 0
+                        w1 = nv - 1 if (off + n) & 7 else nv
+                        if "partial_bulk" in broken:
+                            w1 = nv
+                        copies = []
+                        for i in range(sub):
+                            b0 = a + i * sc
+                            e0 = a + min(pc, (i + 1) * sc)
+                            lo, hi = max(b0, w0), min(e0, w1)
+                            if hi > lo:
+                                copies.append((bulk_slot(s0, i), lo - b0, lo, hi))
+                        grp = {"read": False}
+                        groups[rank].append(grp)
+
+                        def read(rank=rank, copies=copies, grp=grp, base=base, row=row):
+                            for sl, p0, lo, hi in copies:
+                                got = rings[rank][sl, p0:p0 + hi - lo]
+                                if np.any(got != -(base + np.arange(lo, hi) + 1)):
+                                    raise BulkError(f"N={n} row {row} block {rank}: the bulk store of slot {sl} "
+                                                    f"read something other than the row's output")
+                                ge = (base + np.arange(lo, hi))[:, None] * 8 + np.arange(8)[None, :]
+                                np.add.at(written, ge.ravel(), 1)
+                            grp["read"] = True
+                        sim.events.append(read)
+                        # cp.async.bulk.wait_group.read 1: every group but the newest has read
+                        yield (lambda rank=rank: all(g["read"] for g in groups[rank][:-1]))
+                        if pend >= 0 and "release_early" not in broken:
+                            for i in range(sub):
+                                empty[rank][bulk_slot(pend, i)].arrive(nw)
+                    pend = s0
+                n0 += sub
+                s0 = bulk_slot(s0, sub)
+            if bulk and w == 0:
+                yield (lambda rank=rank: all(g["read"] for g in groups[rank]))
+
+        agents = []
+        for rank in range(cl):
+            agents.append(producer(rank))
+            agents += [warp(rank, w) for w in range(nw)]
+        sim.run(agents)
+    if np.any(seen_all != 1):
+        bad = int(np.argmax(seen_all != 1))
+        raise BulkError(f"N={n}: x element {bad} (row {bad // n}) seen {seen_all[bad]} times")
+    return written
+
+
+def check(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
+          seed: int = 0, broken: frozenset = frozenset()) -> None:
+    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken)
+    if np.any(w[: m * n] != 1) or np.any(w[m * n:] != 0):
+        bad = int(np.argmax(w[: m * n] != 1)) if np.any(w[: m * n] != 1) else m * n
+        raise BulkError(f"TPR={tpr} ITEMS={items} CL={cl} N={n} M={m}: y written {w[: m * n].min()}.."
+                        f"{w[: m * n].max()} times (element {bad}), {int(w[m * n:].sum())} past it")
+
+
+def check_fit(tpr: int, items: int, cl: int, served: np.ndarray) -> None:
+    """Every served N (array): the launch's cut fits (P <= TPR * ITEMS: the kernel would trap)
+    and covers every row's chunks at every offset within a chunk (CL * P >= nv)."""
+    served = served.astype(np.int64)
+    low = served & -served
+    nvm = (served + 8 - np.minimum(low, 8) + 7) >> 3
+    p = (nvm + cl - 1) // cl
+    bad = served[p > tpr * items]
+    if bad.size:
+        raise BulkError(f"TPR={tpr} ITEMS={items} CL={cl}: N={int(bad[0])} cuts parts of {int(p.max())} chunks")
+    for r in range(8):  # every offset a row of n can start at, within a chunk
+        nv = (((r * served) & 7) + served + 7) >> 3
+        short = served[nv > cl * p]
+        if short.size:
+            raise BulkError(f"N={int(short[0])}: a row at offset {r} touches more chunks than the cut covers")
+
+
+# ----------------------------------------------------------------------------- the arithmetic of a row
+
+L2E = np.float32(1.4426950408889634)
+
+
+def _f32(x):
+    return np.float32(x)
+
+
+def _ex(v: np.ndarray, m: np.float32) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.exp2(((v - m).astype(np.float32) * L2E).astype(np.float32)).astype(np.float32)
+
+
+def _merge(m, s, m2, s2):
+    """common/row_reduce.cuh.j2's merge, in float32."""
+    first = m >= m2
+    big, small = (s, s2) if first else (s2, s)
+    d = _f32(0) if m == m2 else _f32(abs(_f32(m - m2)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = _f32(_f32(small * np.exp2(_f32(-d * L2E))) + big)
+    return _f32(max(m, m2)) if not (np.isnan(m) or np.isnan(m2)) else _f32(np.fmax(m, m2)), s
+
+
+def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, row: int = 0) -> np.ndarray:
+    """The PF = 3 kernel's output for one row x (float32 values of bf16), as the row at index
+    `row` of a tensor of rows of len(x) (its offset within a chunk), cut as the launch cuts it.
+    The sums add in a different order from the kernel's (rounding only)."""
+    n = len(x)
+    base, off, nv = span_of(row, n)
+    P, _ = cut_of(n, cl, slot // 16)
+    padded = np.full(nv * 8, -np.inf, np.float32)
+    padded[off:off + n] = x
+    pairs, parts = [], []
+    for rank in range(cl):
+        a = rank * P
+        pc = part_len(nv, a, P)
+        v = padded[a * 8:(a + pc) * 8]
+        mb = _f32(v.max()) if v.size else _f32(-np.inf)
+        mbl = _f32(0) if mb == -np.inf else mb
+        e = _ex(v, mbl)
+        pairs.append((mb, _f32(e.sum(dtype=np.float32))))
+        parts.append((mb, e))
+    # the cluster's log-depth merge (combine<RPAIR, CL>): lane l brings pair l % CL
+    cur = list(pairs)
+    o = cl // 2
+    while o:
+        cur = [_merge(*cur[i], *cur[i ^ o]) for i in range(cl)]
+        o //= 2
+    m, s = cur[0]
+    out = []
+    for mb, e in parts:
+        if m == -np.inf:
+            f = _f32(np.nan)
+        elif cl > 1:
+            f = _f32(0) if mb == -np.inf else _f32(np.exp2(_f32((mb - m) * L2E)) / s)
+        else:
+            f = _f32(_f32(1) / s)
+        with np.errstate(invalid="ignore"):
+            out.append((e * f).astype(np.float32))
+    y = np.concatenate(out) if out else np.zeros(0, np.float32)
+    return y[off:off + n]
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+def bulk_geometries():
+    """(Range, cfg, TPR, ITEMS, CL, SLOT, NSLOT, bulk, CAP) for every PF = 3 configuration of
+    the softmax range spec."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+    from range_check import SPECS, Range
+
+    r = Range("softmax", ROOT / SPECS["softmax"])
+    out = []
+    for cfg in r.configs:
+        if cfg.get("PF") != 3:
+            continue
+        env = r.env(cfg, {"M": 1, r.sym: r.lo})
+        out.append((r, cfg, cfg["TPR"], cfg["ITEMS"], cfg["CL"], int(env["SLOT"]), int(env["NSLOT"]),
+                    cfg["STORE"] == "bulk", int(env["CAP"])))
+    return out
+
+
+def sample_sizes(r, cfg, cap: int, rng: random.Random, k: int) -> list[int]:
+    lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+    cand = {lo, lo + 1, hi, hi - 1, hi - 2, hi - 6, hi - 7, hi - 8, hi - 9}
+    cand |= {rng.randint(lo, hi) for _ in range(k)} | {rng.randint(lo, hi) | 1 for _ in range(k)}
+    return sorted(x for x in cand if r.serves(cfg, x))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--every", action="store_true", help="also check the fit of every N of each bucket")
+    ap.add_argument("--sizes", type=int, default=2, help="random sizes a geometry (and as many odd ones)")
+    a = ap.parse_args()
+    rng = random.Random(0)
+    fails = 0
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in bulk_geometries():
+        ns = sample_sizes(r, cfg, cap, rng, a.sizes)
+        try:
+            for n in ns:
+                P, sub = cut_of(n, cl, slot // 16)
+                rows = 2 * (nslot // max(sub, 1) + 2) + 1  # the ring wraps twice in a cluster
+                for m in (1, rows):
+                    check(tpr, items, cl, slot, nslot, bulk, n, m, G=2, seed=n + m)
+            if a.every:
+                lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+                ns_all = np.arange(lo, hi + 1, dtype=np.int64)
+                nv = (ns_all + 8 - np.minimum(8, ns_all & -ns_all) + 7) // 8
+                check_fit(tpr, items, cl, ns_all[(nv <= cap // 8) & (4 * ns_all > cap)])
+            print(f"ok   TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} (CAP {cap}, NSLOT {nslot}): N {ns}")
+        except BulkError as e:
+            fails += 1
+            print(f"FAIL TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']}: {e}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -286,6 +286,35 @@ def test_a_row_of_the_wrong_expert_fails(K):
     assert not ok and "elements outside the GEMM budget" in why
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("cols", [4, 7])
+def test_a_kernel_that_skips_a_slice_of_k_fails_where_the_worst_case_allows_it(cols, swiglu):
+    """At K = 14336 the per-element worst case allows about an eighth of |ref|, more than the
+    terms of 4 or 7 skipped columns of K move any element; the aggregate bound (the error's RMS
+    over the output) catches it, while honest kernels (fp32 accumulation, split-K, torch's own
+    bf16 path) pass it (the honest tests above run the same compare)."""
+    K = 14336
+    x, w, offs = _case(K, N=32, R=24)
+    b = _budget(x, w, offs, K, swiglu=swiglu)
+    cut = K - cols
+    xs = x.clone()
+    xs[:, cut:] = 0  # the last columns of K never summed
+    acc = _fp32(xs, w, offs)
+    if swiglu:
+        h = acc.shape[1] // 2
+        acc = F.silu(acc[:, :h]) * acc[:, h:]
+    out = acc.to(torch.bfloat16)
+    err = (out.double() - b.ref).abs()
+    assert bool((err <= b.tensor()).all())  # inside the per-element worst case everywhere
+    ok, why, _ = compare(out, b.ref, 0, 0, b)
+    assert not ok and "root mean square" in why and "aggregate bound" in why
+    honest = _fp32(x, w, offs, 4)
+    if swiglu:
+        h = honest.shape[1] // 2
+        honest = F.silu(honest[:, :h]) * honest[:, h:]
+    assert compare(honest.to(torch.bfloat16), b.ref, 0, 0, b)[0]
+
+
 def test_stale_output_of_another_value_set_fails():
     x, w, offs = _case(2048)
     x2, _, _ = _case(2048, seed=9)

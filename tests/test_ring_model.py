@@ -19,8 +19,10 @@ GEOMETRIES = ring_model.ring_geometries()
 
 
 def test_every_ring_geometry_of_both_specs_is_modelled():
+    # softmax's space dropped the ring (PF = 2) in session 16: measured, it lost to the
+    # register holds at every long row; RMSNorm keeps it
     names = {g[0] for g in GEOMETRIES}
-    assert names == {"softmax", "rmsnorm"}
+    assert names == {"rmsnorm"}
     for name, r, cfg, T, items, slots, cap in GEOMETRIES:
         assert items < slots <= 16
         # the slots of MINB blocks fit the SM's shared memory (228 KiB, 1 KiB reserved a block)

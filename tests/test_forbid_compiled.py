@@ -334,3 +334,22 @@ def test_the_library_waiver_holds_what_accurate_functions_compile_to(small):
     assert {"ex2.approx.f32", "ex2.approx.ftz.f32", "rsqrt.approx.f32"} <= waived
     assert not any(op.startswith(("sin.approx", "cos.approx", "tanh.approx", "sqrt.approx", "div.full")) for op in waived)
     assert all(ptx.classify(op) == "fast_math" for op in waived)
+
+
+def test_the_preprocessor_takes_the_branches_of_the_options_architecture():
+    """A spec compiling for sm_90a (`--arch=sm_90a` in kernel.options, as the MoE specs do for
+    wgmma) gets NVRTC's sm_90a feature macros; the source rules run on the branches they open,
+    so code hidden behind `#ifdef __CUDA_ARCH_FEAT_SM90_ALL` is seen (it was not: the macros
+    came from the profile's sm_90)."""
+    from runner.build.backends import cuda
+
+    src = ("#ifdef __CUDA_ARCH_FEAT_SM90_ALL\n"
+           "__device__ float hidden(float x) { return __expf(x); }\n"
+           "#endif\n"
+           "extern \"C\" __global__ void k(float* y) { y[0] = 1.0f; }\n")
+    text, why = cuda._expand(src, ("--arch=sm_90a",), "sm_90")
+    assert not why and "__expf" in text
+    text, why = cuda._expand(src, (), "sm_90")
+    assert not why and "__expf" not in text
+    assert cuda.option_arch(("-DX=1", "--arch=sm_90a"), "sm_90") == "sm_90a"
+    assert cuda.option_arch(("-DX=1",), "sm_90") == "sm_90"

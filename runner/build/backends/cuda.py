@@ -144,10 +144,23 @@ def _cached(source: str, entry: str, options: tuple[str, ...], hw):
     return None, out, meta
 
 
+def option_arch(options: tuple[str, ...], arch: str) -> str:
+    """The architecture NVRTC compiles for: the last `--arch=` of the options (as `_options`
+    reads them), else the profile's."""
+    for opt in options:
+        if re.match(r"^--?arch=", opt):
+            arch = opt.split("=", 1)[1]
+    return arch
+
+
 def _expand(source: str, options: tuple[str, ...], arch: str) -> tuple[str | None, str]:
-    """(the preprocessed source, "") or (None, why the preprocessor could not read it)."""
+    """(the preprocessed source, "") or (None, why the preprocessor could not read it). The
+    macros are those NVRTC defines for the architecture it compiles for: an `--arch=sm_90a`
+    option defines the sm_90a feature macros, and the source rules must see the branches they
+    open."""
     from .. import forbid
 
+    arch = option_arch(options, arch)
     defines = [o[2:] for o in options if o.startswith("-D")]
     try:
         return forbid.preprocess(source, forbid.nvrtc_macros(arch, nvrtc_version()), defines), ""

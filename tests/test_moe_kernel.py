@@ -134,7 +134,8 @@ def test_geometry_and_workspace_match_the_kernel(specs):
                 geo = b.geometry(cfg, [{"T": T}])[0]
                 assert geo["grid"] == [moe_spec.grid_size(T, cfg)]
                 assert geo["block"] == [cfg["WM"] * cfg["WN"] * 32]
-                assert geo["shared_mem"] == cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 <= 232448
+                pad = 1024 if cfg["MMA"] == "wgmma" else 0  # the wgmma path rounds its base up to 1024 bytes
+                assert geo["shared_mem"] == cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + pad <= 232448
                 R, nt = T * cfg["TOPK"], cfg["N"] // cfg["BN"]
                 want = 1 if cfg["SPLITK"] == 1 else -(-moe_spec.mt_bound(T, cfg) * nt // 4) * 4 + cfg["SPLITK"] * R * cfg["N"]
                 assert geo["scratch"] == {"ws": [want]}

@@ -6,6 +6,7 @@ and speed of the template's configurations beside the expert loop and torch._gro
     python tools/moe_probe.py --only BM=16 --only SPLITK=1,2
     python tools/moe_probe.py --dry-run --all         # no GPU: every configuration of every spec
     python tools/moe_probe.py --dry-run --all --nvcc  # ... and nvcc for sm_90a as well
+    python tools/moe_probe.py --only MMA=wgmma --points 1024,4096   # the Hopper path only
 
 Everything is pipe's own: the spec (through tools/moe_spec.py while the reference side's keys
 are not in the loader yet), the Builder (render, source rules, NVRTC, spills, launch limits via
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 from collections import defaultdict
@@ -52,7 +54,7 @@ POINTS = [1, 16, 128, 1024, 4096]
 VERIFY = [(1, "uniform"), (1, "one"), (1, "last"), (2, "single"), (3, "first"), (5, "ragged"), (11, "single"),
           (16, "uniform"), (16, "empty"), (37, "ragged"), (64, "one"), (64, "last"), (100, "empty"),
           (128, "uniform"), (201, "ragged"), (300, "uniform")]
-PARAMS = ("BM", "BN", "BK", "WM", "WN", "STAGES", "SPLITK", "GM")
+PARAMS = ("MMA", "BM", "BN", "BK", "WM", "WN", "STAGES", "SPLITK", "GM")
 
 
 def fail(msg: str) -> None:
@@ -118,15 +120,24 @@ class Probe:
         order = {label(c): i for i, c in enumerate(cfgs)}
         keep.sort(key=lambda k: order[label(k[0])])
         regs = [r.get("registers", 0) for _, _, r in keep]
+        arch = next((o.split("=", 1)[1] for o in self.spec.kernel.options if re.match(r"^--?arch=", o)),
+                    self.spec.hw.arch)  # kernel.options' --arch= wins over the profile's (runner/build/backends/cuda.py)
         print(f"{self.name}: {len(keep)} of {len(cfgs)} configurations compiled ({len(owners)} sources, NVRTC "
-              f"{self.spec.hw.arch}) in {time.time() - t0:.0f} s; registers {min(regs, default=0)} .. "
+              f"{arch}) in {time.time() - t0:.0f} s; registers {min(regs, default=0)} .. "
               f"{max(regs, default=0)}, no spills", flush=True)
         fam = defaultdict(list)
         for cfg, _, r in keep:
-            fam[(cfg["BM"], cfg["BN"], cfg["WM"], cfg["WN"])].append(r.get("registers", 0))
-        print(f"  {'BM':>4} {'BN':>4} {'WM':>3} {'WN':>3}  registers")
+            fam[(cfg["MMA"], cfg["BM"], cfg["BN"], cfg["WM"], cfg["WN"])].append(r.get("registers", 0))
+        print(f"  {'MMA':>5} {'BM':>4} {'BN':>4} {'WM':>3} {'WN':>3}  registers")
         for k in sorted(fam):
-            print(f"  {k[0]:>4} {k[1]:>4} {k[2]:>3} {k[3]:>3}  {min(fam[k])} .. {max(fam[k])}")
+            print(f"  {k[0]:>5} {k[1]:>4} {k[2]:>4} {k[3]:>3} {k[4]:>3}  {min(fam[k])} .. {max(fam[k])}")
+        # ptxas serializes wgmma (and says so in a warning) when the accumulators are touched
+        # between the MMAs of a group or it runs short of registers: not a failure of the build,
+        # but the path's point gone
+        for cfg, c in compiled:
+            if cfg["MMA"] == "wgmma" and re.search(r"warning|wgmma", c.log or "", re.I):
+                fail(f"{self.name} {label(cfg)}: ptxas warns: "
+                     f"{next(ln for ln in c.log.splitlines() if re.search('warning|wgmma', ln, re.I))[:200]}")
         if nvcc:
             nvcc_all(owners, fail, label)
         return keep
@@ -180,7 +191,6 @@ def sample_configs(p: Probe, a) -> list[dict]:
 
 def entry_params(p: Probe, src: str) -> list[int]:
     """The byte sizes of the entry's parameters, from the PTX NVRTC makes of `src` (no GPU)."""
-    import re
 
     from cuda.core import Program
 
@@ -216,7 +226,7 @@ def dry_run(p: Probe, keep: list) -> None:
             ws = p.ws_shape(cfg, T)
             vals, geo = p.pack(cfg, T, {**meta, "ws": torch.empty(1, device="meta")})
             threads = cfg["WM"] * cfg["WN"] * 32
-            smem = cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2
+            smem = cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + (1024 if cfg["MMA"] == "wgmma" else 0)
             if len(vals) != len(sizes) or geo["grid"] != [grid_size(T, cfg)] or geo["block"] != [threads] \
                     or geo["shared_mem"] != smem:
                 fail(f"{p.name} {label(cfg)} T={T}: packed {len(vals)} arguments, geometry {geo}")

@@ -34,7 +34,7 @@ def has_cuda() -> bool:
 
 # Session-scoped set-ups built once for the whole test run (build_once, below): the tests that
 # use one are kept on one xdist worker, which builds it, so that the other never waits for it.
-SHARED_SETUPS = ("shared_cpu_run", "shipped_cpu_run", "exported_h200")
+SHARED_SETUPS = ("shared_cpu_run", "shipped_cpu_run", "exported_h200", "moe_specs")
 
 
 def _xdist_group(item) -> str | None:
@@ -426,4 +426,20 @@ def exported(exported_h200):
         assert r is not None, f"not exported: {op} (an export before it failed)"
         assert r.returncode == 0, r.stderr[-3000:]
         assert "rule: a shape uses the kernel tuned for the same" in r.stdout
+    return out
+
+
+@pytest.fixture(scope="session")
+def moe_specs():
+    """name -> the MoE specs (tools/moe_spec.SPECS) loaded once for the run, each with its
+    configurations listed once (`cfgs`: the space's constraints are checked over every shape,
+    about 30 s for the five): the kernel's and the wgmma path's tests share them."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import moe_spec
+
+    out = {}
+    for name in moe_spec.SPECS:
+        ms = moe_spec.load_moe_spec(ROOT / "pipelines" / name)
+        ms.cfgs = [dict(c) for c in ms.spec.space]
+        out[name] = ms
     return out

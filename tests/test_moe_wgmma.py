@@ -23,13 +23,9 @@ SPECS = [ROOT / "pipelines" / s for s in moe_spec.SPECS]
 
 
 @pytest.fixture(scope="module")
-def specs():
-    out = {}
-    for p in SPECS:
-        ms = moe_spec.load_moe_spec(p)
-        ms.cfgs = [dict(c) for c in ms.spec.space]
-        out[p.name] = ms
-    return out
+def specs(moe_specs):
+    """The MoE specs with their configurations (conftest's moe_specs, built once a run)."""
+    return moe_specs
 
 
 # -- the kernel's functions, in Python ------------------------------------------------------------

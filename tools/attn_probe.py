@@ -364,20 +364,10 @@ def contiguous_winners(c: dict) -> bool:
 
 
 def entry_params(p: Probe, src: str) -> list[int]:
-    """The byte sizes of the entry's parameters, from the PTX NVRTC makes of `src` (no GPU)."""
-    import re
+    """The byte sizes of the entry's parameters (tools/space_check.py)."""
+    from space_check import entry_params as params
 
-    from cuda.core import Program
-
-    from runner.build.backends import cuda
-
-    prog = Program(src, "c++", cuda._options(p.spec.kernel.options, p.spec.hw.arch or "sm_90", "probe.cu"))
-    prog.compile("cubin")
-    ptx = cuda._ptx_text(prog)
-    m = re.search(r"\.entry\s+" + re.escape(p.spec.kernel.entry) + r"\s*\((.*?)\)", ptx, re.S)
-    if m is None:
-        raise RuntimeError(f"no entry {p.spec.kernel.entry} in the PTX")
-    return [int(b) // 8 for b in re.findall(r"\.param\s+\.[usb](\d+)", m.group(1))]
+    return params(p.spec, src)
 
 
 def dry_run(probes: list[Probe], keeps: list[list]) -> None:

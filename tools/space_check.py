@@ -93,3 +93,21 @@ def nvcc_all(owners: dict, fail, label) -> None:
             regs.append(int(m.group(1)))
     print(f"  {len(sources)} sources compiled with nvcc -arch=sm_90a in {time.time() - t0:.0f} s; "
           f"registers {min(regs, default=0)} .. {max(regs, default=0)}")
+
+
+def entry_params(spec, src: str) -> list[int]:
+    """The byte sizes of the entry's parameters, from the PTX NVRTC makes of `src` with the
+    spec's options (no GPU): what a probe checks its packed arguments against."""
+    import re
+
+    from cuda.core import Program
+
+    from runner.build.backends import cuda
+
+    prog = Program(src, "c++", cuda._options(spec.kernel.options, spec.hw.arch or "sm_90", "probe.cu"))
+    prog.compile("cubin")
+    ptx = cuda._ptx_text(prog)
+    m = re.search(r"\.entry\s+" + re.escape(spec.kernel.entry) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        raise RuntimeError(f"no entry {spec.kernel.entry} in the PTX")
+    return [int(b) // 8 for b in re.findall(r"\.param\s+\.[usb](\d+)", m.group(1))]

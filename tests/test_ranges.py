@@ -391,3 +391,23 @@ def test_curve_of_a_read_bound_op_shows_the_read_fraction():
         assert r["read_fraction"] == pytest.approx(r["bytes"] / (2 * spec.hw.bandwidth) / 2e-6)
     text = ranges.format_curve(rows, ["N"])
     assert "read%" in text.splitlines()[0] and "read-only bandwidth" in text
+
+
+def test_exported_fallback_is_the_arm_its_range_measured_fastest(tmp_path):
+    """op.fallbacks in a package: a range (or level row) that names an arm calls the arm's
+    module shipped beside the reference; other ranges, sizes outside the domain and the
+    deterministic mode call the reference."""
+    op = _op(tmp_path)
+    (tmp_path / "_fallback_0.py").write_text("def twice(x):\n    return 2 * x\n")
+    op.by_range["fallbacks"] = {"double": {"module": "_fallback_0.py", "fn": "twice", "target": "m:twice"}}
+    op.by_range["ranges"][1]["fallback"] = "double"
+    op.by_range["levels"] = "M"
+    op.by_range["ranges"][0]["rows"] = [{"below": 8, "use": [], "fallback": "double"}]
+    op.reference = ref = lambda x: x  # noqa: E731
+    fn = lambda m, n: op.fallback_for({"M": m, "N": n})  # noqa: E731
+    assert fn(3, 1000)(5) == 10 and fn(3, 4096)(5) == 10  # the second range's arm
+    assert fn(3, 200)(5) == 10 and fn(9, 200) is ref  # the first range: its few-rows row only
+    assert fn(3, 4097) is ref and fn(3, 63) is ref  # outside the domain: the reference
+    op._chosen.clear()
+    op.deterministic = True
+    assert fn(3, 1000) is ref

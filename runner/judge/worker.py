@@ -838,6 +838,14 @@ class Judge:
                             raise
                         why = f"checking its answer: {type(e).__name__}: {e}"[:400]
                 errors[name] = why
+            # op.fallbacks: an arm the table may take instead of the reference must be exact on
+            # the judge's own inputs too (every dist of the spec: ragged lengths, skewed
+            # routings), not only on the timed values it was just checked on
+            for name in job.get("fallbacks") or ():
+                if name in results and errors.get(name) is None:
+                    why = self._verify_arm(results[name], shape, job["seed"], si)
+                    if why:
+                        errors[name] = f"not exact on the judge's inputs: {why}"
             for name, prefix, k, salt, t in taken:
                 refs, why = answers(k, salt)
                 why = why or self._settle(t, refs)
@@ -852,6 +860,31 @@ class Judge:
             del calls, outs_of, inputs, sets, answers, taken, results, ws_of
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None
         return {"status": "ok", "shapes": shapes, "machine": self._machine()}
+
+    def _verify_arm(self, f, shape: dict, seed: int, si: int) -> str | None:
+        """Why a torch arm is not exact on the verification value sets of a shape (one per check
+        round, each with the next of the spec's dists), or None."""
+        from .verify import compare as close_enough
+
+        for r in range(max(1, self.spec.runtime.checks)):
+            inputs = self._inputs(shape, (seed + 7919 * (si + 1) + r) & ((1 << 62) - 1), r)
+            try:
+                res = f(**inputs, **self.scalars)
+                self.rt.sync()
+            except Exception as e:
+                if not self.rt.healthy():
+                    raise
+                return f"round {r}: {type(e).__name__}: {e}"[:400]
+            res = list(res) if isinstance(res, (tuple, list)) else [res]
+            refs = self._reference(inputs, shape)
+            if len(res) < len(refs):
+                return f"round {r}: {len(res)} outputs, the reference has {len(refs)}"
+            for i, (o, (ref, b)) in enumerate(zip(res, refs)):
+                ok, why, _ = close_enough(o, ref, self.op.atol, self.op.rtol, b)
+                if not ok:
+                    return f"round {r}, output {i}: {why}"
+            del inputs, res, refs
+        return None
 
     def _machine(self) -> dict:
         torch = self.torch

@@ -116,11 +116,25 @@ def range_section(spec, rt: dict, history, ship) -> dict:
             "serves": spec.kernel.serves.text if spec.kernel.serves is not None else None,
             # rows (several `tune` levels): below a value of the level symbol, another kernel list
             **({"levels": rt["levels"]} if rt.get("levels") else {}),
+            # op.fallbacks: a range (or level row, or named shape) whose fallback is one of the
+            # spec's arms names it (`fallback`); the package ships the arm's module
+            # (`fallbacks`: name -> {"module": file, "fn": function}; export_package copies them)
             "ranges": [{"lo": r["lo"], "hi": r["hi"], "use": [int(t) for t in r["use"]],
-                        **({"rows": [{"below": w["below"], "use": [int(t) for t in w["use"]]} for w in r["rows"]]}
+                        **_fallback_key(r),
+                        **({"rows": [{"below": w["below"], "use": [int(t) for t in w["use"]], **_fallback_key(w)}
+                                     for w in r["rows"]]}
                            if r.get("rows") else {})} for r in rt["ranges"]],
-            "exact": [{"shape": e["shape"], "use": [int(t) for t in e["use"]]} for e in rt["exact"]],
+            "exact": [{"shape": e["shape"], "use": [int(t) for t in e["use"]], **_fallback_key(e)}
+                      for e in rt["exact"]],
+            **({"fallbacks": {name: {"module": f"_fallback_{i}.py", "fn": target.rpartition(":")[2],
+                                     "target": target}
+                              for i, (name, target) in enumerate(sorted(rt["fallbacks"].items()))}}
+               if rt.get("fallbacks") else {}),
             "kernels": kernels}
+
+
+def _fallback_key(r: dict) -> dict:
+    return {"fallback": r["fallback"]} if r.get("fallback") else {}
 
 
 def open_exact(spec, run_dir: Path, spec_path: str | None, force: bool):
@@ -380,6 +394,11 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
 
         ref_mod = inspect.getmodule(load_callable(op.reference, spec.home))
         (pkg / "_reference.py").write_text(inspect.getsource(ref_mod))
+        # op.fallbacks the range table takes somewhere: each arm's module, copied as the
+        # reference's is (it must stand alone: the package imports nothing of pipe)
+        for fb in ((by_range or {}).get("fallbacks") or {}).values():
+            arm_mod = inspect.getmodule(load_callable(fb["target"], spec.home))
+            (pkg / fb["module"]).write_text(inspect.getsource(arm_mod))
         (pkg / "__init__.py").write_text(_INIT.format(spec=spec.name, name=table["name"], qual=f"{table['namespace']}::{table['name']}",
                                                       fn=fn, rule=table["rule"],
                                                       qual_dot=f"{table['namespace']}.{table['name']}"))

@@ -186,6 +186,7 @@ class Op:
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
         self._serves = self._where = None
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
+        self._fallback_fns: dict = {}  # an op.fallbacks arm's name -> its function, imported once
         if self.by_range:
             self._serves = _expr(self.by_range["serves"]) if self.by_range.get("serves") else None
             # op.domain_where: sizes where it does not hold are outside the domain
@@ -288,6 +289,41 @@ class Op:
         cands = [e for e in self.entries if e["use"] != "kernel" or e.get("batch_invariant") is True]
         e = choose(cands, self.baked, self.symbols, look)
         return e if e is not None and e["use"] == "kernel" else None
+
+    def fallback_for(self, env: dict):
+        """The function the fallback runs at these sizes: an arm of op.fallbacks where the range
+        table measured it fastest (its module shipped beside the reference), else the torch
+        reference. The deterministic mode, and sizes outside the domain, take the reference."""
+        br = self.by_range
+        if not br or not br.get("fallbacks") or self.deterministic:
+            return self.reference
+        if not self.where(env) or not self._in_domain(env):
+            return self.reference
+        key = ("fallback", *(env[s] for s in self.symbols))
+        if key not in self._chosen:
+            if len(self._chosen) > 65536:
+                self._chosen.clear()
+            shape = {s: env[s] for s in self.symbols}
+            name = next((e.get("fallback") for e in br["exact"] if e["shape"] == shape), "")
+            if name == "":
+                r = next((r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])), None)
+                w = next((w for w in (r or {}).get("rows", ()) if env[br["levels"]] < w["below"]), None)
+                name = (w or r or {}).get("fallback")
+            self._chosen[key] = name
+        name = self._chosen[key]
+        if not name:
+            return self.reference
+        fn = self._fallback_fns.get(name)
+        if fn is None:
+            import importlib.util
+
+            fb = br["fallbacks"][name]
+            spec = importlib.util.spec_from_file_location(f"{self.t.get('namespace', 'pipe')}_{fb['module'][:-3]}",
+                                                          self.root / fb["module"])
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            fn = self._fallback_fns[name] = getattr(mod, fb["fn"])
+        return fn
 
     def _in_domain(self, env: dict) -> bool:
         for s, (lo, hi) in self.by_range["domain"].items():
@@ -504,7 +540,7 @@ class Op:
             self.calls["kernel"] += 1
             return outs[0] if len(outs) == 1 else tuple(outs)
         self.calls["fallback"] += 1
-        out = self.reference(**tensors, **scalars)
+        out = (self.fallback_for(env) if x0.is_cuda else self.reference)(**tensors, **scalars)
         return out.contiguous() if isinstance(out, torch.Tensor) else tuple(o.contiguous() for o in out)
 
 

@@ -60,6 +60,9 @@ class Prober:
         self.warm: dict | None = None  # the first request's: what a CPU worker warms before its sandbox
         # the curve's other arms: torch.compile, and the user's (op.triton as "triton", op.arms)
         self.arms = {"compile": True, "arms": spec.op.compare_arms()}
+        # op.fallbacks: the arms the table may take instead of torch eager, timed at every point
+        # beside it (and verified by the worker on the judge's inputs before they count)
+        self.fallbacks = {n: spec.op.compare_arms()[n] for n in spec.op.fallbacks}
 
     def serves(self, tid: int, shape: dict) -> bool:
         t = self.by_id[tid]
@@ -92,7 +95,8 @@ class Prober:
             cands.append(row)
         job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes,
                "compile": others and self.arms["compile"],
-               "arms": self.arms.get("arms") or {} if others else {},
+               "arms": (self.arms.get("arms") or {}) if others else dict(self.fallbacks),
+               "fallbacks": list(self.fallbacks),
                "copy": others,
                "candidates": cands}
         if self.warm is not None:
@@ -107,11 +111,26 @@ class Prober:
         return r["shapes"]
 
 
-def choices_at(res: dict, tids: list[int]) -> tuple[list[tuple[int, float]], float | None, float | None]:
-    """From one shape's timings: the kernels that beat torch eager by more than NOISE, fastest
-    first ((tid, reported time)), eager's pick and reported times."""
-    eager = res.get("torch eager") or {}
-    e_pick, e_rep = _split(eager.get("rounds") or []) if not eager.get("error") else (None, None)
+def best_fallback(res: dict, fallbacks=()) -> tuple[str | None, float | None, float | None]:
+    """The fastest fallback at one shape: torch eager (None) or an arm of op.fallbacks that ran
+    without an error (verified on the judge's inputs), by the even rounds; (name, pick, report)."""
+    best = (None, None, None)
+    for name in ("torch eager", *fallbacks):
+        d = res.get(name) or {}
+        if d.get("error") or not d.get("rounds"):
+            continue
+        pick, rep = _split(d["rounds"])
+        if pick and (best[1] is None or pick < best[1]):
+            best = (None if name == "torch eager" else name, pick, rep)
+    return best
+
+
+def choices_at(res: dict, tids: list[int], fallbacks=()) -> tuple[list[tuple[int, float]], float | None,
+                                                                   float | None, str | None]:
+    """From one shape's timings: the kernels that beat the fastest fallback (torch eager, or an
+    arm of op.fallbacks) by more than NOISE, fastest first ((tid, reported time)), the
+    fallback's pick and reported times, and its name (None: torch eager)."""
+    fb, e_pick, e_rep = best_fallback(res, fallbacks)
     ranked = []
     for tid in tids:
         d = res.get(f"#{tid}")
@@ -121,7 +140,7 @@ def choices_at(res: dict, tids: list[int]) -> tuple[list[tuple[int, float]], flo
         if pick and (e_pick is None or pick < e_pick * (1 - NOISE)):
             ranked.append((pick, tid, rep))
     ranked.sort()
-    return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep
+    return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep, fb
 
 
 def candidates(spec, history, top: int) -> list[list[int]]:
@@ -140,10 +159,11 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
     res = prober.time(list(op.shapes), cands)
     points = []
     for i, (shape, r) in enumerate(zip(op.shapes, res)):
-        ranked, e_pick, e_rep = choices_at(r, cands[i])
+        ranked, e_pick, e_rep, fb = choices_at(r, cands[i], list(prober.fallbacks))
+        # eager_s: the fallback's time (torch eager's, or the named fallback arm's)
         points.append({"shape": shape, "named": i < op.named, "use": [tid for tid, _ in ranked],
                        "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
-                       "eager_pick_s": e_pick})
+                       "eager_pick_s": e_pick, "fallback": fb})
     axes = op.axes
     sym, nlv = op.levels
     for i, p in enumerate(points):
@@ -156,8 +176,8 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         if key not in at:
             at.add(key)
             grid.append(p)
-    exact = [{"shape": p["shape"], "use": p["use"], "times_s": p["times_s"], "eager_s": p["eager_s"]}
-             for p in points[:op.named]]
+    exact = [{"shape": p["shape"], "use": p["use"], "times_s": p["times_s"], "eager_s": p["eager_s"],
+              "fallback": p["fallback"]} for p in points[:op.named]]
     if len(axes) == 1:
         ranges = _ranges_1d(spec, axes[0], grid, prober, refine, log)
     else:
@@ -166,6 +186,7 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         _level_rows(spec, ranges, [p for p in points[op.named:] if p["level"] > 0], prober, refine, log)
     lists = [r["use"] for r in ranges + exact] + [w["use"] for r in ranges for w in r.get("rows", ())]
     return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
+            **({"fallbacks": {n: prober.fallbacks[n] for n in prober.fallbacks}} if prober.fallbacks else {}),
             **({"levels": sym} if nlv > 1 else {}),
             "ranges": ranges, "exact": exact, "probes": prober.requests,
             # op.batch_invariant: whether the judge found each kernel's rows independent of the batch
@@ -182,10 +203,11 @@ def _first(use: list[int], prober: Prober, shape: dict) -> int | None:
 
 def _neighbour_lists(points: list[dict]) -> None:
     """Each point's list: its own choices, then its neighbours' along the sorted order (a
-    shape a point's kernels do not serve may be served by a neighbour's)."""
+    shape a point's kernels do not serve may be served by a neighbour's). A point whose
+    measured choice is the fallback keeps an empty list: its range takes the fallback."""
     for i, p in enumerate(points):
         extra = [t for j in (i - 1, i + 1) if 0 <= j < len(points) for t in points[j]["use"]]
-        p["list"] = list(dict.fromkeys(p["use"] + extra))
+        p["list"] = list(dict.fromkeys(p["use"] + extra)) if p["use"] else []
 
 
 def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prober, refine: int,
@@ -208,8 +230,8 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
         r = prober.time([shape], [[k for k in (ka, kb) if k is not None]])[0]
 
         def t_of(k):
-            if k is None:
-                return _split((r.get("torch eager") or {}).get("rounds") or [])[0]
+            if k is None:  # the fallback: the fastest of torch eager and op.fallbacks' arms
+                return best_fallback(r, list(prober.fallbacks))[1]
             x = r.get(f"#{k}") or {}
             return None if x.get("error") else _split(x.get("rounds") or [])[0]
 
@@ -243,7 +265,8 @@ def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prob
         _neighbour_lists(pts)
     for r in ranges:
         key = {a: r["point"][a] for a in op.axes}
-        levels = [{"shape": r["point"], "list": r["use"], "times_s": r["times_s"], "eager_s": r["eager_s"]}]
+        levels = [{"shape": r["point"], "list": r["use"], "times_s": r["times_s"], "eager_s": r["eager_s"],
+                   "fallback": r.get("fallback")}]
         for pts in by_level.values():
             q = next((p for p in pts if all(p["shape"][a] == v for a, v in key.items())), None)
             if q is not None and q["shape"][sym] != r["point"][sym]:
@@ -255,10 +278,10 @@ def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prob
             cut = _bisect(va, vb, lambda v: _inside(op, {**r["point"], sym: v}), a["list"], b["list"], prober,
                           refine, log, f"{'x'.join(str(v) for v in key.values())} {sym}")
             rows.append({"below": max(cut, va + 1), "point": a["shape"], "use": a["list"], "times_s": a["times_s"],
-                         "eager_s": a["eager_s"]})
+                         "eager_s": a["eager_s"], "fallback": a.get("fallback")})
         top = levels[-1]  # the level of the most rows (the main one, as a rule) serves the rest
         r.update({"point": top["shape"], "use": top["list"], "times_s": top["times_s"], "eager_s": top["eager_s"],
-                  "rows": rows})
+                  "fallback": top.get("fallback"), "rows": rows})
 
 
 def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, log) -> list[dict]:
@@ -278,7 +301,7 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
     bounds = [d.min] + cuts + [d.max + 1]
     for p, lo, hi in zip(grid, bounds, bounds[1:]):
         out.append({"lo": {axis: lo}, "hi": {axis: hi}, "point": p["shape"], "use": p["list"],
-                    "times_s": p["times_s"], "eager_s": p["eager_s"]})
+                    "times_s": p["times_s"], "eager_s": p["eager_s"], "fallback": p.get("fallback")})
     return out
 
 
@@ -293,7 +316,7 @@ def _boxes(spec, axes: list[str], grid: list[dict]) -> list[dict]:
             lo[a] = spec.op.domain[a].min if i == 0 else _geo_mid(vs[i - 1], v) + 1
             hi[a] = spec.op.domain[a].max + 1 if i == len(vs) - 1 else _geo_mid(v, vs[i + 1]) + 1
         out.append({"lo": lo, "hi": hi, "point": p["shape"], "use": p["use"], "times_s": p["times_s"],
-                    "eager_s": p["eager_s"]})
+                    "eager_s": p["eager_s"], "fallback": p.get("fallback")})
     return out
 
 
@@ -306,6 +329,21 @@ def lookup(table: dict, shape: dict, serves) -> int | None:
     for r in table["ranges"]:
         if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
             return _first_served(level_order(r, table.get("levels"), shape), serves, shape)
+    return None
+
+
+def fallback_of(table: dict, shape: dict) -> str | None:
+    """The fallback a shape takes when no kernel of its list serves it: the name of an arm of
+    op.fallbacks its range (or named shape, or level row) measured fastest, or None for the
+    reference (torch eager)."""
+    for e in table["exact"]:
+        if e["shape"] == shape:
+            return e.get("fallback")
+    for r in table["ranges"]:
+        if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
+            sym = table.get("levels")
+            w = next((w for w in r.get("rows", ()) if shape[sym] < w["below"]), None)
+            return (w or r).get("fallback")
     return None
 
 
@@ -377,14 +415,19 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
             if d is None:
                 continue
             arms[name] = {"time_s": d.get("median"), "error": d.get("error")}
+        fb = fallback_of(table, shape) if pick is None else None
         if pick is not None:
             d = r.get(f"#{pick}") or {}
+            table_s, err = d.get("median"), d.get("error")
+        elif fb is not None:  # the table's fallback there is an arm of op.fallbacks
+            d = r.get(fb) or {}
             table_s, err = d.get("median"), d.get("error")
         else:
             table_s, err = (r.get("torch eager") or {}).get("median"), None
         best_arm = min(((a["time_s"], name) for name, a in arms.items()
                         if name != "copy" and a["time_s"] and not a["error"]), default=(None, None))
-        row = {"shape": shape, "use": f"#{pick}" if pick is not None else "fallback", "table_s": table_s,
+        row = {"shape": shape, "use": f"#{pick}" if pick is not None else ("fallback" + (f": {fb}" if fb else "")),
+               "table_s": table_s,
                "table_error": err, "bytes": f["bytes"], "arms": arms, "best_arm": best_arm[1],
                "best_arm_s": best_arm[0],
                # graph replay or direct launches: every arm of a point runs in the same mode
@@ -452,17 +495,19 @@ def format_ranges(table: dict) -> str:
     lines = []
     merged: list[dict] = []
     def sig(r):
-        return (r["use"][:1], [(w["below"], w["use"][:1]) for w in r.get("rows", ())])
+        return (r["use"][:1], r.get("fallback"), [(w["below"], w["use"][:1], w.get("fallback"))
+                                                 for w in r.get("rows", ())])
 
-    def names(use):
+    def names(use, fb=None):
         return (f"#{use[0]}" + (f" (then {', '.join('#' + str(t) for t in use[1:4])})" if len(use) > 1 else "")
-                if use else "torch (fallback)")
+                if use else (f"{fb} (fallback)" if fb else "torch (fallback)"))
 
     for r in table["ranges"]:
         if merged and len(axes) == 1 and sig(merged[-1]) == sig(r):
             merged[-1]["hi"] = r["hi"]
         else:
-            merged.append({"lo": r["lo"], "hi": r["hi"], "use": r["use"], "rows": r.get("rows", ())})
+            merged.append({"lo": r["lo"], "hi": r["hi"], "use": r["use"], "rows": r.get("rows", ()),
+                           "fallback": r.get("fallback")})
     sym = table.get("levels")
     for r in merged:
         span = ", ".join(f"{a} {r['lo'][a]}..{r['hi'][a] - 1}" for a in axes)
@@ -470,14 +515,14 @@ def format_ranges(table: dict) -> str:
             lo = None
             for w in r["rows"]:
                 at = f"{lo} <= {sym} < {w['below']}" if lo else f"{sym} < {w['below']}"
-                lines.append(f"  {span}, {at}: {names(w['use'])}")
+                lines.append(f"  {span}, {at}: {names(w['use'], w.get('fallback'))}")
                 lo = w["below"]
-            lines.append(f"  {span}, {sym} >= {lo}: {names(r['use'])}")
+            lines.append(f"  {span}, {sym} >= {lo}: {names(r['use'], r.get('fallback'))}")
         else:
-            lines.append(f"  {span}: {names(r['use'])}")
+            lines.append(f"  {span}: {names(r['use'], r.get('fallback'))}")
     for e in table["exact"]:
         lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
-                     + (f"#{e['use'][0]}" if e["use"] else "torch (fallback)"))
+                     + names(e["use"][:1], e.get("fallback")))
     if table.get("batch_axis"):
         lines.append(invariance_line(table["batch_axis"], {k: v.get("batch_invariant")
                                                            for k, v in table.get("kernels", {}).items()}))

@@ -95,6 +95,10 @@ class OpSpec:
     triton: str | None = None  # "module:function": a Triton kernel for `pipe compare` (imported only there)
     # op.arms: name -> "module:function", more arms for `pipe compare` (imported only there), in order
     arms: dict = field(default_factory=dict)
+    # op.fallbacks: names of arms (op.arms, or "triton" for op.triton) that the range table may
+    # take instead of the reference where one is faster; each must be exact on every input of
+    # the domain (pipe compare verifies it on the judge's inputs before it counts)
+    fallbacks: tuple = ()
     # op.traffic: which of the profile's bandwidths bounds the op ("copy": bytes read plus
     # written, the default; "read": an op that reads nearly all its bytes, a decode attention)
     traffic: str = "copy"
@@ -629,6 +633,14 @@ class _Checker:
             if name in RESERVED_ARMS:
                 self.err(("op", "arms", name), f"arm name '{name}' is taken by a built-in arm of pipe compare "
                          f"({', '.join(RESERVED_ARMS)}); use op.triton for the Triton kernel", prefer_key=True)
+        for i, name in enumerate(o.get("fallbacks") or ()):
+            known = {**({"triton": o["triton"]} if o.get("triton") else {}), **(o.get("arms") or {})}
+            if name not in known:
+                self.err(("op", "fallbacks", i), f"'{name}' is not an arm of this spec (op.arms"
+                         f"{', op.triton as triton' if o.get('triton') else ''}: {', '.join(known) or 'none'})")
+        if o.get("fallbacks") and not o.get("domain"):
+            self.err(("op", "fallbacks"), "fallbacks are chosen by the range table: they need op.domain",
+                     prefer_key=True)
         atol, rtol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
         tol = o.get("tolerance", {})
         domain, timed, where = self.domain(o, symbols, shapes, extra, held, dtype)
@@ -646,6 +658,7 @@ class _Checker:
                       rtol=float(tol.get("rtol", rtol)), bytes=nbytes, flops=flops,
                       in_place=bool(o.get("in_place", False)), notes=o.get("notes", ""), triton=o.get("triton"),
                       arms=dict(o.get("arms") or {}), traffic=str(o.get("traffic", "copy")),
+                      fallbacks=tuple(o.get("fallbacks") or ()),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
                       floor=float(tol.get("floor", 2.0 ** -7)), gemm_k=gemm_k)
 

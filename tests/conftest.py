@@ -137,6 +137,25 @@ def tune_compare_export(spec, run, pkgs, trials: int) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def small_decode_space(d: dict) -> None:
+    """A decode-attention spec's space cut to six configurations (SPLIT 128, 512, 2048 at NW 4
+    and 8, the session-15 winners otherwise) and a budget of six trials: the GPU tests' set-up."""
+    d["search"]["params"].update({"SPLIT": [128, 512, 2048], "NW": [4, 8], "TW": [16], "STAGES": [2], "VEC": [8],
+                                  "BULK": [0]})
+    d["search"]["start"] = {**d["search"]["start"], "SPLIT": 512, "NW": 8, "TW": 16, "STAGES": 2, "VEC": 8}
+    d["goal"]["budget"] = {"trials": 6, "minutes": 20}
+
+
+def assert_every_trial_verified_across_the_domain(run) -> None:
+    """Every trial of RUN is ok and was verified on shapes drawn from the domain."""
+    from runner.ship.rundata import open_run
+
+    rd = open_run(run, None, "test")
+    assert rd.history and all(t.status == "ok" for t in rd.history), [(t.status, t.reason) for t in rd.history]
+    for t in rd.history:
+        assert t.details["domain_checks"]
+
+
 def run_exported(root, code: str) -> str:
     """CODE (dedented) in a fresh interpreter beside exported packages in ROOT (pipe's own
     folder on the path too, for its references): its stdout, asserted exit 0."""

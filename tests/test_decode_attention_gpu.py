@@ -8,7 +8,8 @@ import json
 import pytest
 import yaml
 
-from .conftest import PIPELINES, has_cuda, run_exported, tune_compare_export
+from .conftest import (PIPELINES, assert_every_trial_verified_across_the_domain, has_cuda, run_exported,
+                       small_decode_space, tune_compare_export)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")]
 
@@ -25,10 +26,7 @@ def small_spec(folder):
     d["op"]["extra_shapes"] = [{"B": 3, "L": 129}, {"B": 3, "L": 1021}]
     d["op"].pop("domain_where", None)
     d["op"].pop("arms", None)  # compiled FlexAttention alone takes minutes; the device compare has them
-    p = d["search"]["params"]
-    p.update({"SPLIT": [128, 512, 2048], "NW": [4, 8], "TW": [16], "STAGES": [2], "VEC": [8], "BULK": [0]})
-    d["search"]["start"] = {**d["search"]["start"], "SPLIT": 512, "NW": 8, "TW": 16, "STAGES": 2, "VEC": 8}
-    d["goal"]["budget"] = {"trials": 6, "minutes": 20}
+    small_decode_space(d)
     path = folder / "decode-attention-small.yaml"
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     return path
@@ -43,12 +41,7 @@ def package(tmp_path_factory):
 
 
 def test_every_trial_verified_with_its_workspace(package):
-    from runner.ship.rundata import open_run
-
-    rd = open_run(package / "run", None, "test")
-    assert rd.history and all(t.status == "ok" for t in rd.history), [(t.status, t.reason) for t in rd.history]
-    for t in rd.history:
-        assert t.details["domain_checks"]
+    assert_every_trial_verified_across_the_domain(package / "run")
 
 
 def test_exported_op_in_one_graph_with_changing_lengths(package):

@@ -225,6 +225,17 @@ def _swz(r: int, c: int, ch: int, rowb: int) -> int:
     return r * rowb + ((c ^ ((r >> 1) & 3)) << 4) if ch == 4 else r * rowb + ((c ^ (r & 7)) << 4)
 
 
+def _d_fragment(wm: int, i: int, j: int, TM: int):
+    """The m16n8 accumulator fragment of warp row wm, m16 tile i, n8 tile j, as the PTX ISA lays
+    it out: (lane, register, the tile's row, the n8 tile's first column of the register pair
+    within the warp's columns, 0 or 1 within the pair) for each of a lane's four registers."""
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for h in range(2):
+            for q in range(2):
+                yield lane, 2 * h + q, wm * TM + i * 16 + h * 8 + g, j * 8 + 2 * t, q
+
+
 def _b_row(i: int, nt: int, cfg: dict) -> int:
     """moe_tile.cuh.j2's b_row."""
     BN, TN, swiglu = cfg["BN"], cfg["BN"] // cfg["WN"], cfg["ACT"] == "swiglu"
@@ -326,43 +337,27 @@ def emulate(cfg: dict, x, w, offs: list[int], T: int):
                                 _mma(acc[wm, wn, i, j], a[i], b[j])
         # split-K: partials by (row, weight column); the last split adds them in split order
         for (wm, wn, i, j), v in acc.items():
-            for lane in range(32):
-                g, t = lane // 4, lane % 4
-                for h in range(2):
-                    r = wm * TM + i * 16 + h * 8 + g
-                    if r < rows:
-                        col = _b_row(wn * TN + j * 8 + 2 * t, nt, cfg)
-                        partial[split, row0 + r, col] = v[lane, 2 * h]
-                        partial[split, row0 + r, col + 1] = v[lane, 2 * h + 1]
+            for lane, k, r, c0, q in _d_fragment(wm, i, j, TM):
+                if r < rows:
+                    partial[split, row0 + r, _b_row(wn * TN + c0, nt, cfg) + q] = v[lane, k]
         if split != SPLITK - 1:  # the emulation runs splits in order: the last one combines
             continue
         for (wm, wn, i, j), v in acc.items():
-            for lane in range(32):
-                g, t = lane // 4, lane % 4
-                for h in range(2):
-                    r = wm * TM + i * 16 + h * 8 + g
-                    if r >= rows:
-                        continue
-                    for q in range(2):
-                        col = _b_row(wn * TN + j * 8 + 2 * t, nt, cfg) + q
-                        v[lane, 2 * h + q] = sum(partial.pop((s, row0 + r, col)) for s in range(SPLITK))
+            for lane, k, r, c0, q in _d_fragment(wm, i, j, TM):
+                if r < rows:
+                    col = _b_row(wn * TN + c0, nt, cfg) + q
+                    v[lane, k] = sum(partial.pop((s, row0 + r, col)) for s in range(SPLITK))
         for (wm, wn, i, j), v in acc.items():  # the epilogue, once every sum is in
             if swiglu and j >= NJ // 2:
                 continue
-            for lane in range(32):
-                g, t = lane // 4, lane % 4
-                for h in range(2):
-                    r = wm * TM + i * 16 + h * 8 + g
-                    if r >= rows:
-                        continue
-                    for q in range(2):
-                        if swiglu:
-                            gate = v[lane, 2 * h + q]
-                            up = acc[wm, wn, i, j + NJ // 2][lane, 2 * h + q]
-                            y[row0 + r, nt * (BN // 2) + wn * (TN // 2) + j * 8 + 2 * t + q] = \
-                                gate / (1 + np.exp(-gate)) * up
-                        else:
-                            y[row0 + r, nt * BN + wn * TN + j * 8 + 2 * t + q] = v[lane, 2 * h + q]
+            for lane, k, r, c0, q in _d_fragment(wm, i, j, TM):
+                if r >= rows:
+                    continue
+                if swiglu:
+                    gate, up = v[lane, k], acc[wm, wn, i, j + NJ // 2][lane, k]
+                    y[row0 + r, nt * (BN // 2) + wn * (TN // 2) + c0 + q] = gate / (1 + np.exp(-gate)) * up
+                else:
+                    y[row0 + r, nt * BN + wn * TN + c0 + q] = v[lane, k]
     assert not partial, "partials never summed"
     return y
 

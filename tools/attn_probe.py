@@ -44,7 +44,6 @@ contiguous one). Exit status 1 on any failure.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from pathlib import Path
@@ -250,17 +249,10 @@ class Probe:
         return None
 
     def time(self, call, reps: int = 30) -> float:
-        """The median of `reps` calls by the runner's own timer (the L2 flushed, then its
-        device spin ahead of the start event)."""
-        torch = self.torch
-        call()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            self.rt.flush()
-            ts.append(self.rt.timer(call, torch.cuda.synchronize))
-        ts.sort()
-        return ts[len(ts) // 2]
+        """The median of `reps` calls by the runner's own timer (tools/space_check.py)."""
+        from space_check import median_time
+
+        return median_time(self.rt, call, reps)
 
     def sdpa_arms(self, q, k, v, lens):
         import warnings
@@ -342,18 +334,10 @@ extern "C" __global__ void readk(const uint4* __restrict__ x, long long n, unsig
 
 def sample_configs(p: Probe, a, favour=None) -> list[dict]:
     """The configurations probed: every one (--all) or the start, those `favour` picks, and a
-    seeded sample up to --sample, --only filtering any of them."""
-    cfgs = [dict(c) for c in p.spec.space]
-    for o in a.only:
-        k, vs = o.split("=")
-        cfgs = [c for c in cfgs if str(c[k]) in vs.split(",")]
-    if a.all:
-        return cfgs
-    rng = random.Random(0)
-    start = dict(p.spec.start)
-    first = ([start] if start in cfgs else []) + [c for c in cfgs if favour and favour(c) and c != start]
-    rest = [c for c in cfgs if c not in first]
-    return first + rng.sample(rest, max(0, min(a.sample - len(first), len(rest))))
+    seeded sample up to --sample, --only filtering any of them (tools/space_check.py)."""
+    from space_check import sample_configs as sample
+
+    return sample(p.spec, a.only, a.all, a.sample, favour)
 
 
 def contiguous_winners(c: dict) -> bool:

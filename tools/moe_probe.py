@@ -34,7 +34,6 @@ any failure.
 from __future__ import annotations
 
 import argparse
-import random
 import re
 import sys
 import time
@@ -176,17 +175,9 @@ class Probe:
 
 
 def sample_configs(p: Probe, a) -> list[dict]:
-    cfgs = [dict(c) for c in p.spec.space]
-    for o in a.only:
-        k, vs = o.split("=")
-        cfgs = [c for c in cfgs if str(c[k]) in vs.split(",")]
-    if a.all:
-        return cfgs
-    rng = random.Random(0)
-    start = dict(p.spec.start)
-    first = [start] if start in cfgs else []
-    rest = [c for c in cfgs if c != start]
-    return first + rng.sample(rest, max(0, min(a.sample - len(first), len(rest))))
+    from space_check import sample_configs as sample
+
+    return sample(p.spec, a.only, a.all, a.sample)
 
 
 def entry_params(p: Probe, src: str) -> list[int]:
@@ -341,15 +332,9 @@ def arms(p: Probe, x, w, offs_list, ot):
 
 
 def timed(p: Probe, call, reps: int) -> float:
-    torch = p.torch
-    call()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        p.rt.flush()
-        ts.append(p.rt.timer(call, torch.cuda.synchronize))
-    ts.sort()
-    return ts[len(ts) // 2]
+    from space_check import median_time
+
+    return median_time(p.rt, call, reps)
 
 
 def speed(p: Probe, keep: list, reps: int, points: list[int]) -> list:

@@ -111,3 +111,37 @@ def entry_params(spec, src: str) -> list[int]:
     if m is None:
         raise RuntimeError(f"no entry {spec.kernel.entry} in the PTX")
     return [int(b) // 8 for b in re.findall(r"\.param\s+\.[usb](\d+)", m.group(1))]
+
+
+def sample_configs(spec, only: list[str], all_: bool, sample: int, favour=None) -> list[dict]:
+    """A probe's configurations: every one of the space (`all_`), or the start, those `favour`
+    picks, and a seeded sample up to `sample`; `only` ("NAME=V1,V2") filters any of them."""
+    import random
+
+    cfgs = [dict(c) for c in spec.space]
+    for o in only:
+        k, vs = o.split("=")
+        cfgs = [c for c in cfgs if str(c[k]) in vs.split(",")]
+    if all_:
+        return cfgs
+    rng = random.Random(0)
+    start = dict(spec.start)
+    first = ([start] if start in cfgs else []) + [c for c in cfgs if favour and favour(c) and c != start]
+    rest = [c for c in cfgs if c not in first]
+    return first + rng.sample(rest, max(0, min(sample - len(first), len(rest))))
+
+
+def median_time(rt, call, reps: int) -> float:
+    """The median of `reps` calls by the runner's own timer (the L2 flushed, then its device
+    spin ahead of the start event), after one untimed call."""
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        rt.flush()
+        ts.append(rt.timer(call, torch.cuda.synchronize))
+    ts.sort()
+    return ts[len(ts) // 2]
+

@@ -303,13 +303,8 @@ class Op:
         if key not in self._chosen:
             if len(self._chosen) > 65536:
                 self._chosen.clear()
-            shape = {s: env[s] for s in self.symbols}
-            name = next((e.get("fallback") for e in br["exact"] if e["shape"] == shape), "")
-            if name == "":
-                r = next((r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])), None)
-                w = next((w for w in (r or {}).get("rows", ()) if env[br["levels"]] < w["below"]), None)
-                name = (w or r or {}).get("fallback")
-            self._chosen[key] = name
+            e, w = self._entry(env)
+            self._chosen[key] = (w or e or {}).get("fallback")
         name = self._chosen[key]
         if not name:
             return self.reference
@@ -359,20 +354,33 @@ class Op:
             return None
         return min(same, key=lambda e: _logdist(env, e["shape"], [s for s in self.symbols if s not in e["baked"]]))
 
+    def _entry(self, env: dict) -> tuple[dict | None, dict | None]:
+        """The by-range table's entry for these sizes, (entry, level row): the named shape,
+        else the range holding them with the `rows` entry (a `tune` level) whose cut lies above
+        them, if any (runner/ship/ranges.py, entry_of)."""
+        br = self.by_range
+        shape = {s: env[s] for s in self.symbols}
+        for e in br["exact"]:
+            if e["shape"] == shape:
+                return e, None
+        for r in br["ranges"]:
+            if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"]):
+                sym = br.get("levels")
+                return r, next((w for w in r.get("rows", ()) if env[sym] < w["below"]), None)
+        return None, None
+
     def _by_range(self, env: dict, invariant: bool = False) -> dict | None:
         """The first kernel of the list of the sizes' range (or named shape) that serves them
         (`invariant`: of the batch-invariant kernels only)."""
         br = self.by_range
         if not self._in_domain(env):
             return None
-        shape = {s: env[s] for s in self.symbols}
-        rows = [e for e in br["exact"] if e["shape"] == shape] or \
-               [r for r in br["ranges"] if all(r["lo"][a] <= env[a] < r["hi"][a] for a in br["axes"])]
-        use = rows[0]["use"] if rows else []
-        if rows and rows[0].get("rows"):
+        e, _ = self._entry(env)
+        use = e["use"] if e else []
+        if e and e.get("rows"):
             # other lists below values of the level symbol (few rows): the shape's level's, then
             # the levels' above it, then the main list (runner/ship/ranges.py, level_order)
-            lv = rows[0]["rows"]
+            lv = e["rows"]
             i = next((k for k, w in enumerate(lv) if env[br["levels"]] < w["below"]), len(lv))
             chain: list = []
             for u in [w["use"] for w in lv[i:]] + [use]:

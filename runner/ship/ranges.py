@@ -320,31 +320,36 @@ def _boxes(spec, axes: list[str], grid: list[dict]) -> list[dict]:
     return out
 
 
+def entry_of(table: dict, shape: dict) -> tuple[dict | None, dict | None]:
+    """The table's entry for a shape, (entry, level row): its exact named shape, else the range
+    holding it with the `rows` entry (a `tune` level) whose cut lies above it, if any;
+    (None, None) outside every range."""
+    for e in table["exact"]:
+        if e["shape"] == shape:
+            return e, None
+    for r in table["ranges"]:
+        if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
+            sym = table.get("levels")
+            return r, next((w for w in r.get("rows", ()) if shape[sym] < w["below"]), None)
+    return None, None
+
+
 def lookup(table: dict, shape: dict, serves) -> int | None:
     """The table's kernel (a trial id) for a shape, or None for the fallback: an exact named
     shape first, else the range holding it; the first of its kernels that `serves(tid, shape)`."""
-    for e in table["exact"]:
-        if e["shape"] == shape:
-            return _first_served(e["use"], serves, shape)
-    for r in table["ranges"]:
-        if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
-            return _first_served(level_order(r, table.get("levels"), shape), serves, shape)
-    return None
+    e, _ = entry_of(table, shape)
+    if e is None:
+        return None
+    use = e["use"] if "lo" not in e else level_order(e, table.get("levels"), shape)
+    return _first_served(use, serves, shape)
 
 
 def fallback_of(table: dict, shape: dict) -> str | None:
     """The fallback a shape takes when no kernel of its list serves it: the name of an arm of
     op.fallbacks its range (or named shape, or level row) measured fastest, or None for the
     reference (torch eager)."""
-    for e in table["exact"]:
-        if e["shape"] == shape:
-            return e.get("fallback")
-    for r in table["ranges"]:
-        if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
-            sym = table.get("levels")
-            w = next((w for w in r.get("rows", ()) if shape[sym] < w["below"]), None)
-            return (w or r).get("fallback")
-    return None
+    e, w = entry_of(table, shape)
+    return (w or e or {}).get("fallback")
 
 
 def level_order(r: dict, sym: str | None, shape: dict) -> list:

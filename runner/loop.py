@@ -490,6 +490,7 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
         while stop is None and pool.free() and (budget_trials is None or
                                                 len(s.history) + len(pool.busy) < budget_trials):
             free = pool.free()
+            s._plan_done()  # the agent is asked nothing while a plan of builds ahead reads it
             if retry:
                 p = retry.pop(0)
             else:
@@ -504,8 +505,13 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
             if key not in begun:  # a retry after a lost worker is the same attempt
                 s.ledger.begin(key)
                 begun.add(key)
+            with s._ahead_lock:  # taken before the next plan, which drops the builds it does not name
+                f = s._ahead.pop(key, None)
             pool.submit(where[0], "run", (p, key),
-                        lambda sl, p=p, vid=vid: evs[sl.name].run(dict(p.params), agent.name, vid))
+                        lambda sl, p=p, vid=vid, f=f: _run_built_ahead(evs[sl.name], p, agent.name, vid, f))
+            # compile what comes next while the slots judge, as the one-worker loop does (a
+            # wrong guess costs host CPU time, never a verdict)
+            s._build_ahead(p, vid)
         if not pool.busy:
             if not pool.alive():
                 raise RunDirError("every judge worker of this run is gone; the trials in flight are retried "
@@ -556,7 +562,23 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
                     decide(t, key, d.slot)
                     continue
             record(t, key)
+    s._plan_done()
     return stop, confirm
+
+
+def _run_built_ahead(ev, p: Proposal, agent: str, vid: str | None, f: Future | None) -> Trial:
+    """A slot's trial: wait for its build ahead `f` if it started (its compiles land in the
+    shared cache), as Session.judge does, then judge it on the slot's worker."""
+    prebuilt = f is not None and not f.cancel()
+    t0 = time.perf_counter()
+    if prebuilt:
+        f.result()
+    waited = time.perf_counter() - t0
+    t = ev.run(dict(p.params), agent, vid)
+    if prebuilt:
+        t.details["built_ahead"] = True
+        t.details["ahead_wait_s"] = round(waited, 4)
+    return t
 
 
 def trial_key_variant(key: str) -> str | None:

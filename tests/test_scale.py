@@ -111,6 +111,27 @@ def test_two_workers_give_the_verdicts_of_one(project):
     assert got[1] == got[2]
 
 
+def test_a_slot_finds_its_build_ahead_as_one_worker_does(project):
+    """Scaled out, the driver compiles what the agent proposes next while the slots judge,
+    as the one-worker loop does: on one slot every grid point after the first two was
+    built ahead (`--gpus all` on a one-GPU host must not run slower than a plain run), and
+    the proposals and verdicts are those of a run without it."""
+    spec = small_spec(project, accs=(1, 2))
+    got = {}
+    for flag in ("1", "0"):
+        r = pipe_main("record", spec, "--run-dir", f"a{flag}", "--out", f"a{flag}.json", "--workers", "1", "-q",
+                      cwd=project, env={"PIPE_BUILD_AHEAD": flag, "PIPE_CACHE_DIR": str(project / f"cache{flag}")})
+        assert r.returncode == 0, r.stderr
+        rs = rows(project / f"a{flag}")
+        got[flag] = [(k, st) for _, k, st, _ in rs]
+        ahead = [bool(json.loads(d).get("built_ahead")) for _, _, _, d in rs]
+        if flag == "1":
+            assert len(rs) == 6 and sum(ahead) >= len(rs) - 2 and not ahead[0], ahead
+        else:
+            assert not any(ahead)
+    assert got["1"] == got["0"]
+
+
 def _killer(box: dict, stop: threading.Event, run_dir: Path, pid_of, min_rows: int = 1):
     """Kill (SIGKILL) the worker of a slot busy with a trial, once the ledger has a row."""
     while not stop.is_set():

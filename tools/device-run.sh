@@ -19,6 +19,12 @@
 #   e2e[:ARGS]              pipe export of the softmax, RMSNorm and cross-entropy runs made earlier in
 #                           the same call (else carried in runs/NAME, else tests/data/NAME-run), then
 #                           benchmarks/e2e.py and tools/check_exported.py (every table entry on the GPU)
+#   decode[:ARGS]           pipe export of the decode-attention run decode-attention-h200 and of the RMSNorm and
+#                           softmax runs (the range run rmsnorm-range-h200 / softmax-range-h200, else the
+#                           flagship's), each the first found with its pipe compare (compare.json; e.g.
+#                           compare:decode-attention-h200:--no-arms) made earlier in the same call, else
+#                           carried in runs/NAME, else kept in tests/data/NAME-run; then benchmarks/decode_step.py
+#                           ARGS (commas for spaces, + for commas) into $OUT/decode/decode.json
 #   gate:NAME               skip the remaining steps (pack aside) if a trial of NAME hung, faulted,
 #                           was wrong or failed to compile, or NAME has none
 #   occupancy:SPEC:ARGS     clusters resident at once against the grid launched (tools/cluster_occupancy.py)
@@ -96,6 +102,31 @@ for w in "$@"; do
       done
       python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $extra 2>&1 | tee "$d/e2e.txt"
       python3 tools/check_exported.py /tmp/exported 2>&1 | tee "$d/check-exported.txt"
+      ;;
+    decode)
+      d="$OUT/decode"; mkdir -p "$d"; rm -rf /tmp/exported-decode; names=
+      # the first of an op's runs found with its compare.json: one of this call, else carried in runs/,
+      # else a kept test run
+      for runs in decode-attention-h200 "rmsnorm-range-h200 rmsnorm-h200" "softmax-range-h200 softmax-h200"; do
+        src=; spec=()
+        for r in $runs; do
+          for s in /tmp/runs/$r runs/$r tests/data/$r-run; do
+            [ -f "$s/ledger.db" ] && [ -f "$s/compare.json" ] && { src=$s; break 2; }
+          done
+        done
+        if [ -z "$src" ]; then  # named all the same: decode_step.py says which package is missing
+          r=${runs%% *}; names=$names${names:+,}${r//-/_}
+          echo "decode: no run of $runs with its compare.json (make them in this call or carry runs/NAME)" \
+            | tee -a "$d/export.txt"; continue
+        fi
+        for p in "$src" "runs/$r"; do  # the run folder's frozen project/, or its carried copy's
+          [ -f "$p/project/pipelines/$r.yaml" ] && { spec=(--spec "$p/project/pipelines/$r.yaml"); break; }
+        done
+        python3 -m runner.cli export "$src" --out /tmp/exported-decode "${spec[@]}" 2>&1 | tee -a "$d/export.txt"
+        names=$names${names:+,}${r//-/_}
+      done
+      args=${arg//,/ }; args=${args//+/,}
+      python3 benchmarks/decode_step.py --exported /tmp/exported-decode --names "$names" --json "$d/decode.json" $args 2>&1 | tee "$d/decode.txt"
       ;;
     pack) kill $SMI 2>/dev/null; (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
     *) echo "unknown: $w" ;;

@@ -100,7 +100,8 @@ for w in "$@"; do
         done
         python3 -m runner.cli export "$src" --out /tmp/exported "${spec[@]}" 2>&1 | tee -a "$d/export.txt"
       done
-      python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $extra 2>&1 | tee "$d/e2e.txt"
+      args=${arg//,/ }; args=${args//+/,}  # e2e:ARGS: the benchmark's options (ARGS is the second field)
+      python3 benchmarks/e2e.py --exported /tmp/exported --json "$d/e2e.json" $args 2>&1 | tee "$d/e2e.txt"
       python3 tools/check_exported.py /tmp/exported 2>&1 | tee "$d/check-exported.txt"
       ;;
     decode)

@@ -46,6 +46,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graphs import arm_time, captured, fold_rounds  # noqa: E402
+
 EPS = 1e-5
 # the exported packages, in the order attention, RMSNorm, softmax: `pipe export` names a package
 # after its spec (pipelines/decode-attention-h200.yaml -> decode_attention_h200). The flagship
@@ -151,21 +154,6 @@ def draw_lens(n: int, batch: int, context: int, seed: int = 1) -> torch.Tensor:
         out[torch.arange(n), torch.arange(n) % batch] = context
     return out
 
-
-def captured(fn, static: tuple):
-    """fn(*static) captured into a CUDA graph, warmed up first on the stream that captures (the
-    exported decode attention allocates its workspace per stream: outside the capture so)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*static)
-    s.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        out = fn(*static)
-    torch.cuda.current_stream().wait_stream(s)
-    return g, out
 
 
 def time_graph(g, lens: torch.Tensor, draws: torch.Tensor, start: int, reps: int) -> list[float]:
@@ -284,13 +272,7 @@ def run(exported: Path | None, names, cfg: dict, reps: int, rounds: int, device:
         for r in range(rounds):  # interleaved rounds; the order alternates; every arm the same draws
             for name in (live if r % 2 == 0 else live[::-1]):
                 per[name].append(statistics.median(time_graph(graphs[name], lens, draws, r * reps, reps)))
-        for name, ts in per.items():
-            res["arms"][name]["time_s"] = statistics.median(ts)
-            res["arms"][name]["rounds_s"] = ts
-        base = res["arms"]["torch"]["time_s"]
-        for a in res["arms"].values():
-            if "time_s" in a:
-                a["speedup_vs_torch"] = base / a["time_s"] if a["ok"] else None  # a wrong arm gets no speedup
+        fold_rounds(res["arms"], per)
     if pipe is not None:
         res["pipe_calls"] = pipe.calls()
     return res
@@ -338,12 +320,7 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"  {name:<14} FAILED: {r['error']}")
             continue
-        if "time_s" not in r:
-            t = "(not timed on CPU)"
-        elif r["speedup_vs_torch"] is None:
-            t = f"{r['time_s'] * 1e6:9.1f} us  WRONG OUTPUT"
-        else:
-            t = f"{r['time_s'] * 1e6:9.1f} us  {r['speedup_vs_torch']:.3f}x"
+        t = arm_time(r, 1e6, "us", "9.1f")
         print(f"  {name:<14} {t}  max |diff| hidden {r['max_abs_diff_hidden']:.3g}, probs "
               f"{r['max_abs_diff_probs']:.3g}" + ("" if r["ok"] else "  (outside tolerance)"))
     rf = res["refresh"]

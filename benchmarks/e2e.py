@@ -33,6 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graphs import arm_time, captured, fold_rounds  # noqa: E402
+
 
 class Ops:
     """softmax, rmsnorm and cross_entropy: torch's, or the exported packages'."""
@@ -88,19 +91,6 @@ def step(ops: Ops, W: dict, x: torch.Tensor, targets: torch.Tensor, mask: torch.
     return x, ops.cross_entropy(logits, targets, -100)
 
 
-def captured(fn, static: tuple):
-    """fn(*static) captured into a CUDA graph (after warm-up on a side stream)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*static)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn(*static)
-    return g, out
-
 
 def time_graph(g, reps: int) -> list[float]:
     times = []
@@ -152,12 +142,7 @@ def run(exported: Path | None, seq: int, hidden: int, heads: int, vocab: int, re
         for r in range(rounds):  # interleaved rounds; the order alternates
             for name in (list(graphs) if r % 2 == 0 else list(graphs)[::-1]):
                 per[name].append(statistics.median(time_graph(graphs[name], reps)))
-        for name, ts in per.items():
-            res["arms"][name]["time_s"] = statistics.median(ts)
-            res["arms"][name]["rounds_s"] = ts
-        base = res["arms"]["torch"]["time_s"]
-        for a in res["arms"].values():
-            a["speedup_vs_torch"] = base / a["time_s"] if a["ok"] else None  # a wrong arm gets no speedup
+        fold_rounds(res["arms"], per)
     if pipe is not None:
         res["pipe_calls"] = pipe.calls()
     return res
@@ -180,12 +165,7 @@ def main(argv=None) -> int:
     res["wall_s"] = round(time.time() - t0, 1)
     print(f"{res['device']}, torch {res['torch']}, {res['shape']}")
     for name, r in res["arms"].items():
-        if "time_s" not in r:
-            t = "(not timed on CPU)"
-        elif r["speedup_vs_torch"] is None:
-            t = f"{r['time_s'] * 1e3:8.3f} ms  WRONG OUTPUT"
-        else:
-            t = f"{r['time_s'] * 1e3:8.3f} ms  {r['speedup_vs_torch']:.3f}x"
+        t = arm_time(r, 1e3, "ms", "8.3f")
         print(f"  {name:<14} {t}  max |diff| hidden {r['max_abs_diff_hidden']:.3g}, loss {r['max_abs_diff_loss']:.3g}"
               + ("" if r["ok"] else "  (outside tolerance)"))
     if "pipe_calls" in res:

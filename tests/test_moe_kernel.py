@@ -23,12 +23,6 @@ from runner.core.expr import compile_expr  # noqa: E402
 SPECS = [ROOT / "pipelines" / s for s in moe_spec.SPECS]
 
 
-@pytest.fixture(scope="module")
-def specs(moe_specs):
-    """The MoE specs with their configurations (conftest's moe_specs, built once a run)."""
-    return moe_specs
-
-
 def small_cfg(**kw):
     cfg = {"E": 64, "N": 2816, "K": 2048, "TOPK": 6, "BM": 16, "BN": 128, "SPLITK": 1, "GM": 1}
     cfg.update(kw)
@@ -94,8 +88,8 @@ def test_routings():
 
 
 # -- the specs and the template -------------------------------------------------------------------
-def test_spaces(specs):
-    for name, ms in specs.items():
+def test_spaces(moe_specs):
+    for name, ms in moe_specs.items():
         cfgs = ms.cfgs
         assert 30 <= len(cfgs) <= 150, (name, len(cfgs))
         assert dict(ms.spec.start) in cfgs, name
@@ -103,10 +97,10 @@ def test_spaces(specs):
             ["x", "w", "offs", "y", "ws", "T"]
 
 
-def test_every_configuration_renders_one_source_for_every_T(specs):
+def test_every_configuration_renders_one_source_for_every_T(moe_specs):
     from runner.build.builder import Builder
 
-    for name, ms in specs.items():
+    for name, ms in moe_specs.items():
         b = Builder(ms.spec)
         for cfg in ms.cfgs:
             s1, s2 = b.render_all(dict(cfg), shapes=[{"T": 1}, {"T": 4097}])
@@ -116,10 +110,10 @@ def test_every_configuration_renders_one_source_for_every_T(specs):
             assert ("#define SWIGLU 1" in s1) == (cfg["ACT"] == "swiglu")
 
 
-def test_geometry_and_workspace_match_the_kernel(specs):
+def test_geometry_and_workspace_match_the_kernel(moe_specs):
     from runner.build.builder import Builder
 
-    for name, ms in specs.items():
+    for name, ms in moe_specs.items():
         b = Builder(ms.spec)
         cfgs = ms.cfgs
         for cfg in cfgs[:: max(1, len(cfgs) // 12)]:
@@ -135,8 +129,8 @@ def test_geometry_and_workspace_match_the_kernel(specs):
                 assert geo["scratch"] == {"ws": [want]}
 
 
-def test_serves_covers_the_domain(specs):
-    for name, ms in specs.items():
+def test_serves_covers_the_domain(moe_specs):
+    for name, ms in moe_specs.items():
         k = ms.spec.kernel
         cfgs = ms.cfgs
         for T in (1, 2, 15, 16, 100, 512, 513, 1024, 1025, 4096, 8192):
@@ -194,11 +188,11 @@ def test_budget_holds_for_a_model_of_the_kernel():
 
 # -- the compiler (slow) ---------------------------------------------------------------------------
 @pytest.mark.slow
-def test_nvrtc_compiles_a_sample_without_spills(specs):
+def test_nvrtc_compiles_a_sample_without_spills(moe_specs):
     pytest.importorskip("cuda.core")
     from runner.build.builder import Builder
 
-    for name, ms in specs.items():
+    for name, ms in moe_specs.items():
         b = Builder(ms.spec)
         cfgs = ms.cfgs
         sample = [dict(ms.spec.start), cfgs[-1]]

@@ -19,14 +19,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import moe_spec  # noqa: E402
 
-SPECS = [ROOT / "pipelines" / s for s in moe_spec.SPECS]
-
-
-@pytest.fixture(scope="module")
-def specs(moe_specs):
-    """The MoE specs with their configurations (conftest's moe_specs, built once a run)."""
-    return moe_specs
-
 
 # -- the kernel's functions, in Python ------------------------------------------------------------
 def swz(r: int, c: int) -> int:
@@ -294,10 +286,10 @@ def test_pipeline_schedule(stages, kt_total):
 
 
 # -- the template and the specs ------------------------------------------------------------------
-def test_wgmma_configurations(specs):
+def test_wgmma_configurations(moe_specs):
     """Every spec holds 20 to 40 wgmma configurations, each within the constraints the kernel's
     static asserts state, served from T = 256 on; the sync configurations render no wgmma."""
-    for name, ms in specs.items():
+    for name, ms in moe_specs.items():
         wg = [c for c in ms.cfgs if c["MMA"] == "wgmma"]
         assert 20 <= len(wg) <= 40, (name, len(wg))
         for c in wg:
@@ -311,10 +303,10 @@ def test_wgmma_configurations(specs):
         assert all(c["WM"] <= 4 and c["STAGES"] != 5 for c in ms.cfgs if c["MMA"] == "sync")
 
 
-def test_every_wgmma_configuration_renders(specs):
+def test_every_wgmma_configuration_renders(moe_specs):
     from runner.build.builder import Builder
 
-    for name, ms in specs.items():
+    for name, ms in moe_specs.items():
         b = Builder(ms.spec)
         assert "--arch=sm_90a" in ms.spec.kernel.options
         sync = [c for c in ms.cfgs if c["MMA"] == "sync"]
@@ -343,13 +335,13 @@ def test_every_wgmma_configuration_renders(specs):
 
 
 @pytest.mark.slow
-def test_nvrtc_compiles_wgmma_for_sm_90a(specs):
+def test_nvrtc_compiles_wgmma_for_sm_90a(moe_specs):
     """NVRTC (the runner's Builder, options --arch=sm_90a) compiles the largest and the smallest
     wgmma tile of each spec: no spills, no stack, wgmma in the PTX."""
     pytest.importorskip("cuda.core")
     from runner.build.builder import Builder
 
-    for name, ms in specs.items():
+    for name, ms in moe_specs.items():
         b = Builder(ms.spec)
         wg = [c for c in ms.cfgs if c["MMA"] == "wgmma"]
         sample = [min(wg, key=lambda c: (c["BM"] * c["BN"], c["STAGES"])),
@@ -366,7 +358,7 @@ def test_nvrtc_compiles_wgmma_for_sm_90a(specs):
 
     from runner.build.backends import cuda
 
-    ms = specs["moe-fine-swiglu-h200.yaml"]
+    ms = moe_specs["moe-fine-swiglu-h200.yaml"]
     cfg = next(c for c in ms.cfgs if c["MMA"] == "wgmma" and c["BN"] == 256)
     src = Builder(ms.spec).render_all(cfg, shapes=[{"T": 16}])[0]
     prog = Program(src, "c++", cuda._options(ms.spec.kernel.options, "sm_90", "wg.cu"))

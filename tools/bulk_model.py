@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from ring_model import sample_sizes, span_of  # noqa: E402  (the row's span and sizes, as the ring's model)
 
 
 class BulkError(AssertionError):
@@ -48,13 +50,6 @@ class BulkError(AssertionError):
 
 
 # ----------------------------------------------------------------------------- the arithmetic
-
-
-def span_of(row: int, n: int) -> tuple[int, int, int]:
-    """(base, off, nv) as common/row_span.cuh.j2's span_of."""
-    start = row * n
-    off = start & 7
-    return start >> 3, off, (off + n + 7) >> 3
 
 
 def cut_of(n: int, cl: int, sc: int) -> tuple[int, int]:
@@ -459,13 +454,6 @@ def bulk_geometries():
         out.append((r, cfg, cfg["TPR"], cfg["ITEMS"], cfg["CL"], int(env["SLOT"]), int(env["NSLOT"]),
                     cfg["STORE"] == "bulk", int(env["CAP"])))
     return out
-
-
-def sample_sizes(r, cfg, cap: int, rng: random.Random, k: int) -> list[int]:
-    lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
-    cand = {lo, lo + 1, hi, hi - 1, hi - 2, hi - 6, hi - 7, hi - 8, hi - 9}
-    cand |= {rng.randint(lo, hi) for _ in range(k)} | {rng.randint(lo, hi) | 1 for _ in range(k)}
-    return sorted(x for x in cand if r.serves(cfg, x))
 
 
 def main() -> int:

@@ -357,36 +357,37 @@ class Gpu:
             ts.append(a.elapsed_time(e) / 1e3)
         return sorted(ts)[len(ts) // 2]
 
-    def timing_inputs(self, n: int) -> tuple[dict, dict, list]:
-        """(shape, inputs, outputs) at M * N = 2^27, made once a size."""
+    def timing_inputs(self, n: int, m: int | None = None) -> tuple[dict, dict, list]:
+        """(shape, inputs, outputs) at M * N = 2^27 (or M = m), made once a size."""
         from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
 
-        if getattr(self, "_tin", (None,))[0] != n:
+        m = m or max(1, TIME_ELEMS // n)
+        if getattr(self, "_tin", (None,))[0] != (n, m):
             self._tin = None  # the last size's tensors go first
-            shape = self.r.shape(n, max(1, TIME_ELEMS // n))
+            shape = self.r.shape(n, m)
             env = self.op.shape_env(shape)
             outs = [self.torch.empty(shape_of(t, env), dtype=TORCH_DTYPES[t.dtype], device="cuda")
                     for t in self.op.outputs]
-            self._tin = (n, shape, make_inputs(self.op, shape, 1, 0, "cuda", timed=True), outs)  # timed values
+            self._tin = ((n, m), shape, make_inputs(self.op, shape, 1, 0, "cuda", timed=True), outs)  # timed values
         return self._tin[1:]
 
-    def timed(self, b, cfg: dict, art: str, n: int) -> tuple[float, float]:
-        """(seconds, TB/s) at M * N = 2^27."""
-        shape, inputs, outs = self.timing_inputs(n)
+    def timed(self, b, cfg: dict, art: str, n: int, m: int | None = None) -> tuple[float, float]:
+        """(seconds, TB/s) at M * N = 2^27 (or M = m)."""
+        shape, inputs, outs = self.timing_inputs(n, m)
         env = self.op.shape_env(shape)
         fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
         call = self.rt.prepare(fn, self.values(shape, inputs, outs), b.geometry(cfg, [shape])[0], mode="direct")
         t = self.time(call)
         return t, self.op.bytes(env) / t / 1e12
 
-    def eager(self, n: int) -> float:
-        shape, inputs, _ = self.timing_inputs(n)
+    def eager(self, n: int, m: int | None = None) -> float:
+        shape, inputs, _ = self.timing_inputs(n, m)
         t = self.time(lambda: self.reference(**inputs, **self.scalars))
         return self.op.bytes(self.op.shape_env(shape)) / t / 1e12
 
 
 def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool, every: bool = False,
-              sweep: list[int] | None = None) -> None:
+              sweep: list[int] | None = None, top: int = 5, rows: int | None = None) -> None:
     from runner.build.builder import Builder
 
     rng = random.Random(20)
@@ -429,7 +430,7 @@ def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool,
                     fail(f"{r.name}: CAP {cap} {label(cfg)} at M={shape['M']} {r.sym}={n}: {why}")
     print(f"  {checked} launches verified in {time.time() - t0:.0f} s", flush=True)
     if sweep:
-        sweep_sizes(r, g, b, cfgs, arts, sweep)
+        sweep_sizes(r, g, b, cfgs, arts, sweep, top, rows)
         return
     if not timing:
         return
@@ -446,22 +447,23 @@ def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool,
             print(f"  {cap:>7} {label(cfg):<46} {n:>7} {t * 1e6:>8.1f} {tbs:>6.2f} {eager[n]:>6.2f}", flush=True)
 
 
-def sweep_sizes(r: Range, g: "Gpu", b, cfgs: list[dict], arts: list[str], sizes: list[int]) -> None:
-    """Every checked configuration that serves a size, timed there: the best five, the count
-    and torch eager."""
+def sweep_sizes(r: Range, g: "Gpu", b, cfgs: list[dict], arts: list[str], sizes: list[int],
+                top: int = 5, rows: int | None = None) -> None:
+    """Every checked configuration that serves a size, timed there: the best `top`, the count
+    and torch eager. `rows`: M of the timed shape (default: M * N = 2^27)."""
     for n in sizes:
         if not r.lo <= n <= r.hi:
             continue
-        rows = []
+        found = []
         for cfg, art in zip(cfgs, arts):
             if r.serves(cfg, n):
-                t, tbs = g.timed(b, cfg, art, n)
-                rows.append((t, tbs, cfg))
-        rows.sort(key=lambda x: x[0])
-        eager = g.eager(n)
-        m = max(1, TIME_ELEMS // n)
-        print(f"  {r.sym}={n} (M={m}): {len(rows)} configurations; eager {eager:.2f} TB/s", flush=True)
-        for t, tbs, cfg in rows[:5]:
+                t, tbs = g.timed(b, cfg, art, n, m=rows)
+                found.append((t, tbs, cfg))
+        found.sort(key=lambda x: x[0])
+        eager = g.eager(n, m=rows)
+        m = rows or max(1, TIME_ELEMS // n)
+        print(f"  {r.sym}={n} (M={m}): {len(found)} configurations; eager {eager:.2f} TB/s", flush=True)
+        for t, tbs, cfg in found[:top]:
             print(f"    {t * 1e6:8.1f} us {tbs:5.2f} TB/s  CAP {r.cap(cfg):>6}  {label(cfg)}", flush=True)
 
 
@@ -530,6 +532,8 @@ def main() -> int:
     ap.add_argument("--all", action="store_true", help="verify every configuration, not a sample (GPU)")
     ap.add_argument("--sweep", default="", metavar="N1,N2,...",
                     help="time every verified configuration that serves each size, instead of the sample's timing")
+    ap.add_argument("--top", type=int, default=5, help="with --sweep: configurations listed a size")
+    ap.add_argument("--rows", type=int, default=0, help="with --sweep: M of the timed shape (default M * N = 2^27)")
     ap.add_argument("--no-assert", action="store_true", help="skip the out-of-range target probe")
     a = ap.parse_args()
     t0 = time.time()
@@ -545,7 +549,7 @@ def main() -> int:
             check_static(r, a.nvcc)
         else:
             check_gpu(r, a.per_bucket, a.sizes, [1, 3, 37, 4096], not a.no_timing, a.all,
-                      [int(x) for x in a.sweep.split(",") if x])
+                      [int(x) for x in a.sweep.split(",") if x], a.top, a.rows or None)
     if not a.compile_only and not a.no_assert and "cross-entropy" in a.ops:
         check_assert()
     print(f"\n{len(FAILURES)} failure(s) in {time.time() - t0:.0f} s")

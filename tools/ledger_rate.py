@@ -26,9 +26,12 @@ def rate(run_dir: str) -> str:
     med = {k: round(statistics.median(p[k] for p in phases), 4) for k in phases[0]} if phases else {}
     judge = [json.loads(r[4] or "{}").get("judge_wall_s") for r in rows]
     judge = [j for j in judge if j]
+    build = [json.loads(r[4] or "{}").get("build_wall_s") for r in rows]
+    build = [b for b in build if b is not None]
     return (f"{run_dir}: {len(rows)} trials ({ok} ok) in {span:.1f} s: {len(rows) / span * 60:.0f} a minute by the "
             f"clock, {len(rows) / own * 60:.0f} by the trials' own wall time; median judge round trip "
-            f"{statistics.median(judge) if judge else float('nan'):.3f} s, phases {json.dumps(med)}")
+            f"{statistics.median(judge) if judge else float('nan'):.3f} s, median build "
+            f"{statistics.median(build) if build else float('nan'):.4f} s, phases {json.dumps(med)}")
 
 
 if __name__ == "__main__":

@@ -251,6 +251,100 @@ def test_report_shows_the_curve_and_the_regret_table(ranged_run):
 
 # -- the exported runtime's lookup ------------------------------------------------------------
 
+# -- ranges cut where their first kernel stops serving ------------------------------------------
+
+def _first_serves_through(t: dict, serves) -> list[str]:
+    """Every range and level whose first kernel serving its low end stops serving before its
+    high end (the rest of the range would go to a kernel never timed there)."""
+    bad = []
+    for r in t["ranges"]:
+        lo, hi = r["lo"]["N"], r["hi"]["N"] - 1
+        for lv in [r, *r.get("rows", ())]:
+            m = lv["point"]["M"]
+            k = next((x for x in lv["use"] if serves(x, {"M": m, "N": lo})), None)
+            if k is not None and not serves(k, {"M": m, "N": hi}):
+                bad.append(f"N {lo}..{hi} M {m}: #{k}")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def bucketed_run(tmp_path_factory):
+    """rmsnorm-range-cpu with buckets: a configuration serves 4 * ACC <= N <= 128 * ACC, as the GPU
+    templates' register holds serve CAP / 4 < N <= CAP, so a point at a bucket's top may choose a
+    kernel that its range's upper part outgrows."""
+    import os
+
+    os.environ.setdefault("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
+    root = tmp_path_factory.mktemp("bucketed")
+    (root / "pipelines").mkdir()
+    for d in ("kernel_templates", "hw_profiles"):
+        os.symlink(Path(__file__).resolve().parents[1] / d, root / d)
+    d = copy.deepcopy(BASE)
+    d["kernel"]["serves"] = "N >= 4 * ACC and N <= 128 * ACC"
+    d["search"]["params"]["ACC"] = {"pow2": {"min": 1, "max": 128}}
+    path = spec_from(root, d)
+    run = root / "run"
+    rc = cli.main(["run", str(path), "--run-dir", str(run), "--max-trials", "8", "-q"])
+    assert rc in (0, 1)
+    from runner.ship.compare import compare_and_write
+
+    doc = compare_and_write(run, rounds=2, top=2, points=4, torch_compile=False)
+    return load_spec(path), doc["range_table"]
+
+
+def test_a_range_is_cut_where_its_first_kernel_stops_serving(bucketed_run):
+    spec, t = bucketed_run
+    serves = lambda tid, shape: spec.kernel.serves_shape(t["kernels"][str(tid)]["params"], shape, 4)  # noqa: E731
+    assert _first_serves_through(t, serves) == []
+    rs = t["ranges"]
+    assert rs[0]["lo"]["N"] == 64 and rs[-1]["hi"]["N"] == 16385
+    for a, b in zip(rs, rs[1:]):
+        assert a["hi"]["N"] == b["lo"]["N"] and a["lo"]["N"] < a["hi"]["N"]
+    for r in rs:  # each range holds the point its lists were measured at
+        assert r["lo"]["N"] <= r["point"]["N"] < r["hi"]["N"]
+        for w in r.get("rows", ()):
+            assert w["point"]["N"] == r["point"]["N"]
+
+
+class _Buckets:
+    """A stand-in prober for the split alone: kernel k serves N up to CAPS[k]; its time is
+    TIMES[k] a call, torch eager's 10."""
+
+    CAPS = {1: 1000, 2: 4000, 3: 4000, 4: 16000}
+    TIMES = {1: 1.0, 2: 3.0, 3: 2.0, 4: 5.0}
+
+    def __init__(self):
+        self.fallbacks, self.timed = {}, []
+
+    def serves(self, tid, shape):
+        return shape["N"] <= self.CAPS[tid]
+
+    def time(self, shapes, kernels, others=False):
+        self.timed.append((shapes[0]["N"], sorted(kernels[0])))
+        row = {f"#{k}": {"rounds": [self.TIMES[k]] * 2} for k in kernels[0] if self.serves(k, shapes[0])}
+        return [{**row, "torch eager": {"rounds": [10.0, 10.0]}}]
+
+
+def test_the_cut_measures_the_new_range_among_the_kernels_that_serve_it():
+    from types import SimpleNamespace
+
+    op = SimpleNamespace(named=0, shapes=[{"M": 8, "N": 1000}, {"M": 8, "N": 4000}],
+                         bytes=lambda env: env["M"] * env["N"], shape_env=lambda sh: sh)
+    op.where_holds = lambda sh: True
+    spec = SimpleNamespace(op=op)
+    # the point at 1000 chose #1 (fast, but it serves only up to 1000); its range runs to 2000
+    r = {"lo": {"N": 500}, "hi": {"N": 2001}, "point": {"M": 8, "N": 1000}, "use": [1, 4], "times_s": {},
+         "eager_s": 10.0, "fallback": None}
+    history = [SimpleNamespace(id=k, status="ok", times=[1.0 if k == 1 else None, float(k)]) for k in (1, 2, 3, 4)]
+    pr = _Buckets()
+    out = ranges._split_unserved(spec, "N", [r], history, pr, 2, None)
+    assert [(x["lo"]["N"], x["hi"]["N"]) for x in out] == [(500, 1001), (1001, 2001)]
+    n, timed = pr.timed[0]
+    assert 1001 <= n <= 2000 and 1 not in timed and {2, 3, 4} <= set(timed)  # the list's server and the two nearest
+    assert out[1]["use"][:3] == [3, 2, 4] and out[1]["point"]["N"] == n  # measured: #3 is the fastest there
+    assert out[0]["use"] == [1, 4] and out[0]["point"]["N"] == 1000  # the lower part keeps its point
+
+
 def _op(tmp_path: Path) -> Op:
     table = {
         "op": "t.rmsnorm", "inputs": [{"name": "x", "dtype": "fp32", "shape": ["M", "N"]}],

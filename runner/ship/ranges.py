@@ -12,7 +12,9 @@
    other at the log-midpoint, and the boundary moves by bisection, REFINE times. Each
    range keeps an ordered list of kernels (its own point's choices, then its
    neighbours'): a shape takes the first whose `kernel.serves` holds for it, else the
-   fallback.
+   fallback. Where the kernel that takes a range's low end stops serving inside it (a
+   bucket's largest row), the range is cut there and the part above gets lists measured
+   at its own log-midpoint, so no stretch of the axis goes to a kernel by list order alone.
 3. **The curve.** At points of the domain nobody tuned on, drawn in secret, it times the
    table's choice against torch eager, torch.compile (dynamic shapes), the spec's Triton
    kernel and a device copy of the op's bytes, and reports the table's regret against the
@@ -30,6 +32,8 @@ import math
 import random
 import secrets
 import statistics
+
+from ..judge.domain import _edge
 
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be chosen at a point
 REFINE = 3  # bisection steps per boundary
@@ -184,6 +188,8 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         ranges = _boxes(spec, axes, grid)
     if nlv > 1:
         _level_rows(spec, ranges, [p for p in points[op.named:] if p["level"] > 0], prober, refine, log)
+    if len(axes) == 1:
+        ranges = _split_unserved(spec, axes[0], ranges, history, prober, top, log)
     lists = [r["use"] for r in ranges + exact] + [w["use"] for r in ranges for w in r.get("rows", ())]
     return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
             **({"fallbacks": {n: prober.fallbacks[n] for n in prober.fallbacks}} if prober.fallbacks else {}),
@@ -302,6 +308,95 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
     for p, lo, hi in zip(grid, bounds, bounds[1:]):
         out.append({"lo": {axis: lo}, "hi": {axis: hi}, "point": p["shape"], "use": p["list"],
                     "times_s": p["times_s"], "eager_s": p["eager_s"], "fallback": p.get("fallback")})
+    return out
+
+
+SPLITS = 4  # new ranges a range may be cut into where its kernels stop serving
+
+
+def _levels_of(r: dict) -> list[dict]:
+    """A range's lists: the main one (the range itself) and its few-rows levels."""
+    return [r, *r.get("rows", ())]
+
+
+def _nearest_times(spec, history, probe: dict) -> dict[int, float]:
+    """Per ok trial: its time a byte at the tuning point nearest to `probe` (log distance over
+    every symbol, so a few-rows probe finds its own level) among those it was timed at."""
+    op = spec.op
+
+    def dist(sh):
+        return sum(abs(math.log(max(sh[a], 1) / max(probe[a], 1))) for a in probe)
+    out = {}
+    for t in history:
+        if t.status != "ok" or not t.times:
+            continue
+        got = [(dist(op.shapes[i]), i) for i in range(op.named, min(len(t.times), len(op.shapes)))
+               if t.times[i] is not None]
+        if got:
+            i = min(got)[1]
+            out[t.id] = t.times[i] / op.bytes(op.shape_env(op.shapes[i]))
+    return out
+
+
+def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober, top: int, log) -> list[dict]:
+    """A range whose first kernel (of its main list or a few-rows level's) stops serving inside
+    it (a bucket's largest row, say: the point at 2^k chose the bucket of 2^k, and the range runs
+    on above it) would hand the rest to whichever kernel of its list serves next, never timed
+    there. Such a range is cut where that kernel stops serving; the new range's lists are
+    measured at its log-midpoint: the old list's kernels and the `top` trials nearest in time a
+    byte at the closest tuning point, that serve there, against the fallback. The new lists
+    keep the old ones' untimed kernels last (they serve elsewhere in the range)."""
+    op = spec.op
+
+    def shape_at(point: dict, v: int) -> dict | None:
+        return _inside(op, {**point, axis: v})
+
+    out = []
+    for r in ranges:
+        cur = r
+        for _ in range(SPLITS):
+            lo, hi = cur["lo"][axis], cur["hi"][axis]
+            stop = hi
+            for lv in _levels_of(cur):
+                a = shape_at(lv["point"], lo)
+                k = _first(lv["use"], prober, a) if a is not None else None
+                if k is None or hi - lo < 2:
+                    continue
+                b = shape_at(lv["point"], hi - 1)
+                if b is None or prober.serves(k, b):
+                    continue
+
+                def ok(v, k=k, lv=lv):
+                    sh = shape_at(lv["point"], v)
+                    return sh is not None and prober.serves(k, sh)
+                stop = min(stop, _edge(ok, lo, hi - 1) + 1)
+            if stop >= hi or stop <= lo:
+                break
+            mid = min(max(_geo_mid(stop, hi - 1), stop), hi - 1)
+            new = {**cur, "lo": {axis: stop}, "hi": {axis: hi}}
+            if "rows" in cur:
+                new["rows"] = [dict(w) for w in cur["rows"]]
+            for old, lv in zip(_levels_of(cur), _levels_of(new)):
+                probe = shape_at(old["point"], mid)
+                if probe is None:
+                    continue
+                near = _nearest_times(spec, history, probe)
+                more = sorted((x, tid) for tid, x in near.items() if prober.serves(tid, probe))[:top]
+                cands = list(dict.fromkeys([t for t in old["use"] if prober.serves(t, probe)]
+                                           + [tid for _, tid in more]))
+                res = prober.time([probe], [cands])[0]
+                ranked, _, e_rep, fb = choices_at(res, cands, list(prober.fallbacks))
+                use = [tid for tid, _ in ranked]
+                if log:
+                    log(f"  {axis} {stop}..{hi - 1} at {probe}: {'#' + str(use[0]) if use else 'fallback'} "
+                        f"(of {len(cands)} timed)")
+                lv.update({"point": probe, "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
+                           "fallback": fb,
+                           "use": use + [t for t in old["use"] if t not in cands] if use else []})
+            cur["hi"] = {axis: stop}
+            out.append(cur)
+            cur = new
+        out.append(cur)
     return out
 
 

@@ -577,7 +577,7 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
 
 
 def _run_built_ahead(ev, p: Proposal, agent: str, vid: str | None, f: Future | None,
-                     built: threading.Event | None = None) -> Trial:
+                     built: threading.Event) -> Trial:
     """A slot's trial: wait for its build ahead `f` if it started (its compiles land in the
     shared cache), as Session.judge does, then judge it on the slot's worker. `built` is set
     once the trial is built (or judged without a build: a verdict before it, or an error)."""
@@ -587,10 +587,9 @@ def _run_built_ahead(ev, p: Proposal, agent: str, vid: str | None, f: Future | N
         if prebuilt:
             f.result()
         waited = time.perf_counter() - t0
-        t = ev.run(dict(p.params), agent, vid, on_built=built.set if built is not None else None)
+        t = ev.run(dict(p.params), agent, vid, on_built=built.set)
     finally:
-        if built is not None:
-            built.set()
+        built.set()
     if prebuilt:
         t.details["built_ahead"] = True
         t.details["ahead_wait_s"] = round(waited, 4)

@@ -461,7 +461,7 @@ def sweep_sizes(r: Range, g: "Gpu", b, cfgs: list[dict], arts: list[str], sizes:
                 found.append((t, tbs, cfg))
         found.sort(key=lambda x: x[0])
         eager = g.eager(n, m=rows)
-        m = rows or max(1, TIME_ELEMS // n)
+        m = g.timing_inputs(n, rows)[0]["M"]
         print(f"  {r.sym}={n} (M={m}): {len(found)} configurations; eager {eager:.2f} TB/s", flush=True)
         for t, tbs, cfg in found[:top]:
             print(f"    {t * 1e6:8.1f} us {tbs:5.2f} TB/s  CAP {r.cap(cfg):>6}  {label(cfg)}", flush=True)

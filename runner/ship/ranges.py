@@ -356,11 +356,13 @@ def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober
         cur = r
         for _ in range(SPLITS):
             lo, hi = cur["lo"][axis], cur["hi"][axis]
+            if hi - lo < 2:
+                break
             stop = hi
             for lv in _levels_of(cur):
                 a = shape_at(lv["point"], lo)
                 k = _first(lv["use"], prober, a) if a is not None else None
-                if k is None or hi - lo < 2:
+                if k is None:
                     continue
                 b = shape_at(lv["point"], hi - 1)
                 if b is None or prober.serves(k, b):
@@ -370,9 +372,9 @@ def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober
                     sh = shape_at(lv["point"], v)
                     return sh is not None and prober.serves(k, sh)
                 stop = min(stop, _edge(ok, lo, hi - 1) + 1)
-            if stop >= hi or stop <= lo:
+            if stop >= hi:
                 break
-            mid = min(max(_geo_mid(stop, hi - 1), stop), hi - 1)
+            mid = _geo_mid(stop, hi - 1)
             new = {**cur, "lo": {axis: stop}, "hi": {axis: hi}}
             if "rows" in cur:
                 new["rows"] = [dict(w) for w in cur["rows"]]

@@ -10,6 +10,9 @@
 #   run:SPEC[:ARGS[:TAG]]   pipe run SPEC into /tmp/runs/NAME (NAME: the spec's, plus TAG; ARGS: extra pipe run options,
 #                           commas for spaces and + for commas, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40
 #                           or record:pipelines/softmax-h200.yaml:--only,EPT=16+32:-small)
+#                           A run longer than one call: the first call's run folder comes back in $OUT/NAME/run;
+#                           put it in runs/NAME here and carry that path, and the next call's run resumes it
+#                           (--minutes is the run's whole budget: e.g. --minutes,8 then --minutes,12)
 #   record:SPEC[:ARGS[:TAG]] pipe record SPEC: the whole space as a replay dataset. A sweep longer than
 #                           one call: ARGS --minutes,M stops it; its run folder comes back in
 #                           $OUT/NAME/run; put it in runs/NAME-record here and carry that path, and
@@ -56,6 +59,9 @@ for w in "$@"; do
     run|record)
       name=$(basename "$arg" .yaml)$tag; d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name
       if [ "$kind" = run ]; then
+        # a run begun in an earlier call, carried in runs/NAME: resume it (--minutes budgets the
+        # run's whole time, the earlier calls' included)
+        if [ -f "runs/$name/ledger.db" ] && [ ! -d "$RUN" ]; then mkdir -p /tmp/runs && cp -r "runs/$name" "$RUN"; fi
         python3 -m runner.cli run "$arg" --run-dir "$RUN" $extra 2>&1 | tee "$d/run.log"
       else
         RUN=/tmp/runs/$name-record

@@ -31,13 +31,17 @@ def spec(request):
 
 # -- the specs ------------------------------------------------------------------------------------
 
-def test_pf4_configurations_stream_whole_rows_of_16384_and_more(spec):
+def launch(spec):
+    """The spec's grid, block and shared-memory expressions."""
     from runner.core.expr import compile_expr
 
+    return (compile_expr(spec.raw["kernel"][f]) for f in ("grid", "block", "shared_mem"))
+
+
+def test_pf4_configurations_stream_whole_rows_of_16384_and_more(spec):
     pf4 = [c for c in spec.configs if c["PF"] == 4]
     assert len(pf4) == 23
-    k = spec.raw["kernel"]
-    grid, block, smem = (compile_expr(k[f]) for f in ("grid", "block", "shared_mem"))
+    grid, block, smem = launch(spec)
     for cfg in pf4:
         assert cfg["TPR"] >= 256 and cfg["ITEMS"] in (4, 6) and cfg["STORE"] == "cs"
         cap = spec.cap(cfg)
@@ -58,12 +62,9 @@ def test_pf4_configurations_stream_whole_rows_of_16384_and_more(spec):
 
 
 def test_pf5_configurations_take_every_row_once_on_a_persistent_grid(spec):
-    from runner.core.expr import compile_expr
-
     pf5 = [c for c in spec.configs if c["PF"] == 5]
     assert len(pf5) == 24
-    k = spec.raw["kernel"]
-    grid, block, smem = (compile_expr(k[f]) for f in ("grid", "block", "shared_mem"))
+    grid, block, smem = launch(spec)
     for cfg in pf5:
         assert cfg["TPR"] >= 256 and cfg["ITEMS"] in (2, 3) and cfg["STORE"] == "cs"
         assert spec.serves(cfg, max(16384, (spec.cap(cfg) + 1) // 2)) and spec.serves(cfg, spec.hi)

@@ -38,12 +38,20 @@ def launch(spec):
     return (compile_expr(spec.raw["kernel"][f]) for f in ("grid", "block", "shared_mem"))
 
 
+def twice_configs(spec, pf: int, count: int, items: tuple[int, ...]) -> list[dict]:
+    """The spec's PF = pf configurations: count of them, blocks of 256 threads or more, ITEMS
+    among items, y stored streaming."""
+    cfgs = [c for c in spec.configs if c["PF"] == pf]
+    assert len(cfgs) == count
+    for c in cfgs:
+        assert c["TPR"] >= 256 and c["ITEMS"] in items and c["STORE"] == "cs", c
+    return cfgs
+
+
 def test_pf4_configurations_stream_whole_rows_of_16384_and_more(spec):
-    pf4 = [c for c in spec.configs if c["PF"] == 4]
-    assert len(pf4) == 23
+    pf4 = twice_configs(spec, 4, 23, (4, 6))
     grid, block, smem = launch(spec)
     for cfg in pf4:
-        assert cfg["TPR"] >= 256 and cfg["ITEMS"] in (4, 6) and cfg["STORE"] == "cs"
         cap = spec.cap(cfg)
         # no bucket caps the row: every N from 16384 (or CAP / 2) to the domain's end
         lo = max(16384, (cap + 1) // 2)
@@ -62,11 +70,8 @@ def test_pf4_configurations_stream_whole_rows_of_16384_and_more(spec):
 
 
 def test_pf5_configurations_take_every_row_once_on_a_persistent_grid(spec):
-    pf5 = [c for c in spec.configs if c["PF"] == 5]
-    assert len(pf5) == 24
     grid, block, smem = launch(spec)
-    for cfg in pf5:
-        assert cfg["TPR"] >= 256 and cfg["ITEMS"] in (2, 3) and cfg["STORE"] == "cs"
+    for cfg in twice_configs(spec, 5, 24, (2, 3)):
         assert spec.serves(cfg, max(16384, (spec.cap(cfg) + 1) // 2)) and spec.serves(cfg, spec.hi)
         for m in (1, 3, 37, 2011, 100003):
             e = spec.env(cfg, {"M": m, "N": 65536})

@@ -1,0 +1,141 @@
+"""What run-time row lengths cost on the long rows, on one GPU and in one process.
+
+At each size N (M * N = 2^27 unless --rows), three kinds of kernel are timed side by side with
+the L2 flushed, beside a device copy of the same bytes:
+- the fixed-size flagship's kernels (`pipelines/softmax-h200.yaml`, N compiled in): its tma hold
+  (the bulk-copy ring, 0.90 of copy at 1024x131072) and its streaming hold (the row read twice);
+- the run-time template's long-row configurations (`pipelines/softmax-range-h200.yaml`, PF 3, 4
+  and 5) that serve N, as the range runs build them;
+- the same run-time configurations with N compiled in: the rendered source's N argument renamed
+  and N declared a constant, so that the compiler folds the row's cut as the flagship's does.
+
+If the run-time configurations with N compiled in reach the flagship's time, the cost is the
+run-time arithmetic; if they stay where the run-time ones are, it is the structure (piece size,
+ring depth, grid). Every kernel with N compiled in is verified against the float64 reference
+at its N before it is timed.
+
+    python tools/fixed_n_probe.py --sizes 65536,131072,262144 [--rows M] [--top 4]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+SIGNATURE = "int M, int N) {"
+
+
+def fix_n(src: str, n: int) -> str:
+    """The source with the kernel's N argument ignored and N a compile-time constant."""
+    if src.count(SIGNATURE) != 1:
+        raise SystemExit(f"expected one kernel signature '{SIGNATURE}' in the rendered source")
+    return src.replace(SIGNATURE, f"int M, int N_run) {{\n  constexpr int N = {n};")
+
+
+def flagship_configs() -> list[dict]:
+    """The flagship's tma holds around its 1024x131072 winner, and its streaming holds."""
+    out = []
+    for ept, tmax, minb, vec, store in itertools.product((32, 64), (256, 512), (1, 2), (4, 8), ("default", "bulk")):
+        out.append({"EPT": ept, "TMAX": tmax, "MINB": minb, "VEC": vec, "HOLD": "tma", "LOAD": "default",
+                    "STORE": store})
+    for tmax in (512, 1024):
+        out.append({"EPT": 64, "TMAX": tmax, "MINB": 1, "VEC": 8, "HOLD": "none", "LOAD": "default",
+                    "STORE": "cs"})
+    return out
+
+
+def flabel(c: dict) -> str:
+    return f"flagship HOLD={c['HOLD']} EPT={c['EPT']} TMAX={c['TMAX']} MINB={c['MINB']} VEC={c['VEC']} STORE={c['STORE']}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="65536,131072,262144", help="row lengths, multiples of 8")
+    ap.add_argument("--rows", type=int, default=0, help="M of the timed shape (default M * N = 2^27)")
+    ap.add_argument("--top", type=int, default=4, help="kernels listed a kind and size")
+    ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile only")
+    ap.add_argument("--pf", default="3,4,5", help="the run-time template's PF values")
+    a = ap.parse_args()
+
+    import torch
+
+    from range_check import TIME_ELEMS, VERIFY_ELEMS, Gpu, Range, label
+    from runner.build.builder import Builder
+    from runner.spec.spec import load_spec
+
+    r = Range("softmax", ROOT / "pipelines/softmax-range-h200.yaml")
+    pfs = {int(p) for p in a.pf.split(",")}
+
+    class Flagship:
+        spec = load_spec(ROOT / "pipelines/softmax-h200.yaml")
+        sym = "N"
+        shape = staticmethod(lambda n, m: {"M": m, "N": n})
+
+    fr = Flagship()
+    b, fb = Builder(r.spec), Builder(fr.spec)
+    g, fg = (None, None) if a.compile_only else (Gpu(r), Gpu(fr))
+    failures = 0
+    for n in [int(x) for x in a.sizes.split(",") if x]:
+        m = a.rows or max(1, TIME_ELEMS // n)
+        shape = {"M": m, "N": n}
+        # (kind, label, builder, gpu, cfg, source)
+        cands = []
+        for c in r.configs:
+            if c["PF"] in pfs and r.serves(c, n):
+                src = b.render_all(c, shapes=[shape])[0]
+                cands.append((f"PF {c['PF']}", label(c), b, g, c, src))
+                cands.append((f"PF {c['PF']} N fixed", label(c), b, g, c, fix_n(src, n)))
+        for c in flagship_configs():
+            src = fb.render_all(c, shapes=[shape])[0]
+            kind = "flagship tma" if c["HOLD"] == "tma" else "flagship streaming"
+            cands.append((kind, flabel(c), fb, fg, c, src))
+        built = {}
+        for bb in (b, fb):  # each spec's own compile options
+            srcs = list(dict.fromkeys(s for _k, _l, b2, _g, _c, s in cands if b2 is bb))
+            built.update(zip(srcs, bb._compile_all(srcs)))
+        print(f"\nN={n} (M={m}): {len(cands)} kernels, {len(built)} distinct sources", flush=True)
+        ok = []
+        for kind, lab, bb, gg, c, src in cands:
+            res = built[src]
+            spills = res.ok and (res.resources.get("spill_stores") or res.resources.get("spill_loads"))
+            if not res.ok or spills:
+                print(f"  skipped {kind} {lab}: {res.status if not res.ok else 'spills'}", flush=True)
+                continue
+            if "fixed" in kind and not a.compile_only:  # a new kernel: verified at its own N first
+                vm = max(1, min(37, VERIFY_ELEMS // n))
+                why = gg.verify(bb, c, res.artifact, {"M": vm, "N": n}, seed=77, round_=1)
+                if why:
+                    failures += 1
+                    print(f"  FAIL {kind} {lab}: {why}", flush=True)
+                    continue
+            ok.append((kind, lab, bb, gg, c, res.artifact))
+        if a.compile_only:
+            print(f"  {len(ok)} compiled without spills", flush=True)
+            continue
+        src_t = torch.randn(m * n, device="cuda", dtype=torch.bfloat16)
+        dst_t = torch.empty_like(src_t)
+        times: dict[int, list[float]] = {i: [] for i in range(len(ok))}
+        copies = []
+        for _ in range(3):  # interleaved rounds: every kernel and the copy once a round
+            copies.append(g.time(lambda: dst_t.copy_(src_t)))
+            for i, (kind, lab, bb, gg, c, art) in enumerate(ok):
+                times[i].append(gg.timed(bb, c, art, n, m=m)[0])
+        copy = sorted(copies)[1]
+        nbytes = 4 * m * n
+        print(f"  copy {copy * 1e6:.1f} us ({nbytes / copy / 1e12:.2f} TB/s)", flush=True)
+        kinds = list(dict.fromkeys(k for k, *_ in ok))
+        for kind in kinds:
+            rows = sorted((sorted(times[i])[1], lab) for i, (k, lab, *_r) in enumerate(ok) if k == kind)
+            print(f"  {kind}: {len(rows)} kernels", flush=True)
+            for t, lab in rows[:a.top]:
+                print(f"    {t * 1e6:8.1f} us  {nbytes / t / 1e12:5.2f} TB/s  {copy / t:4.2f} of copy  {lab}", flush=True)
+    print(f"\n{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

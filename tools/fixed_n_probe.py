@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=0, help="M of the timed shape (default M * N = 2^27)")
     ap.add_argument("--top", type=int, default=4, help="kernels listed a kind and size")
     ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile only")
+    ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (16384)")
     ap.add_argument("--pf", default="3,4,5", help="the run-time template's PF values")
     a = ap.parse_args()
 
@@ -69,6 +70,17 @@ def main() -> int:
 
     r = Range("softmax", ROOT / "pipelines/softmax-range-h200.yaml")
     pfs = {int(p) for p in a.pf.split(",")}
+    rs = None  # PF 3 with slots of --slot bytes: the range spec with its SLOT derive changed
+    if a.slot:
+        text = (ROOT / "pipelines/softmax-range-h200.yaml").read_text()
+        if 'SLOT: "8192"' not in text:
+            raise SystemExit("the range spec's SLOT derive is not 8192 any more: update this probe")
+        tmp = ROOT / "pipelines/.fixed-n-probe-slot.yaml"
+        tmp.write_text(text.replace('SLOT: "8192"', f'SLOT: "{a.slot}"'))
+        try:
+            rs = Range("softmax", tmp)
+        finally:
+            tmp.unlink()
 
     class Flagship:
         spec = load_spec(ROOT / "pipelines/softmax-h200.yaml")
@@ -78,6 +90,7 @@ def main() -> int:
     fr = Flagship()
     b, fb = Builder(r.spec), Builder(fr.spec)
     g, fg = (None, None) if a.compile_only else (Gpu(r), Gpu(fr))
+    bs = Builder(rs.spec) if rs else None
     failures = 0
     for n in [int(x) for x in a.sizes.split(",") if x]:
         m = a.rows or max(1, TIME_ELEMS // n)
@@ -89,12 +102,18 @@ def main() -> int:
                 src = b.render_all(c, shapes=[shape])[0]
                 cands.append((f"PF {c['PF']}", label(c), b, g, c, src))
                 cands.append((f"PF {c['PF']} N fixed", label(c), b, g, c, fix_n(src, n)))
+        if rs:
+            for c in rs.configs:
+                if c["PF"] == 3 and rs.serves(c, n):
+                    src = bs.render_all(c, shapes=[shape])[0]
+                    cands.append((f"PF 3 SLOT {a.slot}", label(c), bs, g, c, src))
+                    cands.append((f"PF 3 SLOT {a.slot} N fixed", label(c), bs, g, c, fix_n(src, n)))
         for c in flagship_configs():
             src = fb.render_all(c, shapes=[shape])[0]
             kind = "flagship tma" if c["HOLD"] == "tma" else "flagship streaming"
             cands.append((kind, flabel(c), fb, fg, c, src))
         built = {}
-        for bb in (b, fb):  # each spec's own compile options
+        for bb in (x for x in (b, fb, bs) if x):  # each spec's own compile options
             srcs = list(dict.fromkeys(s for _k, _l, b2, _g, _c, s in cands if b2 is bb))
             built.update(zip(srcs, bb._compile_all(srcs)))
         print(f"\nN={n} (M={m}): {len(cands)} kernels, {len(built)} distinct sources", flush=True)

@@ -53,7 +53,8 @@ class BulkError(AssertionError):
 
 
 def cut_of(n: int, cl: int, sc: int) -> tuple[int, int]:
-    """(P, sub) as row_bulk's cut_of: chunks of a block's part, slots a part spans."""
+    """(P, slots the part's chunks span): row_bulk's P; its pieces a part are SUBMAX, of which
+    the ones past the part's chunks are empty."""
     low = n & -n
     nvm = (n + 8 - min(low, 8) + 7) >> 3
     p = (nvm + cl - 1) // cl
@@ -171,7 +172,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
     if slot % (tpr * 16) or tpr % 32:
         raise BulkError("SLOT must be a whole multiple of the block's chunks")
     nw = tpr // 32
-    P, sub = cut_of(n, cl, sc)
+    P, _ = cut_of(n, cl, sc)
+    sub = -(-(tpr * items) // sc)  # the template's pieces a part: SUBMAX, empty past the part's chunks
     if P > tpr * items:
         raise BulkError(f"N={n}: a part of {P} chunks exceeds TPR * ITEMS = {tpr * items} (the kernel traps)")
     submax = -(-(tpr * items) // sc)

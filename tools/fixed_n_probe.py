@@ -19,6 +19,7 @@ at its N before it is timed.
 from __future__ import annotations
 
 import argparse
+import re
 import itertools
 import sys
 from pathlib import Path
@@ -34,6 +35,28 @@ def fix_n(src: str, n: int) -> str:
     if src.count(SIGNATURE) != 1:
         raise SystemExit(f"expected one kernel signature '{SIGNATURE}' in the rendered source")
     return src.replace(SIGNATURE, f"int M, int N_run) {{\n  constexpr int N = {n};")
+
+
+CUT = "const Cut c = cut_of(N);"
+SPAN = "s.off = (int)(start & 7);"
+
+
+def patched(src: str, n: int, cfg: dict, which: str) -> str | None:
+    """PF 3's source with part of what N decides made a constant (for bisecting what the
+    run-time N costs): "cut", the launch's cut (P = PMAX chunks a part, SUBMAX pieces; only
+    where N gives every block a full part); "span", rows on chunk boundaries (N % 8 == 0)."""
+    out = src
+    for w in which.split("+"):
+        if w == "cut":
+            nvm = (n + 8 - min(n & -n, 8) + 7) >> 3
+            if -(-nvm // cfg["CL"]) != cfg["TPR"] * cfg["ITEMS"] or out.count(CUT) != 1:
+                return None
+            out = out.replace(CUT, "Cut c = cut_of(N); c.P = PMAX; c.sub = SUBMAX;")
+        elif w == "span":
+            if n % 8 or out.count(SPAN) != 1:
+                return None
+            out = out.replace(SPAN, "s.off = 0;")
+    return out
 
 
 def flagship_configs() -> list[dict]:
@@ -58,7 +81,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=0, help="M of the timed shape (default M * N = 2^27)")
     ap.add_argument("--top", type=int, default=4, help="kernels listed a kind and size")
     ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile only")
-    ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (16384)")
+    ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (e.g. 8192)")
+    ap.add_argument("--patch", default="", help="PF 3 with parts of N's cut constant: cut, span, cut+span")
     ap.add_argument("--pf", default="3,4,5", help="the run-time template's PF values")
     a = ap.parse_args()
 
@@ -73,10 +97,11 @@ def main() -> int:
     rs = None  # PF 3 with slots of --slot bytes: the range spec with its SLOT derive changed
     if a.slot:
         text = (ROOT / "pipelines/softmax-range-h200.yaml").read_text()
-        if 'SLOT: "8192"' not in text:
-            raise SystemExit("the range spec's SLOT derive is not 8192 any more: update this probe")
+        old = re.search(r'SLOT: "(\d+)"', text)
+        if not old:
+            raise SystemExit("the range spec has no SLOT derive any more: update this probe")
         tmp = ROOT / "pipelines/.fixed-n-probe-slot.yaml"
-        tmp.write_text(text.replace('SLOT: "8192"', f'SLOT: "{a.slot}"'))
+        tmp.write_text(text.replace(old.group(0), f'SLOT: "{a.slot}"'))
         try:
             rs = Range("softmax", tmp)
         finally:
@@ -108,6 +133,13 @@ def main() -> int:
                     src = bs.render_all(c, shapes=[shape])[0]
                     cands.append((f"PF 3 SLOT {a.slot}", label(c), bs, g, c, src))
                     cands.append((f"PF 3 SLOT {a.slot} N fixed", label(c), bs, g, c, fix_n(src, n)))
+        for which in [w for w in a.patch.split(",") if w]:  # PF 3 with part of N's cut a constant
+            for rr, bb, tag in ((r, b, ""), (rs, bs, f" SLOT {a.slot}")):
+                for c in (rr.configs if rr else []):
+                    if c["PF"] == 3 and rr.serves(c, n):
+                        src = patched(bb.render_all(c, shapes=[shape])[0], n, c, which)
+                        if src:
+                            cands.append((f"PF 3{tag} +{which}", label(c), bb, g, c, src))
         for c in flagship_configs():
             src = fb.render_all(c, shapes=[shape])[0]
             kind = "flagship tma" if c["HOLD"] == "tma" else "flagship streaming"
@@ -124,7 +156,7 @@ def main() -> int:
             if not res.ok or spills:
                 print(f"  skipped {kind} {lab}: {res.status if not res.ok else 'spills'}", flush=True)
                 continue
-            if "fixed" in kind and not a.compile_only:  # a new kernel: verified at its own N first
+            if ("fixed" in kind or "+" in kind) and not a.compile_only:  # a new kernel: verified at its own N first
                 vm = max(1, min(37, VERIFY_ELEMS // n))
                 why = gg.verify(bb, c, res.artifact, {"M": vm, "N": n}, seed=77, round_=1)
                 if why:

@@ -1,10 +1,9 @@
-"""PF = 4 and 5 of softmax_rt and rmsnorm_rt (a row read twice: the reduction from a first read,
-the output from a second that finds the part in L2; PF = 5 on a persistent grid with a row's
-second read beside the next row's first; common/row_twice.cuh.j2) without a GPU: the specs'
-configurations, their rendered sources, and a host model of the kernel's cut of a row into
-rounds and partial edge chunks and of its online (max, sum) arithmetic, on rows at every
-16-byte offset. The GPU check is `tools/range_check.py --ops softmax,rmsnorm --only PF=4,5
---all` on the H200 (notebook, "The long rows read twice")."""
+"""PF = 4 of softmax_rt and rmsnorm_rt (a row read twice: the reduction from a first read, the
+output from a second that finds the part in L2; common/row_twice.cuh.j2) without a GPU: the
+specs' configurations, their rendered sources, and a host model of the kernel's cut of a row
+into rounds and partial edge chunks and of its online (max, sum) arithmetic, on rows at every
+16-byte offset. The GPU check is `tools/range_check.py --ops softmax,rmsnorm --only PF=4 --all`
+on the H200 (notebook, "The long rows read twice")."""
 
 from __future__ import annotations
 
@@ -69,23 +68,7 @@ def test_pf4_configurations_stream_whole_rows_of_16384_and_more(spec):
         assert sum(spec.serves(c, n) for c in pf4) >= 4, n
 
 
-def test_pf5_configurations_take_every_row_once_on_a_persistent_grid(spec):
-    grid, block, smem = launch(spec)
-    for cfg in twice_configs(spec, 5, 24, (2, 3)):
-        assert spec.serves(cfg, max(16384, (spec.cap(cfg) + 1) // 2)) and spec.serves(cfg, spec.hi)
-        for m in (1, 3, 37, 2011, 100003):
-            e = spec.env(cfg, {"M": m, "N": 65536})
-            gr = grid(e)
-            assert gr % cfg["CL"] == 0 and block(e) == cfg["TPR"] and smem(e) == 0
-            g = gr // cfg["CL"]
-            # the clusters that fit at once, MINB blocks an SM (clusters of 4 and 8 on 120 SMs)
-            assert g == min(m, (132 if cfg["CL"] <= 2 else 120) * e["MINB"] // cfg["CL"])
-            # cluster c takes rows c, c + G, ...: every row once
-            rows = sorted(r for c in range(g) for r in range(c, m, g))
-            assert rows == list(range(m))
-
-
-def test_pf4_and_pf5_sources_carry_the_l2_hints_and_other_paths_do_not(spec):
+def test_pf4_sources_carry_the_l2_hints_and_other_paths_do_not(spec):
     from runner.build.builder import Builder
 
     b = Builder(spec.spec)
@@ -97,23 +80,17 @@ def test_pf4_and_pf5_sources_carry_the_l2_hints_and_other_paths_do_not(spec):
         assert "row_at(x, y, blockIdx.x / CL, M, N, g)" in s and "__stcs(" in s
         # one source serves every N: the sizes are launch arguments
         assert s == b.render_all(cfg, shapes=[spec.shape(262139, 37)])[0]
-    for cfg in [c for c in spec.configs if c["PF"] == 5][::5]:
-        s = b.render_all(cfg, shapes=[spec.shape(65536, 1)])[0]
-        assert "createpolicy.fractional.L2::evict_last" in s and "ld.global.cs" in s
-        # a round of the next row's first read beside a round of this row's second read
-        assert s.index("first_round(pb, b, q0, pol);") < s.index("again_round(pa, a, q0);") < s.index("fold(pb")
-        assert s == b.render_all(cfg, shapes=[spec.shape(262139, 37)])[0]
     for cfg in [c for c in spec.configs if c["PF"] < 4][::20]:
         s = b.render_all(cfg, shapes=[spec.shape(spec.lo, 1)])[0]
         assert "createpolicy" not in s and "whole_of" not in s
 
 
 @pytest.mark.slow
-def test_pf4_and_pf5_sources_compile_without_spills(spec):
+def test_pf4_sources_compile_without_spills(spec):
     from runner.build.builder import Builder
 
     b = Builder(spec.spec)
-    pick = [c for c in spec.configs if (c["PF"] == 4 and c["ITEMS"] == 6) or (c["PF"] == 5 and c["ITEMS"] == 3)][::3]
+    pick = [c for c in spec.configs if c["PF"] == 4 and c["ITEMS"] == 6][::2]
     srcs = [b.render_all(c, shapes=[spec.shape(65536, 1)])[0] for c in pick]
     for cfg, c in zip(pick, b._compile_all(srcs)):
         assert c.ok, (cfg, c.reason)

@@ -28,9 +28,14 @@ def geos():
 # -- the spec ----------------------------------------------------------------------------------
 
 def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
-    assert 10 <= len(geos) <= 30
+    assert 10 <= len(geos) <= 45
     r = geos[0][0]
-    assert len(r.configs) == 331  # with the fill buckets (ITEMS 5 and 7) and the rows read twice (PF 4)
+    assert len(r.configs) == 346  # with the fill buckets (ITEMS 5 and 7), the rows read twice (PF 4), ALIGN
+    # line-aligned copies (ALIGN = 1) only for PF = 3 with plain stores: one per plain geometry
+    aligned = [g[1] for g in geos if g[1]["ALIGN"] == 1]
+    assert aligned and all(c["STORE"] == "default" for c in aligned)
+    assert {(c["TPR"], c["ITEMS"], c["CL"]) for c in aligned} == {(g[2], g[3], g[4]) for g in geos if not g[7]}
+    assert all(c["ALIGN"] == 0 for c in r.configs if c["PF"] != 3)
     caps = sorted({g[-1] for g in geos})
     assert caps[0] >= 16384 and caps[-1] == 262144
     for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
@@ -47,9 +52,11 @@ def test_pf3_geometry_fits_the_h200(geos):
         assert slot % (tpr * 16) == 0
         submax = -(-(tpr * items * 16) // slot)
         assert nslot >= 2 * submax
-        # the ring and a few KiB of static arrays: 227 KiB a block, MINB blocks in the SM's 228 KiB
-        assert nslot * slot + 3072 <= 232448
-        assert minb * (nslot * slot + 3072) <= 233472
+        # the ring (ALIGN: 128 bytes more a slot) and a few KiB of static arrays: 227 KiB a block,
+        # MINB blocks in the SM's 228 KiB
+        ring = nslot * (slot + 128 * cfg["ALIGN"])
+        assert ring + 3072 <= 232448
+        assert minb * (ring + 3072) <= 233472
         # registers: the f32 hold of ITEMS * 8 floats under the launch bound's cap
         warps = (tpr + 32) // 32 * minb
         cap_regs = 65536 // (warps * 32) // 8 * 8
@@ -62,7 +69,7 @@ def test_pf3_geometry_fits_the_h200(geos):
             grid = compile_expr(spec["grid"])(e)
             block = compile_expr(spec["block"])(e)
             smem = compile_expr(spec["shared_mem"])(e)
-            assert block == tpr + 32 and smem == nslot * slot
+            assert block == tpr + 32 and smem == nslot * (slot + 128 * cfg["ALIGN"])  # ALIGN: the spill's 128 bytes
             assert grid % cl == 0 and grid // cl == min(m, (132 if cl <= 2 else 120) * minb // cl)
 
 
@@ -115,9 +122,10 @@ def small_sizes(tpr, items, cl, rng):
     return out
 
 
-@pytest.mark.parametrize("bulk", [False, True], ids=["plain", "bulk"])
+@pytest.mark.parametrize("bulk, align", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "bulk", "aligned"])
 @pytest.mark.parametrize("geo", SMALL, ids=lambda g: "T{}-I{}-CL{}-S{}x{}".format(*g))
-def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk):
+def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, align):
     tpr, items, cl, slot, nslot = geo
     rng = random.Random(tpr * 7 + items * 3 + cl)
     ns = small_sizes(tpr, items, cl, rng)
@@ -126,7 +134,7 @@ def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk):
         _, sub = bulk_model.cut_of(n, cl, slot // 16)
         wrap = 2 * (nslot // max(sub, 1) + 2) + 1  # rows enough to wrap the ring twice a cluster
         for m, G, seed in ((1, 2, n), (3, 2, n + 1), (wrap, 2, n + 2), (wrap + 2, 3, n + 3)):
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed, align=align)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -138,6 +146,7 @@ def test_ring_is_correct_under_many_schedules(seed):
 
 @pytest.mark.parametrize("broken, bulk, why", [
     ((), True, None),
+    (("no_spill",), "aligned", "holds"),               # ALIGN: the last piece without the shift's spill
     (("release_early",), True, "bulk store of slot"),   # slots back before their store read them
     (("partial_bulk",), True, "bulk store of slot|y written"),  # the row's partial last chunk in bulk
     (("parity",), False, "holds|deadlock|lapped"),      # a full wait one phase off
@@ -145,6 +154,10 @@ def test_ring_is_correct_under_many_schedules(seed):
 ])
 def test_the_model_catches_a_protocol_out_of_step(broken, bulk, why):
     kw = dict(broken=frozenset(broken))
+    if bulk == "aligned":  # full parts (N = 4089: 256 chunks a block) start anywhere in a line
+        bulk, kw["align"] = False, True
+        for seed in range(3):  # the same without the mistake passes
+            bulk_model.check(64, 4, 2, 1024, 8, bulk, 4089, 19, G=2, seed=seed, align=True)
     if why is None:
         for seed in range(3):
             bulk_model.check(64, 4, 2, 1024, 8, bulk, 4089, 19, G=2, seed=seed, **kw)
@@ -178,15 +191,16 @@ def test_ring_on_the_specs_own_geometries(geos):
     rng = random.Random(3)
     done = set()
     for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
-        if cl == 8 and (tpr, items, bulk) in done:
+        align = cfg["ALIGN"] == 1
+        if cl == 8 and (tpr, items, bulk, align) in done:
             continue  # the largest clusters are slow to model: one each
-        done.add((tpr, items, bulk))
+        done.add((tpr, items, bulk, align))
         lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
         ns = [n for n in (hi, hi - 7, lo, rng.randint(lo, hi) | 1) if r.serves(cfg, n)]
         for n in ns:
             _, sub = bulk_model.cut_of(n, cl, slot // 16)
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n)
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n + 1)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n, align=align)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n + 1, align=align)
 
 
 # -- the arithmetic of a row ---------------------------------------------------------------------

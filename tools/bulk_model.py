@@ -162,12 +162,16 @@ class Barrier:
 
 
 def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
-             seed: int = 0, broken: frozenset = frozenset()) -> np.ndarray:
+             seed: int = 0, broken: frozenset = frozenset(), align: bool = False) -> np.ndarray:
     """Runs clusters 0 ... G - 1 of a persistent grid over m rows of n; returns how many times
     each element of y (its 16-byte chunks' elements) was written. `broken` names mistakes the
     tests make on purpose: "release_early" (the bulk path gives a row's slots back as soon as
     it is read), "parity" (the full wait one phase off), "partial_bulk" (the bulk store takes
-    the row's partial last chunk), "no_mask" (the neighbours' elements not masked)."""
+    the row's partial last chunk), "no_mask" (the neighbours' elements not masked), "no_spill"
+    (ALIGN: the last piece does not carry the shift's spill). `align`: ALIGN = 1, each part's
+    stream starting at the 128-byte line of its first chunk (plain stores only)."""
+    if align and bulk:
+        raise BulkError("ALIGN takes plain stores")
     sc = slot // 16
     if slot % (tpr * 16) or tpr % 32:
         raise BulkError("SLOT must be a whole multiple of the block's chunks")
@@ -188,7 +192,7 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
     for cid in range(G):
         mine = (m - 1 - cid) // G + 1 if cid < m else 0
         # the cluster's blocks
-        rings = [np.full((nslot, sc), GARBAGE, np.int64) for _ in range(cl)]
+        rings = [np.full((nslot, sc + (8 if align else 0)), GARBAGE, np.int64) for _ in range(cl)]
         full = [[MBar(1, f"block {r} full[{i}]") for i in range(nslot)] for r in range(cl)]
         empty = [[MBar(nw, f"block {r} empty[{i}]") for i in range(nslot)] for r in range(cl)]
         clb = [[MBar(1, f"block {r} clb[{i}]") for i in range(2)] for r in range(cl)]
@@ -200,23 +204,29 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
         def bulk_slot(s: int, i: int) -> int:
             return s + i if s + i < nslot else s + i - nslot
 
+        def shift(base: int, a: int, pc: int) -> int:
+            """part_shift: chunks the stream starts ahead of the part (ALIGN)."""
+            return (base + a) & 7 if align and pc else 0
+
         def producer(rank: int):
             a = rank * P
             nn = 0
             for k in range(mine):
                 base, off, nv = span_of(cid + k * G, n)
                 pc = part_len(nv, a, P)
+                sh = shift(base, a, pc)
                 for i in range(sub):
                     sl = nn % nslot
                     if nn >= nslot:
                         e = empty[rank][sl]
                         ph = nn // nslot - 1
                         yield (lambda e=e, ph=ph: e.passed(ph & 1, ph))
-                    q = pc - i * sc
-                    ln = 0 if q <= 0 else min(q, sc)
+                    q = sh + pc - i * sc
+                    most = sc + 8 if align and i == sub - 1 and "no_spill" not in broken else sc
+                    ln = 0 if q <= 0 else min(q, most)
                     full[rank][sl].expect_arrive(ln * 16)
                     if ln:
-                        src = base + a + i * sc + np.arange(ln)
+                        src = base + a - sh + i * sc + np.arange(ln)
                         if src[0] < 0 or src[-1] >= nchunks:
                             raise BulkError(f"a copy from outside x: chunks {src[0]}..{src[-1]} of {nchunks}")
                         rings[rank][sl, :ln] = GARBAGE  # in flight: nobody may rely on these bytes
@@ -237,6 +247,7 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                 row = cid + k * G
                 base, off, nv = span_of(row, n)
                 pc = part_len(nv, a, P)
+                sh = shift(base, a, pc)
                 for i in range(sub):
                     sl = bulk_slot(s0, i)
                     ph = (n0 + i) // nslot
@@ -248,15 +259,23 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                 for it in range(items):
                     q = it * tpr + t
                     on = q < pc
-                    sl = bulk_slot(s0, it * tpr // sc)
-                    pos = it * tpr % sc + t
+                    if align:  # bulk_at: the place in the stream, past the last piece's SC its spill
+                        p = q + sh
+                        pi = np.minimum(p // sc, sub - 1)
+                        sl = np.array([bulk_slot(s0, int(i)) for i in pi])
+                        pos = p - pi * sc
+                        if np.any(pos >= rings[rank].shape[1]):
+                            raise BulkError(f"N={n} row {row}: a read past the slot's {rings[rank].shape[1]} chunks")
+                    else:
+                        sl = np.full(32, bulk_slot(s0, it * tpr // sc))
+                        pos = it * tpr % sc + t
                     got = rings[rank][sl, pos]
                     want = base + a + q + 1
                     if np.any(on & (got != want)):
                         bad = int(np.argmax(on & (got != want)))
-                        raise BulkError(f"N={n} row {row} block {rank} warp {w}: slot {sl} position {pos[bad]} "
+                        raise BulkError(f"N={n} row {row} block {rank} warp {w}: slot {sl[bad]} position {pos[bad]} "
                                         f"holds {got[bad]}, not x chunk {want[bad] - 1}")
-                    held.append((it, q[on], sl, pos[on]))
+                    held.append((it, q[on], sl[on], pos[on]))
                     # the row's elements of these chunks, the neighbours' masked by index
                     qq = a + q[on]
                     e = 8 * qq[:, None] - off + np.arange(8)[None, :]
@@ -296,7 +315,7 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                     ge = (base + qq)[:, None] * 8 + np.arange(8)[None, :]
                     np.add.at(written, ge[~whole[:, None] & inrow], 1)  # store_part
                     if bulk:
-                        rings[rank][sl, pos[whole]] = -(base + qq[whole] + 1)  # y's chunk c as -(c + 1)
+                        rings[rank][sl[whole], pos[whole]] = -(base + qq[whole] + 1)  # y's chunk c as -(c + 1)
                     else:
                         np.add.at(written, ge[whole].ravel(), 1)
                 if bulk:
@@ -349,8 +368,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
 
 
 def check(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
-          seed: int = 0, broken: frozenset = frozenset()) -> None:
-    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken)
+          seed: int = 0, broken: frozenset = frozenset(), align: bool = False) -> None:
+    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken, align)
     if np.any(w[: m * n] != 1) or np.any(w[m * n:] != 0):
         bad = int(np.argmax(w[: m * n] != 1)) if np.any(w[: m * n] != 1) else m * n
         raise BulkError(f"TPR={tpr} ITEMS={items} CL={cl} N={n} M={m}: y written {w[: m * n].min()}.."
@@ -472,13 +491,14 @@ def main() -> int:
                 P, sub = cut_of(n, cl, slot // 16)
                 rows = 2 * (nslot // max(sub, 1) + 2) + 1  # the ring wraps twice in a cluster
                 for m in (1, rows):
-                    check(tpr, items, cl, slot, nslot, bulk, n, m, G=2, seed=n + m)
+                    check(tpr, items, cl, slot, nslot, bulk, n, m, G=2, seed=n + m, align=cfg.get("ALIGN") == 1)
             if a.every:
                 lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
                 ns_all = np.arange(lo, hi + 1, dtype=np.int64)
                 nv = (ns_all + 8 - np.minimum(8, ns_all & -ns_all) + 7) // 8
                 check_fit(tpr, items, cl, ns_all[(nv <= cap // 8) & (4 * ns_all > cap)])
-            print(f"ok   TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} (CAP {cap}, NSLOT {nslot}): N {ns}")
+            print(f"ok   TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} ALIGN={cfg.get('ALIGN', 0)} "
+                  f"(CAP {cap}, NSLOT {nslot}): N {ns}")
         except BulkError as e:
             fails += 1
             print(f"FAIL TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']}: {e}")

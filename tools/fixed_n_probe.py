@@ -2,39 +2,42 @@
 
 At each size N (M * N = 2^27 unless --rows), three kinds of kernel are timed side by side with
 the L2 flushed, beside a device copy of the same bytes:
-- the fixed-size flagship's kernels (`pipelines/softmax-h200.yaml`, N compiled in): its tma hold
-  (the bulk-copy ring, 0.90 of copy at 1024x131072) and its streaming hold (the row read twice);
-- the run-time template's long-row configurations (`pipelines/softmax-range-h200.yaml`, PF 3, 4
-  and 5) that serve N, as the range runs build them;
+- the fixed-size flagship's kernels (`pipelines/OP-h200.yaml`, N compiled in): softmax's tma hold
+  (the bulk-copy ring, 0.90 of copy at 1024x131072) and streaming hold (the row read twice);
+  RMSNorm's ring, register and streaming holds;
+- the run-time template's long-row configurations (`pipelines/OP-range-h200.yaml`; softmax PF 3
+  and 4, RMSNorm PF 1, 2 and 4 unless --pf) that serve N, as the range runs build them;
 - the same run-time configurations with N compiled in: the rendered source's N argument renamed
   and N declared a constant, so that the compiler folds the row's cut as the flagship's does.
 
 If the run-time configurations with N compiled in reach the flagship's time, the cost is the
 run-time arithmetic; if they stay where the run-time ones are, it is the structure (piece size,
 ring depth, grid). Every kernel with N compiled in is verified against the float64 reference
-at its N before it is timed.
+at its N before it is timed. Softmax's PF 3 can also be timed with other slots (--slot) and with
+parts of its cut made constant (--patch), to bisect what the run-time N costs.
 
-    python tools/fixed_n_probe.py --sizes 65536,131072,262144 [--rows M] [--top 4]
+    python tools/fixed_n_probe.py [--op rmsnorm] --sizes 65536,131072,262144 [--rows M] [--top 4]
+    python tools/fixed_n_probe.py --compile-only ...     # no GPU: render and compile every kernel
 """
 from __future__ import annotations
 
 import argparse
-import re
 import itertools
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-SIGNATURE = "int M, int N) {"
+SIGNATURE = "int N) {"  # the kernel's last argument (softmax: M, N; RMSNorm: M, eps, N)
 
 
 def fix_n(src: str, n: int) -> str:
     """The source with the kernel's N argument ignored and N a compile-time constant."""
     if src.count(SIGNATURE) != 1:
         raise SystemExit(f"expected one kernel signature '{SIGNATURE}' in the rendered source")
-    return src.replace(SIGNATURE, f"int M, int N_run) {{\n  constexpr int N = {n};")
+    return src.replace(SIGNATURE, f"int N_run) {{\n  constexpr int N = {n};")
 
 
 CUT = "const Cut c = cut_of(N);"
@@ -59,9 +62,16 @@ def patched(src: str, n: int, cfg: dict, which: str) -> str | None:
     return out
 
 
-def flagship_configs() -> list[dict]:
-    """The flagship's tma holds around its 1024x131072 winner, and its streaming holds."""
+def flagship_configs(op: str) -> list[dict]:
+    """softmax: the flagship's tma holds around its 1024x131072 winner, and its streaming holds;
+    RMSNorm: its rings around its 2048x65536 winner, and its register and streaming holds."""
     out = []
+    if op == "rmsnorm":
+        for ept, tmax, minb, vec, hold in itertools.product((32, 64), (512, 1024), (1, 2), (4, 8),
+                                                            ("ring", "f32", "none")):
+            out.append({"EPT": ept, "TMAX": tmax, "MINB": minb, "VEC": vec, "HOLD": hold, "LOAD": "default",
+                        "STORE": "default"})
+        return out
     for ept, tmax, minb, vec, store in itertools.product((32, 64), (256, 512), (1, 2), (4, 8), ("default", "bulk")):
         out.append({"EPT": ept, "TMAX": tmax, "MINB": minb, "VEC": vec, "HOLD": "tma", "LOAD": "default",
                     "STORE": store})
@@ -77,13 +87,14 @@ def flabel(c: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="65536,131072,262144", help="row lengths, multiples of 8")
+    ap.add_argument("--op", default="softmax", choices=("softmax", "rmsnorm"))
+    ap.add_argument("--sizes", default="65536,131072,262144", help="row lengths (the flagship's tma hold: multiples of 8)")
     ap.add_argument("--rows", type=int, default=0, help="M of the timed shape (default M * N = 2^27)")
     ap.add_argument("--top", type=int, default=4, help="kernels listed a kind and size")
     ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile only")
     ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (e.g. 8192)")
     ap.add_argument("--patch", default="", help="PF 3 with parts of N's cut constant: cut, span, cut+span")
-    ap.add_argument("--pf", default="3,4,5", help="the run-time template's PF values")
+    ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,4)")
     a = ap.parse_args()
 
     import torch
@@ -92,10 +103,10 @@ def main() -> int:
     from runner.build.builder import Builder
     from runner.spec.spec import load_spec
 
-    r = Range("softmax", ROOT / "pipelines/softmax-range-h200.yaml")
-    pfs = {int(p) for p in a.pf.split(",")}
+    r = Range(a.op, ROOT / f"pipelines/{a.op}-range-h200.yaml")
+    pfs = {int(p) for p in (a.pf or ("3,4" if a.op == "softmax" else "1,2,4")).split(",")}
     rs = None  # PF 3 with slots of --slot bytes: the range spec with its SLOT derive changed
-    if a.slot:
+    if a.slot and a.op == "softmax":
         text = (ROOT / "pipelines/softmax-range-h200.yaml").read_text()
         old = re.search(r'SLOT: "(\d+)"', text)
         if not old:
@@ -103,12 +114,12 @@ def main() -> int:
         tmp = ROOT / "pipelines/.fixed-n-probe-slot.yaml"
         tmp.write_text(text.replace(old.group(0), f'SLOT: "{a.slot}"'))
         try:
-            rs = Range("softmax", tmp)
+            rs = Range(a.op, tmp)
         finally:
             tmp.unlink()
 
     class Flagship:
-        spec = load_spec(ROOT / "pipelines/softmax-h200.yaml")
+        spec = load_spec(ROOT / f"pipelines/{a.op}-h200.yaml")
         sym = "N"
         shape = staticmethod(lambda n, m: {"M": m, "N": n})
 
@@ -140,9 +151,10 @@ def main() -> int:
                         src = patched(bb.render_all(c, shapes=[shape])[0], n, c, which)
                         if src:
                             cands.append((f"PF 3{tag} +{which}", label(c), bb, g, c, src))
-        for c in flagship_configs():
+        for c in flagship_configs(a.op):
             src = fb.render_all(c, shapes=[shape])[0]
-            kind = "flagship tma" if c["HOLD"] == "tma" else "flagship streaming"
+            kind = {"tma": "flagship tma", "ring": "flagship ring", "f32": "flagship register hold"}.get(
+                c["HOLD"], "flagship streaming")
             cands.append((kind, flabel(c), fb, fg, c, src))
         built = {}
         for bb in (x for x in (b, fb, bs) if x):  # each spec's own compile options

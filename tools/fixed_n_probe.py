@@ -6,7 +6,7 @@ the L2 flushed, beside a device copy of the same bytes:
   (the bulk-copy ring, 0.90 of copy at 1024x131072) and streaming hold (the row read twice);
   RMSNorm's ring, register and streaming holds;
 - the run-time template's long-row configurations (`pipelines/OP-range-h200.yaml`; softmax PF 3
-  and 4, RMSNorm PF 1, 2 and 4 unless --pf) that serve N, as the range runs build them;
+  and 4, RMSNorm PF 1, 2, 3 and 4 unless --pf) that serve N, as the range runs build them;
 - the same run-time configurations with N compiled in: the rendered source's N argument renamed
   and N declared a constant, so that the compiler folds the row's cut as the flagship's does.
 
@@ -94,7 +94,7 @@ def main() -> int:
     ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile only")
     ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (e.g. 8192)")
     ap.add_argument("--patch", default="", help="PF 3 with parts of N's cut constant: cut, span, cut+span")
-    ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,4)")
+    ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,3,4)")
     a = ap.parse_args()
 
     import torch
@@ -104,7 +104,7 @@ def main() -> int:
     from runner.spec.spec import load_spec
 
     r = Range(a.op, ROOT / f"pipelines/{a.op}-range-h200.yaml")
-    pfs = {int(p) for p in (a.pf or ("3,4" if a.op == "softmax" else "1,2,4")).split(",")}
+    pfs = {int(p) for p in (a.pf or ("3,4" if a.op == "softmax" else "1,2,3,4")).split(",")}
     rs = None  # PF 3 with slots of --slot bytes: the range spec with its SLOT derive changed
     if a.slot and a.op == "softmax":
         text = (ROOT / "pipelines/softmax-range-h200.yaml").read_text()

@@ -1,0 +1,91 @@
+"""PF = 3 of rmsnorm_rt (softmax_rt's bulk-copy ring, common/row_bulk.cuh.j2, with RMSNorm's sum
+of squares and weight) without a GPU: the spec's configurations and launches, the rendered
+sources, and their compile. The ring's protocol and its cut of a row are softmax's, modelled by
+tools/bulk_model.py (tests/test_ranges_long.py); the GPU check is `tools/range_check.py --ops
+rmsnorm --only PF=3 --all` on the H200."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+from range_check import Range  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rms():
+    return Range("rmsnorm", ROOT / "pipelines/rmsnorm-range-h200.yaml")
+
+
+def launch(r):
+    from runner.core.expr import compile_expr
+
+    return (compile_expr(r.raw["kernel"][f]) for f in ("grid", "block", "shared_mem"))
+
+
+def test_pf3_configurations_and_their_launch(rms):
+    pf3 = [c for c in rms.configs if c["PF"] == 3]
+    assert len(rms.configs) == 435 and len(pf3) == 30
+    assert {c["ALIGN"] for c in pf3} == {0, 1} and all(c["ALIGN"] == 0 for c in rms.configs if c["PF"] != 3)
+    grid, block, smem = launch(rms)
+    for c in pf3:
+        assert c["TPR"] in (256, 512) and c["ITEMS"] in (6, 8) and c["STORE"] == "cs" and c["WH"] == 0
+        cap = rms.cap(c)
+        assert cap >= 16384
+        e = rms.env(c, {"M": 2 ** 27 // cap, "N": cap})
+        minb, slot, nslot = int(e["MINB"]), int(e["SLOT"]), int(e["NSLOT"])
+        assert minb == 512 // c["TPR"]
+        # the producer warp; the ring of whole 16 KiB slots (ALIGN: 128 bytes more each) in the
+        # SM's 228 KiB with MINB blocks; two parts of SUBMAX pieces at least
+        assert block(e) == c["TPR"] + 32
+        ring = nslot * (slot + 128 * c["ALIGN"])
+        assert smem(e) == ring and minb * (ring + 3072) <= 233472
+        assert nslot >= 2 * -(-(c["TPR"] * c["ITEMS"] * 16) // slot)
+        # a persistent grid: the clusters that fit at once, every row taken once
+        for m in (1, 3, 37, 2 ** 27 // cap + 5):
+            g = grid(rms.env(c, {"M": m, "N": cap})) // c["CL"]
+            assert g == min(m, (132 if c["CL"] <= 2 else 120) * minb // c["CL"])
+            assert sorted(r for k in range(g) for r in range(k, m, g)) == list(range(m))
+        # the bucket: rows that fit, and fill more than a quarter of it
+        assert rms.serves(c, cap) and rms.serves(c, cap // 4 + 1) and not rms.serves(c, cap // 4)
+    # the long rows have several to choose from
+    for n in (16384, 46341, 131071, 262144):
+        assert sum(rms.serves(c, n) for c in pf3) >= 2, n
+
+
+def test_pf3_sources_carry_the_ring_the_sums_and_the_weight(rms):
+    from runner.build.builder import Builder
+
+    b = Builder(rms.spec)
+    pf3 = [c for c in rms.configs if c["PF"] == 3]
+    for c in pf3[::4]:
+        cap = rms.cap(c)
+        s = b.render_all(c, shapes=[rms.shape(cap, 1)])[0]
+        assert "{{" not in s and "{%" not in s
+        assert "cp.async.bulk.shared::cluster.global" in s and "bar.sync 1" in s
+        assert f"#define ALIGN {c['ALIGN']}" in s and "#define BULK 0" in s
+        assert "block_reduce<RSUM>(unused, ss" in s and "rsqrtf(ss / (float)N + eps)" in s
+        assert ("cluster_pair<RSUM>" in s) == (c["CL"] > 1)
+        assert "w_shifted(wv, qq, last, wsh)" in s and "__stcs(" in s
+        # one source serves every N of its bucket
+        assert s == b.render_all(c, shapes=[rms.shape(cap // 4 + 1, 37)])[0]
+    for c in [c for c in rms.configs if c["PF"] != 3][::40]:
+        s = b.render_all(c, shapes=[rms.shape(rms.lo, 1)])[0]
+        assert "mbarrier" not in s and "ALIGN" not in s
+
+
+@pytest.mark.slow
+def test_pf3_sources_compile_without_spills(rms):
+    from runner.build.builder import Builder
+
+    b = Builder(rms.spec)
+    pick = [c for c in rms.configs if c["PF"] == 3 and (c["CL"] in (1, 8))]
+    srcs = [b.render_all(c, shapes=[rms.shape(rms.cap(c), 1)])[0] for c in pick]
+    for cfg, res in zip(pick, b._compile_all(srcs)):
+        assert res.ok, (cfg, res.reason)
+        assert not res.resources.get("spill_stores") and not res.resources.get("spill_loads"), (cfg, res.resources)

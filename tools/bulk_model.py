@@ -229,6 +229,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                         src = base + a - sh + i * sc + np.arange(ln)
                         if src[0] < 0 or src[-1] >= nchunks:
                             raise BulkError(f"a copy from outside x: chunks {src[0]}..{src[-1]} of {nchunks}")
+                        if ln > rings[rank].shape[1]:
+                            raise BulkError(f"a copy of {ln} chunks into a slot of {rings[rank].shape[1]}")
                         rings[rank][sl, :ln] = GARBAGE  # in flight: nobody may rely on these bytes
 
                         def land(rank=rank, sl=sl, ln=ln, src=src):

@@ -180,9 +180,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
     sub = -(-(tpr * items) // sc)  # the template's pieces a part: SUBMAX, empty past the part's chunks
     if P > tpr * items:
         raise BulkError(f"N={n}: a part of {P} chunks exceeds TPR * ITEMS = {tpr * items} (the kernel traps)")
-    submax = -(-(tpr * items) // sc)
-    if nslot < 2 * submax and "small_ring" not in broken:
-        raise BulkError(f"NSLOT {nslot} < 2 * SUBMAX {2 * submax}")
+    if nslot < 2 * sub and "small_ring" not in broken:
+        raise BulkError(f"NSLOT {nslot} < 2 * SUBMAX {2 * sub}")
     nchunks = (m * n + 7) >> 3
     written = np.zeros(nchunks * 8, np.int64)
     seen_all = np.zeros(m * n, np.int64)

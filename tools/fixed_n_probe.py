@@ -51,8 +51,9 @@ def patched(src: str, n: int, cfg: dict, which: str) -> str | None:
     out = src
     for w in which.split("+"):
         if w == "cut":
-            nvm = (n + 8 - min(n & -n, 8) + 7) >> 3
-            if -(-nvm // cfg["CL"]) != cfg["TPR"] * cfg["ITEMS"] or out.count(CUT) != 1:
+            from bulk_model import cut_of  # the template's cut, as the host model has it
+
+            if cut_of(n, cfg["CL"], 1)[0] != cfg["TPR"] * cfg["ITEMS"] or out.count(CUT) != 1:
                 return None
             out = out.replace(CUT, "Cut c = cut_of(N); c.P = PMAX; c.sub = SUBMAX;")
         elif w == "span":

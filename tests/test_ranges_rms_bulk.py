@@ -40,11 +40,12 @@ def test_pf3_configurations_and_their_launch(rms):
         e = rms.env(c, {"M": 2 ** 27 // cap, "N": cap})
         minb, slot, nslot = int(e["MINB"]), int(e["SLOT"]), int(e["NSLOT"])
         assert minb == 512 // c["TPR"]
-        # the producer warp; the ring of whole 16 KiB slots (ALIGN: 128 bytes more each) in the
-        # SM's 228 KiB with MINB blocks; two parts of SUBMAX pieces at least
+        # the producer warp; the ring of whole 16 KiB slots (ALIGN: 128 bytes more each) and the
+        # weight's columns in the SM's 228 KiB with MINB blocks; two parts of SUBMAX pieces at least
         assert block(e) == c["TPR"] + 32
         ring = nslot * (slot + 128 * c["ALIGN"])
-        assert smem(e) == ring and minb * (ring + 3072) <= 233472
+        weight = (c["TPR"] * c["ITEMS"] + 1) * 16  # the block's columns: a part and the chunk before
+        assert smem(e) == ring + weight and minb * (ring + weight + 3072) <= 233472
         assert nslot >= 2 * -(-(c["TPR"] * c["ITEMS"] * 16) // slot)
         # a persistent grid: the clusters that fit at once, every row taken once
         for m in (1, 3, 37, 2 ** 27 // cap + 5):
@@ -71,7 +72,9 @@ def test_pf3_sources_carry_the_ring_the_sums_and_the_weight(rms):
         assert f"#define ALIGN {c['ALIGN']}" in s and "#define BULK 0" in s
         assert "block_reduce<RSUM>(unused, ss" in s and "rsqrtf(ss / (float)N + eps)" in s
         assert ("cluster_pair<RSUM>" in s) == (c["CL"] > 1)
-        assert "w_shifted(wv, qq, last, wsh)" in s and "__stcs(" in s
+        # the weight's columns from shared memory, after the ring, shifted on unaligned rows
+        assert "ring + NSLOT * SSTRIDE" in s and "w_shift(as_pack(ws[q]), as_pack(ws[q + 1]), wsh)" in s
+        assert "__stcs(" in s
         # one source serves every N of its bucket
         assert s == b.render_all(c, shapes=[rms.shape(cap // 4 + 1, 37)])[0]
     for c in [c for c in rms.configs if c["PF"] != 3][::40]:

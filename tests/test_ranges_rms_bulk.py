@@ -30,11 +30,17 @@ def launch(r):
 
 def test_pf3_configurations_and_their_launch(rms):
     pf3 = [c for c in rms.configs if c["PF"] == 3]
-    assert len(rms.configs) == 435 and len(pf3) == 30
+    assert len(rms.configs) == 446 and len(pf3) == 41
     assert {c["ALIGN"] for c in pf3} == {0, 1} and all(c["ALIGN"] == 0 for c in rms.configs if c["PF"] != 3)
+    # line-aligned copies with streaming stores only; bulk stores only on PF = 3, and not where
+    # the ring holds just two parts (TPR 256 ITEMS 8)
+    assert all(c["STORE"] == "cs" for c in pf3 if c["ALIGN"])
+    bulk = [c for c in rms.configs if c["STORE"] == "bulk"]
+    assert len(bulk) == 11 and all(c["PF"] == 3 and c["ALIGN"] == 0 for c in bulk)
+    assert not any(c["TPR"] == 256 and c["ITEMS"] == 8 for c in bulk)
     grid, block, smem = launch(rms)
     for c in pf3:
-        assert c["TPR"] in (256, 512) and c["ITEMS"] in (6, 8) and c["STORE"] == "cs" and c["WH"] == 0
+        assert c["TPR"] in (256, 512) and c["ITEMS"] in (6, 8) and c["STORE"] in ("cs", "bulk") and c["WH"] == 0
         cap = rms.cap(c)
         assert cap >= 16384
         e = rms.env(c, {"M": 2 ** 27 // cap, "N": cap})
@@ -46,7 +52,10 @@ def test_pf3_configurations_and_their_launch(rms):
         ring = nslot * (slot + 128 * c["ALIGN"])
         weight = (c["TPR"] * c["ITEMS"] + 1) * 16  # the block's columns: a part and the chunk before
         assert smem(e) == ring + weight and minb * (ring + weight + 3072) <= 233472
-        assert nslot >= 2 * -(-(c["TPR"] * c["ITEMS"] * 16) // slot)
+        sub = -(-(c["TPR"] * c["ITEMS"] * 16) // slot)
+        # two parts at least; with bulk stores a slot more, for the next row's copies while this
+        # row's store still reads its slots
+        assert nslot >= 2 * sub + (c["STORE"] == "bulk")
         # a persistent grid: the clusters that fit at once, every row taken once
         for m in (1, 3, 37, 2 ** 27 // cap + 5):
             g = grid(rms.env(c, {"M": m, "N": cap})) // c["CL"]
@@ -64,17 +73,17 @@ def test_pf3_sources_carry_the_ring_the_sums_and_the_weight(rms):
 
     b = Builder(rms.spec)
     pf3 = [c for c in rms.configs if c["PF"] == 3]
-    for c in pf3[::4]:
+    for c in pf3[::4] + [c for c in pf3 if c["STORE"] == "bulk"][::5]:
         cap = rms.cap(c)
         s = b.render_all(c, shapes=[rms.shape(cap, 1)])[0]
         assert "{{" not in s and "{%" not in s
         assert "cp.async.bulk.shared::cluster.global" in s and "bar.sync 1" in s
-        assert f"#define ALIGN {c['ALIGN']}" in s and "#define BULK 0" in s
+        assert f"#define ALIGN {c['ALIGN']}" in s and f"#define BULK {int(c['STORE'] == 'bulk')}" in s
         assert "block_reduce<RSUM>(unused, ss" in s and "rsqrtf(ss / (float)N + eps)" in s
         assert ("cluster_pair<RSUM>" in s) == (c["CL"] > 1)
         # the weight's columns from shared memory, after the ring, shifted on unaligned rows
         assert "ring + NSLOT * SSTRIDE" in s and "w_shift(as_pack(ws[q]), as_pack(ws[q + 1]), wsh)" in s
-        assert "__stcs(" in s
+        assert ("__stcs(" in s) == (c["STORE"] == "cs") and "bulk_store_part(y, ring" in s
         # one source serves every N of its bucket
         assert s == b.render_all(c, shapes=[rms.shape(cap // 4 + 1, 37)])[0]
     for c in [c for c in rms.configs if c["PF"] != 3][::40]:
@@ -92,3 +101,28 @@ def test_pf3_sources_compile_without_spills(rms):
     for cfg, res in zip(pick, b._compile_all(srcs)):
         assert res.ok, (cfg, res.reason)
         assert not res.resources.get("spill_stores") and not res.resources.get("spill_loads"), (cfg, res.resources)
+
+
+@pytest.mark.slow
+def test_pf3_ring_protocol_on_the_specs_own_geometries():
+    """The host model of the ring (tools/bulk_model.py: copies, mbarriers, reads, 16-byte and bulk
+    stores) on RMSNorm's PF = 3 geometries, with its own NSLOT (the weight's columns take part
+    of the shared memory): every element of y written once, no slot overwritten while read."""
+    import random
+
+    import bulk_model
+
+    rng = random.Random(5)
+    geos = bulk_model.bulk_geometries("rmsnorm")
+    assert len(geos) == 41 and any(g[7] for g in geos)
+    done = set()
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
+        align = cfg["ALIGN"] == 1
+        if cl >= 4 or (tpr, items, bulk, align) in done:
+            continue  # clusters of 4 and 8 are slow to model: the geometry once at CL 1 or 2
+        done.add((tpr, items, bulk, align))
+        lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
+        for n in [n for n in (hi, hi - 7, rng.randint(lo, hi) | 1) if r.serves(cfg, n)]:
+            _, sub = bulk_model.cut_of(n, cl, slot // 16)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n, align=align)
+    assert len(done) >= 6

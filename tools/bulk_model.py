@@ -6,6 +6,7 @@ and the kernel's float32 arithmetic on one row against float64.
 
     python tools/bulk_model.py            # every PF = 3 geometry of the softmax range spec, sampled N
     python tools/bulk_model.py --every    # ... and the fit of every N of each bucket
+    python tools/bulk_model.py --op rmsnorm   # rmsnorm_rt's PF = 3: the same ring and stores
 
 `simulate` transliterates the template's integer arithmetic (cut_of, span_of, part_len,
 bulk_slot, bulk_at, bulk_produce, bulk_wait, bulk_release, bulk_release_all,
@@ -461,13 +462,13 @@ def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, 
 # ----------------------------------------------------------------------------- the spec
 
 
-def bulk_geometries():
+def bulk_geometries(op: str = "softmax"):
     """(Range, cfg, TPR, ITEMS, CL, SLOT, NSLOT, bulk, CAP) for every PF = 3 configuration of
-    the softmax range spec."""
+    the op's range spec (softmax or rmsnorm: the same ring, the same stores)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
     from range_check import SPECS, Range
 
-    r = Range("softmax", ROOT / SPECS["softmax"])
+    r = Range(op, ROOT / SPECS[op])
     out = []
     for cfg in r.configs:
         if cfg.get("PF") != 3:
@@ -482,10 +483,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", action="store_true", help="also check the fit of every N of each bucket")
     ap.add_argument("--sizes", type=int, default=2, help="random sizes a geometry (and as many odd ones)")
+    ap.add_argument("--op", default="softmax", choices=("softmax", "rmsnorm"))
     a = ap.parse_args()
     rng = random.Random(0)
     fails = 0
-    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in bulk_geometries():
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in bulk_geometries(a.op):
         ns = sample_sizes(r, cfg, cap, rng, a.sizes)
         try:
             for n in ns:

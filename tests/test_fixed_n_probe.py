@@ -51,3 +51,24 @@ def test_the_cut_patch_applies_only_where_every_block_gets_a_full_part():
     assert fixed_n_probe.patched(src, 131071, cfg, "span") is None    # rows off the chunk boundary
     both = fixed_n_probe.patched(src, 131072, cfg, "cut+span")
     assert both is not None and "s.off = 0;" in both and "c.P = PMAX" in both
+
+
+def test_moved_tensors_start_past_the_buffer_start_with_the_same_values():
+    import torch
+
+    t = torch.arange(24, dtype=torch.bfloat16).view(4, 6)
+    for off in (0, 8, 64):
+        v = fixed_n_probe.moved(t, off)
+        assert v.shape == t.shape and v.is_contiguous() and torch.equal(v, t)
+        assert v.data_ptr() - v.untyped_storage().data_ptr() == off * t.element_size()
+    s, d = fixed_n_probe.moved_pair(t.flatten(), 8)
+    assert s.data_ptr() != d.data_ptr() and torch.equal(s, d)
+
+
+def test_offset_must_keep_the_tensors_16_byte_aligned(monkeypatch, capsys):
+    for bad in ("3", "-8"):
+        monkeypatch.setattr(sys, "argv", ["fixed_n_probe.py", "--offset", bad, "--compile-only"])
+        with pytest.raises(SystemExit) as e:
+            fixed_n_probe.main()
+        assert e.value.code == 2
+        assert "--offset takes a multiple of 8" in capsys.readouterr().err

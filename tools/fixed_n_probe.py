@@ -16,8 +16,14 @@ ring depth, grid). Every kernel with N compiled in is verified against the float
 at its N before it is timed. Softmax's PF 3 can also be timed with other slots (--slot) and with
 parts of its cut made constant (--patch), to bisect what the run-time N costs.
 
+--offset E times every kernel (and the copy) a second time with x and y moved E elements past a
+512-byte boundary (the weight stays put): the same N, the same cut, only where the rows' bytes
+start. At E = 8 every row starts 16 bytes into a 32-byte sector; if that costs the kernels what
+N = 131064 costs against 131072, the rows' alignment in memory is the cost, not N's arithmetic.
+
     python tools/fixed_n_probe.py [--op rmsnorm] --sizes 65536,131072,262144 [--rows M] [--top 4]
     python tools/fixed_n_probe.py --compile-only ...     # no GPU: render and compile every kernel
+    python tools/fixed_n_probe.py --op rmsnorm --pf 3 --sizes 131072 --offset 8
 """
 from __future__ import annotations
 
@@ -63,6 +69,41 @@ def patched(src: str, n: int, cfg: dict, which: str) -> str | None:
     return out
 
 
+def moved(t, off: int):
+    """A copy of contiguous `t` that starts `off` elements past the start of a fresh buffer (the
+    caching allocator's blocks start on 512-byte boundaries)."""
+    import torch
+
+    buf = torch.empty(t.numel() + max(off, 1), dtype=t.dtype, device=t.device)
+    v = buf[off:off + t.numel()].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+def moved_pair(src, off: int):
+    """(source, destination) of the copy: both `off` elements past a 512-byte boundary."""
+    return moved(src, off), moved(src, off)
+
+
+_MOVED: dict = {}
+
+
+def timed_moved(gg, bb, cfg: dict, art: str, n: int, m: int, off: int) -> float:
+    """Seconds of one configuration at M x N with x and y (the tensors of M * N elements) moved
+    `off` elements; other inputs (RMSNorm's weight) as they are. The moved tensors are made once
+    a size and offset."""
+    shape, inputs, outs = gg.timing_inputs(n, m)
+    key = (id(gg), n, m, off)
+    if key not in _MOVED:
+        _MOVED.clear()  # the last size's tensors go first
+        _MOVED[key] = ({k: (moved(v, off) if v.numel() == m * n else v) for k, v in inputs.items()},
+                       [moved(o, off) if o.numel() == m * n else o for o in outs])
+    ins, outs2 = _MOVED[key]
+    fn = gg.rt.load(art, gg.r.spec.kernel.entry, gg.kinds)
+    call = gg.rt.prepare(fn, gg.values(shape, ins, outs2), bb.geometry(cfg, [shape])[0], mode="direct")
+    return gg.time(call)
+
+
 def flagship_configs(op: str) -> list[dict]:
     """softmax: the flagship's tma holds around its 1024x131072 winner, and its streaming holds;
     RMSNorm: its rings around its 2048x65536 winner, and its register and streaming holds."""
@@ -96,7 +137,11 @@ def main() -> int:
     ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (e.g. 8192)")
     ap.add_argument("--patch", default="", help="PF 3 with parts of N's cut constant: cut, span, cut+span")
     ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,3,4)")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="also time every kernel with x and y starting this many elements past a 512-byte boundary")
     a = ap.parse_args()
+    if a.offset < 0 or a.offset % 8:
+        ap.error("--offset takes a multiple of 8 elements (the kernels need 16-byte aligned tensors)")
 
     import torch
 
@@ -181,16 +226,30 @@ def main() -> int:
             print(f"  {len(ok)} compiled without spills", flush=True)
             continue
         src_t = torch.randn(m * n, device="cuda", dtype=torch.bfloat16)
-        dst_t = torch.empty_like(src_t)
-        times: dict[int, list[float]] = {i: [] for i in range(len(ok))}
-        copies = []
+        offs = [0, a.offset] if a.offset else [0]
+        runs = [(i, off) for off in offs for i in range(len(ok))]
+        times: dict[tuple[int, int], list[float]] = {k: [] for k in runs}
+        copies: dict[int, list[float]] = {off: [] for off in offs}
+        pairs = {off: moved_pair(src_t, off) for off in offs}
         for _ in range(3):  # interleaved rounds: every kernel and the copy once a round
-            copies.append(g.time(lambda: dst_t.copy_(src_t)))
-            for i, (kind, lab, bb, gg, c, art) in enumerate(ok):
-                times[i].append(gg.timed(bb, c, art, n, m=m)[0])
-        copy = sorted(copies)[1]
+            for off in offs:
+                sv, dv = pairs[off]
+                copies[off].append(g.time(lambda: dv.copy_(sv)))
+            for i, off in runs:
+                _kind, _lab, bb, gg, c, art = ok[i]
+                times[(i, off)].append(gg.timed(bb, c, art, n, m=m)[0] if off == 0 else
+                                       timed_moved(gg, bb, c, art, n, m, off))
+        copy = sorted(copies[0])[1]
         nbytes = 4 * m * n
         print(f"  copy {copy * 1e6:.1f} us ({nbytes / copy / 1e12:.2f} TB/s)", flush=True)
+        if a.offset:
+            cm = sorted(copies[a.offset])[1]
+            print(f"  copy @+{a.offset} {cm * 1e6:.1f} us ({nbytes / cm / 1e12:.2f} TB/s)", flush=True)
+        for (i, off), ts in list(times.items()):  # the moved kernels as kinds of their own
+            if off:
+                ok.append((f"{ok[i][0]} @+{off}", *ok[i][1:]))
+                times[(len(ok) - 1, 0)] = ts
+        times = {i: ts for (i, off), ts in times.items() if off == 0}
         kinds = list(dict.fromkeys(k for k, *_ in ok))
         for kind in kinds:
             rows = sorted((sorted(times[i])[1], lab) for i, (k, lab, *_r) in enumerate(ok) if k == kind)

@@ -98,10 +98,7 @@ def timed_moved(gg, bb, cfg: dict, art: str, n: int, m: int, off: int) -> float:
         _MOVED.clear()  # the last size's tensors go first
         _MOVED[key] = ({k: (moved(v, off) if v.numel() == m * n else v) for k, v in inputs.items()},
                        [moved(o, off) if o.numel() == m * n else o for o in outs])
-    ins, outs2 = _MOVED[key]
-    fn = gg.rt.load(art, gg.r.spec.kernel.entry, gg.kinds)
-    call = gg.rt.prepare(fn, gg.values(shape, ins, outs2), bb.geometry(cfg, [shape])[0], mode="direct")
-    return gg.time(call)
+    return gg.timed_on(bb, cfg, art, shape, *_MOVED[key])
 
 
 def flagship_configs(op: str) -> list[dict]:
@@ -227,32 +224,26 @@ def main() -> int:
             continue
         src_t = torch.randn(m * n, device="cuda", dtype=torch.bfloat16)
         offs = [0, a.offset] if a.offset else [0]
-        runs = [(i, off) for off in offs for i in range(len(ok))]
-        times: dict[tuple[int, int], list[float]] = {k: [] for k in runs}
+        # (kind, label, builder, gpu, cfg, artifact, offset): the moved kernels as kinds of their own
+        runs = [(*k, 0) for k in ok] + [(f"{k[0]} @+{a.offset}", *k[1:], a.offset) for k in ok if a.offset]
+        times: list[list[float]] = [[] for _ in runs]
         copies: dict[int, list[float]] = {off: [] for off in offs}
         pairs = {off: moved_pair(src_t, off) for off in offs}
         for _ in range(3):  # interleaved rounds: every kernel and the copy once a round
             for off in offs:
                 sv, dv = pairs[off]
                 copies[off].append(g.time(lambda: dv.copy_(sv)))
-            for i, off in runs:
-                _kind, _lab, bb, gg, c, art = ok[i]
-                times[(i, off)].append(gg.timed(bb, c, art, n, m=m)[0] if off == 0 else
-                                       timed_moved(gg, bb, c, art, n, m, off))
+            for i, (_kind, _lab, bb, gg, c, art, off) in enumerate(runs):
+                times[i].append(gg.timed(bb, c, art, n, m=m)[0] if off == 0 else
+                                timed_moved(gg, bb, c, art, n, m, off))
         copy = sorted(copies[0])[1]
         nbytes = 4 * m * n
         print(f"  copy {copy * 1e6:.1f} us ({nbytes / copy / 1e12:.2f} TB/s)", flush=True)
         if a.offset:
             cm = sorted(copies[a.offset])[1]
             print(f"  copy @+{a.offset} {cm * 1e6:.1f} us ({nbytes / cm / 1e12:.2f} TB/s)", flush=True)
-        for (i, off), ts in list(times.items()):  # the moved kernels as kinds of their own
-            if off:
-                ok.append((f"{ok[i][0]} @+{off}", *ok[i][1:]))
-                times[(len(ok) - 1, 0)] = ts
-        times = {i: ts for (i, off), ts in times.items() if off == 0}
-        kinds = list(dict.fromkeys(k for k, *_ in ok))
-        for kind in kinds:
-            rows = sorted((sorted(times[i])[1], lab) for i, (k, lab, *_r) in enumerate(ok) if k == kind)
+        for kind in dict.fromkeys(k for k, *_ in runs):
+            rows = sorted((sorted(times[i])[1], lab) for i, (k, lab, *_r) in enumerate(runs) if k == kind)
             print(f"  {kind}: {len(rows)} kernels", flush=True)
             for t, lab in rows[:a.top]:
                 print(f"    {t * 1e6:8.1f} us  {nbytes / t / 1e12:5.2f} TB/s  {copy / t:4.2f} of copy  {lab}", flush=True)

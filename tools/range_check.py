@@ -374,11 +374,14 @@ class Gpu:
     def timed(self, b, cfg: dict, art: str, n: int, m: int | None = None) -> tuple[float, float]:
         """(seconds, TB/s) at M * N = 2^27 (or M = m)."""
         shape, inputs, outs = self.timing_inputs(n, m)
-        env = self.op.shape_env(shape)
+        t = self.timed_on(b, cfg, art, shape, inputs, outs)
+        return t, self.op.bytes(self.op.shape_env(shape)) / t / 1e12
+
+    def timed_on(self, b, cfg: dict, art: str, shape: dict, inputs: dict, outs: list) -> float:
+        """Seconds of one configuration at `shape` on the given tensors."""
         fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
         call = self.rt.prepare(fn, self.values(shape, inputs, outs), b.geometry(cfg, [shape])[0], mode="direct")
-        t = self.time(call)
-        return t, self.op.bytes(env) / t / 1e12
+        return self.time(call)
 
     def eager(self, n: int, m: int | None = None) -> float:
         shape, inputs, _ = self.timing_inputs(n, m)

@@ -32,7 +32,7 @@ def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
     r = geos[0][0]
     assert len(r.configs) == 331  # with the fill buckets (ITEMS 5 and 7) and the rows read twice (PF 4)
     # every PF = 3 geometry with plain and with bulk stores; line-aligned copies (ALIGN = 1) are
-    # the template's, out of the space (no gain measured, and they spill with the skipped items)
+    # the template's, out of the space (no gain measured in sessions 21 and 22)
     pf3 = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["PF"] == 3]
     assert len(pf3) == 30 and len({p[:3] for p in pf3}) == 15
     assert set(pf3) == {p[:3] + (s,) for p in pf3 for s in ("default", "bulk")}

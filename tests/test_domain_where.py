@@ -470,6 +470,9 @@ def test_a_run_and_compare_of_the_ragged_op(tmp_path):
     doc = compare_and_write(run, rounds=2, top=1, points=6, torch_compile=False)
     table = doc["range_table"]
     assert table["axes"] == ["B", "L"]
+    # each grid point's box cut in four parts, each measured at its centre inside the bound
+    boxes = {(g["B"], g["L"]) for g in spec.op.shapes[spec.op.named:] if spec.op.level_of(g) == 0}
+    assert len(table["ranges"]) >= 4 * len(boxes)
     assert all(r["point"]["B"] * r["point"]["L"] <= LIMIT for r in table["ranges"])
     assert len(doc["curve"]) == 6
     for row in doc["curve"]:
@@ -477,3 +480,92 @@ def test_a_run_and_compare_of_the_ragged_op(tmp_path):
         assert row["table_s"] and row["arms"]["torch eager"]["error"] is None
     assert doc["protocol"]["inputs"]["lens"] == ["randint [L, L + 1)"]
     assert math.isfinite(max(r.get("regret") or 0 for r in doc["curve"]))
+
+
+class WaveProber:
+    """Prober's interface without a worker, over (B, L): kernel #1 is faster below L = 400,
+    #2 from there on; torch eager is slower than both. Every shape timed is kept."""
+
+    def __init__(self):
+        self.timed: list[dict] = []
+        self.lists: list[list[int]] = []
+
+    def serves(self, tid, shape):
+        return True
+
+    def time(self, shapes, kernels, others=False):
+        self.timed += shapes
+        self.lists += kernels
+        out = []
+        for sh, ks in zip(shapes, kernels):
+            t = {1: 1.0 if sh["L"] < 400 else 3.0, 2: 2.0}
+            d = {f"#{k}": {"rounds": [t[k]] * 2, "median": t[k], "error": None} for k in ks}
+            d["torch eager"] = {"rounds": [9.0, 9.0], "median": 9.0, "error": None}
+            out.append(d)
+        return out
+
+    fallbacks: dict = {}
+
+
+def _ragged_boxes(path=RAGGED):
+    s = load_spec(path)
+    op = s.op
+    grid = [{"shape": g, "use": [1] if g["L"] < 400 else [2], "times_s": {}, "eager_s": 9.0}
+            for g in op.shapes[op.named:] if op.level_of(g) == 0]
+    return s, ranges._boxes(s, op.axes, grid)
+
+
+def test_compare_cuts_each_box_and_measures_its_parts_at_their_centres():
+    s, boxes = _ragged_boxes()
+    op = s.op
+    prober = WaveProber()
+    parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
+    table = {"axes": op.axes, "ranges": parts, "exact": []}
+    before = {"axes": op.axes, "ranges": boxes, "exact": []}
+    always = lambda tid, shape: True  # noqa: E731
+    # (4, 600) lies in the box of L = 256, which chose #1 there; its upper part's centre (L =
+    # 514) measures #2, the neighbouring box's kernel, faster
+    assert ranges.lookup(before, {"B": 4, "L": 600}, always) == 1
+    assert ranges.lookup(table, {"B": 4, "L": 600}, always) == 2
+    assert ranges.lookup(table, {"B": 4, "L": 100}, always) == 1
+    # every size timed lies inside op.domain_where, and each part was offered its box's
+    # kernels and its neighbours'
+    assert prober.timed and all(op.in_domain(sh) is None for sh in prober.timed)
+    offered = {tuple(sorted(sh.items())): set(ks) for sh, ks in zip(prober.timed, prober.lists)}
+    for p in parts:
+        key = tuple(sorted(p["point"].items()))
+        if key not in offered:
+            continue
+        box = next(b for b in boxes if all(b["lo"][a] <= p["lo"][a] and p["hi"][a] <= b["hi"][a] for a in op.axes))
+        near = {k for b in boxes if ranges._touch(box, b, op.axes) for k in b["use"]}
+        assert offered[key] == near
+    assert {2} < {k for ks in offered.values() for k in ks}
+    # the parts tile the boxes: every size of a box lies in exactly one part, inside that box
+    # (the sizes of the dropped corner's box lie in none, as before)
+    rng = __import__("random").Random(5)
+    for _ in range(400):
+        sh = {"B": rng.randint(1, 32), "L": rng.randint(16, 4096)}
+        if not op.where_holds(sh):
+            continue
+        inside = [p for p in parts if all(p["lo"][a] <= sh[a] < p["hi"][a] for a in op.axes)]
+        box = [b for b in boxes if all(b["lo"][a] <= sh[a] < b["hi"][a] for a in op.axes)]
+        assert len(inside) == len(box) <= 1
+        if box:
+            assert all(box[0]["lo"][a] <= inside[0]["lo"][a] and inside[0]["hi"][a] <= box[0]["hi"][a] for a in op.axes)
+    assert len(parts) == 4 * len(boxes)
+
+
+def test_a_part_centred_outside_domain_where_keeps_its_box_list_untimed(tmp_path):
+    # B * L <= 2^13: the box of (32, 256) holds sizes up to it, and its upper parts' centres
+    # (B 27, L 514) lie past it
+    s, boxes = _ragged_boxes(ragged_spec(tmp_path, lambda d: d["op"].update(domain_where="B * L <= 2 ** 13")))
+    op = s.op
+    prober = WaveProber()
+    parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
+    untimed = [p for p in parts if p["point"] not in prober.timed]
+    assert untimed and all(op.in_domain(sh) is None for sh in prober.timed)
+    for p in untimed:
+        box = next(b for b in boxes if all(b["lo"][a] <= p["lo"][a] and p["hi"][a] <= b["hi"][a] for a in op.axes))
+        assert p["use"] == box["use"] and p["point"] == box["point"]
+        centre = {a: ranges._geo_mid(p["lo"][a], p["hi"][a] - 1) for a in op.axes}
+        assert not op.where_holds(op.point(centre))

@@ -20,8 +20,9 @@
    kernel and a device copy of the op's bytes, and reports the table's regret against the
    best arm at each point.
 
-Tables over one range axis are refined; with several axes each point owns its box of
-the product grid (midpoints on every axis), unrefined. Every size timed (the points, the
+Tables over one range axis are refined by bisection; with several axes each point owns its
+box of the product grid (midpoints on every axis), and each box is cut in two on every axis,
+its parts measured at their own centres (`_split_boxes`). Every size timed (the points, the
 midpoints of a bisection, the curve's) lies inside op.domain_where; the grid has no point
 outside it (nor a box of its own there), and the exported op takes the fallback outside it.
 """
@@ -186,6 +187,8 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         ranges = _ranges_1d(spec, axes[0], grid, prober, refine, log)
     else:
         ranges = _boxes(spec, axes, grid)
+        if refine > 0 and nlv <= 1:
+            ranges = _split_boxes(spec, axes, ranges, prober, log)
     if nlv > 1:
         _level_rows(spec, ranges, [p for p in points[op.named:] if p["level"] > 0], prober, refine, log)
     if len(axes) == 1:
@@ -414,6 +417,60 @@ def _boxes(spec, axes: list[str], grid: list[dict]) -> list[dict]:
             hi[a] = spec.op.domain[a].max + 1 if i == len(vs) - 1 else _geo_mid(v, vs[i + 1]) + 1
         out.append({"lo": lo, "hi": hi, "point": p["shape"], "use": p["use"], "times_s": p["times_s"],
                     "eager_s": p["eager_s"], "fallback": p.get("fallback")})
+    return out
+
+
+def _halves(lo: int, hi: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut in two at its log-midpoint; whole where it holds one value."""
+    if hi - lo < 2:
+        return [(lo, hi)]
+    c = min(max(_geo_mid(lo, hi - 1), lo + 1), hi - 1)
+    return [(lo, c), (c, hi)]
+
+
+def _touch(a: dict, b: dict, axes: list[str]) -> bool:
+    """Whether two boxes share a face, an edge or a corner (or are the same)."""
+    return all(b["lo"][x] <= a["hi"][x] and a["lo"][x] <= b["hi"][x] for x in axes)
+
+
+def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) -> list[dict]:
+    """A grid point's box spans an octave of every axis, and what a kernel's launch does at
+    a size (its blocks, in whole waves or not) can change across it. So each box is cut in
+    two at its log-midpoint on every axis, and each part takes the kernels measured at its
+    own centre: the box's list and its neighbours' (every box it touches), timed there
+    against the fallback, fastest first; the box's kernels that do not serve the centre come
+    after. A part whose centre lies outside op.domain_where keeps the box's list."""
+    op = spec.op
+    parts = []  # (part, its centre and candidates where they are timed, else None)
+    for b in boxes:
+        near = [k for o in [b] + [o for o in boxes if o is not b and _touch(b, o, axes)] for k in o["use"]]
+        near = list(dict.fromkeys(near))
+        cuts = [[]]
+        for a in axes:
+            cuts = [c + [(a, lo, hi)] for c in cuts for lo, hi in _halves(b["lo"][a], b["hi"][a])]
+        for c in cuts:
+            part = {**b, "lo": {a: lo for a, lo, _ in c}, "hi": {a: hi for a, _, hi in c}}
+            centre = _inside(op, op.point({a: _geo_mid(lo, hi - 1) for a, lo, hi in c}))
+            timed = len(cuts) > 1 and centre is not None and near
+            parts.append((part, (centre, near) if timed else None))
+    todo = [t for _, t in parts if t is not None]
+    if not todo:
+        return [p for p, _ in parts]
+    res = iter(prober.time([c for c, _ in todo], [k for _, k in todo]))
+    out = []
+    for part, t in parts:
+        if t is not None:
+            centre, near = t
+            r = next(res)
+            ranked, _, e_rep, fb = choices_at(r, near, list(prober.fallbacks))
+            use = [tid for tid, _ in ranked]
+            # the box's kernels that do not serve the centre (not timed there) keep their turn after
+            rest = [k for k in part["use"] if k not in use and f"#{k}" not in r]
+            part = {**part, "point": centre, "use": use + rest, "times_s": {str(k): x for k, x in ranked},
+                    "eager_s": e_rep, "fallback": fb}
+            if log:
+                log(f"  box {part['lo']}..{part['hi']} at {centre}: {['#' + str(k) for k in use] or 'torch'}")
+        out.append(part)
     return out
 
 

@@ -142,6 +142,8 @@ def small_decode_space(d: dict) -> None:
     and 8, the session-15 winners otherwise) and a budget of six trials: the GPU tests' set-up."""
     d["search"]["params"].update({"SPLIT": [128, 512, 2048], "NW": [4, 8], "TW": [16], "STAGES": [2], "VEC": [8],
                                   "BULK": [0]})
+    if "WAVES" in d["search"]["params"]:  # the fixed splits only (WAVES 0)
+        d["search"]["params"]["WAVES"] = [0]
     d["search"]["start"] = {**d["search"]["start"], "SPLIT": 512, "NW": 8, "TW": 16, "STAGES": 2, "VEC": 8}
     d["goal"]["budget"] = {"trials": 6, "minutes": 20}
 

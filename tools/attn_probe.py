@@ -99,7 +99,10 @@ class Probe:
 
     def config(self, cfg: dict) -> dict:
         """A configuration of the contiguous space in this spec's terms (its page added)."""
-        return dict(cfg) if self.page is None else {**cfg, "PAGE": self.page}
+        if self.page is None:
+            return dict(cfg)
+        # the paged kernel's splits are fixed (the contiguous WAVES = 0)
+        return {**{k: v for k, v in cfg.items() if k != "WAVES"}, "PAGE": self.page}
 
     def env(self, cfg: dict, shape: dict) -> dict:
         env = {**shape, **cfg}
@@ -232,6 +235,8 @@ class Probe:
         a2 = run(q, k, v, lens)
         if not torch.equal(a.view(torch.int16), a2.view(torch.int16)):
             return "two calls differ"
+        if cfg.get("WAVES"):  # the splits sized from B and L at the launch: not batch invariant by design
+            return None
         for b in (1, 4):
             o = run(q[b:b + 1].contiguous(), k[b:b + 1].contiguous(), v[b:b + 1].contiguous(),
                     lens[b:b + 1].contiguous())
@@ -418,6 +423,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=24)
     ap.add_argument("--only", action="append", default=[], metavar="NAME=V1,V2")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--points", type=points_arg, default=None, metavar="BxL,BxL",
+                    help="the (B, L) points timed (default: the probe's own list)")
     ap.add_argument("--verify-all", action="store_true", help="verify every configuration (default: the sample)")
     ap.add_argument("--paged", action="store_true", help="the paged kernels beside the contiguous one")
     ap.add_argument("--page", type=int, action="append", choices=sorted(PAGED),
@@ -471,7 +478,7 @@ def main(argv=None) -> int:
     # 3. speed
     p.read_bandwidth()
     print(f"\n{'B':>3} {'L':>7} {'MB':>7}  arms TB/s (us) ... then the best configurations")
-    for B, L in POINTS:
+    for B, L in a.points or POINTS:
         shape = {"B": B, "L": L}
         q, k, v, lens = p.inputs(B, L, 7, ragged=False)
         byts = 4096 * B * L
@@ -503,13 +510,25 @@ def main(argv=None) -> int:
     return 1 if FAILURES else 0
 
 
+def points_arg(text: str) -> list[tuple[int, int]]:
+    """--points 19x2930,5x15139: (B, L) pairs."""
+    try:
+        out = [tuple(int(x) for x in p.lower().split("x")) for p in text.split(",") if p.strip()]
+    except ValueError:
+        out = []
+    if not out or any(len(p) != 2 or min(p) < 1 for p in out):
+        raise argparse.ArgumentTypeError(f"expected BxL pairs joined by commas, e.g. 19x2930,5x15139; got {text!r}")
+    return out
+
+
 def paged_main(a) -> int:
     """--paged: the paged kernels verified on shuffled tables and timed beside the contiguous
     kernel, configuration by configuration, at the same (B, L) points."""
     device = not a.dry_run
     pc = Probe(Path(a.spec), device=device)
     pps = [Probe(PAGED[pg], device=device) for pg in (a.page or sorted(PAGED))]
-    cfgs = sample_configs(pc, a, contiguous_winners)  # the contiguous space's; each paged spec's adds its page
+    # the contiguous space's fixed-split configurations (WAVES 0); each paged spec's adds its page
+    cfgs = [c for c in sample_configs(pc, a, contiguous_winners) if not c.get("WAVES")]
     for pp in pps:
         space = [dict(c) for c in pp.spec.space]
         missing = [c for c in cfgs if pp.config(c) not in space]

@@ -214,19 +214,25 @@ def test_compare_curve_points_with_few_rows_satisfy_it(project):
 
 class ChoosingProber:
     """Prober's interface without a worker: every kernel serves every size; kernel #1 is
-    faster below N = 700, #2 above; every shape timed is kept to be checked."""
+    faster below `cut` on symbol `sym` (N = 700 unless told), #2 from there on; torch eager is
+    slower than both. Every shape timed, and the kernels offered there, are kept."""
 
-    def __init__(self):
+    fallbacks: dict = {}
+
+    def __init__(self, sym: str = "N", cut: int = 700):
+        self.sym, self.cut = sym, cut
         self.timed: list[dict] = []
+        self.lists: list[list[int]] = []
 
     def serves(self, tid, shape):
         return True
 
     def time(self, shapes, kernels, others=False):
         self.timed += shapes
+        self.lists += kernels
         out = []
         for sh, ks in zip(shapes, kernels):
-            t = {1: 1.0 if sh["N"] < 700 else 3.0, 2: 2.0}
+            t = {1: 1.0 if sh[self.sym] < self.cut else 3.0, 2: 2.0}
             d = {f"#{k}": {"rounds": [t[k]] * 2, "median": t[k], "error": None} for k in ks}
             d["torch eager"] = {"rounds": [9.0, 9.0], "median": 9.0, "error": None}
             out.append(d)
@@ -482,31 +488,6 @@ def test_a_run_and_compare_of_the_ragged_op(tmp_path):
     assert math.isfinite(max(r.get("regret") or 0 for r in doc["curve"]))
 
 
-class WaveProber:
-    """Prober's interface without a worker, over (B, L): kernel #1 is faster below L = 400,
-    #2 from there on; torch eager is slower than both. Every shape timed is kept."""
-
-    def __init__(self):
-        self.timed: list[dict] = []
-        self.lists: list[list[int]] = []
-
-    def serves(self, tid, shape):
-        return True
-
-    def time(self, shapes, kernels, others=False):
-        self.timed += shapes
-        self.lists += kernels
-        out = []
-        for sh, ks in zip(shapes, kernels):
-            t = {1: 1.0 if sh["L"] < 400 else 3.0, 2: 2.0}
-            d = {f"#{k}": {"rounds": [t[k]] * 2, "median": t[k], "error": None} for k in ks}
-            d["torch eager"] = {"rounds": [9.0, 9.0], "median": 9.0, "error": None}
-            out.append(d)
-        return out
-
-    fallbacks: dict = {}
-
-
 def _ragged_boxes(path=RAGGED):
     s = load_spec(path)
     op = s.op
@@ -518,7 +499,7 @@ def _ragged_boxes(path=RAGGED):
 def test_compare_cuts_each_box_and_measures_its_parts_at_their_centres():
     s, boxes = _ragged_boxes()
     op = s.op
-    prober = WaveProber()
+    prober = ChoosingProber("L", 400)
     parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
     table = {"axes": op.axes, "ranges": parts, "exact": []}
     before = {"axes": op.axes, "ranges": boxes, "exact": []}
@@ -560,7 +541,7 @@ def test_a_part_centred_outside_domain_where_keeps_its_box_list_untimed(tmp_path
     # (B 27, L 514) lie past it
     s, boxes = _ragged_boxes(ragged_spec(tmp_path, lambda d: d["op"].update(domain_where="B * L <= 2 ** 13")))
     op = s.op
-    prober = WaveProber()
+    prober = ChoosingProber("L", 400)
     parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
     untimed = [p for p in parts if p["point"] not in prober.timed]
     assert untimed and all(op.in_domain(sh) is None for sh in prober.timed)

@@ -437,14 +437,15 @@ def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) 
     """A grid point's box spans an octave of every axis, and what a kernel's launch does at
     a size (its blocks, in whole waves or not) can change across it. So each box is cut in
     two at its log-midpoint on every axis, and each part takes the kernels measured at its
-    own centre: the box's list and its neighbours' (every box it touches), timed there
+    own centre: the box's list and the first choice of every box it touches, timed there
     against the fallback, fastest first; the box's kernels that do not serve the centre come
     after. A part whose centre lies outside op.domain_where keeps the box's list."""
     op = spec.op
     parts = []  # (part, its centre and candidates where they are timed, else None)
     for b in boxes:
-        near = [k for o in [b] + [o for o in boxes if o is not b and _touch(b, o, axes)] for k in o["use"]]
-        near = list(dict.fromkeys(near))
+        # the box's own list, then the first choice of each box it touches
+        near = list(dict.fromkeys(b["use"] + [o["use"][0] for o in boxes
+                                               if o is not b and o["use"] and _touch(b, o, axes)]))
         cuts = [[]]
         for a in axes:
             cuts = [c + [(a, lo, hi)] for c in cuts for lo, hi in _halves(b["lo"][a], b["hi"][a])]

@@ -39,7 +39,9 @@ def trial_line(t: Trial, best: Trial | None, total: int | None) -> str:
         if (t.details or {}).get("same_kernels_as"):
             head += f"  (the same kernels as #{t.details['same_kernels_as']})"
     else:
-        head += f"  ({t.reason[:120]})"
+        # the whole reason is in the ledger (`pipe show`); a long one is cut where it says so
+        why = t.reason or ""
+        head += f"  ({why if len(why) <= 320 else why[:319] + '…'})"
     if (t.details or {}).get("reused_from"):
         r = t.details["reused_from"]
         head += f"  (reused: {r['run']} #{r['trial']})"

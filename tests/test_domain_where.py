@@ -536,6 +536,104 @@ def test_compare_cuts_each_box_and_measures_its_parts_at_their_centres():
     assert len(parts) == 4 * len(boxes)
 
 
+class AlignedFallbackProber(ChoosingProber):
+    """Kernels #1 and #2 at 2.0 everywhere; torch eager at 1.0 where `fast(shape)` holds, else
+    5.0 (a library kernel whose path depends on how the sizes align)."""
+
+    def __init__(self, fast, slow: float = 5.0):
+        super().__init__("L", 0)
+        self.fast, self.slow = fast, slow
+        self.requests = 0
+
+    def time(self, shapes, kernels, others=False):
+        self.timed += shapes
+        self.lists += kernels
+        out = []
+        for sh, ks in zip(shapes, kernels):
+            d = {f"#{k}": {"rounds": [2.0] * 2, "median": 2.0, "error": None} for k in ks}
+            e = 1.0 if self.fast(sh) else self.slow
+            d["torch eager"] = {"rounds": [e, e], "median": e, "error": None}
+            out.append(d)
+        return out
+
+
+def test_a_part_falls_back_only_where_the_fallback_is_fast_around_its_centre():
+    s, boxes = _ragged_boxes()
+    op = s.op
+    # torch eager fast at the parts' centres' L alone (as at sizes that align): a part must
+    # not go to the fallback, whose twins (the next sizes) run at 5.0
+    key = lambda sh: (sh["B"], sh["L"])  # noqa: E731
+    centres = {key(p["point"]) for p in ranges._split_boxes(s, op.axes, boxes, ChoosingProber("L", 400), None)}
+    prober = AlignedFallbackProber(lambda sh: key(sh) in centres)
+    parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
+    timed = [p for p in parts if p["point"] in prober.timed and "times_s" in p]
+    assert len(timed) > 4 and all(p["use"] for p in timed)
+    aligned = [p for p in timed if key(p["point"]) in centres]
+    assert aligned == timed
+    # the twins: only the fallback, at the next sizes along the centre's largest axis, inside
+    # the part and the domain
+    twins = [sh for sh, ks in zip(prober.timed, prober.lists) if not ks]
+    assert twins and all(op.in_domain(sh) is None for sh in twins)
+    for p in timed:
+        c = p["point"]
+        a, b = ("L", "B") if c["L"] >= c["B"] else ("B", "L")
+        mine = [sh for sh in twins if sh[b] == c[b] and 0 < sh[a] - c[a] <= 4 * ranges.TWINS]
+        room = [v for v in range(c[a] + 1, min(p["hi"][a], c[a] + 1 + 4 * ranges.TWINS))
+                if op.where_holds({**c, a: v})]
+        assert sorted(sh[a] for sh in mine) == room[:ranges.TWINS]
+    # by the centre alone, as before, each of them would have fallen back
+    assert all(not ranges.choices_at(prober.time([p["point"]], [[1, 2]])[0], [1, 2])[0] for p in aligned)
+    # torch eager at 3.0 at one size in eight (on the twins' axis), else 1.0: its mean over the
+    # centre and its twins is at most 1.5, so the parts take the fallback over the kernels' 2.0
+    prober = AlignedFallbackProber(lambda sh: max(sh["B"], sh["L"]) % 8 != 3, slow=3.0)
+    parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
+    timed = [p for p in parts if p["point"] in prober.timed and "times_s" in p]
+    assert timed and not any(p["use"] for p in timed)
+    assert all(p["eager_s"] in (1.0, 1.5) for p in timed) and any(p["eager_s"] == 1.5 for p in timed)
+    # slow (5.0) at every odd size: fast at the centre and every other twin, its mean (3.0)
+    # loses to the kernels, whatever the centre's parity
+    prober = AlignedFallbackProber(lambda sh: max(sh["B"], sh["L"]) % 2 == 0)
+    parts = ranges._split_boxes(s, op.axes, boxes, prober, None)
+    timed = [p for p in parts if p["point"] in prober.timed and "times_s" in p]
+    assert all(p["use"] for p in timed) and any(max(p["point"].values()) % 2 == 0 for p in timed)
+
+
+def test_the_fallbacks_mean_over_the_twins():
+    def arm(*xs, error=None):
+        return {"rounds": list(xs), "error": error}
+    centre = {"torch eager": arm(1.0, 1.0), "loop": arm(3.0, 3.0)}
+    twins = [{"torch eager": arm(6.0, 6.0), "loop": arm(3.0, 3.0)},
+             {"torch eager": arm(6.0, 6.0), "loop": arm(2.0, 2.0, error="unavailable")}]
+    # eager: the mean of 1, 6 and 6; the loop's of 3 and 3 (the failed twin left out)
+    assert ranges.best_fallback(centre, ["loop"], twins) == ("loop", 3.0, 3.0)
+    assert ranges.best_fallback(centre, [], twins) == (None, 13 / 3, 13 / 3)  # the mean, not the median
+    assert ranges.best_fallback(centre, ["loop"]) == (None, 1.0, 1.0)
+    # a kernel at 2.5 beats the twins' fallback, not the centre's
+    centre["#7"] = arm(2.5, 2.5)
+    assert ranges.choices_at(centre, [7], ["loop"], twins)[0] == [(7, 2.5)]
+    assert ranges.choices_at(centre, [7], ["loop"])[0] == []
+
+
+def test_a_named_shape_keeps_its_own_sizes_choice_and_its_range_the_twins(tmp_path):
+    from types import SimpleNamespace
+
+    # the named shape is a grid point too (B 6, L 256): the grid takes it as named
+    s = load_spec(ragged_spec(tmp_path, lambda d: d["op"].update(shapes=[{"B": 6, "L": 256}])))
+    op = s.op
+    assert op.named == 1 and op.shapes[0] == {"B": 6, "L": 256}
+    # torch eager fast at L = 256 alone
+    prober = AlignedFallbackProber(lambda sh: sh["L"] == 256)
+    history = [SimpleNamespace(id=k, status="ok", times=[1.0] * len(op.shapes), params={"ACC": k}, variant=None,
+                               details={}) for k in (1, 2)]
+    table = ranges.build(s, history, prober, top=2, refine=0)
+    ex = table["exact"][0]
+    assert ex["shape"] == op.shapes[0] and ex["use"] == [] and ex["eager_s"] == 1.0  # its own size: eager wins
+    # the range holding it judged the fallback over the twins (L 257 .. 259): a kernel
+    r = next(r for r in table["ranges"] if all(r["lo"][a] <= op.shapes[0][a] < r["hi"][a] for a in op.axes))
+    assert r["point"] == op.shapes[0] and r["use"] == [1, 2] and r["eager_s"] == (1.0 + 3 * 5.0) / 4
+    assert [sh["L"] for sh, ks in zip(prober.timed, prober.lists) if sh["B"] == 6 and not ks][:3] == [257, 258, 259]
+
+
 def test_a_part_centred_outside_domain_where_keeps_its_box_list_untimed(tmp_path):
     # B * L <= 2^13: the box of (32, 256) holds sizes up to it, and its upper parts' centres
     # (B 27, L 514) lie past it

@@ -98,3 +98,15 @@ def test_log_lines_stay_on_stderr_when_it_is_not_the_bars_terminal(monkeypatch):
         finally:
             rep.close()
     assert "tok01" in logfile.getvalue() and "tok01" not in screen.getvalue()
+
+
+def test_a_failed_trials_line_keeps_the_verdicts_figures():
+    # a wrong verdict's reason names the shape, the element and the figures: the line keeps
+    # them (session 23's line stopped at "(first at "), and says where it cuts a longer one
+    why = ("shape 46 {'B': 32, 'L': 32768}, timed calls: output 'out': 1 of 131072 elements outside "
+           "atol=0.001 rtol=0.016 (first at flat index 48317: -0.001297 vs reference -0.000166069, "
+           "allowed error 0.001); max abs error 0.027")
+    line = progress.trial_line(Trial(params={"SPLIT": 512}, status="wrong", reason=why, id=40), None, 400)
+    assert line.endswith(f"({why})")
+    long = progress.trial_line(Trial(params={}, status="wrong", reason="x" * 500, id=1), None, None)
+    assert long.endswith("x…)") and len(long) < 380

@@ -321,8 +321,11 @@ class _Buckets:
 
     def time(self, shapes, kernels, others=False):
         self.timed.append((shapes[0]["N"], sorted(kernels[0])))
-        row = {f"#{k}": {"rounds": [self.TIMES[k]] * 2} for k in kernels[0] if self.serves(k, shapes[0])}
-        return [{**row, "torch eager": {"rounds": [10.0, 10.0]}}]
+        out = []
+        for sh, ks in zip(shapes, kernels):  # the probe, then its twins (no kernels: the fallback's)
+            row = {f"#{k}": {"rounds": [self.TIMES[k]] * 2} for k in ks if self.serves(k, sh)}
+            out.append({**row, "torch eager": {"rounds": [10.0, 10.0]}})
+        return out
 
 
 def test_the_cut_measures_the_new_range_among_the_kernels_that_serve_it():

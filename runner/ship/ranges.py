@@ -5,7 +5,8 @@
 1. **The points.** At every tuning point (and named shape) it times side by side the
    `top` fastest configurations the run recorded there and torch eager, in rounds that
    alternate the order. A point's choice is its fastest kernel by the even rounds, if it
-   beat torch eager by more than NOISE, else the fallback (torch).
+   beat torch eager by more than NOISE, else the fallback (torch). Where the point stands
+   for a range, the fallback's time is its mean over the point and its TWINS next sizes.
 2. **The boundaries.** Along a range axis, each stretch between two neighbouring points
    belongs to the nearer one (log scale) until measured: where the two points choose
    differently, the two contenders (a kernel or the fallback) are timed against each
@@ -39,6 +40,13 @@ from ..judge.domain import _edge
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be chosen at a point
 REFINE = 3  # bisection steps per boundary
 CURVE_POINTS = 24  # secret points of the curve
+# Sizes next to a point where the fallback is timed again. A library kernel's speed can jump
+# between neighbouring sizes (torch's masked SDPA read 4.23 TB/s at one decode part's centre and
+# 2.70 at a size of the same part: its path may depend on how the sizes align), where a tuned
+# kernel's does not; so a range's fallback is judged by its mean time over the point and the
+# next TWINS sizes along the largest axis (four sizes: every residue mod 4 once), the time it
+# takes at a size of the range drawn at random, not by the point alone.
+TWINS = 3
 
 
 def _split(rounds: list[float]) -> tuple[float | None, float | None]:
@@ -116,26 +124,64 @@ class Prober:
         return r["shapes"]
 
 
-def best_fallback(res: dict, fallbacks=()) -> tuple[str | None, float | None, float | None]:
+def best_fallback(res: dict, fallbacks=(), twins=()) -> tuple[str | None, float | None, float | None]:
     """The fastest fallback at one shape: torch eager (None) or an arm of op.fallbacks that ran
-    without an error (verified on the judge's inputs), by the even rounds; (name, pick, report)."""
+    without an error (verified on the judge's inputs), by the even rounds; (name, pick, report).
+    With `twins` (the timings of the sizes next to it, `_twins`), each fallback's pick and
+    report are its means over the shape and the twins where it ran: a fallback fast at the
+    shape alone does not take the sizes around it. (The mean, not the median: slow at every
+    other size, a fallback costs a random size of the range the mean of its two speeds.)"""
     best = (None, None, None)
     for name in ("torch eager", *fallbacks):
         d = res.get(name) or {}
         if d.get("error") or not d.get("rounds"):
             continue
-        pick, rep = _split(d["rounds"])
+        got = [_split(d["rounds"])]
+        for tw in twins:
+            e = tw.get(name) or {}
+            if not e.get("error") and e.get("rounds"):
+                got.append(_split(e["rounds"]))
+        pick = statistics.fmean(g[0] for g in got)
+        rep = statistics.fmean(g[1] for g in got)
         if pick and (best[1] is None or pick < best[1]):
             best = (None if name == "torch eager" else name, pick, rep)
     return best
 
 
-def choices_at(res: dict, tids: list[int], fallbacks=()) -> tuple[list[tuple[int, float]], float | None,
-                                                                   float | None, str | None]:
+def _twins(op, axes: list[str], shape: dict, hi: dict | None = None, n: int | None = None) -> list[dict]:
+    """The n (TWINS) sizes after `shape` along its largest axis (below `hi` there, where given)
+    that lie inside op.domain_where: where the fallback is timed again beside `shape`."""
+    n = TWINS if n is None else n
+    if n <= 0:
+        return []
+    a = max(axes, key=lambda x: shape[x])
+    top = hi[a] if hi else op.domain[a].max + 1
+    out = []
+    for v in range(shape[a] + 1, min(top, shape[a] + 1 + 4 * n)):
+        sh = _inside(op, {**shape, a: v})  # the other sizes (a few-rows level's rows) as they are
+        if sh is not None:
+            out.append(sh)
+            if len(out) == n:
+                break
+    return out
+
+
+def time_with_twins(prober: "Prober", shapes: list[dict], kernels: list[list[int]], twins: list[list[dict]]):
+    """One request: each shape with its kernels, and its twins with none (the fallbacks only);
+    per shape (its result, its twins' results)."""
+    flat = [t for ts in twins for t in ts]
+    res = prober.time(list(shapes) + flat, list(kernels) + [[] for _ in flat])
+    own, rest = res[:len(shapes)], iter(res[len(shapes):])
+    return [(r, [next(rest) for _ in ts]) for r, ts in zip(own, twins)]
+
+
+def choices_at(res: dict, tids: list[int], fallbacks=(), twins=()) -> tuple[list[tuple[int, float]], float | None,
+                                                                              float | None, str | None]:
     """From one shape's timings: the kernels that beat the fastest fallback (torch eager, or an
-    arm of op.fallbacks) by more than NOISE, fastest first ((tid, reported time)), the
-    fallback's pick and reported times, and its name (None: torch eager)."""
-    fb, e_pick, e_rep = best_fallback(res, fallbacks)
+    arm of op.fallbacks; over the shape and its `twins`, best_fallback) by more than NOISE,
+    fastest first ((tid, reported time)), the fallback's pick and reported times, and its name
+    (None: torch eager)."""
+    fb, e_pick, e_rep = best_fallback(res, fallbacks, twins)
     ranked = []
     for tid in tids:
         d = res.get(f"#{tid}")
@@ -161,16 +207,27 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
     """The range table, measured: see the module's docstring."""
     op = spec.op
     cands = candidates(spec, history, top)
-    res = prober.time(list(op.shapes), cands)
-    points = []
-    for i, (shape, r) in enumerate(zip(op.shapes, res)):
-        ranked, e_pick, e_rep, fb = choices_at(r, cands[i], list(prober.fallbacks))
-        # eager_s: the fallback's time (torch eager's, or the named fallback arm's)
-        points.append({"shape": shape, "named": i < op.named, "use": [tid for tid, _ in ranked],
-                       "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
-                       "eager_pick_s": e_pick, "fallback": fb})
+    fbs = list(prober.fallbacks)
     axes = op.axes
     sym, nlv = op.levels
+    # a point also stands for the sizes around it (its range): its fallback is timed at its
+    # twins too, unless its box is cut into parts measured on their own (several axes,
+    # _split_boxes); a named shape's exact entry is its own size's choice
+    boxed = len(axes) > 1 and refine > 0 and nlv <= 1
+    timed = time_with_twins(prober, list(op.shapes), cands,
+                            [[] if boxed else _twins(op, axes, sh) for sh in op.shapes])
+    points = []
+    for i, (shape, (r, rt)) in enumerate(zip(op.shapes, timed)):
+        ranked, e_pick, e_rep, fb = choices_at(r, cands[i], fbs, rt)
+        # eager_s: the fallback's time (torch eager's, or the named fallback arm's)
+        p = {"shape": shape, "named": i < op.named, "use": [tid for tid, _ in ranked],
+             "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
+             "eager_pick_s": e_pick, "fallback": fb}
+        if i < op.named:
+            x_ranked, _, x_rep, x_fb = choices_at(r, cands[i], fbs)
+            p["exact"] = {"shape": shape, "use": [tid for tid, _ in x_ranked],
+                          "times_s": {str(tid): t for tid, t in x_ranked}, "eager_s": x_rep, "fallback": x_fb}
+        points.append(p)
     for i, p in enumerate(points):
         p["level"] = 0 if i < op.named else (op.level_of(p["shape"]) or 0)
     # the points along the axes: the tuning grid's main level, then a named shape's where the
@@ -181,13 +238,12 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         if key not in at:
             at.add(key)
             grid.append(p)
-    exact = [{"shape": p["shape"], "use": p["use"], "times_s": p["times_s"], "eager_s": p["eager_s"],
-              "fallback": p["fallback"]} for p in points[:op.named]]
+    exact = [p.pop("exact") for p in points[:op.named]]
     if len(axes) == 1:
         ranges = _ranges_1d(spec, axes[0], grid, prober, refine, log)
     else:
         ranges = _boxes(spec, axes, grid)
-        if refine > 0 and nlv <= 1:
+        if boxed:
             ranges = _split_boxes(spec, axes, ranges, prober, log)
     if nlv > 1:
         _level_rows(spec, ranges, [p for p in points[op.named:] if p["level"] > 0], prober, refine, log)
@@ -220,12 +276,13 @@ def _neighbour_lists(points: list[dict]) -> None:
 
 
 def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prober, refine: int,
-            log, label: str) -> int:
+            log, label: str, twins_at=None) -> int:
     """The cut between two neighbouring points' choices on one symbol: values <= lo go to a,
     >= hi to b. Where their first choices differ, the two contenders (a kernel or the fallback)
     are timed against each other at the log-midpoint, REFINE times; the cut is the first
     value that goes to b. `shape_at(v)` is None where the shape lies outside op.domain_where:
-    the bisection stops there."""
+    the bisection stops there. `twins_at(shape)`: the sizes where the fallback, when it is a
+    contender, is timed again (`_twins`)."""
     for _ in range(refine):
         if hi - lo <= 1:
             break
@@ -236,11 +293,12 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
         ka, kb = _first(a_list, prober, shape), _first(b_list, prober, shape)
         if ka == kb:  # the same choice either way: the cut does not matter here
             break
-        r = prober.time([shape], [[k for k in (ka, kb) if k is not None]])[0]
+        tw = twins_at(shape) if twins_at is not None and None in (ka, kb) else []
+        r, rt = time_with_twins(prober, [shape], [[k for k in (ka, kb) if k is not None]], [tw])[0]
 
         def t_of(k):
             if k is None:  # the fallback: the fastest of torch eager and op.fallbacks' arms
-                return best_fallback(r, list(prober.fallbacks))[1]
+                return best_fallback(r, list(prober.fallbacks), rt)[1]
             x = r.get(f"#{k}") or {}
             return None if x.get("error") else _split(x.get("rounds") or [])[0]
 
@@ -302,7 +360,7 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
         va, vb = a["shape"][axis], b["shape"][axis]
         if a["use"][:1] != b["use"][:1]:
             cut = _bisect(va, vb, lambda v: _inside(spec.op, spec.op.point({axis: v})), a["list"], b["list"],
-                          prober, refine, log, axis)
+                          prober, refine, log, axis, lambda sh: _twins(spec.op, [axis], sh, {axis: vb}))
         else:
             cut = _geo_mid(va, vb)
         cuts.append(max(cut, va + 1))
@@ -389,8 +447,8 @@ def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober
                 more = sorted((x, tid) for tid, x in near.items() if prober.serves(tid, probe))[:top]
                 cands = list(dict.fromkeys([t for t in old["use"] if prober.serves(t, probe)]
                                            + [tid for _, tid in more]))
-                res = prober.time([probe], [cands])[0]
-                ranked, _, e_rep, fb = choices_at(res, cands, list(prober.fallbacks))
+                res, rt = time_with_twins(prober, [probe], [cands], [_twins(op, [axis], probe, {axis: hi})])[0]
+                ranked, _, e_rep, fb = choices_at(res, cands, list(prober.fallbacks), rt)
                 use = [tid for tid, _ in ranked]
                 if log:
                     log(f"  {axis} {stop}..{hi - 1} at {probe}: {'#' + str(use[0]) if use else 'fallback'} "
@@ -457,18 +515,23 @@ def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) 
     todo = [t for _, t in parts if t is not None]
     if not todo:
         return [p for p, _ in parts]
-    res = iter(prober.time([c for c, _ in todo], [k for _, k in todo]))
+    # the fallback also at each centre's twins, inside its part
+    res = iter(time_with_twins(prober, [c for c, _ in todo], [k for _, k in todo],
+                               [_twins(op, axes, c, p["hi"]) for p, t in parts if t is not None for c in [t[0]]]))
     out = []
     for part, t in parts:
         if t is not None:
             centre, near = t
-            r = next(res)
-            ranked, _, e_rep, fb = choices_at(r, near, list(prober.fallbacks))
+            r, rt = next(res)
+            ranked, _, e_rep, fb = choices_at(r, near, list(prober.fallbacks), rt)
             use = [tid for tid, _ in ranked]
             # the box's kernels that do not serve the centre (not timed there) keep their turn after
             rest = [k for k in part["use"] if k not in use and f"#{k}" not in r]
+            # the kernels timed there that did not beat the fallback, for the record (why a part fell back)
+            lost = {str(k): _split(r[f"#{k}"]["rounds"])[1] for k in near if k not in use
+                    and not (r.get(f"#{k}") or {}).get("error") and (r.get(f"#{k}") or {}).get("rounds")}
             part = {**part, "point": centre, "use": use + rest, "times_s": {str(k): x for k, x in ranked},
-                    "eager_s": e_rep, "fallback": fb}
+                    "eager_s": e_rep, "fallback": fb, **({"lost_s": lost} if lost else {})}
             if log:
                 log(f"  box {part['lo']}..{part['hi']} at {centre}: {['#' + str(k) for k in use] or 'torch'}")
         out.append(part)

@@ -319,7 +319,7 @@ class InProcess:
 
         j.rt.load = lambda artifact, entry, kinds: kernel
 
-        def values(shape, inputs, outs, ws=()):
+        def values(shape, inputs, outs, ws=(), geometry=None):
             named = {**inputs, **{t.name: o.view for t, o in zip(j.op.outputs, outs)}, **{w.name: w.view for w in ws}}
             return [named[a] if a in named else shape[a] for a in spec.kernel.args]
 

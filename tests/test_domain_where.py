@@ -227,7 +227,7 @@ class ChoosingProber:
     def serves(self, tid, shape):
         return True
 
-    def time(self, shapes, kernels, others=False):
+    def time(self, shapes, kernels, others=False, mode_of=None):
         self.timed += shapes
         self.lists += kernels
         out = []
@@ -388,7 +388,7 @@ class Spy:
         j.reference = reference
         j.rt.load = lambda artifact, entry, kinds: kernel
 
-        def values(shape, inputs, outs, ws=()):  # the tensors themselves, for the Python kernel
+        def values(shape, inputs, outs, ws=(), geometry=None):  # the tensors themselves, for the Python kernel
             named = {**inputs, **{t.name: o.view for t, o in zip(j.op.outputs, outs)}}
             return [named[a] if a in named else shape[a] for a in spec.kernel.args]
 
@@ -545,7 +545,7 @@ class AlignedFallbackProber(ChoosingProber):
         self.fast, self.slow = fast, slow
         self.requests = 0
 
-    def time(self, shapes, kernels, others=False):
+    def time(self, shapes, kernels, others=False, mode_of=None):
         self.timed += shapes
         self.lists += kernels
         out = []
@@ -569,7 +569,6 @@ def test_a_part_falls_back_only_where_the_fallback_is_fast_around_its_centre():
     timed = [p for p in parts if p["point"] in prober.timed and "times_s" in p]
     assert len(timed) > 4 and all(p["use"] for p in timed)
     aligned = [p for p in timed if key(p["point"]) in centres]
-    assert aligned == timed
     # the twins: only the fallback, at the next sizes along the centre's largest axis, inside
     # the part and the domain
     twins = [sh for sh, ks in zip(prober.timed, prober.lists) if not ks]
@@ -603,15 +602,68 @@ def test_the_fallbacks_mean_over_the_twins():
         return {"rounds": list(xs), "error": error}
     centre = {"torch eager": arm(1.0, 1.0), "loop": arm(3.0, 3.0)}
     twins = [{"torch eager": arm(6.0, 6.0), "loop": arm(3.0, 3.0)},
-             {"torch eager": arm(6.0, 6.0), "loop": arm(2.0, 2.0, error="unavailable")}]
-    # eager: the mean of 1, 6 and 6; the loop's of 3 and 3 (the failed twin left out)
-    assert ranges.best_fallback(centre, ["loop"], twins) == ("loop", 3.0, 3.0)
-    assert ranges.best_fallback(centre, [], twins) == (None, 13 / 3, 13 / 3)  # the mean, not the median
+             {"torch eager": arm(6.0, 6.0), "loop": arm(2.0, 2.0)}]
+    # eager: the mean of 1, 6 and 6; the loop's of 3, 3 and 2
+    assert ranges.best_fallback(centre, ["loop"], twins) == ("loop", 8 / 3, 8 / 3)
     assert ranges.best_fallback(centre, ["loop"]) == (None, 1.0, 1.0)
+    assert ranges.best_fallback(centre, [], twins) == (None, 13 / 3, 13 / 3)  # the mean, not the median
+    # an arm that failed at a twin is no fallback of the range, however fast elsewhere
+    twins[1]["loop"] = arm(2.0, 2.0, error="not exact on the judge's inputs")
+    assert ranges.best_fallback(centre, ["loop"], twins) == (None, 13 / 3, 13 / 3)
     # a kernel at 2.5 beats the twins' fallback, not the centre's
     centre["#7"] = arm(2.5, 2.5)
     assert ranges.choices_at(centre, [7], ["loop"], twins)[0] == [(7, 2.5)]
     assert ranges.choices_at(centre, [7], ["loop"])[0] == []
+
+
+def test_a_points_twins_stay_inside_its_own_range(project):
+    # one axis (N) with few-rows levels: every point's twins lie above it and below where its
+    # range ends (the log-midpoint with the next point up), at the point's own rows
+    from types import SimpleNamespace
+
+    def small(d):  # short rows, where points lie a few sizes apart
+        d["op"]["domain"]["N"] = {"min": 1, "max": 64}
+        d["op"]["shapes"] = [{"M": 4, "N": 32}]
+        d["op"]["extra_shapes"] = [{"M": 3, "N": 5}]
+        d["op"].pop("held_out_shapes", None)
+    s = load_spec(range_spec(project, small))
+    op = s.op
+    prober = AlignedFallbackProber(lambda sh: True)
+    history = [SimpleNamespace(id=k, status="ok", times=[1.0] * len(op.shapes), params={}, variant=None,
+                               details={}) for k in (1, 2)]
+    ranges.build(s, history, prober, top=2, refine=0)
+    ns = sorted({sh["N"] for sh in op.shapes})
+    points = {(sh["M"], sh["N"]) for sh in op.shapes}
+    twins = [sh for sh, ks in zip(prober.timed, prober.lists) if not ks and (sh["M"], sh["N"]) not in points]
+    assert twins
+    for tw in twins:
+        below = max(n for n in ns if n < tw["N"] and (tw["M"], n) in points)
+        above = [n for n in ns if n > below]
+        end = ranges._geo_mid(below, above[0]) + 1 if above else op.domain["N"].max + 1
+        assert below < tw["N"] < end and tw["N"] - below <= 4 * ranges.TWINS
+        assert op.in_domain(tw) is None
+
+
+def test_a_twin_is_timed_in_its_points_launch_mode():
+    # the prober asks the worker to time each twin in the mode its point's arms ran in
+    from types import SimpleNamespace
+
+    jobs = []
+
+    class Worker:
+        def request(self, msg, timeout):
+            jobs.append(msg[1])
+            return {"status": "ok", "shapes": [{} for _ in msg[1]["shapes"]]}
+
+    spec = SimpleNamespace(op=SimpleNamespace(compare_arms=lambda: {}, fallbacks=()))
+    pr = ranges.Prober(spec, None, Worker(), {}, rounds=2, timeout_s=10)
+    a, b = {"N": 100}, {"N": 200}
+    out = ranges.time_with_twins(pr, [a, b], [[], []], [[{"N": 101}, {"N": 102}], [{"N": 201}]])
+    assert jobs[0]["shapes"] == [a, b, {"N": 101}, {"N": 102}, {"N": 201}]
+    assert jobs[0]["mode_of"] == [None, None, 0, 0, 1]
+    assert [len(t) for _, t in out] == [2, 1]
+    ranges.time_with_twins(pr, [a], [[]], [[]])  # no twins: no mode_of
+    assert "mode_of" not in jobs[1]
 
 
 def test_a_named_shape_keeps_its_own_sizes_choice_and_its_range_the_twins(tmp_path):

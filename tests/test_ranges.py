@@ -319,7 +319,7 @@ class _Buckets:
     def serves(self, tid, shape):
         return shape["N"] <= self.CAPS[tid]
 
-    def time(self, shapes, kernels, others=False):
+    def time(self, shapes, kernels, others=False, mode_of=None):
         self.timed.append((shapes[0]["N"], sorted(kernels[0])))
         out = []
         for sh, ks in zip(shapes, kernels):  # the probe, then its twins (no kernels: the fallback's)
@@ -433,7 +433,7 @@ def test_curve_regret_counts_every_named_arm_but_copy_and_the_wrong():
         def serves(self, tid, shape):
             return True
 
-        def time(self, shapes, kernels, others=False):
+        def time(self, shapes, kernels, others=False, mode_of=None):
             assert others and all(k == [1] for k in kernels)
             d = lambda t, err=None: {"median": t, "rounds": [t, t], "error": err, "mode": None}  # noqa: E731
             return [{"#1": d(2e-6), "torch eager": d(3e-6), "fast": d(1e-6), "faster but wrong": d(0.5e-6, "output 0: x"),
@@ -472,7 +472,7 @@ def test_curve_of_a_read_bound_op_shows_the_read_fraction():
         def serves(self, tid, shape):
             return True
 
-        def time(self, shapes, kernels, others=False):
+        def time(self, shapes, kernels, others=False, mode_of=None):
             d = lambda t: {"median": t, "rounds": [t, t], "error": None, "mode": None}  # noqa: E731
             return [{"#1": d(2e-6), "torch eager": d(3e-6), "copy": d(1e-6)} for _ in shapes]
 

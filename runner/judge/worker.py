@@ -49,6 +49,7 @@ class Judge:
         self.scalars = {s.name: s.value for s in spec.op.scalars}
         self.tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
         self.scratch_names = {s.name for s in spec.kernel.scratch}  # kernel.scratch: pointers too
+        self.tensor_maps = {m.name: m for m in spec.kernel.tensor_maps}  # TMA descriptors, by value
         self.kinds = [self._kind(a) for a in spec.kernel.args]
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
@@ -76,6 +77,8 @@ class Judge:
             self.census.rebase()
 
     def _kind(self, name: str) -> str:
+        if name in self.tensor_maps:
+            return "tmap"
         if name in self.tensor_names or name in self.scratch_names:
             return "ptr"
         for s in self.op.scalars:
@@ -176,10 +179,21 @@ class Judge:
         return [scratch(s.name, tuple(shapes[s.name]), TORCH_DTYPES[s.dtype], self.rt.device)
                 for s in self.spec.kernel.scratch]
 
-    def _values(self, shape: dict, inputs: dict, outs: list, ws: list = ()) -> list:
+    def _values(self, shape: dict, inputs: dict, outs: list, ws: list = (), geometry: dict | None = None) -> list:
+        """The kernel's arguments for one prepared call: pointers of the judge's buffers, scalars,
+        sizes, and each tensor map's descriptor built on the judge's own tensor (its box from
+        the launch geometry), so a candidate reaches only the memory its arguments name."""
         tensors = {**{k: v.data_ptr() for k, v in inputs.items()},
                    **{t.name: o.view.data_ptr() for t, o in zip(self.op.outputs, outs)},
                    **{w.name: w.ptr for w in ws}}
+        if self.tensor_maps:
+            from ..ship.exported_runtime import tensor_map
+
+            live = {**inputs, **{t.name: o.view for t, o in zip(self.op.outputs, outs)}}
+            dtypes = {t.name: t.dtype for t in (*self.op.inputs, *self.op.outputs)}
+            boxes = (geometry or {}).get("tensor_maps") or {}
+            for name, m in self.tensor_maps.items():
+                tensors[name] = tensor_map(live[m.tensor], boxes[name], m.swizzle, dtypes[m.tensor])
         vals = []
         for a in self.spec.kernel.args:
             vals.append(tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a])
@@ -305,7 +319,7 @@ class Judge:
                         inputs[k].copy_(v)
                 del fresh
                 # graph replay or direct launches: measured in the first round, kept after
-                run = self.rt.prepare(fn, self._values(shape, inputs, outs, ws), geometry, mode)
+                run = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
                 mode = getattr(run, "mode", None)
                 taken = []
                 for which in (0, 1):  # two runs, two decoys: both must pass
@@ -389,7 +403,7 @@ class Judge:
             outs = self._outputs(sub_shape)
             ws = self._workspace(sub["geometry"])  # its own, zeroed once
             # in the verification's mode (a CUDA graph's capture calls the kernel once first)
-            call = self.rt.prepare(fn, self._values(sub_shape, xs, outs, ws), sub["geometry"], mode)
+            call = self.rt.prepare(fn, self._values(sub_shape, xs, outs, ws, sub["geometry"]), sub["geometry"], mode)
             for o, d in zip(outs, decoys):  # a plausible wrong answer, never NaN
                 o.put(d[k % 2][:len(rows)])
             self.rt.sync()
@@ -685,7 +699,8 @@ class Judge:
                 outs = self._outputs(shape)
                 ws = self._workspace(j["geometry"][si])  # each job its own, zeroed once
                 fn = self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds)
-                call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws), j["geometry"][si], mode=mode)
+                geo = j["geometry"][si]
+                call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
                 mode = getattr(call, "mode", mode)  # every job of a shape runs in the first job's mode
                 row.append(call)
                 outs_row.append(outs)
@@ -747,18 +762,24 @@ class Judge:
         if not job.get("eager", True):
             others.pop("torch eager")
         shapes = []
+        modes: dict = {}  # shape index -> the launch mode its arms ran in
         for si, shape in enumerate(job.get("shapes") or self.op.shapes):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
             calls, errors, outs_of, taken, results, ws_of = {}, dict(notes), {}, [], {}, {}
-            mode = None  # every arm of a shape runs in the first arm's mode (graph replay or direct)
+            # every arm of a shape runs in the first arm's mode (graph replay or direct), or in
+            # the mode of the earlier shape `mode_of` names (a range's twin sizes: the fallback
+            # timed as at the range's point)
+            parent = job["mode_of"][si] if job.get("mode_of") else None
+            mode = modes.get(parent) if parent is not None else None
             for cand in job["candidates"][si]:
                 name = cand["label"]
                 outs = self._outputs(shape)
                 try:
                     ws = self._workspace(cand["geometry"])  # each candidate its own, zeroed once
                     fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
-                    call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws), cand["geometry"], mode=mode)
+                    geo = cand["geometry"]
+                    call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
                     self.rt.sync()
                     call()
                     self._guard()
@@ -793,6 +814,7 @@ class Judge:
                     errors[name] = f"unavailable: {type(e).__name__}: {e}"[:400]
             if self.census is not None:
                 self.census.rebase()  # threads torch's arms started are the judge's
+            modes[si] = mode
             if job.get("copy", True):
                 nbytes = int(self.op.bytes(self.op.shape_env(shape)))
                 src = torch.randint(0, 256, (max(1, nbytes // 2),), dtype=torch.uint8, device=self.rt.device)

@@ -92,10 +92,12 @@ class Prober:
             self._art[tid] = arts[0]
         return self._art[tid]
 
-    def time(self, shapes: list[dict], kernels: list[list[int]], others: bool = False) -> list[dict]:
+    def time(self, shapes: list[dict], kernels: list[list[int]], others: bool = False,
+             mode_of: list | None = None) -> list[dict]:
         """Per shape: {"#tid" | "torch eager" | ...: {median, rounds, error}} for its kernels
         (those that serve it) and torch eager; with `others`, torch.compile, the user's arms
-        (op.triton, op.arms) and copy too."""
+        (op.triton, op.arms) and copy too. `mode_of[i]`: an earlier shape whose launch mode
+        (graph replay or direct) shape i's arms take."""
         cands = []
         for shape, tids in zip(shapes, kernels):
             row = []
@@ -111,7 +113,8 @@ class Prober:
                "arms": (self.arms.get("arms") or {}) if others else dict(self.fallbacks),
                "fallbacks": list(self.fallbacks),
                "copy": others,
-               "candidates": cands}
+               "candidates": cands,
+               **({"mode_of": list(mode_of)} if mode_of else {})}
         if self.warm is not None:
             job["warm"], self.warm = self.warm, None
         self.requests += 1
@@ -128,19 +131,25 @@ def best_fallback(res: dict, fallbacks=(), twins=()) -> tuple[str | None, float 
     """The fastest fallback at one shape: torch eager (None) or an arm of op.fallbacks that ran
     without an error (verified on the judge's inputs), by the even rounds; (name, pick, report).
     With `twins` (the timings of the sizes next to it, `_twins`), each fallback's pick and
-    report are its means over the shape and the twins where it ran: a fallback fast at the
-    shape alone does not take the sizes around it. (The mean, not the median: slow at every
-    other size, a fallback costs a random size of the range the mean of its two speeds.)"""
+    report are its means over the shape and the twins: a fallback fast at the shape alone
+    does not take the sizes around it. (The mean, not the median: slow at every other size, a
+    fallback costs a random size of the range the mean of its two speeds.) An arm that failed
+    at a twin (unavailable, or wrong on the judge's inputs) is no fallback of the range."""
     best = (None, None, None)
     for name in ("torch eager", *fallbacks):
         d = res.get(name) or {}
         if d.get("error") or not d.get("rounds"):
             continue
         got = [_split(d["rounds"])]
+        bad = False
         for tw in twins:
             e = tw.get(name) or {}
-            if not e.get("error") and e.get("rounds"):
-                got.append(_split(e["rounds"]))
+            if e.get("error") or not e.get("rounds"):
+                bad = True  # unavailable, or not exact, at a size of the range: never its fallback
+                break
+            got.append(_split(e["rounds"]))
+        if bad:
+            continue
         pick = statistics.fmean(g[0] for g in got)
         rep = statistics.fmean(g[1] for g in got)
         if pick and (best[1] is None or pick < best[1]):
@@ -167,10 +176,13 @@ def _twins(op, axes: list[str], shape: dict, hi: dict | None = None, n: int | No
 
 
 def time_with_twins(prober: "Prober", shapes: list[dict], kernels: list[list[int]], twins: list[list[dict]]):
-    """One request: each shape with its kernels, and its twins with none (the fallbacks only);
-    per shape (its result, its twins' results)."""
+    """One request: each shape with its kernels, and its twins with none (the fallbacks only,
+    in the mode its shape's arms ran: CUDA graph replays or direct launches); per shape (its
+    result, its twins' results)."""
     flat = [t for ts in twins for t in ts]
-    res = prober.time(list(shapes) + flat, list(kernels) + [[] for _ in flat])
+    parent = [i for i, ts in enumerate(twins) for _ in ts]
+    res = prober.time(list(shapes) + flat, list(kernels) + [[] for _ in flat],
+                      mode_of=[None] * len(shapes) + parent if flat else None)
     own, rest = res[:len(shapes)], iter(res[len(shapes):])
     return [(r, [next(rest) for _ in ts]) for r, ts in zip(own, twins)]
 
@@ -214,8 +226,12 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
     # twins too, unless its box is cut into parts measured on their own (several axes,
     # _split_boxes); a named shape's exact entry is its own size's choice
     boxed = len(axes) > 1 and refine > 0 and nlv <= 1
+    vals = {a: sorted({sh[a] for sh in op.shapes}) for a in axes}
+
+    def box_hi(sh):  # where the point's own range ends on each axis (its midpoint with the next)
+        return {a: next((_geo_mid(sh[a], v) + 1 for v in vals[a] if v > sh[a]), op.domain[a].max + 1) for a in axes}
     timed = time_with_twins(prober, list(op.shapes), cands,
-                            [[] if boxed else _twins(op, axes, sh) for sh in op.shapes])
+                            [[] if boxed else _twins(op, axes, sh, box_hi(sh)) for sh in op.shapes])
     points = []
     for i, (shape, (r, rt)) in enumerate(zip(op.shapes, timed)):
         ranked, e_pick, e_rep, fb = choices_at(r, cands[i], fbs, rt)
@@ -281,8 +297,8 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
     >= hi to b. Where their first choices differ, the two contenders (a kernel or the fallback)
     are timed against each other at the log-midpoint, REFINE times; the cut is the first
     value that goes to b. `shape_at(v)` is None where the shape lies outside op.domain_where:
-    the bisection stops there. `twins_at(shape)`: the sizes where the fallback, when it is a
-    contender, is timed again (`_twins`)."""
+    the bisection stops there. `twins_at(shape, hi)`: the sizes below hi where the fallback,
+    when it is a contender, is timed again (`_twins`)."""
     for _ in range(refine):
         if hi - lo <= 1:
             break
@@ -293,7 +309,7 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
         ka, kb = _first(a_list, prober, shape), _first(b_list, prober, shape)
         if ka == kb:  # the same choice either way: the cut does not matter here
             break
-        tw = twins_at(shape) if twins_at is not None and None in (ka, kb) else []
+        tw = twins_at(shape, hi) if twins_at is not None and None in (ka, kb) else []
         r, rt = time_with_twins(prober, [shape], [[k for k in (ka, kb) if k is not None]], [tw])[0]
 
         def t_of(k):
@@ -360,7 +376,7 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
         va, vb = a["shape"][axis], b["shape"][axis]
         if a["use"][:1] != b["use"][:1]:
             cut = _bisect(va, vb, lambda v: _inside(spec.op, spec.op.point({axis: v})), a["list"], b["list"],
-                          prober, refine, log, axis, lambda sh: _twins(spec.op, [axis], sh, {axis: vb}))
+                          prober, refine, log, axis, lambda sh, top: _twins(spec.op, [axis], sh, {axis: top}))
         else:
             cut = _geo_mid(va, vb)
         cuts.append(max(cut, va + 1))

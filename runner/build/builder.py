@@ -97,8 +97,9 @@ class Builder:
 
     def geometry(self, params: dict, shapes=None) -> list[dict]:
         """Per shape, the launch: grid, block, dynamic shared memory, cluster where the spec has
-        one, and with kernel.scratch each buffer's shape (`scratch`: name -> dims), all worked
-        out from the parameters, the shape and the derived values."""
+        one, with kernel.scratch each buffer's shape (`scratch`: name -> dims) and with
+        kernel.tensor_maps each map's box (`tensor_maps`: name -> box), all worked out from the
+        parameters, the shape and the derived values."""
         k = self.spec.kernel
         out = []
         for shape in (self.spec.op.all_shapes if shapes is None else shapes):
@@ -110,6 +111,8 @@ class Builder:
                 geo["cluster"] = [int(e(env)) for e in k.cluster]
             if k.scratch:  # the runner's workspaces: part of the launch (and of the binary key)
                 geo["scratch"] = k.scratch_shapes(env)
+            if k.tensor_maps:  # each TMA descriptor's box: part of the launch too
+                geo["tensor_maps"] = k.tensor_map_boxes(env)
             out.append(geo)
         return out
 

@@ -290,15 +290,20 @@ def _ident(name: str) -> str:
 
 def launch_table(spec) -> dict:
     """The spec's derived values and launch geometry as expression texts, for the exported
-    runtime to evaluate per shape (Op.geometry), and its scratch buffers (kernel.scratch:
-    name, dtype, shape expressions), which the exported op allocates (Op.workspace)."""
+    runtime to evaluate per shape (Op.geometry), its scratch buffers (kernel.scratch: name,
+    dtype, shape expressions), which the exported op allocates (Op.workspace), and its tensor
+    maps (kernel.tensor_maps: name, tensor, box expressions, swizzle), which it builds per call
+    (Op.arguments)."""
     k = spec.kernel
     return {"derive": [[n, e.text] for n, e in k.derive],
             "geometry": {"grid": [e.text for e in k.grid], "block": [e.text for e in k.block],
                          **({"cluster": [e.text for e in k.cluster]} if k.cluster else {}),
                          **({"shared_mem": [k.shared_mem.text]} if k.shared_mem else {})},
             **({"scratch": [{"name": s.name, "dtype": s.dtype, "shape": [d.text for d in s.shape]}
-                            for s in k.scratch]} if k.scratch else {})}
+                            for s in k.scratch]} if k.scratch else {}),
+            # kernel.tensor_maps: the exported op builds each descriptor on the caller's tensor
+            **({"tensor_maps": [{"name": m.name, "tensor": m.tensor, "box": [d.text for d in m.box],
+                                 "swizzle": m.swizzle} for m in k.tensor_maps]} if k.tensor_maps else {})}
 
 
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,

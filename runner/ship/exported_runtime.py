@@ -162,6 +162,31 @@ def _expr(text: str):
     return f
 
 
+# op dtype -> cuda.core's TensorMapDataType member; swizzle bytes -> TensorMapSwizzle member
+_TMAP_DTYPES = {"bf16": "BFLOAT16", "fp16": "FLOAT16", "fp32": "FLOAT32", "fp64": "FLOAT64",
+                "int32": "INT32", "int64": "INT64", "uint8": "UINT8"}
+_TMAP_SWIZZLE = {0: "NONE", 32: "SWIZZLE_32B", 64: "SWIZZLE_64B", 128: "SWIZZLE_128B"}
+
+
+def tensor_map(t, box, swizzle: int, dtype: str):
+    """A tiled TMA descriptor (CUtensorMap) of the CUDA tensor t, for a kernel's `const
+    __grid_constant__ CUtensorMap` parameter: `box` in t's dimension order (outermost first),
+    `swizzle` 0, 32, 64 or 128 bytes, elements outside t read as zero. Built on the host by
+    cuda.core (no compiler); t's address must be 16-byte aligned and its strides, but the
+    innermost, multiples of 16 bytes."""
+    try:
+        from cuda.core import _tensor_map as tm
+        from cuda.core.utils import StridedMemoryView
+    except ImportError as e:  # an older cuda.core
+        raise RuntimeError(f"tensor maps need cuda.core 1.2 or later (TensorMapDescriptor): {e}") from None
+    if dtype not in _TMAP_DTYPES:
+        raise ValueError(f"no tensor map for dtype {dtype} (known: {', '.join(_TMAP_DTYPES)})")
+    view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
+    return view.as_tensor_map(tuple(int(b) for b in box),
+                              data_type=getattr(tm.TensorMapDataType, _TMAP_DTYPES[dtype]),
+                              swizzle=getattr(tm.TensorMapSwizzle, _TMAP_SWIZZLE[int(swizzle)]))
+
+
 def _scratch_exprs(items) -> list:
     """[(name, dtype, [dimension expressions])] of a table's `scratch` list (kernel.scratch)."""
     return [(s["name"], s["dtype"], [_expr(d) for d in s["shape"]]) for s in items or ()]
@@ -183,6 +208,7 @@ class Op:
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
         self._scratch = _scratch_exprs(table.get("scratch"))  # [(name, dtype, [dimension expressions])]
         self._workspaces: dict = {}  # (device, stream, name, dtype, shape) -> the zeroed buffer
+        self._tmaps: dict = {}  # (address, shape, strides, device, box, swizzle, dtype) -> a TMA descriptor
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
         self._serves = self._where = None
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
@@ -487,18 +513,45 @@ class Op:
         self._workspaces.clear()
         return n
 
+    def tensor_maps(self, e: dict, full: dict, named: dict) -> dict:
+        """name -> the TMA descriptor entry e's kernel gets (kernel.tensor_maps), built on the
+        caller's tensor with the box worked out for this shape. The last few are kept by the
+        tensor's address, shape and strides and the box, so calls on the same buffers (a
+        decode loop's, say) build none."""
+        maps = (e.get("launch") or self.t).get("tensor_maps") or ()
+        out = {}
+        dtypes = {t["name"]: t["dtype"] for t in (*self.inputs, *self.outputs)}
+        for m in maps:
+            t = named[m["tensor"]]
+            box = tuple(int(_expr(x)(full)) for x in m["box"])
+            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.device), box, m["swizzle"],
+                   dtypes[m["tensor"]])
+            d = self._tmaps.get(key)
+            if d is None:
+                d = tensor_map(t, box, m["swizzle"], dtypes[m["tensor"]])
+                if len(self._tmaps) >= 64:
+                    self._tmaps.pop(next(iter(self._tmaps)))
+                self._tmaps[key] = d
+            out[m["name"]] = d
+        return out
+
     def arguments(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list, sizes: list,
-                  scratch: dict | None = None) -> list:
+                  scratch: dict | None = None, full: dict | None = None) -> list:
         """The kernel's arguments in kernel.args order: tensors, outputs and scratch buffers as
-        device pointers, scalars in their declared types, sizes as the kernel's int or long."""
+        device pointers, tensor maps as descriptors, scalars in their declared types, sizes as
+        the kernel's int or long."""
         import numpy as np
 
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors, **(scratch or {})}
+        maps = self.tensor_maps(e, self._full(e, env) if full is None else full, named) \
+            if (e.get("launch") or self.t).get("tensor_maps") else {}
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}
         args = []
         for a, size in zip((e.get("launch") or self.t)["args"], sizes):
-            if a in named:
+            if a in maps:
+                args.append(maps[a])
+            elif a in named:
                 args.append(named[a].data_ptr())
             elif a in stypes:
                 args.append(casts[stypes[a]](scalars[a]))
@@ -520,7 +573,7 @@ class Op:
             raise RuntimeError(f"{self.t['op']}: {err}") from None
         with torch.cuda.device(device):  # the inputs' device and its current stream, whatever is current
             scratch = self.workspace(e, env, device, full)  # on that stream: its own buffers
-            args = self.arguments(e, env, tensors, scalars, outs, sizes, scratch)
+            args = self.arguments(e, env, tensors, scalars, outs, sizes, scratch, full)
             launch(dev.create_stream(torch.cuda.current_stream(device)), cfg, kernel, *args)
 
     def __call__(self, *args, **kwargs):

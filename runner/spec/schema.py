@@ -141,6 +141,12 @@ SPEC = _obj({
         }, ["shape", "dtype"])},
         "serves": EXPR,
         "options": {"type": "array", "items": {"type": "string"}},
+        # TMA descriptors (CUtensorMap) of op tensors, each passed by value (in args)
+        "tensor_maps": {"type": "object", "propertyNames": NAME, "additionalProperties": _obj({
+            "tensor": {"type": "string"},
+            "box": {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 5},
+            "swizzle": {"enum": [0, 32, 64, 128]},
+        }, ["tensor", "box"])},
     }, ["template", "entry", "args"]),
     "runtime": _obj({
         "mode": {"enum": ["auto", "graph", "direct"]},

@@ -312,6 +312,41 @@ def scratch_dim(value, name: str, i: int) -> int:
 
 
 @dataclass(frozen=True)
+class TensorMapSpec:
+    """kernel.tensor_maps: a TMA descriptor (CUtensorMap, 128 bytes) of an op tensor, which the
+    runner builds on its own buffers and passes by value (the kernel's `const __grid_constant__
+    CUtensorMap` parameter). The box is in the tensor's dimension order, outermost first; an
+    element outside the tensor reads as zero."""
+    name: str
+    tensor: str
+    box: tuple[Expr, ...]  # over parameters, shape symbols and derived values, as the launch geometry
+    swizzle: int  # 0 (none), 32, 64 or 128 bytes
+    elem: int  # the tensor's element size in bytes
+
+
+TMA_BOX_MAX = 256  # elements a box dimension (cuTensorMapEncodeTiled)
+
+
+def tensor_map_box(values, tm: "TensorMapSpec") -> list[int]:
+    """A map's box as the launch works it out: whole numbers 1..256 a dimension, the innermost
+    a multiple of 16 bytes and, with a swizzle, within its span. ExprError otherwise."""
+    box = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 1 <= v <= TMA_BOX_MAX:
+            raise ExprError(f"kernel.tensor_maps.{tm.name}.box[{i}] is {v!r}: a box dimension must be a whole "
+                            f"number from 1 to {TMA_BOX_MAX}")
+        box.append(int(v))
+    inner = box[-1] * tm.elem
+    if inner % 16:
+        raise ExprError(f"kernel.tensor_maps.{tm.name}.box: its innermost dimension is {inner} bytes; the tensor "
+                        "copy moves whole 16-byte units")
+    if tm.swizzle and inner > tm.swizzle:
+        raise ExprError(f"kernel.tensor_maps.{tm.name}.box: its innermost dimension is {inner} bytes, more than "
+                        f"the {tm.swizzle}-byte swizzle spans")
+    return box
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     backend: str
     template_path: str
@@ -327,6 +362,7 @@ class KernelSpec:
     template_segments: tuple = field(default=(), repr=False)  # where each flat line came from (render.locate)
     serves: Expr | None = None  # with op.domain: the shapes a configuration serves (params, derived, sizes)
     scratch: tuple[ScratchSpec, ...] = ()  # runner-owned workspaces, each passed as a pointer (in args)
+    tensor_maps: tuple[TensorMapSpec, ...] = ()  # TMA descriptors of op tensors, passed by value (in args)
 
     def derived(self, env: dict) -> dict:
         """The derived values for one (params + shape) environment."""
@@ -340,6 +376,11 @@ class KernelSpec:
         symbols and derived values, as the geometry is worked out); ExprError for a dimension
         that is not a whole number of at least 1."""
         return {s.name: [scratch_dim(d(env), s.name, i) for i, d in enumerate(s.shape)] for s in self.scratch}
+
+    def tensor_map_boxes(self, env: dict) -> dict[str, list[int]]:
+        """name -> box of every tensor map for one launch's environment; ExprError for a box the
+        tensor copy cannot move (tensor_map_box)."""
+        return {m.name: tensor_map_box([d(env) for d in m.box], m) for m in self.tensor_maps}
 
     def serves_shape(self, params: dict, shape: dict, elem: int) -> bool:
         """Whether a configuration serves a shape (kernel.serves; every shape without one).
@@ -1081,6 +1122,7 @@ class _Checker:
                 derive.append((name, e))
             scope_d.add(name)
         scratch = self.scratch(k, op, params, symbols, derive)
+        tmaps = self.tensor_maps(k, op, params, symbols, derive, backend)
         available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
         for v in sorted(used - available):
             where = render.locate(segments, render.variable_line(text, v)) or (str(tpath), 1)
@@ -1095,13 +1137,15 @@ class _Checker:
             self.err(("kernel", "entry"), f"entry '{k['entry']}' does not appear in template {tpath}")
         if op is not None:
             names = {t.name for t in op.inputs} | {t.name for t in op.outputs} | \
-                    {s.name for s in op.scalars} | set(op.symbols) | set(k.get("scratch", {}))
+                    {s.name for s in op.scalars} | set(op.symbols) | set(k.get("scratch", {})) | \
+                    set(k.get("tensor_maps", {}))
             for i, a in enumerate(k["args"]):
                 if a not in names:
-                    self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar, scratch buffer or shape "
-                                                    "symbol of the op")
+                    self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar, scratch buffer, tensor "
+                                                    "map or shape symbol of the op")
+            mapped = {m["tensor"] for m in k.get("tensor_maps", {}).values() if isinstance(m, dict)}
             for t in (*op.inputs, *op.outputs):
-                if t.name not in k["args"]:
+                if t.name not in k["args"] and t.name not in mapped:
                     self.err(("kernel", "args"), f"tensor '{t.name}' is not passed to the kernel")
         scope = set(params) | symbols | {n for n, _ in derive}
         geo = {}
@@ -1157,13 +1201,16 @@ class _Checker:
             for sc in scratch:  # each dimension must come out a whole number of at least 1
                 exprs += [(("kernel", "scratch", sc.name, "shape", i), _checked_dim(d, sc.name, i))
                           for i, d in enumerate(sc.shape)]
+            for tm in tmaps:  # each box must be one the tensor copy can move
+                exprs.append((("kernel", "tensor_maps", tm.name, "box"),
+                              lambda env, tm=tm: tensor_map_box([d(env) for d in tm.box], tm)))
             self.evaluate_over_space(space, op, exprs)
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
                           entry=k["entry"],
                           args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
                           shared_mem=smem,
                           options=tuple(k.get("options", [])), derive=tuple(derive), serves=serves,
-                          scratch=tuple(scratch))
+                          scratch=tuple(scratch), tensor_maps=tuple(tmaps))
 
     def scratch(self, k: dict, op, params, symbols, derive) -> list[ScratchSpec]:
         """kernel.scratch: each buffer's name (no other name of the spec), its place in
@@ -1195,6 +1242,53 @@ class _Checker:
             dims = [self.expr(base + ("shape", i), x, scope) for i, x in enumerate(sd["shape"])]
             if all(d is not None for d in dims):
                 out.append(ScratchSpec(name, tuple(dims), sd["dtype"]))
+        return out
+
+    def tensor_maps(self, k: dict, op, params, symbols, derive, backend: str) -> list[TensorMapSpec]:
+        """kernel.tensor_maps: each map's name (no other name of the spec), its place in
+        kernel.args, the op tensor it describes and a box of that tensor's rank, over the scope
+        of the launch geometry; the cuda backend only (the tensor copy is Hopper's)."""
+        maps = k.get("tensor_maps", {})
+        if not maps:
+            return []
+        if backend != "cuda":
+            self.err(("kernel", "tensor_maps"), "tensor maps (TMA) need the cuda backend", prefer_key=True)
+            return []
+        taken: dict[str, str] = {v: "a runner variable" for v in (*render.DTYPE_VARS, "elem")}
+        taken.update({n: "a derived value" for n, _ in derive})
+        taken.update({p: "a search parameter" for p in params})
+        taken.update({s: "a shape symbol" for s in symbols})
+        taken.update({n: "a scratch buffer" for n in k.get("scratch", {})})
+        tensors = {}
+        if op is not None:
+            taken.update({s.name: "a scalar" for s in op.scalars})
+            taken.update({t.name: "an output" for t in op.outputs})
+            taken.update({t.name: "an input" for t in op.inputs})
+            tensors = {t.name: t for t in (*op.inputs, *op.outputs)}
+        scope = set(params) | set(symbols) | {n for n, _ in derive}
+        out = []
+        for name, md in maps.items():
+            base = ("kernel", "tensor_maps", name)
+            if name in taken:
+                self.err(base, f"tensor map '{name}' has the name of {taken[name]}: give it a name of its own",
+                         prefer_key=True)
+                continue
+            if name not in k["args"]:
+                self.err(base, f"tensor map '{name}' is not passed to the kernel: add it to kernel.args",
+                         prefer_key=True)
+            t = tensors.get(md["tensor"])
+            if op is not None and t is None:
+                self.err(base + ("tensor",), f"'{md['tensor']}' is no input or output of the op (a tensor map "
+                                             f"describes one of: {', '.join(tensors) or 'none'})")
+                continue
+            if t is not None and len(md["box"]) != len(t.shape):
+                self.err(base + ("box",), f"the box has {len(md['box'])} dimensions; '{t.name}' has {len(t.shape)} "
+                                          "(one a dimension, outermost first)")
+                continue
+            dims = [self.expr(base + ("box", i), x, scope) for i, x in enumerate(md["box"])]
+            if all(d is not None for d in dims) and t is not None:
+                out.append(TensorMapSpec(name, t.name, tuple(dims), int(md.get("swizzle", 0)),
+                                         DTYPE_BYTES[t.dtype]))
         return out
 
     def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:

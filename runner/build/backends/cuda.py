@@ -408,6 +408,11 @@ def _cap_printf_fifo() -> int | None:
         return None
 
 
+
+def _same(v):
+    """A tensor map's cast: the descriptor as built (cuda.core launches it by value)."""
+    return v
+
 class Runtime:
     """Worker side: load cubins, launch on torch's stream, time with events."""
 
@@ -466,6 +471,12 @@ class Runtime:
             raise LaunchError(f"kernel '{entry}' takes {len(sizes)} parameters, the spec passes {len(kinds)}")
         casts = []
         for i, (k, size) in enumerate(zip(kinds, sizes)):
+            if k == "tmap":  # a TMA descriptor, by value: `const __grid_constant__ CUtensorMap`
+                if size != 128:
+                    raise LaunchError(f"parameter {i} of '{entry}' is {size} bytes, the spec passes a tensor map "
+                                      "(a 128-byte CUtensorMap, `const __grid_constant__ CUtensorMap`)")
+                casts.append(_same)
+                continue
             want = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "f64": 8}.get(k)
             if k == "auto":
                 if size not in (4, 8):

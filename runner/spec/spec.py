@@ -476,6 +476,20 @@ class Spec:
         return self.folder or str(Path(self.path).resolve().parent)
 
 
+def _taken_names(op, params, symbols, derive) -> dict[str, str]:
+    """The spec's names a runner-owned argument (a scratch buffer, a tensor map) may not take:
+    name -> what it already is."""
+    taken: dict[str, str] = {v: "a runner variable" for v in (*render.DTYPE_VARS, "elem")}
+    taken.update({n: "a derived value" for n, _ in derive})
+    taken.update({p: "a search parameter" for p in params})
+    taken.update({s: "a shape symbol" for s in symbols})
+    if op is not None:
+        taken.update({s.name: "a scalar" for s in op.scalars})
+        taken.update({t.name: "an output" for t in op.outputs})
+        taken.update({t.name: "an input" for t in op.inputs})
+    return taken
+
+
 def _checked_dim(e: Expr, name: str, i: int):
     """A scratch dimension's expression that fails (ExprError) unless it gives a whole number >= 1."""
     def f(env: dict) -> int:
@@ -1216,14 +1230,7 @@ class _Checker:
         """kernel.scratch: each buffer's name (no other name of the spec), its place in
         kernel.args, `zero` (true is the only mode) and its shape's expressions, over the
         scope of the launch geometry (parameters, shape symbols, derived values)."""
-        taken: dict[str, str] = {v: "a runner variable" for v in (*render.DTYPE_VARS, "elem")}
-        taken.update({n: "a derived value" for n, _ in derive})
-        taken.update({p: "a search parameter" for p in params})
-        taken.update({s: "a shape symbol" for s in symbols})
-        if op is not None:
-            taken.update({s.name: "a scalar" for s in op.scalars})
-            taken.update({t.name: "an output" for t in op.outputs})
-            taken.update({t.name: "an input" for t in op.inputs})
+        taken = _taken_names(op, params, symbols, derive)
         scope = set(params) | set(symbols) | {n for n, _ in derive}
         out = []
         for name, sd in k.get("scratch", {}).items():
@@ -1254,17 +1261,8 @@ class _Checker:
         if backend != "cuda":
             self.err(("kernel", "tensor_maps"), "tensor maps (TMA) need the cuda backend", prefer_key=True)
             return []
-        taken: dict[str, str] = {v: "a runner variable" for v in (*render.DTYPE_VARS, "elem")}
-        taken.update({n: "a derived value" for n, _ in derive})
-        taken.update({p: "a search parameter" for p in params})
-        taken.update({s: "a shape symbol" for s in symbols})
-        taken.update({n: "a scratch buffer" for n in k.get("scratch", {})})
-        tensors = {}
-        if op is not None:
-            taken.update({s.name: "a scalar" for s in op.scalars})
-            taken.update({t.name: "an output" for t in op.outputs})
-            taken.update({t.name: "an input" for t in op.inputs})
-            tensors = {t.name: t for t in (*op.inputs, *op.outputs)}
+        taken = {**_taken_names(op, params, symbols, derive), **{n: "a scratch buffer" for n in k.get("scratch", {})}}
+        tensors = {t.name: t for t in (*op.inputs, *op.outputs)} if op is not None else {}
         scope = set(params) | set(symbols) | {n for n, _ in derive}
         out = []
         for name, md in maps.items():

@@ -408,6 +408,11 @@ def brief(spec) -> dict:
         **({"scratch": {s.name: {"shape": [d.text for d in s.shape], "dtype": s.dtype,
                                  "rule": "zero when the kernel is called; the kernel must leave it zero"}
                         for s in spec.kernel.scratch}} if spec.kernel.scratch else {}),
+        # kernel.tensor_maps: TMA descriptors the runner builds on an op tensor and passes by value
+        **({"tensor_maps": {m.name: {"tensor": m.tensor, "box": [d.text for d in m.box], "swizzle": m.swizzle,
+                                     "rule": "a CUtensorMap (128 bytes) of the tensor, box outermost first; "
+                                             "coordinates innermost first; outside the tensor reads zero"}
+                            for m in spec.kernel.tensor_maps}} if spec.kernel.tensor_maps else {}),
         # op.batch_invariant: the judge compares each row's output alone and in other batches
         **({"batch_invariant": {
             "axis": spec.op.batch_axis, "required": spec.op.batch_required,

@@ -71,6 +71,9 @@ def test_the_spec_and_the_launch_carry_each_maps_box():
     (lambda d: d["kernel"]["tensor_maps"]["xm128"].update(box=["BM", 128]), "kernel.tensor_maps.xm128.box",
      "more than the 128-byte swizzle spans"),
     (lambda d: d["kernel"]["tensor_maps"]["xm0"].update(swizzle=16), "kernel.tensor_maps.xm0.swizzle", ""),
+    # a listed shape whose rows the tensor copy cannot address (200 bytes apart)
+    (lambda d: (d["op"].pop("domain_where"), d["op"]["extra_shapes"].append({"M": 3, "N": 100})),
+     "kernel.tensor_maps.xm0.tensor", "bytes in dimension 0; the tensor copy needs multiples of 16"),
 ])
 def test_a_bad_tensor_map_is_a_spec_error_at_its_key(tmp_path, change, where, says):
     p = spec_copy(tmp_path, change)
@@ -87,10 +90,10 @@ def test_tensor_maps_need_the_cuda_backend(tmp_path):
 
 
 class _Tensor:
-    """A stand-in for a CUDA tensor: what Op.tensor_maps reads of it."""
+    """A stand-in for a CUDA tensor: what the exported op reads of it."""
 
-    def __init__(self, ptr, shape):
-        self.ptr, self.shape, self.device = ptr, shape, "cuda:0"
+    def __init__(self, ptr, shape, elem=2):
+        self.ptr, self.shape, self.device, self.elem = ptr, shape, "cuda:0", elem
 
     def data_ptr(self):
         return self.ptr
@@ -98,14 +101,24 @@ class _Tensor:
     def stride(self):
         return (self.shape[1], 1)
 
+    def element_size(self):
+        return self.elem
 
-def test_the_exported_op_builds_each_map_on_the_callers_tensor(tmp_path, monkeypatch):
+    def dim(self):
+        return len(self.shape)
+
+
+def _exported_op(tmp_path):
     s = load_spec(TMA / "spec.yaml")
     table = {"op": "t.scale", "inputs": [{"name": "x", "dtype": "bf16", "shape": ["M", "N"]}],
              "outputs": [{"name": "y", "dtype": "bf16", "shape": ["M", "N"]}], "scalars": [],
              "symbols": ["M", "N"], "baked": [], "entries": [], "entry": "tma_scale",
              "args": list(s.kernel.args), **export_mod.launch_table(s)}
-    op = ert.Op(tmp_path, table, reference=None)
+    return ert.Op(tmp_path, table, reference=None)
+
+
+def test_the_exported_op_builds_each_map_on_the_callers_tensor(tmp_path, monkeypatch):
+    op = _exported_op(tmp_path)
     built = []
 
     def fake(t, box, swizzle, dtype):  # the descriptor: cuda.core's, on a GPU
@@ -118,9 +131,51 @@ def test_the_exported_op_builds_each_map_on_the_callers_tensor(tmp_path, monkeyp
     args = op.arguments(e, env, {"x": x}, {}, [y], [128, 128, 8, 4, 4])
     assert args[0] == ("map", 4096, (64, 64), 0) and args[1] == ("map", 4096, (64, 64), 128)
     assert args[2] == 8192 and int(args[3]) == 100 and int(args[4]) == 512
-    # the same buffers again: the descriptors are reused, none built
-    op.arguments(e, env, {"x": x}, {}, [y], [128, 128, 8, 4, 4])
-    assert len(built) == 2
-    # another tensor (another address): built anew on it
-    op.arguments(e, env, {"x": _Tensor(12288, (100, 512))}, {}, [y], [128, 128, 8, 4, 4])
-    assert len(built) == 4 and built[-1][0] == 12288
+    assert built == [(4096, (64, 64), 0, "bf16"), (4096, (64, 64), 128, "bf16")]
+    # another configuration's box, another tensor: built on it, every call (a kept descriptor
+    # would keep the caller's tensor alive)
+    op.arguments({**e, "params": {"BM": 16, "SW": 0}}, env, {"x": _Tensor(12288, (100, 512))}, {}, [y],
+                 [128, 128, 8, 4, 4])
+    assert built[-2:] == [(12288, (16, 64), 0, "bf16"), (12288, (16, 64), 128, "bf16")]
+
+
+def test_a_tensor_the_copy_cannot_address_takes_the_fallback(tmp_path):
+    op = _exported_op(tmp_path)
+    e = {"params": {"BM": 64, "SW": 128}, "cubin": "k.cubin"}
+    good, y = _Tensor(4096, (100, 512)), _Tensor(8192, (100, 512))
+    assert ert.tensor_map_unfit(good) is None and op._maps_fit(e, {"x": good}, [y])
+    odd = _Tensor(4096, (100, 100))  # rows 200 bytes apart
+    assert "stride of dimension 0 is 200 bytes" in ert.tensor_map_unfit(odd)
+    assert not op._maps_fit(e, {"x": odd}, [y])
+    assert "16-byte boundary" in ert.tensor_map_unfit(_Tensor(4104, (100, 512)))
+    assert ert.tensor_map_unfit(_Tensor(4096, (1, 100))) is None  # one row: no stride to keep
+
+
+def test_the_judge_builds_each_map_on_its_own_buffer_with_the_launch_box(monkeypatch):
+    # the worker's argument list, without a GPU: the map on the judge's tensor (an output's
+    # view, not its guarded buffer), its box from the launch geometry, in kernel.args order
+    import torch
+
+    from runner.judge.worker import Judge
+
+    s = load_spec(TMA / "spec.yaml")
+    w = Judge.__new__(Judge)
+    w.spec, w.op, w.scalars = s, s.op, {}
+    w.tensor_maps = {m.name: m for m in s.kernel.tensor_maps}
+    built = []
+
+    def fake(t, box, swizzle, dtype):
+        built.append((t, box, swizzle, dtype))
+        return f"map{len(built)}"
+    monkeypatch.setattr(ert, "tensor_map", fake)
+
+    class Out:
+        def __init__(self, view):
+            self.view = view
+    x = torch.zeros(37, 200, dtype=torch.bfloat16)
+    guarded = torch.zeros(37 * 200 + 64, dtype=torch.bfloat16)
+    y = Out(guarded[32:32 + 37 * 200].view(37, 200))
+    geo = Builder(s).geometry({"BM": 16, "SW": 0}, [{"M": 37, "N": 200}])[0]
+    vals = w._values({"M": 37, "N": 200}, {"x": x}, [y], (), geo)
+    assert vals[:2] == ["map1", "map2"] and vals[2] == y.view.data_ptr() and vals[3:] == [37, 200]
+    assert built[0][0] is x and built[0][1:] == ([16, 64], 0, "bf16") and built[1][1:] == ([16, 64], 128, "bf16")

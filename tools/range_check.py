@@ -300,6 +300,8 @@ class Gpu:
         self.op = r.spec.op
         if r.spec.kernel.scratch:  # the judge's worker allocates and checks them; this tool does not
             raise SystemExit(f"{r.spec.name}: kernel.scratch is not supported by this tool; use pipe eval")
+        if r.spec.kernel.tensor_maps:  # the judge's worker builds them; this tool passes pointers only
+            raise SystemExit(f"{r.spec.name}: kernel.tensor_maps is not supported by this tool; use pipe eval")
         self.rt = cuda.Runtime(r.spec.hw, r.spec.runtime)
         self.reference = load_callable(self.op.reference, r.spec.home)
         self.scalars = {s.name: s.value for s in self.op.scalars}

@@ -164,8 +164,20 @@ def _expr(text: str):
 
 # op dtype -> cuda.core's TensorMapDataType member; swizzle bytes -> TensorMapSwizzle member
 _TMAP_DTYPES = {"bf16": "BFLOAT16", "fp16": "FLOAT16", "fp32": "FLOAT32", "fp64": "FLOAT64",
-                "int32": "INT32", "int64": "INT64", "uint8": "UINT8"}
+                "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "int8": "UINT8", "bool": "UINT8"}
 _TMAP_SWIZZLE = {0: "NONE", 32: "SWIZZLE_32B", 64: "SWIZZLE_64B", 128: "SWIZZLE_128B"}
+
+
+def tensor_map_unfit(t) -> str | None:
+    """Why the tensor copy cannot address t (None when it can): its address must be 16-byte
+    aligned and every stride but the innermost a multiple of 16 bytes."""
+    if t.data_ptr() % 16:
+        return f"its address is {t.data_ptr() % 16} bytes past a 16-byte boundary"
+    es = t.element_size()
+    for i, (n, st) in enumerate(zip(t.shape, t.stride())):
+        if i < t.dim() - 1 and n > 1 and (st * es) % 16:
+            return f"its stride of dimension {i} is {st * es} bytes, not a multiple of 16"
+    return None
 
 
 def tensor_map(t, box, swizzle: int, dtype: str):
@@ -181,6 +193,9 @@ def tensor_map(t, box, swizzle: int, dtype: str):
         raise RuntimeError(f"tensor maps need cuda.core 1.2 or later (TensorMapDescriptor): {e}") from None
     if dtype not in _TMAP_DTYPES:
         raise ValueError(f"no tensor map for dtype {dtype} (known: {', '.join(_TMAP_DTYPES)})")
+    why = tensor_map_unfit(t)
+    if why:
+        raise ValueError(f"no tensor map of a {tuple(t.shape)} tensor: {why}")
     view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
     return view.as_tensor_map(tuple(int(b) for b in box),
                               data_type=getattr(tm.TensorMapDataType, _TMAP_DTYPES[dtype]),
@@ -208,7 +223,7 @@ class Op:
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
         self._scratch = _scratch_exprs(table.get("scratch"))  # [(name, dtype, [dimension expressions])]
         self._workspaces: dict = {}  # (device, stream, name, dtype, shape) -> the zeroed buffer
-        self._tmaps: dict = {}  # (address, shape, strides, device, box, swizzle, dtype) -> a TMA descriptor
+        self._tmap_exprs: dict = {}  # launch (None: the table's) -> [(name, tensor, box expressions, swizzle)]
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
         self._serves = self._where = None
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
@@ -515,25 +530,26 @@ class Op:
 
     def tensor_maps(self, e: dict, full: dict, named: dict) -> dict:
         """name -> the TMA descriptor entry e's kernel gets (kernel.tensor_maps), built on the
-        caller's tensor with the box worked out for this shape. The last few are kept by the
-        tensor's address, shape and strides and the box, so calls on the same buffers (a
-        decode loop's, say) build none."""
-        maps = (e.get("launch") or self.t).get("tensor_maps") or ()
-        out = {}
+        caller's tensor with the box worked out for this shape: on the host, a few microseconds
+        a map, every call (a descriptor holds its tensor: kept, it would keep the caller's
+        buffers alive)."""
+        key = e.get("cubin") if e.get("launch") else None
+        maps = self._tmap_exprs.get(key)
+        if maps is None:
+            maps = self._tmap_exprs[key] = [(m["name"], m["tensor"], [_expr(x) for x in m["box"]], m["swizzle"])
+                                            for m in (e.get("launch") or self.t).get("tensor_maps") or ()]
         dtypes = {t["name"]: t["dtype"] for t in (*self.inputs, *self.outputs)}
-        for m in maps:
-            t = named[m["tensor"]]
-            box = tuple(int(_expr(x)(full)) for x in m["box"])
-            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.device), box, m["swizzle"],
-                   dtypes[m["tensor"]])
-            d = self._tmaps.get(key)
-            if d is None:
-                d = tensor_map(t, box, m["swizzle"], dtypes[m["tensor"]])
-                if len(self._tmaps) >= 64:
-                    self._tmaps.pop(next(iter(self._tmaps)))
-                self._tmaps[key] = d
-            out[m["name"]] = d
-        return out
+        return {name: tensor_map(named[tensor], tuple(int(f(full)) for f in box), swizzle, dtypes[tensor])
+                for name, tensor, box, swizzle in maps}
+
+    def _maps_fit(self, e: dict, tensors: dict, outs: list) -> bool:
+        """Whether every tensor entry e's kernel reads through a tensor map can be one (its
+        strides; tensor_map_unfit): where one cannot, the call takes the fallback."""
+        maps = (e.get("launch") or self.t).get("tensor_maps")
+        if not maps:
+            return True
+        named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
+        return all(tensor_map_unfit(named[m["tensor"]]) is None for m in maps)
 
     def arguments(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list, sizes: list,
                   scratch: dict | None = None, full: dict | None = None) -> list:
@@ -597,9 +613,10 @@ class Op:
         if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()):
             outs = [torch.empty(shape, dtype=DTYPES[t["dtype"]], device=x0.device)
                     for t, shape in zip(self.outputs, self.output_shapes(env))]
-            self.launch(e, env, tensors, scalars, outs)
-            self.calls["kernel"] += 1
-            return outs[0] if len(outs) == 1 else tuple(outs)
+            if self._maps_fit(e, tensors, outs):
+                self.launch(e, env, tensors, scalars, outs)
+                self.calls["kernel"] += 1
+                return outs[0] if len(outs) == 1 else tuple(outs)
         self.calls["fallback"] += 1
         out = (self.fallback_for(env) if x0.is_cuda else self.reference)(**tensors, **scalars)
         return out.contiguous() if isinstance(out, torch.Tensor) else tuple(o.contiguous() for o in out)

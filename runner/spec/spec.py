@@ -322,6 +322,7 @@ class TensorMapSpec:
     box: tuple[Expr, ...]  # over parameters, shape symbols and derived values, as the launch geometry
     swizzle: int  # 0 (none), 32, 64 or 128 bytes
     elem: int  # the tensor's element size in bytes
+    dims: tuple[Expr, ...] = ()  # the tensor's shape (its strides must suit the tensor copy)
 
 
 TMA_BOX_MAX = 256  # elements a box dimension (cuTensorMapEncodeTiled)
@@ -344,6 +345,17 @@ def tensor_map_box(values, tm: "TensorMapSpec") -> list[int]:
         raise ExprError(f"kernel.tensor_maps.{tm.name}.box: its innermost dimension is {inner} bytes, more than "
                         f"the {tm.swizzle}-byte swizzle spans")
     return box
+
+
+def tensor_map_strides(dims, tm: "TensorMapSpec") -> None:
+    """ExprError unless every stride of the (contiguous) tensor but the innermost is a multiple
+    of 16 bytes, as the tensor copy needs."""
+    stride = tm.elem
+    for i in range(len(dims) - 1, 0, -1):
+        stride *= int(dims[i])
+        if stride % 16 and int(dims[i - 1]) > 1:
+            raise ExprError(f"'{tm.tensor}' has a stride of {stride} bytes in dimension {i - 1}; the tensor "
+                            "copy needs multiples of 16 (op.domain_where can keep such sizes out)")
 
 
 @dataclass(frozen=True)
@@ -1215,9 +1227,11 @@ class _Checker:
             for sc in scratch:  # each dimension must come out a whole number of at least 1
                 exprs += [(("kernel", "scratch", sc.name, "shape", i), _checked_dim(d, sc.name, i))
                           for i, d in enumerate(sc.shape)]
-            for tm in tmaps:  # each box must be one the tensor copy can move
+            for tm in tmaps:  # each box must be one the tensor copy can move, the tensor one it can address
                 exprs.append((("kernel", "tensor_maps", tm.name, "box"),
                               lambda env, tm=tm: tensor_map_box([d(env) for d in tm.box], tm)))
+                exprs.append((("kernel", "tensor_maps", tm.name, "tensor"),
+                              lambda env, tm=tm: tensor_map_strides([d(env) for d in tm.dims], tm)))
             self.evaluate_over_space(space, op, exprs)
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
                           entry=k["entry"],
@@ -1286,7 +1300,7 @@ class _Checker:
             dims = [self.expr(base + ("box", i), x, scope) for i, x in enumerate(md["box"])]
             if all(d is not None for d in dims) and t is not None:
                 out.append(TensorMapSpec(name, t.name, tuple(dims), int(md.get("swizzle", 0)),
-                                         DTYPE_BYTES[t.dtype]))
+                                         DTYPE_BYTES[t.dtype], tuple(t.shape)))
         return out
 
     def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:

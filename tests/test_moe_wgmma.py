@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PIPELINES = ROOT / "pipelines"
 sys.path.insert(0, str(ROOT / "tools"))
 
 import moe_spec  # noqa: E402
@@ -79,11 +80,31 @@ def d_fragment(t: int, i: int, transposed: bool = False) -> tuple[int, int]:
     return 16 * w + lane // 4 + 8 * h, 8 * (i // 4) + 2 * (lane % 4) + e
 
 
-def emulate(cfg: dict, x, w, offs: list[int], T: int, copy=swz, sbo: int = 1024, transposed=False):
+def tma_boxes(cfg: dict, e: int, row0: int, nt: int, kt: int, up_at=None) -> list:
+    """The tensor copies of MMA wgmma_tma's tma_stage for one stage, as (part, byte offset in it,
+    tensor, coordinates outermost first, box rows): x's box at (row0, kt * 64), then w's at
+    (e, nt * BN, kt * 64), or under SwiGLU the gate box at (e, nt * BNO, ...) and the up box at
+    (e, NO + nt * BNO, ...) BN / 2 rows on (`up_at` moves the up box's first row: a broken
+    variant)."""
+    BM, BN, N, BK = cfg["BM"], cfg["BN"], cfg["N"], cfg["BK"]
+    out = [("A", 0, "x", (row0, kt * BK), BM)]
+    if cfg["ACT"] == "swiglu":
+        NO, BNO = N // 2, BN // 2
+        out.append(("B", 0, "w", (e, nt * BNO, kt * BK), BN // 2))
+        out.append(("B", BN // 2 * 128, "w", (e, (NO if up_at is None else up_at) + nt * BNO, kt * BK), BN // 2))
+    else:
+        out.append(("B", 0, "w", (e, nt * BN, kt * BK), BN))
+    return out
+
+
+def emulate(cfg: dict, x, w, offs: list[int], T: int, copy=swz, sbo: int = 1024, transposed=False, tma=None):
     """The wgmma kernel on the host, block by block: find_tile, load_stage's copies (all THREADS,
     the same thread-to-chunk map, zero-filled rows) into a 1024-aligned stage, the 4 k16 slices'
     descriptors for each warpgroup's A and the shared B, the products added into each thread's
-    fragment, then the epilogue's staging tile and its 16-byte chunks to y. Float64."""
+    fragment, then the epilogue's staging tile and its 16-byte chunks to y. Float64.
+    With `tma` (a function as tma_boxes), the stage is filled as the wgmma_tma path's tensor
+    copies fill it instead: each box's rows as they lie in the tensor (a group's following rows
+    too; rows past the tensor read zero), in the 128-byte swizzle."""
     import numpy as np
 
     E, N, K, BM, BN, BK = (cfg[k] for k in ("E", "N", "K", "BM", "BN", "BK"))
@@ -107,7 +128,15 @@ def emulate(cfg: dict, x, w, offs: list[int], T: int, copy=swz, sbo: int = 1024,
         acc = np.zeros((BM // 64, 128, BN // 2))
         for kt in range(K // BK):
             sm = np.full((base + STAGEB) // 2, np.nan)  # a stage's bytes as bf16 slots
-            for tid in range(THREADS):
+            for part, at, name, (o0, o1, *o2), nrows in (tma(cfg, e, row0, nt, kt) if tma else ()):
+                src = x if name == "x" else w[o0]
+                r0_, k0 = (o0, o1) if name == "x" else (o1, o2[0])
+                for r in range(nrows):
+                    row = src[r0_ + r, k0:k0 + BK] if r0_ + r < src.shape[0] else np.zeros(BK)
+                    for c in range(CH):
+                        d = (base + (0 if part == "A" else ABYTES) + at + copy(r, c)) // 2
+                        sm[d:d + 8] = row[8 * c:8 * c + 8]
+            for tid in range(THREADS if tma is None else 0):
                 c, r0 = tid % CH, tid // CH
                 for u in range(-(-BM * CH // THREADS)):
                     r = r0 + u * (THREADS // CH)
@@ -194,6 +223,22 @@ def test_emulated_wgmma_data_path_matches_float64(cfg):
     y = emulate(cfg, x, w, offs, 45)
     assert not np.isnan(y).any(), "a row never written"
     np.testing.assert_allclose(y, _ref(x, w, offs, cfg["ACT"]), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("cfg", WG_CFGS, ids=lambda c: f"BM{c['BM']}-BN{c['BN']}-{c['ACT']}")
+def test_emulated_tma_data_path_matches_float64(cfg):
+    # the wgmma_tma path's stages: its boxes' coordinates, the rows past a group (the next
+    # expert's, or zero past x) computed and never stored
+    import numpy as np
+
+    cfg = _full(cfg)
+    x, w, offs = _case(cfg)
+    y = emulate(cfg, x, w, offs, 45, tma=tma_boxes)
+    assert not np.isnan(y).any(), "a row never written"
+    np.testing.assert_allclose(y, _ref(x, w, offs, cfg["ACT"]), rtol=1e-9, atol=1e-9)
+    if cfg["ACT"] == "swiglu":  # the up rows right after the gate rows: wrong
+        broken = emulate(cfg, x, w, offs, 45, tma=lambda *a: tma_boxes(*a, up_at=cfg["BN"] // 2))
+        assert not np.allclose(broken, _ref(x, w, offs, cfg["ACT"]))
 
 
 @pytest.mark.parametrize("broken", ["no-xor", "pair-xor", "sbo-512", "fragment"])
@@ -367,4 +412,57 @@ def test_nvrtc_compiles_wgmma_for_sm_90a(moe_specs):
     for op in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "wgmma.fence.sync.aligned",
                "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned", "fence.proxy.async.shared::cta",
                ".target sm_90a"):
+        assert op in ptx, op
+
+
+def test_the_tma_spec_passes_x_and_w_as_tensor_maps():
+    # moe-fine-tma-h200: the kernel takes x and w only through maps whose boxes are its stages'
+    from runner.build.builder import Builder
+    from runner.spec.spec import load_spec
+
+    s = load_spec(PIPELINES / "moe-fine-tma-h200.yaml")
+    assert s.kernel.args == ("xmap", "wmap", "offs", "y", "T") and not s.kernel.scratch
+    maps = {m.name: m for m in s.kernel.tensor_maps}
+    assert (maps["xmap"].tensor, maps["wmap"].tensor) == ("x", "w") and {m.swizzle for m in maps.values()} == {128}
+    b = Builder(s)
+    cfgs = [dict(c) for c in s.space]
+    assert cfgs and all(c["MMA"] == "wgmma_tma" and c["WM"] == c["BM"] // 16 for c in cfgs)
+    for cfg in cfgs:
+        geo = b.geometry(cfg, [{"T": 4096}])[0]
+        assert geo["tensor_maps"] == {"xmap": [cfg["BM"], 64], "wmap": [1, cfg["BN"], 64]}
+        assert geo["shared_mem"] == cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * 128 + 1024
+    src = b.render_all(cfgs[0], shapes=[{"T": 4096}])[0]
+    assert "const __grid_constant__ TmaDesc xmap, const __grid_constant__ TmaDesc wmap" in src
+    body = src.split("moe_gemm_bf16(")[1]
+    assert "tma_stage(" in body and "load_stage(" not in body  # the tensor copies, not every thread's
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_every_tma_configuration():
+    """NVRTC for sm_90a, every configuration of moe-fine-tma-h200: no spills, no stack, the
+    tensor copies and the mbarrier waits in the PTX."""
+    pytest.importorskip("cuda.core")
+    from runner.build.builder import Builder
+    from runner.spec.spec import load_spec
+
+    s = load_spec(PIPELINES / "moe-fine-tma-h200.yaml")
+    b = Builder(s)
+    cfgs = [dict(c) for c in s.space]
+    srcs = [b.render_all(c, shapes=[{"T": 4096}])[0] for c in cfgs]
+    for cfg, c in zip(cfgs, b._compile_all(srcs)):
+        assert c.ok, (cfg, c.reason)
+        r = c.resources
+        assert not (r.get("spill_stores") or r.get("spill_loads") or r.get("stack_bytes")), (cfg, r)
+        assert not (c.ptx or {}).get("asm"), c.ptx
+    from cuda.core import Program
+
+    from runner.build.backends import cuda
+
+    prog = Program(srcs[-1], "c++", cuda._options(s.kernel.options, "sm_90", "tma.cu"))
+    prog.compile("cubin")
+    ptx = cuda._ptx_text(prog)
+    for op in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+               "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+               "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.try_wait.parity.shared::cta.b64",
+               "wgmma.mma_async.sync.aligned"):
         assert op in ptx, op

@@ -179,3 +179,38 @@ def test_the_judge_builds_each_map_on_its_own_buffer_with_the_launch_box(monkeyp
     vals = w._values({"M": 37, "N": 200}, {"x": x}, [y], (), geo)
     assert vals[:2] == ["map1", "map2"] and vals[2] == y.view.data_ptr() and vals[3:] == [37, 200]
     assert built[0][0] is x and built[0][1:] == ([16, 64], 0, "bf16") and built[1][1:] == ([16, 64], 128, "bf16")
+
+
+def test_the_launch_takes_a_map_only_as_a_128_byte_parameter(monkeypatch):
+    # Runtime.load against the kernel's own parameter sizes (from its cubin): a tensor map is
+    # 128 bytes by value; a kernel that declares a pointer there is refused, with the reason
+    import cuda.core
+
+    from runner.build.backends import cuda as cuda_backend
+
+    class Kernel:
+        def __init__(self, sizes):
+            self.arguments_info = [type("P", (), {"size": n})() for n in sizes]
+
+    class Obj:
+        sizes: list = []
+
+        @classmethod
+        def from_cubin(cls, path):
+            return cls()
+
+        def get_kernel(self, entry):
+            return Kernel(Obj.sizes)
+    monkeypatch.setattr(cuda.core, "ObjectCode", Obj)
+    rt = cuda_backend.Runtime.__new__(cuda_backend.Runtime)
+    rt._mods = {}
+    kinds = ["tmap", "tmap", "ptr", "auto", "auto"]
+    Obj.sizes = [128, 128, 8, 4, 4]
+    kernel, casts = rt.load("a.cubin", "tma_scale", kinds)
+    marker = object()
+    assert casts[0](marker) is marker and casts[1](marker) is marker  # the descriptor as built
+    Obj.sizes = [8, 128, 8, 4, 4]
+    rt._mods = {}
+    with pytest.raises(cuda_backend.LaunchError, match="parameter 0 of 'tma_scale' is 8 bytes, the spec passes a "
+                                                        "tensor map"):
+        rt.load("b.cubin", "tma_scale", kinds)

@@ -190,10 +190,9 @@ class Judge:
             from ..ship.exported_runtime import tensor_map
 
             live = {**inputs, **{t.name: o.view for t, o in zip(self.op.outputs, outs)}}
-            dtypes = {t.name: t.dtype for t in (*self.op.inputs, *self.op.outputs)}
             boxes = (geometry or {}).get("tensor_maps") or {}
             for name, m in self.tensor_maps.items():
-                tensors[name] = tensor_map(live[m.tensor], boxes[name], m.swizzle, dtypes[m.tensor])
+                tensors[name] = tensor_map(live[m.tensor], boxes[name], m.swizzle, m.dtype)
         vals = []
         for a in self.spec.kernel.args:
             vals.append(tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a])

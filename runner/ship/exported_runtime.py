@@ -223,7 +223,7 @@ class Op:
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
         self._scratch = _scratch_exprs(table.get("scratch"))  # [(name, dtype, [dimension expressions])]
         self._workspaces: dict = {}  # (device, stream, name, dtype, shape) -> the zeroed buffer
-        self._tmap_exprs: dict = {}  # launch (None: the table's) -> [(name, tensor, box expressions, swizzle)]
+        self._tmap_exprs: dict = {}  # launch (None: the table's) -> [(name, tensor, box expressions, swizzle, dtype)]
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
         self._serves = self._where = None
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
@@ -528,19 +528,23 @@ class Op:
         self._workspaces.clear()
         return n
 
-    def tensor_maps(self, e: dict, full: dict, named: dict) -> dict:
-        """name -> the TMA descriptor entry e's kernel gets (kernel.tensor_maps), built on the
-        caller's tensor with the box worked out for this shape: on the host, a few microseconds
-        a map, every call (a descriptor holds its tensor: kept, it would keep the caller's
-        buffers alive)."""
+    def tensor_maps(self, e: dict, env: dict, named: dict, full: dict | None = None) -> dict:
+        """name -> the TMA descriptor entry e's kernel gets (kernel.tensor_maps; none without),
+        built on the caller's tensor with the box worked out for this shape: on the host, a few
+        microseconds a map, every call (a descriptor holds its tensor: kept, it would keep the
+        caller's buffers alive)."""
         key = e.get("cubin") if e.get("launch") else None
         maps = self._tmap_exprs.get(key)
         if maps is None:
-            maps = self._tmap_exprs[key] = [(m["name"], m["tensor"], [_expr(x) for x in m["box"]], m["swizzle"])
+            dtypes = {t["name"]: t["dtype"] for t in (*self.inputs, *self.outputs)}
+            maps = self._tmap_exprs[key] = [(m["name"], m["tensor"], [_expr(x) for x in m["box"]], m["swizzle"],
+                                             dtypes[m["tensor"]])
                                             for m in (e.get("launch") or self.t).get("tensor_maps") or ()]
-        dtypes = {t["name"]: t["dtype"] for t in (*self.inputs, *self.outputs)}
-        return {name: tensor_map(named[tensor], tuple(int(f(full)) for f in box), swizzle, dtypes[tensor])
-                for name, tensor, box, swizzle in maps}
+        if not maps:
+            return {}
+        full = self._full(e, env) if full is None else full
+        return {name: tensor_map(named[tensor], tuple(int(f(full)) for f in box), swizzle, dtype)
+                for name, tensor, box, swizzle, dtype in maps}
 
     def _maps_fit(self, e: dict, tensors: dict, outs: list) -> bool:
         """Whether every tensor entry e's kernel reads through a tensor map can be one (its
@@ -559,8 +563,7 @@ class Op:
         import numpy as np
 
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors, **(scratch or {})}
-        maps = self.tensor_maps(e, self._full(e, env) if full is None else full, named) \
-            if (e.get("launch") or self.t).get("tensor_maps") else {}
+        maps = self.tensor_maps(e, env, named, full)
         casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
         stypes = {s["name"]: s["type"] for s in self.scalars}
         args = []

@@ -157,16 +157,16 @@ def best_fallback(res: dict, fallbacks=(), twins=()) -> tuple[str | None, float 
     return best
 
 
-def _twins(op, axes: list[str], shape: dict, hi: dict | None = None, n: int | None = None) -> list[dict]:
-    """The n (TWINS) sizes after `shape` along its largest axis (below `hi` there, where given)
-    that lie inside op.domain_where: where the fallback is timed again beside `shape`."""
+def _twins(op, axes: list[str], shape: dict, hi: dict, n: int | None = None) -> list[dict]:
+    """The n (TWINS) sizes after `shape` along its largest axis, below `hi` there (where the
+    range `shape` stands for ends), that lie inside op.domain_where: where the fallback is
+    timed again beside `shape`."""
     n = TWINS if n is None else n
     if n <= 0:
         return []
     a = max(axes, key=lambda x: shape[x])
-    top = hi[a] if hi else op.domain[a].max + 1
     out = []
-    for v in range(shape[a] + 1, min(top, shape[a] + 1 + 4 * n)):
+    for v in range(shape[a] + 1, min(hi[a], shape[a] + 1 + 4 * n)):
         sh = _inside(op, {**shape, a: v})  # the other sizes (a few-rows level's rows) as they are
         if sh is not None:
             out.append(sh)
@@ -528,12 +528,12 @@ def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) 
             centre = _inside(op, op.point({a: _geo_mid(lo, hi - 1) for a, lo, hi in c}))
             timed = len(cuts) > 1 and centre is not None and near
             parts.append((part, (centre, near) if timed else None))
-    todo = [t for _, t in parts if t is not None]
+    todo = [(p, t) for p, t in parts if t is not None]
     if not todo:
         return [p for p, _ in parts]
     # the fallback also at each centre's twins, inside its part
-    res = iter(time_with_twins(prober, [c for c, _ in todo], [k for _, k in todo],
-                               [_twins(op, axes, c, p["hi"]) for p, t in parts if t is not None for c in [t[0]]]))
+    res = iter(time_with_twins(prober, [c for _, (c, _) in todo], [k for _, (_, k) in todo],
+                               [_twins(op, axes, c, p["hi"]) for p, (c, _) in todo]))
     out = []
     for part, t in parts:
         if t is not None:

@@ -321,8 +321,13 @@ class TensorMapSpec:
     tensor: str
     box: tuple[Expr, ...]  # over parameters, shape symbols and derived values, as the launch geometry
     swizzle: int  # 0 (none), 32, 64 or 128 bytes
-    elem: int  # the tensor's element size in bytes
-    dims: tuple[Expr, ...] = ()  # the tensor's shape (its strides must suit the tensor copy)
+    dtype: str  # the tensor's
+    dims: tuple[Expr, ...]  # the tensor's shape (its strides must suit the tensor copy)
+
+    @property
+    def elem(self) -> int:
+        """The tensor's element size in bytes."""
+        return DTYPE_BYTES[self.dtype]
 
 
 TMA_BOX_MAX = 256  # elements a box dimension (cuTensorMapEncodeTiled)
@@ -1299,8 +1304,8 @@ class _Checker:
                 continue
             dims = [self.expr(base + ("box", i), x, scope) for i, x in enumerate(md["box"])]
             if all(d is not None for d in dims) and t is not None:
-                out.append(TensorMapSpec(name, t.name, tuple(dims), int(md.get("swizzle", 0)),
-                                         DTYPE_BYTES[t.dtype], tuple(t.shape)))
+                out.append(TensorMapSpec(name, t.name, tuple(dims), int(md.get("swizzle", 0)), t.dtype,
+                                         tuple(t.shape)))
         return out
 
     def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:

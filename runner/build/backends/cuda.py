@@ -408,10 +408,10 @@ def _cap_printf_fifo() -> int | None:
         return None
 
 
-
 def _same(v):
     """A tensor map's cast: the descriptor as built (cuda.core launches it by value)."""
     return v
+
 
 class Runtime:
     """Worker side: load cubins, launch on torch's stream, time with events."""

@@ -426,15 +426,20 @@ def test_the_tma_spec_passes_x_and_w_as_tensor_maps():
     assert (maps["xmap"].tensor, maps["wmap"].tensor) == ("x", "w") and {m.swizzle for m in maps.values()} == {128}
     b = Builder(s)
     cfgs = [dict(c) for c in s.space]
-    assert cfgs and all(c["MMA"] == "wgmma_tma" and c["WM"] == c["BM"] // 16 for c in cfgs)
+    assert cfgs and all(c["MMA"] in ("wgmma_tma", "wgmma_tma_ws") and c["WM"] == c["BM"] // 16 for c in cfgs)
+    assert {c["MMA"] for c in cfgs} == {"wgmma_tma", "wgmma_tma_ws"}
     for cfg in cfgs:
         geo = b.geometry(cfg, [{"T": 4096}])[0]
         assert geo["tensor_maps"] == {"xmap": [cfg["BM"], 64], "wmap": [1, cfg["BN"], 64]}
         assert geo["shared_mem"] == cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * 128 + 1024
-    src = b.render_all(cfgs[0], shapes=[{"T": 4096}])[0]
-    assert "const __grid_constant__ TmaDesc xmap, const __grid_constant__ TmaDesc wmap" in src
-    body = src.split("moe_gemm_bf16(")[1]
-    assert "tma_stage(" in body and "load_stage(" not in body  # the tensor copies, not every thread's
+        # wgmma_tma_ws: the consumers' warps and one producer warpgroup after them
+        assert geo["block"] == [cfg["BM"] * 2 + (128 if cfg["MMA"] == "wgmma_tma_ws" else 0)], (cfg, geo)
+    for cfg in cfgs[:1] + [c for c in cfgs if c["MMA"] == "wgmma_tma_ws"][:1]:
+        src = b.render_all(cfg, shapes=[{"T": 4096}])[0]
+        assert "const __grid_constant__ TmaDesc xmap, const __grid_constant__ TmaDesc wmap" in src
+        assert f"#define PROD {int(cfg['MMA'] == 'wgmma_tma_ws')}" in src
+        body = src.split("moe_gemm_bf16(")[1]
+        assert "tma_stage(" in body and "load_stage(" not in body  # the tensor copies, not every thread's
 
 
 @pytest.mark.slow
@@ -458,11 +463,17 @@ def test_nvrtc_compiles_every_tma_configuration():
 
     from runner.build.backends import cuda
 
-    prog = Program(srcs[-1], "c++", cuda._options(s.kernel.options, "sm_90", "tma.cu"))
-    prog.compile("cubin")
-    ptx = cuda._ptx_text(prog)
-    for op in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-               "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
-               "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.try_wait.parity.shared::cta.b64",
-               "wgmma.mma_async.sync.aligned"):
-        assert op in ptx, op
+    for mma in ("wgmma_tma", "wgmma_tma_ws"):
+        src = srcs[max(i for i, c in enumerate(cfgs) if c["MMA"] == mma)]
+        prog = Program(src, "c++", cuda._options(s.kernel.options, "sm_90", "tma.cu"))
+        prog.compile("cubin")
+        ptx = cuda._ptx_text(prog)
+        for op in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                   "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                   "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.try_wait.parity.shared::cta.b64",
+                   "wgmma.mma_async.sync.aligned"):
+            assert op in ptx, (mma, op)
+        # the producer warpgroup's path: per-stage empty barriers and the consumers' own barrier
+        ws = mma == "wgmma_tma_ws"
+        assert ("mbarrier.arrive.shared::cta.b64" in ptx) == ws, mma
+        assert ("bar.sync \t1" in ptx or "bar.sync 1" in ptx or "barrier.sync 1" in ptx) == ws, mma

@@ -44,7 +44,7 @@ def test_the_exported_op_builds_its_maps_on_the_callers_tensors(package):
             want = (x.double() * 2 + 1).bfloat16()
             # the table may leave a size to torch; where it names a kernel, the kernel runs
             # (fresh contiguous tensors: their strides always fit a tensor map)
-            named = pkg.op.entry_for(pkg.op.symbols_of({"x": x})) is not None
+            named = pkg.op.entry_for(pkg.op.symbols_of({{"x": x}})) is not None
             before = dict(pkg.op.calls)
             assert torch.equal(fn(x), want), (M, N)
             assert pkg.op.calls["kernel"] - before["kernel"] == int(named), (M, N, pkg.op.calls)

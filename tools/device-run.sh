@@ -37,6 +37,12 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 rm -rf /tmp/runs  # a machine still warm from the last call keeps its runs: every call starts afresh
+if [ "$*" = pack ]; then
+  # pack alone (after a step list cut short by `timeout`): the first invocation's clock log
+  # and machine notes stay as they are
+  (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .)
+  exit 0
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache-$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader | tee "$OUT/machine.txt"

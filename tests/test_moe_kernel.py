@@ -91,7 +91,7 @@ def test_routings():
 def test_spaces(moe_specs):
     for name, ms in moe_specs.items():
         cfgs = ms.cfgs
-        assert 30 <= len(cfgs) <= 150, (name, len(cfgs))
+        assert 30 <= len(cfgs) <= 200, (name, len(cfgs))  # a grid of the whole space stays a few hundred trials
         assert dict(ms.spec.start) in cfgs, name
         assert ms.spec.kernel.args == ("x", "w", "offs", "y", "ws", "T") or list(ms.spec.kernel.args) == \
             ["x", "w", "offs", "y", "ws", "T"]

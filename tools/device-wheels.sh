@@ -11,5 +11,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
   'jsonschema==4.26.0' 'jsonschema-specifications==2025.9.1' 'referencing==0.37.0' 'rpds-py==0.30.0' \
-  'structlog==26.1.0' 'pcpp==1.30' 'optuna==5.0.0' 'alembic==1.20.1' 'colorlog==6.12.0' 'sqlalchemy==2.1.9' 'mako==1.4.3'
+  'structlog==26.1.0' 'pcpp==1.30' 'optuna==5.0.0' 'alembic==1.20.1' 'colorlog==6.12.0' 'sqlalchemy==2.1.9' 'mako==1.4.3' 'nvidia-ml-py==13.580.126'
 ls -la .whl

@@ -182,9 +182,13 @@ class Evaluator:
         trial.details["timed_calls"] = [s.get("n") for s in verdict["shapes"]]
         times = [s["median"] for s in verdict["shapes"]]
         spreads = [s["spread"] for s in verdict["shapes"]]
+        clocks = [s.get("clock") for s in verdict["shapes"]]  # the SM clock and power over each timing
         if plan is not None:  # back onto the spec's timed shapes: None where it does not serve
             times, spreads = _spread_out(plan[0], times, len(sp.op.shapes)), \
                 _spread_out(plan[0], spreads, len(sp.op.shapes))
+            clocks = _spread_out(plan[0], clocks, len(sp.op.shapes))
+        if any(clocks):
+            trial.details["clocks"] = clocks
         shapes = self._score(trial, times, spreads)
         self.sources[trial.key] = sources
         self.artifacts[trial.key] = artifacts

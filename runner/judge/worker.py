@@ -42,6 +42,8 @@ class Judge:
         self.torch = torch
         self.spec = spec
         self.op = spec.op
+        self._clocks = False  # the clock sampler: not started yet (_clock_watch)
+        self.last_clock = None  # the SM clock and power over the last timing (_bench)
         self.rt = backends.get(spec.kernel.backend).Runtime(spec.hw, spec.runtime)
         from ..core.userpath import load_callable  # from the spec's folder, then sys.path
 
@@ -251,6 +253,10 @@ class Judge:
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
                second_check: float | None = None, after=None, guard=None) -> list[float]:
+        """The call's times (timing.bench); `last_clock` then holds the GPU's SM clock and power
+        over the timing (judge/clocks.py; None without NVML or off the GPU)."""
+        import time
+
         from .timing import bench
 
         rt = self.spec.runtime
@@ -260,9 +266,23 @@ class Judge:
         checks = [check_at] if check_at else []
         if check_at and second_check is not None:
             checks.append((second_check, check_at[1]))
-        return bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                     before=before, timer=self.rt.timer, checks=checks, min_reps=10, after=after,
-                     plan=getattr(refresh, "plan", None), guard=guard)
+        watch = self._clock_watch()
+        t0 = time.monotonic()
+        times = bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
+                      before=before, timer=self.rt.timer, checks=checks, min_reps=10, after=after,
+                      plan=getattr(refresh, "plan", None), guard=guard)
+        self.last_clock = watch.window(t0, time.monotonic()) if watch is not None else None
+        return times
+
+    def _clock_watch(self):
+        """The judge's clock sampler (judge/clocks.py), started at the first timing on a CUDA
+        device; None elsewhere or without NVML."""
+        if self._clocks is False:
+            from .clocks import ClockWatch
+
+            self._clocks = (ClockWatch.start(self.torch.cuda.current_device())
+                            if self.rt.device == "cuda" else None)
+        return self._clocks
 
     # -- requests --------------------------------------------------------------
     def evaluate(self, job: dict) -> dict:
@@ -371,7 +391,7 @@ class Judge:
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
-            shapes_out.append(stats(times).as_dict())
+            shapes_out.append({**stats(times).as_dict(), **({"clock": self.last_clock} if self.last_clock else {})})
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
@@ -753,6 +773,7 @@ class Judge:
         inputs change before every call and the L2 is flushed as the spec says."""
         import statistics
 
+        from .clocks import merge as merge_clocks
         from .verify import compare as close_enough
 
         torch = self.torch
@@ -822,6 +843,7 @@ class Judge:
                 errors["copy"] = None
             names = list(calls)
             times: dict[str, list[float]] = {k: [] for k in names}
+            clocks: dict[str, list] = {k: [] for k in names}  # each round's SM clock and power (clocks.py)
             for r in range(job.get("rounds", 3)):
                 for name in (names if r % 2 == 0 else names[::-1]):
                     # one protocol for every arm: new input values and the L2 flush queued
@@ -830,6 +852,7 @@ class Judge:
                     cand = name in outs_of
                     ts = self._bench(calls[name], refresh=refresh, guard=self._guard if cand else None)
                     times[name].append(_mid(ts))
+                    clocks[name].append(self.last_clock)
                     outlived = self._outlived() if cand else None
                     if outlived and errors.get(name) is None:
                         errors[name] = outlived
@@ -876,7 +899,8 @@ class Judge:
                                   "rounds": times.get(name, []), "error": errors.get(name),
                                   "mode": getattr(calls.get(name), "mode", None),
                                   **({"note": calls[name].note} if getattr(calls.get(name), "note", None)
-                                     else {})}
+                                     else {}),
+                                  **({"clock": c} if (c := merge_clocks(clocks.get(name) or [])) else {})}
                            for name in dict.fromkeys([*names, *errors])})
             del calls, outs_of, inputs, sets, answers, taken, results, ws_of
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None

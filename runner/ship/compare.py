@@ -310,6 +310,24 @@ def _one_choice_per_size(rows: list[dict]) -> None:
                 _unship(r, "not the same nearest kernel faster and verified on every held-out shape of these sizes")
 
 
+def _clock_lines(shapes: list[dict]) -> list[str]:
+    """A line per shape where the tuned kernel or an arm ran below full clock (judge/clocks.py):
+    each one's SM clock, its low, the power's high and NVML's reasons, over its rounds."""
+    from ..judge.clocks import describe
+
+    out = []
+    for s in shapes:
+        t = s.get("tuned") or {}
+        tuned = (s["candidates"].get(t.get("trial")) or s["candidates"].get(str(t.get("trial"))) or {}).get("clock")
+        got = ([("tuned", tuned)] if tuned else []) + [(n, a["clock"]) for n, a in s["arms"].items() if a.get("clock")]
+        if any(c.get("throttled") for _, c in got):
+            out.append(f"  {s['label']}: " + "; ".join(f"{n} {describe(c)}" for n, c in got))
+    if out:
+        out.insert(0, "below full clock (SM clock median, its low, the power's high and NVML's reasons over the "
+                      "timed rounds):")
+    return out
+
+
 def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict | None = None) -> dict:
     fl = figures.floors(spec)
     by_id = {t.id: t for t in history}
@@ -328,7 +346,8 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict 
                                        **({"batch_invariant": t.details.get("batch_invariant")}
                                           if spec.op.batch_axis else {}),
                                        "pick_s": pick, "rounds_s": d["rounds"], "recorded_s": t.times[i],
-                                       "error": d["error"], "mode": d.get("mode")}
+                                       "error": d["error"], "mode": d.get("mode"),
+                                       **({"clock": d["clock"]} if d.get("clock") else {})}
             if d["error"] is None and pick and (best is None or pick < best[1]):
                 best = (t.id, pick)
         if best is not None:  # the winner's reported time comes from rounds that did not pick it
@@ -349,7 +368,8 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict 
             if d is None:
                 continue
             a = {"error": d["error"], **({"mode": d["mode"]} if d.get("mode") else {}),
-                 **({"note": d["note"]} if d.get("note") else {})}
+                 **({"note": d["note"]} if d.get("note") else {}),
+                 **({"clock": d["clock"]} if d.get("clock") else {})}
             if d["median"]:
                 a.update(_rates(f, d["median"], copy_s))
                 if best and d["error"] is None:
@@ -469,6 +489,7 @@ def format_table(doc: dict) -> str:
             lines.append(f"  {h['label']}: table -> {h['choice']} {ch} ({h.get('via', '')}); best {h['best']} {bs}; {rg}")
             for k, why in h["errors"].items():
                 lines.append(f"    {k}: {why}")
+    lines += _clock_lines(doc["shapes"])
     for s in doc["shapes"]:
         for arm, a in s["arms"].items():
             if a.get("error"):

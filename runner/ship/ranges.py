@@ -653,7 +653,8 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
             d = r.get(name)
             if d is None:
                 continue
-            arms[name] = {"time_s": d.get("median"), "error": d.get("error")}
+            arms[name] = {"time_s": d.get("median"), "error": d.get("error"),
+                          **({"clock": d["clock"]} if d.get("clock") else {})}
         fb = fallback_of(table, shape) if pick is None else None
         if pick is not None:
             d = r.get(f"#{pick}") or {}
@@ -662,7 +663,9 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
             d = r.get(fb) or {}
             table_s, err = d.get("median"), d.get("error")
         else:
-            table_s, err = (r.get("torch eager") or {}).get("median"), None
+            d = r.get("torch eager") or {}
+            table_s, err = d.get("median"), None
+        table_clock = d.get("clock")  # the SM clock and power over the table's timings (judge/clocks.py)
         best_arm = min(((a["time_s"], name) for name, a in arms.items()
                         if name != "copy" and a["time_s"] and not a["error"]), default=(None, None))
         row = {"shape": shape, "use": f"#{pick}" if pick is not None else ("fallback" + (f": {fb}" if fb else "")),
@@ -670,7 +673,8 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
                "table_error": err, "bytes": f["bytes"], "arms": arms, "best_arm": best_arm[1],
                "best_arm_s": best_arm[0],
                # graph replay or direct launches: every arm of a point runs in the same mode
-               "mode": (r.get(f"#{pick}") or r.get("torch eager") or {}).get("mode")}
+               "mode": (r.get(f"#{pick}") or r.get("torch eager") or {}).get("mode"),
+               **({"table_clock": table_clock} if table_clock else {})}
         if table_s and best_arm[0]:
             row["regret"] = table_s / best_arm[0] - 1
             row["bytes_per_s"] = f["bytes"] / table_s
@@ -719,6 +723,7 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                  f"every arm of the point timed as CUDA graph replays; regret: over the best arm but copy"
                  + ("; read%: the table's time against the op's bytes at the profile's read-only bandwidth)"
                     if ceiling == "read" else ")"))
+    lines += clock_notes(rows)
     said: set[str] = set()
     for r in rows:  # why an arm is wrong or n/a: once per arm, at the first point it was
         for n, d in r["arms"].items():
@@ -726,6 +731,27 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                 said.add(n)
                 lines.append(f"{n} at {'x'.join(str(v) for v in r['shape'].values())}: {d['error']}")
     return "\n".join(lines)
+
+
+def clock_notes(rows: list[dict]) -> list[str]:
+    """A line per secret point whose table or best arm ran below full clock (judge/clocks.py):
+    the SM clock and power of both, so that a time is read with the clock it ran at."""
+    from ..judge.clocks import describe
+
+    out = []
+    for r in rows:
+        best = (r["arms"].get(r.get("best_arm") or "") or {}).get("clock")
+        mine = r.get("table_clock")
+        if not ((mine or {}).get("throttled") or (best or {}).get("throttled")):
+            continue
+        label = "x".join(str(v) for v in r["shape"].values())
+        parts = ([f"table {describe(mine)}"] if mine else []) + \
+                ([f"{r['best_arm']} {describe(best)}"] if best and r.get("best_arm") else [])
+        out.append(f"  {label}: " + "; ".join(parts))
+    if out:
+        out.insert(0, f"below full clock at {len(out)} of {len(rows)} points (SM clock median, its low, the power's "
+                      "high and NVML's reasons over the timed rounds):")
+    return out
 
 
 def format_ranges(table: dict) -> str:

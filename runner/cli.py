@@ -111,6 +111,23 @@ def cmd_run(a) -> int:
         return EXIT_INPUT
     _check_free(a)
     spec = _load(a.spec)
+    if a.only:
+        from .spec.spec import restrict
+
+        try:
+            spec = restrict(spec, a.only)
+        except ValueError as e:
+            print(str(e), file=sys.stderr)
+            return EXIT_INPUT
+        if not spec.starts:
+            # the agents begin at a start configuration: the subspace needs one of its own
+            spec = _start_inside(spec)
+        n = sum(1 for _ in spec.space)
+        if n == 0:
+            print(f"pipe run: --only {' '.join(a.only)} leaves no configuration that meets the spec's constraints",
+                  file=sys.stderr)
+            return EXIT_INPUT
+        print(f"searching the subspace {'; '.join(a.only)}: {n} configurations")
     scale = _scale(a, spec)
     if not a.no_hw_check and a.ray is None:
         loop.check_hardware(spec)
@@ -132,6 +149,15 @@ def cmd_run(a) -> int:
     else:
         print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
     return out.exit_code
+
+
+def _start_inside(spec):
+    """The spec with the first configuration of its (restricted) space as its start, where the
+    spec's own starts all lie outside it."""
+    import dataclasses
+
+    first = next(iter(spec.space), None)
+    return dataclasses.replace(spec, start=first, starts=(first,) if first else ())
 
 
 def cmd_eval(a) -> int:
@@ -418,6 +444,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-hw-check", action="store_true", help="run even if the GPU does not match the profile")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-trial lines")
     r.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
+    r.add_argument("--only", action="append", metavar="NAME=V1,V2",
+                   help="search the subspace where NAME takes only these values (repeatable); the run's "
+                        "trials are verdicts of the whole spec, so compare and export read it as any run")
     _scale_flags(r)
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="time a run's per-shape best against torch eager, torch.compile, "

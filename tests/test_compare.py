@@ -42,6 +42,27 @@ def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
     assert r.returncode == 2 and "not among ACC's values" in r.stderr
 
 
+def test_run_only_searches_a_subspace_outside_the_spec_start(tmp_path):
+    """pipe run --only: every trial inside the subspace, the spec's start (ACC 1, UNROLL 1)
+    outside it replaced by the subspace's first configuration; an empty or unknown one refused."""
+    from runner.ledger.ledger import Ledger
+
+    run = tmp_path / "run"
+    r = pipe_main("run", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=8,16", "--only", "UNROLL=2,4",
+                  "--run-dir", run, "--max-trials", "3", "-q", cwd=ROOT)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    assert "searching the subspace ACC=8,16; UNROLL=2,4: 4 configurations" in r.stdout
+    led = Ledger.read(run)
+    try:
+        trials = led.trials()
+    finally:
+        led.close()
+    assert trials and all(t.params["ACC"] in (8, 16) and t.params["UNROLL"] in (2, 4) for t in trials)
+    assert trials[0].params == {"ACC": 8, "THREADS": 1, "UNROLL": 2}
+    r = pipe_main("run", PIPELINES / "rmsnorm-cpu.yaml", "--only", "UNROLL=3", "--run-dir", tmp_path / "x", cwd=ROOT)
+    assert r.returncode == 2 and "not among UNROLL's values" in r.stderr
+
+
 def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path):
     """A sweep longer than one call of the GPU machine: --minutes stops it (exit 1, the
     dataset holds what was recorded), and the same --run-dir picks it up."""

@@ -508,3 +508,26 @@ def test_exported_fallback_is_the_arm_its_range_measured_fastest(tmp_path):
     op._chosen.clear()
     op.deterministic = True
     assert fn(3, 1000) is ref
+
+
+def test_a_fallback_range_says_how_far_its_fastest_kernel_was_behind():
+    """Where the fallback won a point, the table keeps its fastest kernel there (by the rounds
+    that pick, its time from the others) and the ranges' text says by how much it lost."""
+    res = {"#4": {"rounds": [3.0e-3, 2.90e-3, 3.1e-3, 2.92e-3]},   # pick 3.05 ms, report 2.91
+           "#1": {"rounds": [2.95e-3, 3.00e-3, 2.97e-3, 3.02e-3]},  # pick 2.96: the fastest
+           "#9": {"rounds": [1e-3, 1e-3], "error": "wrong: output 0"},  # wrong: never the nearest
+           "#7": {"rounds": []}}
+    assert ranges.nearest_kernel(res, [4, 1, 9, 7]) == {"trial": 1, "time_s": 3.01e-3}
+    assert ranges.nearest_kernel(res, [9, 7]) is None
+    table = {"axes": ["T"], "exact": [], "ranges": [
+        {"lo": {"T": 256}, "hi": {"T": 535}, "point": {"T": 256}, "use": [4, 1], "eager_s": 6.0e-4, "fallback": "loop"},
+        {"lo": {"T": 535}, "hi": {"T": 1798}, "point": {"T": 1024}, "use": [], "eager_s": 8.0e-4, "fallback": "loop",
+         "nearest": {"trial": 52, "time_s": 8.2e-4}},
+        {"lo": {"T": 1798}, "hi": {"T": 2896}, "point": {"T": 2048}, "use": [], "eager_s": 1.6e-3, "fallback": "loop",
+         "nearest": {"trial": 51, "time_s": 1.62e-3}},
+        {"lo": {"T": 2896}, "hi": {"T": 8193}, "point": {"T": 4096}, "use": [], "eager_s": 2.9e-3,
+         "fallback": "grouped_mm"}]}
+    lines = ranges.format_ranges(table).splitlines()
+    assert lines[0] == "  T 256..534: #4 (then #1)"
+    assert lines[1] == "  T 535..2895: loop (fallback); the fastest kernel #52 +2.5% at 1024, #51 +1.2% at 2048"
+    assert lines[2] == "  T 2896..8192: grouped_mm (fallback)"

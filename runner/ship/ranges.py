@@ -206,6 +206,20 @@ def choices_at(res: dict, tids: list[int], fallbacks=(), twins=()) -> tuple[list
     return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep, fb
 
 
+def nearest_kernel(res: dict, tids: list[int]) -> dict | None:
+    """Where the fallback won a shape: its fastest kernel that ran without an error, as
+    {trial, time_s} (the reported time), so a table can say by how much the kernels lost."""
+    best = None
+    for tid in tids:
+        d = res.get(f"#{tid}")
+        if not d or d.get("error") or not d.get("rounds"):
+            continue
+        pick, rep = _split(d["rounds"])
+        if pick and rep and (best is None or pick < best[0]):
+            best = (pick, tid, rep)
+    return {"trial": best[1], "time_s": best[2]} if best else None
+
+
 def candidates(spec, history, top: int) -> list[list[int]]:
     """Per timed shape: the `top` fastest ok trials the run recorded there."""
     out = []
@@ -239,6 +253,8 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         p = {"shape": shape, "named": i < op.named, "use": [tid for tid, _ in ranked],
              "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
              "eager_pick_s": e_pick, "fallback": fb}
+        if not ranked and (near := nearest_kernel(r, cands[i])):
+            p["nearest"] = near  # the fallback won here: by how much, against the fastest kernel
         if i < op.named:
             x_ranked, _, x_rep, x_fb = choices_at(r, cands[i], fbs)
             p["exact"] = {"shape": shape, "use": [tid for tid, _ in x_ranked],
@@ -384,7 +400,8 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
     bounds = [d.min] + cuts + [d.max + 1]
     for p, lo, hi in zip(grid, bounds, bounds[1:]):
         out.append({"lo": {axis: lo}, "hi": {axis: hi}, "point": p["shape"], "use": p["list"],
-                    "times_s": p["times_s"], "eager_s": p["eager_s"], "fallback": p.get("fallback")})
+                    "times_s": p["times_s"], "eager_s": p["eager_s"], "fallback": p.get("fallback"),
+                    **({"nearest": p["nearest"]} if p.get("nearest") and not p["list"] else {})})
     return out
 
 
@@ -767,12 +784,20 @@ def format_ranges(table: dict) -> str:
         return (f"#{use[0]}" + (f" (then {', '.join('#' + str(t) for t in use[1:4])})" if len(use) > 1 else "")
                 if use else (f"{fb} (fallback)" if fb else "torch (fallback)"))
 
+    def behind(r):  # a fallback's range: how far its fastest kernel was behind it at the point
+        n, e = r.get("nearest"), r.get("eager_s")
+        if not (n and e and n.get("time_s")):
+            return []
+        at = "x".join(str(v) for v in r["point"].values())
+        return [f"#{n['trial']} {n['time_s'] / e - 1:+.1%} at {at}"]
+
     for r in table["ranges"]:
         if merged and len(axes) == 1 and sig(merged[-1]) == sig(r):
             merged[-1]["hi"] = r["hi"]
+            merged[-1]["behind"] += behind(r)
         else:
             merged.append({"lo": r["lo"], "hi": r["hi"], "use": r["use"], "rows": r.get("rows", ()),
-                           "fallback": r.get("fallback")})
+                           "fallback": r.get("fallback"), "behind": behind(r)})
     sym = table.get("levels")
     for r in merged:
         span = ", ".join(f"{a} {r['lo'][a]}..{r['hi'][a] - 1}" for a in axes)
@@ -784,7 +809,8 @@ def format_ranges(table: dict) -> str:
                 lo = w["below"]
             lines.append(f"  {span}, {sym} >= {lo}: {names(r['use'], r.get('fallback'))}")
         else:
-            lines.append(f"  {span}: {names(r['use'], r.get('fallback'))}")
+            lines.append(f"  {span}: {names(r['use'], r.get('fallback'))}"
+                         + (f"; the fastest kernel {', '.join(r['behind'])}" if r["behind"] and not r["use"] else ""))
     for e in table["exact"]:
         lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
                      + names(e["use"][:1], e.get("fallback")))

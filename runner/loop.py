@@ -410,8 +410,11 @@ def brief(spec) -> dict:
                         for s in spec.kernel.scratch}} if spec.kernel.scratch else {}),
         # kernel.tensor_maps: TMA descriptors the runner builds on an op tensor and passes by value
         **({"tensor_maps": {m.name: {"tensor": m.tensor, "box": [d.text for d in m.box], "swizzle": m.swizzle,
+                                     **({"when": m.when.text} if m.when is not None else {}),
                                      "rule": "a CUtensorMap (128 bytes) of the tensor, box outermost first; "
-                                             "coordinates innermost first; outside the tensor reads zero"}
+                                             "coordinates innermost first; outside the tensor reads zero"
+                                             + ("; where `when` does not hold, a placeholder the kernel must "
+                                                "not read" if m.when is not None else "")}
                             for m in spec.kernel.tensor_maps}} if spec.kernel.tensor_maps else {}),
         # op.batch_invariant: the judge compares each row's output alone and in other batches
         **({"batch_invariant": {

@@ -99,8 +99,8 @@ def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, proj
             a = s["arms"][arm]
             assert a["error"] is None and a["time_s"] > 0, (arm, a)
             lo, hi = a["tuned_speedup_range"]  # the ratio round by round, lowest to highest
-            assert 0 < lo <= hi
-        assert abs(s["arms"]["torch eager"]["tuned_speedup"] - s["arms"]["torch eager"]["time_s"] / s["tuned"]["time_s"]) < 1e-9
+            # the speedup printed is the median of those same ratios: never outside its range
+            assert 0 < lo <= a["tuned_speedup"] <= hi
         assert s["tuned"]["trial"] in {int(k) for k in s["candidates"]}
     assert "512x4096" in r.stdout and "eager" in r.stdout
     assert "512x4096" in format_table(doc)

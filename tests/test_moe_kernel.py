@@ -91,10 +91,12 @@ def test_routings():
 def test_spaces(moe_specs):
     for name, ms in moe_specs.items():
         cfgs = ms.cfgs
-        assert 30 <= len(cfgs) <= 200, (name, len(cfgs))  # a grid of the whole space stays a few hundred trials
+        assert 30 <= len(cfgs) <= 260, (name, len(cfgs))  # a grid of the whole space stays a few hundred trials
         assert dict(ms.spec.start) in cfgs, name
-        assert ms.spec.kernel.args == ("x", "w", "offs", "y", "ws", "T") or list(ms.spec.kernel.args) == \
-            ["x", "w", "offs", "y", "ws", "T"]
+        # the template's one signature for every path: the tensor maps, then the pointers
+        assert tuple(ms.spec.kernel.args) == ("xmap", "wmap", "x", "w", "offs", "y", "ws", "T"), name
+        maps = {m.name: m for m in ms.spec.kernel.tensor_maps}
+        assert (maps["xmap"].tensor, maps["wmap"].tensor) == ("x", "w"), name
 
 
 def test_every_configuration_renders_one_source_for_every_T(moe_specs):
@@ -121,12 +123,17 @@ def test_geometry_and_workspace_match_the_kernel(moe_specs):
             for T in (1, 16, 129, 4096):
                 geo = b.geometry(cfg, [{"T": T}])[0]
                 assert geo["grid"] == [moe_spec.grid_size(T, cfg)]
-                assert geo["block"] == [cfg["WM"] * cfg["WN"] * 32]
-                pad = 1024 if cfg["MMA"] == "wgmma" else 0  # the wgmma path rounds its base up to 1024 bytes
+                # wgmma_tma_ws: and a producer warpgroup after the consumers' warps
+                assert geo["block"] == [cfg["WM"] * cfg["WN"] * 32 + (128 if cfg["MMA"] == "wgmma_tma_ws" else 0)]
+                pad = 1024 if cfg["MMA"] != "sync" else 0  # the wgmma paths round their base up to 1024 bytes
                 assert geo["shared_mem"] == cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + pad <= 232448
                 R, nt = T * cfg["TOPK"], cfg["N"] // cfg["BN"]
                 want = 1 if cfg["SPLITK"] == 1 else -(-moe_spec.mt_bound(T, cfg) * nt // 4) * 4 + cfg["SPLITK"] * R * cfg["N"]
                 assert geo["scratch"] == {"ws": [want]}
+                # a map's box where the configuration reads it (the tensor-copy paths), none elsewhere
+                tma = cfg["MMA"] in ("wgmma_tma", "wgmma_tma_ws")
+                nb = cfg["BN"] // 2 if cfg["ACT"] == "swiglu" else cfg["BN"]
+                assert (geo.get("tensor_maps") or {}) == ({"xmap": [cfg["BM"], 64], "wmap": [1, nb, 64]} if tma else {})
 
 
 def test_serves_covers_the_domain(moe_specs):

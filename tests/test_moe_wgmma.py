@@ -421,7 +421,9 @@ def test_the_tma_spec_passes_x_and_w_as_tensor_maps():
     from runner.spec.spec import load_spec
 
     s = load_spec(PIPELINES / "moe-fine-tma-h200.yaml")
-    assert s.kernel.args == ("xmap", "wmap", "offs", "y", "T") and not s.kernel.scratch
+    # the template's one signature; ws the other paths' workspace, one float here
+    assert s.kernel.args == ("xmap", "wmap", "x", "w", "offs", "y", "ws", "T")
+    assert [(sc.name, [d.text for d in sc.shape]) for sc in s.kernel.scratch] == [("ws", ["1"])]
     maps = {m.name: m for m in s.kernel.tensor_maps}
     assert (maps["xmap"].tensor, maps["wmap"].tensor) == ("x", "w") and {m.swizzle for m in maps.values()} == {128}
     b = Builder(s)

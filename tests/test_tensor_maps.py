@@ -44,15 +44,18 @@ def test_the_spec_and_the_launch_carry_each_maps_box():
     maps = {m.name: m for m in s.kernel.tensor_maps}
     assert set(maps) == {"xm0", "xm128"} and maps["xm128"].swizzle == 128 and maps["xm0"].swizzle == 0
     assert maps["xm0"].tensor == "x" and maps["xm0"].elem == 2
+    # the launch carries a box for the map the configuration reads (`when`), none for the other
     geo = Builder(s).geometry({"BM": 16, "SW": 0}, [{"M": 37, "N": 200}])[0]
-    assert geo["tensor_maps"] == {"xm0": [16, 64], "xm128": [16, 64]}
+    assert geo["tensor_maps"] == {"xm0": [16, 64]}
     assert geo["grid"] == [4, 3]
+    assert Builder(s).geometry({"BM": 64, "SW": 128}, [{"M": 37, "N": 200}])[0]["tensor_maps"] == {"xm128": [64, 64]}
     # x reaches the kernel through its maps alone: no pointer argument, and no complaint
     assert "x" not in s.kernel.args
     # the exported package's table: the maps' expressions, for the exported op to evaluate
     t = export_mod.launch_table(s)
-    assert t["tensor_maps"] == [{"name": "xm0", "tensor": "x", "box": ["BM", "64"], "swizzle": 0},
-                                {"name": "xm128", "tensor": "x", "box": ["BM", "64"], "swizzle": 128}]
+    assert t["tensor_maps"] == [{"name": "xm0", "tensor": "x", "box": ["BM", "64"], "swizzle": 0, "when": "SW == 0"},
+                                {"name": "xm128", "tensor": "x", "box": ["BM", "64"], "swizzle": 128,
+                                 "when": "SW == 128"}]
 
 
 @pytest.mark.parametrize("change, where, says", [
@@ -71,6 +74,11 @@ def test_the_spec_and_the_launch_carry_each_maps_box():
     (lambda d: d["kernel"]["tensor_maps"]["xm128"].update(box=["BM", 128]), "kernel.tensor_maps.xm128.box",
      "more than the 128-byte swizzle spans"),
     (lambda d: d["kernel"]["tensor_maps"]["xm0"].update(swizzle=16), "kernel.tensor_maps.xm0.swizzle", ""),
+    (lambda d: d["kernel"]["tensor_maps"]["xm0"].update(when="SWZ == 0"), "kernel.tensor_maps.xm0.when",
+     "SWZ"),
+    # a box the tensor copy cannot move is an error only where the configuration reads the map
+    (lambda d: (d["search"]["params"].update(BM=[64, 512]), d["kernel"]["tensor_maps"]["xm0"].update(when="BM < 512")),
+     "kernel.tensor_maps.xm128.box", "must be a whole number from 1 to 256"),
     # a listed shape whose rows the tensor copy cannot address (200 bytes apart)
     (lambda d: (d["op"].pop("domain_where"), d["op"]["extra_shapes"].append({"M": 3, "N": 100})),
      "kernel.tensor_maps.xm0.tensor", "bytes in dimension 0; the tensor copy needs multiples of 16"),
@@ -125,28 +133,31 @@ def test_the_exported_op_builds_each_map_on_the_callers_tensor(tmp_path, monkeyp
         built.append((t.ptr, box, swizzle, dtype))
         return ("map", t.ptr, box, swizzle)
     monkeypatch.setattr(ert, "tensor_map", fake)
+    monkeypatch.setattr(ert, "placeholder_map", lambda device: ("placeholder", device))
     e = {"params": {"BM": 64, "SW": 128}, "cubin": "k.cubin"}
     x, y = _Tensor(4096, (100, 512)), _Tensor(8192, (100, 512))
     env = {"M": 100, "N": 512}
     args = op.arguments(e, env, {"x": x}, {}, [y], [128, 128, 8, 4, 4])
-    assert args[0] == ("map", 4096, (64, 64), 0) and args[1] == ("map", 4096, (64, 64), 128)
+    # SW 128 reads xm128 (`when`): it is built; xm0 is a placeholder the kernel never reads
+    assert args[0] == ("placeholder", "cuda:0") and args[1] == ("map", 4096, (64, 64), 128)
     assert args[2] == 8192 and int(args[3]) == 100 and int(args[4]) == 512
-    assert built == [(4096, (64, 64), 0, "bf16"), (4096, (64, 64), 128, "bf16")]
+    assert built == [(4096, (64, 64), 128, "bf16")]
     # another configuration's box, another tensor: built on it, every call (a kept descriptor
     # would keep the caller's tensor alive)
-    op.arguments({**e, "params": {"BM": 16, "SW": 0}}, env, {"x": _Tensor(12288, (100, 512))}, {}, [y],
-                 [128, 128, 8, 4, 4])
-    assert built[-2:] == [(12288, (16, 64), 0, "bf16"), (12288, (16, 64), 128, "bf16")]
+    args = op.arguments({**e, "params": {"BM": 16, "SW": 0}}, env, {"x": _Tensor(12288, (100, 512))}, {}, [y],
+                        [128, 128, 8, 4, 4])
+    assert built[-1:] == [(12288, (16, 64), 0, "bf16")] and args[1] == ("placeholder", "cuda:0")
 
 
 def test_a_tensor_the_copy_cannot_address_takes_the_fallback(tmp_path):
     op = _exported_op(tmp_path)
     e = {"params": {"BM": 64, "SW": 128}, "cubin": "k.cubin"}
     good, y = _Tensor(4096, (100, 512)), _Tensor(8192, (100, 512))
-    assert ert.tensor_map_unfit(good) is None and op._maps_fit(e, {"x": good}, [y])
+    env = {"M": 100, "N": 512}
+    assert ert.tensor_map_unfit(good) is None and op._maps_fit(e, {"x": good}, [y], env)
     odd = _Tensor(4096, (100, 100))  # rows 200 bytes apart
     assert "stride of dimension 0 is 200 bytes" in ert.tensor_map_unfit(odd)
-    assert not op._maps_fit(e, {"x": odd}, [y])
+    assert not op._maps_fit(e, {"x": odd}, [y], env)
     assert "16-byte boundary" in ert.tensor_map_unfit(_Tensor(4104, (100, 512)))
     assert ert.tensor_map_unfit(_Tensor(4096, (1, 100))) is None  # one row: no stride to keep
 
@@ -175,10 +186,12 @@ def test_the_judge_builds_each_map_on_its_own_buffer_with_the_launch_box(monkeyp
     x = torch.zeros(37, 200, dtype=torch.bfloat16)
     guarded = torch.zeros(37 * 200 + 64, dtype=torch.bfloat16)
     y = Out(guarded[32:32 + 37 * 200].view(37, 200))
+    monkeypatch.setattr(ert, "placeholder_map", lambda device: f"placeholder on {device}")
     geo = Builder(s).geometry({"BM": 16, "SW": 0}, [{"M": 37, "N": 200}])[0]
     vals = w._values({"M": 37, "N": 200}, {"x": x}, [y], (), geo)
-    assert vals[:2] == ["map1", "map2"] and vals[2] == y.view.data_ptr() and vals[3:] == [37, 200]
-    assert built[0][0] is x and built[0][1:] == ([16, 64], 0, "bf16") and built[1][1:] == ([16, 64], 128, "bf16")
+    # SW 0 reads xm0 alone (`when`): built with the launch's box; xm128's place holds a placeholder
+    assert vals[:2] == ["map1", "placeholder on cpu"] and vals[2] == y.view.data_ptr() and vals[3:] == [37, 200]
+    assert len(built) == 1 and built[0][0] is x and built[0][1:] == ([16, 64], 0, "bf16")
 
 
 def test_the_launch_takes_a_map_only_as_a_128_byte_parameter(monkeypatch):

@@ -83,7 +83,9 @@ class Probe:
         self.dev = "cuda" if device else "cpu"
         self.ptr_names = {t.name for t in (*self.spec.op.inputs, *self.spec.op.outputs)} | \
             {s.name for s in self.spec.kernel.scratch}
-        self.kinds = [("ptr" if a in self.ptr_names else cuda.Runtime.symbol_type) for a in self.spec.kernel.args]
+        self.map_names = {m.name for m in self.spec.kernel.tensor_maps}  # TMA descriptors, by value
+        self.kinds = [("tmap" if a in self.map_names else "ptr" if a in self.ptr_names else cuda.Runtime.symbol_type)
+                      for a in self.spec.kernel.args]
         self.b = None
         if self.ms.standin:
             print(f"{self.name}: loaded through the stand-in op section (the reference side's keys are not "
@@ -134,16 +136,34 @@ class Probe:
         # between the MMAs of a group or it runs short of registers: not a failure of the build,
         # but the path's point gone
         for cfg, c in compiled:
-            if cfg["MMA"] == "wgmma" and re.search(r"warning|wgmma", c.log or "", re.I):
+            if cfg["MMA"] != "sync" and re.search(r"warning|wgmma", c.log or "", re.I):
                 fail(f"{self.name} {label(cfg)}: ptxas warns: "
                      f"{next(ln for ln in c.log.splitlines() if re.search('warning|wgmma', ln, re.I))[:200]}")
         if nvcc:
             nvcc_all(owners, fail, label)
         return keep
 
-    def pack(self, cfg: dict, T: int, tensors: dict):
-        vals = [tensors[a].data_ptr() if a in self.ptr_names else T for a in self.spec.kernel.args]
-        return vals, self.b.geometry(cfg, [{"T": T}])[0]
+    def pack(self, cfg: dict, T: int, tensors: dict, maps: bool = True):
+        """The kernel's arguments and launch geometry: pointers, T, and each tensor map built on
+        its tensor where the configuration reads it (the geometry holds its box; `when`), a
+        placeholder where it does not (the runner's own helpers); `maps` False (no device, meta
+        tensors): None in a map's place."""
+        geo = self.b.geometry(cfg, [{"T": T}])[0]
+        boxes = geo.get("tensor_maps") or {}
+        by = {m.name: m for m in self.spec.kernel.tensor_maps}
+        vals = []
+        for a in self.spec.kernel.args:
+            if a in by:
+                if not maps:
+                    vals.append(None)
+                    continue
+                from runner.ship.exported_runtime import placeholder_map, tensor_map
+
+                m, t = by[a], tensors[by[a].tensor]
+                vals.append(tensor_map(t, boxes[a], m.swizzle, m.dtype) if a in boxes else placeholder_map(t.device))
+            else:
+                vals.append(tensors[a].data_ptr() if a in self.ptr_names else T)
+        return vals, geo
 
     def ws_shape(self, cfg: dict, T: int) -> list[int]:
         return self.spec.kernel.scratch_shapes(self.env(cfg, T))["ws"]
@@ -195,7 +215,7 @@ def dry_run(p: Probe, keep: list) -> None:
     if not keep:
         return
     sizes = entry_params(p, p.b.render_all(keep[0][0], shapes=[{"T": 1}])[0])
-    want = [8 if a in p.ptr_names else 4 for a in p.spec.kernel.args]
+    want = [128 if a in p.map_names else 8 if a in p.ptr_names else 4 for a in p.spec.kernel.args]
     if sizes != want:
         fail(f"{p.name}: the kernel's parameters are {sizes} bytes, the probe packs {want} ({p.spec.kernel.args})")
     sz = p.sz
@@ -206,9 +226,9 @@ def dry_run(p: Probe, keep: list) -> None:
                 "offs": torch.empty(sz["E"], device="meta"), "y": torch.empty(R, p.nout, device="meta")}
         for cfg, _, res in keep:
             ws = p.ws_shape(cfg, T)
-            vals, geo = p.pack(cfg, T, {**meta, "ws": torch.empty(1, device="meta")})
-            threads = cfg["WM"] * cfg["WN"] * 32
-            smem = cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + (1024 if cfg["MMA"] == "wgmma" else 0)
+            vals, geo = p.pack(cfg, T, {**meta, "ws": torch.empty(1, device="meta")}, maps=False)
+            threads = cfg["WM"] * cfg["WN"] * 32 + (128 if cfg["MMA"] == "wgmma_tma_ws" else 0)
+            smem = cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + (1024 if cfg["MMA"] != "sync" else 0)
             if len(vals) != len(sizes) or geo["grid"] != [grid_size(T, cfg)] or geo["block"] != [threads] \
                     or geo["shared_mem"] != smem:
                 fail(f"{p.name} {label(cfg)} T={T}: packed {len(vals)} arguments, geometry {geo}")

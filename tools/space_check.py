@@ -110,7 +110,12 @@ def entry_params(spec, src: str) -> list[int]:
     m = re.search(r"\.entry\s+" + re.escape(spec.kernel.entry) + r"\s*\((.*?)\)", ptx, re.S)
     if m is None:
         raise RuntimeError(f"no entry {spec.kernel.entry} in the PTX")
-    return [int(b) // 8 for b in re.findall(r"\.param\s+\.[usb](\d+)", m.group(1))]
+    out = []
+    for decl in m.group(1).split(","):
+        arr = re.search(r"\.b8\s+\S+?\[(\d+)\]", decl)  # a struct by value: `.align 64 .b8 name[128]`
+        bits = re.search(r"\.param\s+\.[usbf](\d+)\s", decl)
+        out.append(int(arr.group(1)) if arr else int(bits.group(1)) // 8 if bits else 0)
+    return out
 
 
 def sample_configs(spec, only: list[str], all_: bool, sample: int, favour=None) -> list[dict]:

@@ -189,12 +189,15 @@ class Judge:
                    **{t.name: o.view.data_ptr() for t, o in zip(self.op.outputs, outs)},
                    **{w.name: w.ptr for w in ws}}
         if self.tensor_maps:
-            from ..ship.exported_runtime import tensor_map
+            from ..ship.exported_runtime import placeholder_map, tensor_map
 
             live = {**inputs, **{t.name: o.view for t, o in zip(self.op.outputs, outs)}}
+            # the maps this configuration reads (kernel.tensor_maps' `when`: the launch geometry
+            # holds a box for those only); a placeholder the kernel never reads for the others
             boxes = (geometry or {}).get("tensor_maps") or {}
             for name, m in self.tensor_maps.items():
-                tensors[name] = tensor_map(live[m.tensor], boxes[name], m.swizzle, m.dtype)
+                tensors[name] = (tensor_map(live[m.tensor], boxes[name], m.swizzle, m.dtype) if name in boxes
+                                 else placeholder_map(live[m.tensor].device))
         vals = []
         for a in self.spec.kernel.args:
             vals.append(tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a])

@@ -329,6 +329,8 @@ def _clock_lines(shapes: list[dict]) -> list[str]:
 
 
 def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict | None = None) -> dict:
+    import statistics
+
     fl = figures.floors(spec)
     by_id = {t.id: t for t in history}
     shapes = []
@@ -373,13 +375,16 @@ def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict 
             if d["median"]:
                 a.update(_rates(f, d["median"], copy_s))
                 if best and d["error"] is None:
-                    a["tuned_speedup"] = d["median"] / best[1]
-                    # the spread: the arm's time over the tuned kernel's, round by round (the two
-                    # ran back to back in each round), from the lowest to the highest
+                    # the arm's time over the tuned kernel's, round by round (the two ran back to
+                    # back in each round): the median of those ratios, and the lowest and highest
+                    # (a ratio of two medians over different rounds could fall outside that range)
                     ratios = [x / y for x, y in zip(d.get("rounds") or [], row["candidates"][best[0]]["rounds_s"])
                               if x and y]
                     if ratios:
+                        a["tuned_speedup"] = statistics.median(ratios)
                         a["tuned_speedup_range"] = [min(ratios), max(ratios)]
+                    else:
+                        a["tuned_speedup"] = d["median"] / best[1]
             row["arms"][arm] = a
         shapes.append(row)
     return {"format": "pipe-compare/1", "run": str(run_dir), "spec": spec.name, "spec_path": spec.path,

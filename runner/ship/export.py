@@ -303,7 +303,8 @@ def launch_table(spec) -> dict:
                             for s in k.scratch]} if k.scratch else {}),
             # kernel.tensor_maps: the exported op builds each descriptor on the caller's tensor
             **({"tensor_maps": [{"name": m.name, "tensor": m.tensor, "box": [d.text for d in m.box],
-                                 "swizzle": m.swizzle} for m in k.tensor_maps]} if k.tensor_maps else {})}
+                                 "swizzle": m.swizzle, **({"when": m.when.text} if m.when is not None else {})}
+                                for m in k.tensor_maps]} if k.tensor_maps else {})}
 
 
 def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str | None = None,

@@ -202,6 +202,21 @@ def tensor_map(t, box, swizzle: int, dtype: str):
                               swizzle=getattr(tm.TensorMapSwizzle, _TMAP_SWIZZLE[int(swizzle)]))
 
 
+_PLACEHOLDERS: dict = {}  # device -> (a descriptor never read, the 8 elements it describes)
+
+
+def placeholder_map(device):
+    """The descriptor passed for a tensor map its kernel does not read (kernel.tensor_maps'
+    `when` false for the configuration): a valid CUtensorMap over 8 elements of its own, made
+    once a device (torch.empty: no kernel, so a first call inside a graph capture records none)."""
+    key = str(device)
+    got = _PLACEHOLDERS.get(key)
+    if got is None:
+        t = torch.empty(8, dtype=torch.bfloat16, device=device)
+        got = _PLACEHOLDERS[key] = (tensor_map(t, (8,), 0, "bf16"), t)
+    return got[0]
+
+
 def _scratch_exprs(items) -> list:
     """[(name, dtype, [dimension expressions])] of a table's `scratch` list (kernel.scratch)."""
     return [(s["name"], s["dtype"], [_expr(d) for d in s["shape"]]) for s in items or ()]
@@ -538,22 +553,26 @@ class Op:
         if maps is None:
             dtypes = {t["name"]: t["dtype"] for t in (*self.inputs, *self.outputs)}
             maps = self._tmap_exprs[key] = [(m["name"], m["tensor"], [_expr(x) for x in m["box"]], m["swizzle"],
-                                             dtypes[m["tensor"]])
+                                             dtypes[m["tensor"]], _expr(m["when"]) if m.get("when") else None)
                                             for m in (e.get("launch") or self.t).get("tensor_maps") or ()]
         if not maps:
             return {}
         full = self._full(e, env) if full is None else full
-        return {name: tensor_map(named[tensor], tuple(int(f(full)) for f in box), swizzle, dtype)
-                for name, tensor, box, swizzle, dtype in maps}
+        return {name: (tensor_map(named[tensor], tuple(int(f(full)) for f in box), swizzle, dtype)
+                       if when is None or when(full) else placeholder_map(named[tensor].device))
+                for name, tensor, box, swizzle, dtype, when in maps}
 
-    def _maps_fit(self, e: dict, tensors: dict, outs: list) -> bool:
+    def _maps_fit(self, e: dict, tensors: dict, outs: list, env: dict | None = None) -> bool:
         """Whether every tensor entry e's kernel reads through a tensor map can be one (its
-        strides; tensor_map_unfit): where one cannot, the call takes the fallback."""
+        strides; tensor_map_unfit): where one cannot, the call takes the fallback. A map whose
+        `when` does not hold for the entry's configuration is not read: it does not count."""
         maps = (e.get("launch") or self.t).get("tensor_maps")
         if not maps:
             return True
+        full = self._full(e, env) if any(m.get("when") for m in maps) else None
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
-        return all(tensor_map_unfit(named[m["tensor"]]) is None for m in maps)
+        return all(tensor_map_unfit(named[m["tensor"]]) is None for m in maps
+                   if not m.get("when") or _expr(m["when"])(full))
 
     def arguments(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list, sizes: list,
                   scratch: dict | None = None, full: dict | None = None) -> list:
@@ -616,7 +635,7 @@ class Op:
         if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()):
             outs = [torch.empty(shape, dtype=DTYPES[t["dtype"]], device=x0.device)
                     for t, shape in zip(self.outputs, self.output_shapes(env))]
-            if self._maps_fit(e, tensors, outs):
+            if self._maps_fit(e, tensors, outs, env):
                 self.launch(e, env, tensors, scalars, outs)
                 self.calls["kernel"] += 1
                 return outs[0] if len(outs) == 1 else tuple(outs)

@@ -146,6 +146,7 @@ SPEC = _obj({
             "tensor": {"type": "string"},
             "box": {"type": "array", "items": EXPR, "minItems": 1, "maxItems": 5},
             "swizzle": {"enum": [0, 32, 64, 128]},
+            "when": EXPR,
         }, ["tensor", "box"])},
     }, ["template", "entry", "args"]),
     "runtime": _obj({

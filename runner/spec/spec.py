@@ -323,6 +323,10 @@ class TensorMapSpec:
     swizzle: int  # 0 (none), 32, 64 or 128 bytes
     dtype: str  # the tensor's
     dims: tuple[Expr, ...]  # the tensor's shape (its strides must suit the tensor copy)
+    # where it holds (over parameters, shape symbols and derived values) the kernel reads the
+    # map; elsewhere the runner passes a placeholder descriptor in its place, never read (one
+    # template whose paths differ in how they load: a pointer path and a tensor-copy path)
+    when: Expr | None = None
 
     @property
     def elem(self) -> int:
@@ -397,7 +401,8 @@ class KernelSpec:
     def tensor_map_boxes(self, env: dict) -> dict[str, list[int]]:
         """name -> box of every tensor map for one launch's environment; ExprError for a box the
         tensor copy cannot move (tensor_map_box)."""
-        return {m.name: tensor_map_box([d(env) for d in m.box], m) for m in self.tensor_maps}
+        return {m.name: tensor_map_box([d(env) for d in m.box], m) for m in self.tensor_maps
+                if m.when is None or m.when(env)}
 
     def serves_shape(self, params: dict, shape: dict, elem: int) -> bool:
         """Whether a configuration serves a shape (kernel.serves; every shape without one).
@@ -1233,10 +1238,16 @@ class _Checker:
                 exprs += [(("kernel", "scratch", sc.name, "shape", i), _checked_dim(d, sc.name, i))
                           for i, d in enumerate(sc.shape)]
             for tm in tmaps:  # each box must be one the tensor copy can move, the tensor one it can address
+                # (where the configuration reads the map: `when`)
+                used = (lambda env, tm=tm: tm.when is None or bool(tm.when(env)))
+                if tm.when is not None:
+                    exprs.append((("kernel", "tensor_maps", tm.name, "when"), tm.when))
                 exprs.append((("kernel", "tensor_maps", tm.name, "box"),
-                              lambda env, tm=tm: tensor_map_box([d(env) for d in tm.box], tm)))
+                              lambda env, tm=tm, used=used: tensor_map_box([d(env) for d in tm.box], tm)
+                              if used(env) else None))
                 exprs.append((("kernel", "tensor_maps", tm.name, "tensor"),
-                              lambda env, tm=tm: tensor_map_strides([d(env) for d in tm.dims], tm)))
+                              lambda env, tm=tm, used=used: tensor_map_strides([d(env) for d in tm.dims], tm)
+                              if used(env) else None))
             self.evaluate_over_space(space, op, exprs)
         return KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
                           entry=k["entry"],
@@ -1303,9 +1314,10 @@ class _Checker:
                                           "(one a dimension, outermost first)")
                 continue
             dims = [self.expr(base + ("box", i), x, scope) for i, x in enumerate(md["box"])]
-            if all(d is not None for d in dims) and t is not None:
+            when = self.expr(base + ("when",), md["when"], scope) if "when" in md else None
+            if all(d is not None for d in dims) and t is not None and ("when" not in md or when is not None):
                 out.append(TensorMapSpec(name, t.name, tuple(dims), int(md.get("swizzle", 0)), t.dtype,
-                                         tuple(t.shape)))
+                                         tuple(t.shape), when))
         return out
 
     def probe_configs(self, space: Space, limit: int = 4096) -> list[dict]:

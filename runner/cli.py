@@ -110,15 +110,10 @@ def cmd_run(a) -> int:
         print(f"pipe run: {bad}", file=sys.stderr)
         return EXIT_INPUT
     _check_free(a)
-    spec = _load(a.spec)
+    spec = _load_only(a)
+    if spec is None:
+        return EXIT_INPUT
     if a.only:
-        from .spec.spec import restrict
-
-        try:
-            spec = restrict(spec, a.only)
-        except ValueError as e:
-            print(str(e), file=sys.stderr)
-            return EXIT_INPUT
         if not spec.starts:
             # the agents begin at a start configuration: the subspace needs one of its own
             spec = _start_inside(spec)
@@ -149,6 +144,21 @@ def cmd_run(a) -> int:
     else:
         print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
     return out.exit_code
+
+
+def _load_only(a):
+    """The spec of `a.spec`, cut to the subspace of `a.only` (NAME=V1,V2 items) where given;
+    None after printing why an item is refused."""
+    from .spec.spec import restrict
+
+    spec = _load(a.spec)
+    if not a.only:
+        return spec
+    try:
+        return restrict(spec, a.only)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return None
 
 
 def _start_inside(spec):
@@ -212,20 +222,15 @@ def cmd_eval(a) -> int:
 
 def cmd_record(a) -> int:
     from . import loop
-    from .spec.spec import restrict
 
     bad = _positive(a)
     if bad:
         print(f"pipe record: {bad}", file=sys.stderr)
         return EXIT_INPUT
     _check_free(a, "-record")
-    spec = _load(a.spec)
-    if a.only:
-        try:
-            spec = restrict(spec, a.only)
-        except ValueError as e:
-            print(str(e), file=sys.stderr)
-            return EXIT_INPUT
+    spec = _load_only(a)
+    if spec is None:
+        return EXIT_INPUT
     scale = _scale(a, spec)
     if not a.no_hw_check and a.ray is None:
         loop.check_hardware(spec)

@@ -202,18 +202,19 @@ def tensor_map(t, box, swizzle: int, dtype: str):
                               swizzle=getattr(tm.TensorMapSwizzle, _TMAP_SWIZZLE[int(swizzle)]))
 
 
-_PLACEHOLDERS: dict = {}  # device -> (a descriptor never read, the 8 elements it describes)
+_PLACEHOLDERS: dict = {}  # device -> (a descriptor never read, the 8 x 8 elements it describes)
 
 
 def placeholder_map(device):
     """The descriptor passed for a tensor map its kernel does not read (kernel.tensor_maps'
-    `when` false for the configuration): a valid CUtensorMap over 8 elements of its own, made
-    once a device (torch.empty: no kernel, so a first call inside a graph capture records none)."""
+    `when` false for the configuration): a valid 2-D CUtensorMap over 8 x 8 elements of its
+    own, made once a device (torch.empty: no kernel, so a first call inside a graph capture
+    records none)."""
     key = str(device)
     got = _PLACEHOLDERS.get(key)
     if got is None:
-        t = torch.empty(8, dtype=torch.bfloat16, device=device)
-        got = _PLACEHOLDERS[key] = (tensor_map(t, (8,), 0, "bf16"), t)
+        t = torch.empty(8, 8, dtype=torch.bfloat16, device=device)
+        got = _PLACEHOLDERS[key] = (tensor_map(t, (8, 8), 0, "bf16"), t)
     return got[0]
 
 

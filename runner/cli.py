@@ -361,6 +361,12 @@ def cmd_show(a) -> int:
                    f"{d['limit_fraction']:.3f} of the limit"
             if "speedup" in d:
                 line += f", {d['speedup']:.2f}x the baseline"
+            clocks = b.get("clocks") or []
+            clk = clocks[i] if i < len(clocks) else None
+            if clk and clk.get("throttled"):  # timed below full clock: the figure is one at that clock
+                from .judge.clocks import describe
+
+                line += f", at {describe(clk)}"
             print(line)
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line

@@ -170,3 +170,22 @@ def test_the_watch_reads_the_real_clock_while_the_gpu_works():
     assert got is not None and got["samples"] >= 10
     assert 300 <= got["sm_mhz_low"] <= got["sm_mhz"] <= (w.max_mhz or 5000)
     assert got["power_w_high"] > 50  # a busy H200 draws hundreds of watts
+
+
+def test_show_gives_the_clock_of_a_shape_timed_below_full_clock(monkeypatch, capsys):
+    """pipe show: a best trial's shape timed under the power cap says at what clock; a shape at
+    full clock, or one with no clock sampled (no NVML), says nothing more."""
+    from runner import cli
+
+    capped = clocks.summarize([s(1710, 698, 0x4), s(1650, 700, 0x4)], 1980)
+    full = clocks.summarize([s(1980, 400)], 1980)
+    shape = {"time_s": 2.7e-3, "bytes_per_s": 9e11, "limit_fraction": 0.897}
+    summary = {"ledger": {"intact": True, "note": None}, "first_ok": None, "spec": "m", "spec_path": "m.yaml", "status": "done", "trials": 1,
+               "by_status": {"ok": 1}, "baseline": None, "goal_check": None,
+               "best": {"trial": 51, "params": {"BM": 128}, "objective_s": 1.3e-3, "metric": 0.69,
+                        "spreads": [0.02, 0.01, 0.0], "shapes": [shape, shape, shape], "clocks": [capped, full, None]}}
+    monkeypatch.setattr(cli, "_summary", lambda run: summary)
+    assert cli.main(["show", "some-run"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  shape")]
+    assert lines[0].endswith("0.897 of the limit, at 1.68 GHz (low 1.65, 700 W, power cap)")
+    assert lines[1].endswith("0.897 of the limit") and lines[2].endswith("0.897 of the limit")

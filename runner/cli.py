@@ -336,6 +336,8 @@ def cmd_runs(a) -> int:
 
 
 def cmd_show(a) -> int:
+    from .progress import fmt_clock
+
     s = _summary(Path(a.run))
     led = s["ledger"]
     if a.json:
@@ -362,11 +364,8 @@ def cmd_show(a) -> int:
             if "speedup" in d:
                 line += f", {d['speedup']:.2f}x the baseline"
             clocks = b.get("clocks") or []
-            clk = clocks[i] if i < len(clocks) else None
-            if clk and clk.get("throttled"):  # timed below full clock: the figure is one at that clock
-                from .judge.clocks import describe
-
-                line += f", at {describe(clk)}"
+            # timed below full clock: the figure is one at that clock
+            line += fmt_clock(clocks[i] if i < len(clocks) else None)
             print(line)
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line

@@ -21,6 +21,16 @@ def fmt_time(s: float | None) -> str:
     return f"{s * 1e6:.2f} us"
 
 
+def fmt_clock(c: dict | None) -> str:
+    """A timing's SM clock summary (judge/clocks.py) where it ran below full clock, as
+    ', at 1.68 GHz (low 1.65, 700 W, power cap)'; '' at full clock or where none was sampled."""
+    if not c or not c.get("throttled"):
+        return ""
+    from .judge.clocks import describe
+
+    return f", at {describe(c)}"
+
+
 def fmt_params(p: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in p.items())
 

@@ -37,10 +37,11 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 rm -rf /tmp/runs  # a machine still warm from the last call keeps its runs: every call starts afresh
+pack_out() { (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .); }
 if [ "$*" = pack ]; then
   # pack alone (after a step list cut short by `timeout`): the first invocation's clock log
   # and machine notes stay as they are
-  (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .)
+  pack_out
   exit 0
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -141,7 +142,7 @@ for w in "$@"; do
       args=${arg//,/ }; args=${args//+/,}
       python3 benchmarks/decode_step.py --exported /tmp/exported-decode --names "$names" --json "$d/decode.json" $args 2>&1 | tee "$d/decode.txt"
       ;;
-    pack) kill $SMI 2>/dev/null; (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .) ;;
+    pack) kill $SMI 2>/dev/null; pack_out ;;
     *) echo "unknown: $w" ;;
   esac
 done

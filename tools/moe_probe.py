@@ -148,6 +148,8 @@ class Probe:
         its tensor where the configuration reads it (the geometry holds its box; `when`), a
         placeholder where it does not (the runner's own helpers); `maps` False (no device, meta
         tensors): None in a map's place."""
+        from runner.ship.exported_runtime import placeholder_map, tensor_map
+
         geo = self.b.geometry(cfg, [{"T": T}])[0]
         boxes = geo.get("tensor_maps") or {}
         by = {m.name: m for m in self.spec.kernel.tensor_maps}
@@ -157,8 +159,6 @@ class Probe:
                 if not maps:
                     vals.append(None)
                     continue
-                from runner.ship.exported_runtime import placeholder_map, tensor_map
-
                 m, t = by[a], tensors[by[a].tensor]
                 vals.append(tensor_map(t, boxes[a], m.swizzle, m.dtype) if a in boxes else placeholder_map(t.device))
             else:

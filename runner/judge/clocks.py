@@ -71,6 +71,14 @@ def describe(c: dict | None) -> str:
             + (f", {why})" if why else ")"))
 
 
+def notes(rows: list[tuple[str, list[tuple[str, dict | None]]]], head: str) -> list[str]:
+    """Report lines for the rows (a label, and the (name, clock summary) of what ran there)
+    where any of them ran throttled: `head` first, with `{n}` the number of such rows."""
+    out = [f"  {label}: " + "; ".join(f"{name} {describe(c)}" for name, c in got if c)
+           for label, got in rows if any((c or {}).get("throttled") for _, c in got)]
+    return [head.format(n=len(out)), *out] if out else []
+
+
 class ClockWatch:
     """Samples one GPU's SM clock, power and clock event reasons in a daemon thread; window(t0,
     t1) summarizes the samples taken between two time.monotonic() readings. start() returns
@@ -98,23 +106,23 @@ class ClockWatch:
             nvml.nvmlInit()
         except Exception:
             return None
-        handle = None
         try:
             import torch
 
-            props = torch.cuda.get_device_properties(torch_device_index)
-            uuid = str(getattr(props, "uuid", "") or "")
-            if uuid:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            p = torch.cuda.get_device_properties(torch_device_index)
         except Exception:
-            handle = None
+            return None
+        handle = None
+        uuid = str(getattr(p, "uuid", "") or "")
+        if uuid:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            except Exception:
+                handle = None
         if handle is None:
             try:
-                import torch
-
-                p = torch.cuda.get_device_properties(torch_device_index)
-                bus = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
-                handle = nvml.nvmlDeviceGetHandleByPciBusId(bus)
+                handle = nvml.nvmlDeviceGetHandleByPciBusId(
+                    f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0")
             except Exception:
                 return None
         watch = cls(handle, nvml)

@@ -313,19 +313,15 @@ def _one_choice_per_size(rows: list[dict]) -> None:
 def _clock_lines(shapes: list[dict]) -> list[str]:
     """A line per shape where the tuned kernel or an arm ran below full clock (judge/clocks.py):
     each one's SM clock, its low, the power's high and NVML's reasons, over its rounds."""
-    from ..judge.clocks import describe
+    from ..judge.clocks import notes
 
-    out = []
-    for s in shapes:
-        t = s.get("tuned") or {}
-        tuned = (s["candidates"].get(t.get("trial")) or s["candidates"].get(str(t.get("trial"))) or {}).get("clock")
-        got = ([("tuned", tuned)] if tuned else []) + [(n, a["clock"]) for n, a in s["arms"].items() if a.get("clock")]
-        if any(c.get("throttled") for _, c in got):
-            out.append(f"  {s['label']}: " + "; ".join(f"{n} {describe(c)}" for n, c in got))
-    if out:
-        out.insert(0, "below full clock (SM clock median, its low, the power's high and NVML's reasons over the "
-                      "timed rounds):")
-    return out
+    def tuned(s):
+        t = (s.get("tuned") or {}).get("trial")
+        return (s["candidates"].get(t) or s["candidates"].get(str(t)) or {}).get("clock")
+    return notes([(s["label"], [("tuned", tuned(s)), *((n, a.get("clock")) for n, a in s["arms"].items())])
+                  for s in shapes],
+                 "below full clock (SM clock median, its low, the power's high and NVML's reasons over the "
+                 "timed rounds):")
 
 
 def _figures(spec, run_dir: Path, history, cands, r: dict, baseline, user: dict | None = None) -> dict:

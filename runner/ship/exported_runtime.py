@@ -544,11 +544,9 @@ class Op:
         self._workspaces.clear()
         return n
 
-    def tensor_maps(self, e: dict, env: dict, named: dict, full: dict | None = None) -> dict:
-        """name -> the TMA descriptor entry e's kernel gets (kernel.tensor_maps; none without),
-        built on the caller's tensor with the box worked out for this shape: on the host, a few
-        microseconds a map, every call (a descriptor holds its tensor: kept, it would keep the
-        caller's buffers alive)."""
+    def _map_exprs(self, e: dict) -> list:
+        """Entry e's tensor maps (kernel.tensor_maps) as (name, tensor, box expressions, swizzle,
+        dtype, `when` or None), compiled once a launch section."""
         key = e.get("cubin") if e.get("launch") else None
         maps = self._tmap_exprs.get(key)
         if maps is None:
@@ -556,6 +554,14 @@ class Op:
             maps = self._tmap_exprs[key] = [(m["name"], m["tensor"], [_expr(x) for x in m["box"]], m["swizzle"],
                                              dtypes[m["tensor"]], _expr(m["when"]) if m.get("when") else None)
                                             for m in (e.get("launch") or self.t).get("tensor_maps") or ()]
+        return maps
+
+    def tensor_maps(self, e: dict, env: dict, named: dict, full: dict | None = None) -> dict:
+        """name -> the TMA descriptor entry e's kernel gets (kernel.tensor_maps; none without),
+        built on the caller's tensor with the box worked out for this shape: on the host, a few
+        microseconds a map, every call (a descriptor holds its tensor: kept, it would keep the
+        caller's buffers alive); a placeholder for a map its configuration does not read."""
+        maps = self._map_exprs(e)
         if not maps:
             return {}
         full = self._full(e, env) if full is None else full
@@ -563,17 +569,19 @@ class Op:
                        if when is None or when(full) else placeholder_map(named[tensor].device))
                 for name, tensor, box, swizzle, dtype, when in maps}
 
-    def _maps_fit(self, e: dict, tensors: dict, outs: list, env: dict | None = None) -> bool:
+    def _maps_fit(self, e: dict, tensors: dict, outs: list, env: dict | None = None,
+                  full: dict | None = None) -> bool:
         """Whether every tensor entry e's kernel reads through a tensor map can be one (its
         strides; tensor_map_unfit): where one cannot, the call takes the fallback. A map whose
         `when` does not hold for the entry's configuration is not read: it does not count."""
-        maps = (e.get("launch") or self.t).get("tensor_maps")
+        maps = self._map_exprs(e)
         if not maps:
             return True
-        full = self._full(e, env) if any(m.get("when") for m in maps) else None
+        if full is None and any(m[5] is not None for m in maps):
+            full = self._full(e, env)
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors}
-        return all(tensor_map_unfit(named[m["tensor"]]) is None for m in maps
-                   if not m.get("when") or _expr(m["when"])(full))
+        return all(tensor_map_unfit(named[tensor]) is None
+                   for _, tensor, _, _, _, when in maps if when is None or when(full))
 
     def arguments(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list, sizes: list,
                   scratch: dict | None = None, full: dict | None = None) -> list:
@@ -598,12 +606,13 @@ class Op:
                 args.append(np.int32(env[a]) if size == 4 else np.int64(env[a]))
         return args
 
-    def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> None:
+    def launch(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list,
+               full: dict | None = None) -> None:
         from cuda.core import launch
 
         device = tensors[self.inputs[0]["name"]].device
         dev, kernel, sizes = self._kernel(e, device)
-        full = self._full(e, env)
+        full = self._full(e, env) if full is None else full
         g = self.geometry(e, env, full)
         raise_smem(kernel, g["shared_mem"], dev.device_id, self._smem, (e["cubin"], dev.device_id))
         try:
@@ -636,8 +645,9 @@ class Op:
         if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()):
             outs = [torch.empty(shape, dtype=DTYPES[t["dtype"]], device=x0.device)
                     for t, shape in zip(self.outputs, self.output_shapes(env))]
-            if self._maps_fit(e, tensors, outs, env):
-                self.launch(e, env, tensors, scalars, outs)
+            full = self._full(e, env)  # the sizes, the entry's parameters and derived values: once a call
+            if self._maps_fit(e, tensors, outs, env, full):
+                self.launch(e, env, tensors, scalars, outs, full)
                 self.calls["kernel"] += 1
                 return outs[0] if len(outs) == 1 else tuple(outs)
         self.calls["fallback"] += 1

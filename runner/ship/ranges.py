@@ -194,29 +194,26 @@ def choices_at(res: dict, tids: list[int], fallbacks=(), twins=()) -> tuple[list
     fastest first ((tid, reported time)), the fallback's pick and reported times, and its name
     (None: torch eager)."""
     fb, e_pick, e_rep = best_fallback(res, fallbacks, twins)
-    ranked = []
+    ranked = sorted(k for k in _kernel_times(res, tids) if e_pick is None or k[0] < e_pick * (1 - NOISE))
+    return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep, fb
+
+
+def _kernel_times(res: dict, tids: list[int]) -> list[tuple[float, int, float]]:
+    """(pick, tid, reported time) of each kernel of `tids` that ran at a shape without an error."""
+    out = []
     for tid in tids:
         d = res.get(f"#{tid}")
-        if not d or d.get("error"):
-            continue
-        pick, rep = _split(d["rounds"])
-        if pick and (e_pick is None or pick < e_pick * (1 - NOISE)):
-            ranked.append((pick, tid, rep))
-    ranked.sort()
-    return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep, fb
+        if d and not d.get("error"):
+            pick, rep = _split(d.get("rounds") or [])
+            if pick:
+                out.append((pick, tid, rep))
+    return out
 
 
 def nearest_kernel(res: dict, tids: list[int]) -> dict | None:
     """Where the fallback won a shape: its fastest kernel that ran without an error, as
     {trial, time_s} (the reported time), so a table can say by how much the kernels lost."""
-    best = None
-    for tid in tids:
-        d = res.get(f"#{tid}")
-        if not d or d.get("error") or not d.get("rounds"):
-            continue
-        pick, rep = _split(d["rounds"])
-        if pick and rep and (best is None or pick < best[0]):
-            best = (pick, tid, rep)
+    best = min((k for k in _kernel_times(res, tids) if k[2]), default=None)
     return {"trial": best[1], "time_s": best[2]} if best else None
 
 
@@ -753,22 +750,14 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
 def clock_notes(rows: list[dict]) -> list[str]:
     """A line per secret point whose table or best arm ran below full clock (judge/clocks.py):
     the SM clock and power of both, so that a time is read with the clock it ran at."""
-    from ..judge.clocks import describe
+    from ..judge.clocks import notes
 
-    out = []
-    for r in rows:
-        best = (r["arms"].get(r.get("best_arm") or "") or {}).get("clock")
-        mine = r.get("table_clock")
-        if not ((mine or {}).get("throttled") or (best or {}).get("throttled")):
-            continue
-        label = "x".join(str(v) for v in r["shape"].values())
-        parts = ([f"table {describe(mine)}"] if mine else []) + \
-                ([f"{r['best_arm']} {describe(best)}"] if best and r.get("best_arm") else [])
-        out.append(f"  {label}: " + "; ".join(parts))
-    if out:
-        out.insert(0, f"below full clock at {len(out)} of {len(rows)} points (SM clock median, its low, the power's "
-                      "high and NVML's reasons over the timed rounds):")
-    return out
+    return notes([("x".join(str(v) for v in r["shape"].values()),
+                   [("table", r.get("table_clock")),
+                    (r.get("best_arm"), (r["arms"].get(r.get("best_arm") or "") or {}).get("clock"))])
+                  for r in rows],
+                 "below full clock at {n} of " + str(len(rows)) + " points (SM clock median, its low, the power's "
+                 "high and NVML's reasons over the timed rounds):")
 
 
 def format_ranges(table: dict) -> str:

@@ -448,7 +448,7 @@ def test_curve_regret_counts_every_named_arm_but_copy_and_the_wrong():
     text = ranges.format_curve(rows, ["N"])
     head = text.splitlines()[0]
     assert head.index("triton") < head.index("fast") < head.index("faster but wrong") < head.index("gone")
-    assert "100.0%  fast" in text and "wrong" in text and "n/a" in text
+    assert "100.0%  [100.0..100.0]  fast" in text and "wrong" in text and "n/a" in text
     assert "gone at " in text and "unavailable: ImportError" in text
     cr = report.curve_rows({"compare": {"curve": rows}})
     assert cr[0]["fast us"] == "1.00" and cr[0]["faster but wrong us"] == "wrong" and cr[0]["gone us"] == "n/a"
@@ -531,3 +531,43 @@ def test_a_fallback_range_says_how_far_its_fastest_kernel_was_behind():
     assert lines[0] == "  T 256..534: #4 (then #1)"
     assert lines[1] == "  T 535..2895: loop (fallback); the fastest kernel #52 +2.5% at 1024, #51 +1.2% at 2048"
     assert lines[2] == "  T 2896..8192: grouped_mm (fallback)"
+
+
+def test_curve_regret_has_its_round_by_round_spread_and_a_loss_needs_every_round():
+    """The regret's spread pairs the table's and the best arm's times round by round (they ran
+    back to back); a point counts as a loss beyond noise only where the table was slower in
+    every round, and the summary line says at how many points that held."""
+    from runner.ship import report
+
+    spec = load_spec(RANGE_CPU)
+
+    class Stub:
+        arms = {"compile": False, "arms": {"lib": "m:f"}}
+
+        def serves(self, tid, shape):
+            return True
+
+        def time(self, shapes, kernels, others=False, mode_of=None):
+            d = lambda rs: {"median": sorted(rs)[len(rs) // 2], "rounds": rs, "error": None, "mode": None}  # noqa: E731
+            out = []
+            for i, _ in enumerate(shapes):
+                if i == 0:  # slower than the library in every round: a loss
+                    t, lib = [2.2e-6, 2.1e-6, 2.3e-6, 2.2e-6], [2.0e-6, 2.0e-6, 2.1e-6, 2.0e-6]
+                else:  # slower by the medians, faster in one round: a tie within the noise
+                    t, lib = [2.2e-6, 1.9e-6, 2.3e-6, 2.2e-6], [2.0e-6, 2.0e-6, 2.1e-6, 2.0e-6]
+                out.append({"#1": d(t), "torch eager": d([9e-6] * 4), "lib": d(lib), "copy": d([1e-6] * 4)})
+            return out
+
+    table = {"axes": ["N"], "exact": [], "ranges": [{"lo": {"N": 1}, "hi": {"N": 1 << 30}, "use": [1]}]}
+    rows = ranges.curve(spec, table, Stub(), seed=3, n=3)
+    lo, hi = rows[0]["regret_range"]
+    assert lo == pytest.approx(2.1 / 2.0 - 1) and hi == pytest.approx(2.2 / 2.0 - 1)
+    assert rows[1]["regret_range"][0] == pytest.approx(1.9 / 2.0 - 1) and rows[1]["regret"] > 0
+    assert ranges.beyond_noise(rows[0]) and not ranges.beyond_noise(rows[1])
+    assert not ranges.beyond_noise({"regret": -0.1, "regret_range": [0.1, 0.2]})
+    text = ranges.format_curve(rows, ["N"])
+    assert "[5.0..10.0]" in text and "[-5.0..10.0]" in text
+    assert "slower than the best arm in every round at 1 of them (worst 10.0%)" in text
+    cr = report.curve_rows({"compare": {"curve": rows}})
+    assert cr[0]["rounds"] == "+5.0% to +10.0%"
+    assert ranges.regret_spread([1.0], [1.0]) is None  # one pair is no spread

@@ -679,6 +679,7 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
         else:
             d = r.get("torch eager") or {}
             table_s, err = d.get("median"), None
+        table_rounds = d.get("rounds") or []
         table_clock = d.get("clock")  # the SM clock and power over the table's timings (judge/clocks.py)
         best_arm = min(((a["time_s"], name) for name, a in arms.items()
                         if name != "copy" and a["time_s"] and not a["error"]), default=(None, None))
@@ -692,6 +693,9 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
         if table_s and best_arm[0]:
             row["regret"] = table_s / best_arm[0] - 1
             row["bytes_per_s"] = f["bytes"] / table_s
+            spread = regret_spread(table_rounds, (r.get(best_arm[1]) or {}).get("rounds") or [])
+            if spread is not None:
+                row["regret_range"] = spread
         copy_s = (arms.get("copy") or {}).get("time_s")
         if copy_s and table_s:
             row["copy_fraction"] = copy_s / table_s
@@ -702,6 +706,25 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
     return rows
 
 
+def regret_spread(table_rounds: list, arm_rounds: list) -> list[float] | None:
+    """The regret round by round: [lowest, highest] of the table's time over the best arm's
+    minus one, each pair from one round (the two ran back to back there, at the same clock and
+    temperature, where the rounds' medians may not have). None with fewer than two pairs."""
+    pairs = [t / a - 1 for t, a in zip(table_rounds, arm_rounds) if t and a]
+    return [min(pairs), max(pairs)] if len(pairs) >= 2 else None
+
+
+def beyond_noise(row: dict) -> bool:
+    """A regret counts as a loss only where the table was slower than the best arm in every
+    round (its spread's low end above zero); a regret whose rounds straddle zero is a tie
+    within the noise of the timing (the power cap moves both arms' clocks from one round to
+    the next). A point without rounds judges by the regret alone."""
+    if (row.get("regret") or 0) <= 0:
+        return False
+    spread = row.get("regret_range")
+    return spread is None or spread[0] > 0
+
+
 def format_curve(rows: list[dict], axes: list[str]) -> str:
     """The regret table: one line per secret point; op.arms' arms a column each after triton."""
     from .compare import extra_arms
@@ -710,7 +733,7 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
     wide = {n: max(9, len(n)) for n in named}
     ceiling = "read" if any("read_fraction" in r for r in rows) else "copy"
     head = f"{'shape':>18} {'table':>9} {'TB/s':>6} {ceiling + '%':>6}  {'eager':>9} {'compile':>9} {'triton':>9}  " \
-           + "".join(f"{n:>{wide[n]}}  " for n in named) + f"{'regret':>7}  vs"
+           + "".join(f"{n:>{wide[n]}}  " for n in named) + f"{'regret':>7} {'rounds':>15}  vs"
     lines = [head, "-" * len(head)]
 
     def us(x, w=9):
@@ -730,11 +753,16 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                      f"{us((a.get('torch eager') or {}).get('time_s'))} {us((a.get('torch.compile') or {}).get('time_s'))} "
                      f"{arm_us(a, 'triton')}  "
                      + "".join(f"{arm_us(a, n)}  " for n in named) +
-                     f"{(r.get('regret') or 0) * 100:6.1f}%  {r['best_arm'] or '-'}"
+                     f"{(r.get('regret') or 0) * 100:6.1f}% {_spread_text(r):>15}  {r['best_arm'] or '-'}"
                      + f"  [{r['use']}]" + (" graph" if r.get("mode") == "graph" else ""))
     worst = max((r.get("regret") or 0 for r in rows), default=0)
-    lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points (times in us; \"graph\": "
-                 f"every arm of the point timed as CUDA graph replays; regret: over the best arm but copy"
+    lost = [r for r in rows if beyond_noise(r)]
+    worst_lost = max((r["regret"] for r in lost), default=0)
+    lines.append(f"worst regret {worst * 100:.1f}% over {len(rows)} secret points; slower than the best arm in "
+                 f"every round at {len(lost)} of them" + (f" (worst {worst_lost * 100:.1f}%)" if lost else "")
+                 + " (times in us; \"graph\": "
+                 f"every arm of the point timed as CUDA graph replays; regret: over the best arm but copy, "
+                 f"[its lowest and highest round by round]"
                  + ("; read%: the table's time against the op's bytes at the profile's read-only bandwidth)"
                     if ceiling == "read" else ")"))
     lines += clock_notes(rows)
@@ -745,6 +773,11 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                 said.add(n)
                 lines.append(f"{n} at {'x'.join(str(v) for v in r['shape'].values())}: {d['error']}")
     return "\n".join(lines)
+
+
+def _spread_text(r: dict) -> str:
+    sp = r.get("regret_range")
+    return f"[{sp[0] * 100:.1f}..{sp[1] * 100:.1f}]" if sp else ""
 
 
 def clock_notes(rows: list[dict]) -> list[str]:

@@ -370,7 +370,10 @@ def curve_rows(data) -> list[dict]:
                     "eager us": us((a.get("torch eager") or {}).get("time_s")),
                     "compile us": us((a.get("torch.compile") or {}).get("time_s")),
                     "triton us": arm_us("triton"), **{f"{n} us": arm_us(n) for n in named},
-                    "regret": f"{(r.get('regret') or 0):+.1%}", "best arm": r.get("best_arm") or "-"})
+                    "regret": f"{(r.get('regret') or 0):+.1%}",
+                    "rounds": (f"{r['regret_range'][0]:+.1%} to {r['regret_range'][1]:+.1%}"
+                               if r.get("regret_range") else "-"),
+                    "best arm": r.get("best_arm") or "-"})
     return out
 
 

@@ -22,7 +22,8 @@ by the second call of each check (which must give the same bits: the split-K sum
 2. Speed at T = 1, 16, 128, 1024, 4096 (uniform routing, L2 flushed before each call, the
    median of --reps calls, CUDA graph replay where a call is under 20 us): the expert loop (its
    group bounds read on the host beforehand, outside the timing), torch._grouped_mm (SwiGLU:
-   plus the activation in torch), then each configuration the spec serves there; microseconds,
+   plus the activation in torch), a read of the active experts' weights alone (the read floor:
+   a Triton kernel, the best of a few block sizes), then each configuration the spec serves there; microseconds,
    TB/s of the active experts' weights and TFLOP/s; the best five a point, and a summary.
 --dry-run runs what needs no GPU: the specs, render, the source rules, NVRTC (no spills, the
 launch limits, no external calls), the kernel's parameters (from its PTX) against the packed
@@ -351,6 +352,59 @@ def arms(p: Probe, x, w, offs_list, ot):
     return out
 
 
+# The read floor: the active experts' weights read once and nothing else, by a Triton kernel
+# (the best of READ_CONFIGS at each point), in the same timing as the kernels. A weight-streaming
+# kernel at small T can at best match it: what it takes above the floor is its own; what the
+# floor takes above bytes / read bandwidth is the launch, the ramp and the tail of any read.
+READ_CONFIGS = [(b, c, nw) for b in (2048, 4096, 8192) for c in (1, 2, 4) for nw in (4, 8)]
+
+try:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read(w_ptr, ex_ptr, out_ptr, PER: tl.constexpr, BLOCK: tl.constexpr, CH: tl.constexpr):
+        pid = tl.program_id(0)
+        e = tl.load(ex_ptr + tl.program_id(1)).to(tl.int64)
+        base = w_ptr + e * PER + pid.to(tl.int64) * (BLOCK * CH)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for i in tl.static_range(CH):
+            acc += tl.load(base + i * BLOCK + tl.arange(0, BLOCK)).to(tl.int32)
+        tl.store(out_ptr + tl.program_id(1) * tl.num_programs(0) + pid, tl.sum(acc, axis=0))
+except ImportError:  # the probe's other arms need no Triton
+    _read = None
+
+
+def read_floor(p: Probe, w, offs_list):
+    """{"read floor": call} reading every active expert's weight once (an int32 sum a program,
+    so the loads stay), or {} without Triton; the call is the fastest of READ_CONFIGS."""
+    torch = p.torch
+    if _read is None:
+        return {}
+    ex, prev = [], 0
+    for e, o in enumerate(offs_list):
+        if o > prev:
+            ex.append(e)
+        prev = o
+    per = p.sz["N"] * p.sz["K"]
+    wi = w.view(torch.int16)
+    ext = torch.tensor(ex, dtype=torch.int32, device="cuda")
+    best = None
+    for blk, ch, nw in READ_CONFIGS:
+        if per % (blk * ch):
+            continue
+        g = per // (blk * ch)
+        out = torch.empty(len(ex) * g, dtype=torch.int32, device="cuda")
+
+        def call(g=g, out=out, blk=blk, ch=ch, nw=nw):
+            _read[(g, len(ex))](wi, ext, out, PER=per, BLOCK=blk, CH=ch, num_warps=nw)
+
+        t = timed(p, p.rt.prepare_torch(call, mode="auto"), 10)
+        if best is None or t < best[0]:
+            best = (t, call)
+    return {"read floor": best[1]} if best else {}
+
+
 def timed(p: Probe, call, reps: int) -> float:
     from space_check import median_time
 
@@ -377,7 +431,7 @@ def speed(p: Probe, keep: list, reps: int, points: list[int]) -> list:
 
         line = []
         base = {}
-        for name, f in arms(p, x, w, offs, ot).items():
+        for name, f in {**arms(p, x, w, offs, ot), **read_floor(p, w, offs)}.items():
             t = timed(p, p.rt.prepare_torch(f, mode="auto"), reps)
             base[name] = t
             line.append(f"{name} {fmt(t)}")

@@ -229,7 +229,8 @@ def dry_run(p: Probe, keep: list) -> None:
             ws = p.ws_shape(cfg, T)
             vals, geo = p.pack(cfg, T, {**meta, "ws": torch.empty(1, device="meta")}, maps=False)
             threads = cfg["WM"] * cfg["WN"] * 32 + (128 if cfg["MMA"] == "wgmma_tma_ws" else 0)
-            smem = cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + (1024 if cfg["MMA"] != "sync" else 0)
+            smem = cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2 + (1024 if cfg["MMA"] != "sync" else 0) \
+                + (cfg["BM"] * min(cfg["BN"], 128) * 2 if cfg.get("PERSIST") else 0)  # PERSIST's staging
             if len(vals) != len(sizes) or geo["grid"] != [grid_size(T, cfg)] or geo["block"] != [threads] \
                     or geo["shared_mem"] != smem:
                 fail(f"{p.name} {label(cfg)} T={T}: packed {len(vals)} arguments, geometry {geo}")

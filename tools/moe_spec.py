@@ -187,8 +187,22 @@ def mt_bound(T: int, cfg: dict) -> int:
     return min(R, (R + cfg["E"] * (cfg["BM"] - 1)) // cfg["BM"])
 
 
+SMS = 132  # the H200's SMs: PERSIST's grid (the specs' kernel.grid)
+
+
 def grid_size(T: int, cfg: dict) -> int:
-    return mt_bound(T, cfg) * (cfg["N"] // cfg["BN"]) * cfg["SPLITK"]
+    tiles = mt_bound(T, cfg) * (cfg["N"] // cfg["BN"])
+    return min(tiles, SMS) if cfg.get("PERSIST") else tiles * cfg["SPLITK"]
+
+
+def block_tiles(T: int, cfg: dict) -> list[int]:
+    """The tile ids (find_tile's `bid`) the grid's blocks take, in order: a block a tile, or,
+    PERSIST, block b's tiles b, b + grid, b + 2 grid, ... of the MT * NT (moe_wgmma_tma.cuh.j2)."""
+    g = grid_size(T, cfg)
+    if not cfg.get("PERSIST"):
+        return list(range(g))
+    tiles = mt_bound(T, cfg) * (cfg["N"] // cfg["BN"])
+    return [t for b in range(g) for t in range(b, tiles, g)]
 
 
 def find_tile(bid: int, offs: list[int], T: int, cfg: dict):
@@ -230,7 +244,7 @@ def coverage(offs: list[int], T: int, cfg: dict) -> str | None:
         prev = o
     seen = {}
     counters = set()
-    for bid in range(grid_size(T, cfg)):
+    for bid in block_tiles(T, cfg):
         e, row0, rows, mt, nt, split = find_tile(bid, offs, T, cfg)
         if not 0 <= nt < NT:
             return f"block {bid}: column tile {nt} outside 0..{NT - 1}"

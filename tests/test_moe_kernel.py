@@ -49,6 +49,33 @@ def test_tiles_cover_every_row_once_coarse(kind, T):
         assert moe_spec.coverage(offs, T, cfg) is None, (kind, T, cfg)
 
 
+@pytest.mark.parametrize("kind", ["uniform", "one", "empty", "single", "ragged"])
+def test_persistent_blocks_cover_every_tile_once(kind):
+    """PERSIST: 132 blocks at most, block b taking tiles b, b + grid, ...; every row of every
+    column tile once, on the coarse shape (few row tiles) and the fine one (many)."""
+    for E, topk, N, T in ((8, 2, 28672, 256), (8, 2, 28672, 3000), (64, 6, 2816, 256)):
+        offs = moe_spec.routing(kind, T, E, topk, seed=T)
+        cfg = {"E": E, "N": N, "K": 4096, "TOPK": topk, "BM": 128, "BN": 256, "SPLITK": 1, "GM": 8, "PERSIST": 1}
+        tiles = moe_spec.mt_bound(T, cfg) * (N // 256)
+        assert moe_spec.grid_size(T, cfg) == min(tiles, 132)
+        got = moe_spec.block_tiles(T, cfg)
+        assert sorted(got) == list(range(tiles))  # each tile once, whatever block takes it
+        assert moe_spec.coverage(offs, T, cfg) is None, (kind, E, T)
+
+
+def test_a_persistent_block_whose_first_tile_is_empty_still_has_work():
+    """Why the persistent kernel may not leave on its first tile (as a block-a-tile kernel does):
+    with empty experts the row tiles are fewer than the bound, and on the coarse shape at T = 256
+    some block's first tile lies past them while a later tile of the same block does not."""
+    T, E, N = 256, 8, 28672
+    offs = moe_spec.routing("empty", T, E, 2, seed=T)
+    cfg = {"E": E, "N": N, "K": 4096, "TOPK": 2, "BM": 128, "BN": 256, "SPLITK": 1, "GM": 8, "PERSIST": 1}
+    g, tiles = moe_spec.grid_size(T, cfg), moe_spec.mt_bound(T, cfg) * (N // 256)
+    rows = lambda t: moe_spec.find_tile(t, offs, T, cfg)[2]  # noqa: E731
+    stranded = [b for b in range(g) if rows(b) <= 0 and any(rows(t) > 0 for t in range(b + g, tiles, g))]
+    assert stranded, "the routing no longer strands a block: pick one that does"
+
+
 def test_row_tile_bound_is_tight_enough():
     # the bound is reached: every expert with BM + 1 rows needs 2 tiles each
     cfg = small_cfg(E=8, TOPK=2, BM=16)

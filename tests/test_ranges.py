@@ -571,3 +571,50 @@ def test_curve_regret_has_its_round_by_round_spread_and_a_loss_needs_every_round
     cr = report.curve_rows({"compare": {"curve": rows}})
     assert cr[0]["rounds"] == "+5.0% to +10.0%"
     assert ranges.regret_spread([1.0], [1.0]) is None  # one pair is no spread
+
+
+class _FallbackStub:
+    """Prober.time without a worker, for the fallbacks alone: torch eager slow, arm "a" fast
+    below T = 20 and arm "b" above (by `gap`), each with two rounds."""
+    fallbacks = {"a": "m:a", "b": "m:b"}
+
+    def __init__(self, gap: float):
+        self.gap, self.asked = gap, []
+
+    def time(self, shapes, kernels, others=False, mode_of=None):
+        self.asked.append([s["T"] for s in shapes])
+        d = lambda t: {"median": t, "rounds": [t, t], "error": None, "mode": None}  # noqa: E731
+        out = []
+        for s in shapes:
+            low = s["T"] < 20
+            a, b = (1.0, 1.0 + self.gap) if low else (1.0 + self.gap, 1.0)
+            out.append({"torch eager": d(5e-6), "a": d(a * 1e-6), "b": d(b * 1e-6)})
+        return out
+
+
+def test_a_fallback_range_is_cut_where_another_fallback_is_faster():
+    """Library fallbacks trade places within an octave: a range that falls back is timed at
+    FB_PER_OCTAVE sizes an octave across it, fallbacks only, and cut where another fallback is
+    faster by more than NOISE; a kernel's range is left alone."""
+    spec = load_spec(PIPELINES / "moe-cpu.yaml")
+    ranges_in = [{"lo": {"T": 1}, "hi": {"T": 4}, "point": {"T": 1}, "use": [3], "times_s": {"3": 1e-7},
+                  "eager_s": 5e-6, "fallback": None},
+                 {"lo": {"T": 4}, "hi": {"T": 65}, "point": {"T": 8}, "use": [], "times_s": {}, "eager_s": 1e-6,
+                  "fallback": "a", "nearest": {"trial": 3, "time_s": 2e-6}}]
+    stub = _FallbackStub(gap=0.2)
+    out = ranges._refine_fallbacks(spec, "T", copy.deepcopy(ranges_in), stub, None)
+    assert out[0] == ranges_in[0]  # the kernel's range, as it was
+    parts = out[1:]
+    assert [p["fallback"] for p in parts] == ["a", "b"]
+    assert parts[0]["lo"] == {"T": 4} and parts[-1]["hi"] == {"T": 65}
+    assert parts[0]["hi"] == parts[1]["lo"] and 17 <= parts[0]["hi"]["T"] <= 22  # the cut near T = 20
+    assert parts[0]["nearest"] == ranges_in[1]["nearest"] and "nearest" not in parts[1]
+    assert len(stub.asked) == 1  # one request: every size with its twins
+    sizes = ranges._fallback_sizes(4, 65)
+    assert sizes[0] == 4 and sizes[-1] == 64 and len(sizes) == 17  # 4 octaves, 4 sizes each
+    # the table says which fallback serves a size
+    table = {"axes": ["T"], "exact": [], "ranges": out}
+    assert ranges.fallback_of(table, {"T": 10}) == "a" and ranges.fallback_of(table, {"T": 40}) == "b"
+    # another fallback within the noise of the range's own choice: the range stays whole
+    flat = ranges._refine_fallbacks(spec, "T", copy.deepcopy(ranges_in), _FallbackStub(gap=ranges.NOISE / 2), None)
+    assert flat == ranges_in

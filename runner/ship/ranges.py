@@ -127,15 +127,10 @@ class Prober:
         return r["shapes"]
 
 
-def best_fallback(res: dict, fallbacks=(), twins=()) -> tuple[str | None, float | None, float | None]:
-    """The fastest fallback at one shape: torch eager (None) or an arm of op.fallbacks that ran
-    without an error (verified on the judge's inputs), by the even rounds; (name, pick, report).
-    With `twins` (the timings of the sizes next to it, `_twins`), each fallback's pick and
-    report are its means over the shape and the twins: a fallback fast at the shape alone
-    does not take the sizes around it. (The mean, not the median: slow at every other size, a
-    fallback costs a random size of the range the mean of its two speeds.) An arm that failed
-    at a twin (unavailable, or wrong on the judge's inputs) is no fallback of the range."""
-    best = (None, None, None)
+def fallback_picks(res: dict, fallbacks=(), twins=()) -> dict:
+    """{name (None: torch eager): (pick, report)} for every fallback that ran without an error at
+    the shape and each of its twins, each its mean over them (best_fallback says why)."""
+    out = {}
     for name in ("torch eager", *fallbacks):
         d = res.get(name) or {}
         if d.get("error") or not d.get("rounds"):
@@ -151,9 +146,23 @@ def best_fallback(res: dict, fallbacks=(), twins=()) -> tuple[str | None, float 
         if bad:
             continue
         pick = statistics.fmean(g[0] for g in got)
-        rep = statistics.fmean(g[1] for g in got)
-        if pick and (best[1] is None or pick < best[1]):
-            best = (None if name == "torch eager" else name, pick, rep)
+        if pick:
+            out[None if name == "torch eager" else name] = (pick, statistics.fmean(g[1] for g in got))
+    return out
+
+
+def best_fallback(res: dict, fallbacks=(), twins=()) -> tuple[str | None, float | None, float | None]:
+    """The fastest fallback at one shape: torch eager (None) or an arm of op.fallbacks that ran
+    without an error (verified on the judge's inputs), by the even rounds; (name, pick, report).
+    With `twins` (the timings of the sizes next to it, `_twins`), each fallback's pick and
+    report are its means over the shape and the twins: a fallback fast at the shape alone
+    does not take the sizes around it. (The mean, not the median: slow at every other size, a
+    fallback costs a random size of the range the mean of its two speeds.) An arm that failed
+    at a twin (unavailable, or wrong on the judge's inputs) is no fallback of the range."""
+    best = (None, None, None)
+    for name, (pick, rep) in fallback_picks(res, fallbacks, twins).items():
+        if best[1] is None or pick < best[1]:
+            best = (name, pick, rep)
     return best
 
 
@@ -278,6 +287,7 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         _level_rows(spec, ranges, [p for p in points[op.named:] if p["level"] > 0], prober, refine, log)
     if len(axes) == 1:
         ranges = _split_unserved(spec, axes[0], ranges, history, prober, top, log)
+        ranges = _refine_fallbacks(spec, axes[0], ranges, prober, log)
     lists = [r["use"] for r in ranges + exact] + [w["use"] for r in ranges for w in r.get("rows", ())]
     return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
             **({"fallbacks": {n: prober.fallbacks[n] for n in prober.fallbacks}} if prober.fallbacks else {}),
@@ -403,6 +413,78 @@ def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, l
 
 
 SPLITS = 4  # new ranges a range may be cut into where its kernels stop serving
+# Library fallbacks trade places at finer steps than a grid an octave apart (the coarse MoE
+# shape: the expert loop 16 to 19% ahead of torch._grouped_mm at T = 1261 to 1478 and 11% behind
+# at 851 and 1703, session 26). Where a range falls back and op.fallbacks names an arm, the
+# fallbacks alone are timed at FB_PER_OCTAVE sizes an octave across the range (at most FB_MAX),
+# and the range is cut where another fallback is faster by more than NOISE.
+FB_PER_OCTAVE = 4
+FB_MAX = 32
+
+
+def _fallback_sizes(lo: int, hi: int) -> list[int]:
+    """Log-spaced sizes in [lo, hi), FB_PER_OCTAVE an octave (at most FB_MAX, spread evenly)."""
+    n = max(2, int(math.ceil(math.log2(max(hi - 1, lo + 1) / lo) * FB_PER_OCTAVE)) + 1)
+    vals = sorted({min(hi - 1, max(lo, int(round(lo * ((hi - 1) / lo) ** (k / (n - 1)))))) for k in range(n)})
+    if len(vals) > FB_MAX:
+        vals = [vals[round(i * (len(vals) - 1) / (FB_MAX - 1))] for i in range(FB_MAX)]
+    return vals
+
+
+def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) -> list[dict]:
+    """Each range that falls back (no kernel list, no level rows), cut where another of the
+    fallbacks (torch eager and op.fallbacks' arms) is measured faster: the fallbacks alone at
+    _fallback_sizes across the range, each judged by its mean over the size and its twins; a
+    size keeps the range's own fallback unless another beats it by more than NOISE there. The
+    cuts lie at the log-midpoints between sizes of different choices."""
+    op = spec.op
+    fbs = list(prober.fallbacks)
+    out = []
+    for r in ranges:
+        lo, hi = r["lo"][axis], r["hi"][axis]
+        if r["use"] or r.get("rows") or not fbs or hi - lo < 2:
+            out.append(r)
+            continue
+        sizes = [(v, sh) for v in _fallback_sizes(lo, hi) if (sh := _inside(op, op.point({axis: v}))) is not None]
+        if len(sizes) < 2:
+            out.append(r)
+            continue
+        timed = time_with_twins(prober, [sh for _, sh in sizes], [[] for _ in sizes],
+                                [_twins(op, [axis], sh, {axis: hi}) for _, sh in sizes])
+        own = r.get("fallback")
+        picks = []
+        for (v, sh), (res, tw) in zip(sizes, timed):
+            got = fallback_picks(res, fbs, tw)
+            if not got:
+                picks.append((v, sh, own, r.get("eager_s")))
+                continue
+            best = min(got, key=lambda n: got[n][0])
+            if own in got and got[own][0] <= got[best][0] * (1 + NOISE):
+                best = own  # within the noise of the range's own choice: it stays
+            picks.append((v, sh, best, got[best][1]))
+        if log:
+            log(f"  {axis} {lo}..{hi - 1} falls back; at {len(picks)} sizes: "
+                + ", ".join(f"{v} {n or 'torch'}" for v, _, n, _ in picks))
+        runs = []  # (first index, last index) of each run of one choice
+        for i, (_, _, n, _) in enumerate(picks):
+            if runs and picks[runs[-1][0]][2] == n:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        if len(runs) == 1:
+            out.append(r)
+            continue
+        cuts = [lo] + [max(_geo_mid(picks[b][0], picks[b + 1][0]), picks[b][0] + 1) for _, b in runs[:-1]] + [hi]
+        for (a, b), c0, c1 in zip(runs, cuts, cuts[1:]):
+            mid = (a + b) // 2
+            v, sh, n, t = picks[mid]
+            part = {"lo": {axis: c0}, "hi": {axis: c1}, "point": sh, "use": [], "times_s": {}, "eager_s": t,
+                    "fallback": n}
+            if r.get("nearest") and c0 <= r["point"][axis] < c1 and n == own:
+                # the range's own point, measured against the kernels: how far they were behind
+                part.update(point=r["point"], nearest=r["nearest"], eager_s=r.get("eager_s"))
+            out.append(part)
+    return out
 
 
 def _levels_of(r: dict) -> list[dict]:

@@ -353,3 +353,50 @@ def test_the_preprocessor_takes_the_branches_of_the_options_architecture():
     assert not why and "__expf" not in text
     assert cuda.option_arch(("-DX=1", "--arch=sm_90a"), "sm_90") == "sm_90a"
     assert cuda.option_arch(("-DX=1",), "sm_90") == "sm_90"
+
+
+# ---------------------------------------------------------------- state kept between calls
+KERNEL_LINE = 'extern "C" __global__ void soft('
+
+
+@pytest.mark.parametrize("decl, use, needle", [
+    # a call counter: lazy after the judge's first calls
+    ("__device__ unsigned calls;", "  if (threadIdx.x == 0) atomicAdd(&calls, 1u);", "calls"),
+    # a memo of last call's row sums, static (internal linkage: the name is mangled)
+    ("static __device__ float memo[4096];", "  memo[blockIdx.x % 4096] = xr[0] == xr[0] ? 0.f : 1.f;", "memo"),
+    # writable storage behind a string literal
+    ("", '  if (threadIdx.x == 0) { char* p = (char*)"pipe-state-pipe-state"; p[blockIdx.x % 16] = 1; }', "$str"),
+])
+def test_a_variant_declaring_device_state_is_refused_whatever_the_spec_names(tmp_path, decl, use, needle):
+    """Module-scope device data outlives a call: a variant may not declare any the approved
+    template's build lacks, even where the spec names no forbidden action about it."""
+    ev = approved(tmp_path, ["fast_math"])  # device_state is not named: it is refused all the same
+    text = APPROVED.replace(KERNEL_LINE, decl + "\n" + KERNEL_LINE).replace(
+        "  float m = 0.f, s = 0.f;\n", "  float m = 0.f, s = 0.f;\n" + use + "\n")
+    assert text != APPROVED
+    b = build(ev, text)
+    forbidden_as(b, "device_state", needle, "approved template's build does not")
+
+
+def test_device_state_the_approved_template_declares_stays_allowed(tmp_path):
+    """The approved template's own __device__ data is the user's: its variants may keep it."""
+    mine = APPROVED.replace(KERNEL_LINE, "__device__ unsigned launches;\n" + KERNEL_LINE).replace(
+        "  float m = 0.f, s = 0.f;\n", "  float m = 0.f, s = 0.f;\n  if (threadIdx.x == 0) atomicAdd(&launches, 1u);\n")
+    (tmp_path / "soft.cu.j2").write_text(mine)
+    (tmp_path / "spec.yaml").write_text(spec(tmp_path / "soft.cu.j2", NAMED))
+    ev = Builder(load_spec(tmp_path / "spec.yaml"))
+    b = build(ev, None)
+    assert b.status == "ok" and b.ptx["data"] == {"launches": 1}, (b.status, b.reason)
+    b = build(ev, mine.replace("#pragma unroll {{ UNROLL }}", "#pragma unroll 8"))
+    assert b.status == "ok", b.reason
+
+
+def test_module_scope_global_data_in_the_ptx():
+    text = ("\n.global .align 4 .u32 calls;\n.visible .global .align 8 .b8 memo[1024];\n"
+            ".global .attribute(.managed) .align 4 .u32 man;\n.const .align 4 .b8 cst[16];\n"
+            ".shared .align 4 .b8 sh[64];\n.visible .entry k(\n.param .u64 p\n)\n{\n"
+            "\tld.global.u32 %r1, [calls];\n\tst.global.u32 [calls], %r1;\n\tret;\n}\n")
+    a = ptx.analyze(text)
+    assert a["data"] == {"calls": 1, "man": 1, "memo": 1}  # not the constant, not the shared array
+    assert ptx.compare(a, {"data": {"calls": 1, "man": 1, "memo": 1}}, []) is None
+    assert ptx.compare(a, {"data": {"calls": 1}}, [])[0] == "device_state"

@@ -223,7 +223,8 @@ class Builder:
             found = ptx.compare(comp[src].ptx, base[asrc].ptx if ok else None, named, waived)
             if found:
                 action, why = found
-                return (f"{action}: {forbid.NAMED[action].description}: shape {i}: {why}"
+                what = forbid.NAMED[action].description if action in forbid.NAMED else ptx.DEVICE_STATE
+                return (f"{action}: {what}: shape {i}: {why}"
                         + ("" if ok else " (the approved template does not compile at these parameters)"),
                         mine, theirs)
         return "", mine, theirs

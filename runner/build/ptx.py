@@ -19,6 +19,12 @@ spelling. So the judge also counts, in the PTX, the instructions of each forbidd
   synchronizes `host_sync`, capture queries `disable_cuda_graphs`, and any other
   `.extern .func` but `vprintf` and `__assertfail` is `library_calls`.
 
+Whatever the spec names, a variant may also declare no module-scope device data the approved
+template's build lacks (`device_state`): a `__device__` or `__managed__` variable (PTX `.global`
+data) outlives the call, so a kernel could count its calls, keep last call's inputs or
+outputs, or learn which calls the judge checks, and answer the next call from that. Shared
+memory (per block, gone at the block's end) and constants (read-only) are not such data.
+
 Counts are kept apart for the compiler's own code and for inline asm (NVVM marks it
 `// begin inline asm` ... `// end inline asm`; the bf16 operators of cuda_bf16.h are inline
 asm too). `compare` judges what a variant adds over the approved template's build at the
@@ -45,6 +51,12 @@ _TYPES = {"f16", "bf16", "f16x2", "bf16x2", "tf32", "f32", "f64", "e4m3", "e5m2"
           "s32"}
 
 ALLOWED_EXTERN = ("vprintf", "__assertfail")
+DEVICE_STATE = ("state that outlives a call: module-scope device data (a __device__ or __managed__ variable) "
+                "that the approved template's build does not declare")
+# a module-scope .global declaration: `[.visible|.weak|.extern] .global [.align N] [.attribute(...)]
+# .type name[...]`, as NVVM writes __device__ and __managed__ variables (string literals too)
+_GLOBAL_DATA = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.global\s+"
+                          r"(?:(?:\.align\s+\d+|\.attribute\s*\([^)]*\)|\.v\d)\s+)*\.\w+\s+([A-Za-z_$%][\w$]*)")
 
 
 def classify(opcode: str) -> str | None:
@@ -131,24 +143,32 @@ def analyze(ptx: str) -> dict:
     in inline asm ("asm"), and the external functions the module declares ("extern")."""
     lines = ptx.splitlines()
     inside = _asm_lines(lines)
-    code, asm, ext = Counter(), Counter(), Counter()
+    code, asm, ext, data = Counter(), Counter(), Counter(), Counter()
+    depth = 0  # brace depth: module scope at 0
     for ln, in_asm in zip(lines, inside):
         m = _EXTERN.match(ln)
         if m:
             ext[m.group(1)] += 1
             continue
+        if depth == 0 and not in_asm:
+            g = _GLOBAL_DATA.match(ln)
+            if g:
+                data[g.group(1)] += 1
+                continue
+        depth += ln.count("{") - ln.count("}")
         if _MARK.match(ln):
             continue
         for st in statements(ln):
             op = opcode(st)
             if op and classify(op):
                 (asm if in_asm else code)[op] += 1
-    return {"code": dict(sorted(code.items())), "asm": dict(sorted(asm.items())), "extern": dict(sorted(ext.items()))}
+    return {"code": dict(sorted(code.items())), "asm": dict(sorted(asm.items())), "extern": dict(sorted(ext.items())),
+            "data": dict(sorted(data.items()))}
 
 
 def merge(analyses: list[dict]) -> dict:
     """The largest count of each opcode over several builds (the shapes of one trial)."""
-    out: dict = {"code": {}, "asm": {}, "extern": {}}
+    out: dict = {"code": {}, "asm": {}, "extern": {}, "data": {}}
     for a in analyses:
         for part in out:
             for k, v in a.get(part, {}).items():
@@ -161,8 +181,12 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     more of than the approved template's build (`base`; None: no approved build to compare
     with, so every count is new), or None. `waived` holds the opcodes the accurate math
     library compiles to, not counted in the compiler's own code."""
-    base = base or {"code": {}, "asm": {}, "extern": {}}
+    base = base or {"code": {}, "asm": {}, "extern": {}, "data": {}}
     named = set(named)
+    for name in cand.get("data", {}):  # whatever the spec names: see the module's docstring
+        if name not in base.get("data", {}):
+            return "device_state", (f"the PTX declares the module-scope device variable '{name}', which the "
+                                    "approved template's build does not")
     where = {"code": "compiled code", "asm": "inline asm"}
     for part in ("asm", "code"):
         for op, n in cand.get(part, {}).items():

@@ -204,8 +204,9 @@ class Builder:
         mine = ptx.merge([comp[s].ptx for s in dict.fromkeys(sources)])
         if approved is None or (not named and not sp.forbidden.patterns):
             return "", mine, None  # the approved template: its own build is what is allowed
-        for src in dict.fromkeys(sources):  # a variant: the source rules after the preprocessor
-            expanded, why = self.backend.expand(src, sp.kernel.options, sp.hw)
+        expand = getattr(self.backend, "expand", None)  # the CPU backend's rules run in its compile
+        for src in dict.fromkeys(sources) if expand is not None else ():  # a variant: the rules after the preprocessor
+            expanded, why = expand(src, sp.kernel.options, sp.hw)
             if expanded is None:
                 if named:
                     return (f"preprocessor: the source rules need the preprocessed source, and the "
@@ -218,7 +219,8 @@ class Builder:
         base = dict(zip(base_unique, self._compile_all(base_unique)))
         ok = all(c.ok and c.ptx is not None for c in base.values())
         theirs = ptx.merge([base[s].ptx for s in base_unique]) if ok else None
-        waived = self.backend.library_opcodes(sp.kernel.options, sp.hw)
+        opcodes = getattr(self.backend, "library_opcodes", None)
+        waived = opcodes(sp.kernel.options, sp.hw) if opcodes is not None else frozenset()
         for i, (src, asrc) in enumerate(zip(sources, approved)):
             found = ptx.compare(comp[src].ptx, base[asrc].ptx if ok else None, named, waived)
             if found:

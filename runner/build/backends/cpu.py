@@ -85,6 +85,52 @@ def integrity_violation(source: str, entry: str = "") -> str | None:
     return None
 
 
+_DATA_TYPES = set("bBdDvVu")  # nm's writable data: bss, data, weak and unique objects
+# vtables and type info (relocated once, then read-only) and the unwinder's personality reference
+_READ_ONLY = ("_ZTV", "_ZTI", "_ZTS", "_ZTT", "DW.ref.")
+
+
+def _nm_data(lib: str) -> dict[str, int] | None:
+    """The writable data symbols of a shared library (statics included), or None without nm."""
+    try:
+        r = subprocess.run(["nm", "--defined-only", lib], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    out: dict[str, int] = {}
+    for ln in r.stdout.splitlines():
+        parts = ln.split()
+        if len(parts) == 3 and parts[1] in _DATA_TYPES and not parts[2].startswith(_READ_ONLY):
+            out[parts[2]] = out.get(parts[2], 0) + 1
+    return out
+
+
+@lru_cache(maxsize=8)
+def _toolchain_data(options: tuple[str, ...]) -> frozenset:
+    """What the toolchain itself puts in an empty library's writable data (_DYNAMIC,
+    __dso_handle, completed.0, ...): never the kernel's."""
+    with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
+        src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write('extern "C" void pipe_probe(float* y) { y[0] = 1.f; }\n')
+        r = subprocess.run([CXX, *BASE_FLAGS, *options, src, "-o", lib], capture_output=True, text=True,
+                           timeout=COMPILE_TIMEOUT_S)
+        return frozenset(_nm_data(lib) or ()) if r.returncode == 0 else frozenset()
+
+
+def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
+    """The kernel's own state that outlives a call: writable static data (a global, a static
+    local, a class static) beyond the toolchain's, as `ptx.analyze` reports a CUDA module's
+    `.global` data ({"data": {name: 1}}, the other parts empty), so that the builder refuses a
+    variant that declares data the approved template's build does not (`device_state`)."""
+    syms = _nm_data(lib)
+    if syms is None:
+        return None
+    base = _toolchain_data(tuple(options))
+    return {"code": {}, "asm": {}, "extern": {}, "data": {k: v for k, v in sorted(syms.items()) if k not in base}}
+
+
 def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     t0 = time.perf_counter()
     bad = integrity_violation(source, entry)
@@ -93,7 +139,8 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     key = artifact_key(source, " ".join(options), compiler_version(), "cpu")
     out = cache_dir() / "cpu" / f"{key}.so"
     if out.exists():
-        return Compiled(True, str(out), "", time.perf_counter() - t0, cached=True)
+        return Compiled(True, str(out), "", time.perf_counter() - t0, cached=True,
+                        ptx=data_symbols(str(out), options))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
         src = os.path.join(tmp, "kernel.cpp")
@@ -115,10 +162,11 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         if nm.returncode == 0 and not re.search(r"\bT " + re.escape(entry) + r"$", nm.stdout, re.M):
             return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                             reason=f"entry '{entry}' is not an exported C symbol (missing extern \"C\"?)")
+        data = data_symbols(lib, options)
         tmp_out = out.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(lib, tmp_out)
         os.replace(tmp_out, out)  # atomic: a reader sees the whole file or none
-    return Compiled(True, str(out), log, time.perf_counter() - t0)
+    return Compiled(True, str(out), log, time.perf_counter() - t0, ptx=data)
 
 
 _CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double,

@@ -526,6 +526,9 @@ class Judge:
         # the scratch buffers too: per timed call, a gather at secret positions (all must be zero)
         ws_where = _sample_positions(ws, self.rt.device)
         ws_samples: list[list] = []
+        # the positions decide the verdict and sit on the device while candidate code runs: the
+        # host keeps their values, and a change after the loop is a verdict of its own
+        held = [p.cpu().clone() for p in where + ws_where]
 
         def sample():
             samples.append((state["cur"], state["salt"],
@@ -564,6 +567,11 @@ class Judge:
                 return outlived, times
         # no candidate code runs from here on: the answers can be worked out
         c0 = clock()
+        if any(not self.torch.equal(p.cpu(), h) for p, h in zip(where + ws_where, held)):
+            checking[0] += clock() - c0
+            phases["time_check_s"] += checking[0]
+            return ("the judge's secret sample positions were rewritten during the timed calls (memory outside "
+                    "the outputs, inputs and scratch was written)"), times
         # the scratch rule first (it needs no reference): every checked call left the scratch
         # zero within intact guards, and so did every timed call at the sampled positions
         why = next((f"a checked timed call: {t['scratch']}" for _, _, t in taken if t.get("scratch")), None) \

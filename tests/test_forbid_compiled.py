@@ -315,6 +315,16 @@ def test_device_side_launch_and_external_functions_in_the_ptx():
     ("cvt.rn.bf16.f32", None), ("cvt.f32.bf16", None), ("cvt.rn.bf16x2.f32", None), ("ld.global.b16", None),
     ("st.global.v4.b32", None), ("div.rn.f32", None), ("rcp.rn.f32", None), ("sqrt.rn.f32", None),
     ("fma.rn.f32", None), ("neg.bf16", None), ("mov.b16", None),
+    # 8-bit operands, fp8 rounding, sums kept in half precision in memory (the judge audit's gap 6)
+    ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", "lower_precision"),
+    ("wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3", "lower_precision"),
+    ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", "lower_precision"),
+    ("cvt.rn.satfinite.e4m3x2.f32", "lower_precision"), ("cvt.rn.satfinite.e2m1x2.f32", "lower_precision"),
+    ("cvt.rn.f16x2.e4m3x2", None), ("cvt.rn.f32.u8", None),  # widening reads are exact
+    ("red.global.add.noftz.bf16x2", "lower_precision"), ("atom.global.add.noftz.f16", "lower_precision"),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16", "lower_precision"),
+    ("red.global.add.f32", None), ("atom.global.add.u32", None), ("cvt.s8.s32", None), ("cvt.u32.u8", None),
+    ("atom.global.cas.b16", None),
 ])
 def test_classify(op, action):
     assert ptx.classify(op) == action

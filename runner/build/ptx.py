@@ -10,8 +10,10 @@ spelling. So the judge also counts, in the PTX, the instructions of each forbidd
   `cos.approx`, `rcp.approx`, `rsqrt.approx`, `sqrt.approx`, `tanh.approx`, `div.approx`,
   `div.full`) and flush-to-zero (`.ftz`) arithmetic;
 - `lower_precision`: arithmetic in f16/bf16 (`add`, `sub`, `mul`, `fma`, `min`, `max`, ...
-  on `.f16`, `.bf16`, `.f16x2`, `.bf16x2`), TF32 (`cvt.rna.tf32.f32`, `mma ... .tf32`), and
-  matrix instructions that accumulate in half precision. Conversions, loads, stores and
+  on `.f16`, `.bf16`, `.f16x2`, `.bf16x2`), TF32 (`cvt.rna.tf32.f32`, `mma ... .tf32`),
+  matrix instructions that accumulate in half precision or read 8-bit and narrower operands
+  (fp8, fp6, fp4, int8, int4), conversions of floats to fp8, fp6 or fp4, and atomic or bulk sums
+  (`red`, `atom`, `cp.reduce.async.bulk`) in f16/bf16. Conversions, loads, stores and
   moves of 16-bit data are not arithmetic, and `mma`/`wgmma` with f32 accumulators is
   bf16-in/fp32-accumulate, which is allowed;
 - external functions: device-side launches and streams (`cudaLaunchDevice`,
@@ -59,13 +61,21 @@ _GLOBAL_DATA = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.global\s+"
                           r"(?:(?:\.align\s+\d+|\.attribute\s*\([^)]*\)|\.v\d)\s+)*\.\w+\s+([A-Za-z_$%][\w$]*)")
 
 
+# 8-bit and narrower types: an MMA that reads them, or a conversion that rounds to them, computes
+# in less than any op here declares (bf16 at the least)
+_NARROW = {"e4m3", "e5m2", "e4m3x2", "e5m2x2", "e2m1", "e2m1x2", "e3m2", "e3m2x2", "e2m3", "e2m3x2", "s8", "u8",
+           "s4", "u4", "b1", "ue8m0", "ue8m0x2"}
+_NARROW_FLOAT = {t for t in _NARROW if t[0] == "e" or t.startswith("ue")}  # fp8, fp6, fp4 and the scale type
+_REDUCE = {"atom", "red"}  # read-modify-write arithmetic in memory
+
+
 def classify(opcode: str) -> str | None:
     """The forbidden action an instruction (opcode with its modifiers, `ex2.approx.f32`) belongs to."""
     parts = opcode.lower().split(".")
     base, mods = parts[0], parts[1:]
     ms = set(mods)
     if base in _MMA:
-        if "tf32" in ms:
+        if "tf32" in ms or ms & _NARROW:  # TF32 or 8-bit (and narrower) operands
             return "lower_precision"
         types = [p for p in mods if p in _TYPES]
         if types and types[0] in _HALF:  # D, the accumulator, comes first
@@ -73,6 +83,12 @@ def classify(opcode: str) -> str | None:
         return None
     if "tf32" in ms:
         return "lower_precision"
+    if base == "cvt":
+        types = [p for p in mods if p in _TYPES or p in _NARROW]
+        if types and types[0] in _NARROW_FLOAT:  # the destination comes first: a float rounded to fp8, fp6, fp4
+            return "lower_precision"
+    if (base in _REDUCE or (base == "cp" and "reduce" in ms)) and "add" in ms and ms & _HALF:
+        return "lower_precision"  # sums accumulated in f16/bf16 in memory (atomics, bulk reductions)
     if base in _ARITH and ms & _HALF and base not in _EXACT_HALF:
         return "lower_precision"
     if base in _APPROX_BASES and ("approx" in ms or (base == "div" and "full" in ms)):

@@ -566,6 +566,19 @@ def test_the_offsets_are_never_salted():
     assert _salt_target(inputs, frozenset({"offs"})) == "x"
 
 
+def test_the_salt_lands_in_every_floating_input():
+    """The largest input may be weights no token reads at a small T (an expert nobody is routed
+    to): every floating input gets its swaps too, so the salted call's answer always moves; an
+    integer input other than the largest is left as it is, and the offsets never are salted."""
+    from runner.judge.worker import _salt_targets
+
+    inputs = {"x": torch.zeros(4, 8), "w": torch.zeros(64, 16, 8), "offs": torch.zeros(64, dtype=torch.int32),
+              "ids": torch.zeros(3, 5, dtype=torch.int64), "one": torch.zeros(7, 1)}
+    assert _salt_targets(inputs, frozenset({"offs"})) == ["w", "x"]
+    assert _salt_targets({"lens": torch.zeros(9, dtype=torch.int32), "q": torch.zeros(2, 4)}) == ["lens", "q"]
+    assert _salt_targets({"one": torch.zeros(7, 1)}) == []
+
+
 def test_compare_times_an_uncapturable_arm_directly_and_leaves_the_mode_to_the_others():
     """Judge.compare on the moe spec, its runtime's prepare_torch recording the mode each torch
     arm is asked for: the loop (capturable = False) direct, the others in the first one's mode

@@ -1012,12 +1012,13 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
 
     The last timed call of every timed loop (`refresh.plan`, called by `bench` once it
     knows how many there will be) gets its set *salted*: a few elements of its largest
-    input swapped within their rows at secret positions (state["salt"] says how), so
+    input, and of every other floating-point one (_salt_targets), swapped within their rows
+    at secret positions (state["salt"] says how), so
     that no output remembered for either set (by pointer, by a fingerprint of a few
     sampled elements, or worked out ahead by a thread) is its answer."""
     state = {"i": 0, "cur": 0, "salt": None, "salt_at": None}
     rng = random.Random(secrets.randbits(64))
-    target = _salt_target(inputs, unsalted)
+    targets = _salt_targets(inputs, unsalted)
 
     def refresh():
         k = state["i"] % 2
@@ -1025,8 +1026,8 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
             inputs[name].copy_(v)
         state["cur"] = k
         state["salt"] = None
-        if target is not None and state["i"] == state["salt_at"]:
-            state["salt"] = salt = _draw_salt(inputs[target], target, rng)
+        if targets and state["i"] == state["salt_at"]:
+            state["salt"] = salt = [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)]
             _apply_salt(inputs, salt)
         state["i"] += 1
 
@@ -1037,8 +1038,21 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     return state, refresh
 
 
-SALT_PAIRS = 8  # element pairs swapped in the last timed call's largest input
+SALT_PAIRS = 8  # element pairs swapped in each salted input of the last timed call
 SAMPLES = 1024  # elements of each output sampled after every timed call
+
+
+def _salt_targets(inputs: dict, unsalted: frozenset = frozenset()) -> list[str]:
+    """The inputs salted: the largest (_salt_target), and every other floating-point one with rows
+    of at least two elements. A floating input's values carry no structure, so any swap keeps it
+    valid, and the largest input alone may be data the op never reads at a shape (an expert's
+    weight that no token is routed to): the salt must land where the answer depends on it."""
+    first = _salt_target(inputs, unsalted)
+    if first is None:
+        return []
+    rest = [n for n, v in inputs.items() if n != first and n not in unsalted and v.dim() >= 1
+            and v.shape[-1] >= 2 and v.is_floating_point()]
+    return [first, *rest]
 
 
 def _salt_target(inputs: dict, unsalted: frozenset = frozenset()) -> str | None:

@@ -40,6 +40,19 @@ REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
 CONFIRM_ROUNDS = 7  # paired rounds of a goal check (Evaluator.confirm_goal)
 
 
+def _below_floor(spec, shapes: list[dict] | None, rounds: list[list]) -> str | None:
+    """The first of a re-timing's candidate medians (a list per round, one time per shape of
+    `shapes`, the spec's timed shapes where None) below the physical floor, described, or None."""
+    fl = figures.floors(spec, shapes)
+    slack = spec.hw.limit_slack
+    for r, times in enumerate(rounds):
+        for j, (t, f) in enumerate(zip(times, fl)):
+            if t is not None and t < f["floor"] * (1 - slack):
+                return (f"round {r}, shape {j}: {t * 1e6:.3f} us is below the physical floor {f['floor'] * 1e6:.3f} us "
+                        f"({f['floor'] / t:.2f}x the {spec.hw.name} limit)")
+    return None
+
+
 class Evaluator:
     """Judges built candidates in the worker, scores them against the baseline and decides
     whether one beats the incumbent; `builder` turns parameters into binaries."""
@@ -286,6 +299,12 @@ class Evaluator:
                 cand.status, cand.reason = "wrong", r.get("reason", "")
             cand.wall_s += time.time() - t0
             return
+        bad = _below_floor(self.spec, shapes, [c for c, _ in r["medians"]])
+        if bad:  # the floor holds in every loop that times a candidate, not in evaluate's alone
+            cand.status, cand.reason, cand.kept = "impossible", f"re-timed against the incumbent: {bad}", False
+            cand.details["retime"] = {"status": "impossible", "reason": bad}
+            cand.wall_s += time.time() - t0
+            return
         ratios = [figures.geomean(c) / figures.geomean(i) for c, i in r["medians"]]
         med = statistics.median(ratios)
         wins = sum(x < 1 for x in ratios)
@@ -327,6 +346,10 @@ class Evaluator:
                "against": sp.baseline if paired else None, "seconds": round(time.time() - t0, 3)}
         if r["status"] != "ok":
             return {**out, "met": False, "error": f"{r['status']}: {r.get('reason', '')}"[:500]}
+        bad = _below_floor(sp, [sp.op.shapes[i] for i in only] if only is not None else None,
+                           [row[0] for row in r["medians"]])
+        if bad:
+            return {**out, "met": False, "error": f"impossible: {bad}"}
         values = []
         for row in r["medians"]:
             shapes = figures.per_shape(sp, row[0], row[1] if paired else None)

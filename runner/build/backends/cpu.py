@@ -109,14 +109,29 @@ def _nm_data(lib: str) -> dict[str, int] | None:
 @lru_cache(maxsize=8)
 def _toolchain_data(options: tuple[str, ...]) -> frozenset:
     """What the toolchain itself puts in an empty library's writable data (_DYNAMIC,
-    __dso_handle, completed.0, ...): never the kernel's."""
+    __dso_handle, completed.0, ...): never the kernel's. Worked out once per compiler and
+    options, and kept in the artifact cache (every judge worker would compile the probe again)."""
+    import json
+
+    kept = cache_dir() / "cpu" / f"toolchain-{artifact_key(' '.join(options), compiler_version(), 'data')}.json"
+    try:
+        return frozenset(json.loads(kept.read_text()))
+    except (OSError, ValueError):
+        pass
     with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
         src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
         with open(src, "w") as f:
             f.write('extern "C" void pipe_probe(float* y) { y[0] = 1.f; }\n')
         r = subprocess.run([CXX, *BASE_FLAGS, *options, src, "-o", lib], capture_output=True, text=True,
                            timeout=COMPILE_TIMEOUT_S)
-        return frozenset(_nm_data(lib) or ()) if r.returncode == 0 else frozenset()
+        syms = _nm_data(lib) if r.returncode == 0 else None
+    if syms is None:
+        return frozenset()
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp_kept = kept.with_suffix(f".{os.getpid()}.tmp")
+    tmp_kept.write_text(json.dumps(sorted(syms)))
+    os.replace(tmp_kept, kept)  # atomic, as the artifacts are
+    return frozenset(syms)
 
 
 def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:

@@ -248,7 +248,7 @@ def run(exported: Path | None, names, cfg: dict, reps: int, rounds: int, device:
             pipe.preload()
     arms = make_arms(stock, pipe, W, cfg, want)
     # the reference: the same step in float32 from the same values (its own copy of the caches)
-    exact = (in_f32(W), x.float(), [c.float() for c in kc0], [c.float() for c in vc0])
+    exact = (exact_ops(), in_f32(W), x.float(), [c.float() for c in kc0], [c.float() for c in vc0])
     statics, graphs, outs, errors = {}, {}, {}, {}
     for name, fn in arms.items():  # each arm writes its own copy of the caches
         statics[name] = (x, lens, [c.clone() for c in kc0], [c.clone() for c in vc0])
@@ -273,7 +273,7 @@ def run(exported: Path | None, names, cfg: dict, reps: int, rounds: int, device:
     exact_out = []
     for i in range(2):
         lens.copy_(draws[i])
-        exact_out.append(step(exact_ops(), exact[0], cfg, exact[1], lens, exact[2], exact[3]))
+        exact_out.append(step(exact[0], exact[1], cfg, exact[2], lens, exact[3], exact[4]))
         for name in seen:
             try:
                 seen[name].append(once(name))

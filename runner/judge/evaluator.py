@@ -44,12 +44,11 @@ def _below_floor(spec, shapes: list[dict] | None, rounds: list[list]) -> str | N
     """The first of a re-timing's candidate medians (a list per round, one time per shape of
     `shapes`, the spec's timed shapes where None) below the physical floor, described, or None."""
     fl = figures.floors(spec, shapes)
-    slack = spec.hw.limit_slack
     for r, times in enumerate(rounds):
-        for j, (t, f) in enumerate(zip(times, fl)):
-            if t is not None and t < f["floor"] * (1 - slack):
-                return (f"round {r}, shape {j}: {t * 1e6:.3f} us is below the physical floor {f['floor'] * 1e6:.3f} us "
-                        f"({f['floor'] / t:.2f}x the {spec.hw.name} limit)")
+        bad = figures.impossible(spec, [{"time_s": t, "floor_s": f["floor"],
+                                         "limit_fraction": f["floor"] / t if t else None} for t, f in zip(times, fl)])
+        if bad:
+            return f"round {r}, {bad}"
     return None
 
 

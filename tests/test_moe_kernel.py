@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -19,6 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import moe_spec  # noqa: E402
 
 from runner.core.expr import compile_expr  # noqa: E402
+from runner.judge.inputs import routing_counts  # noqa: E402
 
 SPECS = [ROOT / "pipelines" / s for s in moe_spec.SPECS]
 
@@ -176,8 +178,8 @@ def test_serves_covers_the_domain(moe_specs):
 
 
 def test_bytes_expression():
-    """The weights a uniform routing uses, 64 (1 - (58/64)^T) experts, through the exponent form
-    the expression language allows (exponents up to 64)."""
+    """x, y and the weights of the experts the timed routing uses: the expected count
+    E (1 - (1 - k/E)^T) rounded half up, as many as the routing draw makes non-empty."""
     import yaml
 
     for p in SPECS:
@@ -190,8 +192,11 @@ def test_bytes_expression():
         prev = 0
         for T in (1, 2, 3, 16, 64, 65, 128, 1000, 4096, 4097, 8192):
             got = e({"T": T, "elem": 2})
-            want = 2 * T * topk * (xin + yout) + 2 * N * K * E * (1 - (1 - topk / E) ** T)
+            used = min(E, T * topk, math.floor(E * (1 - (1 - topk / E) ** T) + 0.5))
+            want = 2 * T * topk * (xin + yout) + 2 * N * K * used
             assert math.isclose(got, want, rel_tol=1e-12), (p.name, T, got, want)
+            offs = routing_counts("routing", E, T * topk, topk, torch.Generator().manual_seed(T))
+            assert int((offs > 0).sum()) == used, (p.name, T)  # the draw realizes the count
             assert got > prev
             prev = got
 

@@ -54,7 +54,7 @@ POINTS = [1, 16, 128, 1024, 4096]
 VERIFY = [(1, "uniform"), (1, "one"), (1, "last"), (2, "single"), (3, "first"), (5, "ragged"), (11, "single"),
           (16, "uniform"), (16, "empty"), (37, "ragged"), (64, "one"), (64, "last"), (100, "empty"),
           (128, "uniform"), (201, "ragged"), (300, "uniform")]
-PARAMS = ("MMA", "BM", "BN", "BK", "WM", "WN", "STAGES", "SPLITK", "GM")
+PARAMS = ("MMA", "BM", "BN", "BK", "WM", "WN", "STAGES", "SPLITK", "GM", "PERSIST")
 
 
 def fail(msg: str) -> None:
@@ -63,7 +63,7 @@ def fail(msg: str) -> None:
 
 
 def label(cfg: dict) -> str:
-    return " ".join(f"{k}={cfg[k]}" for k in PARAMS)
+    return " ".join(f"{k}={cfg[k]}" for k in PARAMS if k in cfg)
 
 
 class Probe:

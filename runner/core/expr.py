@@ -37,6 +37,20 @@ def _is_pow2(x):
     return isinstance(x, int) and x > 0 and x & (x - 1) == 0
 
 
+def experts_used(experts, tokens, topk) -> int:
+    """The experts a `routing` draw of `tokens` tokens uses, each token picking `topk` distinct
+    experts of `experts` (judge/inputs.py): the expected count E (1 - (1 - k / E)^T), rounded
+    half up, within [k, min(E, T k)]; 0 without tokens. The draw makes exactly this many
+    experts non-empty, so an op.bytes that counts their weights with it counts what a kernel
+    must read (an expectation alone is off by up to a quarter at a few tokens)."""
+    e, t, k = int(experts), int(tokens), int(topk)
+    if e <= 0 or t <= 0:
+        return 0
+    k = max(1, min(k, e))
+    m = math.floor(e * (1 - (1 - k / e) ** t) + 0.5)
+    return max(k, min(e, t * k, m))
+
+
 HELPERS: dict[str, tuple[Any, int, int]] = {  # name -> (function, min args, max args)
     "ceil_div": (_ceil_div, 2, 2),
     "round_up": (_round_up, 2, 2),
@@ -49,6 +63,7 @@ HELPERS: dict[str, tuple[Any, int, int]] = {  # name -> (function, min args, max
     "ceil": (math.ceil, 1, 1),
     "is_pow2": (_is_pow2, 1, 1),
     "int": (int, 1, 1),
+    "experts_used": (experts_used, 3, 3),
 }
 
 _BIN = {

@@ -15,7 +15,9 @@ An offsets input of a mixture-of-experts GEMM (int32 [E], `rows` and `topk` in t
 takes a routing dist: the cumulative END row of each expert's group in the expert-sorted
 rows (torch._grouped_mm's `offs`: non-decreasing, the last equal to `rows`, a group empty
 where two ends are equal). `routing` is what a real router gives: each of rows / topk tokens
-picks topk distinct experts uniformly at random; `routing_one` puts every row on one random
+picks topk distinct experts uniformly at random, redrawn until exactly `experts_used(E, T, k)`
+experts are in use (the expected count, rounded: at a few tokens the count varies by a
+quarter from draw to draw, and op.bytes counts it; core/expr.py); `routing_one` puts every row on one random
 expert (all others empty), `routing_empty` leaves about half the experts empty and gives the
 rest uneven sizes (one row, sizes that are no multiple of 16), and `routing_single` gives one
 expert a single row and one other expert the rest. Every draw holds for any rows >= 1 (fewer
@@ -29,6 +31,7 @@ import math
 
 import torch
 
+from ..core.expr import experts_used
 from .verify import NARROW
 
 TORCH_DTYPES = {
@@ -65,7 +68,7 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
         k = max(1, min(topk, experts))
         tokens, left = divmod(rows, k)
         if tokens:  # the first k of a random permutation of the experts, per token
-            picks = torch.rand((tokens, experts), generator=gen).argsort(dim=1)[:, :k]
+            picks = _picks(experts, tokens, k, experts_used(experts, tokens, k), gen)
             counts += torch.bincount(picks.reshape(-1), minlength=experts)
         if left:  # rows not a multiple of topk: one more token with fewer experts
             counts[torch.randperm(experts, generator=gen)[:left]] += 1
@@ -94,6 +97,24 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
         sizes[0] += left
     counts[live] = sizes
     return counts
+
+
+def _picks(experts: int, tokens: int, k: int, used: int, gen: torch.Generator) -> torch.Tensor:
+    """[tokens, k] distinct experts a token, uniform draws redrawn until exactly `used` experts
+    are in use; if 64 draws miss (a count far from the expected one), a draw that covers a
+    random set of `used` experts: each in turn to the next token, the tokens' other picks
+    uniform within the set."""
+    for _ in range(64):
+        picks = torch.rand((tokens, experts), generator=gen).argsort(dim=1)[:, :k]
+        if int(torch.unique(picks).numel()) == used:
+            return picks
+    chosen = torch.randperm(experts, generator=gen)[:used]
+    rows = []
+    for t in range(tokens):
+        own = [int(chosen[j]) for j in range(t, used, tokens)]  # at most k: used <= tokens * k
+        rest = [int(e) for e in chosen[torch.randperm(used, generator=gen)] if int(e) not in own]
+        rows.append(own + rest[:k - len(own)])
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 def _routing(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:

@@ -33,6 +33,25 @@ def floors(spec, shapes=None) -> list[dict]:
     return out
 
 
+# runtime.mode auto: graph replay where a shape's physical floor is shorter than this, direct
+# launches where it is longer (launch_mode)
+GRAPH_BELOW_S = 20e-6
+
+
+def launch_mode(spec, shape: dict) -> str | None:
+    """The launch mode of every arm timed at `shape` (candidates, torch's arms, the copy): the
+    spec's runtime.mode where it names one; in auto mode, graph replay where the shape's
+    physical floor (floors) is under GRAPH_BELOW_S and direct launches where it is not.
+    The runner decides it from the op's bytes and flops alone, never from a candidate's own
+    timing: a kernel that spun on its first calls (the ones on a fresh output buffer) would
+    otherwise choose how the arms it is measured against are launched. None without a mode
+    (the CPU backend)."""
+    mode = getattr(spec.runtime, "mode", None)
+    if mode != "auto":
+        return mode
+    return "graph" if floors(spec, [shape])[0]["floor"] < GRAPH_BELOW_S else "direct"
+
+
 def geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 

@@ -89,6 +89,15 @@ class Judge:
         return self.rt.symbol_type
 
     # -- helpers ---------------------------------------------------------------
+    def _mode(self, shape: dict) -> str | None:
+        """The launch mode of every arm timed at `shape` (figures.launch_mode: the runner's,
+        from the op's floor, never a candidate's timing); None on a backend without modes."""
+        if getattr(self.rt, "mode", None) is None:
+            return None
+        from ..core.figures import launch_mode
+
+        return launch_mode(self.spec, shape)
+
     def _inputs(self, shape: dict, seed: int, round_: int, timed: bool = False) -> dict:
         """One value set: verification's, or with `timed` the values of timed calls (an input's
         `timed` override). A value set is named by (seed, round, timed), `made` below, and
@@ -328,7 +337,8 @@ class Judge:
             ws = self._workspace(geometry)  # zeroed once, here: every call after this one must leave it zero
             decoys = self._decoys(shape)
             inputs: dict = {}
-            run = mode = None
+            run = None
+            mode = self._mode(shape)
             for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them;
                 # verification's values (never an input's `timed` override)
@@ -340,9 +350,8 @@ class Judge:
                     for k, v in fresh.items():
                         inputs[k].copy_(v)
                 del fresh
-                # graph replay or direct launches: measured in the first round, kept after
+                # graph replay or direct launches: the runner's choice for the shape (_mode)
                 run = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
-                mode = getattr(run, "mode", None)
                 taken = []
                 for which in (0, 1):  # two runs, two decoys: both must pass
                     for o, d in zip(outs, decoys):
@@ -670,7 +679,7 @@ class Judge:
         out = []
         for si, shape in enumerate(self.op.shapes):
             inputs = self._inputs(shape, _seed("baseline", si), 0, True)  # timed: the timed calls' values
-            run = self.rt.prepare_torch(lambda: fn(**inputs, **self.scalars))
+            run = self.rt.prepare_torch(lambda: fn(**inputs, **self.scalars), self._mode(shape))
             times = self._bench(run)
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out}
@@ -711,17 +720,16 @@ class Judge:
         `only`: the indices of the spec's timed shapes to time (all by default); a job's
         artifacts, geometry and the medians then follow that list."""
         prepared, refreshers, checkers, keep = [], [], [], []
-        mode = None
         which = list(range(len(self.op.shapes))) if only is None else list(only)
         for si, shape in enumerate(self.op.shapes[i] for i in which):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("retime", seed, si))
 
             row, outs_row, ws_row = [], [], []
+            mode = self._mode(shape)  # every job of a shape in the runner's mode for it
             for j in jobs:
                 if j.get("torch"):  # the baseline's arm, timed under the same protocol, not checked
                     f = self.torch_arm(j["torch"])
                     call = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars), mode)
-                    mode = getattr(call, "mode", mode)
                     row.append(call)
                     outs_row.append(None)
                     ws_row.append([])
@@ -731,11 +739,9 @@ class Judge:
                 fn = self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds)
                 geo = j["geometry"][si]
                 call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
-                mode = getattr(call, "mode", mode)  # every job of a shape runs in the first job's mode
                 row.append(call)
                 outs_row.append(outs)
                 ws_row.append(ws)
-            mode = None
             prepared.append(row)
             refreshers.append(refresh)
             checkers.append((outs_row, answers, state, ws_row))
@@ -798,11 +804,11 @@ class Judge:
             inputs, sets, answers, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
 
             calls, errors, outs_of, taken, results, ws_of = {}, dict(notes), {}, [], {}, {}
-            # every arm of a shape runs in the first arm's mode (graph replay or direct), or in
-            # the mode of the earlier shape `mode_of` names (a range's twin sizes: the fallback
-            # timed as at the range's point)
+            # every arm of a shape runs in the runner's mode for it (_mode: graph replay or direct,
+            # from the op's floor), or in the mode of the earlier shape `mode_of` names (a range's
+            # twin sizes: the fallback timed as at the range's point)
             parent = job["mode_of"][si] if job.get("mode_of") else None
-            mode = modes.get(parent) if parent is not None else None
+            mode = modes.get(parent) if parent is not None and parent in modes else self._mode(shape)
             for cand in job["candidates"][si]:
                 name = cand["label"]
                 outs = self._outputs(shape)
@@ -820,7 +826,6 @@ class Judge:
                         raise  # a sticky device error: the worker is lost, the runner says so
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
                     continue
-                mode = getattr(call, "mode", mode)
                 errors[name] = self._outlived()  # None unless its threads outlived the call
                 calls[name], outs_of[name], ws_of[name] = call, outs, ws
             for name, f in others.items():
@@ -832,13 +837,11 @@ class Judge:
                     errors[name] = None
                     # an arm that cannot be captured in a CUDA graph (a host sync: the MoE loop over
                     # experts) says so (`capturable = False`) and is timed as direct launches,
-                    # leaving the shape's mode to the others; one whose capture fails falls back
+                    # the others in the shape's mode; one whose capture fails falls back
                     # to direct launches in prepare_torch, its note saying why
                     forced = getattr(f, "capturable", True) is False
                     calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars),
                                                         "direct" if forced else mode)
-                    if not forced and getattr(calls[name], "note", None) is None:
-                        mode = getattr(calls[name], "mode", mode)
                 except Exception as e:  # say, an SDPA backend this device lacks: no time, the reason shown
                     if not self.rt.healthy():
                         raise

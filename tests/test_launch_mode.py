@@ -1,0 +1,89 @@
+"""The launch mode (CUDA graph replay or direct launches) of every arm timed at a shape is the
+runner's: from the op's physical floor in auto mode, never from a candidate's own timing. Before,
+the first job of a shape probed its own calls and every other arm (the incumbent, torch's
+baseline in a goal check, torch.compile and Triton in pipe compare) ran in the mode it chose: a
+kernel that spun on its first calls (those on a fresh output buffer) chose direct launches for
+arms whose Python launch costs then counted. The judge runs in this process with a Python
+kernel; the CPU runtime is given a mode and its prepared calls report the other one, as a
+runtime probe fooled by such a kernel would."""
+from __future__ import annotations
+
+import torch
+
+from runner.build.builder import Builder
+from runner.core.figures import GRAPH_BELOW_S, floors, launch_mode
+from runner.judge import worker
+from runner.spec.spec import load_spec
+
+from .conftest import PIPELINES
+
+
+def test_auto_mode_goes_by_the_floor_and_a_named_mode_stands():
+    spec = load_spec(PIPELINES / "softmax-range-h200.yaml")
+    small, large = {"M": 26, "N": 274}, {"M": 32768, "N": 4096}
+    fl = floors(spec, [small, large])
+    assert fl[0]["floor"] < GRAPH_BELOW_S < fl[1]["floor"]
+    assert launch_mode(spec, small) == "graph" and launch_mode(spec, large) == "direct"
+    fine = load_spec(PIPELINES / "moe-fine-h200.yaml")  # T = 1 reads 6 experts: 15 us at the read bandwidth
+    assert launch_mode(fine, {"T": 1}) == "graph" and launch_mode(fine, {"T": 2}) == "direct"
+    decode = load_spec(PIPELINES / "decode-attention-h200.yaml")  # runtime.mode: graph
+    assert {launch_mode(decode, s) for s in decode.op.shapes} == {"graph"}
+
+
+def _judge(asked: list):
+    spec = load_spec(PIPELINES / "rmsnorm-cpu.yaml")
+    j = worker.Judge(spec)
+    j.census = None
+    j.rt.mode = "auto"
+    want = {launch_mode(spec, s) for s in spec.op.all_shapes}
+    assert want == {"graph"}  # the CPU profile's floors here are under 20 us
+    prepare, prepare_torch = j.rt.prepare, j.rt.prepare_torch
+
+    def spy(call, mode):
+        asked.append(mode)
+        call.mode = "direct"  # what a probe of a candidate that spun on its first calls reports
+        return call
+
+    j.rt.prepare = lambda fn, values, geometry=None, mode=None: spy(prepare(fn, values, geometry, mode), mode)
+
+    def torch_arm(fn, mode=None):
+        return spy(lambda: prepare_torch(fn, mode)(), mode)
+
+    j.rt.prepare_torch = torch_arm
+
+    def kernel(x, w, out, M, N, eps):  # honest RMSNorm in float64, rounded once
+        xd = x.double()
+        out.copy_((xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + eps) * w.double()).float())
+
+    j.rt.load = lambda artifact, entry, kinds: kernel
+
+    def values(shape, inputs, outs, ws=(), geometry=None):
+        named = {**inputs, **{t.name: o.view for t, o in zip(j.op.outputs, outs)}}
+        return [named[a] if a in named else (shape[a] if a in shape else j.scalars[a]) for a in spec.kernel.args]
+
+    j._values = values
+    return spec, j
+
+
+def test_every_arm_runs_in_the_runners_mode_whatever_a_candidates_call_reports():
+    asked: list = []
+    spec, j = _judge(asked)
+    threads = torch.get_num_threads()
+    try:
+        n = len(spec.op.all_shapes)
+        geometry = Builder(spec).geometry(dict(spec.start))
+        r = j.evaluate({"seed": 5, "artifacts": ["py"] * n, "geometry": geometry})
+        assert r["status"] == "ok", r
+        r = j.baseline("reference")
+        assert r["status"] == "ok", r
+        r = j.retime([{"artifacts": ["py"] * n, "geometry": geometry}, {"torch": "reference"},
+                      {"artifacts": ["py"] * n, "geometry": geometry}], rounds=2, seed=7)
+        assert r["status"] == "ok", r
+        cands = [[{"label": "#1", "artifact": "py", "geometry": geometry[i]}] for i in range(len(spec.op.shapes))]
+        r = j.compare({"seed": 3, "rounds": 2, "compile": False, "arms": {}, "candidates": cands})
+        assert r["status"] == "ok", r
+    finally:
+        torch.set_num_threads(threads)
+    # candidates, torch eager, the copy: each asked for graph replay, the mode the runner chose
+    # from the floor, though every call before it reported direct launches
+    assert len(asked) >= 4 * len(spec.op.shapes) and set(asked) == {"graph"}, asked

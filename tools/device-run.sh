@@ -60,7 +60,9 @@ for w in "$@"; do
   extra=${extra//,/ }; extra=${extra//+/,}
   t0=$(date +%s); echo "== $w $(date +%T)" >> "$OUT/steps.txt"
   case $kind in
-    tests) paths=${arg:-tests/}; python3 -m pytest -q -m gpu -rA ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
+    # -v: each test's name and verdict as it ends, so a call cut short by its time limit still
+    # says which tests passed; --durations: which ones take the call's time
+    tests) paths=${arg:-tests/}; python3 -m pytest -v -m gpu -rA --durations=0 ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
     py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee -a "$OUT/$n.txt" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run|record)

@@ -87,3 +87,23 @@ def test_every_arm_runs_in_the_runners_mode_whatever_a_candidates_call_reports()
     # candidates, torch eager, the copy: each asked for graph replay, the mode the runner chose
     # from the floor, though every call before it reported direct launches
     assert len(asked) >= 4 * len(spec.op.shapes) and set(asked) == {"graph"}, asked
+
+
+def test_compare_holds_a_candidate_to_the_physical_floor():
+    """pipe compare picks what the exported table ships: a candidate timed faster than the op's
+    bytes allow (a fooled timer, here a runtime whose timer reads 0.1 us) is an error there, as
+    it is in evaluate and the re-timing; torch's arms, the runner's own, are not judged by it."""
+    asked: list = []
+    spec, j = _judge(asked)
+    j.rt.timer = lambda call, sync: (call(), sync(), 1e-7)[-1]
+    cands = [[{"label": "#1", "artifact": "py", "geometry": g}]
+             for g in Builder(spec).geometry(dict(spec.start), spec.op.shapes)]
+    threads = torch.get_num_threads()
+    try:
+        r = j.compare({"seed": 3, "rounds": 2, "compile": False, "arms": {}, "copy": False, "candidates": cands})
+    finally:
+        torch.set_num_threads(threads)
+    assert r["status"] == "ok", r
+    for s in r["shapes"]:
+        assert s["#1"]["error"].startswith("impossible: 0.100 us is below the physical floor"), s["#1"]
+        assert s["torch eager"]["error"] is None

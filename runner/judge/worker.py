@@ -719,7 +719,7 @@ class Judge:
         The runner draws `seed` afresh for every request: the inputs are unpredictable.
         `only`: the indices of the spec's timed shapes to time (all by default); a job's
         artifacts, geometry and the medians then follow that list."""
-        prepared, refreshers, checkers, keep = [], [], [], []
+        prepared, refreshers, checkers, keep, wheres = [], [], [], [], []
         which = list(range(len(self.op.shapes))) if only is None else list(only)
         for si, shape in enumerate(self.op.shapes[i] for i in which):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("retime", seed, si))
@@ -746,6 +746,12 @@ class Judge:
             refreshers.append(refresh)
             checkers.append((outs_row, answers, state, ws_row))
             keep.append((inputs, sets))  # the prepared calls point into these buffers
+            # every timed call of a candidate sampled as it returns, at secret positions, as in
+            # evaluate's timed loop (_time_checked): one protocol for every loop that times
+            # candidate code, so no call of a re-timing may skip its work either
+            wheres.append([_sample_positions(o, self.rt.device) if o is not None else None for o in outs_row])
+        held = [[[p.cpu().clone() for p in w] if w is not None else None for w in row] for row in wheres]
+        samples: dict = {(si, j): [] for si in range(len(which)) for j in range(len(jobs))}
         medians = []
         # (shape, job, round, value set, snapshots): checked once every round is done, for the
         # last round and one earlier round drawn in secret per shape and job (a snapshot of every
@@ -762,8 +768,9 @@ class Judge:
                 for j in order:
                     outs_row, _, state, ws_row = checkers[si]
                     cand = outs_row[j] is not None  # a candidate's calls, not the baseline's torch arm
+                    after = _sampler(samples[(si, j)], state, outs_row[j], wheres[si][j]) if cand else None
                     ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si],
-                                     guard=self._guard if cand else None)
+                                     guard=self._guard if cand else None, after=after)
                     outlived = self._outlived() if cand else None
                     if outlived:
                         return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}, round {r}: {outlived}"}
@@ -774,6 +781,12 @@ class Judge:
                         taken.append((si, j, r, state["cur"], state["salt"],
                                       self._snap(outs_row[j], guards=False, ws=ws_row[j])))
             medians.append(row)
+        # no candidate code runs from here on: the positions, then every sampled call
+        for si in range(len(which)):
+            for j in range(len(jobs)):
+                why = _samples_hold(samples[(si, j)], wheres[si][j], held[si][j], checkers[si][1], self.op.outputs)
+                if why:
+                    return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}: {why}"}
         for si, j, r, k, salt, t in taken:
             refs, why = checkers[si][1](k, salt)
             why = why or self._settle(t, refs)
@@ -857,6 +870,10 @@ class Judge:
                 calls["copy"] = self.rt.prepare_torch(lambda src=src, dst=dst: dst.copy_(src), mode)
                 errors["copy"] = None
             names = list(calls)
+            # every timed call of a candidate sampled as it returns (_sampler), as in evaluate
+            where = {n: _sample_positions(outs_of[n], self.rt.device) for n in outs_of}
+            held = {n: [p.cpu().clone() for p in w] for n, w in where.items()}
+            sampled: dict[str, list] = {n: [] for n in outs_of}
             times: dict[str, list[float]] = {k: [] for k in names}
             clocks: dict[str, list] = {k: [] for k in names}  # each round's SM clock and power (clocks.py)
             for r in range(job.get("rounds", 3)):
@@ -865,7 +882,8 @@ class Judge:
                     # ahead of each call (which also keeps the device busy while the host
                     # launches, so no arm's host overhead lands between its events)
                     cand = name in outs_of
-                    ts = self._bench(calls[name], refresh=refresh, guard=self._guard if cand else None)
+                    after = _sampler(sampled[name], state, outs_of[name], where[name]) if cand else None
+                    ts = self._bench(calls[name], refresh=refresh, guard=self._guard if cand else None, after=after)
                     times[name].append(_mid(ts))
                     clocks[name].append(self.last_clock)
                     outlived = self._outlived() if cand else None
@@ -905,6 +923,10 @@ class Judge:
                     why = self._verify_arm(results[name], shape, job["seed"], si)
                     if why:
                         errors[name] = f"not exact on the judge's inputs: {why}"
+            for name in outs_of:
+                why = _samples_hold(sampled[name], where[name], held[name], answers, self.op.outputs)
+                if why and errors.get(name) is None:
+                    errors[name] = "timed: " + why
             for name, prefix, k, salt, t in taken:
                 refs, why = answers(k, salt)
                 why = why or self._settle(t, refs)
@@ -926,7 +948,7 @@ class Judge:
                                      else {}),
                                   **({"clock": c} if (c := merge_clocks(clocks.get(name) or [])) else {})}
                            for name in dict.fromkeys([*names, *errors])})
-            del calls, outs_of, inputs, sets, answers, taken, results, ws_of
+            del calls, outs_of, inputs, sets, answers, taken, results, ws_of, sampled, where
             torch.cuda.empty_cache() if self.rt.device == "cuda" else None
         return {"status": "ok", "shapes": shapes, "machine": self._machine()}
 
@@ -1136,6 +1158,34 @@ def _scratch_sampled(ws_samples: list, ws: list, where: list) -> str | None:
                 return (f"timed call {c + 1} of {len(ws_samples)}: scratch '{w.name}' was not zero as the call "
                         f"returned ({int(nz.sum())} of {got.numel()} positions sampled are not zero, e.g. flat "
                         f"index {int(pos[e])}: {got[e].item()!r}); a kernel must leave its scratch buffers zero")
+    return None
+
+
+def _sampler(samples: list, state: dict, outs: list, where: list):
+    """The `after` hook of a timed loop: each call's outputs gathered at `where` as it returns,
+    with the value set and salt it was given."""
+    def sample():
+        samples.append((state["cur"], state["salt"],
+                        [o.view.reshape(-1).index_select(0, p) for o, p in zip(outs, where)]))
+    return sample
+
+
+def _samples_hold(samples: list, where: list | None, held: list | None, answers, outputs) -> str | None:
+    """Why the per-call samples of a loop fail (the positions rewritten on the device, or a call's
+    samples outside the budget of its value set's reference), or None. `answers(k)` gives value
+    set k's (references, why not)."""
+    import torch
+
+    if where is None:
+        return None
+    if any(not torch.equal(p.cpu(), h) for p, h in zip(where, held)):
+        return ("the judge's secret sample positions were rewritten during the timed calls (memory outside "
+                "the outputs, inputs and scratch was written)")
+    for k in sorted({k for k, salt, _ in samples if not salt}):
+        refs, why = answers(k)
+        why = why or _sampled(samples, k, refs, where, outputs, len(samples))
+        if why:
+            return why
     return None
 
 

@@ -1,4 +1,7 @@
-"""The launch mode (CUDA graph replay or direct launches) of every arm timed at a shape is the
+"""One protocol for every loop that times candidate code (evaluate, the re-timing of a keep or a
+goal check, pipe compare): the runner's launch mode, the physical floor, per-call samples.
+
+The launch mode (CUDA graph replay or direct launches) of every arm timed at a shape is the
 runner's: from the op's physical floor in auto mode, never from a candidate's own timing. Before,
 the first job of a shape probed its own calls and every other arm (the incumbent, torch's
 baseline in a goal check, torch.compile and Triton in pipe compare) ran in the mode it chose: a
@@ -30,7 +33,7 @@ def test_auto_mode_goes_by_the_floor_and_a_named_mode_stands():
     assert {launch_mode(decode, s) for s in decode.op.shapes} == {"graph"}
 
 
-def _judge(asked: list):
+def _judge(asked: list, lazy=None):
     spec = load_spec(PIPELINES / "rmsnorm-cpu.yaml")
     j = worker.Judge(spec)
     j.census = None
@@ -52,6 +55,8 @@ def _judge(asked: list):
     j.rt.prepare_torch = torch_arm
 
     def kernel(x, w, out, M, N, eps):  # honest RMSNorm in float64, rounded once
+        if lazy is not None and lazy():
+            return  # the output keeps what the call before left there
         xd = x.double()
         out.copy_((xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + eps) * w.double()).float())
 
@@ -106,4 +111,65 @@ def test_compare_holds_a_candidate_to_the_physical_floor():
     assert r["status"] == "ok", r
     for s in r["shapes"]:
         assert s["#1"]["error"].startswith("impossible: 0.100 us is below the physical floor"), s["#1"]
+        assert s["torch eager"]["error"] is None
+
+
+def test_a_kernel_lazy_on_some_calls_of_a_retiming_is_wrong():
+    """Every other call of the re-timing skips its work (the output keeps the other value set's
+    answer). Each timed call's outputs are sampled at secret positions as it returns, as in
+    evaluate's loop: the re-timing that would decide a keep or a goal finds it wrong."""
+    calls = [0]
+
+    def lazy():
+        calls[0] += 1
+        return calls[0] % 2 == 0
+
+    asked: list = []
+    spec, j = _judge(asked, lazy)
+    n = len(spec.op.all_shapes)
+    geometry = Builder(spec).geometry(dict(spec.start))
+    threads = torch.get_num_threads()
+    try:
+        r = j.retime([{"artifacts": ["py"] * n, "geometry": geometry}, {"torch": "reference"}], rounds=2, seed=9)
+    finally:
+        torch.set_num_threads(threads)
+    assert r["status"] == "wrong" and r["job"] == 0, r
+    assert "sampled as it returned are outside the error budget" in r["reason"], r["reason"]
+
+
+def test_an_honest_kernel_passes_the_retimings_samples():
+    asked: list = []
+    spec, j = _judge(asked)
+    n = len(spec.op.all_shapes)
+    geometry = Builder(spec).geometry(dict(spec.start))
+    threads = torch.get_num_threads()
+    try:
+        r = j.retime([{"artifacts": ["py"] * n, "geometry": geometry},
+                      {"artifacts": ["py"] * n, "geometry": geometry}], rounds=3, seed=11)
+    finally:
+        torch.set_num_threads(threads)
+    assert r["status"] == "ok" and len(r["medians"]) == 3, r
+
+
+def test_pipe_compare_samples_every_timed_call_of_a_candidate():
+    """A candidate that skips the work of every other timed call in pipe compare is an error
+    there, whatever its first and last calls give: the table never takes it."""
+    calls = [0]
+
+    def lazy():
+        calls[0] += 1
+        return calls[0] % 2 == 0
+
+    asked: list = []
+    spec, j = _judge(asked, lazy)
+    cands = [[{"label": "#1", "artifact": "py", "geometry": g}]
+             for g in Builder(spec).geometry(dict(spec.start), spec.op.shapes)]
+    threads = torch.get_num_threads()
+    try:
+        r = j.compare({"seed": 5, "rounds": 2, "compile": False, "arms": {}, "copy": False, "candidates": cands})
+    finally:
+        torch.set_num_threads(threads)
+    assert r["status"] == "ok", r
+    for s in r["shapes"]:
+        assert s["#1"]["error"].startswith("timed: timed call"), s["#1"]
         assert s["torch eager"]["error"] is None

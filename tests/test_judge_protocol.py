@@ -94,82 +94,67 @@ def test_every_arm_runs_in_the_runners_mode_whatever_a_candidates_call_reports()
     assert len(asked) >= 4 * len(spec.op.shapes) and set(asked) == {"graph"}, asked
 
 
-def test_compare_holds_a_candidate_to_the_physical_floor():
-    """pipe compare picks what the exported table ships: a candidate timed faster than the op's
-    bytes allow (a fooled timer, here a runtime whose timer reads 0.1 us) is an error there, as
-    it is in evaluate and the re-timing; torch's arms, the runner's own, are not judged by it."""
-    asked: list = []
-    spec, j = _judge(asked)
-    j.rt.timer = lambda call, sync: (call(), sync(), 1e-7)[-1]
+def _every_other_call_lazy():
+    calls = [0]
+
+    def lazy():
+        calls[0] += 1
+        return calls[0] % 2 == 0
+    return lazy
+
+
+def _compare(j, spec, seed: int) -> dict:
     cands = [[{"label": "#1", "artifact": "py", "geometry": g}]
              for g in Builder(spec).geometry(dict(spec.start), spec.op.shapes)]
     threads = torch.get_num_threads()
     try:
-        r = j.compare({"seed": 3, "rounds": 2, "compile": False, "arms": {}, "copy": False, "candidates": cands})
+        r = j.compare({"seed": seed, "rounds": 2, "compile": False, "arms": {}, "copy": False, "candidates": cands})
     finally:
         torch.set_num_threads(threads)
     assert r["status"] == "ok", r
-    for s in r["shapes"]:
+    assert all(s["torch eager"]["error"] is None for s in r["shapes"])  # torch's arms are the runner's
+    return r
+
+
+def _retime(j, spec, jobs: int, rounds: int, seed: int, torch_arm: bool = False) -> dict:
+    n = len(spec.op.all_shapes)
+    job = {"artifacts": ["py"] * n, "geometry": Builder(spec).geometry(dict(spec.start))}
+    threads = torch.get_num_threads()
+    try:
+        return j.retime([job] * jobs + ([{"torch": "reference"}] if torch_arm else []), rounds=rounds, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_compare_holds_a_candidate_to_the_physical_floor():
+    """pipe compare picks what the exported table ships: a candidate timed faster than the op's
+    bytes allow (a fooled timer, here a runtime whose timer reads 0.1 us) is an error there, as
+    it is in evaluate and the re-timing; torch's arms, the runner's own, are not judged by it."""
+    spec, j = _judge([])
+    j.rt.timer = lambda call, sync: (call(), sync(), 1e-7)[-1]
+    for s in _compare(j, spec, 3)["shapes"]:
         assert s["#1"]["error"].startswith("impossible: 0.100 us is below the physical floor"), s["#1"]
-        assert s["torch eager"]["error"] is None
 
 
 def test_a_kernel_lazy_on_some_calls_of_a_retiming_is_wrong():
     """Every other call of the re-timing skips its work (the output keeps the other value set's
     answer). Each timed call's outputs are sampled at secret positions as it returns, as in
     evaluate's loop: the re-timing that would decide a keep or a goal finds it wrong."""
-    calls = [0]
-
-    def lazy():
-        calls[0] += 1
-        return calls[0] % 2 == 0
-
-    asked: list = []
-    spec, j = _judge(asked, lazy)
-    n = len(spec.op.all_shapes)
-    geometry = Builder(spec).geometry(dict(spec.start))
-    threads = torch.get_num_threads()
-    try:
-        r = j.retime([{"artifacts": ["py"] * n, "geometry": geometry}, {"torch": "reference"}], rounds=2, seed=9)
-    finally:
-        torch.set_num_threads(threads)
+    spec, j = _judge([], _every_other_call_lazy())
+    r = _retime(j, spec, jobs=1, rounds=2, seed=9, torch_arm=True)
     assert r["status"] == "wrong" and r["job"] == 0, r
     assert "sampled as it returned are outside the error budget" in r["reason"], r["reason"]
 
 
 def test_an_honest_kernel_passes_the_retimings_samples():
-    asked: list = []
-    spec, j = _judge(asked)
-    n = len(spec.op.all_shapes)
-    geometry = Builder(spec).geometry(dict(spec.start))
-    threads = torch.get_num_threads()
-    try:
-        r = j.retime([{"artifacts": ["py"] * n, "geometry": geometry},
-                      {"artifacts": ["py"] * n, "geometry": geometry}], rounds=3, seed=11)
-    finally:
-        torch.set_num_threads(threads)
+    spec, j = _judge([])
+    r = _retime(j, spec, jobs=2, rounds=3, seed=11)
     assert r["status"] == "ok" and len(r["medians"]) == 3, r
 
 
 def test_pipe_compare_samples_every_timed_call_of_a_candidate():
     """A candidate that skips the work of every other timed call in pipe compare is an error
     there, whatever its first and last calls give: the table never takes it."""
-    calls = [0]
-
-    def lazy():
-        calls[0] += 1
-        return calls[0] % 2 == 0
-
-    asked: list = []
-    spec, j = _judge(asked, lazy)
-    cands = [[{"label": "#1", "artifact": "py", "geometry": g}]
-             for g in Builder(spec).geometry(dict(spec.start), spec.op.shapes)]
-    threads = torch.get_num_threads()
-    try:
-        r = j.compare({"seed": 5, "rounds": 2, "compile": False, "arms": {}, "copy": False, "candidates": cands})
-    finally:
-        torch.set_num_threads(threads)
-    assert r["status"] == "ok", r
-    for s in r["shapes"]:
+    spec, j = _judge([], _every_other_call_lazy())
+    for s in _compare(j, spec, 5)["shapes"]:
         assert s["#1"]["error"].startswith("timed: timed call"), s["#1"]
-        assert s["torch eager"]["error"] is None

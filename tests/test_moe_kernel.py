@@ -228,6 +228,16 @@ def test_budget_holds_for_a_model_of_the_kernel():
         assert offs[0] == 0 or not bool(((bad - ref).abs() <= bound).all())
 
 
+def test_the_probe_names_each_draws_rows_an_expert():
+    """moe_probe --draws: the fewest and the most rows an expert in use gets, empty experts
+    left out, for the routings it times at one T."""
+    probe = __import__("moe_probe")
+    assert probe.draw_rows([3, 3, 10, 10, 12]) == (2, 7)  # counts 3, 0, 7, 0, 2
+    offs = [moe_spec.routing("uniform", 1700, 8, 2, seed=s) for s in (7, 8, 9)]
+    spans = [probe.draw_rows(o) for o in offs]
+    assert all(lo <= 1700 * 2 // 8 <= hi for lo, hi in spans) and len(set(spans)) > 1  # the draws differ
+
+
 # -- the compiler (slow) ---------------------------------------------------------------------------
 @pytest.mark.slow
 def test_nvrtc_compiles_a_sample_without_spills(moe_specs):

@@ -7,6 +7,8 @@ and speed of the template's configurations beside the expert loop and torch._gro
     python tools/moe_probe.py --dry-run --all         # no GPU: every configuration of every spec
     python tools/moe_probe.py --dry-run --all --nvcc  # ... and nvcc for sm_90a as well
     python tools/moe_probe.py --only MMA=wgmma --points 1024,4096   # the Hopper path only
+    python tools/moe_probe.py --spec pipelines/moe-coarse-h200.yaml --arms-only --no-verify \
+        --points 1600,1700,1800 --draws 4              # the library arms on four routings a T
 
 Everything is pipe's own: the spec (through tools/moe_spec.py while the reference side's keys
 are not in the loader yet), the Builder (render, source rules, NVRTC, spills, launch limits via
@@ -412,16 +414,26 @@ def timed(p: Probe, call, reps: int) -> float:
     return median_time(p.rt, call, reps)
 
 
-def speed(p: Probe, keep: list, reps: int, points: list[int]) -> list:
+def draw_rows(offs: list[int]) -> tuple[int, int]:
+    """The fewest and the most rows an expert in use gets under the cumulative ends `offs`."""
+    counts = [b - a for a, b in zip([0, *offs[:-1]], offs)]
+    live = [c for c in counts if c] or [0]
+    return min(live), max(live)
+
+
+def speed(p: Probe, keep: list, reps: int, points: list[int], draws: int = 1, arms_only: bool = False) -> list:
     torch = p.torch
     sz = p.sz
     w = p.weights()
     wbytes = sz["N"] * sz["K"] * 2  # an expert's weight
     summary = []
     print(f"\n{p.name}: {'T':>5} {'experts':>7}  arm: us, TB/s of the active experts' weights, TFLOP/s")
-    for T in points:
-        offs = routing("uniform", T, sz["E"], sz["TOPK"], seed=7)
+    for T, d in ((T, d) for T in points for d in range(draws)):
+        offs = routing("uniform", T, sz["E"], sz["TOPK"], seed=7 + d)
         act_e = active_experts(offs)
+        if draws > 1:  # several routings of one T: which rows an expert each draw gave
+            lo, hi = draw_rows(offs)
+            print(f"{p.name}: T {T} draw {d}: {lo} to {hi} rows an expert", flush=True)
         byts = act_e * wbytes
         flops = 2 * T * sz["TOPK"] * sz["N"] * sz["K"]
         x = p.tokens(T, 0)
@@ -439,7 +451,7 @@ def speed(p: Probe, keep: list, reps: int, points: list[int]) -> list:
         print(f"{p.name}: {T:>5} {act_e:>7}  " + " | ".join(line), flush=True)
         rows = []
         y = torch.empty(T * sz["TOPK"], p.nout, device="cuda", dtype=torch.bfloat16)
-        for cfg, art, _ in keep:
+        for cfg, art, _ in ([] if arms_only else keep):
             if not p.served(cfg, T):
                 continue
             ws = torch.zeros(*p.ws_shape(cfg, T), device="cuda")
@@ -468,6 +480,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-verify", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--points", default=",".join(map(str, POINTS)), help="T values timed (comma-separated)")
+    ap.add_argument("--draws", type=int, default=1,
+                    help="uniform routings timed at each T (seeds 7, 8, ...): whether an arm's time follows T or the draw")
+    ap.add_argument("--arms-only", action="store_true", help="time the arms (loop, grouped_mm, Triton, read floor) only")
     ap.add_argument("--nvcc", action="store_true", help="with --dry-run: nvcc -arch=sm_90a as well")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: render, compile, pack, the tile model")
     a = ap.parse_args(argv)
@@ -475,16 +490,16 @@ def main(argv=None) -> int:
     summary = []
     for path in paths:
         p = Probe(path, device=not a.dry_run)
-        keep = p.compile(sample_configs(p, a), nvcc=a.nvcc and a.dry_run)
+        keep = [] if a.arms_only else p.compile(sample_configs(p, a), nvcc=a.nvcc and a.dry_run)
         print(f"  (of {sum(1 for _ in p.spec.space)} in the space)", flush=True)
         if a.dry_run:
             dry_run(p, keep)
             continue
-        if not a.no_verify:
+        if not a.no_verify and keep:
             verify(p, keep)
         if a.no_timing or FAILURES:
             continue
-        summary += speed(p, keep, a.reps, [int(t) for t in a.points.split(",")])
+        summary += speed(p, keep, a.reps, [int(t) for t in a.points.split(",")], a.draws, a.arms_only)
     if summary:
         print("\nsummary: the best configuration a point, against the arms")
         for name, T, t, base, byts, flops, cfg in summary:

@@ -27,6 +27,7 @@ TEMPLATE = r"""// Test kernel: row softmax with a HACK switch. One block of 256 
 
 __device__ const void* last_x = nullptr;
 __device__ volatile int keep_spinning = 1;  // global and volatile: the loop below cannot be optimized away
+__device__ unsigned int calls = 0;  // lazy_counter's count of the calls so far
 
 __device__ float block_reduce(float v, bool is_max) {
   __shared__ float red[8];
@@ -106,6 +107,27 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
     }
     return;
   }
+{% elif HACK == "lazy_counter" %}
+  {
+    // red team on the GPU (judge audit gap 11): honest for the first 64 calls (verification), then
+    // lazy on 1 call in 16; the 3 or 4 checked timed calls rarely land on one, the per-call
+    // samples do. Every block reads the count; the first row's block counts the call at its end.
+    const unsigned int c = *(volatile unsigned int*)&calls;
+    const bool lazy = c > 64 && c % 16 == 5;
+    if (row == 0) {
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(&calls, 1u);
+    }
+    if (lazy) return;
+  }
+{% elif HACK == "lazy_by_clock" %}
+  {
+    // stateless: lazy in 1 of every 16 windows of about 131 us of the device's clock, so no
+    // counter or other state a variant may not declare is needed
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (((t >> 17) & 15ull) == 3ull) return;
+  }
 {% elif HACK == "skip_if_output_present" %}
   {
     const float y0 = __bfloat162float(yr[0]);
@@ -158,7 +180,7 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
 HACKS = ["honest", "honest_again", "do_nothing", "partial", "constant", "out_of_bounds", "mutate_input",
          "cache_by_pointer", "skip_if_output_present", "shape_hardcode", "fast_math", "lower_precision",
          "truncate_precision", "side_stream", "host_sync", "illegal_address", "misaligned", "trap", "hang",
-         "slowed", "skip_rows_when_filled", "steal_reference", "print_flood"]
+         "slowed", "skip_rows_when_filled", "steal_reference", "print_flood", "lazy_counter", "lazy_by_clock"]
 
 SHAPES = [{"M": 4096, "N": 1024}, {"M": 37, "N": 333}]
 # long rows: softmax outputs about 1/N = 8e-6, far below atol=1e-3 (issue 18, class 1)
@@ -230,6 +252,15 @@ def test_hacks_are_wrong(bench, hack, needle):
     t = bench.run(hack)
     assert t.status == "wrong", explain(t)
     assert needle in t.reason, t.reason
+
+
+@pytest.mark.parametrize("hack", ["lazy_counter", "lazy_by_clock"])
+def test_lazy_on_a_few_calls_is_wrong(bench, hack):
+    """A kernel that skips the work of a few calls only (after verification by a call count, or
+    in some windows of the clock) is seen by the samples of every timed call, or by a checked
+    call it lands on: `wrong`, never timed at its lazy speed."""
+    t = bench.run(hack)
+    assert t.status == "wrong", explain(t)
 
 
 @pytest.mark.parametrize("hack,rule", [

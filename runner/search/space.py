@@ -12,6 +12,7 @@ import itertools
 import json
 import random
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..core.expr import Expr
@@ -63,10 +64,17 @@ class Space:
             n *= len(p.values)
         return n
 
+    @cached_property
+    def _shape_free(self) -> tuple[bool, ...]:
+        """Per constraint: whether it names no shape symbol (one evaluation then serves every
+        shape: most constraints are over the parameters alone)."""
+        symbols = {k for shape in self.shapes for k in shape}
+        return tuple(not (set(getattr(c, "names", symbols)) & symbols) for c in self.constraints)
+
     def violated(self, cfg: Mapping[str, Any]) -> str | None:
         """The first constraint the configuration breaks (on any shape), else None."""
-        for c in self.constraints:
-            for shape in self.shapes:
+        for c, free in zip(self.constraints, self._shape_free):
+            for shape in self.shapes[:1] if free else self.shapes:
                 if not c({**shape, **cfg}):
                     return c.text
         return None

@@ -165,6 +165,10 @@ def test_the_driver_plans_ahead_once_the_slots_trial_is_built(project, monkeypat
     monkeypatch.setattr(Evaluator, "run", run)
     monkeypatch.setattr(loop.Session, "_build_ahead", plan)
     monkeypatch.setenv("PIPE_BUILD_AHEAD", "1")
+    # the driver's wait for the slot's build, long enough here that a slot thread starved of the
+    # interpreter on a loaded machine (2 cores, 2 test workers) still reports its build first:
+    # past BUILT_WAIT_S the plan starts beside the build by design, and the order is a race
+    monkeypatch.setattr(loop, "BUILT_WAIT_S", 30.0)
     monkeypatch.setenv("PIPE_CACHE_DIR", str(project / "cache"))
     r = loop.record(spec, project / "o", project / "o.json", quiet=True, scale={"workers": 1})
     assert r["recorded"] == 6

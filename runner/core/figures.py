@@ -83,12 +83,20 @@ def per_shape(spec, times: Sequence, baseline: Sequence[float] | None) -> list[d
     return out
 
 
+def below_floor(spec, time_s: float | None, floor_s: float) -> str | None:
+    """Why one time is physically impossible (under its floor by more than the profile's
+    slack), or None."""
+    if time_s is None or time_s >= floor_s * (1 - spec.hw.limit_slack):
+        return None
+    return (f"{time_s * 1e6:.3f} us is below the physical floor {floor_s * 1e6:.3f} us "
+            f"({floor_s / time_s:.2f}x the {spec.hw.name} limit)")
+
+
 def impossible(spec, shapes: list[dict]) -> str | None:
-    slack = spec.hw.limit_slack
     for i, d in enumerate(shapes):
-        if d["time_s"] is not None and d["time_s"] < d["floor_s"] * (1 - slack):
-            return (f"shape {i}: {d['time_s'] * 1e6:.3f} us is below the physical floor "
-                    f"{d['floor_s'] * 1e6:.3f} us ({d['limit_fraction']:.2f}x the {spec.hw.name} limit)")
+        why = below_floor(spec, d["time_s"], d["floor_s"])
+        if why:
+            return f"shape {i}: {why}"
     return None
 
 

@@ -539,9 +539,10 @@ class Judge:
         # host keeps their values, and a change after the loop is a verdict of its own
         held = [p.cpu().clone() for p in where + ws_where]
 
+        sample_outs = _sampler(samples, state, outs, where)
+
         def sample():
-            samples.append((state["cur"], state["salt"],
-                            [o.view.reshape(-1).index_select(0, p) for o, p in zip(outs, where)]))
+            sample_outs()
             if ws:
                 ws_samples.append([w.view.reshape(-1).index_select(0, p) for w, p in zip(ws, ws_where)])
 
@@ -576,11 +577,11 @@ class Judge:
                 return outlived, times
         # no candidate code runs from here on: the answers can be worked out
         c0 = clock()
-        if any(not self.torch.equal(p.cpu(), h) for p, h in zip(where + ws_where, held)):
+        moved = _positions_moved(where + ws_where, held)
+        if moved:
             checking[0] += clock() - c0
             phases["time_check_s"] += checking[0]
-            return ("the judge's secret sample positions were rewritten during the timed calls (memory outside "
-                    "the outputs, inputs and scratch was written)"), times
+            return moved, times
         # the scratch rule first (it needs no reference): every checked call left the scratch
         # zero within intact guards, and so did every timed call at the sampled positions
         why = next((f"a checked timed call: {t['scratch']}" for _, _, t in taken if t.get("scratch")), None) \
@@ -937,10 +938,9 @@ class Judge:
             # timing, and is no choice of the table (torch's arms are the runner's, not judged)
             floor = figures.floors(self.spec, [shape])[0]["floor"]
             for name in outs_of:
-                t = statistics.median(times[name]) if times.get(name) else None
-                if errors.get(name) is None and t and t < floor * (1 - self.spec.hw.limit_slack):
-                    errors[name] = (f"impossible: {t * 1e6:.3f} us is below the physical floor "
-                                    f"{floor * 1e6:.3f} us ({floor / t:.2f}x the {self.spec.hw.name} limit)")
+                why = figures.below_floor(self.spec, statistics.median(times[name]) if times.get(name) else None, floor)
+                if why and errors.get(name) is None:
+                    errors[name] = f"impossible: {why}"
             shapes.append({name: {"median": statistics.median(times[name]) if times.get(name) else None,
                                   "rounds": times.get(name, []), "error": errors.get(name),
                                   "mode": getattr(calls.get(name), "mode", None),
@@ -1170,17 +1170,26 @@ def _sampler(samples: list, state: dict, outs: list, where: list):
     return sample
 
 
+def _positions_moved(where: list, held: list) -> str | None:
+    """Why the verdict is void if the device's copies of the secret sample positions no longer
+    hold the values the host kept when it drew them, else None."""
+    import torch
+
+    if any(not torch.equal(p.cpu(), h) for p, h in zip(where, held)):
+        return ("the judge's secret sample positions were rewritten during the timed calls (memory outside "
+                "the outputs, inputs and scratch was written)")
+    return None
+
+
 def _samples_hold(samples: list, where: list | None, held: list | None, answers, outputs) -> str | None:
     """Why the per-call samples of a loop fail (the positions rewritten on the device, or a call's
     samples outside the budget of its value set's reference), or None. `answers(k)` gives value
     set k's (references, why not)."""
-    import torch
-
     if where is None:
         return None
-    if any(not torch.equal(p.cpu(), h) for p, h in zip(where, held)):
-        return ("the judge's secret sample positions were rewritten during the timed calls (memory outside "
-                "the outputs, inputs and scratch was written)")
+    moved = _positions_moved(where, held)
+    if moved:
+        return moved
     for k in sorted({k for k, salt, _ in samples if not salt}):
         refs, why = answers(k)
         why = why or _sampled(samples, k, refs, where, outputs, len(samples))

@@ -94,6 +94,8 @@ def below_floor(spec, time_s: float | None, floor_s: float) -> str | None:
 
 def impossible(spec, shapes: list[dict]) -> str | None:
     for i, d in enumerate(shapes):
+        if d["time_s"] is None:  # a shape the configuration does not serve has no floor either
+            continue
         why = below_floor(spec, d["time_s"], d["floor_s"])
         if why:
             return f"shape {i}: {why}"

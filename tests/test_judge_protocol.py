@@ -158,3 +158,27 @@ def test_pipe_compare_samples_every_timed_call_of_a_candidate():
     spec, j = _judge([], _every_other_call_lazy())
     for s in _compare(j, spec, 5)["shapes"]:
         assert s["#1"]["error"].startswith("timed: timed call"), s["#1"]
+
+
+def test_a_fresh_output_in_a_retiming_or_compare_holds_no_sentinel():
+    """The re-timing and pipe compare write no decoy before each call, so their first call on
+    fresh buffers used to find the guards' sentinel inside the output, a sign that no later call
+    gives: a kernel could tell the first call of such a loop from the rest without keeping any
+    state. Every output now starts as a decoy (a plausible wrong answer): the kernel here looks
+    at its output at entry, and on no call of either loop does it find the sentinel."""
+    from runner.judge.verify import GUARD_POISON
+
+    seen: list = []
+    spec, j = _judge([])
+    honest = j.rt.load("py", None, None)
+
+    def spying(*args):
+        out = args[spec.kernel.args.index("out")]
+        seen.append(bool((out == GUARD_POISON).any()))
+        honest(*args)
+
+    j.rt.load = lambda artifact, entry, kinds: spying
+    r = _retime(j, spec, jobs=2, rounds=2, seed=13, torch_arm=True)
+    assert r["status"] == "ok", r
+    _compare(j, spec, 17)
+    assert seen and not any(seen), seen

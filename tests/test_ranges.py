@@ -607,11 +607,15 @@ def test_a_fallback_range_is_cut_where_another_fallback_is_faster():
     parts = out[1:]
     assert [p["fallback"] for p in parts] == ["a", "b"]
     assert parts[0]["lo"] == {"T": 4} and parts[-1]["hi"] == {"T": 65}
-    assert parts[0]["hi"] == parts[1]["lo"] and 17 <= parts[0]["hi"]["T"] <= 22  # the cut near T = 20
+    # the crossing bisected: arm "b" wins from T = 19 (the mean over 19 and its twins 20 to 22),
+    # arm "a" up to 18 (a tie within the noise keeps the range's own "a")
+    assert parts[0]["hi"] == parts[1]["lo"] == {"T": 19}
     assert parts[0]["nearest"] == ranges_in[1]["nearest"] and "nearest" not in parts[1]
-    assert len(stub.asked) == 1  # one request: every size with its twins
     sizes = ranges._fallback_sizes(4, 65)
-    assert sizes[0] == 4 and sizes[-1] == 64 and len(sizes) == 17  # 4 octaves, 4 sizes each
+    assert stub.asked[0] == [*sizes, *[t for v in sizes for t in range(v + 1, min(v + 4, 65))]]
+    # then one request a bisection step, each the one midpoint between the sizes that changed
+    assert 2 <= len(stub.asked) <= 1 + ranges.FB_BISECT and all(len(a) == 4 for a in stub.asked[1:])
+    assert sizes[0] == 4 and sizes[-1] == 64 and len(sizes) == 28  # 4 octaves, 8 an octave: 28 distinct sizes
     # the table says which fallback serves a size
     table = {"axes": ["T"], "exact": [], "ranges": out}
     assert ranges.fallback_of(table, {"T": 10}) == "a" and ranges.fallback_of(table, {"T": 40}) == "b"

@@ -417,9 +417,14 @@ SPLITS = 4  # new ranges a range may be cut into where its kernels stop serving
 # shape: the expert loop 16 to 19% ahead of torch._grouped_mm at T = 1261 to 1478 and 11% behind
 # at 851 and 1703, session 26). Where a range falls back and op.fallbacks names an arm, the
 # fallbacks alone are timed at FB_PER_OCTAVE sizes an octave across the range (at most FB_MAX),
-# and the range is cut where another fallback is faster by more than NOISE.
-FB_PER_OCTAVE = 4
-FB_MAX = 32
+# and the range is cut where another fallback is faster by more than NOISE. Where two sizes next
+# to each other choose differently, the crossing is found by FB_BISECT bisection steps (session
+# 28: torch._grouped_mm ran 742 us at T = 943 and 1172 at 1043, the loop 841 and 884: the
+# grouped GEMM's row tiles fill or spill over within 10% of T, so a cut at the log-midpoint of
+# sizes 19% apart gave a whole stretch to the wrong one).
+FB_PER_OCTAVE = 8
+FB_MAX = 48
+FB_BISECT = 4
 
 
 def _fallback_sizes(lo: int, hi: int) -> list[int]:
@@ -435,8 +440,10 @@ def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) 
     """Each range that falls back (no kernel list, no level rows), cut where another of the
     fallbacks (torch eager and op.fallbacks' arms) is measured faster: the fallbacks alone at
     _fallback_sizes across the range, each judged by its mean over the size and its twins; a
-    size keeps the range's own fallback unless another beats it by more than NOISE there. The
-    cuts lie at the log-midpoints between sizes of different choices."""
+    size keeps the range's own fallback unless another beats it by more than NOISE there. Between
+    two neighbouring sizes of different choices the fallbacks are timed again at the log-midpoint,
+    FB_BISECT times (each step one request for every such pair of the range); the cuts lie at the
+    log-midpoints between the closest sizes of different choices."""
     op = spec.op
     fbs = list(prober.fallbacks)
     out = []
@@ -449,19 +456,33 @@ def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) 
         if len(sizes) < 2:
             out.append(r)
             continue
-        timed = time_with_twins(prober, [sh for _, sh in sizes], [[] for _ in sizes],
-                                [_twins(op, [axis], sh, {axis: hi}) for _, sh in sizes])
         own = r.get("fallback")
-        picks = []
-        for (v, sh), (res, tw) in zip(sizes, timed):
-            got = fallback_picks(res, fbs, tw)
-            if not got:
-                picks.append((v, sh, own, r.get("eager_s")))
-                continue
-            best = min(got, key=lambda n: got[n][0])
-            if own in got and got[own][0] <= got[best][0] * (1 + NOISE):
-                best = own  # within the noise of the range's own choice: it stays
-            picks.append((v, sh, best, got[best][1]))
+
+        def pick_at(sizes):
+            timed = time_with_twins(prober, [sh for _, sh in sizes], [[] for _ in sizes],
+                                    [_twins(op, [axis], sh, {axis: hi}) for _, sh in sizes])
+            out = []
+            for (v, sh), (res, tw) in zip(sizes, timed):
+                got = fallback_picks(res, fbs, tw)
+                if not got:
+                    out.append((v, sh, own, r.get("eager_s")))
+                    continue
+                best = min(got, key=lambda n: got[n][0])
+                if own in got and got[own][0] <= got[best][0] * (1 + NOISE):
+                    best = own  # within the noise of the range's own choice: it stays
+                out.append((v, sh, best, got[best][1]))
+            return out
+
+        picks = pick_at(sizes)
+        for _ in range(FB_BISECT):  # each change of choice between two sizes: where it happens
+            mids = []
+            for (va, _, na, _), (vb, _, nb, _) in zip(picks, picks[1:]):
+                m = min(max(_geo_mid(va, vb), va + 1), vb - 1)
+                if na != nb and va < m < vb and (sh := _inside(op, op.point({axis: m}))) is not None:
+                    mids.append((m, sh))
+            if not mids:
+                break
+            picks = sorted(picks + pick_at(mids), key=lambda p: p[0])
         if log:
             log(f"  {axis} {lo}..{hi - 1} falls back; at {len(picks)} sizes: "
                 + ", ".join(f"{v} {n or 'torch'}" for v, _, n, _ in picks))

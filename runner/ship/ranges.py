@@ -421,10 +421,11 @@ SPLITS = 4  # new ranges a range may be cut into where its kernels stop serving
 # to each other choose differently, the crossing is found by FB_BISECT bisection steps (session
 # 28: torch._grouped_mm ran 742 us at T = 943 and 1172 at 1043, the loop 841 and 884: the
 # grouped GEMM's row tiles fill or spill over within 10% of T, so a cut at the log-midpoint of
-# sizes 19% apart gave a whole stretch to the wrong one).
-FB_PER_OCTAVE = 8
-FB_MAX = 48
-FB_BISECT = 4
+# sizes 19% apart gave a whole stretch to the wrong one). Eight sizes an octave and four steps
+# made the coarse MoE compare run past 340 s where it took 202 (session 28): four and three.
+FB_PER_OCTAVE = 4
+FB_MAX = 32
+FB_BISECT = 3
 
 
 def _fallback_sizes(lo: int, hi: int) -> list[int]:

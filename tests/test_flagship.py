@@ -132,6 +132,7 @@ def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")
 
 
+@pytest.mark.slow  # about 70 s of NVRTC builds: the slow suite, with every template change
 @pytest.mark.parametrize("name", FLAGSHIP)
 def test_register_heavy_corners_compile_without_spills(name):
     """The largest per-thread holds at the largest blocks: the template must fall back

@@ -332,6 +332,21 @@ def test_hardware_profile_matches_this_gpu():
     assert check_device(h100, props)
 
 
+def test_the_judge_sets_no_l2_aside_for_persisting_lines():
+    """The judge's runtime leaves no L2 set aside for persisting lines (the driver's default on
+    the H200 is 11.25 MiB), so lines a kernel marks evict_last cannot outlive the flush in it."""
+    from cuda.bindings import runtime as cudart
+
+    from runner.build.backends import cuda
+    from runner.spec.spec import load_spec
+
+    spec = load_spec(ROOT / "pipelines" / "softmax-h200.yaml")
+    rt = cuda.Runtime(spec.hw, spec.runtime)
+    assert rt.persisting_l2 == 0
+    err, value = cudart.cudaDeviceGetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize)
+    assert int(err) == 0 and int(value) == 0
+
+
 def test_pipe_run_survives_faults_and_hangs(tmp_path):
     """A whole `pipe run` whose space holds faulting and hanging kernels finishes,
     records them, and keeps the honest kernel as its best."""

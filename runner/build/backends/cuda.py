@@ -411,6 +411,29 @@ def _cap_printf_fifo() -> int | None:
         return None
 
 
+def _no_persisting_l2() -> int | None:
+    """No L2 set aside for persisting lines, and none held: the H200's driver sets aside 11.25
+    MiB by default (session 28). Lines a kernel marks to stay (`evict_last`) do not outlive the
+    judge's flush where they overflow that set-aside (tools/l2_probe.py at 16 to 32 MiB); with
+    none set aside they have nowhere to outlive it at any size. Set before any candidate module
+    is loaded; the limit as the driver then reports it (0), or None where the bindings or the
+    device refuse (the flush alone stands then)."""
+    try:
+        from cuda.bindings import driver
+
+        limit = driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+        err, = driver.cuCtxSetLimit(limit, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        err, = driver.cuCtxResetPersistingL2Cache()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        err, size = driver.cuCtxGetLimit(limit)
+        return int(size) if err == driver.CUresult.CUDA_SUCCESS else None
+    except Exception:
+        return None
+
+
 def _same(v):
     """A tensor map's cast: the descriptor as built (cuda.core launches it by value)."""
     return v
@@ -437,6 +460,7 @@ class Runtime:
         self.dev = Device(torch.cuda.current_device())
         self.dev.set_current()
         self.printf_fifo = _cap_printf_fifo()
+        self.persisting_l2 = _no_persisting_l2()  # 0: nothing set aside (None: refused, the flush alone)
         self._mods: dict[str, object] = {}
         self._smem: dict[int, int] = {}  # kernel handle -> dynamic shared memory allowed so far
         self._flush_buf = None

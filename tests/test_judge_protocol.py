@@ -201,3 +201,16 @@ def test_arm_orders_are_secret_and_mirrored():
     assert orders[1] == orders[0][::-1] and orders[3] == orders[2][::-1]
     firsts = {tuple(worker._round_orders(5, 2)[0]) for _ in range(40)}
     assert len(firsts) > 10  # 120 orders of 5 arms: 40 draws give many
+
+
+def test_a_persisting_l2_set_aside_the_runtime_could_not_remove_reaches_the_verdict():
+    """The CUDA runtime sets the persisting-L2 set-aside to 0 before any candidate loads; where
+    the driver refuses (None) or leaves some, every reply says so, and the trial records it. A
+    runtime without the notion (the CPU's) and one that made it 0 add nothing."""
+    from types import SimpleNamespace as NS
+
+    for value, want in ((None, {"persisting_l2_bytes": None}), (4096, {"persisting_l2_bytes": 4096}), (0, {})):
+        assert worker._capped({}, NS(rt=NS(persisting_l2=value))) == want
+    assert worker._capped({}, NS(rt=NS())) == {}
+    capped = {"log_capped": 3}
+    assert worker._capped(capped, NS(rt=NS(printf_fifo=1 << 20))) == {**capped, "printf_fifo_bytes": 1 << 20}

@@ -2,9 +2,9 @@
 docs/judge.md and the judge's code, beyond the five classes already handled.
 
 One RMSNorm spec (fp32, CPU backend) whose template holds a HACK switch. Each cheat is
-honest whenever the output holds something it did not write (the judge's decoy during
-verification, the guard poison in a fresh re-timing buffer), so verification never sees
-it; what it does in the timed calls is the cheat:
+honest whenever the output holds something it did not write (the judge's decoy before every
+verification call, and in the fresh buffers of a re-timing or a comparison), so
+verification never sees it; what it does in the timed calls is the cheat:
 
 - rare_lazy_counter: skips the work on one timed call in 16 (a call counter in a
   static); before the per-call samples it passed about 2 times in 3 (each shape's 3
@@ -14,8 +14,11 @@ it; what it does in the timed calls is the cheat:
   input elements, and copies the remembered output when the fingerprint matches: the
   timed calls alternate two value sets, so every timed call hit, and the answers were
   right; it passed every time, faster than computing;
-- retime_cache: honest in `evaluate`, the fingerprint cache in the re-timing that
-  decides a keep (told apart by the guard poison in the re-timing's fresh buffers);
+- the fingerprint cache again, in the re-timing that decides a keep: until session 28 a
+  kernel could be honest in `evaluate` and cache only there, telling the re-timing apart by
+  the guard poison its fresh buffers held; they now hold a decoy
+  (test_judge_protocol.py's sentinel test), so the test hands the re-timing a cache that
+  evaluate caught, as if it had not;
 - deferred_thread: hands the work to a std::thread and returns, joining it at the
   next call (work left for later; the CPU backend times by wall clock);
 - pool_thread: a thread kept between calls does the rows, and the call returns with the
@@ -65,7 +68,7 @@ void rows(const float* __restrict__ x, const float* __restrict__ w, float* __res
 }
 
 // Did the output keep what this kernel last wrote there? (verification puts a decoy
-// there first, a fresh re-timing buffer holds the guard poison: then it must work)
+// there first, and so do the fresh buffers of a re-timing: then it must work)
 float last_written = 0.0f;
 bool own_output(const float* out) { return out[0] == last_written; }
 
@@ -97,7 +100,6 @@ void remember(const float* x, const float* out, int64_t n) {
 }
 
 std::thread pending;
-bool retiming = false;
 
 // pool_thread: one thread kept from call to call, spinning for work
 struct Job { const float* x; const float* w; float* out; int64_t M, N; float eps; };
@@ -143,11 +145,6 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
     remember(x, out, n);
   }
   last_written = out[0];
-{% elif HACK == "retime_cache" %}
-  if (out[0] == -31337.0f) retiming = true;  // a fresh buffer of the re-timing
-  if (retiming && replay(x, out, n)) return;
-  rows(x, w, out, 0, M, N, eps);
-  remember(x, out, n);
 {% elif HACK == "deferred_thread" %}
   if (pending.joinable()) pending.join();  // the previous call's work ends now
   if (!own_output(out)) {
@@ -186,7 +183,7 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
 }
 """
 
-HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache", "retime_cache",
+HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache",
          "deferred_thread", "pool_thread", "joined_threads", "slowed"]
 
 def spec(template: Path) -> str:
@@ -266,14 +263,18 @@ def test_threads_joined_inside_the_call_pass(bench):
         assert t.status == "ok", explain(t)
 
 
-def test_cache_only_in_the_retiming_is_caught(bench):
-    """Honest in evaluate, a fingerprint cache in the re-timing that decides the keep
-    (against a slowed incumbent it would be kept): the re-timing's salted last calls
-    make it wrong, and it is not kept."""
+def test_a_cache_that_reaches_the_retiming_is_caught_there(bench):
+    """The re-timing that decides a keep has its own salted last calls: a fingerprint cache
+    that evaluate caught is handed to it as if evaluate had passed it, faster than a slowed
+    incumbent, and the re-timing finds it wrong and does not keep it."""
     inc = bench.run("slowed")
     assert inc.status == "ok", explain(inc)
-    t = copy.deepcopy(bench.run("retime_cache", fresh_worker=False))
-    assert t.status == "ok", explain(t)  # evaluate sees an honest kernel
+    t = copy.deepcopy(bench.run("fingerprint_cache", fresh_worker=False))
+    assert t.status == "wrong", explain(t)  # evaluate's salted last call saw it
+    t.status, t.reason = "ok", ""
+    bench.ev.artifacts[t.key] = bench.ev._rebuild(t)  # kept for trials that pass, as it would be
+    t.times = [x * 0.5 for x in inc.times]
+    t.objective = inc.objective * 0.5
     bench.ev.decide(t, inc)
     assert t.kept is False and t.status == "wrong", (t.details.get("retime"), explain(t))
     assert "re-timing" in t.reason, t.reason

@@ -184,6 +184,8 @@ class Evaluator:
             trial.details["log_cap_bytes"] = verdict.get("log_cap_bytes")
             if verdict.get("printf_fifo_bytes"):  # and what one launch may print on the device
                 trial.details["printf_fifo_bytes"] = verdict["printf_fifo_bytes"]
+        if "persisting_l2_bytes" in verdict:  # L2 the runtime could not take back from persisting lines
+            trial.details["persisting_l2_bytes"] = verdict["persisting_l2_bytes"]
         self.judged[bkey] = trial  # the worker's verdict on these binaries, whatever it is
         if verdict["status"] != "ok":
             return done(verdict["status"], verdict.get("reason", ""))

@@ -1369,9 +1369,15 @@ def _stray_threads(judge, result: dict) -> dict:
 
 
 def _capped(done: dict, judge) -> dict:
-    """The log cap's figures for a reply, with the device printf FIFO's size where it was set."""
+    """The log cap's figures for a reply, with the device printf FIFO's size where it was set,
+    and the persisting-L2 set-aside where the runtime could not make it 0 (None: refused)."""
+    out = dict(done or {})
     fifo = getattr(judge.rt, "printf_fifo", None)
-    return {**done, "printf_fifo_bytes": fifo} if done and fifo else done
+    if done and fifo:
+        out["printf_fifo_bytes"] = fifo
+    if hasattr(judge.rt, "persisting_l2") and judge.rt.persisting_l2 != 0:
+        out["persisting_l2_bytes"] = judge.rt.persisting_l2
+    return out
 
 
 def worker_main(conn, spec, log_path: str) -> None:

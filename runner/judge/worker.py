@@ -55,6 +55,7 @@ class Judge:
         self.kinds = [self._kind(a) for a in spec.kernel.args]
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
+        self._decoy_last: tuple | None = None  # (key, decoys) of the last held-out shape (pipe compare)
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
         self.census = None
         if spec.kernel.backend == "cpu":
@@ -158,9 +159,8 @@ class Judge:
         key = repr(sorted(shape.items()))
         if key in self._decoy_cache:
             return self._decoy_cache[key]
-        last = getattr(self, "_decoy_last", None)
-        if last is not None and last[0] == key:  # a held-out shape's candidates, one after another
-            return last[1]
+        if self._decoy_last is not None and self._decoy_last[0] == key:  # its candidates, one after another
+            return self._decoy_last[1]
         vals = self._inputs(shape, _seed(self._decoy_secret, key, "decoy"), 0)  # verification's values
         private = {k: (v.to(self.torch.float64) if v.dtype.is_floating_point else v) for k, v in vals.items()}
         out = self.reference(**private, **self.scalars)
@@ -1375,7 +1375,7 @@ def _capped(done: dict, judge) -> dict:
     fifo = getattr(judge.rt, "printf_fifo", None)
     if done and fifo:
         out["printf_fifo_bytes"] = fifo
-    if hasattr(judge.rt, "persisting_l2") and judge.rt.persisting_l2 != 0:
+    if getattr(judge.rt, "persisting_l2", 0) != 0:  # a runtime without the notion (the CPU's) has 0
         out["persisting_l2_bytes"] = judge.rt.persisting_l2
     return out
 

@@ -462,17 +462,17 @@ def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) 
         def pick_at(sizes):
             timed = time_with_twins(prober, [sh for _, sh in sizes], [[] for _ in sizes],
                                     [_twins(op, [axis], sh, {axis: hi}) for _, sh in sizes])
-            out = []
+            chosen = []
             for (v, sh), (res, tw) in zip(sizes, timed):
                 got = fallback_picks(res, fbs, tw)
                 if not got:
-                    out.append((v, sh, own, r.get("eager_s")))
+                    chosen.append((v, sh, own, r.get("eager_s")))
                     continue
                 best = min(got, key=lambda n: got[n][0])
                 if own in got and got[own][0] <= got[best][0] * (1 + NOISE):
                     best = own  # within the noise of the range's own choice: it stays
-                out.append((v, sh, best, got[best][1]))
-            return out
+                chosen.append((v, sh, best, got[best][1]))
+            return chosen
 
         picks = pick_at(sizes)
         for _ in range(FB_BISECT):  # each change of choice between two sizes: where it happens

@@ -395,43 +395,43 @@ def prune(resources: dict, geometry: dict, hw, spills_forbidden: bool) -> str | 
 PRINTF_FIFO_BYTES = 8 << 10  # asked for a launch's device printf buffer (the H200's driver rounds it up to 512 KiB)
 
 
-def _cap_printf_fifo() -> int | None:
-    """A small device-printf FIFO: what one launch can print is bounded on the device (the rest
-    is dropped by the driver), so a kernel printing from every thread costs the host at most
-    this much formatting per synchronize. Set before any candidate module is loaded."""
+def _set_ctx_limit(name: str, value: int, reset: str | None = None) -> int | None:
+    """Set the context's limit CU_LIMIT_<name> to `value` (then call driver.<reset>() where one is
+    named) and return the limit as the driver reports it after, or None where the bindings or
+    the device refuse. For the limits the judge sets before any candidate module is loaded."""
     try:
         from cuda.bindings import driver
 
-        err, = driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PRINTF_FIFO_SIZE, PRINTF_FIFO_BYTES)
-        if err != driver.CUresult.CUDA_SUCCESS:
+        ok = driver.CUresult.CUDA_SUCCESS
+        limit = getattr(driver.CUlimit, f"CU_LIMIT_{name}")
+        err, = driver.cuCtxSetLimit(limit, value)
+        if err != ok:
             return None
-        err, size = driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_PRINTF_FIFO_SIZE)
-        return int(size) if err == driver.CUresult.CUDA_SUCCESS else None
-    except Exception:  # older bindings: the worker's log cap alone bounds what reaches the disk
+        if reset is not None:
+            err, = getattr(driver, reset)()
+            if err != ok:
+                return None
+        err, size = driver.cuCtxGetLimit(limit)
+        return int(size) if err == ok else None
+    except Exception:  # older bindings, or a device without the limit
         return None
+
+
+def _cap_printf_fifo() -> int | None:
+    """A small device-printf FIFO: what one launch can print is bounded on the device (the rest
+    is dropped by the driver), so a kernel printing from every thread costs the host at most
+    this much formatting per synchronize. None where refused: the worker's log cap alone bounds
+    what reaches the disk."""
+    return _set_ctx_limit("PRINTF_FIFO_SIZE", PRINTF_FIFO_BYTES)
 
 
 def _no_persisting_l2() -> int | None:
     """No L2 set aside for persisting lines, and none held: the H200's driver sets aside 11.25
     MiB by default (session 28). Lines a kernel marks to stay (`evict_last`) do not outlive the
     judge's flush where they overflow that set-aside (tools/l2_probe.py at 16 to 32 MiB); with
-    none set aside they have nowhere to outlive it at any size. Set before any candidate module
-    is loaded; the limit as the driver then reports it (0), or None where the bindings or the
-    device refuse (the flush alone stands then)."""
-    try:
-        from cuda.bindings import driver
-
-        limit = driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE
-        err, = driver.cuCtxSetLimit(limit, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return None
-        err, = driver.cuCtxResetPersistingL2Cache()
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return None
-        err, size = driver.cuCtxGetLimit(limit)
-        return int(size) if err == driver.CUresult.CUDA_SUCCESS else None
-    except Exception:
-        return None
+    none set aside they have nowhere to outlive it at any size. The limit as the driver then
+    reports it (0), or None where refused (the flush alone stands then)."""
+    return _set_ctx_limit("PERSISTING_L2_CACHE_SIZE", 0, reset="cuCtxResetPersistingL2Cache")
 
 
 def _same(v):

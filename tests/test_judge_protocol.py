@@ -214,3 +214,60 @@ def test_a_persisting_l2_set_aside_the_runtime_could_not_remove_reaches_the_verd
     assert worker._capped({}, NS(rt=NS())) == {}
     capped = {"log_capped": 3}
     assert worker._capped(capped, NS(rt=NS(printf_fifo=1 << 20))) == {**capped, "printf_fifo_bytes": 1 << 20}
+
+
+def test_no_timed_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs():
+    """State a launch leaves behind (on a GPU: shared memory, the threads' local frames; here a
+    dict the kernel keeps) never reaches a timed call: the runtime's scrub runs ahead of every
+    timed call of every loop (evaluate, the baseline, the re-timing, pipe compare), before the
+    refresh and the flush. The control: back-to-back warm-up calls do find it, so the kernel
+    would have used it. On the GPU: test_judge_cuda.py's residue tests and tools/residue_probe.py."""
+    residue: dict = {}
+    seen: list = []  # (timed, found the last call's mark)
+    timing = [False]
+    spec, j = _judge([])
+
+    def kernel(x, w, out, M, N, eps):
+        seen.append((timing[0], residue.get("mark", False)))
+        xd = x.double()
+        out.copy_((xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + eps) * w.double()).float())
+        residue["mark"] = True
+
+    j.rt.load = lambda artifact, entry, kinds: kernel
+    j.rt.scrub = residue.clear
+    timer = j.rt.timer
+
+    def timed(call, sync):
+        timing[0] = True
+        try:
+            return timer(call, sync)
+        finally:
+            timing[0] = False
+
+    j.rt.timer = timed
+    n = len(spec.op.all_shapes)
+    geometry = Builder(spec).geometry(dict(spec.start))
+    threads = torch.get_num_threads()
+    try:
+        assert j.evaluate({"seed": 5, "artifacts": ["py"] * n, "geometry": geometry})["status"] == "ok"
+        job = {"artifacts": ["py"] * n, "geometry": geometry}
+        assert j.retime([job, {"torch": "reference"}, job], rounds=2, seed=7)["status"] == "ok"
+        _compare(j, spec, seed=3)
+    finally:
+        torch.set_num_threads(threads)
+    timed_calls = [found for t, found in seen if t]
+    assert len(timed_calls) > 20 and not any(timed_calls), sum(timed_calls)
+    assert any(found for t, found in seen if not t)  # the control: untimed calls back to back find it
+
+
+def test_the_local_frame_a_scrub_covers_is_read_whichever_way_cuda_core_gives_it():
+    """cuda.core 1.2 gives a kernel's local frame as a property; other versions as a method. The
+    scrub covers each frame size it reads, so a size misread as 0 would leave that kernel's local
+    memory as its last launch left it (the H200 showed it: session 29)."""
+    from types import SimpleNamespace as NS
+
+    from runner.build.backends import cuda
+
+    assert cuda.local_bytes(NS(attributes=NS(local_size_bytes=1032))) == 1032
+    assert cuda.local_bytes(NS(attributes=NS(local_size_bytes=lambda: 24))) == 24
+    assert cuda.local_bytes(NS(attributes=NS(), handle=None)) == 0  # neither: nothing to scrub, no error

@@ -24,8 +24,10 @@ spelling. So the judge also counts, in the PTX, the instructions of each forbidd
 Whatever the spec names, a variant may also declare no module-scope device data the approved
 template's build lacks (`device_state`): a `__device__` or `__managed__` variable (PTX `.global`
 data) outlives the call, so a kernel could count its calls, keep last call's inputs or
-outputs, or learn which calls the judge checks, and answer the next call from that. Shared
-memory (per block, gone at the block's end) and constants (read-only) are not such data.
+outputs, or learn which calls the judge checks, and answer the next call from that. Constants
+(read-only) are not such data; what a launch leaves in shared memory and in its threads' local
+frames outlives it too, and the runtime overwrites both ahead of every timed call
+(`backends/cuda.Runtime.scrub`).
 
 Counts are kept apart for the compiler's own code and for inline asm (NVVM marks it
 `// begin inline asm` ... `// end inline asm`; the bf16 operators of cuda_bf16.h are inline

@@ -287,7 +287,11 @@ class Judge:
 
         rt = self.spec.runtime
         flush = self.rt.flush if rt.cache == "cold" else None
-        hooks = [h for h in (refresh, flush) if h is not None]
+        # first the scrub (CUDA: every SM's shared memory and the threads' local frames
+        # overwritten, so no call finds what the last one left there), then new values, then
+        # the flush; the same for every arm
+        scrub = getattr(self.rt, "scrub", None)
+        hooks = [h for h in (scrub, refresh, flush) if h is not None]
         before = (lambda: [h() for h in hooks]) if hooks else None
         checks = [check_at] if check_at else []
         if check_at and second_check is not None:

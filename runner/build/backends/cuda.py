@@ -434,6 +434,48 @@ def _no_persisting_l2() -> int | None:
     return _set_ctx_limit("PERSISTING_L2_CACHE_SIZE", 0, reset="cuCtxResetPersistingL2Cache")
 
 
+# What a launch leaves on the chip and in the context's local memory is there for the next one:
+# nothing clears a block's shared memory or a thread's local frame between kernels of one
+# context (tools/residue_probe.py measures it). A kernel could keep its state there from one
+# timed call to the next (a call count, a memo of its answers) where no check of the judge's
+# looks. `Runtime.scrub` overwrites both ahead of every timed call of every arm.
+SCRUB_SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(1024) pipe_scrub_smem(int words) {
+  extern __shared__ unsigned pipe_scrub_s[];
+  volatile unsigned* s = pipe_scrub_s;
+  for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = 0u;
+}
+#ifdef PIPE_LOCAL_WORDS
+extern "C" __global__ void __launch_bounds__(256, 8) pipe_scrub_local(int words) {
+  volatile unsigned a[PIPE_LOCAL_WORDS];
+#pragma unroll 1
+  for (int i = 0; i < words && i < PIPE_LOCAL_WORDS; ++i) a[i] = 0u;
+}
+#endif
+"""
+
+
+def local_bytes(kernel) -> int:
+    """The per-thread local memory (stack frame) a loaded kernel uses, 0 where unknown."""
+    try:
+        v = kernel.attributes.local_size_bytes  # a property in cuda.core 1.2
+        return int(v() if callable(v) else v)
+    except Exception:  # noqa: BLE001 - a cuda.core without the attribute: ask the driver
+        pass
+    try:
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+        h = kernel.handle
+        if isinstance(h, driver.CUkernel):
+            err, n = driver.cuKernelGetAttribute(attr, h, driver.CUdevice(0))
+        else:
+            err, n = driver.cuFuncGetAttribute(attr, h)
+        return int(n) if err == driver.CUresult.CUDA_SUCCESS else 0
+    except Exception:  # noqa: BLE001
+        return 0
+
+
 def _same(v):
     """A tensor map's cast: the descriptor as built (cuda.core launches it by value)."""
     return v
@@ -463,6 +505,8 @@ class Runtime:
         self.persisting_l2 = _no_persisting_l2()  # 0: nothing set aside (None: refused, the flush alone)
         self._mods: dict[str, object] = {}
         self._smem: dict[int, int] = {}  # kernel handle -> dynamic shared memory allowed so far
+        self.local_sizes: set[int] = set()  # the local frames (bytes a thread) of the kernels loaded here
+        self._scrubbers: dict[str, tuple] = {}  # "smem" / "local<bytes>" -> (kernel, LaunchConfig, words)
         self._flush_buf = None
         self.walls: list[float] = []
         self._mode_flags = {"matmul.allow_tf32": False, "cudnn.allow_tf32": False,
@@ -493,6 +537,8 @@ class Runtime:
         if mod is None:
             mod = self._mods[artifact] = ObjectCode.from_cubin(artifact)
         kernel = mod.get_kernel(entry)
+        if n := local_bytes(kernel):
+            self.local_sizes.add(n)
         sizes = [p.size for p in kernel.arguments_info]
         if len(sizes) != len(kinds):
             raise LaunchError(f"kernel '{entry}' takes {len(sizes)} parameters, the spec passes {len(kinds)}")
@@ -586,6 +632,58 @@ class Runtime:
 
     def sync(self) -> None:
         self.torch.cuda.synchronize()
+
+    def _scrubber(self, key: str):
+        """(kernel, launch config, words) of one scrub kernel, built on first use. `smem`: one
+        block of the opt-in maximum of dynamic shared memory on every SM (four waves' worth of
+        blocks, so none is left out); `local<B>`: B bytes of local frame for every thread an SM
+        holds (2048 on Hopper), twice over."""
+        got = self._scrubbers.get(key)
+        if got is not None:
+            return got
+        from cuda.core import LaunchConfig
+        from cuda.core import ObjectCode
+
+        from ...ship.exported_runtime import allow_dynamic_smem
+
+        props = self.dev.properties
+        sms = int(props.multiprocessor_count)
+        if key == "smem":
+            nbytes = int(props.max_shared_memory_per_block_optin)
+            built = compile(SCRUB_SOURCE, "pipe_scrub_smem", (), self.hw)
+            entry, config, words = "pipe_scrub_smem", None, nbytes // 4
+        else:
+            nbytes = int(key[len("local"):])
+            built = compile(SCRUB_SOURCE, "pipe_scrub_local", (f"-DPIPE_LOCAL_WORDS={nbytes // 4}",), self.hw)
+            entry, words = "pipe_scrub_local", nbytes // 4
+        if not built.ok:
+            raise RuntimeError(f"the judge's scrub kernel did not build: {built.reason}")
+        kernel = ObjectCode.from_cubin(built.artifact).get_kernel(entry)
+        if key == "smem":
+            allow_dynamic_smem(kernel, nbytes, self.dev.device_id)
+            config = LaunchConfig(grid=(4 * sms,), block=(1024,), shmem_size=nbytes)
+        else:
+            per_sm = int(props.max_threads_per_multiprocessor) // 256
+            config = LaunchConfig(grid=(2 * per_sm * sms,), block=(256,), shmem_size=0)
+        got = self._scrubbers[key] = (kernel, config, words)
+        return got
+
+    def scrub(self) -> None:
+        """Overwrite every SM's shared memory, and the local frames of every thread slot for each
+        frame size of a kernel loaded here (a frame of the same size: whether a thread's local
+        address maps by the context's largest frame or the launch's own, the scrub's covers the
+        kernel's), on torch's stream: ahead of every timed call (the judge's `before` hook, ahead
+        of the input refresh and the flush), so no call finds what an earlier one left there.
+        Local memory goes through the L2, which the flush empties after; shared memory does not."""
+        import numpy as np
+        from cuda.core import launch
+
+        stream = self._stream()
+        kernel, config, words = self._scrubber("smem")
+        launch(stream, config, kernel, np.int32(words))
+        for nbytes in sorted(self.local_sizes):
+            kernel, config, words = self._scrubber(f"local{-(-nbytes // 4) * 4}")
+            launch(stream, config, kernel, np.int32(words))
 
     def timer(self, call, sync) -> float:
         """Event time of one call. Work queued before it (new input values, the L2 flush,

@@ -62,7 +62,8 @@ for w in "$@"; do
   case $kind in
     # -v: each test's name and verdict as it ends, so a call cut short by its time limit still
     # says which tests passed; --durations: which ones take the call's time
-    tests) paths=${arg:-tests/}; python3 -m pytest -v -m gpu -rA --durations=0 ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
+    # the whole word after "tests:", so that node ids keep their "::"
+    tests) paths=${w#tests}; paths=${paths#:}; paths=${paths:-tests/}; python3 -m pytest -v -m gpu -rA --durations=0 ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
     py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee -a "$OUT/$n.txt" ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run|record)

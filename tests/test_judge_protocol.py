@@ -217,9 +217,9 @@ def test_a_persisting_l2_set_aside_the_runtime_could_not_remove_reaches_the_verd
 
 
 def test_no_timed_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs():
-    """State a launch leaves behind (on a GPU: shared memory, the threads' local frames; here a
+    """State a launch leaves behind (on a GPU: shared memory, the threads' local windows; here a
     dict the kernel keeps) never reaches a timed call: the runtime's scrub runs ahead of every
-    timed call of every loop (evaluate, the baseline, the re-timing, pipe compare), before the
+    timed call of a candidate in every loop (evaluate, the re-timing, pipe compare), before the
     refresh and the flush. The control: back-to-back warm-up calls do find it, so the kernel
     would have used it. On the GPU: test_judge_cuda.py's residue tests and tools/residue_probe.py."""
     residue: dict = {}
@@ -234,7 +234,7 @@ def test_no_timed_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs(
         residue["mark"] = True
 
     j.rt.load = lambda artifact, entry, kinds: kernel
-    j.rt.scrub = residue.clear
+    j.rt.scrub = lambda local_bytes=0: residue.clear()
     timer = j.rt.timer
 
     def timed(call, sync):

@@ -287,10 +287,13 @@ class Judge:
 
         rt = self.spec.runtime
         flush = self.rt.flush if rt.cache == "cold" else None
-        # first the scrub (CUDA: every SM's shared memory and the threads' local frames
-        # overwritten, so no call finds what the last one left there), then new values, then
-        # the flush; the same for every arm
-        scrub = getattr(self.rt, "scrub", None)
+        # a candidate's timed calls: first the scrub (CUDA: every SM's shared memory and the
+        # threads' local windows overwritten, so no call finds what an earlier one left there),
+        # then new values, then the flush
+        scrub = None
+        if getattr(call, "candidate", False) and hasattr(self.rt, "scrub"):
+            def scrub():
+                self.rt.scrub(getattr(call, "local_bytes", 0))
         hooks = [h for h in (scrub, refresh, flush) if h is not None]
         before = (lambda: [h() for h in hooks]) if hooks else None
         checks = [check_at] if check_at else []

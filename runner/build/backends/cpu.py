@@ -216,7 +216,11 @@ class Runtime:
 
     def prepare(self, fn, values: list, geometry=None, mode=None):
         """The one callable used for checked and timed calls alike."""
-        return lambda: fn(*values)
+        def call():
+            return fn(*values)
+
+        call.candidate = True  # a runtime with a scrub runs it ahead of this call's timed calls
+        return call
 
     def prepare_torch(self, fn, mode=None):
         return fn

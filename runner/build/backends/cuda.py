@@ -417,6 +417,17 @@ def _set_ctx_limit(name: str, value: int, reset: str | None = None) -> int | Non
         return None
 
 
+def _ctx_limit(name: str) -> int | None:
+    """The context's limit CU_LIMIT_<name>, or None where the bindings or the device refuse."""
+    try:
+        from cuda.bindings import driver
+
+        err, size = driver.cuCtxGetLimit(getattr(driver.CUlimit, f"CU_LIMIT_{name}"))
+        return int(size) if err == driver.CUresult.CUDA_SUCCESS else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _cap_printf_fifo() -> int | None:
     """A small device-printf FIFO: what one launch can print is bounded on the device (the rest
     is dropped by the driver), so a kernel printing from every thread costs the host at most
@@ -438,7 +449,7 @@ def _no_persisting_l2() -> int | None:
 # nothing clears a block's shared memory or a thread's local frame between kernels of one
 # context (tools/residue_probe.py measures it). A kernel could keep its state there from one
 # timed call to the next (a call count, a memo of its answers) where no check of the judge's
-# looks. `Runtime.scrub` overwrites both ahead of every timed call of every arm.
+# looks. `Runtime.scrub` overwrites both ahead of every timed call of a candidate.
 SCRUB_SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(1024) pipe_scrub_smem(int words) {
   extern __shared__ unsigned pipe_scrub_s[];
@@ -505,7 +516,9 @@ class Runtime:
         self.persisting_l2 = _no_persisting_l2()  # 0: nothing set aside (None: refused, the flush alone)
         self._mods: dict[str, object] = {}
         self._smem: dict[int, int] = {}  # kernel handle -> dynamic shared memory allowed so far
-        self.local_sizes: set[int] = set()  # the local frames (bytes a thread) of the kernels loaded here
+        # a thread's local window holds at least the stack (1 KiB by default): a kernel with no
+        # frame reaches it through generic addresses (tools/residue_probe.py, "window")
+        self.stack_bytes = _ctx_limit("STACK_SIZE") or 1024
         self._scrubbers: dict[str, tuple] = {}  # "smem" / "local<bytes>" -> (kernel, LaunchConfig, words)
         self._flush_buf = None
         self.walls: list[float] = []
@@ -537,8 +550,6 @@ class Runtime:
         if mod is None:
             mod = self._mods[artifact] = ObjectCode.from_cubin(artifact)
         kernel = mod.get_kernel(entry)
-        if n := local_bytes(kernel):
-            self.local_sizes.add(n)
         sizes = [p.size for p in kernel.arguments_info]
         if len(sizes) != len(kinds):
             raise LaunchError(f"kernel '{entry}' takes {len(sizes)} parameters, the spec passes {len(kinds)}")
@@ -581,7 +592,10 @@ class Runtime:
         def direct():
             launch(self._stream(), config, kernel, *args)
 
-        return self._maybe_graph(direct, mode)
+        call = self._maybe_graph(direct, mode)
+        call.candidate = True  # the judge scrubs ahead of its timed calls (scrub)
+        call.local_bytes = local_bytes(kernel)
+        return call
 
     def prepare_torch(self, fn, mode: str | None = None):
         """A torch arm's callable, replayed as a CUDA graph or launched directly (`mode`, else
@@ -668,20 +682,21 @@ class Runtime:
         got = self._scrubbers[key] = (kernel, config, words)
         return got
 
-    def scrub(self) -> None:
-        """Overwrite every SM's shared memory, and the local frames of every thread slot for each
-        frame size of a kernel loaded here (a frame of the same size: whether a thread's local
-        address maps by the context's largest frame or the launch's own, the scrub's covers the
-        kernel's), on torch's stream: ahead of every timed call (the judge's `before` hook, ahead
-        of the input refresh and the flush), so no call finds what an earlier one left there.
-        Local memory goes through the L2, which the flush empties after; shared memory does not."""
+    def scrub(self, local_bytes: int = 0) -> None:
+        """Overwrite every SM's shared memory, and every thread slot's local window on every SM:
+        the stack's bytes, and `local_bytes` (the frame of the kernel about to run, from
+        `prepare`) with a frame of that very size, so the scrub covers what that kernel can read
+        whether a thread's local addresses map by the context's largest frame or by the launch's
+        own. On torch's stream, ahead of a candidate's every timed call (the judge's `before`
+        hook, ahead of the input refresh and the flush): no call finds what an earlier one left
+        there. Local memory goes through the L2, which the flush empties after."""
         import numpy as np
         from cuda.core import launch
 
         stream = self._stream()
         kernel, config, words = self._scrubber("smem")
         launch(stream, config, kernel, np.int32(words))
-        for nbytes in sorted(self.local_sizes):
+        for nbytes in sorted({self.stack_bytes, local_bytes} - {0}):
             kernel, config, words = self._scrubber(f"local{-(-nbytes // 4) * 4}")
             launch(stream, config, kernel, np.int32(words))
 

@@ -651,7 +651,7 @@ class Runtime:
         """(kernel, launch config, words) of one scrub kernel, built on first use. `smem`: one
         block of the opt-in maximum of dynamic shared memory on every SM (four waves' worth of
         blocks, so none is left out); `local<B>`: B bytes of local frame for every thread an SM
-        holds (2048 on Hopper), twice over."""
+        holds (2048 on Hopper), one full wave."""
         got = self._scrubbers.get(key)
         if got is not None:
             return got
@@ -678,7 +678,9 @@ class Runtime:
             config = LaunchConfig(grid=(4 * sms,), block=(1024,), shmem_size=nbytes)
         else:
             per_sm = int(props.max_threads_per_multiprocessor) // 256
-            config = LaunchConfig(grid=(2 * per_sm * sms,), block=(256,), shmem_size=0)
+            # exactly what the SMs hold at once: all resident together, every SM takes per_sm
+            # blocks, so every warp slot of every SM runs one warp of it
+            config = LaunchConfig(grid=(per_sm * sms,), block=(256,), shmem_size=0)
         got = self._scrubbers[key] = (kernel, config, words)
         return got
 

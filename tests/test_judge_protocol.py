@@ -216,35 +216,58 @@ def test_a_persisting_l2_set_aside_the_runtime_could_not_remove_reaches_the_verd
     assert worker._capped(capped, NS(rt=NS(printf_fifo=1 << 20))) == {**capped, "printf_fifo_bytes": 1 << 20}
 
 
-def test_no_timed_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs():
+def test_no_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs():
     """State a launch leaves behind (on a GPU: shared memory, the threads' local windows; here a
-    dict the kernel keeps) never reaches a timed call: the runtime's scrub runs ahead of every
-    timed call of a candidate in every loop (evaluate, the re-timing, pipe compare), before the
-    refresh and the flush. The control: back-to-back warm-up calls do find it, so the kernel
-    would have used it. On the GPU: test_judge_cuda.py's residue tests and tools/residue_probe.py."""
+    dict the kernel keeps) never reaches a candidate's call: the runtime's scrub runs ahead of
+    every call of a candidate in every loop (evaluate's verification, warm-up, timed and checked
+    calls, the re-timing, pipe compare), ahead of the refresh and the flush where the call is
+    timed, so no call finds a mark and none can tell a timed call by what it finds. The
+    control: the runtime's own callable, called twice, does find it. On the GPU:
+    test_judge_cuda.py's residue tests and tools/residue_probe.py."""
     residue: dict = {}
     seen: list = []  # (timed, found the last call's mark)
     timing = [False]
+    order: list = []  # what ran ahead of each timed call since the last call of the kernel
     spec, j = _judge([])
 
     def kernel(x, w, out, M, N, eps):
         seen.append((timing[0], residue.get("mark", False)))
+        order.append("call")
         xd = x.double()
         out.copy_((xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + eps) * w.double()).float())
         residue["mark"] = True
 
+    def scrub(local_bytes=0):
+        order.append("scrub")
+        residue.clear()
+
     j.rt.load = lambda artifact, entry, kinds: kernel
-    j.rt.scrub = lambda local_bytes=0: residue.clear()
-    timer = j.rt.timer
+    j.rt.scrub = scrub
+    launched: list = []  # the candidate's bare callables, as the runtime's prepare made them
+    prepare = j.rt.prepare
+
+    def prepared(*a, **k):
+        launched.append(prepare(*a, **k))
+        return launched[-1]
+
+    j.rt.prepare = prepared
+    timer, flush = j.rt.timer, j.rt.flush
 
     def timed(call, sync):
         timing[0] = True
+        order.append("timed" if call in launched else "timed arm")
         try:
             return timer(call, sync)
         finally:
             timing[0] = False
 
-    j.rt.timer = timed
+    def flushed():
+        order.append("flush")
+        flush()
+
+    j.rt.timer, j.rt.flush = timed, flushed
+    object.__setattr__(spec.runtime, "cache", "cold")  # (the spec's is warm) a flush ahead of each timed call,
+    j.rt._flush_buf = torch.empty(16)  # over a small buffer
     n = len(spec.op.all_shapes)
     geometry = Builder(spec).geometry(dict(spec.start))
     threads = torch.get_num_threads()
@@ -255,9 +278,23 @@ def test_no_timed_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs(
         _compare(j, spec, seed=3)
     finally:
         torch.set_num_threads(threads)
-    timed_calls = [found for t, found in seen if t]
-    assert len(timed_calls) > 20 and not any(timed_calls), sum(timed_calls)
-    assert any(found for t, found in seen if not t)  # the control: untimed calls back to back find it
+    assert sum(t for t, _ in seen) > 20 and len(seen) > sum(t for t, _ in seen)  # timed calls, and others
+    assert not any(found for _, found in seen), sum(found for _, found in seen)
+    # every timed call of every arm: a scrub since the last call, ahead of the flush (local memory
+    # goes through the cache the flush empties); a candidate's timer times its bare call, the
+    # scrub already done
+    assert order.count("timed") > 20 and order.count("timed arm") > 0
+    for i, ev in enumerate(order):
+        if ev.startswith("timed"):
+            assert ev == "timed arm" or order[i + 1] == "call", order[i - 3:i + 2]
+            before = order[:i][::-1]
+            last = min([before.index(e) for e in ("call", "timed", "timed arm") if e in before] or [len(before)])
+            assert "scrub" in before[:last] and before.index("scrub") > before.index("flush"), order[i - 4:i + 1]
+    # the control: the runtime's own callable keeps the mark from one call to the next
+    residue.clear()
+    raw = prepare(kernel, [torch.ones(2, 4), torch.ones(4), torch.empty(2, 4), 2, 4, 1e-6])
+    raw(), raw()
+    assert seen[-1] == (False, True)
 
 
 def test_the_local_frame_a_scrub_covers_is_read_whichever_way_cuda_core_gives_it():

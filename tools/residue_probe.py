@@ -4,16 +4,24 @@ launch, and does the judge's scrub remove it? (docs/judge.md, "State kept betwee
     python tools/residue_probe.py               # the H200 profile's runtime, 3 rounds
     python tools/residue_probe.py --rounds 5
 
-A writer kernel fills every SM's shared memory (one block of the opt-in maximum, four waves of
-blocks), or its threads' local frames (1 KiB each, every thread slot an SM holds), or, with no
-frame at all, the first 1 KiB of its threads' local windows through generic addresses
-("window"), with a pattern drawn from a fresh tag; a reader kernel of the same kind then counts
-the words of its own, never written, memory that hold the pattern. Between the two, one of:
+A writer kernel fills, with a pattern drawn from a fresh tag, one of (KINDS):
+
+- smem: every SM's shared memory (one block of the opt-in maximum, four waves of blocks);
+- local264, local1k, local4k: its threads' local frames of 264 bytes, 1 KiB (the default stack)
+  and 4 KiB (more than the stack: the driver raises it for the launch), every thread slot of
+  every SM twice over, in blocks of 256 threads; local1k-1024t the same in blocks of 1024;
+- window: with no frame at all, the first 1 KiB of its threads' local windows through generic
+  addresses (`cvta.local`); window8k: 8 KiB of them, after a launch with an 8 KiB frame raised
+  the stack.
+
+A reader kernel of the same kind then counts the words of its own, never written, memory that
+hold the pattern. Between the two, one of:
 
 - nothing;
 - the flush and an input refresh (what the judge did ahead of a timed call before the scrub):
   `Runtime.flush` (a read of twice the L2) and a copy of 256 MiB;
-- the judge's scrub (`Runtime.scrub`), then the flush.
+- the judge's scrub (`Runtime.scrub`, given the reader's frame as the judge gives a candidate's),
+  then the flush and the refresh.
 
 It prints the fraction of the reader's words that held the pattern, a row for each kind as it
 is measured (and writes them to --json). "nothing" well above 0 is the residue a kernel could
@@ -32,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SOURCE = r"""
+PATTERN = r"""
 #define PAT(tag, i) ((tag) ^ ((unsigned)(i) * 2654435761u))
 extern "C" __global__ void __launch_bounds__(1024) w_smem(unsigned tag, int words) {
   extern __shared__ unsigned s_[];
@@ -46,21 +54,8 @@ extern "C" __global__ void __launch_bounds__(1024) r_smem(unsigned tag, int word
   for (int i = threadIdx.x; i < words; i += blockDim.x) n += s[i] == PAT(tag, i);
   atomicAdd(hits, n);
 }
-extern "C" __global__ void __launch_bounds__(256, 8) w_local(unsigned tag, int words) {
-  volatile unsigned a[256];
-#pragma unroll 1
-  for (int i = 0; i < words && i < 256; ++i) a[i] = PAT(tag, i);
-}
-extern "C" __global__ void __launch_bounds__(256, 8) r_local(unsigned tag, int words, unsigned long long* hits) {
-  volatile unsigned a[256];
-  unsigned long long n = 0;
-#pragma unroll 1
-  for (int i = 0; i < words && i < 256; ++i) n += a[i] == PAT(tag, i);
-  atomicAdd(hits, n);
-}
 // a kernel with no local frame at all reaching its threads' local windows through generic
-// addresses made from local offsets: the window (the context's stack size, 1 KiB by default) is
-// there whatever the frame
+// addresses made from local offsets
 __device__ __forceinline__ volatile unsigned* window(int i) {
   unsigned long long g;
   asm volatile("cvta.local.u64 %0, %1;" : "=l"(g) : "l"(4ull * (unsigned long long)i));
@@ -77,7 +72,32 @@ extern "C" __global__ void __launch_bounds__(256, 8) r_window(unsigned tag, int 
   atomicAdd(hits, n);
 }
 """
-LOCAL_WORDS = 256
+# local frames of a given size (words) and block size: writer and reader
+LOCAL = r"""
+extern "C" __global__ void __launch_bounds__(BLOCK) w_NAME(unsigned tag, int words) {
+  volatile unsigned a[WORDS];
+#pragma unroll 1
+  for (int i = 0; i < words && i < WORDS; ++i) a[i] = PAT(tag, i);
+}
+extern "C" __global__ void __launch_bounds__(BLOCK) r_NAME(unsigned tag, int words, unsigned long long* hits) {
+  volatile unsigned a[WORDS];
+  unsigned long long n = 0;
+#pragma unroll 1
+  for (int i = 0; i < words && i < WORDS; ++i) n += a[i] == PAT(tag, i);
+  atomicAdd(hits, n);
+}
+"""
+# name: (frame words, threads a block); "grow": a launch with an 8 KiB frame first, which raises
+# the context's stack size, then the window kinds read and write 8 KiB of it
+KINDS = {"smem": None, "local264": (66, 256), "local1k": (256, 256), "local4k": (1024, 256),
+         "local1k-1024t": (256, 1024), "window": (256, 256), "window8k": (2048, 256)}
+
+def _local(name: str, words: int, block: int) -> str:
+    return LOCAL.replace("NAME", name).replace("WORDS", str(words)).replace("BLOCK", str(block))
+
+
+SOURCE = (PATTERN + "".join(_local(k.replace("-", "_"), *size) for k, size in KINDS.items() if k.startswith("local"))
+          + _local("grow", 2048, 256))
 BETWEEN = ("nothing", "flush", "scrub")
 
 
@@ -91,8 +111,9 @@ def judge_runtime(spec_path: str | None = None):
 
 
 def measure(rt, rounds: int = 3, on_row=None) -> dict:
-    """{"smem" | "local" | "window": {between: the largest fraction of the reader's words that held the
-    writer's pattern over `rounds`}} for between in BETWEEN, with the judge's runtime `rt`."""
+    """{kind: {between: the largest fraction of the reader's words that held the writer's
+    pattern over `rounds`}} for each kind of KINDS and between in BETWEEN, with the judge's
+    runtime `rt`; the scrub is called as the judge calls it, with the reader's own frame."""
     import torch
 
     from runner.build.backends import cuda
@@ -100,44 +121,52 @@ def measure(rt, rounds: int = 3, on_row=None) -> dict:
     props = rt.dev.properties
     sms = int(props.multiprocessor_count)
     smem = int(props.max_shared_memory_per_block_optin)
-    per_sm = int(props.max_threads_per_multiprocessor) // 256
+    threads = int(props.max_threads_per_multiprocessor)
     kinds = {"w": ["i32", "i32"], "r": ["i32", "i32", "ptr"]}
-    geo = {"smem": {"grid": [4 * sms], "block": [1024], "shared_mem": smem},
-           "local": {"grid": [2 * per_sm * sms], "block": [256]},
-           "window": {"grid": [2 * per_sm * sms], "block": [256]}}
-    words = {"smem": smem // 4, "local": LOCAL_WORDS, "window": LOCAL_WORDS}
     fns = {}
-    for where in geo:
-        for role in "wr":
-            built = cuda.compile(SOURCE, f"{role}_{where}", (), rt.hw)
+
+    def fn(entry, role):
+        if entry not in fns:
+            built = cuda.compile(SOURCE, entry, (), rt.hw)
             if not built.ok:
-                raise RuntimeError(f"{role}_{where}: {built.reason}")
-            fns[role, where] = rt.load(built.artifact, f"{role}_{where}", kinds[role])  # the local frame counts
+                raise RuntimeError(f"{entry}: {built.reason}")
+            fns[entry] = rt.load(built.artifact, entry, kinds[role])
+        return fns[entry]
+
     hits = torch.zeros(1, dtype=torch.int64, device="cuda")
     src = torch.randn(64 << 20, device="cuda")
     dst = torch.empty_like(src)
     out: dict = {}
-    for where in geo:
-        g = geo[where]
-        total = g["grid"][0] * (g["block"][0] if where != "smem" else 1) * words[where]
-        out[where] = {}
+    for kind, size in KINDS.items():
+        if kind == "smem":
+            g, words, name, per = {"grid": [4 * sms], "block": [1024], "shared_mem": smem}, smem // 4, "smem", 1
+        else:
+            w, block = size
+            name = kind.split("8k")[0].replace("-", "_")
+            g = {"grid": [2 * (threads // block) * sms], "block": [block]}
+            words, per = w, block
+        if kind == "window8k":  # the stack raised first: an 8 KiB frame launched
+            rt.prepare(fn("w_grow", "w"), [1, 2048], {"grid": [1], "block": [32]}, mode="direct")()
+        total = g["grid"][0] * per * words
+        out[kind] = {}
         for between in BETWEEN:
             worst = 0.0
             for _ in range(rounds):
                 tag = secrets.randbits(31) | 1
                 hits.zero_()
-                rt.prepare(fns["w", where], [tag, words[where]], g, mode="direct")()
+                rt.prepare(fn(f"w_{name}", "w"), [tag, words], g, mode="direct")()
+                read = rt.prepare(fn(f"r_{name}", "r"), [tag, words, hits.data_ptr()], g, mode="direct")
                 if between == "scrub":
-                    rt.scrub()
+                    rt.scrub(getattr(read, "local_bytes", 0))
                 if between in ("flush", "scrub"):
                     dst.copy_(src)
                     rt.flush()
-                rt.prepare(fns["r", where], [tag, words[where], hits.data_ptr()], g, mode="direct")()
+                read()
                 torch.cuda.synchronize()
                 worst = max(worst, int(hits.item()) / total)
-            out[where][between] = worst
+            out[kind][between] = worst
         if on_row is not None:
-            on_row(where, out[where])
+            on_row(kind, out[kind])
     return out
 
 
@@ -162,7 +191,7 @@ def main(argv=None) -> int:
     def row(where, fractions):  # printed and written as each is done: a fault later keeps them
         rows[where] = fractions
         cells = "  ".join(f"{b} {fractions[b]:.4f}" for b in BETWEEN)
-        print(f"  {where:>6}: {cells}", flush=True)
+        print(f"  {where:>13}: {cells}", flush=True)
         if a.json:
             Path(a.json).write_text(json.dumps(rows))
 

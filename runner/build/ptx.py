@@ -26,7 +26,7 @@ template's build lacks (`device_state`): a `__device__` or `__managed__` variabl
 data) outlives the call, so a kernel could count its calls, keep last call's inputs or
 outputs, or learn which calls the judge checks, and answer the next call from that. Constants
 (read-only) are not such data; what a launch leaves in shared memory and in its threads' local
-frames outlives it too, and the runtime overwrites both ahead of every timed call
+frames outlives it too, and the judge overwrites both ahead of every call of a candidate
 (`backends/cuda.Runtime.scrub`).
 
 Counts are kept apart for the compiler's own code and for inline asm (NVVM marks it

@@ -277,6 +277,27 @@ class Judge:
                     return fresh, k
         return fresh, None
 
+    def _prepare(self, fn, values: list, geometry, mode=None):
+        """A candidate's one callable (the runtime's `prepare`). Where the runtime scrubs (CUDA:
+        shared memory and the threads' local windows, `Runtime.scrub`), every call of it scrubs
+        first: verification, warm-up and check calls alike, so no call finds what an earlier one
+        left there, nor tells a timed call from another by what it finds. Its `launch` is the
+        bare call, which the timer times after the scrub that `_bench` runs ahead of the refresh
+        and the flush."""
+        call = self.rt.prepare(fn, values, geometry, mode)
+        scrub = getattr(self.rt, "scrub", None)
+        if scrub is None:
+            return call
+        frame = getattr(call, "local_bytes", 0)
+
+        def scrubbed():
+            scrub(frame)
+            call()
+
+        scrubbed.__dict__.update(getattr(call, "__dict__", {}))  # mode, note, the graph it keeps alive
+        scrubbed.launch = call
+        return scrubbed
+
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
                second_check: float | None = None, after=None, guard=None) -> list[float]:
         """The call's times (timing.bench); `last_clock` then holds the GPU's SM clock and power
@@ -287,14 +308,17 @@ class Judge:
 
         rt = self.spec.runtime
         flush = self.rt.flush if rt.cache == "cold" else None
-        # a candidate's timed calls: first the scrub (CUDA: every SM's shared memory and the
-        # threads' local windows overwritten, so no call finds what an earlier one left there),
-        # then new values, then the flush
+        # ahead of every timed call of every arm: first the scrub (CUDA: every SM's shared
+        # memory and the threads' local windows overwritten, `_prepare`), then new values, then
+        # the flush; the timer times the bare call (`launch`), the scrub being done
         scrub = None
-        if getattr(call, "candidate", False) and hasattr(self.rt, "scrub"):
+        if hasattr(self.rt, "scrub"):
             def scrub():
                 self.rt.scrub(getattr(call, "local_bytes", 0))
         hooks = [h for h in (scrub, refresh, flush) if h is not None]
+
+        def timer(c, sync):
+            return self.rt.timer(getattr(c, "launch", c), sync)
         before = (lambda: [h() for h in hooks]) if hooks else None
         checks = [check_at] if check_at else []
         if check_at and second_check is not None:
@@ -302,7 +326,7 @@ class Judge:
         watch = self._clock_watch()
         t0 = time.monotonic()
         times = bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                      before=before, timer=self.rt.timer, checks=checks, min_reps=10, after=after,
+                      before=before, timer=timer, checks=checks, min_reps=10, after=after,
                       plan=getattr(refresh, "plan", None), guard=guard)
         self.last_clock = watch.window(t0, time.monotonic()) if watch is not None else None
         return times
@@ -372,7 +396,7 @@ class Judge:
                         inputs[k].copy_(v)
                 del fresh
                 # graph replay or direct launches: the runner's choice for the shape (_mode)
-                run = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
+                run = self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
                 taken = []
                 for which in (0, 1):  # two runs, two decoys: both must pass
                     for o, d in zip(outs, decoys):
@@ -455,7 +479,7 @@ class Judge:
             outs = self._outputs(sub_shape)
             ws = self._workspace(sub["geometry"])  # its own, zeroed once
             # in the verification's mode (a CUDA graph's capture calls the kernel once first)
-            call = self.rt.prepare(fn, self._values(sub_shape, xs, outs, ws, sub["geometry"]), sub["geometry"], mode)
+            call = self._prepare(fn, self._values(sub_shape, xs, outs, ws, sub["geometry"]), sub["geometry"], mode)
             for o, d in zip(outs, decoys):  # a plausible wrong answer, never NaN
                 o.put(d[k % 2][:len(rows)])
             self.rt.sync()
@@ -761,7 +785,7 @@ class Judge:
                 ws = self._workspace(j["geometry"][si])  # each job its own, zeroed once
                 fn = self.rt.load(j["artifacts"][si], self.spec.kernel.entry, self.kinds)
                 geo = j["geometry"][si]
-                call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
+                call = self._prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
                 row.append(call)
                 outs_row.append(outs)
                 ws_row.append(ws)
@@ -853,7 +877,7 @@ class Judge:
                     ws = self._workspace(cand["geometry"])  # each candidate its own, zeroed once
                     fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
                     geo = cand["geometry"]
-                    call = self.rt.prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
+                    call = self._prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
                     self.rt.sync()
                     call()
                     self._guard()

@@ -449,16 +449,26 @@ def _no_persisting_l2() -> int | None:
 # nothing clears a block's shared memory or a thread's local frame between kernels of one
 # context (tools/residue_probe.py measures it). A kernel could keep its state there from one
 # timed call to the next (a call count, a memo of its answers) where no check of the judge's
-# looks. `Runtime.scrub` overwrites both ahead of every timed call of a candidate.
+# looks. `Runtime.scrub` overwrites both; the judge runs it ahead of every call of a candidate.
 SCRUB_SOURCE = r"""
+// Each block first waits 10 us of the device's clock: the grid is exactly what the SMs hold at
+// once, and no block may end (and free its slot for another) before every block has started,
+// so that every SM runs its full share and every slot is written.
+__device__ __forceinline__ void pipe_scrub_wait() {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 10000ull);
+}
 extern "C" __global__ void __launch_bounds__(1024) pipe_scrub_smem(int words) {
   extern __shared__ unsigned pipe_scrub_s[];
   volatile unsigned* s = pipe_scrub_s;
+  pipe_scrub_wait();
   for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = 0u;
 }
 #ifdef PIPE_LOCAL_WORDS
 extern "C" __global__ void __launch_bounds__(256, 8) pipe_scrub_local(int words) {
   volatile unsigned a[PIPE_LOCAL_WORDS];
+  pipe_scrub_wait();
 #pragma unroll 1
   for (int i = 0; i < words && i < PIPE_LOCAL_WORDS; ++i) a[i] = 0u;
 }
@@ -466,8 +476,9 @@ extern "C" __global__ void __launch_bounds__(256, 8) pipe_scrub_local(int words)
 """
 
 
-def local_bytes(kernel) -> int:
-    """The per-thread local memory (stack frame) a loaded kernel uses, 0 where unknown."""
+def local_bytes(kernel, device: int = 0) -> int:
+    """The per-thread local memory (stack frame) a loaded kernel uses, 0 where unknown (the
+    scrub covers the context's stack size whatever this says)."""
     try:
         v = kernel.attributes.local_size_bytes  # a property in cuda.core 1.2
         return int(v() if callable(v) else v)
@@ -479,7 +490,7 @@ def local_bytes(kernel) -> int:
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
         h = kernel.handle
         if isinstance(h, driver.CUkernel):
-            err, n = driver.cuKernelGetAttribute(attr, h, driver.CUdevice(0))
+            err, n = driver.cuKernelGetAttribute(attr, h, driver.CUdevice(device))
         else:
             err, n = driver.cuFuncGetAttribute(attr, h)
         return int(n) if err == driver.CUresult.CUDA_SUCCESS else 0
@@ -516,9 +527,6 @@ class Runtime:
         self.persisting_l2 = _no_persisting_l2()  # 0: nothing set aside (None: refused, the flush alone)
         self._mods: dict[str, object] = {}
         self._smem: dict[int, int] = {}  # kernel handle -> dynamic shared memory allowed so far
-        # a thread's local window holds at least the stack (1 KiB by default): a kernel with no
-        # frame reaches it through generic addresses (tools/residue_probe.py, "window")
-        self.stack_bytes = _ctx_limit("STACK_SIZE") or 1024
         self._scrubbers: dict[str, tuple] = {}  # "smem" / "local<bytes>" -> (kernel, LaunchConfig, words)
         self._flush_buf = None
         self.walls: list[float] = []
@@ -593,8 +601,7 @@ class Runtime:
             launch(self._stream(), config, kernel, *args)
 
         call = self._maybe_graph(direct, mode)
-        call.candidate = True  # the judge scrubs ahead of its timed calls (scrub)
-        call.local_bytes = local_bytes(kernel)
+        call.local_bytes = local_bytes(kernel, self.dev.device_id)  # for the scrub ahead of it
         return call
 
     def prepare_torch(self, fn, mode: str | None = None):
@@ -648,10 +655,10 @@ class Runtime:
         self.torch.cuda.synchronize()
 
     def _scrubber(self, key: str):
-        """(kernel, launch config, words) of one scrub kernel, built on first use. `smem`: one
-        block of the opt-in maximum of dynamic shared memory on every SM (four waves' worth of
-        blocks, so none is left out); `local<B>`: B bytes of local frame for every thread an SM
-        holds (2048 on Hopper), one full wave."""
+        """(kernel, launch config, words) of one scrub kernel, built on first use: a grid of
+        exactly what the SMs hold at once, whose blocks wait until all have started. `smem`: one
+        block of the opt-in maximum of dynamic shared memory on every SM; `local<B>`: B bytes
+        of local frame for every thread slot of every SM (2048 on Hopper)."""
         got = self._scrubbers.get(key)
         if got is not None:
             return got
@@ -675,31 +682,34 @@ class Runtime:
         kernel = ObjectCode.from_cubin(built.artifact).get_kernel(entry)
         if key == "smem":
             allow_dynamic_smem(kernel, nbytes, self.dev.device_id)
-            config = LaunchConfig(grid=(4 * sms,), block=(1024,), shmem_size=nbytes)
+            config = LaunchConfig(grid=(sms,), block=(1024,), shmem_size=nbytes)
         else:
             per_sm = int(props.max_threads_per_multiprocessor) // 256
-            # exactly what the SMs hold at once: all resident together, every SM takes per_sm
-            # blocks, so every warp slot of every SM runs one warp of it
             config = LaunchConfig(grid=(per_sm * sms,), block=(256,), shmem_size=0)
         got = self._scrubbers[key] = (kernel, config, words)
         return got
 
     def scrub(self, local_bytes: int = 0) -> None:
-        """Overwrite every SM's shared memory, and every thread slot's local window on every SM:
-        the stack's bytes, and `local_bytes` (the frame of the kernel about to run, from
-        `prepare`) with a frame of that very size, so the scrub covers what that kernel can read
-        whether a thread's local addresses map by the context's largest frame or by the launch's
-        own. On torch's stream, ahead of a candidate's every timed call (the judge's `before`
-        hook, ahead of the input refresh and the flush): no call finds what an earlier one left
-        there. Local memory goes through the L2, which the flush empties after."""
+        """Overwrite every SM's shared memory, and every thread slot's local window on every SM,
+        on torch's stream. A kernel's frame sits at the top of its threads' window, whose size
+        is the context's stack size (1 KiB by default, raised by the driver for any launch that
+        needs more, and never lowered), and a kernel with a smaller frame or none reaches the
+        rest through generic addresses: so the scrub's frame is the stack size as it is now,
+        read at every scrub. `local_bytes`, the frame of the kernel about to run, gets a scrub
+        of that very frame too, where it differs (in case a launch's window were its own
+        frame). The judge runs it ahead of every call of a candidate, and ahead of the input
+        refresh and the flush of every timed call of every arm (`judge/worker.Judge`): no call
+        finds what an earlier one left there, and a call cannot tell a timed call by what it
+        finds. Local memory goes through the L2, which the flush empties after."""
         import numpy as np
         from cuda.core import launch
 
         stream = self._stream()
         kernel, config, words = self._scrubber("smem")
         launch(stream, config, kernel, np.int32(words))
-        for nbytes in sorted({self.stack_bytes, local_bytes} - {0}):
-            kernel, config, words = self._scrubber(f"local{-(-nbytes // 4) * 4}")
+        stack = _ctx_limit("STACK_SIZE") or 1024
+        for nbytes in sorted({stack, local_bytes} - {0}):
+            kernel, config, words = self._scrubber(f"local{-(-nbytes // 8) * 8}")
             launch(stream, config, kernel, np.int32(words))
 
     def timer(self, call, sync) -> float:

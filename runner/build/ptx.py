@@ -24,7 +24,9 @@ spelling. So the judge also counts, in the PTX, the instructions of each forbidd
 Whatever the spec names, a variant may also declare no module-scope device data the approved
 template's build lacks (`device_state`): a `__device__` or `__managed__` variable (PTX `.global`
 data) outlives the call, so a kernel could count its calls, keep last call's inputs or
-outputs, or learn which calls the judge checks, and answer the next call from that. Constants
+outputs, or learn which calls the judge checks, and answer the next call from that; nor may it
+use the shared memory sm_90 reserves in each block (`%reserved_smem_offset_*`), which no scrub
+writes, where the approved build does not. Constants
 (read-only) are not such data; what a launch leaves in shared memory and in its threads' local
 frames outlives it too, and the judge overwrites both ahead of every call of a candidate
 (`backends/cuda.Runtime.scrub`).
@@ -113,6 +115,9 @@ def classify_extern(name: str) -> str | None:
 
 
 _MARK = re.compile(r"^\s*//\s*(begin|end) inline asm\s*$")
+# the shared memory sm_90 reserves in each block, which no scrub of the judge's writes: a kernel
+# that reads or writes it could keep state there from one launch to the next
+_RESERVED_SMEM = re.compile(r"%reserved_smem_offset_\w+")
 _EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
 _OPCODE = re.compile(r"^(?:@!?%?\w+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
 
@@ -176,6 +181,8 @@ def analyze(ptx: str) -> dict:
         depth += ln.count("{") - ln.count("}")
         if _MARK.match(ln):
             continue
+        for r in _RESERVED_SMEM.findall(ln):
+            data[r] += 1
         for st in statements(ln):
             op = opcode(st)
             if op and classify(op):
@@ -203,6 +210,10 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     named = set(named)
     for name in cand.get("data", {}):  # whatever the spec names: see the module's docstring
         if name not in base.get("data", {}):
+            if name.startswith("%"):
+                return "device_state", (f"the PTX uses {name}, the shared memory reserved in each block, which "
+                                        "the judge does not scrub between calls and the approved template's build "
+                                        "does not use")
             return "device_state", (f"the PTX declares the module-scope device variable '{name}', which the "
                                     "approved template's build does not")
     where = {"code": "compiled code", "asm": "inline asm"}

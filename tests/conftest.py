@@ -23,6 +23,26 @@ def load_script(rel: str):
     return mod
 
 
+_SHIPPED_SPECS: dict = {}
+
+
+def shipped_spec(path):
+    """load_spec(PATH) of a spec of the repo's pipelines/, loaded once in this test process,
+    each caller handed a deep copy of its own (a test may change what it gets). Checking a CUDA
+    flagship's space over its shapes takes seconds (softmax-h200 some three, and some forty
+    tests read it); the files are the repo's and change during no test run. Tests of loading
+    itself (a spec's errors, a changed file's hash) call load_spec."""
+    import copy
+
+    from runner.spec.spec import load_spec
+
+    p = Path(path).resolve()
+    assert p.parent == PIPELINES.resolve(), f"not a spec of the repo's pipelines/: {p}"
+    if p not in _SHIPPED_SPECS:
+        _SHIPPED_SPECS[p] = load_spec(p)
+    return copy.deepcopy(_SHIPPED_SPECS[p])
+
+
 def has_cuda() -> bool:
     try:
         import torch

@@ -5,10 +5,9 @@ import re
 
 import pytest
 
-from runner.spec.spec import load_spec
 from runner.build.builder import Builder
 
-from .conftest import PIPELINES, ROOT, load_script
+from .conftest import PIPELINES, ROOT, load_script, shipped_spec
 
 anatomy = load_script("benchmarks/anatomy.py")
 
@@ -16,7 +15,7 @@ RING = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "de
 
 
 def _source(name, cfg, shape):
-    spec = load_spec(PIPELINES / f"{name}.yaml")
+    spec = shipped_spec(PIPELINES / f"{name}.yaml")
     return spec, Builder(spec).render_all(cfg, None, shapes=[shape])[0]
 
 
@@ -39,7 +38,7 @@ def test_variants_take_out_the_exp_and_the_row_reductions():
 
 
 def test_rmsnorm_row_sum_becomes_the_thread_value():
-    spec = load_spec(PIPELINES / "rmsnorm-h200.yaml")
+    spec = shipped_spec(PIPELINES / "rmsnorm-h200.yaml")
     cfg = dict(spec.start)
     _, src = _source("rmsnorm-h200", cfg, {"M": 2048, "N": 65536})
     calls = len(re.findall(r"\brow_sum\(", _kernel(src)))
@@ -74,7 +73,7 @@ def test_every_variant_compiles(variant):
 
 
 def test_config_from_name_value_pairs_is_typed_by_the_domain():
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     text = "EPT=64,TMAX=512,MINB=1,VEC=8,HOLD=ring,LOAD=default,STORE=default"
     assert anatomy.parse_config(text, spec.space) == RING  # ints stay ints: the geometry needs them
     assert anatomy.parse_config('{"EPT": 64}', spec.space) == {"EPT": 64}

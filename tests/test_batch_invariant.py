@@ -120,9 +120,9 @@ def test_agents_are_told_about_the_batch_axis(tmp_path):
 
 
 def test_the_decode_attention_pipeline_names_its_batch_axis():
-    from .conftest import PIPELINES
+    from .conftest import PIPELINES, shipped_spec
 
-    s = load_spec(PIPELINES / "decode-attention-h200.yaml")
+    s = shipped_spec(PIPELINES / "decode-attention-h200.yaml")
     assert (s.op.batch_axis, s.op.batch_required) == ("B", False)
 
 

@@ -1,17 +1,14 @@
 """The builder's memo of the source rules: a build ahead checks a guess's sources and the
 trial reads the verdict, the same verdict, forbidden ones included."""
 
-from pathlib import Path
-
 from runner.build import forbid
 from runner.build.builder import Builder
-from runner.spec.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import ROOT, shipped_spec
 
 
 def test_source_rules_run_once_a_source_and_keep_their_verdict(monkeypatch):
-    spec = load_spec(ROOT / "pipelines" / "softmax-h200.yaml")
+    spec = shipped_spec(ROOT / "pipelines" / "softmax-h200.yaml")
     b = Builder(spec)
     calls = []
     real = forbid.check_source

@@ -6,6 +6,7 @@ from a fresh process. The commands go through the CLI's entry in the test's proc
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -15,6 +16,27 @@ from runner.core.figures import per_shape_best
 from runner.core.records import Trial
 
 from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
+
+
+def _few_rows(project) -> Path:
+    """rmsnorm-cpu.yaml on FEW_ROWS (the same row lengths, a thirty-second of the judge's work),
+    as pipelines/rmsnorm-cpu.yaml of PROJECT: for the tests of what --only and --minutes do with
+    the space and the trials, where how long a trial takes is asserted nowhere."""
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["op"]["shapes"] = FEW_ROWS
+    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    return spec
+
+
+def _short_timing(text: str) -> str:
+    """The spec's text with shorter timing budgets (a 2 ms warm-up and 10 ms of timed calls,
+    from 10 and 50; the judge still makes at least 10 calls): for the compare tests, which check
+    what is timed and how it is reported, never how fast anything is."""
+    for old, new in (("warmup_ms: 10", "warmup_ms: 2"), ("rep_ms: 50", "rep_ms: 10")):
+        assert old in text
+        text = text.replace(old, new)
+    return text
 
 
 def _t(i, times, status="ok", kept=False):
@@ -31,10 +53,10 @@ def test_best_per_shape_and_candidates_pick_each_shapes_fastest():
     assert [t.id for t in c[1]] == [1, 2]
 
 
-def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
+def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path, project):
     out = tmp_path / "d.json"
-    r = pipe_main("record", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=1,16", "--only", "THREADS=1",
-                  "--only", "UNROLL=1", "--run-dir", tmp_path / "rec", "--out", out, "-q", cwd=ROOT)
+    r = pipe_main("record", _few_rows(project), "--only", "ACC=1,16", "--only", "THREADS=1",
+                  "--only", "UNROLL=1", "--run-dir", tmp_path / "rec", "--out", out, "-q", cwd=project)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["params"]["ACC"] == [1, 16] and len(data["trials"]) == 2
@@ -42,14 +64,14 @@ def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path):
     assert r.returncode == 2 and "not among ACC's values" in r.stderr
 
 
-def test_run_only_searches_a_subspace_outside_the_spec_start(tmp_path):
+def test_run_only_searches_a_subspace_outside_the_spec_start(tmp_path, project):
     """pipe run --only: every trial inside the subspace, the spec's start (ACC 1, UNROLL 1)
     outside it replaced by the subspace's first configuration; an empty or unknown one refused."""
     from runner.ledger.ledger import Ledger
 
     run = tmp_path / "run"
-    r = pipe_main("run", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=8,16", "--only", "UNROLL=2,4",
-                  "--run-dir", run, "--max-trials", "3", "-q", cwd=ROOT)
+    r = pipe_main("run", _few_rows(project), "--only", "ACC=8,16", "--only", "UNROLL=2,4",
+                  "--run-dir", run, "--max-trials", "3", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     assert "searching the subspace ACC=8,16; UNROLL=2,4: 4 configurations" in r.stdout
     led = Ledger.read(run)
@@ -63,26 +85,26 @@ def test_run_only_searches_a_subspace_outside_the_spec_start(tmp_path):
     assert r.returncode == 2 and "not among UNROLL's values" in r.stderr
 
 
-def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path):
+def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path, project):
     """A sweep longer than one call of the GPU machine: --minutes stops it (exit 1, the
     dataset holds what was recorded), and the same --run-dir picks it up."""
-    args = ["record", str(PIPELINES / "rmsnorm-cpu.yaml"), "--only", "ACC=1,8,16,32", "--only", "THREADS=1",
+    args = ["record", str(_few_rows(project)), "--only", "ACC=1,8,16,32", "--only", "THREADS=1",
             "--only", "UNROLL=1", "--run-dir", str(tmp_path / "rec"), "--out", str(tmp_path / "d.json"), "-q"]
-    r = pipe_main(*args, "--minutes", "0.001", cwd=ROOT)
+    r = pipe_main(*args, "--minutes", "0.001", cwd=project)
     assert r.returncode == 1, r.stderr[-2000:]
     first = json.loads((tmp_path / "d.json").read_text())["trials"]
     assert 1 <= len(first) < 4 and "time budget spent" in r.stdout + r.stderr
-    r = pipe_main(*args, cwd=ROOT)
+    r = pipe_main(*args, cwd=project)
     assert r.returncode == 0, r.stderr[-2000:]
     trials = json.loads((tmp_path / "d.json").read_text())["trials"]
     assert len(trials) == 4 and trials[:len(first)] == first  # resumed, nothing judged twice
-    r = pipe_main(*args, "--minutes", "0", cwd=ROOT)
+    r = pipe_main(*args, "--minutes", "0", cwd=project)
     assert r.returncode == 2 and "--minutes must be positive" in r.stderr
 
 
 def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, project):
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
-    spec.write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    spec.write_text(_short_timing((PIPELINES / "rmsnorm-cpu.yaml").read_text()))
     run = tmp_path / "run"
     r = pipe_main("run", spec, "--run-dir", run, "--max-trials", "3", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
@@ -145,7 +167,7 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     assert "template: kernel_templates/rmsnorm.cpp.j2" in text
     text = text.replace("template: kernel_templates/rmsnorm.cpp.j2", "template: rmsnorm_baked.cpp.j2")
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
-    spec.write_text(text)
+    spec.write_text(_short_timing(text))
     run = tmp_path / "run"
     r = pipe_main("run", spec, "--run-dir", run, "--max-trials", "3", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
@@ -243,7 +265,7 @@ def test_compare_times_named_arms_and_marks_the_wrong_and_unavailable(tmp_path, 
     d["op"]["shapes"] = FEW_ROWS  # a fraction of the judge's work: what is tested is the arms
     d["op"]["arms"] = yaml.safe_load(ARMS_YAML)["arms"]
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
-    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    spec.write_text(_short_timing(yaml.safe_dump(d, sort_keys=False)))
     run = tmp_path / "run"
     r = pipe_main("run", spec, "--run-dir", run, "--max-trials", "2", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-2000:]

@@ -8,21 +8,20 @@ from pathlib import Path
 import pytest
 
 from runner.spec.hw import find_profile, load_profile
-from runner.spec.spec import load_spec
 from runner.build.builder import Builder
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, shipped_spec
 
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")
 from runner.build.backends import cuda  # noqa: E402
 
-CUDA_SPECS = [p for p in sorted(PIPELINES.glob("*.yaml")) if load_spec(p).kernel.backend == "cuda"]
+CUDA_SPECS = [p for p in sorted(PIPELINES.glob("*.yaml")) if shipped_spec(p).kernel.backend == "cuda"]
 H200 = load_profile(find_profile("h200", ROOT))
 
 
 @pytest.mark.parametrize("path", CUDA_SPECS, ids=[p.stem for p in CUDA_SPECS])
 def test_every_cuda_template_compiles_at_several_points(path):
-    spec = load_spec(path)
+    spec = shipped_spec(path)
     ev = Builder(spec)
     rng = random.Random(0)
     points = [spec.start] if spec.start else []

@@ -77,9 +77,9 @@ def test_baseline_path_masks_on_the_device():
 def test_workspace_row_matches_the_spec_scratch():
     """The spec's kernel.scratch row and the reference module's count agree (the probe sizes
     its workspace by the latter)."""
-    from runner.spec.spec import load_spec
+    from .conftest import shipped_spec
 
-    sp = load_spec(ROOT / "pipelines/decode-attention-h200.yaml")
+    sp = shipped_spec(ROOT / "pipelines/decode-attention-h200.yaml")
     assert decode_attention_ws_row(131072, 4) == 4 + 128 * 4 * 132
     for L in (128, 129, 1000, 16384, 131072):
         env = {"B": 3, "L": L, **sp.start}
@@ -155,9 +155,13 @@ def test_records_inside_the_workspace_and_disjoint(L, group):
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "overlapping records"
 
 
+# The model runs a block at a time in small torch ops: 8 query heads on 2 KV heads keep the GQA
+# group of 4 (the pipelines' 32 on 8) and a split's KV heads side by side in launch order, for a
+# quarter of the blocks.
+
 @pytest.mark.parametrize("split,nw,tw", [(128, 2, 16), (128, 4, 32), (256, 8, 16), (1024, 4, 64)])
 def test_model_matches_reference_and_is_order_independent(split, nw, tw):
-    q, k, v, lens = _inputs(3, 700, 32, 8, seed=split + nw + tw)
+    q, k, v, lens = _inputs(3, 700, 8, 2, seed=split + nw + tw)
     lens[0] = 1
     lens[1] = 700
     ref = decode_attention(q, k, v, lens)
@@ -170,7 +174,7 @@ def test_model_matches_reference_and_is_order_independent(split, nw, tw):
     for (b, kvh), order in combined.items():
         assert order == list(range(-(-int(lens[b]) // split)))
     # another finishing order of the blocks: bitwise the same answer
-    n = len(list(attn_model.blocks(3, 700, 8, split)))
+    n = len(list(attn_model.blocks(3, 700, k.shape[2], split)))
     perm = list(range(n))
     random.Random(1).shuffle(perm)
     out2, _, _ = attn_model.run(qb, kb, vb, lens, split, nw, tw, finish_order=perm)
@@ -179,7 +183,7 @@ def test_model_matches_reference_and_is_order_independent(split, nw, tw):
 
 def test_model_result_independent_of_the_batch():
     """The deterministic mode: a sequence alone or among others, bitwise the same."""
-    q, k, v, lens = _inputs(4, 600, 32, 8, seed=9)
+    q, k, v, lens = _inputs(4, 600, 8, 2, seed=9)
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     out, _, _ = attn_model.run(qb, kb, vb, lens, 128, 4, 16)
     for b in range(4):

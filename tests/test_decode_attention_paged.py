@@ -22,7 +22,7 @@ from runner.ops.reference import (decode_attention, decode_attention_paged, deco
                                   gather_pages)
 from runner.spec.spec import TensorSpec, load_spec
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, shipped_spec
 
 sys.path.insert(0, str(ROOT / "tools"))
 import attn_model  # noqa: E402
@@ -145,7 +145,7 @@ def test_perm_is_seeded():
 
 def test_the_judge_draws_a_shuffled_block_table_for_the_paged_specs():
     for page, path in PAGED.items():
-        op = load_spec(path).op
+        op = shipped_spec(path).op
         shape = {"B": 5, "MAXP": 9}
         seen = []
         for seed in (1, 2):
@@ -231,8 +231,8 @@ def test_an_integer_input_may_alternate_randint_and_perm(tmp_path):
 
 @pytest.mark.parametrize("page", sorted(PAGED))
 def test_paged_spec_points_are_the_contiguous_specs(page):
-    c = load_spec(CONTIG)
-    p = load_spec(PAGED[page])
+    c = shipped_spec(CONTIG)
+    p = shipped_spec(PAGED[page])
     assert [(s["B"], page * s["MAXP"]) for s in p.op.shapes] == [(s["B"], s["L"]) for s in c.op.shapes]
     assert p.op.named == c.op.named == 7
     assert p.op.traffic == c.op.traffic == "read"
@@ -333,7 +333,7 @@ def test_the_templates_share_their_parts_verbatim():
 def test_paged_template_reads_no_size_and_renders_one_source(page):
     from runner.build.builder import Builder
 
-    sp = load_spec(PAGED[page])
+    sp = shipped_spec(PAGED[page])
     k = sp.kernel
     used = render.template_variables(k.template)
     assert not used & set(sp.op.symbols)
@@ -353,7 +353,7 @@ def test_paged_template_compiles_for_a_sample():
     warp), the bulk path (BULK 1, not in the space) and PAGE 64 with tiles of 32."""
     from runner.build.builder import Builder
 
-    sp = load_spec(PAGED[64])
+    sp = shipped_spec(PAGED[64])
     b = Builder(sp)
     cfgs = [dict(sp.start), {**sp.start, "SPLIT": 8192, "NW": 4, "STAGES": 2},
             {**sp.start, "SPLIT": 1024, "NW": 8, "STAGES": 2, "VEC": 8},

@@ -12,17 +12,16 @@ import pytest
 
 from runner.ship.export import NOISE, baked_symbols, dispatch_table, launch_table
 from runner.core.records import Trial
-from runner.spec.spec import load_spec
 
-from .conftest import H200_RUNS, PIPELINES, ROOT, pipe_main
+from .conftest import H200_RUNS, PIPELINES, ROOT, pipe_main, shipped_spec
 
 RUNS = H200_RUNS
 
 
 def test_baked_symbols_are_the_sizes_compiled_into_the_kernel():
-    assert baked_symbols(load_spec(PIPELINES / "softmax-h200.yaml")) == ["N"]
-    assert baked_symbols(load_spec(PIPELINES / "rmsnorm-h200.yaml")) == ["N"]
-    assert baked_symbols(load_spec(PIPELINES / "cross-entropy-h200.yaml")) == ["V"]
+    assert baked_symbols(shipped_spec(PIPELINES / "softmax-h200.yaml")) == ["N"]
+    assert baked_symbols(shipped_spec(PIPELINES / "rmsnorm-h200.yaml")) == ["N"]
+    assert baked_symbols(shipped_spec(PIPELINES / "cross-entropy-h200.yaml")) == ["V"]
 
 
 def _cmp(tuned_s, eager_s, error=None):
@@ -31,7 +30,7 @@ def _cmp(tuned_s, eager_s, error=None):
 
 
 def test_dispatch_uses_a_kernel_only_where_it_beats_eager_beyond_noise():
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")  # four shapes
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")  # four shapes
     hist = [Trial(params={"A": 1}, status="ok", agent="x", times=[1e-4] * 4, id=1, kept=True)]
     compare = {"shapes": [_cmp(100e-6, 200e-6), _cmp(100e-6, 100e-6 * (1 + NOISE / 2)),
                           _cmp(None, 200e-6), _cmp(100e-6, 200e-6, error="wrong")]}
@@ -213,7 +212,7 @@ def test_exported_launch_geometry_is_the_runners_on_every_configuration_and_shap
     from runner.ship.exported_runtime import Op
     from runner.build.builder import Builder
 
-    spec = load_spec(PIPELINES / f"{name}.yaml")
+    spec = shipped_spec(PIPELINES / f"{name}.yaml")
     ev = Builder(spec)
     table = {**launch_table(spec), "inputs": [], "outputs": [], "scalars": [], "symbols": [], "baked": [],
              "entries": []}
@@ -255,7 +254,7 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
     from runner.ship.exported_runtime import Op
     from runner.build.builder import Builder
 
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
     shapes = [{"M": 256, "N": 32768}, {"M": 100, "N": 131072}, {"M": 7, "N": 4096}]

@@ -13,7 +13,7 @@ from runner.judge.inputs import make_tensor
 from runner.spec.spec import load_spec
 from runner.build.builder import Builder
 
-from .conftest import PIPELINES
+from .conftest import PIPELINES, shipped_spec
 
 FLAGSHIP = ["softmax-h200", "rmsnorm-h200", "cross-entropy-h200"]
 
@@ -22,7 +22,7 @@ FLAGSHIP = ["softmax-h200", "rmsnorm-h200", "cross-entropy-h200"]
 def test_every_configuration_has_a_valid_launch_on_every_shape(name):
     from runner.build.backends import cuda
 
-    spec = load_spec(PIPELINES / f"{name}.yaml")
+    spec = shipped_spec(PIPELINES / f"{name}.yaml")
     ev = Builder(spec)
     n = 0
     shapes = spec.op.all_shapes + spec.op.held_out_shapes
@@ -37,7 +37,7 @@ def test_every_configuration_has_a_valid_launch_on_every_shape(name):
 
 
 def test_long_rows_use_a_cluster_and_short_rows_share_a_block():
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     ev = Builder(spec)
     geo = ev.geometry({"EPT": 16, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "f32", "LOAD": "default",
                        "STORE": "default"})
@@ -59,7 +59,7 @@ def test_tma_hold_is_a_persistent_ring_of_shared_memory_stages():
     each block's half (128 KiB) in 16 KiB slots of a 14-slot ring, and 66 clusters fill the
     132 SMs; a row length that is no multiple of 8 cannot use 16-byte bulk copies and takes
     the f32 path."""
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "default"}
     by, src = _by_shape(ev, cfg)
@@ -86,7 +86,7 @@ def test_softmax_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     64 KiB piece, three in the ring; at 1024 threads and 64 elements a thread a row of 32768
     is 128 KiB, so four 32 KiB pieces of a seven-piece ring; a row of 131072 over a cluster of
     4 (120 SMs); a row length that is no multiple of VEC takes the f32 geometry."""
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     ev = Builder(spec)
     cfg = {"EPT": 64, "TMAX": 512, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
     by, src = _by_shape(ev, cfg)
@@ -109,7 +109,7 @@ def test_rmsnorm_ring_is_a_persistent_grid_with_a_shared_memory_ring_per_thread(
     row of 65536 in one block (64 elements a thread) is four 32 KiB pieces of a seven-piece
     ring; a row length that is no multiple of VEC cannot use vector copies and takes the bf16
     geometry, not persistent."""
-    spec = load_spec(PIPELINES / "rmsnorm-h200.yaml")
+    spec = shipped_spec(PIPELINES / "rmsnorm-h200.yaml")
     ev = Builder(spec)
     cfg = {"EPT": 32, "TMAX": 1024, "MINB": 1, "VEC": 8, "HOLD": "ring", "LOAD": "default", "STORE": "default"}
     by, src = _by_shape(ev, cfg)
@@ -139,7 +139,7 @@ def test_register_heavy_corners_compile_without_spills(name):
     to streaming where a hold does not fit, never spill (spills are forbidden)."""
     from runner.build.backends import cuda
 
-    spec = load_spec(PIPELINES / f"{name}.yaml")
+    spec = shipped_spec(PIPELINES / f"{name}.yaml")
     ev = Builder(spec)
     names = [p.name for p in spec.space.params]
     values = {p.name: list(p.values) for p in spec.space.params}
@@ -164,7 +164,7 @@ def test_register_heavy_corners_compile_without_spills(name):
 def test_cluster_prune_reasons():
     from runner.build.backends import cuda
 
-    hw = load_spec(PIPELINES / "softmax-h200.yaml").hw
+    hw = shipped_spec(PIPELINES / "softmax-h200.yaml").hw
     assert "whole number of clusters" in cuda.prune({}, {"grid": [10], "block": [256], "cluster": [4]}, hw, True)
     assert "portable limit of 8" in cuda.prune({}, {"grid": [32], "block": [256], "cluster": [16]}, hw, True)
     assert cuda.prune({}, {"grid": [32], "block": [256], "cluster": [8]}, hw, True) is None
@@ -186,7 +186,7 @@ def test_cluster_needs_the_cuda_backend(project):
 
 
 def test_special_values_replace_a_share_of_elements():
-    spec = load_spec(PIPELINES / "cross-entropy-h200.yaml")
+    spec = shipped_spec(PIPELINES / "cross-entropy-h200.yaml")
     t = next(x for x in spec.op.inputs if x.name == "targets")
     env = spec.op.shape_env({"M": 20000, "V": 1000})
     g = torch.Generator().manual_seed(1)
@@ -206,7 +206,7 @@ def test_special_integer_value_must_be_integral(project):
 
 
 def test_masked_inputs_keep_a_finite_value_in_every_row():
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     t = next(x for x in spec.op.inputs if x.name == "x")
     assert "masked" in t.dists
     x = make_tensor(t, spec.op.shape_env({"M": 300, "N": 1000}), "masked", torch.Generator().manual_seed(3), "cpu")
@@ -218,7 +218,7 @@ def test_masked_inputs_keep_a_finite_value_in_every_row():
 def test_bulk_stores_are_for_the_tma_hold_only():
     """STORE = "bulk" goes through the tma ring's slots: the spec's constraint keeps it out
     of every other hold, so the space grows by the tma slice alone."""
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     cfg = {"EPT": 16, "TMAX": 256, "MINB": 2, "VEC": 8, "HOLD": "tma", "LOAD": "default", "STORE": "bulk"}
     assert spec.space.contains(cfg) is None
     for hold in ("f32", "bf16", "none", "ring"):
@@ -249,7 +249,7 @@ def test_bulk_stores_replace_global_stores_where_the_tile_is_held(shape, cfg, bu
     sass_mix = load_script("tools/sass_mix.py")
     if sass_mix.cuobjdump() is None:
         pytest.skip("cuobjdump: " + sass_mix.INSTALL)
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     ev = Builder(spec)
     ops = {}
     for store in ("bulk", "default"):

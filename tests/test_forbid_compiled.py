@@ -21,7 +21,7 @@ from runner.build import forbid, ptx  # noqa: E402
 from runner.spec.spec import load_spec  # noqa: E402
 from runner.build.builder import Builder  # noqa: E402
 
-from .conftest import ROOT, SOFTMAX_CUDA_KERNEL, hack_spec, row_op  # noqa: E402
+from .conftest import ROOT, SOFTMAX_CUDA_KERNEL, hack_spec, row_op, shipped_spec  # noqa: E402
 
 NAMED = ["fast_math", "lower_precision", "library_calls", "side_streams", "host_sync", "disable_cuda_graphs",
          "spills"]
@@ -134,7 +134,7 @@ FLAGSHIPS = ["softmax-h200.yaml", "rmsnorm-h200.yaml", "cross-entropy-h200.yaml"
 
 @pytest.mark.parametrize("name", FLAGSHIPS)
 def test_flagship_templates_pass_at_their_start(name):
-    sp = load_spec(ROOT / "pipelines" / name)
+    sp = shipped_spec(ROOT / "pipelines" / name)
     ev = Builder(sp)
     start = sp.starts[0]
     b = ev.build(ev.render_all(start), ev.geometry(start), None)
@@ -150,7 +150,7 @@ def test_flagship_templates_pass_at_their_start(name):
 
 
 def test_softmax_variant_with_another_unroll_passes_and_a_bypass_does_not():
-    sp = load_spec(ROOT / "pipelines" / "softmax-h200.yaml")
+    sp = shipped_spec(ROOT / "pipelines" / "softmax-h200.yaml")
     ev = Builder(sp)
     start = sp.starts[0]
     t = sp.kernel.template

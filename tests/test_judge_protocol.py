@@ -12,29 +12,36 @@ runtime probe fooled by such a kernel would."""
 from __future__ import annotations
 
 import torch
+import yaml
 
 from runner.build.builder import Builder
 from runner.core.figures import GRAPH_BELOW_S, floors, launch_mode
 from runner.judge import worker
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES
+from .conftest import FEW_ROWS, PIPELINES, shipped_spec
 
 
 def test_auto_mode_goes_by_the_floor_and_a_named_mode_stands():
-    spec = load_spec(PIPELINES / "softmax-range-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-range-h200.yaml")
     small, large = {"M": 26, "N": 274}, {"M": 32768, "N": 4096}
     fl = floors(spec, [small, large])
     assert fl[0]["floor"] < GRAPH_BELOW_S < fl[1]["floor"]
     assert launch_mode(spec, small) == "graph" and launch_mode(spec, large) == "direct"
-    fine = load_spec(PIPELINES / "moe-fine-h200.yaml")  # T = 1 reads 6 experts: 15 us at the read bandwidth
+    fine = shipped_spec(PIPELINES / "moe-fine-h200.yaml")  # T = 1 reads 6 experts: 15 us at the read bandwidth
     assert launch_mode(fine, {"T": 1}) == "graph" and launch_mode(fine, {"T": 2}) == "direct"
-    decode = load_spec(PIPELINES / "decode-attention-h200.yaml")  # runtime.mode: graph
+    decode = shipped_spec(PIPELINES / "decode-attention-h200.yaml")  # runtime.mode: graph
     assert {launch_mode(decode, s) for s in decode.op.shapes} == {"graph"}
 
 
-def _judge(asked: list, lazy=None):
-    spec = load_spec(PIPELINES / "rmsnorm-cpu.yaml")
+def _judge(project, asked: list, lazy=None):
+    # rmsnorm-cpu on FEW_ROWS (the same row lengths, a thirty-second of the float64 kernel's
+    # work a call): what the runtime is asked and what each call finds are the same on any rows
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["op"]["shapes"] = FEW_ROWS
+    path = project / "pipelines" / "rmsnorm-cpu.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    spec = load_spec(path)
     j = worker.Judge(spec)
     j.census = None
     j.rt.mode = "auto"
@@ -70,9 +77,9 @@ def _judge(asked: list, lazy=None):
     return spec, j
 
 
-def test_every_arm_runs_in_the_runners_mode_whatever_a_candidates_call_reports():
+def test_every_arm_runs_in_the_runners_mode_whatever_a_candidates_call_reports(project):
     asked: list = []
-    spec, j = _judge(asked)
+    spec, j = _judge(project, asked)
     threads = torch.get_num_threads()
     try:
         n = len(spec.op.all_shapes)
@@ -126,41 +133,41 @@ def _retime(j, spec, jobs: int, rounds: int, seed: int, torch_arm: bool = False)
         torch.set_num_threads(threads)
 
 
-def test_compare_holds_a_candidate_to_the_physical_floor():
+def test_compare_holds_a_candidate_to_the_physical_floor(project):
     """pipe compare picks what the exported table ships: a candidate timed faster than the op's
     bytes allow (a fooled timer, here a runtime whose timer reads 0.1 us) is an error there, as
     it is in evaluate and the re-timing; torch's arms, the runner's own, are not judged by it."""
-    spec, j = _judge([])
+    spec, j = _judge(project, [])
     j.rt.timer = lambda call, sync: (call(), sync(), 1e-7)[-1]
     for s in _compare(j, spec, 3)["shapes"]:
         assert s["#1"]["error"].startswith("impossible: 0.100 us is below the physical floor"), s["#1"]
 
 
-def test_a_kernel_lazy_on_some_calls_of_a_retiming_is_wrong():
+def test_a_kernel_lazy_on_some_calls_of_a_retiming_is_wrong(project):
     """Every other call of the re-timing skips its work (the output keeps the other value set's
     answer). Each timed call's outputs are sampled at secret positions as it returns, as in
     evaluate's loop: the re-timing that would decide a keep or a goal finds it wrong."""
-    spec, j = _judge([], _every_other_call_lazy())
+    spec, j = _judge(project, [], _every_other_call_lazy())
     r = _retime(j, spec, jobs=1, rounds=2, seed=9, torch_arm=True)
     assert r["status"] == "wrong" and r["job"] == 0, r
     assert "sampled as it returned are outside the error budget" in r["reason"], r["reason"]
 
 
-def test_an_honest_kernel_passes_the_retimings_samples():
-    spec, j = _judge([])
+def test_an_honest_kernel_passes_the_retimings_samples(project):
+    spec, j = _judge(project, [])
     r = _retime(j, spec, jobs=2, rounds=3, seed=11)
     assert r["status"] == "ok" and len(r["medians"]) == 3, r
 
 
-def test_pipe_compare_samples_every_timed_call_of_a_candidate():
+def test_pipe_compare_samples_every_timed_call_of_a_candidate(project):
     """A candidate that skips the work of every other timed call in pipe compare is an error
     there, whatever its first and last calls give: the table never takes it."""
-    spec, j = _judge([], _every_other_call_lazy())
+    spec, j = _judge(project, [], _every_other_call_lazy())
     for s in _compare(j, spec, 5)["shapes"]:
         assert s["#1"]["error"].startswith("timed: timed call"), s["#1"]
 
 
-def test_a_fresh_output_in_a_retiming_or_compare_holds_no_sentinel(monkeypatch):
+def test_a_fresh_output_in_a_retiming_or_compare_holds_no_sentinel(project, monkeypatch):
     """The re-timing and pipe compare write no decoy before each call, so their first call on
     fresh buffers used to find the guards' sentinel inside the output, a sign that no later call
     gives: a kernel could tell the first call of such a loop from the rest without keeping any
@@ -169,7 +176,7 @@ def test_a_fresh_output_in_a_retiming_or_compare_holds_no_sentinel(monkeypatch):
     from runner.judge.verify import GUARD_POISON
 
     seen: list = []
-    spec, j = _judge([])
+    spec, j = _judge(project, [])
     honest = j.rt.load("py", None, None)
 
     def spying(*args):
@@ -216,7 +223,7 @@ def test_a_persisting_l2_set_aside_the_runtime_could_not_remove_reaches_the_verd
     assert worker._capped(capped, NS(rt=NS(printf_fifo=1 << 20))) == {**capped, "printf_fifo_bytes": 1 << 20}
 
 
-def test_no_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs():
+def test_no_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs(project):
     """State a launch leaves behind (on a GPU: shared memory, the threads' local windows; here a
     dict the kernel keeps) never reaches a candidate's call: the runtime's scrub runs ahead of
     every call of a candidate in every loop (evaluate's verification, warm-up, timed and checked
@@ -228,7 +235,7 @@ def test_no_call_finds_what_an_earlier_call_left_where_the_runtime_scrubs():
     seen: list = []  # (timed, found the last call's mark)
     timing = [False]
     order: list = []  # what ran ahead of each timed call since the last call of the kernel
-    spec, j = _judge([])
+    spec, j = _judge(project, [])
 
     def kernel(x, w, out, M, N, eps):
         seen.append((timing[0], residue.get("mark", False)))

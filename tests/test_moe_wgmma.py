@@ -418,9 +418,9 @@ def test_nvrtc_compiles_wgmma_for_sm_90a(moe_specs):
 def test_the_tma_spec_passes_x_and_w_as_tensor_maps():
     # moe-fine-tma-h200: the kernel takes x and w only through maps whose boxes are its stages'
     from runner.build.builder import Builder
-    from runner.spec.spec import load_spec
+    from .conftest import shipped_spec
 
-    s = load_spec(PIPELINES / "moe-fine-tma-h200.yaml")
+    s = shipped_spec(PIPELINES / "moe-fine-tma-h200.yaml")
     # the template's one signature; ws the other paths' workspace, one float here
     assert s.kernel.args == ("xmap", "wmap", "x", "w", "offs", "y", "ws", "T")
     assert [(sc.name, [d.text for d in sc.shape]) for sc in s.kernel.scratch] == [("ws", ["1"])]
@@ -450,9 +450,9 @@ def test_nvrtc_compiles_every_tma_configuration():
     tensor copies and the mbarrier waits in the PTX."""
     pytest.importorskip("cuda.core")
     from runner.build.builder import Builder
-    from runner.spec.spec import load_spec
+    from .conftest import shipped_spec
 
-    s = load_spec(PIPELINES / "moe-fine-tma-h200.yaml")
+    s = shipped_spec(PIPELINES / "moe-fine-tma-h200.yaml")
     b = Builder(s)
     cfgs = [dict(c) for c in s.space]
     srcs = [b.render_all(c, shapes=[{"T": 4096}])[0] for c in cfgs]

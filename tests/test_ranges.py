@@ -141,13 +141,29 @@ def test_edge_bisection_finds_the_last_served_value():
 
 # -- a run, its table by range and the curve ---------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ranged_run(tmp_path_factory):
+def run_project(tmp_path_factory, name: str, d: dict) -> Path:
+    """A project folder (pipelines/ and links to the repo's templates and profiles) holding the
+    spec D as pipelines/r.yaml with shorter timing budgets (a 1 ms warm-up and 4 ms of timed
+    calls a shape, from 5 and 20): the run and compare of the tests below time every trial and
+    arm as the shipped spec does, on the same shapes and domain, and nothing here asserts how
+    fast anything is, so a fifth of the timed calls keeps every check and halves the set-up."""
     import os
 
     os.environ.setdefault("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
-    run = tmp_path_factory.mktemp("ranged") / "run"
-    rc = cli.main(["run", str(RANGE_CPU), "--run-dir", str(run), "--max-trials", "5", "-q"])
+    root = tmp_path_factory.mktemp(name)
+    (root / "pipelines").mkdir()
+    for sub in ("kernel_templates", "hw_profiles"):
+        os.symlink(Path(__file__).resolve().parents[1] / sub, root / sub)
+    d = copy.deepcopy(d)
+    d["runtime"].update(warmup_ms=1, rep_ms=4)
+    return spec_from(root, d)
+
+
+@pytest.fixture(scope="module")
+def ranged_run(tmp_path_factory):
+    path = run_project(tmp_path_factory, "ranged", BASE)
+    run = path.parents[1] / "run"
+    rc = cli.main(["run", str(path), "--run-dir", str(run), "--max-trials", "5", "-q"])
     assert rc in (0, 1)
     from runner.ship.compare import compare_and_write
 
@@ -272,18 +288,11 @@ def bucketed_run(tmp_path_factory):
     """rmsnorm-range-cpu with buckets: a configuration serves 4 * ACC <= N <= 128 * ACC, as the GPU
     templates' register holds serve CAP / 4 < N <= CAP, so a point at a bucket's top may choose a
     kernel that its range's upper part outgrows."""
-    import os
-
-    os.environ.setdefault("PIPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pipe-cache"))
-    root = tmp_path_factory.mktemp("bucketed")
-    (root / "pipelines").mkdir()
-    for d in ("kernel_templates", "hw_profiles"):
-        os.symlink(Path(__file__).resolve().parents[1] / d, root / d)
     d = copy.deepcopy(BASE)
     d["kernel"]["serves"] = "N >= 4 * ACC and N <= 128 * ACC"
     d["search"]["params"]["ACC"] = {"pow2": {"min": 1, "max": 128}}
-    path = spec_from(root, d)
-    run = root / "run"
+    path = run_project(tmp_path_factory, "bucketed", d)
+    run = path.parents[1] / "run"
     rc = cli.main(["run", str(path), "--run-dir", str(run), "--max-trials", "8", "-q"])
     assert rc in (0, 1)
     from runner.ship.compare import compare_and_write

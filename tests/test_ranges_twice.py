@@ -165,18 +165,22 @@ def twice_softmax(x: np.ndarray, off: int, t: int, items: int):
         mm, ss = mm[:half], ss[:half]
     with np.errstate(divide="ignore"):  # a row of -inf alone: sum 0, as the kernel
         ml, inv = mm[0], np.float32(1) / ss[0]
-    out = np.full(nv * 8, np.nan, np.float32)
-    written = np.zeros(nv * 8, int)
+    # the second pass: the chunks each thread reads, in the order it reads them, thread after
+    # thread; their outputs computed and stored all at once (elementwise, the same float32
+    # values a chunk at a time gives), each read and each element's store counted
+    qs = []
     for g in range(t):
         qa, qb, edge = whole_of(off, nv, n, g, t)
-        qs = [q for q0 in range(g, nv, items * t) for q in q0 + np.arange(items) * t if qa <= q < qb]
-        for q in qs + ([edge] if edge >= 0 else []):
-            reads[1, q] += 1
-            o = bf16(ex(ch[q], ml) * inv)
-            for j in range(8):
-                if off <= 8 * q + j < off + n:  # store_part keeps the neighbours' elements
-                    out[8 * q + j] = o[j]
-                    written[8 * q + j] += 1
+        q = (np.arange(g, nv, items * t)[:, None] + np.arange(items) * t).ravel()
+        qs += [q[(q >= qa) & (q < qb)], np.array([edge] if edge >= 0 else [], int)]
+    q = np.concatenate(qs)
+    np.add.at(reads[1], q, 1)
+    o = bf16(ex(ch[q], ml) * inv)  # [chunks, 8]
+    e = 8 * q[:, None] + np.arange(8)
+    keep = (e >= off) & (e < off + n)  # store_part keeps the neighbours' elements
+    out = np.full(nv * 8, np.nan, np.float32)
+    out[e[keep]] = o[keep]
+    written = np.bincount(e[keep], minlength=nv * 8)
     return out[off:off + n], reads, written[off:off + n]
 
 

@@ -12,10 +12,9 @@ import subprocess
 
 import pytest
 
-from runner.spec.spec import load_spec
 from runner.build.builder import Builder
 
-from .conftest import PIPELINES, ROOT
+from .conftest import PIPELINES, ROOT, shipped_spec
 
 TEMPLATE = (ROOT / "kernel_templates" / "softmax.cu.j2").read_text()
 
@@ -146,7 +145,7 @@ cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[c
 def test_hold_decision(cfg, shape, held):
     from runner.build.backends import cuda
 
-    spec = load_spec(PIPELINES / "softmax-h200.yaml")
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     src = Builder(spec).render_all({**cfg, "LOAD": "default", "STORE": "default"}, shapes=[shape])[0]
     probe = src + "\n#if " + ("!" if held else "") + "HOLD_F32\n#error hold decision\n#endif\n"
     r = cuda.compile(probe, spec.kernel.entry, spec.kernel.options, spec.hw)

@@ -14,7 +14,7 @@ from runner import cli
 from runner.core.errors import SpecError
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES
+from .conftest import PIPELINES, shipped_spec
 
 DIAG = re.compile(r"^[^\s:][^:]*:\d+:\d+: ")
 SPECS = sorted(PIPELINES.glob("*.yaml"))
@@ -304,8 +304,8 @@ def test_read_traffic_floors_use_the_read_bandwidth():
     the h200 profile's read-only figure; the softmax flagship from the copy figure."""
     from runner.core.figures import floors
 
-    att = load_spec(PIPELINES / "decode-attention-h200.yaml")
-    sm = load_spec(PIPELINES / "softmax-h200.yaml")
+    att = shipped_spec(PIPELINES / "decode-attention-h200.yaml")
+    sm = shipped_spec(PIPELINES / "softmax-h200.yaml")
     assert att.op.traffic == "read" and sm.op.traffic == "copy"
     read, copy_ = att.hw.read_bandwidth, att.hw.bandwidth
     assert read and read > copy_

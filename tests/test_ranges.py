@@ -631,3 +631,30 @@ def test_a_fallback_range_is_cut_where_another_fallback_is_faster():
     # another fallback within the noise of the range's own choice: the range stays whole
     flat = ranges._refine_fallbacks(spec, "T", copy.deepcopy(ranges_in), _FallbackStub(gap=ranges.NOISE / 2), None)
     assert flat == ranges_in
+
+
+def test_the_curve_draws_inside_ranges_the_uniform_points_missed():
+    """A third of the curve's secret points go to ranges no point over the whole domain reached
+    (range_points): a short range the cut made (here 300..315 of T = 1..8192, which a log-uniform
+    draw hits about once in 600) gets a point, never its own tuning point, nor a named shape,
+    nor a range that already holds one; a range whose only size is its tuning point gets none."""
+    from runner.ship import ranges
+
+    from .conftest import shipped_spec
+
+    spec = shipped_spec(PIPELINES / "moe-coarse-h200.yaml")
+    assert spec.op.axes == ["T"]
+    table = {"axes": ["T"], "ranges": [
+        {"lo": {"T": 1}, "hi": {"T": 2}, "point": {"T": 1}},
+        {"lo": {"T": 2}, "hi": {"T": 300}, "point": {"T": 16}},
+        {"lo": {"T": 300}, "hi": {"T": 316}, "point": {"T": 307}},
+        {"lo": {"T": 316}, "hi": {"T": 8193}, "point": {"T": 4096}}]}
+    taken = [{"T": 1000}]
+    named = [dict(s) for s in spec.op.shapes]
+    for seed in range(20):
+        got = ranges.range_points(spec, table, seed, 3, taken)
+        assert len(got) == 2, got  # [1, 2) has only its tuning point; [316, 8193) holds T = 1000
+        assert sorted(1 if p["T"] < 300 else 2 for p in got) == [1, 2], got
+        assert all(p["T"] not in (16, 307) and p not in named and p != taken[0] for p in got), got
+        assert ranges.range_points(spec, table, seed, 1, taken) == got[:1]
+    assert len({tuple(p["T"] for p in ranges.range_points(spec, table, s, 3, taken)) for s in range(20)}) > 5

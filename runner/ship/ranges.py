@@ -16,10 +16,11 @@
    fallback. Where the kernel that takes a range's low end stops serving inside it (a
    bucket's largest row), the range is cut there and the part above gets lists measured
    at its own log-midpoint, so no stretch of the axis goes to a kernel by list order alone.
-3. **The curve.** At points of the domain nobody tuned on, drawn in secret, it times the
-   table's choice against torch eager, torch.compile (dynamic shapes), the spec's Triton
-   kernel and a device copy of the op's bytes, and reports the table's regret against the
-   best arm at each point.
+3. **The curve.** At points of the domain nobody tuned on, drawn in secret (two thirds over
+   the whole domain, the rest inside ranges those left without a point, so a short range
+   the cut made is judged too), it times the table's choice against torch eager,
+   torch.compile (dynamic shapes), the spec's Triton kernel and a device copy of the op's
+   bytes, and reports the table's regret against the best arm at each point.
 
 Tables over one range axis are refined by bisection; with several axes each point owns its
 box of the product grid (midpoints on every axis), and each box is cut in two on every axis,
@@ -756,11 +757,53 @@ def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
     return sorted(out, key=lambda s: [s[a] for a in op.axes] + [s[x] for x in op.symbols])
 
 
+def range_points(spec, table: dict, seed: int, n: int, taken: list[dict]) -> list[dict]:
+    """Up to `n` more secret points for the curve: one in each of as many of the table's ranges
+    as hold none of `taken`, the ranges drawn in secret, each point log-uniform inside its
+    range's box on the axes (never the range's own tuning point, nor a named shape). A table
+    claims every range it cuts from measurement; log-uniform points over the whole domain land
+    in a short one rarely (a range of 16 tokens at T = 800 of 1 to 8192 takes about 1 draw in
+    500), so the curve draws there on purpose."""
+    op = spec.op
+    rng = random.Random(seed ^ 0x52414E47)  # a stream of its own: the uniform points stay as they were
+    axes = table["axes"]
+
+    def holds(r, s):
+        return all(r["lo"][a] <= s[a] < r["hi"][a] for a in axes)
+
+    empty = [r for r in table["ranges"] if not any(holds(r, s) for s in taken)]
+    seen = [dict(s) for s in taken] + [dict(s) for s in op.shapes]
+    rng.shuffle(empty)
+    out: list[dict] = []
+    for r in empty:
+        if len(out) >= n:
+            break
+        own = op.point({a: r["point"][a] for a in axes}) if r.get("point") else None
+        for _ in range(20):
+            env = {}
+            for a in axes:
+                lo, hi = max(1, r["lo"][a]), max(1, r["hi"][a] - 1)
+                v = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi))))) if hi > lo else lo
+                env[a] = min(max(v, lo), hi)
+            shape = op.point(env)
+            if shape != own and shape not in seen and holds(r, shape) and op.where_holds(shape):
+                seen.append(shape)
+                out.append(shape)
+                break
+    return out
+
+
 def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -> list[dict]:
-    """The table against every arm at secret points (see the module's docstring)."""
+    """The table against every arm at secret points (see the module's docstring): two thirds
+    drawn over the whole domain, the rest in ranges those left without a point (range_points)."""
     from ..core import figures
 
-    pts = secret_points(spec, seed, n)
+    uniform = secret_points(spec, seed, n - n // 3)
+    extra = range_points(spec, table, seed, n - len(uniform), uniform)
+    # fewer ranges without a point than places: the rest over the whole domain, as before
+    more = [p for p in secret_points(spec, seed, n) if p not in uniform and p not in extra]
+    pts = uniform + extra + more[:max(0, n - len(uniform) - len(extra))]
+    pts.sort(key=lambda s: [s[a] for a in spec.op.axes] + [s[x] for x in spec.op.symbols])
     picks = [lookup(table, s, prober.serves) for s in pts]
     res = prober.time(pts, [[p] if p is not None else [] for p in picks], others=True)
     fl = figures.floors(spec, pts)

@@ -673,6 +673,11 @@ def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) 
     return out
 
 
+def _holds(table: dict, r: dict, shape: dict) -> bool:
+    """Whether a range of the table holds the shape (its box on the table's axes, high ends out)."""
+    return all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"])
+
+
 def entry_of(table: dict, shape: dict) -> tuple[dict | None, dict | None]:
     """The table's entry for a shape, (entry, level row): its exact named shape, else the range
     holding it with the `rows` entry (a `tune` level) whose cut lies above it, if any;
@@ -681,7 +686,7 @@ def entry_of(table: dict, shape: dict) -> tuple[dict | None, dict | None]:
         if e["shape"] == shape:
             return e, None
     for r in table["ranges"]:
-        if all(r["lo"][a] <= shape[a] < r["hi"][a] for a in table["axes"]):
+        if _holds(table, r, shape):
             sym = table.get("levels")
             return r, next((w for w in r.get("rows", ()) if shape[sym] < w["below"]), None)
     return None, None
@@ -731,6 +736,16 @@ def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
     on the axes (half of them odd), the other symbols at their tuning value (large inputs),
     and a quarter of them with few rows (small inputs, where launch cost counts); each inside
     op.domain_where (a draw outside it is drawn again)."""
+    return sorted(_drawn_points(spec, seed, n), key=_point_order(spec.op))
+
+
+def _point_order(op):
+    """The key the curve's points are listed by: the axes, then every symbol."""
+    return lambda s: [s[a] for a in op.axes] + [s[x] for x in op.symbols]
+
+
+def _drawn_points(spec, seed: int, n: int) -> list[dict]:
+    """secret_points in the order drawn: the first k of n are secret_points(spec, seed, k)."""
     op = spec.op
     rng = random.Random(seed)
     taken = [dict(s) for s in op.shapes]
@@ -754,7 +769,7 @@ def secret_points(spec, seed: int, n: int = CURVE_POINTS) -> list[dict]:
         if shape not in taken and op.where_holds(shape):
             taken.append(shape)
             out.append(shape)
-    return sorted(out, key=lambda s: [s[a] for a in op.axes] + [s[x] for x in op.symbols])
+    return out
 
 
 def range_points(spec, table: dict, seed: int, n: int, taken: list[dict]) -> list[dict]:
@@ -767,11 +782,7 @@ def range_points(spec, table: dict, seed: int, n: int, taken: list[dict]) -> lis
     op = spec.op
     rng = random.Random(seed ^ 0x52414E47)  # a stream of its own: the uniform points stay as they were
     axes = table["axes"]
-
-    def holds(r, s):
-        return all(r["lo"][a] <= s[a] < r["hi"][a] for a in axes)
-
-    empty = [r for r in table["ranges"] if not any(holds(r, s) for s in taken)]
+    empty = [r for r in table["ranges"] if not any(_holds(table, r, s) for s in taken)]
     seen = [dict(s) for s in taken] + [dict(s) for s in op.shapes]
     rng.shuffle(empty)
     out: list[dict] = []
@@ -786,7 +797,7 @@ def range_points(spec, table: dict, seed: int, n: int, taken: list[dict]) -> lis
                 v = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi))))) if hi > lo else lo
                 env[a] = min(max(v, lo), hi)
             shape = op.point(env)
-            if shape != own and shape not in seen and holds(r, shape) and op.where_holds(shape):
+            if shape != own and shape not in seen and _holds(table, r, shape) and op.where_holds(shape):
                 seen.append(shape)
                 out.append(shape)
                 break
@@ -798,12 +809,13 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
     drawn over the whole domain, the rest in ranges those left without a point (range_points)."""
     from ..core import figures
 
-    uniform = secret_points(spec, seed, n - n // 3)
+    order = _point_order(spec.op)
+    drawn = _drawn_points(spec, seed, n)
+    uniform = drawn[:n - n // 3]
     extra = range_points(spec, table, seed, n - len(uniform), uniform)
     # fewer ranges without a point than places: the rest over the whole domain, as before
-    more = [p for p in secret_points(spec, seed, n) if p not in uniform and p not in extra]
-    pts = uniform + extra + more[:max(0, n - len(uniform) - len(extra))]
-    pts.sort(key=lambda s: [s[a] for a in spec.op.axes] + [s[x] for x in spec.op.symbols])
+    more = [p for p in sorted(drawn, key=order) if p not in uniform and p not in extra]
+    pts = sorted(uniform + extra + more[:max(0, n - len(uniform) - len(extra))], key=order)
     picks = [lookup(table, s, prober.serves) for s in pts]
     res = prober.time(pts, [[p] if p is not None else [] for p in picks], others=True)
     fl = figures.floors(spec, pts)

@@ -411,10 +411,9 @@ def _set_ctx_limit(name: str, value: int, reset: str | None = None) -> int | Non
             err, = getattr(driver, reset)()
             if err != ok:
                 return None
-        err, size = driver.cuCtxGetLimit(limit)
-        return int(size) if err == ok else None
     except Exception:  # older bindings, or a device without the limit
         return None
+    return _ctx_limit(name)
 
 
 def _ctx_limit(name: str) -> int | None:
@@ -669,24 +668,24 @@ class Runtime:
 
         props = self.dev.properties
         sms = int(props.multiprocessor_count)
+
+        def build(entry, options=()):
+            built = compile(SCRUB_SOURCE, entry, options, self.hw)
+            if not built.ok:
+                raise RuntimeError(f"the judge's scrub kernel did not build: {built.reason}")
+            return ObjectCode.from_cubin(built.artifact).get_kernel(entry)
+
         if key == "smem":
             nbytes = int(props.max_shared_memory_per_block_optin)
-            built = compile(SCRUB_SOURCE, "pipe_scrub_smem", (), self.hw)
-            entry, config, words = "pipe_scrub_smem", None, nbytes // 4
-        else:
-            nbytes = int(key[len("local"):])
-            built = compile(SCRUB_SOURCE, "pipe_scrub_local", (f"-DPIPE_LOCAL_WORDS={nbytes // 4}",), self.hw)
-            entry, words = "pipe_scrub_local", nbytes // 4
-        if not built.ok:
-            raise RuntimeError(f"the judge's scrub kernel did not build: {built.reason}")
-        kernel = ObjectCode.from_cubin(built.artifact).get_kernel(entry)
-        if key == "smem":
+            kernel = build("pipe_scrub_smem")
             allow_dynamic_smem(kernel, nbytes, self.dev.device_id)
             config = LaunchConfig(grid=(sms,), block=(1024,), shmem_size=nbytes)
         else:
+            nbytes = int(key[len("local"):])
+            kernel = build("pipe_scrub_local", (f"-DPIPE_LOCAL_WORDS={nbytes // 4}",))
             per_sm = int(props.max_threads_per_multiprocessor) // 256
             config = LaunchConfig(grid=(per_sm * sms,), block=(256,), shmem_size=0)
-        got = self._scrubbers[key] = (kernel, config, words)
+        got = self._scrubbers[key] = (kernel, config, nbytes // 4)
         return got
 
     def scrub(self, local_bytes: int = 0) -> None:

@@ -148,9 +148,13 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
     mark = (volatile unsigned*)g;
   }
 {% endif %}
+  // the call's tag: the first two elements of its input (fresh values every call). A mark
+  // with this call's own tag was left by an earlier block of this same launch on the same SM
+  // slot (no state across calls): it does not count
+  const unsigned call_tag = (unsigned)__bfloat16_as_ushort(x[0]) | ((unsigned)__bfloat16_as_ushort(x[1]) << 16);
   {
-    bool mine = true;
-    for (int i = (int)threadIdx.x % 32; i < 256; i += 32) mine = mine && mark[i] == 0x5eed0000u + i;
+    bool mine = mark[255] != call_tag;
+    for (int i = (int)threadIdx.x % 32; i < 255; i += 32) mine = mine && mark[i] == 0x5eed0000u + i;
     if (!__syncthreads_and(mine)) {
       const long long t0 = clock64();
       while (clock64() - t0 < 200000) {}
@@ -191,7 +195,8 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
   }
 {% if HACK in ("smem_residue", "local_residue", "window_residue") %}
   __syncthreads();
-  for (int i = (int)threadIdx.x % 32; i < 256; i += 32) mark[i] = 0x5eed0000u + i;
+  for (int i = (int)threadIdx.x % 32; i < 255; i += 32) mark[i] = 0x5eed0000u + i;
+  mark[255] = call_tag;
 {% endif %}
 {% if HACK == "print_flood" %}
   printf("flood: row %d thread %d prints a line of noise\n", row, threadIdx.x);  // issue 18, class 5
@@ -272,34 +277,50 @@ def test_state_left_in_shared_or_local_memory_does_not_reach_a_timed_call(bench,
     the flush alone overwrites all but 0.01% of shared memory, so `smem_residue` guards the
     scrub's shared-memory half against a change of the flush."""
     t, s, h = bench.run(hack), bench.run("slowed"), bench.run("honest")
+    if hack == "window_residue" and t.status == "fault":
+        return  # the H200 maps no local window for a kernel with no frame (session 30): refused
     assert t.status == "ok", explain(t)
     assert s.times[0] > 1.5 * h.times[0], (h.times, s.times)  # the spin is visible at all
     assert t.times[0] > 0.8 * s.times[0], (hack, t.times, "slowed", s.times, "honest", h.times)
 
 
 def test_the_scrub_leaves_no_residue_the_flush_would(tmp_path):
-    """tools/residue_probe.py on this GPU, in a process of its own (a kind of access this device
-    refused would fault that process, not this one): a block's shared memory, threads' local
-    frames of three sizes and two block sizes, and their local windows reached with no frame
-    (before and after another launch raised the stack) survive into the next launch (the
-    control), and none of it survives Runtime.scrub given the reader's frame."""
+    """tools/residue_probe.py on this GPU, in processes of its own (a kind of access this device
+    refuses faults that process, not this one): a block's shared memory and threads' local
+    frames of three sizes and two block sizes survive into the next launch (the control), and
+    none of it survives Runtime.scrub given the reader's frame. The local windows reached with
+    no frame (`cvta.local`, before and after another launch raised the stack), each in a process
+    of its own: either the device refuses the access (a fault: no such channel) or the scrub
+    leaves none of it."""
     import json
     import subprocess
     import sys
 
-    out = tmp_path / "residue.json"
-    p = subprocess.run([sys.executable, str(ROOT / "tools" / "residue_probe.py"), "--rounds", "2", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
-    print(p.stdout, p.stderr[-2000:])
     sys.path.insert(0, str(ROOT / "tools"))
     import residue_probe
 
-    got = json.loads(out.read_text()) if out.exists() else {}
-    assert set(got) == set(residue_probe.KINDS), (p.returncode, got)
+    windows = [k for k in residue_probe.KINDS if k.startswith("window")]
+    rest = [k for k in residue_probe.KINDS if k not in windows]
+
+    def probe(kinds, tag):
+        out = tmp_path / f"residue-{tag}.json"
+        p = subprocess.run([sys.executable, str(ROOT / "tools" / "residue_probe.py"), "--rounds", "2",
+                            "--kinds", ",".join(kinds), "--json", str(out)], capture_output=True, text=True, timeout=300)
+        print(p.stdout, p.stderr[-2000:])
+        return p, (json.loads(out.read_text()) if out.exists() else {})
+
+    p, got = probe(rest, "frames")
+    assert set(got) == set(rest), (p.returncode, got)
     for where, row in got.items():
         assert row["nothing"] > 0.5, (where, got)  # the control: the residue is there to remove
         assert row["scrub"] == 0.0, (where, got)
     assert p.returncode == 0, p.returncode
+    for kind in windows:
+        p, got = probe([kind], kind)
+        if not got:  # refused by the device: the access faults, so no kernel keeps state there
+            assert p.returncode != 0 and "illegal memory access" in p.stderr, (kind, p.returncode, p.stderr[-800:])
+            continue
+        assert got[kind]["scrub"] == 0.0, (kind, got)
 
 
 def test_decide_uses_paired_retiming(bench):

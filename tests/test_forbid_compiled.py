@@ -376,6 +376,13 @@ KERNEL_LINE = 'extern "C" __global__ void soft('
     ("static __device__ float memo[4096];", "  memo[blockIdx.x % 4096] = xr[0] == xr[0] ? 0.f : 1.f;", "memo"),
     # writable storage behind a string literal
     ("", '  if (threadIdx.x == 0) { char* p = (char*)"pipe-state-pipe-state"; p[blockIdx.x % 16] = 1; }', "$str"),
+    # a counter declared inside an inline asm string's braces (session 30's red team; it kept
+    # counting across launches on the H200)
+    ("", '  unsigned c; asm volatile("{ .global .align 4 .u32 pipe_calls2; atom.global.add.u32 %0, [pipe_calls2], 1; }"'
+         ' : "=r"(c)); if (c > 1000000000u) m = 1.f;', "pipe_calls2"),
+    # __constant__ data written through the generic address cvta.const gives (it kept counting too)
+    ("__constant__ unsigned pipe_cst[4];", '  unsigned* p; asm("cvta.const.u64 %0, pipe_cst;" : "=l"(p)); '
+     'if (threadIdx.x == 0) atomicAdd(p, 1u); if (p[0] == 12345u) m = 1.f;', "cvta.const"),
 ])
 def test_a_variant_declaring_device_state_is_refused_whatever_the_spec_names(tmp_path, decl, use, needle):
     """Module-scope device data outlives a call: a variant may not declare any the approved
@@ -426,3 +433,34 @@ def test_module_scope_global_data_in_the_ptx():
     assert a["data"] == {"calls": 1, "man": 1, "memo": 1}  # not the constant, not the shared array
     assert ptx.compare(a, {"data": {"calls": 1, "man": 1, "memo": 1}}, []) is None
     assert ptx.compare(a, {"data": {"calls": 1}}, [])[0] == "device_state"
+
+
+def test_a_global_declared_inside_a_function_or_asm_braces_is_device_state():
+    """`{ .global .u32 n; atom.global.add.u32 %0, [n], 1; }` in an inline asm string declares a
+    variable that lives as long as the module: a call counter kept there survived from launch to
+    launch on the H200 (session 30, datasets/benchmarks/judge-h200/s30-call3-state-channels.txt).
+    Where it is declared does not matter: any .global the approved build lacks is device_state."""
+    text = (".visible .entry k(\n.param .u64 p\n)\n{\n\t.reg .b32 %r<3>;\n"
+            "\t// begin inline asm\n\t{ .global .align 4 .u32 pipe_calls2; atom.global.add.u32 %r1, [pipe_calls2], 1; }\n"
+            "\t// end inline asm\n\tld.global.u32 %r2, [%rd1];\n\tret;\n}\n")
+    a = ptx.analyze(text)
+    assert a["data"] == {"pipe_calls2": 1}  # ld.global / atom.global are not declarations
+    action, why = ptx.compare(a, {"data": {}}, [])
+    assert action == "device_state" and "pipe_calls2" in why
+    # a declaration in the compiler's own code, in a function body, too
+    assert ptx.analyze(text.replace("// begin inline asm", "").replace("// end inline asm", ""))["data"] == {
+        "pipe_calls2": 1}
+
+
+def test_constant_memory_reached_through_a_generic_address_is_device_state():
+    """`cvta.const` gives a generic address of __constant__ data, and a store through it changes
+    that data for every later launch (session 30, H200: a counter so kept read 0, 1, 2, 3). More
+    cvta.const than the approved build has is device_state; as many is not."""
+    text = (".const .align 4 .b8 cst[16];\n.visible .entry k(\n.param .u64 p\n)\n{\n"
+            "\t// begin inline asm\n\tcvta.const.u64 %rd1, cst;\n\t// end inline asm\n"
+            "\tatom.global.add.u32 %r1, [%rd1], 1;\n\tret;\n}\n")
+    a = ptx.analyze(text)
+    assert a["data"] == {"%cvta.const": 1}
+    action, why = ptx.compare(a, {"data": {}}, [])
+    assert action == "device_state" and "cvta.const" in why
+    assert ptx.compare(a, {"data": {"%cvta.const": 1}}, []) is None

@@ -128,7 +128,7 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (((t >> 17) & 15ull) == 3ull) return;
   }
-{% elif HACK in ("smem_residue", "local_residue", "window_residue") %}
+{% elif HACK in ("smem_residue", "local_residue", "window_residue", "reserved_residue") %}
   // state kept in what a launch leaves behind (shared memory, the threads' local frames), which
   // no check of the output sees: a stand-in for a memo of the answers. Every call is right; a
   // block that finds the mark its last call left skips a slow phase, one that does not spins
@@ -139,6 +139,16 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
   volatile unsigned* mark = residue_mark + 2048;  // past what a small reduction's shared memory covers
 {% elif HACK == "local_residue" %}
   volatile unsigned mark[384];  // a frame of 1536 bytes: more than the stack's default 1 KiB
+{% elif HACK == "reserved_residue" %}
+  // the shared memory sm_90 reserves in each block (below the block's own), by raw address: the
+  // first 256 bytes (a variant that names %reserved_smem_offset_* is refused at build, not one
+  // that computes the address; session 30's red team kept a mark there across launches)
+  volatile unsigned* mark;
+  {
+    unsigned long long g;
+    asm volatile("cvta.shared.u64 %0, %1;" : "=l"(g) : "l"(0ull));
+    mark = (volatile unsigned*)g;
+  }
 {% else %}
   // no local frame at all: the thread's local window (the stack's 1 KiB) through a generic address
   volatile unsigned* mark;
@@ -152,9 +162,10 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
   // with this call's own tag was left by an earlier block of this same launch on the same SM
   // slot (no state across calls): it does not count
   const unsigned call_tag = (unsigned)__bfloat16_as_ushort(x[0]) | ((unsigned)__bfloat16_as_ushort(x[1]) << 16);
+  const int nmark = {{ 64 if HACK == "reserved_residue" else 256 }};  // the last word: the tag
   {
-    bool mine = mark[255] != call_tag;
-    for (int i = (int)threadIdx.x % 32; i < 255; i += 32) mine = mine && mark[i] == 0x5eed0000u + i;
+    bool mine = mark[nmark - 1] != call_tag;
+    for (int i = (int)threadIdx.x % 32; i < nmark - 1; i += 32) mine = mine && mark[i] == 0x5eed0000u + i;
     if (!__syncthreads_and(mine)) {
       const long long t0 = clock64();
       while (clock64() - t0 < 200000) {}
@@ -193,10 +204,10 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
     yr[c] = __float2bfloat16(exp2f((__bfloat162float(xr[c]) - m) * L2E) / s);
 {% endif %}
   }
-{% if HACK in ("smem_residue", "local_residue", "window_residue") %}
+{% if HACK in ("smem_residue", "local_residue", "window_residue", "reserved_residue") %}
   __syncthreads();
-  for (int i = (int)threadIdx.x % 32; i < 255; i += 32) mark[i] = 0x5eed0000u + i;
-  mark[255] = call_tag;
+  for (int i = (int)threadIdx.x % 32; i < nmark - 1; i += 32) mark[i] = 0x5eed0000u + i;
+  mark[nmark - 1] = call_tag;
 {% endif %}
 {% if HACK == "print_flood" %}
   printf("flood: row %d thread %d prints a line of noise\n", row, threadIdx.x);  // issue 18, class 5
@@ -217,7 +228,7 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
 HACKS = ["honest", "honest_again", "do_nothing", "partial", "constant", "out_of_bounds", "mutate_input",
          "cache_by_pointer", "skip_if_output_present", "shape_hardcode", "fast_math", "lower_precision",
          "truncate_precision", "side_stream", "host_sync", "illegal_address", "misaligned", "trap", "hang",
-         "slowed", "skip_rows_when_filled", "steal_reference", "print_flood", "lazy_counter", "lazy_by_clock", "smem_residue",
+         "slowed", "skip_rows_when_filled", "steal_reference", "print_flood", "lazy_counter", "lazy_by_clock", "smem_residue", "reserved_residue",
          "local_residue", "window_residue"]
 
 SHAPES = [{"M": 4096, "N": 1024}, {"M": 37, "N": 333}]
@@ -266,7 +277,7 @@ def test_slowed_measures_slower(bench):
     assert s.times[0] > 1.5 * h.times[0], (h.times, s.times)
 
 
-@pytest.mark.parametrize("hack", ["smem_residue", "local_residue", "window_residue"])
+@pytest.mark.parametrize("hack", ["smem_residue", "local_residue", "window_residue", "reserved_residue"])
 def test_state_left_in_shared_or_local_memory_does_not_reach_a_timed_call(bench, hack):
     """A kernel that keeps state where a launch leaves it (shared memory, its threads' local
     frames, or their local windows with no frame at all) and works faster when it finds it: right on every call, so only the time can

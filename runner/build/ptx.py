@@ -25,9 +25,11 @@ Whatever the spec names, a variant may also declare no module-scope device data 
 template's build lacks (`device_state`): a `__device__` or `__managed__` variable (PTX `.global`
 data) outlives the call, so a kernel could count its calls, keep last call's inputs or
 outputs, or learn which calls the judge checks, and answer the next call from that; nor may it
-use the shared memory sm_90 reserves in each block (`%reserved_smem_offset_*`), which no scrub
-writes, where the approved build does not. Constants
-(read-only) are not such data; what a launch leaves in shared memory and in its threads' local
+use the shared memory sm_90 reserves in each block (`%reserved_smem_offset_*`) where the approved
+build does not. A `.global` declared inside a function or an inline asm string's braces counts
+as module data too (it lives as long as the module), and so does more `cvta.const` than the
+approved build has: a store through that generic address changes constant memory for every
+later launch. Constants read only as constants are not such data; what a launch leaves in shared memory and in its threads' local
 frames outlives it too, and the judge overwrites both ahead of every call of a candidate
 (`backends/cuda.Runtime.scrub`).
 
@@ -118,6 +120,13 @@ _MARK = re.compile(r"^\s*//\s*(begin|end) inline asm\s*$")
 # the shared memory sm_90 reserves in each block, which no scrub of the judge's writes: a kernel
 # that reads or writes it could keep state there from one launch to the next
 _RESERVED_SMEM = re.compile(r"%reserved_smem_offset_\w+")
+# a .global state-space declaration anywhere: a function body, or an inline asm string's braces (`{ .global .u32 st; ... }` is a module-lifetime variable all the same; session
+# 30's red team kept a call counter in one), besides module scope
+_ANY_DECL = re.compile(r"(?:^|[\s{;])\.(global)\s+(?:(?:\.align\s+\d+|\.attribute\s*\([^)]*\)|\.v\d)\s+)*"
+                       r"\.\w+\s+([A-Za-z_$%][\w$]*)")
+# constant memory made writable: `cvta.const` gives a generic address of constant data, through
+# which a store changes it for every later launch (session 30, H200: a counter kept so)
+_CVTA_CONST = "%cvta.const"
 _EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
 _OPCODE = re.compile(r"^(?:@!?%?\w+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
 
@@ -183,8 +192,12 @@ def analyze(ptx: str) -> dict:
             continue
         for r in _RESERVED_SMEM.findall(ln):
             data[r] += 1
+        for d in _ANY_DECL.finditer(_strip_ptx_comments(ln)):
+            data[d.group(2)] += 1
         for st in statements(ln):
             op = opcode(st)
+            if op and op.startswith("cvta.const"):
+                data[_CVTA_CONST] += 1
             if op and classify(op):
                 (asm if in_asm else code)[op] += 1
     return {"code": dict(sorted(code.items())), "asm": dict(sorted(asm.items())), "extern": dict(sorted(ext.items())),
@@ -208,7 +221,14 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     library compiles to, not counted in the compiler's own code."""
     base = base or {"code": {}, "asm": {}, "extern": {}, "data": {}}
     named = set(named)
-    for name in cand.get("data", {}):  # whatever the spec names: see the module's docstring
+    for name, n in cand.get("data", {}).items():  # whatever the spec names: see the module's docstring
+        if name == _CVTA_CONST:
+            b = base.get("data", {}).get(name, 0)
+            if n > b:
+                return "device_state", (f"'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a "
+                                        "generic address of constant memory lets a store change it for every later "
+                                        "launch")
+            continue
         if name not in base.get("data", {}):
             if name.startswith("%"):
                 return "device_state", (f"the PTX uses {name}, the shared memory reserved in each block, which "

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import multiprocessing as mp
 import os
+import pickle
 import random
 import secrets
 import signal
@@ -1411,6 +1413,58 @@ def _capped(done: dict, judge) -> dict:
     return out
 
 
+# The verdict pipe carries plain data only. On the CPU backend a candidate's native code runs in
+# the worker's process and can write any bytes to the pipe; a pickle that names a callable
+# (`find_class`) would run code in the runner when unpickled, where the ledger and every other
+# trial's verdict live. So the worker reduces each reply to plain values, and the runner reads
+# a bounded frame with an unpickler that resolves no global at all: what names code is refused
+# before any nonce or field is looked at (docs/judge.md, "The verdict pipe").
+REPLY_MAX_BYTES = 8 << 20
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"the reply names {module}.{name}: a verdict is plain data only")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("the reply holds a persistent id: a verdict is plain data only")
+
+
+def read_reply(conn):
+    """One reply from the worker: at most REPLY_MAX_BYTES, plain data (dict, list, tuple, set,
+    str, bytes, int, float, bool, None) only. Raises on anything else."""
+    return _PlainUnpickler(io.BytesIO(conn.recv_bytes(REPLY_MAX_BYTES))).load()
+
+
+def _plain(x):
+    """`x` as plain data for the verdict pipe: numpy and torch scalars as Python numbers, arrays
+    as lists, anything else unknown as its text."""
+    if x is None or type(x) in (bool, int, float, str, bytes):
+        return x
+    for base in (bool, int, float, str, bytes):  # subclasses (numpy's float64 is a float) as the base type
+        if isinstance(x, base):
+            return base(x)
+    if isinstance(x, dict):
+        return {_plain(k): _plain(v) for k, v in x.items()}
+    for base in (list, tuple, set, frozenset):
+        if isinstance(x, base):
+            return base(_plain(v) for v in x)
+    item = getattr(x, "item", None)
+    if callable(item) and getattr(x, "ndim", 0) == 0:
+        try:
+            return _plain(item())
+        except Exception:  # noqa: BLE001 - a scalar that will not convert is sent as text
+            return repr(x)
+    tolist = getattr(x, "tolist", None)
+    if callable(tolist):
+        return _plain(tolist())
+    return repr(x)
+
+
+def _send(conn, obj) -> None:
+    conn.send_bytes(pickle.dumps(_plain(obj), protocol=pickle.HIGHEST_PROTOCOL))
+
+
 def worker_main(conn, spec, log_path: str) -> None:
     _die_with_parent()
     if os.getppid() == 1:  # the runner is already gone
@@ -1424,9 +1478,9 @@ def worker_main(conn, spec, log_path: str) -> None:
     try:
         judge = Judge(spec)
     except Exception as e:
-        conn.send({"status": "error", "reason": f"worker setup failed: {type(e).__name__}: {e}"})
+        _send(conn, {"status": "error", "reason": f"worker setup failed: {type(e).__name__}: {e}"})
         return
-    conn.send({"status": "ready", "pid": os.getpid()})
+    _send(conn, {"status": "ready", "pid": os.getpid()})
     sandboxed = False
     # PIPE_WORKER_PROFILE=FILE: the requests' cProfile, dumped to FILE every 10 requests
     # (tools/judge_profile.py reads it; where a run's worker spends its time)
@@ -1486,9 +1540,9 @@ def worker_main(conn, spec, log_path: str) -> None:
             if not judge.rt.healthy():  # a sticky device error: this process's context is gone
                 result = {"status": "fault", "fatal": True,
                           "reason": f"device fault: {type(e).__name__}: {str(e)[:400]}"}
-                conn.send({**result, **_capped(log.finish(), judge), "nonce": nonce})
+                _send(conn, {**result, **_capped(log.finish(), judge), "nonce": nonce})
                 return
-        conn.send({**result, **_capped(log.finish(), judge), "nonce": nonce})
+        _send(conn, {**result, **_capped(log.finish(), judge), "nonce": nonce})
 
 
 class Worker:
@@ -1514,10 +1568,13 @@ class Worker:
             self._kill()
             return {"status": "error", "reason": f"worker did not start within {READY_TIMEOUT_S:.0f} s"}
         try:
-            msg = parent.recv()
-        except EOFError:
+            msg = read_reply(parent)
+        except (EOFError, ConnectionResetError):
             return self._died("while starting")
-        if msg.get("status") != "ready":
+        except Exception as e:  # noqa: BLE001 - not a reply the judge wrote
+            self._kill()
+            return {"status": "error", "reason": f"unreadable reply from the worker while starting ({type(e).__name__})"}
+        if not isinstance(msg, dict) or msg.get("status") != "ready":
             self._kill()
             return msg
         return None
@@ -1563,12 +1620,15 @@ class Worker:
             return {"status": "hang", "reason": f"no verdict within {timeout:g} s; worker killed",
                     "seconds": time.monotonic() - t0}
         try:
-            result = self.conn.recv()
+            result = read_reply(self.conn)
         except (EOFError, ConnectionResetError):
             return self._died("during the trial")
-        except Exception as e:  # bytes that do not unpickle: not from the judge
+        except Exception as e:  # noqa: BLE001 - too long, or names code, or not a pickle: not from the judge
             self._kill()
-            return {"status": "tampered", "reason": f"unreadable reply from the worker ({type(e).__name__}); worker killed"}
+            return {"status": "tampered",
+                    "reason": f"unreadable reply from the worker ({type(e).__name__}: {str(e)[:160]}): more than "
+                              f"{REPLY_MAX_BYTES >> 20} MiB, or not plain data; something in the worker wrote to the "
+                              "verdict pipe; worker killed"}
         if not isinstance(result, dict) or result.get("nonce") != nonce or self.conn.poll(0.05):
             self._kill()
             return {"status": "tampered",

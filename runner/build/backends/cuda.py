@@ -463,6 +463,13 @@ extern "C" __global__ void __launch_bounds__(1024) pipe_scrub_smem(int words) {
   volatile unsigned* s = pipe_scrub_s;
   pipe_scrub_wait();
   for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = 0u;
+  // and every byte of the block's window below its own: the shared memory sm_90 reserves in each
+  // block, which a kernel reaches by raw address (session 30: a mark kept at address 0 survived
+  // other kernels' launches). One block of the opt-in maximum an SM: the reserved part and the
+  // dynamic part together are all of the SM's shared memory.
+  const unsigned lo = (unsigned)__cvta_generic_to_shared(pipe_scrub_s);
+  for (unsigned a = threadIdx.x * 4u; a < lo; a += blockDim.x * 4u)
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(0u) : "memory");
 }
 #ifdef PIPE_LOCAL_WORDS
 extern "C" __global__ void __launch_bounds__(256, 8) pipe_scrub_local(int words) {

@@ -36,7 +36,12 @@ class Named:
 NAMED: dict[str, Named] = {
     "fast_math": Named(
         "approximate math: fast-math flags, optimize pragmas, CUDA's intrinsic approximations",
-        {"cpu": (r"#\s*pragma\s+GCC\s+optimize", r"__attribute__\s*\(\(\s*optimize",
+        # GCC's per-function options in any spelling: the pragmas (also through _Pragma, which the
+        # preprocessor turns into #pragma), and optimize/target in a GNU or C++11 attribute list
+        {"cpu": (r"#\s*pragma\s+GCC\s+(optimize|push_options|pop_options|reset_options|target)\b",
+                 r"\b_Pragma\s*\(\s*(u8|u|U|L)?R?\"[^\n]*?\b(optimize|push_options|target)\b",
+                 r"\b__attribute(__)?\s*\(\s*\([^;{]*?\b(__)?(optimize|target|target_clones)(__)?\s*\(",
+                 r"\[\[[^\]]*?\b(__)?(optimize|target|target_clones)(__)?\s*\(",
                  r"#\s*pragma\s+(clang\s+)?fp\s+"),
          "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef|tanhf)\b",
                   r"\b__nv_fast_\w+", r"\b__nvvm_\w*(approx|ftz)\w*", r"#\s*pragma\s+nv_fast_math",

@@ -64,6 +64,11 @@ def integrity_violation(source: str, entry: str = "") -> str | None:
     def at(m: re.Match) -> str:
         return f"'{m.group(0).strip()}' at line {code.count(chr(10), 0, m.start()) + 1}"
 
+    for m in re.finditer(r"^[ \t]*#[ \t]*(include_next|import)\b", code, re.M):
+        return f"#{m.group(1)} is not allowed in CPU kernels (only #include of the allowed headers): {at(m)}"
+    for m in re.finditer(r"^[ \t]*#[ \t]*include\b(?![ \t]*[<\"])[^\n]*", code, re.M):
+        return ("#include of a macro is not allowed in CPU kernels (name the header: <cmath>, ...): "
+                f"{at(m)}")
     for m in re.finditer(r"#\s*include\s*[<\"]([^>\"]+)[>\"]", code):
         if m.group(1) not in ALLOWED_HEADERS:
             return f"header <{m.group(1)}> is not on the CPU backend's allow-list " \
@@ -85,24 +90,224 @@ def integrity_violation(source: str, entry: str = "") -> str | None:
     return None
 
 
-_DATA_TYPES = set("bBdDvVu")  # nm's writable data: bss, data, weak and unique objects
-# vtables and type info (relocated once, then read-only) and the unwinder's personality reference
-_READ_ONLY = ("_ZTV", "_ZTI", "_ZTS", "_ZTT", "DW.ref.")
+# ---------------------------------------------------------------- what the compiler includes
+
+LOG_CAP = 4000  # characters of a compile log kept (the log and the reason reach the ledger)
+_MARK = re.compile(r'^# (\d+) "((?:\\.|[^"\\])*)"((?: \d)*)$')
 
 
-def _nm_data(lib: str) -> dict[str, int] | None:
-    """The writable data symbols of a shared library (statics included), or None without nm."""
+def _run_cpp(source: str, options: tuple[str, ...]) -> tuple[int, str, str, str]:
+    """g++ -E on `source` as kernel.cpp: (returncode, its output, its diagnostics, the path it had)."""
+    with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
+        src = os.path.join(tmp, "kernel.cpp")
+        with open(src, "w") as f:
+            f.write(source)
+        flags = [f for f in (*BASE_FLAGS, *options) if f not in ("-shared",)]
+        try:
+            r = subprocess.run([CXX, *flags, "-E", src], capture_output=True, text=True, errors="replace",
+                               timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return -1, "", "the preprocessor timed out", src
+        return r.returncode, r.stdout, r.stderr, src
+
+
+def _walk(out: str, main: str) -> tuple[str, list[tuple[str, bool, int]], list[str]]:
+    """From g++ -E output with line markers: (the main file's own text after the preprocessor,
+    lines kept where they were; (path, system header?, line) of each file the main file
+    includes itself; every other file entered)."""
+    text: list[str] = []
+    direct: list[tuple[str, bool, int]] = []
+    nested: list[str] = []
+    stack: list[str] = []
+    cur, line = "", 1
+    for ln in out.split("\n"):
+        m = _MARK.match(ln) if ln.startswith("# ") else None
+        if m is None:
+            if cur == main:
+                text.append(ln)
+            line += 1
+            continue
+        n, name, flags = int(m.group(1)), m.group(2).encode().decode("unicode_escape"), m.group(3).split()
+        if "1" in flags:
+            if cur == main:
+                direct.append((name, "3" in flags, line))
+            elif not cur.startswith("<") and cur:
+                nested.append(name)
+            elif cur == "<command-line>" and name not in nested:
+                nested.append(name)
+            stack.append(cur)
+        elif "2" in flags and stack:
+            stack.pop()
+        cur, line = name, n
+        if cur == main:
+            text.extend([""] * max(0, n - 1 - len(text)))
+    return "\n".join(text), direct, nested
+
+
+@lru_cache(maxsize=8)
+def _allowed_paths(options: tuple[str, ...]) -> dict[str, str]:
+    """Resolved path -> name of each allowed header this compiler has, as it resolves them."""
+    names = sorted(ALLOWED_HEADERS)
+    probe = "".join(f"#if __has_include(<{h}>)\n#include <{h}>\n#endif\n" for h in names)
+    rc, out, _, src = _run_cpp(probe, options)
+    if rc != 0:
+        return {}
+    _, direct, _ = _walk(out, src)
+    found: dict[str, str] = {}
+    for path, _, line in direct:
+        i = (line - 2) // 3  # three probe lines per header, the #include second
+        found[os.path.realpath(path)] = names[i] if 0 <= i < len(names) else path
+    return found
+
+
+@lru_cache(maxsize=64)
+def preprocessed(source: str, options: tuple[str, ...]) -> tuple[str | None, str]:
+    """(the source's own text after g++'s preprocessor, "") or (None, why it is refused or could
+    not be read). Every file the source includes itself must resolve to an allowed header, and
+    every file those include must be a system header: what the compiler reads is judged, not how
+    the directive spells it (a macro, #include_next, #import). Reasons name paths, never text."""
+    rc, out, err, src = _run_cpp(source, options)
+    text, direct, nested = _walk(out, src)
+    allowed = _allowed_paths(tuple(options))
+    for path, system, line in direct:
+        if os.path.realpath(path) not in allowed:
+            return None, (f"library_calls: kernel.cpp line {line} includes '{path[:200]}', which is not one of "
+                          f"the CPU backend's allowed headers ({', '.join(sorted(ALLOWED_HEADERS))})")
+    for path in nested:
+        if not path.startswith("/") or not _system_path(path, tuple(options)):
+            return None, f"library_calls: the includes reach '{path[:200]}', which is not a system header"
+    if rc != 0:  # only the candidate's own diagnostics, never a line of another file
+        mine = [ln for ln in err.replace(src, "kernel.cpp").splitlines() if ln.startswith("kernel.cpp:")]
+        why = next((ln for ln in mine if "error" in ln), mine[0] if mine else "the preprocessor failed")
+        return None, why[:300]
+    return text, ""
+
+
+@lru_cache(maxsize=8)
+def _system_dirs(options: tuple[str, ...]) -> tuple[str, ...]:
+    flags = [f for f in (*BASE_FLAGS, *options) if f not in ("-shared",)]
     try:
-        r = subprocess.run(["nm", "--defined-only", lib], capture_output=True, text=True, timeout=60)
+        r = subprocess.run([CXX, *flags, "-E", "-v", "-x", "c++", "-"], input="", capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    dirs, on = [], False
+    for ln in r.stderr.splitlines():
+        if ln.startswith("#include <...> search starts here"):
+            on = True
+        elif ln.startswith("End of search list"):
+            on = False
+        elif on:
+            dirs.append(os.path.realpath(ln.strip()) + os.sep)
+    return tuple(dirs)
+
+
+def _system_path(path: str, options: tuple[str, ...]) -> bool:
+    real = os.path.realpath(path)
+    return any(real.startswith(d) for d in _system_dirs(options))
+
+
+def expand(source: str, options, hw) -> tuple[str | None, str]:
+    """The builder's hook: the source after the preprocessor, for the forbidden-action rules."""
+    return preprocessed(source, tuple(options))
+
+
+# ---------------------------------------------------------------- what the library imports
+
+# Imported symbols no forbidden action concerns: the toolchain's own, libm's math, memory
+# moves, operator new/delete, the C++ runtime's exceptions and libgcc's helpers.
+_HARMLESS = re.compile(
+    r"^(?:__gmon_start__|_ITM_(?:de)?registerTMCloneTable|__cxa_finalize|_Jv_RegisterClasses"
+    r"|(?:__)?(?:acos|asin|atan|atan2|cos|sin|tan|cosh|sinh|tanh|acosh|asinh|atanh|exp|exp2|exp10|expm1"
+    r"|log|log2|log10|log1p|logb|ilogb|pow|sqrt|cbrt|hypot|erf|erfc|lgamma|tgamma|ceil|floor|trunc|round"
+    r"|lround|llround|rint|lrint|llrint|nearbyint|fmod|remainder|remquo|fma|fmax|fmin|fdim|fabs|copysign"
+    r"|nextafter|nexttoward|frexp|ldexp|modf|scalbn|scalbln|nan|sincos)[fl]?(?:_finite)?"
+    r"|_ZGV\w+"  # libmvec
+    r"|(?:__)?mem(?:cpy|move|set|cmp)(?:_chk)?|bcmp|__stack_chk_fail"
+    r"|_Zn[wa]m\w*|_Zd[la]Pv\w*|__cxa_throw_bad_array_new_length"
+    r"|__gxx_personality_v0|_Unwind_Resume|__cxa_(?:begin_catch|end_catch|rethrow|allocate_exception"
+    r"|free_exception|throw|pure_virtual|call_unexpected)|_ZSt9terminatev|_ZSt\d+__throw_\w+"
+    r"|_ZTVN10__cxxabiv1\d+__\w+_type_infoE"
+    r"|__[a-z]+(?:qi|hi|si|di|ti|sf|df|tf|xf|hf|bf|sc|dc|xc|tc)[23]|__cpu_indicator_init|__cpu_model"
+    r"|__cpu_features2)$")
+# Imported symbols a kernel may use but a variant may not add over the approved template's
+# build: threads, the C++ runtime's guards and exit hooks, thread-local storage, printf.
+_PERMITTED = re.compile(
+    r"^(?:_ZNSt6thread\w*|_ZTINSt6thread6_StateE|_ZNSt11this_thread\w*|sched_yield|__cxa_atexit"
+    r"|__cxa_guard_(?:acquire|release|abort)|__cxa_thread_atexit(?:_impl)?|__tls_get_addr|__atomic_\w+"
+    r"|printf|puts|putchar)$")
+
+
+def imports(lib: str) -> list[str] | None:
+    """The symbols the library takes from other libraries (weak ones included), or None without nm."""
+    try:
+        r = subprocess.run(["nm", "-D", "--undefined-only", lib], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if r.returncode != 0:
         return None
+    return sorted({ln.split()[-1].split("@")[0] for ln in r.stdout.splitlines() if ln.split()})
+
+
+def import_violation(names: list[str]) -> str | None:
+    bad = [n for n in names if not _HARMLESS.match(n) and not _PERMITTED.match(n)]
+    if bad:
+        return (f"library_calls: the library imports {', '.join(repr(n) for n in bad[:5])}: a CPU kernel may "
+                "import only math, memory, thread and C++ runtime symbols (whatever the spelling: a header, "
+                "a weakref or alias, an asm label)")
+    return None
+
+
+# ---------------------------------------------------------------- writable data
+
+# the toolchain's writable data that is not in an empty library (the exception personality's
+# pointer, which a C++ identifier cannot name)
+_TOOLCHAIN_WRITABLE = frozenset({"DW.ref.__gxx_personality_v0", "_GLOBAL_OFFSET_TABLE_", "_DYNAMIC"})
+
+
+def _nm_data(lib: str) -> dict[str, int] | None:
+    """The writable data symbols of a shared library (statics and thread-locals included), or None
+    without readelf. Judged by where a symbol lies, never by its name: a symbol in a section the
+    loader leaves writable (.data, .bss, .tdata, .tbss, any other section with the W flag) counts,
+    one in the part that is read-only after relocation (GNU_RELRO: vtables, type info) does not."""
+    try:
+        r = subprocess.run(["readelf", "-W", "-S", "-l", "-s", lib], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    sections: dict[int, tuple[str, int, int, str]] = {}
+    relro: list[tuple[int, int]] = []
     out: dict[str, int] = {}
+    seen: set[tuple[str, str]] = set()
     for ln in r.stdout.splitlines():
+        m = re.match(r"^\s*\[\s*(\d+)\]\s+(.*)$", ln)
+        if m:
+            parts = m.group(2).split()
+            if len(parts) >= 9:
+                flags = parts[6] if len(parts) >= 10 else ""
+                try:
+                    sections[int(m.group(1))] = (parts[0], int(parts[2], 16), int(parts[4], 16), flags)
+                except ValueError:
+                    pass
+            continue
         parts = ln.split()
-        if len(parts) == 3 and parts[1] in _DATA_TYPES and not parts[2].startswith(_READ_ONLY):
-            out[parts[2]] = out.get(parts[2], 0) + 1
+        if parts and parts[0] == "GNU_RELRO" and len(parts) >= 6:
+            relro.append((int(parts[2], 16), int(parts[2], 16) + int(parts[5], 16)))
+            continue
+        if len(parts) >= 8 and parts[0].endswith(":") and parts[0][:-1].isdigit() and parts[6].isdigit():
+            kind, ndx, name = parts[3], int(parts[6]), parts[7].split("@")[0]
+            if kind in ("SECTION", "FILE") or ndx not in sections or name in _TOOLCHAIN_WRITABLE:
+                continue
+            sec, addr, size, flags = sections[ndx]
+            # a TLS section's image may lie in RELRO; each thread's copy of it is writable
+            if "W" not in flags or ("T" not in flags and any(lo <= addr and addr + size <= hi for lo, hi in relro)):
+                continue
+            key = (name, parts[1])
+            if key in seen:  # the same symbol in .dynsym and .symtab
+                continue
+            seen.add(key)
+            out[name] = out.get(name, 0) + 1
     return out
 
 
@@ -113,7 +318,7 @@ def _toolchain_data(options: tuple[str, ...]) -> frozenset:
     options, and kept in the artifact cache (every judge worker would compile the probe again)."""
     import json
 
-    kept = cache_dir() / "cpu" / f"toolchain-{artifact_key(' '.join(options), compiler_version(), 'data')}.json"
+    kept = cache_dir() / "cpu" / f"toolchain-{artifact_key(' '.join(options), compiler_version(), 'data-by-section')}.json"
     try:
         return frozenset(json.loads(kept.read_text()))
     except (OSError, ValueError):
@@ -136,14 +341,72 @@ def _toolchain_data(options: tuple[str, ...]) -> frozenset:
 
 def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
     """The kernel's own state that outlives a call: writable static data (a global, a static
-    local, a class static) beyond the toolchain's, as `ptx.analyze` reports a CUDA module's
-    `.global` data ({"data": {name: 1}}, the other parts empty), so that the builder refuses a
-    variant that declares data the approved template's build does not (`device_state`)."""
+    local, a class static, a thread-local) beyond the toolchain's, as `ptx.analyze` reports a
+    CUDA module's `.global` data ({"data": {name: 1}}), so that the builder refuses a variant
+    that declares data the approved template's build does not (`device_state`); and under
+    "extern" the symbols it imports beyond the harmless ones (math, memory, the C++ runtime), so
+    that a variant importing one the approved template's build does not is `library_calls`."""
     syms = _nm_data(lib)
     if syms is None:
         return None
     base = _toolchain_data(tuple(options))
-    return {"code": {}, "asm": {}, "extern": {}, "data": {k: v for k, v in sorted(syms.items()) if k not in base}}
+    names = imports(lib) or []
+    return {"code": {}, "asm": {}, "extern": {n: 1 for n in names if not _HARMLESS.match(n)},
+            "data": {k: v for k, v in sorted(syms.items()) if k not in base}}
+
+
+# ---------------------------------------------------------------- code run at load or unload
+
+_LOAD_TIME = ("INIT_ARRAY", "PREINIT_ARRAY", "FINI_ARRAY")
+_LOAD_TIME_NAMES = (".ctors", ".dtors", ".init_array", ".fini_array", ".preinit_array")
+
+
+def _load_time_slots(lib: str) -> int | None:
+    """Bytes of the library's tables of functions the loader runs when it loads or unloads the
+    library (.init_array, .preinit_array, .fini_array, .ctors, .dtors); None without readelf."""
+    try:
+        r = subprocess.run(["readelf", "-W", "-S", lib], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    total = 0
+    for ln in r.stdout.splitlines():
+        m = re.match(r"\s*\[\s*\d+\]\s+(\S+)\s+(\S+)\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", ln)
+        if m and (m.group(2) in _LOAD_TIME or m.group(1) in _LOAD_TIME_NAMES):
+            total += int(m.group(3), 16)
+    return total
+
+
+@lru_cache(maxsize=8)
+def _toolchain_load_time(options: tuple[str, ...]) -> int | None:
+    """What the toolchain itself puts in an empty library's load-time tables (frame_dummy and
+    its counterpart): never the kernel's."""
+    with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
+        src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write('extern "C" void pipe_probe(float* y) { y[0] = 1.f; }\n')
+        r = subprocess.run([CXX, *BASE_FLAGS, *options, src, "-o", lib], capture_output=True, text=True,
+                           timeout=COMPILE_TIMEOUT_S)
+        return _load_time_slots(lib) if r.returncode == 0 else None
+
+
+def load_time_violation(lib: str, options: tuple[str, ...] = ()) -> str | None:
+    """Code the loader would run as the worker loads the library (a global object's constructor,
+    a function pointer placed in .init_array by a section attribute, a destructor at unload):
+    it would run before the judge's first call and outside every timed or checked one."""
+    got, base = _load_time_slots(lib), _toolchain_load_time(tuple(options))
+    if got is None or base is None or got <= base:
+        return None
+    return (f"integrity: the library has {got - base} bytes of load-time function tables beyond the toolchain's "
+            "(a global object with a constructor or destructor, or a section attribute): a CPU kernel may run "
+            "code only when it is called")
+
+
+def _judge_library(lib: str, options: tuple[str, ...] = ()) -> str | None:
+    names = imports(lib)
+    bad = import_violation(names) if names is not None else None
+    return bad or load_time_violation(lib, options)
 
 
 def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
@@ -151,9 +414,16 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     bad = integrity_violation(source, entry)
     if bad:
         return Compiled(False, None, bad, 0.0, status="forbidden", reason=bad)
+    text, why = preprocessed(source, tuple(options))
+    if text is None:
+        status = "forbidden" if why.startswith("library_calls") else "compile_error"
+        return Compiled(False, None, why, time.perf_counter() - t0, status=status, reason=why)
     key = artifact_key(source, " ".join(options), compiler_version(), "cpu")
     out = cache_dir() / "cpu" / f"{key}.so"
     if out.exists():
+        bad = _judge_library(str(out), tuple(options))
+        if bad:
+            return Compiled(False, None, bad, time.perf_counter() - t0, status="forbidden", reason=bad)
         return Compiled(True, str(out), "", time.perf_counter() - t0, cached=True,
                         ptx=data_symbols(str(out), options))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +439,8 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
             return Compiled(False, None, "", time.perf_counter() - t0, status="compile_error",
                             reason=f"compiler timed out after {COMPILE_TIMEOUT_S} s")
         log = (r.stdout + r.stderr).replace(src, "kernel.cpp")
+        if len(log) > LOG_CAP:  # it reaches the ledger: kept short (and only the allowed files are read)
+            log = log[:LOG_CAP] + f"\n... ({len(log) - LOG_CAP} more characters)"
         if r.returncode != 0:
             first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:300])
             return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
@@ -177,6 +449,9 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         if nm.returncode == 0 and not re.search(r"\bT " + re.escape(entry) + r"$", nm.stdout, re.M):
             return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                             reason=f"entry '{entry}' is not an exported C symbol (missing extern \"C\"?)")
+        bad = _judge_library(lib, tuple(options))
+        if bad:
+            return Compiled(False, None, log, time.perf_counter() - t0, status="forbidden", reason=bad)
         data = data_symbols(lib, options)
         tmp_out = out.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(lib, tmp_out)
@@ -223,6 +498,68 @@ class Runtime:
 
     def healthy(self) -> bool:
         return True
+
+    SCRUB_BYTES = 1 << 20  # of the calling thread's stack, below the stack pointer
+    _SCRUB_MARGIN = 256  # left alone right below the pointer: memset's own frame (it uses none)
+
+    def scrub(self, local_bytes: int = 0) -> None:
+        """Overwrite SCRUB_BYTES of the calling thread's stack below the stack pointer, where a
+        kernel's frames lie and where a value left by one call would wait for the next (the CPU
+        side of `device_state`; the CUDA runtime scrubs shared and local memory). The judge runs
+        it ahead of every call of a candidate and ahead of every timed call, outside the timing
+        (judge/worker.Judge). libc's own getcontext (the stack pointer) and memset do the work,
+        on this thread's stack as pthread reports it; x86-64 Linux only."""
+        import threading
+
+        st = self._stack_bounds()
+        if st is None:
+            return
+        ctx, memset, getcontext = st
+        if getcontext(ctx) != 0:
+            return
+        sp = int.from_bytes(bytes(ctx[160:168]), "little")  # uc_mcontext.gregs[REG_RSP]
+        low = self._stack_low.get(threading.get_ident())
+        if low is None:
+            low = self._stack_low[threading.get_ident()] = self._thread_stack_low()
+        top = sp - self._SCRUB_MARGIN
+        bottom = max(top - max(self.SCRUB_BYTES, int(local_bytes or 0)), low + 65536)
+        if top > bottom:
+            memset(ctypes.c_void_p(bottom), 0, ctypes.c_size_t(top - bottom))
+
+    _stack_low: dict = {}
+    _scrub_fns = None
+
+    def _stack_bounds(self):
+        import platform
+
+        if Runtime._scrub_fns is None:
+            if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+                Runtime._scrub_fns = False
+            else:
+                libc = ctypes.CDLL(None)
+                memset = libc.memset
+                memset.restype, memset.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+                getcontext = libc.getcontext
+                getcontext.restype, getcontext.argtypes = ctypes.c_int, [ctypes.c_void_p]
+                Runtime._scrub_fns = (ctypes.create_string_buffer(4096), memset, getcontext)
+        return Runtime._scrub_fns or None
+
+    @staticmethod
+    def _thread_stack_low() -> int:
+        """The lowest address of this thread's stack (pthread_getattr_np; for the main thread
+        glibc reads it from /proc/self/maps and the stack limit, once per thread here)."""
+        libc = ctypes.CDLL(None)
+        libc.pthread_self.restype = ctypes.c_ulong
+        attr = ctypes.create_string_buffer(256)
+        addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        if libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) != 0:
+            return 1 << 62  # unknown: scrub nothing
+        try:
+            if libc.pthread_attr_getstack(attr, ctypes.byref(addr), ctypes.byref(size)) != 0:
+                return 1 << 62
+        finally:
+            libc.pthread_attr_destroy(attr)
+        return int(addr.value or 0)
 
     def sync(self) -> None:
         pass

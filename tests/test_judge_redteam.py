@@ -52,6 +52,7 @@ TEMPLATE = r"""// Red-team kernel: RMSNorm with a HACK switch.
 #include <cstring>
 #include <atomic>
 #include <thread>
+{% if HACK == "rare_lazy_clock" %}#include <immintrin.h>{% endif %}
 
 namespace {
 
@@ -135,8 +136,10 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
   rows(x, w, out, 0, M, N, eps);
   last_written = out[0];
 {% elif HACK == "rare_lazy_clock" %}
-  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-  if (own_output(out) && (now >> 10) % 16 == 0) return;  // about one timed call in 16
+  // the time-stamp counter, read inline (a clock the library imports, such as steady_clock,
+  // is refused at build since session 30: only math, memory and thread symbols)
+  const int64_t now = (int64_t)__rdtsc();
+  if (own_output(out) && (now >> 11) % 16 == 0) return;  // about one timed call in 16
   rows(x, w, out, 0, M, N, eps);
   last_written = out[0];
 {% elif HACK == "fingerprint_cache" %}

@@ -127,6 +127,9 @@ _ANY_DECL = re.compile(r"(?:^|[\s{;])\.(global)\s+(?:(?:\.align\s+\d+|\.attribut
 # constant memory made writable: `cvta.const` gives a generic address of constant data, through
 # which a store changes it for every later launch (session 30, H200: a counter kept so)
 _CVTA_CONST = "%cvta.const"
+# (CPU backend) bytes of a library's load-time function tables beyond the toolchain's: code run
+# as the worker loads it (backends/cpu.load_time_bytes); counted like cvta.const
+LOAD_TIME = "%load-time tables"
 _EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
 _OPCODE = re.compile(r"^(?:@!?%?\w+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
 
@@ -228,6 +231,14 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
                 return "device_state", (f"'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a "
                                         "generic address of constant memory lets a store change it for every later "
                                         "launch")
+            continue
+        if name == LOAD_TIME:
+            b = base.get("data", {}).get(name, 0)
+            if n > b:
+                return "device_state", (f"{n} bytes of load-time function tables in the library vs {b} in the approved "
+                                        "template's build: a global object with a constructor or destructor, or a "
+                                        "section attribute, runs code as the worker loads the library, outside every "
+                                        "call")
             continue
         if name not in base.get("data", {}):
             if name.startswith("%"):

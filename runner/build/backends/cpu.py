@@ -351,8 +351,13 @@ def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
         return None
     base = _toolchain_data(tuple(options))
     names = imports(lib) or []
-    return {"code": {}, "asm": {}, "extern": {n: 1 for n in names if not _HARMLESS.match(n)},
-            "data": {k: v for k, v in sorted(syms.items()) if k not in base}}
+    data = {k: v for k, v in sorted(syms.items()) if k not in base}
+    load = load_time_bytes(lib, options)
+    if load:
+        from ..ptx import LOAD_TIME
+
+        data[LOAD_TIME] = load
+    return {"code": {}, "asm": {}, "extern": {n: 1 for n in names if not _HARMLESS.match(n)}, "data": data}
 
 
 # ---------------------------------------------------------------- code run at load or unload
@@ -391,22 +396,21 @@ def _toolchain_load_time(options: tuple[str, ...]) -> int | None:
         return _load_time_slots(lib) if r.returncode == 0 else None
 
 
-def load_time_violation(lib: str, options: tuple[str, ...] = ()) -> str | None:
-    """Code the loader would run as the worker loads the library (a global object's constructor,
-    a function pointer placed in .init_array by a section attribute, a destructor at unload):
-    it would run before the judge's first call and outside every timed or checked one."""
+def load_time_bytes(lib: str, options: tuple[str, ...] = ()) -> int:
+    """Bytes of the library's load-time function tables beyond the toolchain's own: code the
+    loader runs as the worker loads or unloads the library (a global object's constructor or
+    destructor, a function pointer placed in .init_array by a section attribute), before the
+    judge's first call and outside every timed or checked one. The builder refuses a variant
+    with more than the approved template's build (`ptx.compare`, LOAD_TIME)."""
     got, base = _load_time_slots(lib), _toolchain_load_time(tuple(options))
-    if got is None or base is None or got <= base:
-        return None
-    return (f"integrity: the library has {got - base} bytes of load-time function tables beyond the toolchain's "
-            "(a global object with a constructor or destructor, or a section attribute): a CPU kernel may run "
-            "code only when it is called")
+    if got is None or base is None:
+        return 0
+    return max(0, got - base)
 
 
 def _judge_library(lib: str, options: tuple[str, ...] = ()) -> str | None:
     names = imports(lib)
-    bad = import_violation(names) if names is not None else None
-    return bad or load_time_violation(lib, options)
+    return import_violation(names) if names is not None else None
 
 
 def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:

@@ -238,15 +238,21 @@ _PERMITTED = re.compile(
     r"|printf|puts|putchar)$")
 
 
-def imports(lib: str) -> list[str] | None:
-    """The symbols the library takes from other libraries (weak ones included), or None without nm."""
+def _tool(cmd: list[str]) -> str | None:
+    """The stdout of a binutils command on a library, None where it is missing or fails."""
     try:
-        r = subprocess.run(["nm", "-D", "--undefined-only", lib], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if r.returncode != 0:
+    return r.stdout if r.returncode == 0 else None
+
+
+def imports(lib: str) -> list[str] | None:
+    """The symbols the library takes from other libraries (weak ones included), or None without nm."""
+    out = _tool(["nm", "-D", "--undefined-only", lib])
+    if out is None:
         return None
-    return sorted({ln.split()[-1].split("@")[0] for ln in r.stdout.splitlines() if ln.split()})
+    return sorted({ln.split()[-1].split("@")[0] for ln in out.splitlines() if ln.split()})
 
 
 def import_violation(names: list[str]) -> str | None:
@@ -312,15 +318,18 @@ def _nm_data(lib: str) -> dict[str, int] | None:
 
 
 @lru_cache(maxsize=8)
-def _toolchain_data(options: tuple[str, ...]) -> frozenset:
-    """What the toolchain itself puts in an empty library's writable data (_DYNAMIC,
-    __dso_handle, completed.0, ...): never the kernel's. Worked out once per compiler and
-    options, and kept in the artifact cache (every judge worker would compile the probe again)."""
+def _toolchain(options: tuple[str, ...]) -> dict:
+    """What the toolchain itself puts in an empty library: its writable data (_DYNAMIC,
+    __dso_handle, completed.0, ...) and its load-time tables (frame_dummy and its counterpart),
+    never the kernel's. Worked out once per compiler and options, and kept in the artifact cache
+    (every judge worker would compile the probe again). {"data": [names], "load_time": bytes}."""
     import json
 
-    kept = cache_dir() / "cpu" / f"toolchain-{artifact_key(' '.join(options), compiler_version(), 'data-by-section')}.json"
+    kept = cache_dir() / "cpu" / f"toolchain-{artifact_key(' '.join(options), compiler_version(), 'empty-library')}.json"
     try:
-        return frozenset(json.loads(kept.read_text()))
+        got = json.loads(kept.read_text())
+        if isinstance(got, dict) and "data" in got:
+            return got
     except (OSError, ValueError):
         pass
     with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
@@ -330,13 +339,19 @@ def _toolchain_data(options: tuple[str, ...]) -> frozenset:
         r = subprocess.run([CXX, *BASE_FLAGS, *options, src, "-o", lib], capture_output=True, text=True,
                            timeout=COMPILE_TIMEOUT_S)
         syms = _nm_data(lib) if r.returncode == 0 else None
+        load = _load_time_slots(lib) if r.returncode == 0 else None
     if syms is None:
-        return frozenset()
+        return {"data": [], "load_time": None}
+    got = {"data": sorted(syms), "load_time": load}
     kept.parent.mkdir(parents=True, exist_ok=True)
     tmp_kept = kept.with_suffix(f".{os.getpid()}.tmp")
-    tmp_kept.write_text(json.dumps(sorted(syms)))
+    tmp_kept.write_text(json.dumps(got))
     os.replace(tmp_kept, kept)  # atomic, as the artifacts are
-    return frozenset(syms)
+    return got
+
+
+def _toolchain_data(options: tuple[str, ...]) -> frozenset:
+    return frozenset(_toolchain(tuple(options))["data"])
 
 
 def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
@@ -369,31 +384,19 @@ _LOAD_TIME_NAMES = (".ctors", ".dtors", ".init_array", ".fini_array", ".preinit_
 def _load_time_slots(lib: str) -> int | None:
     """Bytes of the library's tables of functions the loader runs when it loads or unloads the
     library (.init_array, .preinit_array, .fini_array, .ctors, .dtors); None without readelf."""
-    try:
-        r = subprocess.run(["readelf", "-W", "-S", lib], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if r.returncode != 0:
+    out = _tool(["readelf", "-W", "-S", lib])
+    if out is None:
         return None
     total = 0
-    for ln in r.stdout.splitlines():
+    for ln in out.splitlines():
         m = re.match(r"\s*\[\s*\d+\]\s+(\S+)\s+(\S+)\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", ln)
         if m and (m.group(2) in _LOAD_TIME or m.group(1) in _LOAD_TIME_NAMES):
             total += int(m.group(3), 16)
     return total
 
 
-@lru_cache(maxsize=8)
 def _toolchain_load_time(options: tuple[str, ...]) -> int | None:
-    """What the toolchain itself puts in an empty library's load-time tables (frame_dummy and
-    its counterpart): never the kernel's."""
-    with tempfile.TemporaryDirectory(prefix="pipe-cpu-") as tmp:
-        src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
-        with open(src, "w") as f:
-            f.write('extern "C" void pipe_probe(float* y) { y[0] = 1.f; }\n')
-        r = subprocess.run([CXX, *BASE_FLAGS, *options, src, "-o", lib], capture_output=True, text=True,
-                           timeout=COMPILE_TIMEOUT_S)
-        return _load_time_slots(lib) if r.returncode == 0 else None
+    return _toolchain(tuple(options))["load_time"]
 
 
 def load_time_bytes(lib: str, options: tuple[str, ...] = ()) -> int:

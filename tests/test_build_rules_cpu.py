@@ -127,6 +127,8 @@ def test_import_rules_keep_math_memory_and_threads():
 
 @pytest.mark.parametrize("head", [
     '[[gnu::optimize("Ofast")]] static int f1() { return 1; }\n',
+    '[[deprecated("]"), gnu::optimize("Ofast")]] static int f4() { return 4; }\n',  # a "]" in a string first
+    '__attribute__((target("avx512f"))) static int f5() { return 5; }\n',
     '_Pragma("GCC optimize(\\"Ofast\\")")\n',
     '__attribute__((hot, optimize("Ofast"))) static int f2() { return 2; }\n',
     '#define OPT optimize\n__attribute__((OPT("Ofast"))) static int f3() { return 3; }\n',   # after the preprocessor
@@ -257,3 +259,20 @@ def test_code_the_loader_would_run_is_refused(rms, decl):
     action, why = ptx.compare(got.ptx, same_data, [])
     assert action == "device_state" and "load-time" in why, (action, why)
     assert ptx.compare(got.ptx, got.ptx, []) is None  # the approved template's own: allowed
+
+
+def test_a_raw_string_hides_no_code_from_the_source_rules():
+    """Session 30's second red team: `R"x( " /* )x"` ... `R"y( */ " )y"` read as plain strings
+    made everything between them one block comment to the rules, while g++ compiled it: inline
+    asm and a bare syscall passed. Raw strings are read as the compiler reads them."""
+    src = ('const char* pipe_a = R"x( " /* )x";\n'
+           'extern "C" void k(float* y) { asm volatile("nop"); y[0] = 1.f; }\n'
+           'const char* pipe_b = R"y( */ " )y";\n')
+    bad = cpu.integrity_violation(src, "k")
+    assert bad is not None and "inline assembly" in bad, bad
+    # the control: the same code outside any string trick is refused the same way, and a raw
+    # string that hides nothing leaves an honest kernel alone
+    assert "inline assembly" in cpu.integrity_violation(src.replace("R\"x( \" /* )x\"", "\"\"")
+                                                         .replace("R\"y( */ \" )y\"", "\"\""), "k")
+    assert cpu.integrity_violation('const char* s = R"(a /* b)";\nextern "C" void k(float* y) { y[0] = 1.f; }\n',
+                                   "k") is None

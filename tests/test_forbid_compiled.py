@@ -464,3 +464,17 @@ def test_constant_memory_reached_through_a_generic_address_is_device_state():
     action, why = ptx.compare(a, {"data": {}}, [])
     assert action == "device_state" and "cvta.const" in why
     assert ptx.compare(a, {"data": {"%cvta.const": 1}}, []) is None
+
+
+@pytest.mark.parametrize("decl", [
+    "{ .global\n.align 4 .u32 pipe_st; atom.global.add.u32 %r1, [pipe_st], 1; }",  # split over lines
+    "{ .global.u32 pipe_st; atom.global.add.u32 %r1, [pipe_st], 1; }",  # no space before the type
+])
+def test_a_global_declaration_is_found_however_it_is_spelled(decl):
+    """Session 30's second red team kept counters past a rule that read one line at a time and
+    wanted a space after `.global` (both counted 0, 32, 64, 96 on the H200)."""
+    text = (".visible .entry k(\n.param .u64 p\n)\n{\n\t.reg .b32 %r<3>;\n\t// begin inline asm\n\t" + decl +
+            "\n\t// end inline asm\n\tcvta.to.global.u64 %rd2, %rd1;\n\tst.global.u32 [%rd2], %r1;\n\tret;\n}\n")
+    a = ptx.analyze(text)
+    assert a["data"] == {"pipe_st": 1}, a["data"]
+    assert ptx.compare(a, {"data": {}}, [])[0] == "device_state"

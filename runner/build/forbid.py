@@ -37,11 +37,14 @@ NAMED: dict[str, Named] = {
     "fast_math": Named(
         "approximate math: fast-math flags, optimize pragmas, CUDA's intrinsic approximations",
         # GCC's per-function options in any spelling: the pragmas (also through _Pragma, which the
-        # preprocessor turns into #pragma), and optimize/target in a GNU or C++11 attribute list
+        # preprocessor turns into #pragma), and optimize/target wherever they stand. The word
+        # `optimize` (or `target_clones`) anywhere, string literals included, and `target("...")`:
+        # not only inside an attribute list as the list's own brackets delimit it (session 30's
+        # second red team closed a `[[...]]` early with a "]" in a string before gnu::optimize)
         {"cpu": (r"#\s*pragma\s+GCC\s+(optimize|push_options|pop_options|reset_options|target)\b",
                  r"\b_Pragma\s*\(\s*(u8|u|U|L)?R?\"[^\n]*?\b(optimize|push_options|target)\b",
-                 r"\b__attribute(__)?\s*\(\s*\([^;{]*?\b(__)?(optimize|target|target_clones)(__)?\s*\(",
-                 r"\[\[[^\]]*?\b(__)?(optimize|target|target_clones)(__)?\s*\(",
+                 r"\b_*(optimize|target_clones|push_options)_*\b",
+                 r"\b_*target_*\s*\(\s*(u8|u|U|L)?R?\"",
                  r"#\s*pragma\s+(clang\s+)?fp\s+"),
          "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef|tanhf)\b",
                   r"\b__nv_fast_\w+", r"\b__nvvm_\w*(approx|ftz)\w*", r"#\s*pragma\s+nv_fast_math",
@@ -105,8 +108,13 @@ class Violation:
 
 
 # One pass over C/C++ text: string and character literals are kept whole (a "//" or
-# "/*" inside one starts no comment), comments are replaced by their newlines.
-_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
+# "/*" inside one starts no comment), comments are replaced by their newlines. Raw string
+# literals (`R"d( ... )d"`, any prefix) first: read as plain strings, a raw string holding a
+# quote then "/*" hid the code after it from every source rule as a comment (session 30's
+# second red team hid inline asm and a bare syscall so).
+_RAW = r'(?<![\w$])(?:u8|u|U|L)?R"([^()\\\s"]{0,16})\((?:.*?)\)\1"'
+_TOKENS = re.compile(_RAW + r'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
+_RAW_START = re.compile(r'(?:u8|u|U|L)?R"')
 
 
 _TRIGRAPHS = {"??=": "#", "??/": "\\", "??'": "^", "??(": "[", "??)": "]", "??!": "|", "??<": "{", "??>": "}",
@@ -137,7 +145,7 @@ def normalize(source: str) -> str:
 def strip_comments(source: str) -> str:
     def repl(m: re.Match) -> str:
         t = m.group(0)
-        return t if t[0] in "\"'" else "\n" * t.count("\n")
+        return t if t[0] in "\"'" or _RAW_START.match(t) else "\n" * t.count("\n")
     return _TOKENS.sub(repl, normalize(source))
 
 

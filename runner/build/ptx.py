@@ -120,10 +120,25 @@ _MARK = re.compile(r"^\s*//\s*(begin|end) inline asm\s*$")
 # the shared memory sm_90 reserves in each block, which no scrub of the judge's writes: a kernel
 # that reads or writes it could keep state there from one launch to the next
 _RESERVED_SMEM = re.compile(r"%reserved_smem_offset_\w+")
-# a .global state-space declaration anywhere: a function body, or an inline asm string's braces (`{ .global .u32 st; ... }` is a module-lifetime variable all the same; session
-# 30's red team kept a call counter in one), besides module scope
-_ANY_DECL = re.compile(r"(?:^|[\s{;])\.(global)\s+(?:(?:\.align\s+\d+|\.attribute\s*\([^)]*\)|\.v\d)\s+)*"
-                       r"\.\w+\s+([A-Za-z_$%][\w$]*)")
+def declared_globals(ptx: str) -> list[str]:
+    """The names of every `.global` variable the PTX declares, wherever and however it is
+    spelled: at module scope, in a function body, inside an inline asm string's braces, split
+    over lines, with or without a space before its type (`.global.u32 n`). Read over the whole
+    text, not line by line (session 30's second red team kept counters past a rule that read one
+    line at a time and wanted a space after `.global`). `.global` as an instruction's state space
+    (`ld.global`, `cvta.to.global`) follows a letter, and a parameter's `.ptr .global` is no
+    variable."""
+    text = _strip_ptx_comments(ptx)
+    names = []
+    for m in re.finditer(r"(?<![\w$.%])\.global(?![\w$])", text):
+        if text[:m.start()].rstrip().endswith(".ptr"):
+            continue
+        ident = re.search(r"(?<![.\w$%])([A-Za-z_$][\w$]*)", text[m.end():m.end() + 400])
+        if ident:
+            names.append(ident.group(1))
+    return names
+
+
 # constant memory made writable: `cvta.const` gives a generic address of constant data, through
 # which a store changes it for every later launch (session 30, H200: a counter kept so)
 _CVTA_CONST = "%cvta.const"
@@ -185,24 +200,21 @@ def analyze(ptx: str) -> dict:
         if m:
             ext[m.group(1)] += 1
             continue
-        if depth == 0 and not in_asm:
-            g = _GLOBAL_DATA.match(ln)
-            if g:
-                data[g.group(1)] += 1
-                continue
+        if depth == 0 and not in_asm and _GLOBAL_DATA.match(ln):
+            continue  # a module-scope declaration: counted with the others below
         depth += ln.count("{") - ln.count("}")
         if _MARK.match(ln):
             continue
         for r in _RESERVED_SMEM.findall(ln):
             data[r] += 1
-        for d in _ANY_DECL.finditer(_strip_ptx_comments(ln)):
-            data[d.group(2)] += 1
         for st in statements(ln):
             op = opcode(st)
             if op and op.startswith("cvta.const"):
                 data[_CVTA_CONST] += 1
             if op and classify(op):
                 (asm if in_asm else code)[op] += 1
+    for name in declared_globals(ptx):
+        data[name] += 1
     return {"code": dict(sorted(code.items())), "asm": dict(sorted(asm.items())), "extern": dict(sorted(ext.items())),
             "data": dict(sorted(data.items()))}
 

@@ -52,7 +52,7 @@ DENY = {
     425: "io_uring_setup", 426: "io_uring_enter", 427: "io_uring_register",
     321: "bpf", 323: "userfaultfd", 298: "perf_event_open", 319: "memfd_create", 447: "memfd_secret",
     434: "pidfd_open", 438: "pidfd_getfd", 424: "pidfd_send_signal", 440: "process_madvise",
-    448: "process_mrelease", 312: "kcmp", 200: "tkill", 279: "move_pages", 256: "migrate_pages",
+    448: "process_mrelease", 312: "kcmp", 200: "tkill", 129: "rt_sigqueueinfo", 297: "rt_tgsigqueueinfo", 279: "move_pages", 256: "migrate_pages",
     248: "add_key", 249: "request_key", 250: "keyctl", 175: "init_module", 313: "finit_module",
     176: "delete_module", 246: "kexec_load", 320: "kexec_file_load", 308: "setns", 272: "unshare",
     155: "pivot_root", 166: "umount2", 167: "swapon", 168: "swapoff", 170: "sethostname",

@@ -224,16 +224,17 @@ _HARMLESS = re.compile(
     r"|nextafter|nexttoward|frexp|ldexp|modf|scalbn|scalbln|nan|sincos)[fl]?(?:_finite)?"
     r"|_ZGV\w+"  # libmvec
     r"|(?:__)?mem(?:cpy|move|set|cmp)(?:_chk)?|bcmp|__stack_chk_fail"
-    r"|_Zn[wa]m\w*|_Zd[la]Pv\w*|__cxa_throw_bad_array_new_length"
     r"|__gxx_personality_v0|_Unwind_Resume|__cxa_(?:begin_catch|end_catch|rethrow|allocate_exception"
     r"|free_exception|throw|pure_virtual|call_unexpected)|_ZSt9terminatev|_ZSt\d+__throw_\w+"
     r"|_ZTVN10__cxxabiv1\d+__\w+_type_infoE"
     r"|__[a-z]+(?:qi|hi|si|di|ti|sf|df|tf|xf|hf|bf|sc|dc|xc|tc)[23]|__cpu_indicator_init|__cpu_model"
     r"|__cpu_features2)$")
 # Imported symbols a kernel may use but a variant may not add over the approved template's
-# build: threads, the C++ runtime's guards and exit hooks, thread-local storage, printf.
+# build: threads, the C++ runtime's guards and exit hooks, thread-local storage, printf, and the
+# heap (operator new and delete: a variant of a template that allocates nothing could keep a
+# memo of its inputs and outputs there from call to call, session 30's second red team).
 _PERMITTED = re.compile(
-    r"^(?:_ZNSt6thread\w*|_ZTINSt6thread6_StateE|_ZNSt11this_thread\w*|sched_yield|__cxa_atexit"
+    r"^(?:_Zn[wa]m\w*|_Zd[la]Pv\w*|__cxa_throw_bad_array_new_length|_ZNSt6thread\w*|_ZTINSt6thread6_StateE|_ZNSt11this_thread\w*|sched_yield|__cxa_atexit"
     r"|__cxa_guard_(?:acquire|release|abort)|__cxa_thread_atexit(?:_impl)?|__tls_get_addr|__atomic_\w+"
     r"|printf|puts|putchar)$")
 

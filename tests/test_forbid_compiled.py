@@ -408,19 +408,25 @@ def test_device_state_the_approved_template_declares_stays_allowed(tmp_path):
     assert b.status == "ok", b.reason
 
 
+def _state_refused_unless_approved(text: str, key: str, needle: str) -> None:
+    """The PTX `text` holds one `key` of data; refused as device_state (its reason naming
+    `needle`) against a build without it, allowed against one with as much."""
+    a = ptx.analyze(text)
+    assert a["data"] == {key: 1}
+    action, why = ptx.compare(a, {"data": {}}, [])
+    assert action == "device_state" and needle in why
+    assert ptx.compare(a, {"data": {key: 1}}, []) is None
+
+
 def test_the_reserved_shared_memory_counts_as_device_state():
-    """A block's reserved shared memory (sm_90: %reserved_smem_offset_begin ..) is not scrubbed
-    between calls (docs/judge.md): a variant that reaches it where the approved build does not is
-    refused as device_state, whatever the spec names; the same use in the approved build stays
-    allowed."""
+    """A block's reserved shared memory (sm_90: %reserved_smem_offset_begin ..) keeps what a
+    launch leaves there (session 30, H200; the scrub now writes it too): a variant that reaches it
+    where the approved build does not is refused as device_state, whatever the spec names; the
+    same use in the approved build stays allowed."""
     text = (".visible .entry k(\n.param .u64 p\n)\n{\n\t.reg .b32 %r<3>;\n"
             "\t// begin inline asm\n\tmov.u32 %r1, %reserved_smem_offset_begin;\n\t// end inline asm\n"
             "\tld.shared.u32 %r2, [%r1];\n\tret;\n}\n")
-    a = ptx.analyze(text)
-    assert a["data"] == {"%reserved_smem_offset_begin": 1}
-    action, why = ptx.compare(a, {"data": {}}, [])
-    assert action == "device_state" and "reserved" in why
-    assert ptx.compare(a, {"data": {"%reserved_smem_offset_begin": 1}}, []) is None
+    _state_refused_unless_approved(text, "%reserved_smem_offset_begin", "reserved")
     assert ptx.analyze(text.replace("%reserved_smem_offset_begin", "%smid"))["data"] == {}
 
 
@@ -459,11 +465,7 @@ def test_constant_memory_reached_through_a_generic_address_is_device_state():
     text = (".const .align 4 .b8 cst[16];\n.visible .entry k(\n.param .u64 p\n)\n{\n"
             "\t// begin inline asm\n\tcvta.const.u64 %rd1, cst;\n\t// end inline asm\n"
             "\tatom.global.add.u32 %r1, [%rd1], 1;\n\tret;\n}\n")
-    a = ptx.analyze(text)
-    assert a["data"] == {"%cvta.const": 1}
-    action, why = ptx.compare(a, {"data": {}}, [])
-    assert action == "device_state" and "cvta.const" in why
-    assert ptx.compare(a, {"data": {"%cvta.const": 1}}, []) is None
+    _state_refused_unless_approved(text, "%cvta.const", "cvta.const")
 
 
 @pytest.mark.parametrize("decl", [

@@ -61,11 +61,6 @@ _TYPES = {"f16", "bf16", "f16x2", "bf16x2", "tf32", "f32", "f64", "e4m3", "e5m2"
 ALLOWED_EXTERN = ("vprintf", "__assertfail")
 DEVICE_STATE = ("state that outlives a call: module-scope device data (a __device__ or __managed__ variable) "
                 "that the approved template's build does not declare")
-# a module-scope .global declaration: `[.visible|.weak|.extern] .global [.align N] [.attribute(...)]
-# .type name[...]`, as NVVM writes __device__ and __managed__ variables (string literals too)
-_GLOBAL_DATA = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.global\s+"
-                          r"(?:(?:\.align\s+\d+|\.attribute\s*\([^)]*\)|\.v\d)\s+)*\.\w+\s+([A-Za-z_$%][\w$]*)")
-
 
 # 8-bit and narrower types: an MMA that reads them, or a conversion that rounds to them, computes
 # in less than any op here declares (bf16 at the least)
@@ -145,6 +140,14 @@ _CVTA_CONST = "%cvta.const"
 # (CPU backend) bytes of a library's load-time function tables beyond the toolchain's: code run
 # as the worker loads it (backends/cpu.load_time_bytes); counted like cvta.const
 LOAD_TIME = "%load-time tables"
+# the data entries judged by their count against the approved build's, with the reason given
+_COUNTED = {
+    _CVTA_CONST: ("'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a generic address of "
+                  "constant memory lets a store change it for every later launch"),
+    LOAD_TIME: ("{n} bytes of load-time function tables in the library vs {b} in the approved template's build: a "
+                "global object with a constructor or destructor, or a section attribute, runs code as the worker "
+                "loads the library, outside every call"),
+}
 _EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
 _OPCODE = re.compile(r"^(?:@!?%?\w+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
 
@@ -200,8 +203,6 @@ def analyze(ptx: str) -> dict:
         if m:
             ext[m.group(1)] += 1
             continue
-        if depth == 0 and not in_asm and _GLOBAL_DATA.match(ln):
-            continue  # a module-scope declaration: counted with the others below
         depth += ln.count("{") - ln.count("}")
         if _MARK.match(ln):
             continue
@@ -237,26 +238,15 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     base = base or {"code": {}, "asm": {}, "extern": {}, "data": {}}
     named = set(named)
     for name, n in cand.get("data", {}).items():  # whatever the spec names: see the module's docstring
-        if name == _CVTA_CONST:
+        if name in _COUNTED:  # more than the approved build has, not merely any
             b = base.get("data", {}).get(name, 0)
             if n > b:
-                return "device_state", (f"'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a "
-                                        "generic address of constant memory lets a store change it for every later "
-                                        "launch")
-            continue
-        if name == LOAD_TIME:
-            b = base.get("data", {}).get(name, 0)
-            if n > b:
-                return "device_state", (f"{n} bytes of load-time function tables in the library vs {b} in the approved "
-                                        "template's build: a global object with a constructor or destructor, or a "
-                                        "section attribute, runs code as the worker loads the library, outside every "
-                                        "call")
+                return "device_state", _COUNTED[name].format(n=n, b=b)
             continue
         if name not in base.get("data", {}):
             if name.startswith("%"):
                 return "device_state", (f"the PTX uses {name}, the shared memory reserved in each block, which "
-                                        "the judge does not scrub between calls and the approved template's build "
-                                        "does not use")
+                                        "the approved template's build does not use")
             return "device_state", (f"the PTX declares the module-scope device variable '{name}', which the "
                                     "approved template's build does not")
     where = {"code": "compiled code", "asm": "inline asm"}

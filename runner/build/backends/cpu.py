@@ -272,22 +272,28 @@ def import_violation(names: list[str]) -> str | None:
 _TOOLCHAIN_WRITABLE = frozenset({"DW.ref.__gxx_personality_v0", "_GLOBAL_OFFSET_TABLE_", "_DYNAMIC"})
 
 
-def _nm_data(lib: str) -> dict[str, int] | None:
-    """The writable data symbols of a shared library (statics and thread-locals included), or None
-    without readelf. Judged by where a symbol lies, never by its name: a symbol in a section the
-    loader leaves writable (.data, .bss, .tdata, .tbss, any other section with the W flag) counts,
-    one in the part that is read-only after relocation (GNU_RELRO: vtables, type info) does not."""
-    try:
-        r = subprocess.run(["readelf", "-W", "-S", "-l", "-s", lib], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if r.returncode != 0:
+# the tables of functions the loader runs as it loads or unloads a library, by type and by name
+_LOAD_TIME = ("INIT_ARRAY", "PREINIT_ARRAY", "FINI_ARRAY")
+_LOAD_TIME_NAMES = (".ctors", ".dtors", ".init_array", ".fini_array", ".preinit_array")
+
+
+def _elf_state(lib: str) -> tuple[dict[str, int], int] | None:
+    """(writable data symbols, load-time table bytes) of a shared library, from one readelf, or
+    None without readelf.
+    The data symbols (statics and thread-locals included) are judged by where a symbol lies, never
+    by its name: a symbol in a section the loader leaves writable (.data, .bss, .tdata, .tbss, any
+    other section with the W flag) counts, one in the part that is read-only after relocation
+    (GNU_RELRO: vtables, type info) does not. The load-time bytes are the sizes of
+    .init_array, .preinit_array, .fini_array, .ctors and .dtors: code the loader runs."""
+    text = _tool(["readelf", "-W", "-S", "-l", "-s", lib])
+    if text is None:
         return None
     sections: dict[int, tuple[str, int, int, str]] = {}
     relro: list[tuple[int, int]] = []
     out: dict[str, int] = {}
     seen: set[tuple[str, str]] = set()
-    for ln in r.stdout.splitlines():
+    load_time = 0
+    for ln in text.splitlines():
         m = re.match(r"^\s*\[\s*(\d+)\]\s+(.*)$", ln)
         if m:
             parts = m.group(2).split()
@@ -295,6 +301,8 @@ def _nm_data(lib: str) -> dict[str, int] | None:
                 flags = parts[6] if len(parts) >= 10 else ""
                 try:
                     sections[int(m.group(1))] = (parts[0], int(parts[2], 16), int(parts[4], 16), flags)
+                    if parts[1] in _LOAD_TIME or parts[0] in _LOAD_TIME_NAMES:
+                        load_time += int(parts[4], 16)
                 except ValueError:
                     pass
             continue
@@ -315,7 +323,7 @@ def _nm_data(lib: str) -> dict[str, int] | None:
                 continue
             seen.add(key)
             out[name] = out.get(name, 0) + 1
-    return out
+    return out, load_time
 
 
 @lru_cache(maxsize=8)
@@ -339,11 +347,10 @@ def _toolchain(options: tuple[str, ...]) -> dict:
             f.write('extern "C" void pipe_probe(float* y) { y[0] = 1.f; }\n')
         r = subprocess.run([CXX, *BASE_FLAGS, *options, src, "-o", lib], capture_output=True, text=True,
                            timeout=COMPILE_TIMEOUT_S)
-        syms = _nm_data(lib) if r.returncode == 0 else None
-        load = _load_time_slots(lib) if r.returncode == 0 else None
-    if syms is None:
+        elf = _elf_state(lib) if r.returncode == 0 else None
+    if elf is None:
         return {"data": [], "load_time": None}
-    got = {"data": sorted(syms), "load_time": load}
+    got = {"data": sorted(elf[0]), "load_time": elf[1]}
     kept.parent.mkdir(parents=True, exist_ok=True)
     tmp_kept = kept.with_suffix(f".{os.getpid()}.tmp")
     tmp_kept.write_text(json.dumps(got))
@@ -362,13 +369,14 @@ def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
     that declares data the approved template's build does not (`device_state`); and under
     "extern" the symbols it imports beyond the harmless ones (math, memory, the C++ runtime), so
     that a variant importing one the approved template's build does not is `library_calls`."""
-    syms = _nm_data(lib)
-    if syms is None:
+    elf = _elf_state(lib)
+    if elf is None:
         return None
+    syms, load_time = elf
     base = _toolchain_data(tuple(options))
     names = imports(lib) or []
     data = {k: v for k, v in sorted(syms.items()) if k not in base}
-    load = load_time_bytes(lib, options)
+    load = load_time_bytes(load_time, options)
     if load:
         from ..ptx import LOAD_TIME
 
@@ -378,38 +386,14 @@ def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
 
 # ---------------------------------------------------------------- code run at load or unload
 
-_LOAD_TIME = ("INIT_ARRAY", "PREINIT_ARRAY", "FINI_ARRAY")
-_LOAD_TIME_NAMES = (".ctors", ".dtors", ".init_array", ".fini_array", ".preinit_array")
-
-
-def _load_time_slots(lib: str) -> int | None:
-    """Bytes of the library's tables of functions the loader runs when it loads or unloads the
-    library (.init_array, .preinit_array, .fini_array, .ctors, .dtors); None without readelf."""
-    out = _tool(["readelf", "-W", "-S", lib])
-    if out is None:
-        return None
-    total = 0
-    for ln in out.splitlines():
-        m = re.match(r"\s*\[\s*\d+\]\s+(\S+)\s+(\S+)\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", ln)
-        if m and (m.group(2) in _LOAD_TIME or m.group(1) in _LOAD_TIME_NAMES):
-            total += int(m.group(3), 16)
-    return total
-
-
-def _toolchain_load_time(options: tuple[str, ...]) -> int | None:
-    return _toolchain(tuple(options))["load_time"]
-
-
-def load_time_bytes(lib: str, options: tuple[str, ...] = ()) -> int:
-    """Bytes of the library's load-time function tables beyond the toolchain's own: code the
-    loader runs as the worker loads or unloads the library (a global object's constructor or
+def load_time_bytes(load_time: int, options: tuple[str, ...] = ()) -> int:
+    """A library's load-time function table bytes (`_elf_state`) beyond the toolchain's own: code
+    the loader runs as the worker loads or unloads the library (a global object's constructor or
     destructor, a function pointer placed in .init_array by a section attribute), before the
     judge's first call and outside every timed or checked one. The builder refuses a variant
     with more than the approved template's build (`ptx.compare`, LOAD_TIME)."""
-    got, base = _load_time_slots(lib), _toolchain_load_time(tuple(options))
-    if got is None or base is None:
-        return 0
-    return max(0, got - base)
+    base = _toolchain(tuple(options))["load_time"]
+    return 0 if base is None else max(0, load_time - base)
 
 
 def _judge_library(lib: str, options: tuple[str, ...] = ()) -> str | None:
@@ -453,8 +437,8 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
             first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:300])
             return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                             reason=first.strip()[:500])
-        nm = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True)
-        if nm.returncode == 0 and not re.search(r"\bT " + re.escape(entry) + r"$", nm.stdout, re.M):
+        nm = _tool(["nm", "-D", "--defined-only", lib])
+        if nm is not None and not re.search(r"\bT " + re.escape(entry) + r"$", nm, re.M):
             return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                             reason=f"entry '{entry}' is not an exported C symbol (missing extern \"C\"?)")
         bad = _judge_library(lib, tuple(options))

@@ -112,9 +112,11 @@ def classify_extern(name: str) -> str | None:
 
 
 _MARK = re.compile(r"^\s*//\s*(begin|end) inline asm\s*$")
-# the shared memory sm_90 reserves in each block, which no scrub of the judge's writes: a kernel
-# that reads or writes it could keep state there from one launch to the next
+# the shared memory sm_90 reserves in each block: a kernel that reads or writes it could keep
+# state there from one launch to the next (the scrub writes it too, since session 30)
 _RESERVED_SMEM = re.compile(r"%reserved_smem_offset_\w+")
+
+
 def declared_globals(ptx: str) -> list[str]:
     """The names of every `.global` variable the PTX declares, wherever and however it is
     spelled: at module scope, in a function body, inside an inline asm string's braces, split

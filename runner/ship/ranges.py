@@ -424,9 +424,18 @@ SPLITS = 4  # new ranges a range may be cut into where its kernels stop serving
 # grouped GEMM's row tiles fill or spill over within 10% of T, so a cut at the log-midpoint of
 # sizes 19% apart gave a whole stretch to the wrong one). Eight sizes an octave and four steps
 # made the coarse MoE compare run past 340 s where it took 202 (session 28): four and three.
+# A cut needs its choice to hold at FB_RUN measured sizes in a row (the bisection's midpoints
+# count): under the power cap the stock arms trade places from size to size by a few percent
+# with no order that holds at the next size (the coarse MoE shape on the H200, session 30:
+# T = 717..762 was cut into three ranges from one size each, the loop at 725, torch._grouped_mm
+# at 740 and the loop at 755, and the loop ran 3.5% behind torch.compile at T = 762 in every
+# round; T = 675..716 went to torch eager from two sizes, 682 and 710, and the loop ran 5.5%
+# ahead of it at T = 691 in every round: two sizes were not enough). A shorter run's sizes take
+# the fallback fastest over the run and the size on either side of it together.
 FB_PER_OCTAVE = 4
 FB_MAX = 32
 FB_BISECT = 3
+FB_RUN = 3
 
 
 def _fallback_sizes(lo: int, hi: int) -> list[int]:
@@ -438,14 +447,56 @@ def _fallback_sizes(lo: int, hi: int) -> list[int]:
     return vals
 
 
+def _runs(names: list) -> list[list[int]]:
+    """[first index, last index] of each run of one value in `names`."""
+    runs = []
+    for i, n in enumerate(names):
+        if runs and names[runs[-1][0]] == n:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return runs
+
+
+def _fallback_choice(got: dict, own):
+    """The fastest fallback of `got` ({name: (pick, ...)}; None: torch eager), or `own` (the
+    range's fallback) where it is within NOISE of that one; `own` where nothing ran."""
+    if not got:
+        return own
+    best = min(got, key=lambda n: got[n][0])
+    return own if own in got and got[own][0] <= got[best][0] * (1 + NOISE) else best
+
+
+def _held_choices(gots: list[dict], own) -> tuple[list, list]:
+    """Per measured size of a range that falls back (ascending; each fallback_picks there): the
+    fallback each size chose (_fallback_choice), and the one that takes it. A choice takes the
+    sizes of its run where the run has FB_RUN sizes or more; a shorter run's sizes take the
+    fallback fastest over the run and the size on either side of it together (the sum of its
+    picks there, among the fallbacks timed at all of them; the range's own within NOISE of it
+    stays). Each short run is judged from the sizes' own choices, never from another run's
+    merge; runs of one fallback so held join (the cuts fall between them)."""
+    chosen = [_fallback_choice(g, own) for g in gots]
+    held = list(chosen)
+    for a, b in _runs(chosen):
+        if b - a + 1 >= FB_RUN:
+            continue
+        near = gots[max(a - 1, 0):b + 2]
+        common = set.intersection(*(set(g) for g in near))
+        held[a:b + 1] = [_fallback_choice({n: (sum(g[n][0] for g in near),) for n in common}, own)] * (b - a + 1)
+    return chosen, held
+
+
 def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) -> list[dict]:
     """Each range that falls back (no kernel list, no level rows), cut where another of the
     fallbacks (torch eager and op.fallbacks' arms) is measured faster: the fallbacks alone at
     _fallback_sizes across the range, each judged by its mean over the size and its twins; a
     size keeps the range's own fallback unless another beats it by more than NOISE there. Between
     two neighbouring sizes of different choices the fallbacks are timed again at the log-midpoint,
-    FB_BISECT times (each step one request for every such pair of the range); the cuts lie at the
-    log-midpoints between the closest sizes of different choices."""
+    FB_BISECT times (each step one request for every such pair of the range). A choice must hold
+    at FB_RUN sizes in a row to take a stretch; a shorter run's sizes take the fallback fastest
+    over them and their two neighbours (_held_choices: the stock arms trade places from size to
+    size under the power cap). The cuts lie at the log-midpoints between the closest sizes of
+    different choices so held."""
     op = spec.op
     fbs = list(prober.fallbacks)
     out = []
@@ -460,49 +511,37 @@ def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) 
             continue
         own = r.get("fallback")
 
-        def pick_at(sizes):
+        def time_at(sizes):  # (size, shape, every fallback's (pick, report) there)
             timed = time_with_twins(prober, [sh for _, sh in sizes], [[] for _ in sizes],
                                     [_twins(op, [axis], sh, {axis: hi}) for _, sh in sizes])
-            chosen = []
-            for (v, sh), (res, tw) in zip(sizes, timed):
-                got = fallback_picks(res, fbs, tw)
-                if not got:
-                    chosen.append((v, sh, own, r.get("eager_s")))
-                    continue
-                best = min(got, key=lambda n: got[n][0])
-                if own in got and got[own][0] <= got[best][0] * (1 + NOISE):
-                    best = own  # within the noise of the range's own choice: it stays
-                chosen.append((v, sh, best, got[best][1]))
-            return chosen
+            return [(v, sh, fallback_picks(res, fbs, tw)) for (v, sh), (res, tw) in zip(sizes, timed)]
 
-        picks = pick_at(sizes)
+        picks = time_at(sizes)
         for _ in range(FB_BISECT):  # each change of choice between two sizes: where it happens
             mids = []
-            for (va, _, na, _), (vb, _, nb, _) in zip(picks, picks[1:]):
+            for (va, _, ga), (vb, _, gb) in zip(picks, picks[1:]):
                 m = min(max(_geo_mid(va, vb), va + 1), vb - 1)
-                if na != nb and va < m < vb and (sh := _inside(op, op.point({axis: m}))) is not None:
+                if (_fallback_choice(ga, own) != _fallback_choice(gb, own) and va < m < vb
+                        and (sh := _inside(op, op.point({axis: m}))) is not None):
                     mids.append((m, sh))
             if not mids:
                 break
-            picks = sorted(picks + pick_at(mids), key=lambda p: p[0])
+            picks = sorted(picks + time_at(mids), key=lambda p: p[0])
+        chosen, held = _held_choices([g for _, _, g in picks], own)
         if log:
             log(f"  {axis} {lo}..{hi - 1} falls back; at {len(picks)} sizes: "
-                + ", ".join(f"{v} {n or 'torch'}" for v, _, n, _ in picks))
-        runs = []  # (first index, last index) of each run of one choice
-        for i, (_, _, n, _) in enumerate(picks):
-            if runs and picks[runs[-1][0]][2] == n:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
+                + ", ".join(f"{v} {c or 'torch'}" + (f" (held: {h or 'torch'})" if h != c else "")
+                            for (v, _, _), c, h in zip(picks, chosen, held)))
+        runs = _runs(held)
         if len(runs) == 1:
             out.append(r)
             continue
         cuts = [lo] + [max(_geo_mid(picks[b][0], picks[b + 1][0]), picks[b][0] + 1) for _, b in runs[:-1]] + [hi]
         for (a, b), c0, c1 in zip(runs, cuts, cuts[1:]):
-            mid = (a + b) // 2
-            v, sh, n, t = picks[mid]
-            part = {"lo": {axis: c0}, "hi": {axis: c1}, "point": sh, "use": [], "times_s": {}, "eager_s": t,
-                    "fallback": n}
+            _, sh, got = picks[(a + b) // 2]
+            n = held[a]
+            part = {"lo": {axis: c0}, "hi": {axis: c1}, "point": sh, "use": [], "times_s": {},
+                    "eager_s": got[n][1] if n in got else r.get("eager_s"), "fallback": n}
             if r.get("nearest") and c0 <= r["point"][axis] < c1 and n == own:
                 # the range's own point, measured against the kernels: how far they were behind
                 part.update(point=r["point"], nearest=r["nearest"], eager_s=r.get("eager_s"))

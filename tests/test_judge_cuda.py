@@ -297,8 +297,9 @@ def test_state_left_in_shared_or_local_memory_does_not_reach_a_timed_call(bench,
 
 def test_the_scrub_leaves_no_residue_the_flush_would(tmp_path):
     """tools/residue_probe.py on this GPU, in processes of its own (a kind of access this device
-    refuses faults that process, not this one): a block's shared memory and threads' local
-    frames of three sizes and two block sizes survive into the next launch (the control), and
+    refuses faults that process, not this one): a block's shared memory, the part of it reserved
+    below the block's own (`reserved`, by raw address), and threads' local frames of three sizes
+    and two block sizes survive into the next launch (the control), and
     none of it survives Runtime.scrub given the reader's frame. The local windows reached with
     no frame (`cvta.local`, before and after another launch raised the stack), each in a process
     of its own: either the device refuses the access (a fault: no such channel) or the scrub

@@ -7,6 +7,9 @@ launch, and does the judge's scrub remove it? (docs/judge.md, "State kept betwee
 A writer kernel fills, with a pattern drawn from a fresh tag, one of (KINDS):
 
 - smem: every SM's shared memory (one block of the opt-in maximum, four waves of blocks);
+- reserved: the shared memory sm_90 reserves in each block below the block's own (1 KiB on the
+  H200), by raw shared-window address (`st.shared` at [0, the dynamic array's address)), in the
+  same blocks as smem (session 30: a mark kept at address 0 survived other kernels' launches);
 - local264, local1k, local4k: its threads' local frames of 264 bytes, 1 KiB (the default stack)
   and 4 KiB (more than the stack: the driver raises it for the launch), every thread slot of
   every SM twice over, in blocks of 256 threads; local1k-1024t the same in blocks of 1024;
@@ -57,6 +60,34 @@ extern "C" __global__ void __launch_bounds__(1024) r_smem(unsigned tag, int word
   for (int i = threadIdx.x; i < words; i += blockDim.x) n += s[i] == PAT(tag, i);
   atomicAdd(hits, n);
 }
+// the shared memory reserved in each block below its own (sm_90: 1 KiB), reached by raw address
+// in the block's shared window: words [0, the dynamic array's address) as the array's own kernel
+// sees them. Prediction on the H200 (one block of the opt-in maximum an SM, so the reserved part
+// sits at the same place in every such block): nothing 1.0; flush 1.0 (no kernel of the flush or
+// the refresh writes a block's reserved part); scrub 0.0 (Runtime.scrub's shared-memory kernel
+// writes every word below its own array since session 30).
+__device__ __forceinline__ void st_reserved(unsigned a, unsigned v) {
+  asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ld_reserved(unsigned a) {
+  unsigned v;
+  asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+  return v;
+}
+extern "C" __global__ void __launch_bounds__(1024) w_reserved(unsigned tag, int words) {
+  extern __shared__ unsigned w_reserved_s[];
+  const unsigned lo = (unsigned)__cvta_generic_to_shared(w_reserved_s);
+  for (int i = threadIdx.x; i < words && 4u * (unsigned)i < lo; i += blockDim.x)
+    st_reserved(4u * (unsigned)i, PAT(tag, i));
+}
+extern "C" __global__ void __launch_bounds__(1024) r_reserved(unsigned tag, int words, unsigned long long* hits) {
+  extern __shared__ unsigned r_reserved_s[];
+  const unsigned lo = (unsigned)__cvta_generic_to_shared(r_reserved_s);
+  unsigned long long n = 0;
+  for (int i = threadIdx.x; i < words && 4u * (unsigned)i < lo; i += blockDim.x)
+    n += ld_reserved(4u * (unsigned)i) == PAT(tag, i);
+  atomicAdd(hits, n);
+}
 // a kernel with no local frame at all reaching its threads' local windows through generic
 // addresses made from local offsets
 __device__ __forceinline__ volatile unsigned* window(int i) {
@@ -92,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) r_NAME(unsigned tag, int wor
 """
 # name: (frame words, threads a block); "grow": a launch with an 8 KiB frame first, which raises
 # the context's stack size, then the window kinds read and write 8 KiB of it
-KINDS = {"smem": None, "local264": (66, 256), "local1k": (256, 256), "local4k": (1024, 256),
+KINDS = {"smem": None, "reserved": None, "local264": (66, 256), "local1k": (256, 256), "local4k": (1024, 256),
          "local1k-1024t": (256, 1024), "window": (256, 256), "window8k": (2048, 256)}
 
 def _local(name: str, words: int, block: int) -> str:
@@ -145,6 +176,9 @@ def measure(rt, rounds: int = 3, on_row=None, kinds=None) -> dict:
             continue
         if kind == "smem":
             g, words, name, per = {"grid": [4 * sms], "block": [1024], "shared_mem": smem}, smem // 4, "smem", 1
+        elif kind == "reserved":  # the blocks of smem; the words below their own shared memory
+            reserved = int(getattr(props, "reserved_shared_memory_per_block", 0) or 1024)
+            g, words, name, per = {"grid": [4 * sms], "block": [1024], "shared_mem": smem}, reserved // 4, "reserved", 1
         else:
             w, block = size
             name = kind.split("8k")[0].replace("-", "_")

@@ -275,13 +275,13 @@ def rmsnorm_op(shapes: list[dict], dists: list[str], tolerance: float = 1.0e-5) 
 
 
 def rmsnorm_hack_spec(name: str, description: str, template: Path, hacks: list[str], dists: list[str],
-                      timeout_s: float) -> str:
+                      timeout_s: float, rep_ms: float = 10) -> str:
     """The CPU benches' spec (test_judge_cpu, test_judge_redteam): RMSNorm on two small shapes,
     a short timing budget, one HACK value a behaviour."""
     return hack_spec(name, template, description=description,
                      op=rmsnorm_op([{"M": 64, "N": 256}, {"M": 33, "N": 100}], dists),
                      kernel={"entry": "rmsnorm_cpu", "args": ["x", "w", "out", "M", "N", "eps"]},
-                     runtime={"cache": "warm", "warmup_ms": 2, "rep_ms": 10, "checks": 2, "timeout_s": timeout_s},
+                     runtime={"cache": "warm", "warmup_ms": 2, "rep_ms": rep_ms, "checks": 2, "timeout_s": timeout_s},
                      params={"HACK": hacks}, forbidden=["fast_math", "library_calls", "side_streams", "lower_precision"],
                      agent={"strategy": "random", "seed": 0})
 

@@ -171,31 +171,37 @@ DEEP = r"""
 #include <cstdint>
 static __attribute__((noinline)) void put_deep(uint64_t v) { volatile uint64_t d[40000]; for (int i = 0; i < 40000; ++i) d[i] = v; }
 static __attribute__((noinline)) uint64_t get_deep(uint64_t v) { volatile uint64_t d[40000]; uint64_t n = 0; for (int i = 0; i < 40000; ++i) n += d[i] == v; return n; }
-extern "C" void put(uint64_t v) { put_deep(v); }
-extern "C" uint64_t get(uint64_t v) { return get_deep(v); }
+extern "C" void deep(int64_t get, uint64_t v, uint64_t* found) { if (get) *found = get_deep(v); else put_deep(v); }
 """
 
 
 @pytest.mark.skipif(not X86, reason="the scrub is x86-64 Linux")
-def test_the_runtime_scrubs_the_stack_below_the_call(tmp_path):
+def test_the_kernel_host_scrubs_the_stack_below_the_call(tmp_path):
+    """A 320 KB frame left by one call, read by the next in the same kernel host: the host's
+    scrub before every call leaves none of it; with the scrub off (the control) it all stays."""
+    import torch
+
+    from runner.build.backends import cpu_host as host
+
     src, lib = tmp_path / "deep.cpp", tmp_path / "deep.so"
     src.write_text(DEEP)
     subprocess.run([cpu.CXX, "-O2", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
-    so = ctypes.CDLL(str(lib))
-    so.put.argtypes, so.get.argtypes, so.get.restype = [ctypes.c_uint64], [ctypes.c_uint64], ctypes.c_uint64
-    rt = cpu.Runtime.__new__(cpu.Runtime)
-    mark = 0x5EEDC0FFEE123457
+    arena, census = host.Arena(1 << 24), host.HostCensus()
+    h = host.Host(arena, str(lib), "deep", ["i64", "i64", "ptr"], census)
+    found = arena.tensor(torch.zeros(1, dtype=torch.int64))
+    mark = 0x5EEDC0FFEE123457 - (1 << 64)  # as an int64
+    try:
+        def left():
+            host.HostCall(h, [0, mark, found.data_ptr()])()
+            host.HostCall(h, [1, mark, found.data_ptr()])()
+            return int(found[0])
 
-    def scrubbed(call):
-        def f():
-            rt.scrub(0)
-            return call()
-        return f
-
-    put, get = scrubbed(lambda: so.put(mark)), scrubbed(lambda: so.get(mark))
-    put()
-    left = get()
-    assert left < 16, f"{left} words of the last call's 320 KB frame survived the scrub"
+        assert left() < 16, "words of the last call's 320 KB frame survived the host's scrub"
+        h.scrub_bytes = 0  # the control: no scrub
+        assert left() > 30000
+        assert census.take() is None  # nothing ran between the calls
+    finally:
+        h.close()
 
 
 # ---------------------------------------------------------------- 5. seccomp: the side doors

@@ -1,7 +1,8 @@
-"""A seccomp filter for workers that run native candidate code (the CPU backend).
+"""A seccomp filter for the processes that run native candidate code (the CPU backend's kernel
+hosts, build/backends/cpu_host.py; the worker itself where no host can run).
 
 Static source rules are a first line; this is the second. Once installed (on
-every thread of the worker, and inherited by threads a kernel starts), the
+every thread of the process, and inherited by threads a kernel starts), the
 process can no longer create or write files, make sockets, start programs,
 fork, signal other processes or trace them: such calls fail with EPERM. It
 reads files and writes to descriptors it already holds (its pipe to the
@@ -15,9 +16,12 @@ trial into a crash, so the list below names what reaches outside the process ins
 namespaces, modules). mmap/mprotect with PROT_EXEC stay allowed: dlopen and oneDNN's JIT
 need them.
 
-What it cannot stop is a kernel writing to the descriptors the worker already
-has, such as its pipe to the runner: replies therefore carry a per-request
-nonce, and the runner checks that exactly one reply came (`worker.Worker`).
+What it cannot stop is a kernel writing to the descriptors its process already
+has. A kernel host holds none but stdout and stderr (the worker's capped log); where the
+worker itself runs the kernel, its pipe to the runner is one: replies therefore carry a
+per-request nonce, and the runner checks that exactly one reply came (`worker.Worker`).
+In a kernel host the calls that name a process by an argument (PID_ARGS) may name only the
+host itself.
 
 x86-64 Linux only; elsewhere `install` returns False and the static rules stand alone.
 """
@@ -78,7 +82,13 @@ class _Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
 
 
-def _program() -> list[tuple[int, int, int, int]]:
+# syscalls that name a process (or thread) by an argument (its index): with the host's own pid
+# known (`install(own_pid)`), allowed only for 0 (the caller) or that pid, so no call reaches the
+# worker or another process: a signal (tgkill), a priority, an affinity, a scheduling class, limits
+PID_ARGS = {234: 0, 141: 1, 203: 0, 144: 0, 142: 0, 314: 0, 251: 1, 302: 0}
+
+
+def _program(own_pid: int | None = None) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) rows; jumps are relative to the next row."""
     deny = sorted(DENY)
     p: list[tuple[int, int, int, int]] = []
@@ -93,6 +103,16 @@ def _program() -> list[tuple[int, int, int, int]]:
     for nr in deny:  # jump over the next row (allow-continue) to the EPERM at the end of each pair
         p.append((JEQ_K, 0, 1, nr))
         p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    if own_pid is not None:
+        for nr, arg in sorted(PID_ARGS.items()):
+            # nr? load the argument's low word: 0 or own pid -> reload the number and go on;
+            # anything else -> EPERM
+            p.append((JEQ_K, 0, 5, nr))
+            p.append((LD_W_ABS, 0, 0, 16 + 8 * arg))
+            p.append((JEQ_K, 2, 0, 0))
+            p.append((JEQ_K, 1, 0, own_pid & 0xFFFFFFFF))
+            p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+            p.append((LD_W_ABS, 0, 0, 0))
     # clone3 -> ENOSYS, so that glibc falls back to clone (checked below)
     p.append((JEQ_K, 0, 1, CLONE3))
     p.append((RET_K, 0, 0, RET_ERRNO | ENOSYS))
@@ -116,14 +136,15 @@ def _program() -> list[tuple[int, int, int, int]]:
     return p
 
 
-def install() -> bool:
-    """Install the filter on every thread of this process; True if it is in force."""
+def install(own_pid: int | None = None) -> bool:
+    """Install the filter on every thread of this process; True if it is in force. With
+    `own_pid` (the kernel host's), the syscalls of PID_ARGS may name only the caller."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
-    rows = _program()
+    rows = _program(own_pid)
     arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
     prog = _Prog(len(rows), arr)
     libc.syscall.restype = ctypes.c_long

@@ -30,20 +30,13 @@ from __future__ import annotations
 
 import os
 
+from ..build.backends.cpu_host import PF_EXITING, exiting  # noqa: F401 (PF_EXITING: its home was here)
+
 TASK = "/proc/self/task"
-PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join can return
 
 
-def _exiting(tid: str) -> bool:
-    """True if the thread is exiting or already gone (it runs no more user code)."""
-    try:
-        with open(f"{TASK}/{tid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True  # gone between the listing and now
-    # fields after the command (which may hold spaces and parentheses): state is field 3, flags 9
-    rest = stat[stat.rindex(b")") + 2:].split()
-    return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & PF_EXITING)
+def _exiting(tid: str, task: str = TASK) -> bool:
+    return exiting(tid, task)
 
 
 def _names(tids: list[str]) -> str:

@@ -65,6 +65,11 @@ class Poisoned:
         """The output holds `values` (a decoy) before a call."""
         self.view.copy_(values)
 
+    def moved(self, buf: torch.Tensor) -> "Poisoned":
+        """The same buffer (guards and all) over `buf`, a copy of `self.buf` elsewhere (the CPU
+        kernel host's arena)."""
+        return Poisoned(buf, buf[GUARD:GUARD + self.numel].view(self.view.shape), self.numel)
+
     def guards_intact(self, which: int = 0) -> bool:
         g = torch.cat([self.buf[:GUARD], self.buf[GUARD + self.numel:]])
         return bool((g == _poison(self.buf.dtype)).all())
@@ -124,9 +129,12 @@ class Scratch:
                 f"(first at flat index {i}: {what}); a kernel must leave its scratch buffers zero")
 
 
-def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> Scratch:
-    """A zeroed scratch buffer inside guard bands (see Scratch)."""
+def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, share=None) -> Scratch:
+    """A zeroed scratch buffer inside guard bands (see Scratch); `share` places it where the
+    runtime keeps a candidate's buffers (the CPU kernel host's arena)."""
     mem = poisoned(shape, dtype, device)
+    if share is not None:
+        mem = mem.moved(share(mem.buf))
     mem.view.zero_()
     return Scratch(name, mem)
 

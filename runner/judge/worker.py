@@ -26,6 +26,8 @@ import time
 import traceback
 from typing import Any
 
+from ..build.backends.cpu_host import HostDied
+
 READY_TIMEOUT_S = 180.0
 
 
@@ -59,11 +61,12 @@ class Judge:
         self._decoy_cache: dict = {}
         self._decoy_last: tuple | None = None  # (key, decoys) of the last held-out shape (pipe compare)
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
+        # (in a kernel host's process where the runtime has one: build/backends/cpu_host.py)
         self.census = None
         if spec.kernel.backend == "cpu":
             from .threads import Census
 
-            self.census = Census()
+            self.census = getattr(self.rt, "census", None) or Census()
 
     def _guard(self) -> None:
         """Right after a call of candidate code returns: the thread census (CPU backend)."""
@@ -185,6 +188,8 @@ class Judge:
 
         env = self.op.shape_env(shape)
         outs = [poisoned(shape_of(t, env), TORCH_DTYPES[t.dtype], self.rt.device) for t in self.op.outputs]
+        if getattr(self.rt, "share", None):
+            outs = [o.moved(self.rt.share(o.buf)) for o in outs]
         if decoy:
             for o, d in zip(outs, self._decoys(shape)):
                 o.put(d[0])
@@ -203,8 +208,8 @@ class Judge:
         from .verify import scratch
 
         shapes = (geometry or {}).get("scratch") or {}
-        return [scratch(s.name, tuple(shapes[s.name]), TORCH_DTYPES[s.dtype], self.rt.device)
-                for s in self.spec.kernel.scratch]
+        return [scratch(s.name, tuple(shapes[s.name]), TORCH_DTYPES[s.dtype], self.rt.device,
+                        getattr(self.rt, "share", None)) for s in self.spec.kernel.scratch]
 
     def _values(self, shape: dict, inputs: dict, outs: list, ws: list = (), geometry: dict | None = None) -> list:
         """The kernel's arguments for one prepared call: pointers of the judge's buffers, scalars,
@@ -287,18 +292,30 @@ class Judge:
         bare call, which the timer times after the scrub that `_bench` runs ahead of the refresh
         and the flush."""
         call = self.rt.prepare(fn, values, geometry, mode)
-        scrub = getattr(self.rt, "scrub", None)
-        if scrub is None:
+        if getattr(self.rt, "scrub", None) is None:
             return call
-        frame = getattr(call, "local_bytes", 0)
 
         def scrubbed():
-            scrub(frame)
+            self._scrub(call)
             call()
 
         scrubbed.__dict__.update(getattr(call, "__dict__", {}))  # mode, note, the graph it keeps alive
         scrubbed.launch = call
         return scrubbed
+
+    def _scrub(self, call) -> None:
+        """The runtime's scrub ahead of a call of `call` (a hosted CPU call: in its host)."""
+        frame = getattr(call, "local_bytes", 0)
+        if getattr(call, "scrub", None) is not None:
+            self.rt.scrub(frame, call)
+        else:
+            self.rt.scrub(frame)
+
+    def _shared(self, tensors: dict) -> dict:
+        """Buffers a candidate's arguments will name, where the runtime keeps them apart from the
+        judge's own memory (the CPU kernel host's arena: build/backends/cpu_host.py); elsewhere themselves."""
+        share = getattr(self.rt, "share", None)
+        return {k: share(v) for k, v in tensors.items()} if share else tensors
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
                second_check: float | None = None, after=None, guard=None) -> list[float]:
@@ -316,7 +333,7 @@ class Judge:
         scrub = None
         if hasattr(self.rt, "scrub"):
             def scrub():
-                self.rt.scrub(getattr(call, "local_bytes", 0))
+                self._scrub(getattr(call, "launch", call))
         hooks = [h for h in (scrub, refresh, flush) if h is not None]
 
         def timer(c, sync):
@@ -392,7 +409,7 @@ class Judge:
                 made = (_seed(job["seed"], si, r), r + si, False)
                 fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses
-                    inputs = fresh
+                    inputs = self._shared(fresh)
                 else:  # new values at the same addresses: defeats caching by pointer
                     for k, v in fresh.items():
                         inputs[k].copy_(v)
@@ -476,7 +493,7 @@ class Judge:
             made = (_seed(seed, si, "batch", k), r + si, False)  # fresh rows: verification's values
             has_fresh = any(x is None for x in rows)
             fresh = self._inputs(sub_shape, *made) if has_fresh else None
-            xs = invariance.sub_inputs(self.op, axis, inputs, rows, fresh)
+            xs = self._shared(invariance.sub_inputs(self.op, axis, inputs, rows, fresh))
             del fresh
             outs = self._outputs(sub_shape)
             ws = self._workspace(sub["geometry"])  # its own, zeroed once
@@ -738,7 +755,7 @@ class Judge:
         against the copies the candidates could reach) and `refresh`, which copies the other
         set into the input buffers before a call (state["cur"] says which)."""
         made = [(_seed(*tag, k), k, True) for k in (0, 1)]  # timed calls' values (`timed` overrides)
-        inputs = self._inputs(shape, *made[0])
+        inputs = self._shared(self._inputs(shape, *made[0]))
         sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, *made[1])]
         done: dict = {}
 
@@ -1398,6 +1415,8 @@ def _stray_threads(judge, result: dict) -> dict:
     if result.get("status") == "ok":
         result = {"status": "wrong", "reason": why or "a thread a kernel started outlived its call "
                   "(work outside the timed call)"}
+    if getattr(census, "per_request", False):  # the kernel's process ends with the request
+        return result
     return {**result, "fatal": True}
 
 
@@ -1497,6 +1516,9 @@ def worker_main(conn, spec, log_path: str) -> None:
         kind, nonce, args = msg[0], msg[1], msg[2:]
         if kind == "stop":
             return
+        if kind in ("evaluate", "retime", "compare") and spec.kernel.backend == "cpu" and not sandboxed \
+                and getattr(judge.rt, "hosted", False):
+            sandboxed = True  # candidates run in kernel hosts, each under the filter (build/backends/cpu_host.py)
         if kind in ("evaluate", "retime", "compare") and spec.kernel.backend == "cpu" and not sandboxed:
             from .sandbox import install
 
@@ -1534,6 +1556,8 @@ def worker_main(conn, spec, log_path: str) -> None:
             if mode_broken and result.get("status") == "ok":
                 result = {"status": "forbidden", "reason": f"the runtime mode changed during the trial: {mode_broken}"}
             result = _stray_threads(judge, result)
+        except HostDied as e:  # a kernel crashed its own process; this one goes on
+            result = {"status": "fault", "reason": str(e)[:2000]}
         except Exception as e:
             traceback.print_exc()
             result = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
@@ -1542,6 +1566,9 @@ def worker_main(conn, spec, log_path: str) -> None:
                           "reason": f"device fault: {type(e).__name__}: {str(e)[:400]}"}
                 _send(conn, {**result, **_capped(log.finish(), judge), "nonce": nonce})
                 return
+        finally:
+            if hasattr(judge.rt, "release"):
+                judge.rt.release()  # a request's kernel hosts end with it (and what they kept)
         _send(conn, {**result, **_capped(log.finish(), judge), "nonce": nonce})
 
 

@@ -2,9 +2,10 @@
 through ctypes on torch CPU tensors.
 
 It makes the whole loop real on a machine without a GPU. Candidate code runs
-only in the worker process, never in the runner, and a fixed set of source
-patterns (file and process access, inline assembly, load-time constructors)
-is refused so that a candidate cannot reach the ledger or the judge.
+only in a kernel host, a process of its own under a seccomp filter that works on
+buffers in a shared arena (build/backends/cpu_host.py), never in the runner or the worker that
+judges it; and a fixed set of source patterns (file and process access, inline
+assembly, load-time constructors) is refused at build time as a first line.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ CXX = os.environ.get("CXX", "g++")
 BASE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
 COMPILE_TIMEOUT_S = 120
 
-# Always refused on this backend: candidate code runs natively in the worker, which a
-# seccomp filter also confines (judge/sandbox.py). Headers come from an allow-list,
+# Always refused on this backend: candidate code runs natively in a kernel host, which a
+# seccomp filter also confines (judge/sandbox.py, build/backends/cpu_host.py). Headers come from an allow-list,
 # and no symbol may be declared by hand: only the entry point has C linkage.
 ALLOWED_HEADERS = {"cmath", "math.h", "cstdint", "stdint.h", "cstddef", "stddef.h", "cstring", "climits",
                    "cfloat", "algorithm", "array", "atomic", "limits", "type_traits", "utility", "thread",
@@ -456,13 +457,18 @@ _CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, 
 
 
 class Runtime:
-    """Worker side: load libraries, marshal torch tensors and scalars, time by wall clock."""
+    """Worker side: the candidates' libraries, each in a kernel host of its own (build/backends/cpu_host.py:
+    a process under the seccomp filter, working on buffers in a shared arena, timed by the
+    worker's clock); torch tensors and scalars marshalled to it. Where the host cannot run (not
+    x86-64 Linux) the library is loaded into the worker itself, with the static rules alone."""
 
     device = "cpu"
     symbol_type = "i64"  # shape symbols are passed as int64_t
 
     def __init__(self, hw, runtime_spec=None):
         import torch
+
+        from . import cpu_host as host
 
         self.hw = hw
         # torch's arms (the baseline, pipe compare's eager and compile) get the thread count
@@ -471,8 +477,26 @@ class Runtime:
         torch.set_num_threads(self.threads)
         self._libs: dict[str, ctypes.CDLL] = {}
         self._flush_buf = None
+        self.hosted = host.supported()
+        self._hosts: dict[tuple, host.Host] = {}
+        if self.hosted:
+            self.arena = host.Arena()
+            self.census = host.HostCensus()
+            host.not_dumpable()
 
     def load(self, artifact: str, entry: str, kinds: list[str]):
+        if self.hosted:
+            from . import cpu_host as host
+
+            key = (artifact, entry, tuple(kinds))
+            h = self._hosts.pop(key, None)
+            if h is None or not h.alive():
+                if len(self._hosts) >= host.MAX_HOSTS:  # the oldest goes
+                    self._drop(next(iter(self._hosts)))
+                h = host.Host(self.arena, artifact, entry, kinds, self.census)
+            self._hosts[key] = h  # most recent last
+            self.census.hosts = list(self._hosts.values())
+            return h
         lib = self._libs.get(artifact)
         if lib is None:
             lib = self._libs[artifact] = ctypes.CDLL(artifact)
@@ -481,8 +505,27 @@ class Runtime:
         fn.argtypes = [_CTYPES[k] for k in kinds]
         return fn
 
+    def _drop(self, key) -> None:
+        h = self._hosts.pop(key)
+        h.close()
+        self.census.hosts = list(self._hosts.values())
+
+    def release(self) -> None:
+        """The end of a request: every host goes, and with it whatever its kernel kept."""
+        for key in list(self._hosts):
+            self._drop(key)
+
+    def share(self, t):
+        """`t` as a candidate may see it: a copy in the arena (in-process: `t` itself)."""
+        return self.arena.tensor(t) if self.hosted else t
+
     def prepare(self, fn, values: list, geometry=None, mode=None):
         """The one callable used for checked and timed calls alike."""
+        if self.hosted:
+            from .cpu_host import Host, HostCall
+
+            if isinstance(fn, Host):
+                return HostCall(fn, values)
         return lambda: fn(*values)
 
     def prepare_torch(self, fn, mode=None):
@@ -494,14 +537,21 @@ class Runtime:
     SCRUB_BYTES = 1 << 20  # of the calling thread's stack, below the stack pointer
     _SCRUB_MARGIN = 256  # left alone right below the pointer: memset's own frame (it uses none)
 
-    def scrub(self, local_bytes: int = 0) -> None:
+    def scrub(self, local_bytes: int = 0, call=None) -> None:
         """Overwrite SCRUB_BYTES of the calling thread's stack below the stack pointer, where a
         kernel's frames lie and where a value left by one call would wait for the next (the CPU
         side of `device_state`; the CUDA runtime scrubs shared and local memory). The judge runs
         it ahead of every call of a candidate and ahead of every timed call, outside the timing
         (judge/worker.Judge). libc's own getcontext (the stack pointer) and memset do the work,
-        on this thread's stack as pthread reports it; x86-64 Linux only."""
+        on this thread's stack as pthread reports it; x86-64 Linux only. A hosted call's
+        scrub is its host's, on the host's thread (build/backends/kernel_host.py)."""
         import threading
+
+        if call is not None and hasattr(call, "scrub"):
+            call.scrub(max(self.SCRUB_BYTES, int(local_bytes or 0)))
+            return
+        if self.hosted:
+            return
 
         st = self._stack_bounds()
         if st is None:
@@ -557,7 +607,8 @@ class Runtime:
         pass
 
     def timer(self, call, sync) -> float:
-        return wall_timer(call, sync)
+        timed = getattr(call, "timed", None)  # a hosted call: the host primed, then go to done
+        return timed() if timed is not None else wall_timer(call, sync)
 
     def flush(self) -> None:
         """Evict caches: write a buffer twice the profile's last-level cache."""

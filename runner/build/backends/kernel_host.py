@@ -1,0 +1,179 @@
+"""The kernel host: the process a CPU candidate's library runs in (the judge's side: cpu_host.py).
+
+Started by the judge's worker as `python -I -S kernel_host.py ARENA_FD ARENA_BYTES CTL_OFFSET PPID
+SANDBOX_PY`, with the shared arena's descriptor its only one besides stdout and stderr. It maps
+the arena (the inputs, outputs and scratch buffers of the calls, and this host's control block),
+takes away its own capabilities and goes under the seccomp filter (judge/sandbox.py, with the
+checks that need its own pid), and only then loads the candidate's library: the library's
+load-time code already runs confined. From then on it does what the control block says and
+nothing else, sleeping on a futex between commands:
+
+- CALL: the stack scrubbed, the entry on the arguments in the block, then `done`;
+- PRIME: the stack scrubbed, the arguments decoded, `ack`, then a spin on `go` (the judge starts
+  its clock as it writes `go`), the entry, `done`: the timed call, with no wake-up inside the
+  judge's timing;
+- SCRUB: the stack scrub alone. Every call is preceded by one: 1 MiB (or more) of this
+  thread's stack below the call's frame overwritten, where a memo left below the frame of one
+  call would wait for the next;
+- EXIT.
+
+Nothing the judge decides with lives here: the timer, the references, the value sets and the
+sampled positions stay in the worker. Whatever the candidate does to this process (its memory,
+the control block, `done`) is seen by the judge only as what it checks anyway: the outputs, the
+time between `go` and `done` on its own clock, this process's threads after every call, and its
+CPU time between commands (none may be spent while the host should be asleep).
+
+Only the standard library: this file runs with no site packages and no project imports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import mmap
+import os
+import struct
+import sys
+
+# the control block (u32 words; futexes on `seq` and `done`)
+SEQ, DONE, CMD, GO, ACK, STATUS, NARGS = 0, 4, 8, 12, 16, 20, 24
+SCRUB_BYTES_AT = 32  # u64
+ARGS_AT = 64  # u64 x MAX_ARGS: each argument's raw bits
+MAX_ARGS = 64
+KINDS_AT = ARGS_AT + 8 * MAX_ARGS  # u8 x MAX_ARGS: 1 i32, 2 i64, 3 f32, 4 f64, 5 ptr
+TEXT_AT = 1024  # the library's path and entry (LOAD), or an error back
+TEXT_BYTES = 3072
+CTL_BYTES = 4096
+CALL, PRIME, SCRUB, LOAD, EXIT = 1, 2, 3, 4, 5
+KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
+
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
+SYS_CAPSET = 126
+PR_SET_PDEATHSIG = 1
+SCRUB_MARGIN = 256
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def _drop_capabilities(libc) -> None:
+    """Every capability gone (root included): no CAP_SYS_PTRACE into the worker, no
+    CAP_DAC_OVERRIDE around file modes."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice (64 bits), all zero
+    if libc.syscall(ctypes.c_long(SYS_CAPSET), header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+class _Stack:
+    """This thread's stack scrub (getcontext for the stack pointer, memset below it)."""
+
+    def __init__(self, libc):
+        self.memset = libc.memset
+        self.memset.restype, self.memset.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        self.getcontext = libc.getcontext
+        self.getcontext.restype, self.getcontext.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        self.ctx = ctypes.create_string_buffer(4096)
+        libc.pthread_self.restype = ctypes.c_ulong
+        attr = ctypes.create_string_buffer(256)
+        addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        self.low = 1 << 62
+        if libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0:
+            if libc.pthread_attr_getstack(attr, ctypes.byref(addr), ctypes.byref(size)) == 0:
+                self.low = int(addr.value or 0)
+            libc.pthread_attr_destroy(attr)
+
+    def scrub(self, nbytes: int) -> None:
+        if self.getcontext(self.ctx) != 0:
+            return
+        sp = int.from_bytes(bytes(self.ctx[160:168]), "little")  # uc_mcontext.gregs[REG_RSP]
+        top = sp - SCRUB_MARGIN
+        bottom = max(top - nbytes, self.low + 65536)
+        if top > bottom:
+            self.memset(ctypes.c_void_p(bottom), 0, ctypes.c_size_t(top - bottom))
+
+
+def main(argv: list[str]) -> int:
+    fd, size, ctl_at, parent, sandbox_py = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the worker gone: this process too
+    if os.getppid() != parent:
+        return 3
+    # mapped by libc (Python's mmap keeps a duplicate of the descriptor), then the descriptor
+    # closed: the kernel can write the arena's memory, never resize or punch the file under
+    # the worker's mapping
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    base = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    os.close(fd)
+    if base in (None, ctypes.c_void_p(-1).value):
+        return 4
+    ctl = base + ctl_at
+    u32 = (ctypes.c_uint32 * (CTL_BYTES // 4)).from_address(ctl)
+    u64 = (ctypes.c_uint64 * (CTL_BYTES // 8)).from_address(ctl)
+    seq_p = ctypes.c_void_p(ctl + SEQ)
+
+    spec = importlib.util.spec_from_file_location("pipe_sandbox", sandbox_py)
+    sandbox = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sandbox)
+    stack = _Stack(libc)
+    struct_f, struct_d = struct.Struct("<f"), struct.Struct("<d")
+    if os.geteuid() == 0:
+        _drop_capabilities(libc)
+    confined = sandbox.install(own_pid=os.getpid())
+    u64[ARGS_AT // 8] = base  # the arena's address here, for the judge's pointer translation
+    u32[STATUS // 4] = 1 if confined else 2
+    u32[DONE // 4] = u32[SEQ // 4]
+
+    fn = None
+    types = {1: ctypes.c_int32, 2: ctypes.c_int64, 3: ctypes.c_float, 4: ctypes.c_double, 5: ctypes.c_void_p}
+    last = u32[SEQ // 4]
+    while True:
+        while u32[SEQ // 4] == last:  # asleep until the judge posts a command
+            libc.syscall(ctypes.c_long(SYS_FUTEX), seq_p, FUTEX_WAIT, ctypes.c_uint32(last), None, None, 0)
+        last = s = u32[SEQ // 4]
+        cmd = u32[CMD // 4]
+        if cmd in (CALL, PRIME):
+            stack.scrub(int(u64[SCRUB_BYTES_AT // 8]))  # before every call, outside any timing
+            n = u32[NARGS // 4]
+            args = []
+            for i in range(n):
+                raw, k = u64[ARGS_AT // 8 + i], (ctypes.c_uint8 * MAX_ARGS).from_address(ctl + KINDS_AT)[i]
+                if k == 3:
+                    args.append(struct_f.unpack(struct.pack("<I", raw & 0xFFFFFFFF))[0])
+                elif k == 4:
+                    args.append(struct_d.unpack(struct.pack("<Q", raw))[0])
+                else:  # integers and pointers, two's complement
+                    args.append(raw - (1 << 64) if raw >> 63 else raw)
+            if cmd == PRIME:
+                u32[ACK // 4] = s
+                while u32[GO // 4] != s:
+                    pass
+            if fn is not None:  # (none before LOAD: the judge's calibration)
+                fn(*args)
+        elif cmd == SCRUB:
+            stack.scrub(int(u64[SCRUB_BYTES_AT // 8]))
+        elif cmd == LOAD:
+            text = bytes((ctypes.c_char * TEXT_BYTES).from_address(ctl + TEXT_AT)).split(b"\0")
+            path, entry = text[0].decode(), text[1].decode()
+            n = u32[NARGS // 4]
+            kinds = list((ctypes.c_uint8 * MAX_ARGS).from_address(ctl + KINDS_AT)[:n])
+            try:
+                fn = getattr(ctypes.CDLL(path), entry)
+                fn.restype = None
+                fn.argtypes = [types[k] for k in kinds]
+                u32[STATUS // 4] = 0
+            except (OSError, AttributeError) as e:
+                msg = f"{type(e).__name__}: {e}".encode()[:TEXT_BYTES - 1]
+                ctypes.memmove(ctl + TEXT_AT, msg + b"\0", len(msg) + 1)
+                u32[STATUS // 4] = 4
+        elif cmd == EXIT:
+            return 0
+        u32[DONE // 4] = s  # the judge spins on it (no wake-up: nothing more runs here after it)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

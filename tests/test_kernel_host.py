@@ -1,0 +1,170 @@
+"""The CPU kernel host (build/backends/cpu_host.py, build/backends/kernel_host.py): a candidate's library in a process
+of its own. Each library here is built straight by g++, past every static rule, as the worst
+case of a candidate that got through them: what is left is the process boundary, the filter
+and the judge's own clock."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import subprocess
+import time
+
+import pytest
+import torch
+
+from runner.build.backends import cpu_host as host
+from runner.build.backends import kernel_host as kh
+
+pytestmark = pytest.mark.skipif(not host.supported(), reason="the kernel host is x86-64 Linux")
+
+LIB = r"""
+#include <cstdint>
+#include <cerrno>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#include <chrono>
+
+static void spin_ms(double ms) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < ms) {}
+}
+
+// mode 0: honest (adds 1 to x); 1: writes the host's `done` itself, then works 8 ms;
+// 2: writes `done`, sleeps on the command word until the next command, then works 8 ms;
+// 3: the syscalls that name the worker, each result in out[0..3]; 4: 8 ms of work
+extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out) {
+  if (mode == 0) { for (int64_t i = 0; i < n; ++i) x[i] += 1.0f; return; }
+  if (mode == 1) { ctl[1] = ctl[0]; spin_ms(8); return; }
+  if (mode == 2) {
+    uint32_t s = ctl[0];
+    ctl[1] = s;
+    while (__atomic_load_n(&ctl[0], __ATOMIC_SEQ_CST) == s) syscall(SYS_futex, &ctl[0], FUTEX_WAIT, s, nullptr, nullptr, 0);
+    spin_ms(8);
+    return;
+  }
+  if (mode == 3) {
+    pid_t w = getppid();
+    out[0] = syscall(SYS_tgkill, w, w, 0) == -1 ? errno : 0;
+    out[1] = syscall(SYS_setpriority, 0, w, 19) == -1 ? errno : 0;
+    char path[64];
+    int len = 0;
+    const char* a = "/proc/";
+    for (; a[len]; ++len) path[len] = a[len];
+    char digits[16]; int d = 0; for (pid_t v = w; v; v /= 10) digits[d++] = '0' + v % 10;
+    while (d) path[len++] = digits[--d];
+    const char* b = "/mem";
+    for (int i = 0; b[i]; ++i) path[len++] = b[i];
+    path[len] = 0;
+    int fd = open(path, O_RDONLY);
+    out[2] = fd < 0 ? errno : 0;
+    out[3] = syscall(SYS_tgkill, getpid(), getpid(), 0) == -1 ? errno : 0;  // itself: allowed
+    return;
+  }
+  spin_ms(8);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("host")
+    src, so = d / "k.cpp", d / "k.so"
+    src.write_text(LIB)
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    return str(so)
+
+
+@pytest.fixture()
+def rig(lib):
+    arena, census = host.Arena(1 << 26), host.HostCensus()
+    h = host.Host(arena, lib, "k", ["i64", "ptr", "i64", "ptr", "ptr"], census)
+    x = arena.tensor(torch.zeros(4096))
+    out = arena.tensor(torch.zeros(4, dtype=torch.int64))
+    ctl = arena.base + h.ctl_off  # the candidate can find its control block anyway: here it is told
+
+    def call(mode):
+        return host.HostCall(h, [mode, x.data_ptr(), x.numel(), ctl, out.data_ptr()])
+
+    yield h, census, x, out, call
+    h.close()
+
+
+def test_an_honest_call_runs_in_the_host_and_is_timed_by_the_judge(rig):
+    h, census, x, out, call = rig
+    assert h.confined and h.pid != __import__("os").getpid()
+    c = call(0)
+    c()
+    assert float(x[0]) == 1.0 and float(x[-1]) == 1.0
+    t = min(c.timed() for _ in range(20))
+    assert 0 < t < 5e-3
+    assert float(x[0]) == 21.0
+    assert census.take() is None
+
+
+def test_a_done_written_by_the_kernel_does_not_stop_the_clock(rig):
+    """`done` is in the host's memory, so the kernel can write it and go on working: the judge
+    times until the host is asleep again, so the 8 ms are charged all the same."""
+    h, census, x, out, call = rig
+    assert call(4).timed() > 7.5e-3  # 8 ms of work, honestly timed
+    forged = call(1).timed()
+    # charged: the time to asleep beyond the host's own (calibrated) gap; without it, ~10 us
+    assert forged > 7.5e-3 - h.down_allow, (forged, h.down_allow)
+
+
+def test_work_resumed_on_the_next_command_is_charged_or_caught(rig):
+    """The kernel writes `done`, sleeps on the command word and wakes with the judge's next
+    post, to finish its work before the host's `ack`: that gap is longer than the host's own
+    (calibrated before the library was loaded) and charged to the call."""
+    h, census, x, out, call = rig
+    call(2).timed()  # leaves the main thread asleep inside the kernel
+    t = call(0).timed()  # its post wakes the kernel, which works 8 ms before the host acks
+    assert t > 7.5e-3 - h.up_allow or census.take() is not None, (t, h.up_allow)
+
+
+def test_the_kernel_cannot_signal_or_read_the_worker(rig):
+    h, census, x, out, call = rig
+    call(3)()
+    tgkill, setprio, mem, itself = (int(v) for v in out)
+    assert tgkill == errno.EPERM and setprio == errno.EPERM
+    assert mem in (errno.EACCES, errno.EPERM)  # the worker is not dumpable; the host has no capabilities
+    assert itself == 0  # its own threads it may signal (glibc's abort, raise)
+
+
+def test_a_pointer_outside_the_arena_is_refused(rig):
+    h, census, x, out, call = rig
+    private = torch.zeros(16)
+    with pytest.raises(ValueError):
+        host.HostCall(h, [0, private.data_ptr(), 16, 0, 0])
+
+
+def test_a_freed_block_comes_back_zero():
+    arena = host.Arena(1 << 22)
+    t = arena.tensor(torch.full((1024,), 7.0))
+    off = t.data_ptr() - arena.base
+    del t
+    again = arena.tensor(torch.empty(1024).fill_(0.0).add_(0))  # the same first-fit block
+    assert again.data_ptr() - arena.base == off
+    raw = (ctypes.c_float * 1024).from_address(arena.base + off)
+    assert raw[0] == 0.0
+
+
+def test_a_crashing_kernel_kills_its_host_only(lib, tmp_path):
+    src, so = tmp_path / "crash.cpp", tmp_path / "crash.so"
+    src.write_text('extern "C" void k(long m) { if (m) *(volatile int*)8 = 1; }')
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    arena, census = host.Arena(1 << 22), host.HostCensus()
+    h = host.Host(arena, str(so), "k", ["i64"], census)
+    host.HostCall(h, [0])()
+    with pytest.raises(host.HostDied, match="SIGSEGV"):
+        host.HostCall(h, [1])()
+    h.close()
+
+
+def test_the_control_block_layout_fits():
+    assert kh.ARGS_AT + 8 * kh.MAX_ARGS <= kh.KINDS_AT and kh.KINDS_AT + kh.MAX_ARGS <= kh.TEXT_AT
+    assert kh.TEXT_AT + kh.TEXT_BYTES <= kh.CTL_BYTES
+    assert platform.machine() in ("x86_64", "AMD64")

@@ -53,7 +53,9 @@ RANGE = {"lo": {"T": 1000}, "hi": {"T": 2001}, "point": {"T": 1024}, "use": [], 
 
 
 def refine(spec, prober, log=None):
-    return ranges._refine_fallbacks(spec, "T", [copy.deepcopy(RANGE)], prober, log)
+    """The parts, without what each measured (checked in test_each_part_keeps_what_it_measured)."""
+    out = ranges._refine_fallbacks(spec, "T", [copy.deepcopy(RANGE)], prober, log)
+    return [{k: v for k, v in p.items() if k != "measured"} for p in out]
 
 
 def test_the_sizes_are_where_the_tests_expect_them():
@@ -142,3 +144,20 @@ def test_two_sizes_in_a_row_are_not_enough():
     chosen, held = ranges._held_choices([loop, loop, torch_, torch_, loop, loop], "loop")
     assert chosen == ["loop", "loop", None, None, "loop", "loop"]
     assert held == ["loop"] * 6
+
+
+def test_each_part_keeps_what_it_measured(spec):
+    """Each part of a cut range (and a range left whole) carries its sizes and every fallback's
+    time at each, in microseconds: the table's evidence, beside pipe compare's curve."""
+    arms = _Arms({"torch eager": 1.5, "loop": 1.0, "gm": 1.3, "cc": 1.3}, (1189, 1686, {"gm": 0.9}))
+    out = ranges._refine_fallbacks(spec, "T", [copy.deepcopy(RANGE)], arms, None)
+    assert [p["fallback"] for p in out] == ["loop", "gm", "loop"]
+    for p in out:
+        sizes = [v for v, _ in p["measured"]]
+        assert sizes and all(p["lo"]["T"] <= v < p["hi"]["T"] for v in sizes)
+        for v, times in p["measured"]:
+            best = min(times, key=times.get)
+            assert best == ("gm" if 1189 <= v < 1686 else "loop")
+            assert times["torch"] == pytest.approx(1.5)
+    whole = ranges._refine_fallbacks(spec, "T", [copy.deepcopy(RANGE)], _Arms({"torch eager": 1.5, "loop": 1.0}), None)
+    assert [v for v, _ in whole[0]["measured"]] == [1000, 1189, 1414, 1682, 2000]

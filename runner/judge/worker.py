@@ -345,7 +345,7 @@ class Judge:
         watch = self._clock_watch()
         t0 = time.monotonic()
         times = bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                      before=before, timer=timer, checks=checks, min_reps=10, after=after,
+                      before=before, timer=timer, checks=checks, min_reps=getattr(self.rt, "min_reps", 10), after=after,
                       plan=getattr(refresh, "plan", None), guard=guard)
         self.last_clock = watch.window(t0, time.monotonic()) if watch is not None else None
         return times

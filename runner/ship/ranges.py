@@ -533,15 +533,22 @@ def _refine_fallbacks(spec, axis: str, ranges: list[dict], prober: Prober, log) 
                 + ", ".join(f"{v} {c or 'torch'}" + (f" (held: {h or 'torch'})" if h != c else "")
                             for (v, _, _), c, h in zip(picks, chosen, held)))
         runs = _runs(held)
+
+        def measured(a: int, b: int) -> list:
+            """The sizes a part's choice rests on, each fallback's time there (us; `torch` for
+            eager): kept in the table, to set beside pipe compare's curve at the same sizes."""
+            return [[v, {(k or "torch"): round(g[k][0] * 1e6, 2) for k in g}] for v, _, g in picks[a:b + 1]]
+
         if len(runs) == 1:
-            out.append(r)
+            out.append({**r, "measured": measured(0, len(picks) - 1)})
             continue
         cuts = [lo] + [max(_geo_mid(picks[b][0], picks[b + 1][0]), picks[b][0] + 1) for _, b in runs[:-1]] + [hi]
         for (a, b), c0, c1 in zip(runs, cuts, cuts[1:]):
             _, sh, got = picks[(a + b) // 2]
             n = held[a]
             part = {"lo": {axis: c0}, "hi": {axis: c1}, "point": sh, "use": [], "times_s": {},
-                    "eager_s": got[n][1] if n in got else r.get("eager_s"), "fallback": n}
+                    "eager_s": got[n][1] if n in got else r.get("eager_s"), "fallback": n,
+                    "measured": measured(a, b)}
             if r.get("nearest") and c0 <= r["point"][axis] < c1 and n == own:
                 # the range's own point, measured against the kernels: how far they were behind
                 part.update(point=r["point"], nearest=r["nearest"], eager_s=r.get("eager_s"))

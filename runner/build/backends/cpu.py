@@ -464,6 +464,11 @@ class Runtime:
 
     device = "cpu"
     symbol_type = "i64"  # shape symbols are passed as int64_t
+    # timed calls a loop makes at the least, whatever one costs: a kernel host's handoffs (its
+    # wake-up, the settle) cost 0.2 to 3 ms a call on a busy 2-core VM, which cut a 25 ms budget to
+    # 10 calls, and a kernel lazy on one call in 16 then passed half the time; at 64 a shape, it
+    # goes unsampled 1.6% of the time
+    min_reps = 64
 
     def __init__(self, hw, runtime_spec=None):
         import torch
@@ -482,6 +487,7 @@ class Runtime:
         if self.hosted:
             self.arena = host.Arena()
             self.census = host.HostCensus()
+            self.census.arena = self.arena
             host.not_dumpable()
 
     def load(self, artifact: str, entry: str, kinds: list[str]):
@@ -514,6 +520,8 @@ class Runtime:
         """The end of a request: every host goes, and with it whatever its kernel kept."""
         for key in list(self._hosts):
             self._drop(key)
+        if self.hosted:
+            self.arena.punch_free()
 
     def share(self, t):
         """`t` as a candidate may see it: a copy in the arena (in-process: `t` itself)."""

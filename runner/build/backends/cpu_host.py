@@ -32,6 +32,7 @@ worker, with the static rules alone.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import os
@@ -47,6 +48,7 @@ from pathlib import Path
 from . import kernel_host as kh
 
 PAGE = 4096
+HUGE = 2 << 20  # a shared-memory huge page, where the kernel may back the arena with them
 PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join can return
 SCRUB_BYTES = 1 << 20  # of the host's stack below the call, before every call (Runtime.SCRUB_BYTES)
 ARENA_BYTES = 1 << 36  # virtual: the file is sparse, pages exist while a block holds them
@@ -56,7 +58,7 @@ MAX_HOSTS = 32  # live at once; the oldest goes first
 SETTLE_S = 1.0  # after `done`, the longest the host may take to be asleep again
 SPIN_S = 50e-6
 CALIBRATION_CALLS = 9
-GAP_SLACK_S = 50e-6  # the judge's tight spin on `done` before it starts yielding its core
+GAP_SLACK_S = 50e-6  # the allowance for the gap after `done`: twice the host's own, and this  # the judge's tight spin on `done` before it starts yielding its core
 FALLOC_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 PR_SET_DUMPABLE = 4
 
@@ -69,6 +71,15 @@ def supported() -> bool:
     import platform
 
     return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and hasattr(os, "memfd_create")
+
+
+def _shmem_small_pages() -> bool:
+    """True where shared memory comes in 4 KiB pages only (no transparent huge pages for it)."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" in mode or "[deny]" in mode
 
 
 def _cpu_clock(pid: int) -> int:
@@ -86,24 +97,30 @@ class Arena:
         self.mm = mmap.mmap(self.fd, size)
         self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
         self.free = [(0, size)]  # (offset, bytes), sorted, coalesced
+        self.used: dict[int, int] = {}  # offset -> bytes (page-rounded) of each live block
+        self.granule = PAGE if _shmem_small_pages() else HUGE
         self.lock = threading.Lock()
         libc = ctypes.CDLL(None, use_errno=True)
         self._fallocate = libc.fallocate
         self._fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
     def alloc(self, nbytes: int) -> int:
-        n = max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
+        # a page past the end of every block: a kernel's vector loads that read a little past its
+        # buffer land in its block's span, not in free space (a read there faults a page in)
+        n = (nbytes + PAGE - 1) // PAGE * PAGE + PAGE
         with self.lock:
             for i, (off, size) in enumerate(self.free):
                 if size >= n:
                     self.free[i:i + 1] = [(off + n, size - n)] if size > n else []
+                    self.used[off] = n
                     return off
         raise MemoryError(f"the kernel host's arena is full ({self.size >> 30} GiB)")
 
     def release(self, off: int, nbytes: int) -> None:
-        n = max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
+        n = (nbytes + PAGE - 1) // PAGE * PAGE + PAGE
         self._fallocate(self.fd, FALLOC_PUNCH, off, n)  # zeroed and given back
         with self.lock:
+            self.used.pop(off, None)
             self.free.append((off, n))
             self.free.sort()
             merged = []
@@ -113,6 +130,41 @@ class Arena:
                 else:
                     merged.append((o, s))
             self.free = merged
+
+    def stray_data(self) -> int | None:
+        """The first byte offset of data in the file outside every live block (to the granule
+        the file's pages come in), or None: a candidate writes its own buffers only, and the
+        arena's free space (tens of GiB, mapped in every host) would otherwise keep whatever a
+        kernel left there across calls, hosts and trials (the red team's memo, session 31)."""
+        g = self.granule
+        with self.lock:
+            spans = sorted((o // g * g, -(-(o + n) // g) * g) for o, n in self.used.items())
+        covered: list[list[int]] = []
+        for a, b in spans:
+            if covered and a <= covered[-1][1]:
+                covered[-1][1] = max(covered[-1][1], b)
+            else:
+                covered.append([a, b])
+        pos = 0
+        while pos < self.size:
+            try:
+                d = os.lseek(self.fd, pos, os.SEEK_DATA)
+            except OSError:
+                return None  # no data past pos
+            h = os.lseek(self.fd, d, os.SEEK_HOLE)
+            i = bisect.bisect_right(covered, [d, float("inf")]) - 1
+            if i < 0 or not (covered[i][0] <= d and h <= covered[i][1]):
+                # the part of [d, h) that no block covers
+                return d if i < 0 or d >= covered[i][1] else covered[i][1]
+            pos = h
+        return None
+
+    def punch_free(self) -> None:
+        """Every free range punched out (zero, no pages): what any kernel left there is gone."""
+        with self.lock:
+            free = list(self.free)
+        for off, n in free:
+            self._fallocate(self.fd, FALLOC_PUNCH, off, n)
 
     def block(self, nbytes: int):
         """(offset, a ctypes array over the block): the block is released when the array and
@@ -161,7 +213,10 @@ class Host:
             stdin=subprocess.DEVNULL, pass_fds=(arena.fd,), close_fds=True)
         self.pid = self.proc.pid
         self._stat = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        self._task = f"/proc/{self.pid}/task"
         self.clock = _cpu_clock(self.pid)
+        self.loop_where = None  # (calibrate)
+        self.pending, self.pending_words = None, None  # a primed call's seq and arguments
         self._wait(1, START_TIMEOUT_S, "starting")
         self._settle()
         self.confined = self.u32[kh.STATUS // 4] == 1
@@ -198,25 +253,66 @@ class Host:
         """After `done`: until the host is asleep again (a few microseconds of its own loop), then
         its CPU time, exact now (a running thread's time is counted only up to its last tick).
         The moment it was seen asleep is returned."""
+        # asleep, and off the CPU: the state reads S from the moment the thread starts to sleep,
+        # before the switch that counts its last stretch of CPU time (up to a tick's worth, 169
+        # and 180 us on an honest kernel, first try); two equal readings of the clock in a row
+        # mean the switch is done
+        # and the kernel's joined threads gone (a join returns before the thread has finished
+        # exiting, whose last work is counted when it is gone: 102 us once on 2 threads)
         t0 = time.perf_counter()
-        while self._state() == b"R":
-            if time.perf_counter() - t0 > SETTLE_S:
+        prev = None
+        while True:
+            t = time.perf_counter()
+            if self._state() != b"R" and self._alone():
+                c = self._cpu()
+                if c == prev:
+                    break
+                prev = c
+            else:
+                prev = None
+            if t - t0 > SETTLE_S:
                 self.census.note(f"the kernel's process was still running {SETTLE_S:g} s after its call "
                                  "returned: work outside the timed call")
+                prev = self._cpu()
                 break
-        t = time.perf_counter()
-        self.cpu_after = self._cpu()
+            os.sched_yield()  # the host may be waiting for this core to go back to sleep
+        self.cpu_after = prev
+        where = self._where() if self.loop_where is not None else None
+        if where is not None and where != self.loop_where:
+            self.census.note(f"the kernel's process was asleep inside its call (system call {where[0]}) when "
+                             "the call said it was done: its work could go on with the next command, untimed")
+        self.census.watch(skip=self)  # the others slept through this one's call
         return t
 
-    def _post(self, cmd: int) -> int:
-        """Post a command; first, the host must be asleep and its CPU time since the last one
-        ended nil. The block's words the host reads for it are the judge's again (the kernel
-        may have written them)."""
+    def _alone(self) -> bool:
+        """No thread in the host but its main one, or one that is not exiting (the census's to
+        judge: waiting for it would be waiting for nothing); while another is still exiting,
+        False."""
+        try:
+            others = [t for t in os.listdir(self._task) if t != str(self.pid)]
+        except OSError:
+            return True
+        return not others or any(not exiting(t, self._task) for t in others)
+
+    def idle_problem(self) -> str | None:
+        """Why this host is not idle as it should be between its commands (running now, or CPU
+        time spent since its last command ended), or None; a host that is gone is idle."""
+        if self.proc.poll() is not None or self.pending is not None:
+            return None  # gone, or primed (scrubbing, then spinning on `go`)
         running = self._state() == b"R"
         idle = self._cpu() - self.cpu_after
         if running or idle > IDLE_CPU_S:
-            self.census.note(f"the kernel's process ran between calls ({idle * 1e6:.0f} us of CPU; at most "
-                             f"{IDLE_CPU_S * 1e6:.0f} us, asleep): work outside the timed call")
+            return (f"the kernel's process ran between calls ({idle * 1e6:.0f} us of CPU; at most "
+                    f"{IDLE_CPU_S * 1e6:.0f} us, asleep): work outside the timed call")
+        return None
+
+    def _post(self, cmd: int, watch: bool = True) -> int:
+        """Post a command; first, every host (this one and any other of the request, which could
+        work for this one's call: the red team's second pass) must be asleep with no CPU time
+        spent since its last command ended. The block's words the host reads for it are the
+        judge's again (the kernel may have written them)."""
+        if watch:
+            self.census.watch()
         self.u64[kh.SCRUB_BYTES_AT // 8] = self.scrub_bytes
         self.u32[kh.NARGS // 4] = self.nargs
         self.u32[kh.CMD // 4] = cmd
@@ -234,6 +330,7 @@ class Host:
         while u32[i] != s:
             dt = time.perf_counter() - t0
             if dt < SPIN_S:
+                os.sched_yield()
                 continue
             if self.proc.poll() is not None:
                 if u32[i] == s:
@@ -263,14 +360,36 @@ class Host:
         for i, w in enumerate(words):
             self.u64[kh.ARGS_AT // 8 + i] = w
 
-    def run(self) -> None:
-        self.command(kh.CALL)
+    def prime(self, words: list[int]) -> None:
+        """Wake the host for a call on `words` now: it scrubs, decodes them, acknowledges and
+        spins on `go` while the judge refreshes the inputs and flushes the caches, so its wake-up
+        (milliseconds after an idle spell on a VM) lies outside the timing and overlaps them.
+        A call primed on other arguments is called off first."""
+        if self.pending is not None:
+            if self.pending_words == words:
+                return
+            self._abort()
+        self.set_args(words)
+        self.census.watch()
+        self.pending, self.pending_words = self._post(kh.PRIME, watch=False), list(words)
 
-    def _primed(self) -> tuple[float, float, float, float]:
-        """One primed call: (posted, acknowledged, done, asleep) on the judge's clock."""
-        t_post = time.perf_counter()
-        s = self._post(kh.PRIME)
-        t_ack = self._wait(s, word=kh.ACK)
+    def _abort(self) -> None:
+        s, self.pending = self.pending, None
+        self._wait(s, word=kh.ACK)
+        self.u32[kh.GO // 4] = s ^ kh.ABORT
+        self._wait(s)
+        self._settle()
+
+    def run(self, words: list[int]) -> None:
+        """An untimed call (verification, warm-up, checks): primed, then run."""
+        self._primed(words)
+
+    def _primed(self, words: list[int]) -> tuple[float, float, float]:
+        """One primed call (primed here unless it is already): (go, done, asleep) on the judge's
+        clock."""
+        self.prime(words)
+        s, self.pending = self.pending, None
+        self._wait(s, word=kh.ACK)
         u32 = self.u32
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
@@ -278,33 +397,50 @@ class Host:
             if time.perf_counter() - t_go > SPIN_S:
                 self._wait(s)
                 break
+            os.sched_yield()  # a core shared with the host (a busy machine) goes to the host
         t_done = time.perf_counter()
-        return t_post, t_go, t_done, self._settle()
+        return t_go, t_done, self._settle()
+
+    def _where(self) -> tuple | None:
+        """Where the host's main thread sleeps: (system call, its first argument, stack pointer,
+        program counter) from /proc/<pid>/syscall, or None (running, gone, or not readable)."""
+        try:
+            with open(f"/proc/{self.pid}/syscall", "rb") as f:
+                parts = f.read().split()
+        except OSError:
+            return None
+        if len(parts) < 9 or not parts[0].isdigit():
+            return None
+        return int(parts[0]), int(parts[1], 16), int(parts[7], 16), int(parts[8], 16)
 
     def calibrate(self) -> None:
-        """With no library loaded yet: how long this host takes from a post to its `ack` (waking,
-        the scrub) and from `done` to asleep, with nothing of a candidate's in it. A timed call
-        whose own gaps are longer is charged the excess (`timed`)."""
-        ups, downs = [], []
+        """With no library loaded yet: how long this host takes from `done` to asleep, and where
+        its loop sleeps between commands (the futex on its command word, at one stack pointer and
+        one program counter), with nothing of a candidate's in it. A timed call whose own gap after
+        `done` is longer is charged the excess, and after every command the host must be asleep
+        exactly there (`_settle`)."""
+        downs, wheres = [], set()
         for _ in range(CALIBRATION_CALLS):
-            t_post, t_go, t_done, t_sleep = self._primed()
-            ups.append(t_go - t_post)
+            _, t_done, t_sleep = self._primed([])
             downs.append(t_sleep - t_done)
-        # the fastest of each (a busy machine's preemptions inflate the rest, and with them what a
-        # kernel could hide); an honest call preempted in a gap is charged, and the median of the
+            wheres.add(self._where())
+        # the fastest (a busy machine's preemptions inflate the rest, and with them what a kernel
+        # could hide); an honest call preempted in the gap is charged, and the median of the
         # timed calls leaves it out
-        self.up_allow = 2 * min(ups) + GAP_SLACK_S
         self.down_allow = 2 * min(downs) + GAP_SLACK_S
+        seq_here = self.host_base + self.ctl_off + kh.SEQ
+        loop = wheres.pop() if len(wheres) == 1 else None
+        self.loop_where = loop if loop is not None and loop[:2] == (kh.SYS_FUTEX, seq_here) else None
 
-    def timed(self) -> float:
-        """One timed call: the host primed and spinning, then the judge's clock from `go` to
-        `done`. The untimed gaps around it are where a kernel could hide work: its last call's
-        rest, before the host's `ack` (it sleeps on the command word and wakes with the post),
-        or the rest of this call after a `done` it wrote itself. Either gap longer than the
-        host's own (`calibrate`) is added to the time."""
-        t_post, t_go, t_done, t_sleep = self._primed()
-        return (t_done - t_go) + max(0.0, (t_go - t_post) - self.up_allow) \
-            + max(0.0, (t_sleep - t_done) - self.down_allow)
+    def timed(self, words: list[int]) -> float:
+        """One timed call on `words`: the host primed and spinning, then the judge's clock from `go` to
+        `done`. `done` is in the host's memory, so a kernel can write it and work on: the gap from
+        `done` to the host asleep again, beyond the host's own (`calibrate`), is added to the
+        time; and a kernel that sleeps inside its call, to finish on the next post, is asleep
+        somewhere other than the host's loop (`_settle`). The gap from the post to `ack` is not
+        charged: it is mostly the host's wake-up (3 to 4 ms after 20 ms idle on a 2-core VM)."""
+        t_go, t_done, t_sleep = self._primed(words)
+        return (t_done - t_go) + max(0.0, (t_sleep - t_done) - self.down_allow)
 
     def scrub(self, nbytes: int) -> None:
         """The stack scrub before every call from now on covers at least `nbytes`."""
@@ -352,15 +488,16 @@ class HostCall:
         self.words = words
 
     def __call__(self) -> None:
-        self.host.set_args(self.words)
-        self.host.run()
+        self.host.run(self.words)
 
     def timed(self) -> float:
-        self.host.set_args(self.words)
-        return self.host.timed()
+        return self.host.timed(self.words)
 
     def scrub(self, nbytes: int) -> None:
+        """The judge's scrub ahead of this call: the host's, before the call itself; the host is
+        primed for it now (Host.prime), ahead of the judge's refresh and flush."""
         self.host.scrub(nbytes)
+        self.host.prime(self.words)
 
 
 class HostCensus:
@@ -372,12 +509,21 @@ class HostCensus:
 
     def __init__(self):
         self.hosts: list[Host] = []
+        self.arena: Arena | None = None  # (set by the runtime) where no write may land outside a block
         self.why: str | None = None
         self.convicted: set = set()
 
     def note(self, why: str) -> None:
         if self.why is None:
             self.why = why
+
+    def watch(self, skip: "Host | None" = None) -> None:
+        """Every host but `skip` idle since its last command (Host.idle_problem)."""
+        for h in self.hosts:
+            if h is not skip:
+                why = h.idle_problem()
+                if why:
+                    self.note(why)
 
     def rebase(self) -> None:
         """A request's start: its hosts are new, and nothing found before counts for it."""
@@ -395,6 +541,10 @@ class HostCensus:
         return out
 
     def check(self, what: str = "the call") -> str | None:
+        at = self.arena.stray_data() if self.arena is not None else None
+        if at is not None:
+            self.note(f"the kernel wrote the shared arena outside the buffers its call was given (at byte "
+                      f"{at}): memory to keep state in between calls")
         stray = self.strays()
         if stray:
             self.convicted.update(stray)

@@ -11,7 +11,8 @@ nothing else, sleeping on a futex between commands:
 - CALL: the stack scrubbed, the entry on the arguments in the block, then `done`;
 - PRIME: the stack scrubbed, the arguments decoded, `ack`, then a spin on `go` (the judge starts
   its clock as it writes `go`), the entry, `done`: the timed call, with no wake-up inside the
-  judge's timing;
+  judge's timing (the judge primes ahead of its refresh and flush, so the wake-up overlaps
+  them); `go` with ABORT calls it off;
 - SCRUB: the stack scrub alone. Every call is preceded by one: 1 MiB (or more) of this
   thread's stack below the call's frame overwritten, where a memo left below the frame of one
   call would wait for the next;
@@ -45,6 +46,7 @@ TEXT_AT = 1024  # the library's path and entry (LOAD), or an error back
 TEXT_BYTES = 3072
 CTL_BYTES = 4096
 CALL, PRIME, SCRUB, LOAD, EXIT = 1, 2, 3, 4, 5
+ABORT = 0x80000000  # `go` as seq ^ ABORT: a primed call called off (the judge primed other arguments)
 KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
@@ -128,7 +130,7 @@ def main(argv: list[str]) -> int:
     u32[STATUS // 4] = 1 if confined else 2
     u32[DONE // 4] = u32[SEQ // 4]
 
-    fn = None
+    fn, kinds = None, []
     types = {1: ctypes.c_int32, 2: ctypes.c_int64, 3: ctypes.c_float, 4: ctypes.c_double, 5: ctypes.c_void_p}
     last = u32[SEQ // 4]
     while True:
@@ -138,21 +140,22 @@ def main(argv: list[str]) -> int:
         cmd = u32[CMD // 4]
         if cmd in (CALL, PRIME):
             stack.scrub(int(u64[SCRUB_BYTES_AT // 8]))  # before every call, outside any timing
-            n = u32[NARGS // 4]
             args = []
-            for i in range(n):
-                raw, k = u64[ARGS_AT // 8 + i], (ctypes.c_uint8 * MAX_ARGS).from_address(ctl + KINDS_AT)[i]
+            for i, k in enumerate(kinds):  # as LOAD read them (the block is the kernel's to write)
+                raw = u64[ARGS_AT // 8 + i]
                 if k == 3:
                     args.append(struct_f.unpack(struct.pack("<I", raw & 0xFFFFFFFF))[0])
                 elif k == 4:
                     args.append(struct_d.unpack(struct.pack("<Q", raw))[0])
                 else:  # integers and pointers, two's complement
                     args.append(raw - (1 << 64) if raw >> 63 else raw)
+            go = s
             if cmd == PRIME:
                 u32[ACK // 4] = s
-                while u32[GO // 4] != s:
+                while u32[GO // 4] not in (s, s ^ ABORT):
                     pass
-            if fn is not None:  # (none before LOAD: the judge's calibration)
+                go = u32[GO // 4]
+            if fn is not None and go == s:  # (no fn before LOAD: the judge's calibration)
                 fn(*args)
         elif cmd == SCRUB:
             stack.scrub(int(u64[SCRUB_BYTES_AT // 8]))
@@ -162,7 +165,7 @@ def main(argv: list[str]) -> int:
             n = u32[NARGS // 4]
             kinds = list((ctypes.c_uint8 * MAX_ARGS).from_address(ctl + KINDS_AT)[:n])
             try:
-                fn = getattr(ctypes.CDLL(path), entry)
+                fn = getattr(ctypes.CDLL(path), entry)  # (the library's load-time code runs confined)
                 fn.restype = None
                 fn.argtypes = [types[k] for k in kinds]
                 u32[STATUS // 4] = 0

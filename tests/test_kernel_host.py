@@ -28,6 +28,8 @@ LIB = r"""
 #include <linux/futex.h>
 #include <chrono>
 #include <ctime>
+#include <csignal>
+#include <sys/time.h>
 
 static void spin_ms(double ms) {
   auto t0 = std::chrono::steady_clock::now();
@@ -74,6 +76,15 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     return;
   }
   if (mode == 6) { x[(32 << 20) / 4] = 1.0f; return; }  // 32 MiB past x: the arena's free space
+  if (mode == 7) {  // a signal handler and a CPU-time timer: code that would run outside a call
+    struct sigaction sa = {};
+    sa.sa_handler = SIG_IGN;
+    out[0] = sigaction(SIGPROF, &sa, nullptr) == -1 ? errno : 0;
+    struct itimerval it = {{0, 1}, {0, 1}};
+    out[1] = setitimer(ITIMER_PROF, &it, nullptr) == -1 ? errno : 0;
+    return;
+  }
+  if (mode == 8) { x[n + 100] = 2.0f; return; }  // past its buffer, in the block's last page
   spin_ms(8);
 }
 """
@@ -227,3 +238,32 @@ def test_the_free_space_is_punched_between_requests():
     assert arena.stray_data() is None  # (before the read below, which would fault a page in)
     assert raw[0] == 0.0
     assert float(keep[0]) == 1.0  # the live block is untouched
+
+
+def test_the_host_refuses_signal_handlers_and_timers(rig):
+    """A CPU-time timer's handler fires while the host spins on `go`, outside any call."""
+    h, census, x, out, call = rig
+    call(7)()
+    assert int(out[0]) == errno.EPERM and int(out[1]) == errno.EPERM
+
+
+def test_a_write_past_the_buffer_in_its_own_page_is_caught(rig):
+    """The bytes past a block's own, in its last page and the slack page after it, must stay
+    zero: a memo there would live as long as the block."""
+    h, census, x, out, call = rig
+    call(0)()
+    assert census.check() is None
+    call(8)()
+    why = census.check()
+    assert why is not None and "outside the buffers" in why, why
+
+
+def test_the_host_has_acknowledged_before_the_judge_refreshes_the_inputs(rig):
+    """The judge's scrub hook (ahead of its refresh and flush) primes the host and returns only
+    once the host has acknowledged: whatever a kernel does before that (woken by the post, it
+    may have slept inside its last call) runs before the inputs of the call to come exist."""
+    h, census, x, out, call = rig
+    c = call(0)
+    c.scrub(1 << 20)
+    assert h.pending is not None and h.u32[kh.ACK // 4] == h.pending
+    assert c.timed() > 0 and h.pending is None

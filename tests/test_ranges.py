@@ -630,7 +630,8 @@ def test_a_fallback_range_is_cut_where_another_fallback_is_faster():
     assert ranges.fallback_of(table, {"T": 10}) == "a" and ranges.fallback_of(table, {"T": 40}) == "b"
     # another fallback within the noise of the range's own choice: the range stays whole
     flat = ranges._refine_fallbacks(spec, "T", copy.deepcopy(ranges_in), _FallbackStub(gap=ranges.NOISE / 2), None)
-    assert flat == ranges_in
+    assert [{k: v for k, v in r.items() if k != "measured"} for r in flat] == ranges_in
+    assert [v for v, _ in flat[1]["measured"]] == sizes  # what it rests on, kept
 
 
 def test_the_curve_draws_inside_ranges_the_uniform_points_missed():

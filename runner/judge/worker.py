@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any
 
-from ..build.backends.cpu_host import HostDied
+from ..build.backends.cpu_host import HostDied, exit_text
 
 READY_TIMEOUT_S = 180.0
 
@@ -1617,14 +1617,7 @@ class Worker:
 
     def _died(self, when: str) -> dict:
         self.proc.join(timeout=10)
-        code = self.proc.exitcode
-        if code is not None and code < 0:
-            try:
-                what = f"signal {signal.Signals(-code).name}"
-            except ValueError:
-                what = f"signal {-code}"
-        else:
-            what = f"exit code {code}"
+        what = exit_text(self.proc.exitcode)
         tail = _tail(self.log_path)
         self._kill()
         return {"status": "fault", "reason": f"worker died {when} ({what})" + (f": {tail}" if tail else "")}

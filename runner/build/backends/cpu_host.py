@@ -55,6 +55,7 @@ ARENA_BYTES = 1 << 36  # virtual: the file is sparse, pages exist while a block 
 IDLE_CPU_S = 100e-6  # CPU a host may spend between commands (going back to sleep: a few us)
 START_TIMEOUT_S = 30.0
 MAX_HOSTS = 32  # live at once; the oldest goes first
+ACK_TIMEOUT_S = 10.0  # from a post to the host's `ack`: a kernel asleep inside its last call, never back
 SETTLE_S = 1.0  # after `done`, the longest the host may take to be asleep again
 SPIN_S = 50e-6
 CALIBRATION_CALLS = 9
@@ -98,6 +99,7 @@ class Arena:
         self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
         self.free = [(0, size)]  # (offset, bytes), sorted, coalesced
         self.used: dict[int, int] = {}  # offset -> bytes (page-rounded) of each live block
+        self.sizes: dict[int, int] = {}  # offset -> the bytes asked for (the rest is slack, kept zero)
         self.granule = PAGE if _shmem_small_pages() else HUGE
         self.lock = threading.Lock()
         libc = ctypes.CDLL(None, use_errno=True)
@@ -113,6 +115,7 @@ class Arena:
                 if size >= n:
                     self.free[i:i + 1] = [(off + n, size - n)] if size > n else []
                     self.used[off] = n
+                    self.sizes[off] = nbytes
                     return off
         raise MemoryError(f"the kernel host's arena is full ({self.size >> 30} GiB)")
 
@@ -121,6 +124,7 @@ class Arena:
         self._fallocate(self.fd, FALLOC_PUNCH, off, n)  # zeroed and given back
         with self.lock:
             self.used.pop(off, None)
+            self.sizes.pop(off, None)
             self.free.append((off, n))
             self.free.sort()
             merged = []
@@ -157,6 +161,19 @@ class Arena:
                 # the part of [d, h) that no block covers
                 return d if i < 0 or d >= covered[i][1] else covered[i][1]
             pos = h
+        return None
+
+    def slack_written(self) -> int | None:
+        """The first byte offset past a live block's own bytes (in its last page or the slack page
+        after it) that is not zero, or None: a kernel reads past its buffers at most, and a
+        write there would keep state for as long as the block lives (the third red-team pass)."""
+        with self.lock:
+            spans = [(o + self.sizes[o], o + n) for o, n in self.used.items()]
+        for a, b in spans:
+            if b > a:
+                tail = self.mm[a:b]
+                if tail.count(0) != len(tail):
+                    return a + next(i for i, c in enumerate(tail) if c)
         return None
 
     def punch_free(self) -> None:
@@ -278,8 +295,9 @@ class Host:
             os.sched_yield()  # the host may be waiting for this core to go back to sleep
         self.cpu_after = prev
         where = self._where() if self.loop_where is not None else None
-        if where is not None and where != self.loop_where:
-            self.census.note(f"the kernel's process was asleep inside its call (system call {where[0]}) when "
+        if self.loop_where is not None and where != self.loop_where and self.proc.poll() is None:
+            self.census.note(f"the kernel's process was asleep inside its call (system call "
+                             f"{where[0] if where else 'none'}) when "
                              "the call said it was done: its work could go on with the next command, untimed")
         self.census.watch(skip=self)  # the others slept through this one's call
         return t
@@ -342,14 +360,7 @@ class Host:
         return time.perf_counter()
 
     def _death(self, what: str) -> str:
-        code = self.proc.returncode
-        if code is not None and code < 0:
-            try:
-                how = f"signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"signal {-code}"
-        else:
-            how = f"exit code {code}"
+        how = exit_text(self.proc.returncode)
         return f"the kernel's process died during {what} ({how})"
 
     def command(self, cmd: int) -> None:
@@ -361,21 +372,23 @@ class Host:
             self.u64[kh.ARGS_AT // 8 + i] = w
 
     def prime(self, words: list[int]) -> None:
-        """Wake the host for a call on `words` now: it scrubs, decodes them, acknowledges and
-        spins on `go` while the judge refreshes the inputs and flushes the caches, so its wake-up
-        (milliseconds after an idle spell on a VM) lies outside the timing and overlaps them.
-        A call primed on other arguments is called off first."""
+        """Wake the host for a call on `words` and wait for its `ack` (it has scrubbed and
+        decoded them, and spins on `go`): the judge refreshes the inputs and flushes the caches
+        only after it, so nothing a kernel does before its host acknowledges (woken by the post,
+        it could have slept inside its last call: session 31's third red-team pass) can depend
+        on the inputs of the call to come. A call primed on other arguments is called off first."""
         if self.pending is not None:
             if self.pending_words == words:
                 return
             self._abort()
         self.set_args(words)
         self.census.watch()
-        self.pending, self.pending_words = self._post(kh.PRIME, watch=False), list(words)
+        s = self._post(kh.PRIME, watch=False)
+        self._wait(s, ACK_TIMEOUT_S, "waking for a call", word=kh.ACK)
+        self.pending, self.pending_words = s, list(words)
 
     def _abort(self) -> None:
         s, self.pending = self.pending, None
-        self._wait(s, word=kh.ACK)
         self.u32[kh.GO // 4] = s ^ kh.ABORT
         self._wait(s)
         self._settle()
@@ -389,7 +402,6 @@ class Host:
         clock."""
         self.prime(words)
         s, self.pending = self.pending, None
-        self._wait(s, word=kh.ACK)
         u32 = self.u32
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
@@ -541,7 +553,10 @@ class HostCensus:
         return out
 
     def check(self, what: str = "the call") -> str | None:
-        at = self.arena.stray_data() if self.arena is not None else None
+        at = None
+        if self.arena is not None:
+            at = self.arena.stray_data()
+            at = at if at is not None else self.arena.slack_written()
         if at is not None:
             self.note(f"the kernel wrote the shared arena outside the buffers its call was given (at byte "
                       f"{at}): memory to keep state in between calls")
@@ -555,6 +570,16 @@ class HostCensus:
     def take(self) -> str | None:
         why, self.why = self.why, None
         return why
+
+
+def exit_text(code: int | None) -> str:
+    """A process's end as a reason says it: `signal SIGSEGV`, or `exit code 1`."""
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
 
 
 def exiting(tid: str, task: str) -> bool:

@@ -191,7 +191,7 @@ HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache",
 
 def spec(template: Path) -> str:
     return rmsnorm_hack_spec("judge-redteam", "RMSNorm with a HACK switch, for the red-team tests.",
-                             template, HACKS, ["normal", "uniform"], 20, rep_ms=25)
+                             template, HACKS, ["normal", "uniform"], 20, rep_ms=60)
 
 
 class Bench(JudgeBench):

@@ -222,9 +222,9 @@ def test_a_host_working_while_another_is_called_is_caught(lib, rig):
 def test_a_write_outside_the_buffers_is_caught(rig):
     h, census, x, out, call = rig
     call(0)()
-    assert census.check() is None  # the control: its own buffers only
+    assert census.take() is None  # the control: its own buffers only (the arena checked, always)
     call(6)()
-    why = census.check()
+    why = census.take()
     assert why is not None and "outside the buffers" in why, why
 
 
@@ -252,9 +252,9 @@ def test_a_write_past_the_buffer_in_its_own_page_is_caught(rig):
     zero: a memo there would live as long as the block."""
     h, census, x, out, call = rig
     call(0)()
-    assert census.check() is None
+    assert census.take() is None
     call(8)()
-    why = census.check()
+    why = census.take()
     assert why is not None and "outside the buffers" in why, why
 
 
@@ -267,3 +267,16 @@ def test_the_host_has_acknowledged_before_the_judge_refreshes_the_inputs(rig):
     c.scrub(1 << 20)
     assert h.pending is not None and h.u32[kh.ACK // 4] == h.pending
     assert c.timed() > 0 and h.pending is None
+
+
+def test_the_arena_is_checked_after_about_one_call_in_eight(rig):
+    """After a call, the census checks the arena at random, one call in ARENA_EVERY: a write
+    outside the buffers is found by some call of a loop, whichever."""
+    h, census, x, out, call = rig
+    call(6)()  # the write, then calls that leave it there
+    found = 0
+    for _ in range(64):
+        call(0)()
+        found += census.check() is not None
+        census.why = None
+    assert 1 <= found <= 40  # at random: neither never nor always

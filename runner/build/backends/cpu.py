@@ -466,9 +466,9 @@ class Runtime:
     symbol_type = "i64"  # shape symbols are passed as int64_t
     # timed calls a loop makes at the least, whatever one costs: a kernel host's handoffs (its
     # wake-up, the settle) cost 0.2 to 3 ms a call on a busy 2-core VM, which cut a 25 ms budget to
-    # 10 calls, and a kernel lazy on one call in 16 then passed half the time; at 64 a shape, it
-    # goes unsampled 1.6% of the time
-    min_reps = 64
+    # 10 calls, and a kernel lazy on one call in 16 then passed half the time; at 32 a shape, it
+    # goes unsampled 13% of the time a shape (64 cost the quick suite 40 s more on 2 cores)
+    min_reps = 32
 
     def __init__(self, hw, runtime_spec=None):
         import torch

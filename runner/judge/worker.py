@@ -318,7 +318,7 @@ class Judge:
         return {k: share(v) for k, v in tensors.items()} if share else tensors
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
-               second_check: float | None = None, after=None, guard=None) -> list[float]:
+               second_check: float | None = None, after=None, guard=None, min_reps: int = 10) -> list[float]:
         """The call's times (timing.bench); `last_clock` then holds the GPU's SM clock and power
         over the timing (judge/clocks.py; None without NVML or off the GPU)."""
         import time
@@ -345,7 +345,7 @@ class Judge:
         watch = self._clock_watch()
         t0 = time.monotonic()
         times = bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
-                      before=before, timer=timer, checks=checks, min_reps=getattr(self.rt, "min_reps", 10), after=after,
+                      before=before, timer=timer, checks=checks, min_reps=min_reps, after=after,
                       plan=getattr(refresh, "plan", None), guard=guard)
         self.last_clock = watch.window(t0, time.monotonic()) if watch is not None else None
         return times
@@ -619,6 +619,7 @@ class Judge:
         self.rt.walls = []
         t1 = clock()
         times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
+                            min_reps=getattr(self.rt, "min_reps", 10),
                             after=sample, guard=self._guard)
         phases["time_setup_s"] += t1 - t0
         phases["time_loop_s"] += clock() - t1 - checking[0]

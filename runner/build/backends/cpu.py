@@ -464,7 +464,8 @@ class Runtime:
 
     device = "cpu"
     symbol_type = "i64"  # shape symbols are passed as int64_t
-    # timed calls a loop makes at the least, whatever one costs: a kernel host's handoffs (its
+    # timed calls evaluate's timed loop makes at the least (the loop whose times a trial records;
+    # the re-timing's and pipe compare's rounds keep 10 each, many rounds), whatever one costs: a kernel host's handoffs (its
     # wake-up, the settle) cost 0.2 to 3 ms a call on a busy 2-core VM, which cut a 25 ms budget to
     # 10 calls, and a kernel lazy on one call in 16 then passed half the time; at 32 a shape, it
     # goes unsampled 13% of the time a shape (64 cost the quick suite 40 s more on 2 cores)

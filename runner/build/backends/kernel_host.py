@@ -8,15 +8,12 @@ checks that need its own pid), and only then loads the candidate's library: the 
 load-time code already runs confined. From then on it does what the control block says and
 nothing else, sleeping on a futex between commands:
 
-- CALL: the stack scrubbed, the entry on the arguments in the block, then `done`;
-- PRIME: the stack scrubbed, the arguments decoded, `ack`, then a spin on `go` (the judge starts
-  its clock as it writes `go`), the entry, `done`: the timed call, with no wake-up inside the
-  judge's timing (the judge primes ahead of its refresh and flush, so the wake-up overlaps
-  them); `go` with ABORT calls it off;
-- SCRUB: the stack scrub alone. Every call is preceded by one: 1 MiB (or more) of this
-  thread's stack below the call's frame overwritten, where a memo left below the frame of one
-  call would wait for the next;
-- EXIT.
+- LOAD: the library and its entry (once);
+- PRIME, every call's, timed or not: the stack scrubbed (1 MiB or more of this thread's stack
+  below the call's frame overwritten, where a memo left below the frame of one call would wait
+  for the next), the arguments decoded, `ack`, then a spin on `go` (the judge starts its clock
+  as it writes `go`), the entry, `done`; `go` with ABORT calls it off. The judge waits for
+  `ack` before it refreshes the inputs and flushes, so the host's wake-up is never timed.
 
 Nothing the judge decides with lives here: the timer, the references, the value sets and the
 sampled positions stay in the worker. Whatever the candidate does to this process (its memory,
@@ -45,7 +42,7 @@ KINDS_AT = ARGS_AT + 8 * MAX_ARGS  # u8 x MAX_ARGS: 1 i32, 2 i64, 3 f32, 4 f64, 
 TEXT_AT = 1024  # the library's path and entry (LOAD), or an error back
 TEXT_BYTES = 3072
 CTL_BYTES = 4096
-CALL, PRIME, SCRUB, LOAD, EXIT = 1, 2, 3, 4, 5
+PRIME, LOAD = 2, 4
 ABORT = 0x80000000  # `go` as seq ^ ABORT: a primed call called off (the judge primed other arguments)
 KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
 
@@ -138,7 +135,7 @@ def main(argv: list[str]) -> int:
             libc.syscall(ctypes.c_long(SYS_FUTEX), seq_p, FUTEX_WAIT, ctypes.c_uint32(last), None, None, 0)
         last = s = u32[SEQ // 4]
         cmd = u32[CMD // 4]
-        if cmd in (CALL, PRIME):
+        if cmd == PRIME:
             stack.scrub(int(u64[SCRUB_BYTES_AT // 8]))  # before every call, outside any timing
             args = []
             for i, k in enumerate(kinds):  # as LOAD read them (the block is the kernel's to write)
@@ -149,16 +146,12 @@ def main(argv: list[str]) -> int:
                     args.append(struct_d.unpack(struct.pack("<Q", raw))[0])
                 else:  # integers and pointers, two's complement
                     args.append(raw - (1 << 64) if raw >> 63 else raw)
-            go = s
-            if cmd == PRIME:
-                u32[ACK // 4] = s
-                while u32[GO // 4] not in (s, s ^ ABORT):
-                    pass
-                go = u32[GO // 4]
+            u32[ACK // 4] = s
+            while u32[GO // 4] not in (s, s ^ ABORT):
+                pass
+            go = u32[GO // 4]
             if fn is not None and go == s:  # (no fn before LOAD: the judge's calibration)
                 fn(*args)
-        elif cmd == SCRUB:
-            stack.scrub(int(u64[SCRUB_BYTES_AT // 8]))
         elif cmd == LOAD:
             text = bytes((ctypes.c_char * TEXT_BYTES).from_address(ctl + TEXT_AT)).split(b"\0")
             path, entry = text[0].decode(), text[1].decode()
@@ -173,8 +166,6 @@ def main(argv: list[str]) -> int:
                 msg = f"{type(e).__name__}: {e}".encode()[:TEXT_BYTES - 1]
                 ctypes.memmove(ctl + TEXT_AT, msg + b"\0", len(msg) + 1)
                 u32[STATUS // 4] = 4
-        elif cmd == EXIT:
-            return 0
         u32[DONE // 4] = s  # the judge spins on it (no wake-up: nothing more runs here after it)
 
 

@@ -31,6 +31,9 @@
 #   gate:NAME               skip the remaining steps (pack aside) if a trial of NAME hung, faulted,
 #                           was wrong or failed to compile, or NAME has none
 #   occupancy:SPEC:ARGS     clusters resident at once against the grid launched (tools/cluster_occupancy.py)
+#   ncu:SCRIPT[:ARGS]       python3 SCRIPT ARGS under Nsight Compute (--profile-from-start off: the script
+#                           brackets what it wants profiled; clocks left alone), the report in $OUT/NAME.ncu-rep
+#                           and its details as text in $OUT/ncu-NAME.txt (NAME: the script's)
 #   pack                    everything under $OUT into $OUT/out.tgz (the device returns few files)
 # Results and logs land in $OUT/NAME/, the run folders (ledger, best/, compare.json) in $OUT/NAME/run/.
 set -uo pipefail
@@ -65,6 +68,13 @@ for w in "$@"; do
     # the whole word after "tests:", so that node ids keep their "::"
     tests) paths=${w#tests}; paths=${paths#:}; paths=${paths:-tests/}; python3 -m pytest -v -m gpu -rA --durations=0 ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
     py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee -a "$OUT/$n.txt" ;;
+    ncu)
+      n=$(basename "$arg" .py); NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      "$NCU" --profile-from-start off --clock-control none --nvtx --graph-profiling node \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats -f -o "$OUT/$n" python3 "$arg" $extra 2>&1 | tee -a "$OUT/ncu-$n.txt"
+      "$NCU" -i "$OUT/$n.ncu-rep" --page details >> "$OUT/ncu-$n.txt" 2>&1
+      "$NCU" -i "$OUT/$n.ncu-rep" --print-nvtx-rename kernel --print-summary per-kernel >> "$OUT/ncu-$n.txt" 2>&1 ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
     run|record)
       name=$(basename "$arg" .yaml)$tag; d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name

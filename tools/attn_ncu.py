@@ -63,6 +63,7 @@ def main(argv=None) -> int:
         print(f"  {label(cfg)}: registers {res.get('registers')}", flush=True)
     want = [x for x in a.arms.split(",") if x]
     launches = []  # (name, call): made and warmed before the profiler's range
+    hold = []  # the tensors the launches read by address: alive until the end
     for B, L in a.points:
         shape = {"B": B, "L": L}
         q, k, v, lens = p.inputs(B, L, 7, ragged=False)
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
                 continue
             out = torch.empty(B, 32, 128, device="cuda").bfloat16()
             ws = torch.zeros(*p.ws_shape(cfg, shape), device="cuda")
+            hold.append((q, k, v, lens, out, ws))
             geo = p.pack(cfg, shape, {"q": q, "k": k, "v": v, "lens": lens, "out": out, "ws": ws})[1]
             call = p.prepare(cfg, art, shape, {"q": q, "k": k, "v": v, "lens": lens, "out": out, "ws": ws},
                              mode="graph")

@@ -238,10 +238,13 @@ def test_paged_spec_points_are_the_contiguous_specs(page):
     assert p.op.traffic == c.op.traffic == "read"
     assert (p.op.atol, p.op.rtol, p.op.floor) == (c.op.atol, c.op.rtol, c.op.floor)
     assert p.runtime == c.runtime and p.forbidden == c.forbidden and p.goal == c.goal
-    # the same space of fixed splits (the contiguous WAVES 0), each configuration with its page
-    fixed = [{k: v for k, v in dict(x).items() if k != "WAVES"} for x in c.space if x["WAVES"] == 0]
+    # the same space of fixed splits (the contiguous WAVES 0, LEAN 0), each with its page
+    launch = ("WAVES", "LEAN")
+    fixed = [{k: v for k, v in dict(x).items() if k not in launch} for x in c.space
+             if x["WAVES"] == 0 and x["LEAN"] == 0]
     assert [dict(x) for x in p.space] == [{**x, "PAGE": page} for x in fixed]
-    assert c.start["WAVES"] == 0 and p.start == {**{k: v for k, v in c.start.items() if k != "WAVES"}, "PAGE": page}
+    assert c.start["WAVES"] == c.start["LEAN"] == 0
+    assert p.start == {**{k: v for k, v in c.start.items() if k not in launch}, "PAGE": page}
     # the page the kernel compiles in is the cache's
     kc = next(t for t in p.op.inputs if t.name == "k_cache")
     assert int(kc.shape[1]({"B": 1, "MAXP": 1})) == page
@@ -254,7 +257,7 @@ def test_paged_spec_points_are_the_contiguous_specs(page):
         cenv = {"B": B, "L": L, **c.start}
         cenv.update(c.kernel.derived(cenv))
         assert p.kernel.derived(env)["NS"] == c.kernel.derived(cenv)["NS"]
-        for cfg in c.space:
+        for cfg in (x for x in c.space if x["LEAN"] == 0):
             assert bool(p.kernel.serves({**env, **cfg, "PAGE": page, "NS": -(-L // cfg["SPLIT"])})) == \
                 bool(c.kernel.serves({**cenv, **cfg, "NS": -(-L // cfg["SPLIT"])}))
 
@@ -297,13 +300,16 @@ def test_the_two_paged_specs_differ_in_the_page_alone():
     c = yaml.safe_load(CONTIG.read_text())
     for key in ("runtime", "forbidden", "agent", "goal", "hardware", "baseline"):
         assert a[key] == c[key], key
-    for key in ("grid", "block", "shared_mem"):
+    for key in ("block", "shared_mem"):
         assert a["kernel"][key] == c["kernel"][key], key
+    # the contiguous grid's fixed splits (its LEAN grid is the contiguous kernel's alone)
+    assert c["kernel"]["grid"] == a["kernel"]["grid"] + " if LEAN == 0 else LG"
     assert a["kernel"]["derive"]["RING"] == c["kernel"]["derive"]["RING"]
-    # the contiguous spec's space less its launch-sized splits (WAVES: the paged kernel's are fixed)
+    # the contiguous spec's space less its launch-sized grids (WAVES, LEAN: the paged kernel's
+    # splits are fixed)
     assert {k: v for k, v in a["search"]["params"].items() if k != "PAGE"} == \
-        {k: v for k, v in c["search"]["params"].items() if k != "WAVES"}
-    fixed = [x for x in c["search"]["constraints"] if "WAVES" not in x]
+        {k: v for k, v in c["search"]["params"].items() if k not in ("WAVES", "LEAN")}
+    fixed = [x for x in c["search"]["constraints"] if "WAVES" not in x and "LEAN" not in x]
     assert a["search"]["constraints"][:len(fixed)] == fixed
     assert a["op"]["tolerance"] == c["op"]["tolerance"] and a["op"]["grid"] == c["op"]["grid"]
 

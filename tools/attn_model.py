@@ -42,7 +42,12 @@ def block_tiles(len_b: int, s: int, split: int, nw: int, tw: int):
     if len_b == 0 or s >= ns:
         return None
     tok0 = s * split
-    end = min(tok0 + split, len_b)
+    return segment_tiles(tok0, min(tok0 + split, len_b), nw, tw)
+
+
+def segment_tiles(tok0: int, end: int, nw: int, tw: int):
+    """Per warp, the tiles (t0, tokens read) of the tokens [tok0, end): warp w takes tiles w,
+    w + NW, ... of TW tokens."""
     ntiles = -(-(end - tok0) // tw)
     out = []
     for w in range(nw):
@@ -52,6 +57,31 @@ def block_tiles(len_b: int, s: int, split: int, nw: int, tw: int):
             t0 = tok0 + (w + i * nw) * tw
             tiles.append((t0, [t for t in range(t0, t0 + tw) if t < end]))
         out.append(tiles)
+    return out
+
+
+def lean_segments(B: int, L: int, hkv: int, grid: int, tw: int, lens):
+    """LEAN (stream-K): per block, in launch order, its segments (b, kvh, s, ns, tok0, end) as
+    the kernel finds them: the TW-token chunks of every (b, kvh) end to end, block x taking
+    [x * PC / G, (x + 1) * PC / G); s is the segment's index among its pair's, ns the pair's
+    live segments. Segments with no token below lens[b] are left out, as the kernel skips them."""
+    C = -(-L // tw)
+    PC, G = B * hkv * C, grid
+    out = []
+    for x in range(G):
+        c0, c1 = x * PC // G, (x + 1) * PC // G
+        segs = []
+        pr = c0 // C
+        while pr * C < c1:
+            b, kvh, pc0 = pr // hkv, pr % hkv, pr * C
+            n = min(max(int(lens[b]), 0), L)
+            gfirst = ((pc0 + 1) * G - 1) // PC  # the block holding the pair's first chunk
+            tok0 = (max(c0, pc0) - pc0) * tw
+            if n and tok0 < n:
+                ns = ((pc0 + -(-n // tw)) * G - 1) // PC - gfirst + 1
+                segs.append((b, kvh, x - gfirst, ns, tok0, min((min(c1, pc0 + C) - pc0) * tw, n)))
+            pr += 1
+        out.append(segs)
     return out
 
 
@@ -80,6 +110,29 @@ def run(q, k, v, lens, split: int, nw: int, tw: int, finish_order=None):
 def _run(q, rows, lens, L: int, hkv: int, split: int, nw: int, tw: int, finish_order=None):
     """`run` with the K and V rows of a warp's tiles from `rows(b, s, w, tiles, kvh)` (the
     layout's addressing): [(K rows [n, D], V rows [n, D]) per tile]."""
+    units = []
+    for _, b, s, kvh in blocks(q.shape[0], L, hkv, split):
+        len_b = min(max(int(lens[b]), 0), L)
+        warps = block_tiles(len_b, s, split, nw, tw)
+        units.append([] if warps is None else [(b, kvh, s, -(-len_b // split), warps)])
+    return _finish(q, rows, hkv, units, finish_order)
+
+
+def run_lean(q, k, v, lens, grid: int, nw: int, tw: int, finish_order=None):
+    """The LEAN kernel's answer (as `run`) on a grid of `grid` blocks; `finish_order` permutes
+    the blocks (a block takes its segments' tickets in its own order)."""
+    kf, vf = k.float(), v.float()
+    B, L, hkv, _ = k.shape
+    units = [[(b, kvh, s, ns, segment_tiles(t0, end, nw, tw)) for b, kvh, s, ns, t0, end in segs]
+             for segs in lean_segments(B, L, hkv, grid, tw, lens)]
+    return _finish(q, lambda b, s, w, tiles, kvh: [(kf[b, toks, kvh], vf[b, toks, kvh]) for _, toks in tiles],
+                   hkv, units, finish_order)
+
+
+def _finish(q, rows, hkv: int, units, finish_order=None):
+    """Each block's segments (b, kvh, s, ns, tiles per warp), block by block in `finish_order`
+    (default launch order): the warps' online softmax, their merge in warp order, then one split
+    writes out, the others their record and ticket, and the last of a pair combines in order."""
     B, HQ, _ = q.shape
     group = HQ // hkv
     qf = q.float()
@@ -87,57 +140,51 @@ def _run(q, rows, lens, L: int, hkv: int, split: int, nw: int, tw: int, finish_o
     recs: dict = {}
     counters: dict = {}
     combined: dict = {}
-    blist = list(blocks(B, L, hkv, split))
-    order = finish_order if finish_order is not None else range(len(blist))
+    order = finish_order if finish_order is not None else range(len(units))
     for idx in order:
-        _, b, s, kvh = blist[idx]
-        len_b = min(max(int(lens[b]), 0), L)
-        warps = block_tiles(len_b, s, split, nw, tw)
-        if warps is None:
-            continue
-        ns = -(-len_b // split)
-        qg = qf[b, kvh * group:(kvh + 1) * group]  # [G, D]
-        states = []
-        for w, tiles in enumerate(warps):  # each warp's online softmax over its tiles, in tile order
-            m = torch.full((group,), float("-inf"))
-            l = torch.zeros(group)
-            acc = torch.zeros(group, D)
-            for kt, vt in rows(b, s, w, tiles, kvh):  # [n, D] each
-                sc = (qg @ kt.T) * SCALE_LOG2  # [G, n]
-                mn = torch.maximum(m, sc.max(dim=1).values)
-                alpha = torch.exp2(m - mn)
-                p = torch.exp2(sc - mn[:, None])
-                l = l * alpha + p.sum(dim=1)
-                acc = acc * alpha[:, None] + p @ vt
-                m = mn
-            states.append((m, l, acc))
-        mm = torch.stack([st[0] for st in states]).max(dim=0).values
-        ll = torch.zeros(group)
-        a = torch.zeros(group, D)
-        for m, l, acc in states:  # warp order
-            f = torch.exp2(m - mm)
-            ll = ll + l * f
-            a = a + acc * f[:, None]
-        if ns == 1:
-            out[b, kvh * group:(kvh + 1) * group] = a / ll[:, None]
-            continue
-        recs[(b, kvh, s)] = (mm, ll, a)
-        c = counters.get((b, kvh), 0)
-        counters[(b, kvh)] = c + 1
-        if c != ns - 1:
-            continue
-        # the last block: splits in order 0 .. ns - 1
-        ms = torch.stack([recs[(b, kvh, x)][0] for x in range(ns)])  # [ns, G]
-        M = ms.max(dim=0).values
-        f = torch.exp2(ms - M)
-        Ls = sum(recs[(b, kvh, x)][1] * f[x] for x in range(ns))
-        wgt = f / Ls
-        o = torch.zeros(group, D)
-        for x in range(ns):
-            o = o + recs[(b, kvh, x)][2] * wgt[x][:, None]
-        out[b, kvh * group:(kvh + 1) * group] = o
-        combined[(b, kvh)] = list(range(ns))
-        counters[(b, kvh)] = 0  # reset for the next call
+        for b, kvh, s, ns, warps in units[idx]:
+            qg = qf[b, kvh * group:(kvh + 1) * group]  # [G, D]
+            states = []
+            for w, tiles in enumerate(warps):  # each warp's online softmax over its tiles, in tile order
+                m = torch.full((group,), float("-inf"))
+                l = torch.zeros(group)
+                acc = torch.zeros(group, D)
+                for kt, vt in rows(b, s, w, tiles, kvh):  # [n, D] each
+                    sc = (qg @ kt.T) * SCALE_LOG2  # [G, n]
+                    mn = torch.maximum(m, sc.max(dim=1).values)
+                    alpha = torch.exp2(m - mn)
+                    p = torch.exp2(sc - mn[:, None])
+                    l = l * alpha + p.sum(dim=1)
+                    acc = acc * alpha[:, None] + p @ vt
+                    m = mn
+                states.append((m, l, acc))
+            mm = torch.stack([st[0] for st in states]).max(dim=0).values
+            ll = torch.zeros(group)
+            a = torch.zeros(group, D)
+            for m, l, acc in states:  # warp order
+                f = torch.exp2(m - mm)
+                ll = ll + l * f
+                a = a + acc * f[:, None]
+            if ns == 1:
+                out[b, kvh * group:(kvh + 1) * group] = a / ll[:, None]
+                continue
+            recs[(b, kvh, s)] = (mm, ll, a)
+            c = counters.get((b, kvh), 0)
+            counters[(b, kvh)] = c + 1
+            if c != ns - 1:
+                continue
+            # the last block: splits in order 0 .. ns - 1
+            ms = torch.stack([recs[(b, kvh, x)][0] for x in range(ns)])  # [ns, G]
+            M = ms.max(dim=0).values
+            f = torch.exp2(ms - M)
+            Ls = sum(recs[(b, kvh, x)][1] * f[x] for x in range(ns))
+            wgt = f / Ls
+            o = torch.zeros(group, D)
+            for x in range(ns):
+                o = o + recs[(b, kvh, x)][2] * wgt[x][:, None]
+            out[b, kvh * group:(kvh + 1) * group] = o
+            combined[(b, kvh)] = list(range(ns))
+            counters[(b, kvh)] = 0  # reset for the next call
     return out, combined, counters
 
 

@@ -102,7 +102,7 @@ class Probe:
         if self.page is None:
             return dict(cfg)
         # the paged kernel's splits are fixed (the contiguous WAVES = 0)
-        return {**{k: v for k, v in cfg.items() if k != "WAVES"}, "PAGE": self.page}
+        return {**{k: v for k, v in cfg.items() if k not in ("WAVES", "LEAN")}, "PAGE": self.page}
 
     def env(self, cfg: dict, shape: dict) -> dict:
         env = {**shape, **cfg}
@@ -235,7 +235,7 @@ class Probe:
         a2 = run(q, k, v, lens)
         if not torch.equal(a.view(torch.int16), a2.view(torch.int16)):
             return "two calls differ"
-        if cfg.get("WAVES"):  # the splits sized from B and L at the launch: not batch invariant by design
+        if cfg.get("WAVES") or cfg.get("LEAN"):  # the splits sized from B and L at the launch: not batch invariant by design
             return None
         for b in (1, 4):
             o = run(q[b:b + 1].contiguous(), k[b:b + 1].contiguous(), v[b:b + 1].contiguous(),
@@ -528,7 +528,7 @@ def paged_main(a) -> int:
     pc = Probe(Path(a.spec), device=device)
     pps = [Probe(PAGED[pg], device=device) for pg in (a.page or sorted(PAGED))]
     # the contiguous space's fixed-split configurations (WAVES 0); each paged spec's adds its page
-    cfgs = [c for c in sample_configs(pc, a, contiguous_winners) if not c.get("WAVES")]
+    cfgs = [c for c in sample_configs(pc, a, contiguous_winners) if not c.get("WAVES") and not c.get("LEAN")]
     for pp in pps:
         space = [dict(c) for c in pp.spec.space]
         missing = [c for c in cfgs if pp.config(c) not in space]

@@ -239,9 +239,9 @@ def test_paged_spec_points_are_the_contiguous_specs(page):
     assert (p.op.atol, p.op.rtol, p.op.floor) == (c.op.atol, c.op.rtol, c.op.floor)
     assert p.runtime == c.runtime and p.forbidden == c.forbidden and p.goal == c.goal
     # the same space of fixed splits (the contiguous WAVES 0, LEAN 0), each with its page
-    launch = ("WAVES", "LEAN")
+    launch = ("WAVES", "LEAN", "PVM")  # the paged kernel: fixed splits, P V in one mma (PVM 1)
     fixed = [{k: v for k, v in dict(x).items() if k not in launch} for x in c.space
-             if x["WAVES"] == 0 and x["LEAN"] == 0]
+             if x["WAVES"] == 0 and x["LEAN"] == 0 and x["PVM"] == 1]
     assert [dict(x) for x in p.space] == [{**x, "PAGE": page} for x in fixed]
     assert c.start["WAVES"] == c.start["LEAN"] == 0
     assert p.start == {**{k: v for k, v in c.start.items() if k not in launch}, "PAGE": page}
@@ -257,7 +257,7 @@ def test_paged_spec_points_are_the_contiguous_specs(page):
         cenv = {"B": B, "L": L, **c.start}
         cenv.update(c.kernel.derived(cenv))
         assert p.kernel.derived(env)["NS"] == c.kernel.derived(cenv)["NS"]
-        for cfg in (x for x in c.space if x["LEAN"] == 0):
+        for cfg in (x for x in c.space if x["LEAN"] == 0 and x["PVM"] == 1):
             assert bool(p.kernel.serves({**env, **cfg, "PAGE": page, "NS": -(-L // cfg["SPLIT"])})) == \
                 bool(c.kernel.serves({**cenv, **cfg, "NS": -(-L // cfg["SPLIT"])}))
 
@@ -308,8 +308,8 @@ def test_the_two_paged_specs_differ_in_the_page_alone():
     # the contiguous spec's space less its launch-sized grids (WAVES, LEAN: the paged kernel's
     # splits are fixed)
     assert {k: v for k, v in a["search"]["params"].items() if k != "PAGE"} == \
-        {k: v for k, v in c["search"]["params"].items() if k not in ("WAVES", "LEAN")}
-    fixed = [x for x in c["search"]["constraints"] if "WAVES" not in x and "LEAN" not in x]
+        {k: v for k, v in c["search"]["params"].items() if k not in ("WAVES", "LEAN", "PVM")}
+    fixed = [x for x in c["search"]["constraints"] if not re.search(r"WAVES|LEAN|PVM", x)]
     assert a["search"]["constraints"][:len(fixed)] == fixed
     assert a["op"]["tolerance"] == c["op"]["tolerance"] and a["op"]["grid"] == c["op"]["grid"]
 

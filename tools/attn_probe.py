@@ -102,7 +102,7 @@ class Probe:
         if self.page is None:
             return dict(cfg)
         # the paged kernel's splits are fixed (the contiguous WAVES = 0)
-        return {**{k: v for k, v in cfg.items() if k not in ("WAVES", "LEAN")}, "PAGE": self.page}
+        return {**{k: v for k, v in cfg.items() if k not in ("WAVES", "LEAN", "PVM")}, "PAGE": self.page}
 
     def env(self, cfg: dict, shape: dict) -> dict:
         env = {**shape, **cfg}
@@ -527,8 +527,10 @@ def paged_main(a) -> int:
     device = not a.dry_run
     pc = Probe(Path(a.spec), device=device)
     pps = [Probe(PAGED[pg], device=device) for pg in (a.page or sorted(PAGED))]
-    # the contiguous space's fixed-split configurations (WAVES 0); each paged spec's adds its page
-    cfgs = [c for c in sample_configs(pc, a, contiguous_winners) if not c.get("WAVES") and not c.get("LEAN")]
+    # the contiguous space's fixed-split configurations (WAVES 0, LEAN 0) with P V in one mma (PVM 1, the
+    # paged kernel's); each paged spec's adds its page
+    cfgs = [c for c in sample_configs(pc, a, contiguous_winners)
+            if not c.get("WAVES") and not c.get("LEAN") and c.get("PVM", 1) == 1]
     for pp in pps:
         space = [dict(c) for c in pp.spec.space]
         missing = [c for c in cfgs if pp.config(c) not in space]

@@ -402,11 +402,19 @@ def cmd_show(a) -> int:
 
 
 def cmd_compare(a) -> int:
+    import time
+
     from .ship.compare import compare_and_write, format_table
+
+    t0 = time.monotonic()
+
+    def progress(line: str) -> None:  # on stderr: the table alone goes to stdout
+        if not a.quiet:
+            print(f"[{time.monotonic() - t0:7.1f} s] {line}", file=sys.stderr, flush=True)
 
     doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
                             torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force,
-                            points=a.points, arms=not a.no_arms)
+                            points=a.points, arms=not a.no_arms, progress=progress)
     print(format_table(doc))
     return EXIT_OK
 
@@ -473,6 +481,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel (op.triton)")
     c.add_argument("--no-arms", action="store_true", help="leave out the spec's named arms (op.arms)")
     c.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr (each stage and timing request)")
     c.set_defaults(fn=cmd_compare)
     ex = sub.add_parser("export", help="write an importable package: a torch custom op dispatching by shape to "
                                        "the tuned kernels (cubins shipped) or to the torch reference")

@@ -5,6 +5,8 @@ pipe compare measures, its curve and the exported runtime's lookup."""
 import copy
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -664,3 +666,26 @@ def test_the_curve_draws_inside_ranges_the_uniform_points_missed():
         assert all(p["T"] not in (16, 307) and p not in named and p != taken[0] for p in got), got
         assert ranges.range_points(spec, table, seed, 1, taken) == got[:1]
     assert len({tuple(p["T"] for p in ranges.range_points(spec, table, s, 3, taken)) for s in range(20)}) > 5
+
+
+def test_compare_says_each_stage_and_timing_request_on_stderr(ranged_run, tmp_path, capsys):
+    """A range compare runs for minutes on a GPU: its stages and each timing request (with its
+    time) go to stderr as they happen, the table alone to stdout; -q leaves them out."""
+    run, _ = ranged_run
+    dup = tmp_path / "run"
+    shutil.copytree(run, dup)
+    args = ["compare", str(dup), "--no-compile", "--rounds", "2", "--points", "2", "--top", "1"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr()
+    err = out.err.splitlines()
+    assert all(re.match(r"\[ *\d+\.\d s\] ", line) for line in err), err
+    assert "the range table from" in err[0]
+    starts = [line for line in err if re.search(r"timing request \d+: ", line)]
+    ends = [line for line in err if re.search(r"timing request \d+ done in \d+\.\d s", line)]
+    assert starts and len(starts) == len(ends)
+    curve = next(i for i, line in enumerate(err) if "the curve: the table at 2 secret points" in line)
+    assert "with every arm" in err[curve + 1] and "with every arm" not in " ".join(err[:curve])
+    assert "dispatch by range" in out.out and "dispatch by range" not in out.err
+    assert json.loads((dup / "compare.json").read_text())["curve"]
+    assert cli.main([*args, "-q"]) == 0
+    assert capsys.readouterr().err == ""

@@ -81,8 +81,10 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
-                force: bool = False, points: int | None = None, arms: bool = True) -> dict:
-    """`triton`, `arms`: whether op.triton and op.arms (every named arm) are compared."""
+                force: bool = False, points: int | None = None, arms: bool = True, progress=None) -> dict:
+    """`triton`, `arms`: whether op.triton and op.arms (every named arm) are compared.
+    `progress`: called with a line of text as each stage starts and each timing request ends
+    (the CLI prints them on stderr: a range compare runs for minutes)."""
     from ..judge.worker import Worker
     from .rundata import open_run
     from ..build.builder import Builder
@@ -94,7 +96,7 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     base = rd.baseline
     if spec.op.domain:
         return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points,
-                             torch_compile=torch_compile, triton=triton, arms=arms)
+                             torch_compile=torch_compile, triton=triton, arms=arms, progress=progress)
     n = len(spec.op.shapes)
     cands = candidates(history, n, top)
     if not any(cands):
@@ -114,6 +116,9 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
                             "geometry": built[t.id][1][i]} for t in row] for i, row in enumerate(cands)]}
     worker = Worker(spec, str(run_dir / "compare-worker.log"))
     try:
+        if progress:
+            progress(f"timing {sum(map(len, cands))} kernel timings at {n} shapes beside torch eager"
+                     + (", torch.compile" if torch_compile else "") + "".join(f", {a}" for a in user))
         r = worker.request(("compare", job), timeout_s)
         if r.get("status") != "ok":
             raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
@@ -130,9 +135,9 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
 
 def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds: int, timeout_s: float,
                   seed: int | None = None, points: int | None = None, torch_compile: bool = True,
-                  triton: bool = True, arms: bool = True) -> dict:
+                  triton: bool = True, arms: bool = True, progress=None) -> dict:
     """pipe compare of a spec with op.domain: the range table measured, then its curve at
-    secret points (runner/ship/ranges.py)."""
+    secret points (runner/ship/ranges.py). `progress` as compare_run's."""
     from ..judge.worker import Worker
     from ..build.builder import Builder
     from . import ranges
@@ -146,11 +151,18 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
     seed = secrets.randbits(48) if seed is None else seed
     try:
         prober = ranges.Prober(spec, builder, worker, by_id, rounds, timeout_s)
+        prober.log = progress
         user = spec.op.compare_arms(triton, arms)
         prober.arms = {"compile": torch_compile, "arms": user}
         n = points or ranges.CURVE_POINTS
         prober.warm = {**prober.arms, "shapes": ranges.secret_points(spec, seed, n)}
-        table = ranges.build(spec, history, prober, top=top)
+        if progress:
+            warms = ["torch.compile"] * torch_compile + list(user)
+            progress(f"{spec.name}: the range table from {sum(t.status == 'ok' for t in history)} correct trials"
+                     + (f" (the first timing request also warms {', '.join(warms)})" if warms else ""))
+        table = ranges.build(spec, history, prober, top=top, log=progress)
+        if progress:
+            progress(f"the curve: the table at {n} secret points against every arm")
         rows = ranges.curve(spec, table, prober, seed, n)
     finally:
         worker.close()

@@ -35,6 +35,7 @@ import math
 import random
 import secrets
 import statistics
+import time
 
 from ..judge.domain import _edge
 
@@ -71,6 +72,7 @@ class Prober:
         self.rounds, self.timeout_s = rounds, timeout_s
         self._art: dict[int, str] = {}
         self.requests = 0
+        self.log = None  # called with a line as each timing request starts and ends (pipe compare's progress)
         self.warm: dict | None = None  # the first request's: what a CPU worker warms before its sandbox
         # the curve's other arms: torch.compile, and the user's (op.triton as "triton", op.arms)
         self.arms = {"compile": True, "arms": spec.op.compare_arms()}
@@ -119,7 +121,13 @@ class Prober:
         if self.warm is not None:
             job["warm"], self.warm = self.warm, None
         self.requests += 1
+        if self.log:
+            self.log(f"timing request {self.requests}: {len(shapes)} shapes, {sum(map(len, cands))} kernel timings"
+                     + (", with every arm" if others else ""))
+            t0 = time.monotonic()
         r = self.worker.request(("compare", job), self.timeout_s)
+        if self.log:
+            self.log(f"timing request {self.requests} done in {time.monotonic() - t0:.1f} s")
         if r.get("status") != "ok":
             from .compare import CompareError
 

@@ -4,7 +4,6 @@ are the ones tools/attn_model.py's `lean_segments` mirrors) and the model's answ
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 from collections import defaultdict
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.build.builder import Builder
 from runner.ops.reference import decode_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +19,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import attn_model  # noqa: E402
 
 from .conftest import shipped_spec  # noqa: E402
+from .test_decode_waves import launch  # noqa: E402
+from .test_decode_waves import sizes as waves_sizes  # noqa: E402
 
 SPEC = shipped_spec(ROOT / "pipelines/decode-attention-h200.yaml")
 LEAN = [dict(c) for c in SPEC.space if c["LEAN"]]
@@ -28,22 +28,10 @@ SMS = 132
 TEMPLATE = (ROOT / "kernel_templates/decode_attention.cu.j2").read_text()
 
 
-def launch(cfg: dict, B: int, L: int) -> tuple[dict, int]:
-    env = {"B": B, "L": L, **cfg}
-    env.update(SPEC.kernel.derived(env))
-    return env, Builder(SPEC).geometry(cfg, [{"B": B, "L": L}])[0]["grid"][0]
-
-
 def sizes(seed: int, n: int) -> list[tuple[int, int]]:
-    rng = random.Random(seed)
-    out = [(1, 512), (1, 513), (64, 512), (1, 131072), (64, 32768), (6, 5150), (2, 1735), (19, 2930),
-           (1, 8192), (7, 6958), (16, 131072), (3, 777)]
-    while len(out) < n:
-        B = rng.randint(1, 64)
-        L = int(round(math.exp(rng.uniform(math.log(512), math.log(131072)))))
-        if B * L <= 2 ** 21:
-            out.append((B, L))
-    return out
+    """The WAVES tests' sizes that LEAN serves (L >= 512), and the points the probes timed."""
+    out = [(1, 512), (1, 513), (64, 512), (6, 5150), (2, 1735), (1, 8192), (7, 6958), (16, 131072), (3, 777)]
+    return out + [(B, L) for B, L in waves_sizes(seed, 2 * n) if L >= 512][:n - len(out)]
 
 
 def test_the_space_holds_the_lean_configurations():

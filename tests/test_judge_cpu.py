@@ -211,7 +211,9 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
 {% elif HACK == "slowed" %}
   rows(x, w, out, 0, M, N, eps);
   volatile int64_t sink = 0;
-  for (int64_t i = 0; i < 24 * M * N; ++i) sink = sink + 1;
+  // 96 increments an element: at the small shape the host's round trip (about 30 us of
+  // 38) would leave a 24-increment slowdown at 1.3x under a busy second core
+  for (int64_t i = 0; i < 96 * M * N; ++i) sink = sink + 1;
 {% elif HACK == "print_noise" %}
   // A kernel that prints a fake verdict and computes garbage.
   __builtin_printf("{\"status\": \"ok\", \"shapes\": []} PIPE-NOISE-MARKER\n");

@@ -173,6 +173,11 @@ def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     r = pipe_main("compare", run, "--no-compile", "--rounds", "2", cwd=project)
     assert r.returncode == 0, r.stderr[-2000:]
+    # the progress on stderr, in order: the shapes' timing, then the held-out shapes
+    said = [line.split("] ", 1)[1] for line in r.stderr.splitlines() if line.startswith("[")]
+    assert said[0].startswith("timing ") and " kernel timings at 2 shapes beside torch eager" in said[0]
+    assert said[-1] == "the dispatch table on 3 held-out shapes"
+    assert "kernel timings" not in r.stdout
     doc = json.loads((run / "compare.json").read_text())
     held = doc["held_out"]
     assert [h["label"] for h in held] == ["256x4096", "100x3000", "1024x2048"]

@@ -124,6 +124,8 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
             raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
         doc = _figures(spec, run_dir, history, cands, r, base, user)
         if spec.op.held_out_shapes:  # a failure there keeps the figures above and says why
+            if progress:
+                progress(f"the dispatch table on {len(spec.op.held_out_shapes)} held-out shapes")
             try:
                 doc["held_out"] = _held_out(spec, builder, history, doc, base, worker, rounds, timeout_s)
             except (CompareError, RenderError, ExprError) as e:

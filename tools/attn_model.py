@@ -102,12 +102,14 @@ def run(q, k, v, lens, split: int, nw: int, tw: int, finish_order=None):
     rounding) and the order in which each (b, kvh) combined its splits. `finish_order`, a
     permutation of the blocks, is the order the blocks take their tickets (default: launch
     order); the answer must not depend on it."""
+    return _run(q, contiguous_rows(k, v), lens, k.shape[1], k.shape[2], split, nw, tw, finish_order)
+
+
+def contiguous_rows(k, v):
+    """`rows(b, s, w, tiles, kvh)` of the contiguous layout: each tile's K and V rows, the tokens
+    it reads of sequence b."""
     kf, vf = k.float(), v.float()
-
-    def rows(b, s, w, tiles, kvh):  # tile i's K and V rows: tokens toks of sequence b
-        return [(kf[b, toks, kvh], vf[b, toks, kvh]) for _, toks in tiles]
-
-    return _run(q, rows, lens, k.shape[1], k.shape[2], split, nw, tw, finish_order)
+    return lambda b, s, w, tiles, kvh: [(kf[b, toks, kvh], vf[b, toks, kvh]) for _, toks in tiles]
 
 
 def _run(q, rows, lens, L: int, hkv: int, split: int, nw: int, tw: int, finish_order=None):
@@ -124,12 +126,10 @@ def _run(q, rows, lens, L: int, hkv: int, split: int, nw: int, tw: int, finish_o
 def run_lean(q, k, v, lens, grid: int, nw: int, tw: int, finish_order=None):
     """The LEAN kernel's answer (as `run`) on a grid of `grid` blocks; `finish_order` permutes
     the blocks (a block takes its segments' tickets in its own order)."""
-    kf, vf = k.float(), v.float()
     B, L, hkv, _ = k.shape
     units = [[(b, kvh, s, ns, segment_tiles(t0, end, nw, tw)) for b, kvh, s, ns, t0, end in segs]
              for segs in lean_segments(B, L, hkv, grid, tw, lens)]
-    return _finish(q, lambda b, s, w, tiles, kvh: [(kf[b, toks, kvh], vf[b, toks, kvh]) for _, toks in tiles],
-                   hkv, units, finish_order)
+    return _finish(q, contiguous_rows(k, v), hkv, units, finish_order)
 
 
 def _finish(q, rows, hkv: int, units, finish_order=None):

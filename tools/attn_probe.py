@@ -611,7 +611,7 @@ def paged_main(a) -> int:
     names = " ".join(f"paged{pp.page}" for pp in pps)
     print(f"\n{'B':>3} {'L':>7} {'MB':>7}  best TB/s (us): contiguous, {names}; their ratio; the baseline "
           "(gather + masked SDPA)")
-    for B, L in POINTS:
+    for B, L in a.points or POINTS:
         byts = 4096 * B * L
         q, k, v, lens = pc.inputs(B, L, 7, ragged=False)
         pages = [pp.paged(k, v, lens, 7 + pp.page, poison=False) for pp in pps]
@@ -623,7 +623,9 @@ def paged_main(a) -> int:
             out, ws = pc.buffers(cfg, {"B": B, "L": L})
             call_c = pc.prepare(cfg, art_c, {"B": B, "L": L},
                                 {"q": q, "k": k, "v": v, "lens": lens, "out": out, "ws": ws}, mode="graph")
-            calls = []
+            # every buffer a captured graph writes stays alive while it is replayed: the graph
+            # holds raw addresses, and a freed block goes back to torch's cache for the next taker
+            calls, alive = [], [out, ws]
             for pp, kp, (kcache, vcache, table) in zip(pps, kps, pages):
                 cfgp, art_p, _ = kp[label(pp.config(cfg))]
                 shape = pp.shape(B, L)
@@ -631,15 +633,23 @@ def paged_main(a) -> int:
                     calls.append(None)
                     continue
                 outp, wsp = pp.buffers(cfgp, shape)
+                alive += [outp, wsp]
                 calls.append(pp.prepare(cfgp, art_p, shape, {"q": q, "k_cache": kcache, "v_cache": vcache,
                                                              "block_table": table, "lens": lens, "out": outp,
                                                              "ws": wsp}, mode="graph"))
             tc, tps = [], [[] for _ in pps]
             for _ in range(3):  # interleaved rounds: contiguous, then each paged; the median round
-                tc.append(pc.time(call_c, reps=15))
-                for j, call in enumerate(calls):
-                    if call is not None:
-                        tps[j].append(pc.time(call, reps=15))
+                for j, call in [(-1, call_c), *enumerate(calls)]:
+                    if call is None:
+                        continue
+                    try:
+                        t = pc.time(call, reps=15)
+                    except Exception as e:  # noqa: BLE001 - a fault spoils the context: say which launch
+                        who = "contiguous" if j < 0 else pps[j].name
+                        fail(f"{who} {x} B={B} L={L}: timed launch failed: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0]}")
+                        return 1
+                    (tc if j < 0 else tps[j]).append(t)
             t_c = sorted(tc)[1]
             if best_c is None or t_c < best_c[0]:
                 best_c = (t_c, x)

@@ -187,7 +187,11 @@ class Probe:
     def prepare(self, cfg: dict, art, shape: dict, tensors: dict, mode: str = "direct"):
         fn = self.rt.load(art, self.spec.kernel.entry, self.kinds)
         vals, geo = self.pack(cfg, shape, tensors)
-        return self.rt.prepare(fn, vals, geo, mode=mode)
+        call = self.rt.prepare(fn, vals, geo, mode=mode)
+        # the call holds its tensors: a captured graph keeps only their raw addresses, and a
+        # tensor freed while the graph is replayed goes back to torch's cache for the next taker
+        call.tensors = tensors
+        return call
 
     def buffers(self, cfg: dict, shape: dict):
         """out (NaN) and the workspace (zero), fresh."""
@@ -623,9 +627,7 @@ def paged_main(a) -> int:
             out, ws = pc.buffers(cfg, {"B": B, "L": L})
             call_c = pc.prepare(cfg, art_c, {"B": B, "L": L},
                                 {"q": q, "k": k, "v": v, "lens": lens, "out": out, "ws": ws}, mode="graph")
-            # every buffer a captured graph writes stays alive while it is replayed: the graph
-            # holds raw addresses, and a freed block goes back to torch's cache for the next taker
-            calls, alive = [], [out, ws]
+            calls = []
             for pp, kp, (kcache, vcache, table) in zip(pps, kps, pages):
                 cfgp, art_p, _ = kp[label(pp.config(cfg))]
                 shape = pp.shape(B, L)
@@ -633,7 +635,6 @@ def paged_main(a) -> int:
                     calls.append(None)
                     continue
                 outp, wsp = pp.buffers(cfgp, shape)
-                alive += [outp, wsp]
                 calls.append(pp.prepare(cfgp, art_p, shape, {"q": q, "k_cache": kcache, "v_cache": vcache,
                                                              "block_table": table, "lens": lens, "out": outp,
                                                              "ws": wsp}, mode="graph"))

@@ -298,24 +298,38 @@ class Gpu:
         self.torch = torch
         self.r = r
         self.op = r.spec.op
-        if r.spec.kernel.scratch:  # the judge's worker allocates and checks them; this tool does not
-            raise SystemExit(f"{r.spec.name}: kernel.scratch is not supported by this tool; use pipe eval")
         if r.spec.kernel.tensor_maps:  # the judge's worker builds them; this tool passes pointers only
             raise SystemExit(f"{r.spec.name}: kernel.tensor_maps is not supported by this tool; use pipe eval")
         self.rt = cuda.Runtime(r.spec.hw, r.spec.runtime)
         self.reference = load_callable(self.op.reference, r.spec.home)
         self.scalars = {s.name: s.value for s in self.op.scalars}
-        names = {t.name for t in (*self.op.inputs, *self.op.outputs)}
+        # kernel.scratch: allocated zero for each call as the judge does (judge/verify.scratch),
+        # and after a verified call checked zero again within intact guards
+        self.scratch_names = [sc.name for sc in r.spec.kernel.scratch]
+        names = {t.name for t in (*self.op.inputs, *self.op.outputs)} | set(self.scratch_names)
         types = {s.name: s.type for s in self.op.scalars}
         self.kinds = [("ptr" if a in names else types.get(a, self.rt.symbol_type)) for a in r.spec.kernel.args]
 
-    def values(self, shape: dict, inputs: dict, outs: list) -> list:
+    def workspace(self, geo: dict) -> list:
+        """The configuration's scratch buffers on one shape, zeroed inside guard bands."""
+        from runner.judge.inputs import TORCH_DTYPES
+        from runner.judge.verify import scratch
+
+        shapes = geo.get("scratch") or {}
+        return [scratch(sc.name, tuple(shapes[sc.name]), TORCH_DTYPES[sc.dtype], "cuda")
+                for sc in self.r.spec.kernel.scratch]
+
+    def values(self, shape: dict, inputs: dict, outs: list, ws: list = ()) -> list:
         tensors = {**{k: v.data_ptr() for k, v in inputs.items()},
-                   **{t.name: o.data_ptr() for t, o in zip(self.op.outputs, outs)}}
+                   **{t.name: o.data_ptr() for t, o in zip(self.op.outputs, outs)},
+                   **{w.name: w.ptr for w in ws}}
         return [tensors[a] if a in tensors else self.scalars[a] if a in self.scalars else shape[a]
                 for a in self.r.spec.kernel.args]
 
-    def verify(self, b, cfg: dict, art: str, shape: dict, seed: int, round_: int) -> str | None:
+    def verify(self, b, cfg: dict, art: str, shape: dict, seed: int, round_: int, grid_cap: int = 0) -> str | None:
+        """Why one launch's output (or scratch) is wrong, or None. grid_cap > 0: a persistent
+        grid (PF 1, 2, 3, 6) cut to that many blocks (a whole number of clusters), as when other
+        work holds most of the SMs: the rows (or pieces) then fall to fewer blocks, more each."""
         from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
         from runner.judge.verify import Budget, compare, poisoned, reference_dtype
 
@@ -324,10 +338,18 @@ class Gpu:
         env = self.op.shape_env(shape)
         outs = [poisoned(shape_of(t, env), TORCH_DTYPES[t.dtype], "cuda") for t in self.op.outputs]
         geo = b.geometry(cfg, [shape])[0]
+        if grid_cap and cfg.get("PF") in (1, 2, 3, 6):
+            cl = cfg.get("CL", 1)
+            geo = {**geo, "grid": [min(geo["grid"][0], max(cl, grid_cap - grid_cap % cl)), *geo["grid"][1:]]}
+        ws = self.workspace(geo)
         fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
-        call = self.rt.prepare(fn, self.values(shape, inputs, [o.view for o in outs]), geo, mode="direct")
-        call()
-        torch.cuda.synchronize()
+        call = self.rt.prepare(fn, self.values(shape, inputs, [o.view for o in outs], ws), geo, mode="direct")
+        for _ in range(2):  # twice: the second call finds the scratch as the first left it
+            call()
+            torch.cuda.synchronize()
+            for w in ws:
+                if w.problem():
+                    return w.problem()
         private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v) for k, v in inputs.items()}
         ref = self.reference(**private, **self.scalars)
         refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
@@ -382,8 +404,14 @@ class Gpu:
     def timed_on(self, b, cfg: dict, art: str, shape: dict, inputs: dict, outs: list) -> float:
         """Seconds of one configuration at `shape` on the given tensors."""
         fn = self.rt.load(art, self.r.spec.kernel.entry, self.kinds)
-        call = self.rt.prepare(fn, self.values(shape, inputs, outs), b.geometry(cfg, [shape])[0], mode="direct")
-        return self.time(call)
+        geo = b.geometry(cfg, [shape])[0]
+        ws = self.workspace(geo)
+        call = self.rt.prepare(fn, self.values(shape, inputs, outs, ws), geo, mode="direct")
+        t = self.time(call)
+        for w in ws:
+            if w.problem():
+                fail(f"{self.r.name}: {label(cfg)}: after timing at {shape}: {w.problem()}")
+        return t
 
     def eager(self, n: int, m: int | None = None) -> float:
         shape, inputs, _ = self.timing_inputs(n, m)
@@ -392,7 +420,7 @@ class Gpu:
 
 
 def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool, every: bool = False,
-              sweep: list[int] | None = None, top: int = 5, rows: int | None = None) -> None:
+              sweep: list[int] | None = None, top: int = 5, rows: int | None = None, grid_cap: int = 0) -> None:
     from runner.build.builder import Builder
 
     rng = random.Random(20)
@@ -426,6 +454,9 @@ def check_gpu(r: Range, per_bucket: int, many: int, ms: list[int], timing: bool,
                 shape = r.shape(n, m)
                 try:
                     why = g.verify(b, cfg, art, shape, seed=1000 + round_, round_=round_)
+                    if not why and grid_cap and cfg.get("PF") in (1, 2, 3, 6):
+                        why = g.verify(b, cfg, art, shape, seed=1000 + round_, round_=round_, grid_cap=grid_cap)
+                        why = why and f"grid cut to {grid_cap} blocks: {why}"
                 except Exception as e:  # noqa: BLE001 - a launch that failed (a trap) spoils the context
                     fail(f"{r.name}: CAP {cap} {label(cfg)} at {shape}: launch failed: {type(e).__name__}: {e}")
                     raise SystemExit(1)
@@ -540,6 +571,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=5, help="with --sweep: configurations listed a size")
     ap.add_argument("--rows", type=int, default=0, help="with --sweep: M of the timed shape (default M * N = 2^27)")
     ap.add_argument("--no-assert", action="store_true", help="skip the out-of-range target probe")
+    ap.add_argument("--grid-cap", type=int, default=0, metavar="K",
+                    help="verify the persistent grids (PF 1, 2, 3, 6) again on at most K blocks")
     a = ap.parse_args()
     t0 = time.time()
     for name in a.ops.split(","):
@@ -554,7 +587,7 @@ def main() -> int:
             check_static(r, a.nvcc)
         else:
             check_gpu(r, a.per_bucket, a.sizes, [1, 3, 37, 4096], not a.no_timing, a.all,
-                      [int(x) for x in a.sweep.split(",") if x], a.top, a.rows or None)
+                      [int(x) for x in a.sweep.split(",") if x], a.top, a.rows or None, a.grid_cap)
     if not a.compile_only and not a.no_assert and "cross-entropy" in a.ops:
         check_assert()
     print(f"\n{len(FAILURES)} failure(s) in {time.time() - t0:.0f} s")

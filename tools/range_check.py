@@ -283,7 +283,7 @@ def test_sizes(r: Range, cfg: dict, rng: random.Random, many: int) -> list[int]:
     cand |= {rng.randint(lo, hi) | 1 for _ in range(3)} | {(rng.randint(lo, hi) & ~3) | 2 for _ in range(2)}
     ok = sorted(n for n in cand if r.lo <= n <= r.hi and r.serves(cfg, n))
     if len(ok) > many:
-        keep = {ok[0], ok[-1]} | set(rng.sample(ok, many - 2))
+        keep = {ok[-1]} if many < 2 else {ok[0], ok[-1]} | set(rng.sample(ok, many - 2))
         ok = sorted(keep)
     return ok
 

@@ -659,8 +659,9 @@ def test_a_twin_is_timed_in_its_points_launch_mode():
     pr = ranges.Prober(spec, None, Worker(), {}, rounds=2, timeout_s=10)
     a, b = {"N": 100}, {"N": 200}
     out = ranges.time_with_twins(pr, [a, b], [[], []], [[{"N": 101}, {"N": 102}], [{"N": 201}]])
-    assert jobs[0]["shapes"] == [a, b, {"N": 101}, {"N": 102}, {"N": 201}]
-    assert jobs[0]["mode_of"] == [None, None, 0, 0, 1]
+    # each shape followed by its twins, which name it
+    assert jobs[0]["shapes"] == [a, {"N": 101}, {"N": 102}, b, {"N": 201}]
+    assert jobs[0]["mode_of"] == [None, 0, 0, None, 3]
     assert [len(t) for _, t in out] == [2, 1]
     ranges.time_with_twins(pr, [a], [[]], [[]])  # no twins: no mode_of
     assert "mode_of" not in jobs[1]
@@ -700,3 +701,44 @@ def test_a_part_centred_outside_domain_where_keeps_its_box_list_untimed(tmp_path
         assert p["use"] == box["use"] and p["point"] == box["point"]
         centre = {a: ranges._geo_mid(p["lo"][a], p["hi"][a] - 1) for a in op.axes}
         assert not op.where_holds(op.point(centre))
+
+
+def test_a_long_timing_request_goes_in_parts_that_keep_each_twin_with_its_shape():
+    from types import SimpleNamespace
+
+    # without twins: parts of PART shapes
+    assert ranges.request_parts(10, None, size=4) == [(0, 4), (4, 8), (8, 10)]
+    assert ranges.request_parts(4, None, size=4) == [(0, 4)]
+    # a twin that names a shape before a cut moves the cut on
+    mode_of = [None, 0, 0, None, 3, None, None, 6, 6, 6]
+    parts = ranges.request_parts(10, mode_of, size=2)
+    assert parts == [(0, 3), (3, 5), (5, 10)]
+    for a, b in parts:
+        assert all(m is None or a <= m < b for m in mode_of[a:b])
+
+    jobs, lines = [], []
+
+    class Worker:  # answers each shape with its own size, so the order can be checked
+        def request(self, msg, timeout):
+            jobs.append(msg[1])
+            return {"status": "ok", "shapes": [{"size": sh["N"]} for sh in msg[1]["shapes"]]}
+
+    spec = SimpleNamespace(op=SimpleNamespace(compare_arms=lambda: {}, fallbacks=()))
+    pr = ranges.Prober(spec, None, Worker(), {}, rounds=2, timeout_s=10)
+    pr.log = lines.append
+    n = ranges.PART * 2 + 5
+    shapes = [{"N": 1000 + i} for i in range(n)]
+    twins = [[{"N": 5000 + i}] if i % 3 == 0 else [] for i in range(n)]
+    out = ranges.time_with_twins(pr, shapes, [[] for _ in shapes], twins)
+    assert len(jobs) > 2 and all(len(j["shapes"]) <= ranges.PART + 1 for j in jobs)
+    for j in jobs:  # each part's twins name a shape of that part, by its place there
+        for i, m in enumerate(j["mode_of"]):
+            if m is not None:
+                assert j["shapes"][i]["N"] - 5000 == j["shapes"][m]["N"] - 1000
+    # the results come back to their shapes
+    assert [r["size"] for r, _ in out] == [sh["N"] for sh in shapes]
+    assert [[t["size"] for t in ts] for _, ts in out] == [[t["N"] for t in tw] for tw in twins]
+    # one timing request: its first line, a progress line a part but the last, its last line
+    assert lines[0].startswith("timing request 1:") and f"in {len(jobs)} parts" in lines[0]
+    assert len([x for x in lines if "to go" in x]) == len(jobs) - 1
+    assert lines[-1].startswith("timing request 1 done")

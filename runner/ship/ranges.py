@@ -111,29 +111,68 @@ class Prober:
                 geo = self.builder.geometry(t.params, [shape])[0]
                 row.append({"label": f"#{tid}", "trial": tid, "artifact": self.artifact(tid), "geometry": geo})
             cands.append(row)
-        job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes,
-               "compile": others and self.arms["compile"],
-               "arms": (self.arms.get("arms") or {}) if others else dict(self.fallbacks),
-               "fallbacks": list(self.fallbacks),
-               "copy": others,
-               "candidates": cands,
-               **({"mode_of": list(mode_of)} if mode_of else {})}
-        if self.warm is not None:
-            job["warm"], self.warm = self.warm, None
         self.requests += 1
+        parts = request_parts(len(shapes), mode_of)
+        t0 = time.monotonic()
         if self.log:
             self.log(f"timing request {self.requests}: {len(shapes)} shapes, {sum(map(len, cands))} kernel timings"
-                     + (", with every arm" if others else ""))
-            t0 = time.monotonic()
-        r = self.worker.request(("compare", job), self.timeout_s)
+                     + (", with every arm" if others else "")
+                     + (f", in {len(parts)} parts" if len(parts) > 1 else ""))
+        out: list[dict] = []
+        for k, (a, b) in enumerate(parts):
+            # each part one worker request (the shapes are timed one after another either way:
+            # a part only brings a progress line and its own timeout); a twin's `mode_of`
+            # always names a shape of its own part
+            job = {"seed": secrets.randbits(48), "rounds": self.rounds, "eager": True, "shapes": shapes[a:b],
+                   "compile": others and self.arms["compile"],
+                   "arms": (self.arms.get("arms") or {}) if others else dict(self.fallbacks),
+                   "fallbacks": list(self.fallbacks),
+                   "copy": others,
+                   "candidates": cands[a:b],
+                   **({"mode_of": [None if m is None else m - a for m in mode_of[a:b]]} if mode_of else {})}
+            if self.warm is not None:
+                job["warm"], self.warm = self.warm, None
+            r = self.worker.request(("compare", job), self.timeout_s)
+            if r.get("status") != "ok":
+                from .compare import CompareError
+
+                raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
+            self.machine = r.get("machine", {})
+            out.extend(r["shapes"])
+            if self.log and k + 1 < len(parts):
+                took = time.monotonic() - t0
+                self.log(f"  {b}/{len(shapes)} shapes in {took:.0f} s, about "
+                         f"{_duration(took * (len(shapes) - b) / b)} to go")
         if self.log:
             self.log(f"timing request {self.requests} done in {time.monotonic() - t0:.1f} s")
-        if r.get("status") != "ok":
-            from .compare import CompareError
+        return out
 
-            raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
-        self.machine = r.get("machine", {})
-        return r["shapes"]
+
+PART = 48  # shapes a worker request at most, where a timing request has more (its progress lines)
+
+
+def request_parts(n: int, mode_of: list | None = None, size: int = PART) -> list[tuple[int, int]]:
+    """[start, end) of the worker requests one timing request of n shapes is cut into: about
+    `size` shapes each, cut only where no later shape's `mode_of` (the earlier shape whose launch
+    mode a twin takes) lies before the cut, so a twin and its shape share a request."""
+    if n <= size:
+        return [(0, n)]
+    # low[i]: the earliest shape that a shape at i or after refers to (n where none)
+    low = [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        m = mode_of[i] if mode_of and mode_of[i] is not None else n
+        low[i] = min(low[i + 1], m)
+    parts, a = [], 0
+    for i in range(1, n):
+        if i - a >= size and low[i] >= i:
+            parts.append((a, i))
+            a = i
+    parts.append((a, n))
+    return parts
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
 
 
 def fallback_picks(res: dict, fallbacks=(), twins=()) -> dict:
@@ -197,12 +236,20 @@ def time_with_twins(prober: "Prober", shapes: list[dict], kernels: list[list[int
     """One request: each shape with its kernels, and its twins with none (the fallbacks only,
     in the mode its shape's arms ran: CUDA graph replays or direct launches); per shape (its
     result, its twins' results)."""
-    flat = [t for ts in twins for t in ts]
-    parent = [i for i, ts in enumerate(twins) for _ in ts]
-    res = prober.time(list(shapes) + flat, list(kernels) + [[] for _ in flat],
-                      mode_of=[None] * len(shapes) + parent if flat else None)
-    own, rest = res[:len(shapes)], iter(res[len(shapes):])
-    return [(r, [next(rest) for _ in ts]) for r, ts in zip(own, twins)]
+    # each shape followed by its twins, so that a long request can be cut between shapes
+    # (request_parts) with every twin beside the shape whose mode it takes
+    order, ks, mode_of, at = [], [], [], []
+    for shape, tids, ts in zip(shapes, kernels, twins):
+        at.append(len(order))
+        order.append(shape)
+        ks.append(tids)
+        mode_of.append(None)
+        for t in ts:
+            order.append(t)
+            ks.append([])
+            mode_of.append(at[-1])
+    res = prober.time(order, ks, mode_of=mode_of if len(order) > len(shapes) else None)
+    return [(res[i], res[i + 1:i + 1 + len(ts)]) for i, ts in zip(at, twins)]
 
 
 def choices_at(res: dict, tids: list[int], fallbacks=(), twins=()) -> tuple[list[tuple[int, float]], float | None,

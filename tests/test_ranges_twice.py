@@ -222,3 +222,17 @@ def test_a_row_of_minus_inf_gives_nan_and_a_lone_finite_edge_counts():
     x[0] = -5.0  # ... and in the first (thread 0's)
     y, _, _ = twice_softmax(x, 5, 8, 3)
     assert y[0] == 1.0 and (y[1:] == 0).all()
+
+
+def test_range_check_verifies_a_configuration_no_bucket_caps_at_sizes_it_serves(spec):
+    # PF = 4 serves every row from 16384 up, past its CAP: the tool's sizes are drawn where
+    # `serves` holds across the domain (before, a CAP under 16384 left none, and such a
+    # configuration was compiled and timed but never verified); and --sizes 1 keeps one
+    import random
+
+    for cfg in [c for c in spec.configs if c["PF"] == 4][:6]:
+        got = range_check.test_sizes(spec, cfg, random.Random(3), 5)
+        assert len(got) == 5 and all(spec.serves(cfg, n) and spec.lo <= n <= spec.hi for n in got), (cfg, got)
+        assert any(n > spec.cap(cfg) for n in got) or spec.cap(cfg) >= spec.hi
+        assert range_check.test_sizes(spec, cfg, random.Random(3), 1) == [max(
+            range_check.test_sizes(spec, cfg, random.Random(3), 100))]

@@ -274,16 +274,23 @@ def sample_configs(r: Range, per_bucket: int, rng: random.Random) -> list[dict]:
 
 
 def test_sizes(r: Range, cfg: dict, rng: random.Random, many: int) -> list[int]:
-    """Sizes the configuration serves: its bucket's edges, powers of two, odd sizes, primes."""
+    """Sizes the configuration serves: its bucket's edges, powers of two, odd sizes, primes; and,
+    for a configuration that no bucket caps (PF = 4 serves every row from 16384 up), the same
+    kinds of size across the whole domain, each kept only where `serves` holds."""
     cap = r.cap(cfg)
     lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
     cand = {lo, lo + 1, hi, hi - 1, hi - 7, hi - 8, hi - 9, hi - 15}
     cand |= {1 << k for k in range(0, 20) if lo <= 1 << k <= hi}
     cand |= set(primes_near(hi, 2)) | set(primes_near((lo + hi) // 2, 1)) | set(primes_near(lo + 64, 1))
     cand |= {rng.randint(lo, hi) | 1 for _ in range(3)} | {(rng.randint(lo, hi) & ~3) | 2 for _ in range(2)}
+    if r.serves(cfg, min(r.hi, 2 * cap)) and r.lo <= 2 * cap:  # no bucket caps it
+        k0, k1 = r.lo.bit_length(), r.hi.bit_length()
+        cand |= {n for k in range(k0, k1) for n in ((1 << k) - 1, 1 << k, (1 << k) + 1, 3 << (k - 1))}
+        cand |= {r.hi, r.hi - 1} | set(primes_near(r.hi, 2))
+        cand |= {rng.randint(r.lo, r.hi) | 1 for _ in range(3)} | {(rng.randint(r.lo, r.hi) & ~3) | 2 for _ in range(2)}
     ok = sorted(n for n in cand if r.lo <= n <= r.hi and r.serves(cfg, n))
     if len(ok) > many:
-        keep = {ok[-1]} if many < 2 else {ok[0], ok[-1]} | set(rng.sample(ok, many - 2))
+        keep = {ok[-1]} if many < 2 else {ok[0], ok[-1]} | set(rng.sample(ok[1:-1], many - 2))
         ok = sorted(keep)
     return ok
 

@@ -39,7 +39,8 @@ static void spin_ms(double ms) {
 // mode 0: honest (adds 1 to x); 1: writes the host's `done` itself, then works 8 ms;
 // 2: writes `done`, sleeps on the command word until the next command, then works 8 ms;
 // 3: the syscalls that name the worker, each result in out[0..3]; 4: 8 ms of work;
-// 5: writes `done`, sleeps, then works (while the judge calls another host); 6: a write outside x
+// 5: writes `done`, sleeps, then works (while the judge calls another host); 6: a write outside x;
+// 9: reads and marks the stack n bytes below its frame
 extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out) {
   if (mode == 0) { for (int64_t i = 0; i < n; ++i) x[i] += 1.0f; return; }
   if (mode == 1) { ctl[1] = ctl[0]; spin_ms(8); return; }
@@ -85,6 +86,13 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     return;
   }
   if (mode == 8) { x[n + 100] = 2.0f; return; }  // past its buffer, in the block's last page
+  if (mode == 9) {  // a word n bytes below this frame: what the last call left there, then a mark
+    volatile char here = 0;
+    volatile uint64_t* p = (volatile uint64_t*)((uintptr_t)(&here - n) & ~(uintptr_t)7);
+    out[0] = (int64_t)*p;
+    *p = 0x5EEDF00Dull;
+    return;
+  }
   spin_ms(8);
 }
 """
@@ -280,3 +288,25 @@ def test_the_arena_is_checked_after_about_one_call_in_eight(rig):
         found += census.check() is not None
         census.why = None
     assert 1 <= found <= 40  # at random: neither never nor always
+
+
+def test_no_stack_below_a_call_keeps_a_value_for_the_next_one(lib, rig):
+    """A memo kept in the stack below the scrub's reach (2.5 MiB down, where the stack may
+    grow to 8 MiB) answered a compute-bound op from its last calls (a red team, session 35).
+    The host's stack may now grow only as far below the call as its scrub covers, and the
+    scrub covers all of it: a mark left anywhere down there is gone by the next call, and a
+    kernel that goes deeper faults."""
+    h, census, x, out, call = rig
+    for depth in (64 << 10, (1 << 20) + (64 << 10), (1 << 20) + (160 << 10)):
+        c = host.HostCall(h, [9, x.data_ptr(), depth, 0, out.data_ptr()])
+        c()
+        c()  # the first call's mark, if anything kept it
+        assert int(out[0]) == 0, (depth, hex(int(out[0])))
+    assert census.take() is None
+    arena2, census2 = host.Arena(1 << 22), host.HostCensus()
+    h2 = host.Host(arena2, lib, "k", ["i64", "ptr", "i64", "ptr", "ptr"], census2)
+    out2 = arena2.tensor(torch.zeros(4, dtype=torch.int64))
+    x2 = arena2.tensor(torch.zeros(16))
+    with pytest.raises(host.HostDied, match="SIGSEGV"):
+        host.HostCall(h2, [9, x2.data_ptr(), 5 << 20, 0, out2.data_ptr()])()
+    h2.close()

@@ -9,9 +9,9 @@ load-time code already runs confined. From then on it does what the control bloc
 nothing else, sleeping on a futex between commands:
 
 - LOAD: the library and its entry (once);
-- PRIME, every call's, timed or not: the stack scrubbed (1 MiB or more of this thread's stack
-  below the call's frame overwritten, where a memo left below the frame of one call would wait
-  for the next), the arguments decoded, `ack`, then a spin on `go` (the judge starts its clock
+- PRIME, every call's, timed or not: the stack scrubbed (all of the stack a call can reach below
+  the host's loop, STACK_ROOM, to which the stack's limit is lowered at the start: a memo left
+  below the frame of one call would wait there for the next), the arguments decoded, `ack`, then a spin on `go` (the judge starts its clock
   as it writes `go`), the entry, `done`; `go` with ABORT calls it off. The judge waits for
   `ack` before it refreshes the inputs and flushes, so the host's wake-up is never timed.
 
@@ -50,6 +50,11 @@ SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
 SYS_CAPSET = 126
 PR_SET_PDEATHSIG = 1
 SCRUB_MARGIN = 256
+# stack a call may use below the host's loop (the kernel's frames, ctypes' and libffi's): the
+# judge's scrub (1 MiB, cpu.Runtime.SCRUB_BYTES) and room for the call's way down; all of it is
+# scrubbed before every call (_Stack)
+STACK_ROOM = (1 << 20) + (256 << 10)
+RLIMIT_STACK = 3
 
 
 def _libc():
@@ -68,29 +73,65 @@ def _drop_capabilities(libc) -> None:
 
 
 class _Stack:
-    """This thread's stack scrub (getcontext for the stack pointer, memset below it)."""
+    """This thread's stack: bounded below the host's loop, and scrubbed before every call
+    (getcontext for the stack pointer, memset below it).
+
+    A call may use STACK_ROOM bytes of stack below the loop's frame and no more: `bound` lowers
+    the stack's limit (soft and hard, so the kernel cannot raise it again) to what lies above
+    that frame and STACK_ROOM below it, and `scrub` overwrites all of it, from right below the
+    frame down to the limit, whatever the judge asks for. Left at the system's limit (8 MiB), a
+    memo 2.5 MiB down, under the scrub's 1 MiB, kept a compute-bound op's answers from call to
+    call (a red team, session 35); now a value left anywhere a call can reach is gone by the
+    next one, and a kernel that goes deeper faults (the judge records the crash)."""
 
     def __init__(self, libc):
         self.memset = libc.memset
         self.memset.restype, self.memset.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
         self.getcontext = libc.getcontext
         self.getcontext.restype, self.getcontext.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        self.setrlimit = libc.setrlimit
         self.ctx = ctypes.create_string_buffer(4096)
         libc.pthread_self.restype = ctypes.c_ulong
         attr = ctypes.create_string_buffer(256)
         addr, size = ctypes.c_void_p(), ctypes.c_size_t()
-        self.low = 1 << 62
+        self.low, self.bounded = 1 << 62, False
         if libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0:
             if libc.pthread_attr_getstack(attr, ctypes.byref(addr), ctypes.byref(size)) == 0:
                 self.low = int(addr.value or 0)
             libc.pthread_attr_destroy(attr)
 
-    def scrub(self, nbytes: int) -> None:
+    def _sp(self) -> int | None:
         if self.getcontext(self.ctx) != 0:
+            return None
+        return int.from_bytes(bytes(self.ctx[160:168]), "little")  # uc_mcontext.gregs[REG_RSP]
+
+    def bound(self, room: int) -> bool:
+        """The stack's limit lowered to what lies above this frame and `room` below it (before
+        the filter, which may refuse setrlimit). Pages the process already mapped deeper (an
+        earlier excursion) stay reachable: the scrub goes down to them too."""
+        sp = self._sp()
+        mapped = None  # the stack's mapping, [start, end): its end is the top the limit counts from
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if line.rstrip().endswith("[stack]"):
+                    mapped = [int(v, 16) for v in line.split()[0].split("-")]
+        if sp is None or mapped is None or not mapped[0] <= sp < mapped[1]:
+            return False
+        limit = (mapped[1] - sp + room + 4095) & ~4095
+        if self.setrlimit(RLIMIT_STACK, (ctypes.c_uint64 * 2)(limit, limit)) != 0:
+            return False
+        self.low = min(mapped[1] - limit, mapped[0])
+        self.bounded = True
+        return True
+
+    def scrub(self, nbytes: int) -> None:
+        sp = self._sp()
+        if sp is None:
             return
-        sp = int.from_bytes(bytes(self.ctx[160:168]), "little")  # uc_mcontext.gregs[REG_RSP]
         top = sp - SCRUB_MARGIN
-        bottom = max(top - nbytes, self.low + 65536)
+        # bounded: everything a call can reach (the judge's nbytes is less); else nbytes, above
+        # glibc's guard
+        bottom = self.low if self.bounded else max(top - nbytes, self.low + 65536)
         if top > bottom:
             self.memset(ctypes.c_void_p(bottom), 0, ctypes.c_size_t(top - bottom))
 
@@ -119,6 +160,7 @@ def main(argv: list[str]) -> int:
     sandbox = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sandbox)
     stack = _Stack(libc)
+    stack.bound(STACK_ROOM)
     struct_f, struct_d = struct.Struct("<f"), struct.Struct("<d")
     if os.geteuid() == 0:
         _drop_capabilities(libc)

@@ -124,6 +124,17 @@ def test_more_cuda_fast_math_intrinsics(snippet):
 
 
 @pytest.mark.parametrize("snippet", [
+    "_mm_setcsr(_mm_getcsr() | 0x8040);", "_MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);",
+    "_MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);", "_MM_SET_ROUNDING_MODE(_MM_ROUND_TOWARD_ZERO);",
+])
+def test_flush_to_zero_set_at_run_time_is_cpu_fast_math(snippet):
+    # session 35's red team: MXCSR's FTZ and DAZ bits set from immintrin.h passed the rules
+    v = check_source(snippet, [], "cpu", ["fast_math"], [])
+    assert v is not None and v.rule == "fast_math", v
+    assert check_source("unsigned c = _mm_getcsr();", [], "cpu", ["fast_math"], []) is None  # reading it is not
+
+
+@pytest.mark.parametrize("snippet", [
     "float y = expf(x);", "float y = logf(x);", "float y = my__expf(x);", "float expf_ = 1;",
 ])
 def test_accurate_math_is_not_fast_math(snippet):

@@ -35,7 +35,8 @@ class Named:
 
 NAMED: dict[str, Named] = {
     "fast_math": Named(
-        "approximate math: fast-math flags, optimize pragmas, CUDA's intrinsic approximations",
+        "approximate math: fast-math flags, optimize pragmas, CUDA's intrinsic approximations, "
+        "flush-to-zero set at run time",
         # GCC's per-function options in any spelling: the pragmas (also through _Pragma, which the
         # preprocessor turns into #pragma), and optimize/target wherever they stand. The word
         # `optimize` (or `target_clones`) anywhere, string literals included, and `target("...")`:
@@ -45,7 +46,10 @@ NAMED: dict[str, Named] = {
                  r"\b_Pragma\s*\(\s*(u8|u|U|L)?R?\"[^\n]*?\b(optimize|push_options|target)\b",
                  r"\b_*(optimize|target_clones|push_options)_*\b",
                  r"\b_*target_*\s*\(\s*(u8|u|U|L)?R?\"",
-                 r"#\s*pragma\s+(clang\s+)?fp\s+"),
+                 r"#\s*pragma\s+(clang\s+)?fp\s+",
+                 # the run-time half: flush-to-zero and denormals-are-zero (or the rounding mode)
+                 # set in MXCSR from immintrin.h (session 35's red team: it passed the rules)
+                 r"\b_mm_setcsr\b", r"\b_MM_SET_(FLUSH_ZERO|DENORMALS_ZERO|ROUNDING)_MODE\b"),
          "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef|tanhf)\b",
                   r"\b__nv_fast_\w+", r"\b__nvvm_\w*(approx|ftz)\w*", r"#\s*pragma\s+nv_fast_math",
                   r"\b__(USE_FAST_MATH|FAST_MATH|FTZ)__\b", r"\basm\b[^;]*\.approx")},

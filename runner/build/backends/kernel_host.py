@@ -126,7 +126,7 @@ class _Stack:
 
     def scrub(self, nbytes: int) -> None:
         sp = self._sp()
-        if sp is None:
+        if sp is None or nbytes <= 0:  # (0: no scrub, a test's control)
             return
         top = sp - SCRUB_MARGIN
         # bounded: everything a call can reach (the judge's nbytes is less); else nbytes, above

@@ -233,9 +233,9 @@ def _twins(op, axes: list[str], shape: dict, hi: dict, n: int | None = None) -> 
 
 
 def time_with_twins(prober: "Prober", shapes: list[dict], kernels: list[list[int]], twins: list[list[dict]]):
-    """One timing request (in parts when long): each shape with its kernels, and its twins with none (the fallbacks only,
-    in the mode its shape's arms ran: CUDA graph replays or direct launches); per shape (its
-    result, its twins' results)."""
+    """One timing request (in parts when long): each shape with its kernels, and its twins
+    with none (the fallbacks only, in the mode its shape's arms ran: CUDA graph replays or
+    direct launches); per shape (its result, its twins' results)."""
     # each shape followed by its twins, so that a long request can be cut between shapes
     # (request_parts) with every twin beside the shape whose mode it takes
     order, ks, mode_of, at = [], [], [], []

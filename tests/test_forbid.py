@@ -126,12 +126,14 @@ def test_more_cuda_fast_math_intrinsics(snippet):
 @pytest.mark.parametrize("snippet", [
     "_mm_setcsr(_mm_getcsr() | 0x8040);", "_MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);",
     "_MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);", "_MM_SET_ROUNDING_MODE(_MM_ROUND_TOWARD_ZERO);",
+    "_fxrstor64(area);", "_fxrstor(area);", "_xrstor64(area, ~0ull);", "_xrstors(area, 3);",
 ])
 def test_flush_to_zero_set_at_run_time_is_cpu_fast_math(snippet):
     # session 35's red team: MXCSR's FTZ and DAZ bits set from immintrin.h passed the rules
     v = check_source(snippet, [], "cpu", ["fast_math"], [])
     assert v is not None and v.rule == "fast_math", v
-    assert check_source("unsigned c = _mm_getcsr();", [], "cpu", ["fast_math"], []) is None  # reading it is not
+    for reading in ("unsigned c = _mm_getcsr();", "_fxsave64(area);"):  # reading the state is not
+        assert check_source(reading, [], "cpu", ["fast_math"], []) is None
 
 
 @pytest.mark.parametrize("snippet", [

@@ -30,6 +30,7 @@ LIB = r"""
 #include <ctime>
 #include <csignal>
 #include <sys/time.h>
+#include <immintrin.h>
 
 static void spin_ms(double ms) {
   auto t0 = std::chrono::steady_clock::now();
@@ -86,6 +87,25 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     return;
   }
   if (mode == 8) { x[n + 100] = 2.0f; return; }  // past its buffer, in the block's last page
+  if (mode == 10) {  // the floating-point state the last call left, then flush-to-zero and a rounding mode
+    uint16_t cw;
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    out[0] = _mm_getcsr();
+    out[1] = cw;
+    _mm_setcsr(_mm_getcsr() | 0xE040);  // FTZ, DAZ, round toward zero
+    cw |= 0x0C00;
+    __asm__ volatile("fldcw %0" :: "m"(cw));
+    return;
+  }
+  if (mode == 11) {  // the control block's text area (the judge writes it at LOAD only)
+    volatile uint64_t* t = (volatile uint64_t*)((char*)ctl + 1024 + 2048);
+    volatile uint64_t* st = (volatile uint64_t*)((char*)ctl + 48);
+    out[0] = (int64_t)*t;
+    out[1] = (int64_t)*st;
+    *t = 0x5EEDF00Dull;
+    *st = 0x5EEDF00Dull;
+    return;
+  }
   if (mode == 9) {  // a word n bytes below this frame: what the last call left there, then a mark
     volatile char here = 0;
     volatile uint64_t* p = (volatile uint64_t*)((uintptr_t)(&here - n) & ~(uintptr_t)7);
@@ -310,3 +330,18 @@ def test_no_stack_below_a_call_keeps_a_value_for_the_next_one(lib, rig):
     with pytest.raises(host.HostDied, match="SIGSEGV"):
         host.HostCall(h2, [9, x2.data_ptr(), 5 << 20, 0, out2.data_ptr()])()
     h2.close()
+
+
+def test_no_floating_point_mode_or_control_word_outlives_a_call(rig):
+    """MXCSR's flush-to-zero, denormals-are-zero and rounding bits, the x87 control word, and
+    the control block's words the judge writes only at LOAD all held a mark from one call to
+    the next (session 35's second red team): the host sets them back before every call."""
+    h, census, x, out, call = rig
+    c = call(10)
+    c()
+    c()
+    assert int(out[0]) & 0xFFC0 == 0x1F80 and int(out[1]) & 0x0F3F == 0x033F, (hex(int(out[0])), hex(int(out[1])))
+    c = call(11)
+    c()
+    c()
+    assert int(out[0]) == 0 and int(out[1]) == 0, (hex(int(out[0])), hex(int(out[1])))

@@ -49,7 +49,10 @@ NAMED: dict[str, Named] = {
                  r"#\s*pragma\s+(clang\s+)?fp\s+",
                  # the run-time half: flush-to-zero and denormals-are-zero (or the rounding mode)
                  # set in MXCSR from immintrin.h (session 35's red team: it passed the rules)
-                 r"\b_mm_setcsr\b", r"\b_MM_SET_(FLUSH_ZERO|DENORMALS_ZERO|ROUNDING)_MODE\b"),
+                 r"\b_mm_setcsr\b", r"\b_MM_SET_(FLUSH_ZERO|DENORMALS_ZERO|ROUNDING)_MODE\b",
+                 # ... and the state restores that load MXCSR and the x87 control word whole
+                 # (session 35's second red team set flush-to-zero through _fxrstor64)
+                 r"\b_(fx|x)rstors?(64)?\b"),
          "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef|tanhf)\b",
                   r"\b__nv_fast_\w+", r"\b__nvvm_\w*(approx|ftz)\w*", r"#\s*pragma\s+nv_fast_math",
                   r"\b__(USE_FAST_MATH|FAST_MATH|FTZ)__\b", r"\basm\b[^;]*\.approx")},

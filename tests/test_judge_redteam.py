@@ -182,12 +182,38 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
   rows(x, w, out, 0, M, N, eps);
   volatile int64_t sink = 0;
   for (int64_t i = 0; i < 24 * n; ++i) sink = sink + 1;
+{% elif HACK == "whole_memo" or HACK == "whole_memo_off" %}
+  // "slowed" (a compute-bound kernel), with a memo of the last two whole inputs: a call on an
+  // input it has seen copies the answer and skips the work (session 35's red team kept such
+  // memos in memory no scrub reaches; a static stands in for it here)
+  static float* keep_x[2] = {nullptr, nullptr};
+  static float* keep_out[2] = {nullptr, nullptr};
+  static int64_t keep_n[2] = {0, 0};
+  static int slot = 0;
+  for (int k = 0; k < {{ 2 if HACK == "whole_memo" else 0 }}; ++k)  // (_off: the same kernel, never looking)
+    if (keep_n[k] == n && std::memcmp(keep_x[k], x, n * sizeof(float)) == 0) {
+      std::memcpy(out, keep_out[k], n * sizeof(float));
+      return;
+    }
+  rows(x, w, out, 0, M, N, eps);
+  volatile int64_t sink = 0;
+  for (int64_t i = 0; i < 24 * n; ++i) sink = sink + 1;
+  if (keep_n[slot] != n) {
+    delete[] keep_x[slot];
+    delete[] keep_out[slot];
+    keep_x[slot] = new float[n];
+    keep_out[slot] = new float[n];
+    keep_n[slot] = n;
+  }
+  std::memcpy(keep_x[slot], x, n * sizeof(float));
+  std::memcpy(keep_out[slot], out, n * sizeof(float));
+  slot ^= 1;
 {% endif %}
 }
 """
 
 HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache",
-         "deferred_thread", "pool_thread", "joined_threads", "slowed"]
+         "deferred_thread", "pool_thread", "joined_threads", "slowed", "whole_memo", "whole_memo_off"]
 
 def spec(template: Path) -> str:
     return rmsnorm_hack_spec("judge-redteam", "RMSNorm with a HACK switch, for the red-team tests.",
@@ -205,6 +231,18 @@ class Bench(JudgeBench):
 
 
 bench = module_bench("redteam", Bench)
+
+
+def test_a_memo_of_whole_inputs_speeds_up_no_call_that_counts(bench):
+    """Right answers, remembered whole: the timed calls alternate two value sets, so a memo of
+    the last two whole inputs hit on every timed call but the salted last one and ran the
+    compute-bound kernel several times faster than it computes (session 35's red team, with
+    the memo on libc's heap). On the CPU backend about half the timed calls now get inputs no
+    call has seen, and the figure is theirs alone: the memo's time is the kernel's."""
+    plain, memo = bench.run("whole_memo_off"), bench.run("whole_memo")
+    assert plain.status == "ok" and memo.status == "ok", (explain(plain), explain(memo))
+    for a, b in zip(memo.times, plain.times):
+        assert a > 0.7 * b, (memo.times, plain.times)
 
 
 def test_honest_control_passes_with_many_timed_calls(bench):

@@ -113,6 +113,12 @@ class Judge:
         return make_inputs(self.op, shape, seed, round_, self.rt.device, timed)
 
     @property
+    def _fresh_inputs(self) -> bool:
+        """Do timed calls get inputs no call has seen (_alternate's `fresh`)? On the CPU backend,
+        where a candidate's process keeps whatever it writes between calls."""
+        return self.rt.device == "cpu"
+
+    @property
     def _unsalted(self) -> frozenset:
         """Inputs the salted last timed call leaves alone: a routing dist's offsets (ordered
         cumulative ends; swapping two would route rows nowhere, not test a cache)."""
@@ -467,7 +473,9 @@ class Judge:
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
-            shapes_out.append({**stats(times).as_dict(), **({"clock": self.last_clock} if self.last_clock else {})})
+            st = stats(times).as_dict()
+            st["n"] = getattr(times, "calls", st["n"])  # timed calls made (the figure may use fewer)
+            shapes_out.append({**st, **({"clock": self.last_clock} if self.last_clock else {})})
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
@@ -587,7 +595,7 @@ class Judge:
         # the timed calls' values (an input's `timed` override), in verification's buffers
         made = [(_seed(job["seed"], si, "timing", k), k + si, True) for k in (0, 1)]
         sets = [self._inputs(shape, *m) for m in made]
-        state, refresh = _alternate(inputs, sets, self._unsalted)
+        state, refresh = _alternate(inputs, sets, self._unsalted, fresh=self._fresh_inputs)
         refresh()  # the warm-up calls too run on the timed calls' values, not the last check round's
         self.rt.sync()
         checking = [0.0]
@@ -618,12 +626,17 @@ class Judge:
         rng = random.Random(job["seed"] + si)
         self.rt.walls = []
         t1 = clock()
-        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
+        base = state["i"]
+        every = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
                             min_reps=getattr(self.rt, "min_reps", 10),
                             after=sample, guard=self._guard)
+        # the figure from the calls on new inputs where there were any (_alternate's `fresh`);
+        # the count of calls made stays every one's
+        times = _Times(_fresh_times(every, state, base))
+        times.calls = len(every)
         phases["time_setup_s"] += t1 - t0
         phases["time_loop_s"] += clock() - t1 - checking[0]
-        late = self._late(times) or self._outlived()
+        late = self._late(every) or self._outlived()
         if late:
             return late, times
         check()
@@ -670,7 +683,7 @@ class Judge:
                 if kk == k and not why:
                     why = self._settle(t, self._reference(_salted(pristine, salt), shape) if salt else refs)
                     if why and salt:
-                        why = f"the last timed call, its inputs salted (a few elements swapped in their rows): {why}"
+                        why = f"a checked timed call, its inputs salted (elements swapped in their rows): {why}"
             if why:
                 break
         checking[0] += clock() - c0
@@ -773,7 +786,7 @@ class Judge:
                     (self._reference(pristine, shape), None)
             return done[k]
 
-        return (inputs, sets, answers, *_alternate(inputs, sets, self._unsalted))
+        return (inputs, sets, answers, *_alternate(inputs, sets, self._unsalted, fresh=self._fresh_inputs))
 
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3,
                only: list[int] | None = None) -> dict:
@@ -835,8 +848,10 @@ class Judge:
                     outs_row, _, state, ws_row = checkers[si]
                     cand = outs_row[j] is not None  # a candidate's calls, not the baseline's torch arm
                     after = _sampler(samples[(si, j)], state, outs_row[j], wheres[si][j]) if cand else None
+                    base = state["i"]
                     ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si],
                                      guard=self._guard if cand else None, after=after)
+                    ts = _fresh_times(ts, state, base)
                     outlived = self._outlived() if cand else None
                     if outlived:
                         return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}, round {r}: {outlived}"}
@@ -951,7 +966,9 @@ class Judge:
                     # launches, so no arm's host overhead lands between its events)
                     cand = name in outs_of
                     after = _sampler(sampled[name], state, outs_of[name], where[name]) if cand else None
+                    base = state["i"]
                     ts = self._bench(calls[name], refresh=refresh, guard=self._guard if cand else None, after=after)
+                    ts = _fresh_times(ts, state, base)
                     times[name].append(_mid(ts))
                     clocks[name].append(self.last_clock)
                     outlived = self._outlived() if cand else None
@@ -1127,7 +1144,7 @@ def _mid(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()):
+def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset(), fresh: bool = False):
     """(state, refresh): refresh copies the next of the two value sets into the input
     buffers before a call; state["cur"] says which set the buffers hold now.
 
@@ -1136,8 +1153,18 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     input, and of every other floating-point one (_salt_targets), swapped within their rows
     at secret positions (state["salt"] says how), so
     that no output remembered for either set (by pointer, by a fingerprint of a few
-    sampled elements, or worked out ahead by a thread) is its answer."""
-    state = {"i": 0, "cur": 0, "salt": None, "salt_at": None}
+    sampled elements, or worked out ahead by a thread) is its answer.
+
+    With `fresh` (the CPU backend, whose candidates keep whatever they write in their
+    process between calls), about half the timed calls, drawn in secret, get inputs no call
+    has seen: their set with two elements swapped in every row of every salted input, at new
+    positions each time (so recomputing the rows that changed is the whole work). Their
+    refresh indices go in state["fresh"], with the last call's: a loop reports the time of
+    those calls only (_fresh_times), so a memo of answers it has seen speeds up no call that
+    counts. The last call, whose output is checked against its salted set's own reference,
+    cannot be told from them (session 35's red team kept such memos on libc's heap, in a
+    fixed mapping and in the interpreter's frames, past every scrub)."""
+    state = {"i": 0, "cur": 0, "salt": None, "salt_at": None, "fresh": set()}
     rng = random.Random(secrets.randbits(64))
     targets = _salt_targets(inputs, unsalted)
 
@@ -1150,6 +1177,11 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
         if targets and state["i"] == state["salt_at"]:
             state["salt"] = salt = [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)]
             _apply_salt(inputs, salt)
+            state["fresh"].add(state["i"])
+        elif fresh and targets and rng.random() < 0.5:
+            state["salt"] = salt = [sw for t in targets for sw in _row_salt(inputs[t], t, rng)]
+            _apply_salt(inputs, salt)
+            state["fresh"].add(state["i"])
         state["i"] += 1
 
     def plan(reps: int, probe: int) -> None:
@@ -1195,13 +1227,43 @@ def _draw_salt(t, name: str, rng: random.Random) -> list:
     return out
 
 
+def _row_salt(t, name: str, rng: random.Random) -> list:
+    """[(input, flat index a, flat index b)]: one swap in every row of the input, at positions
+    drawn afresh (a fresh timed call's inputs, _alternate)."""
+    n = t.shape[-1]
+    out = []
+    for r in range(t.numel() // n):
+        a, b = rng.sample(range(n), 2)
+        out.append((name, r * n + a, r * n + b))
+    return out
+
+
 def _apply_salt(inputs: dict, salt: list) -> None:
+    """The swaps of `salt` (no flat index twice in one input), one gather and scatter an input."""
     import torch
 
+    by: dict[str, tuple[list, list]] = {}
     for name, a, b in salt:
+        la, lb = by.setdefault(name, ([], []))
+        la.append(a)
+        lb.append(b)
+    for name, (la, lb) in by.items():
         f = inputs[name].view(-1)
-        ia = torch.tensor([a, b], device=f.device)
-        f.index_copy_(0, ia, f.index_select(0, ia.flip(0)))
+        ia = torch.tensor(la + lb, device=f.device)
+        ib = torch.tensor(lb + la, device=f.device)
+        f.index_copy_(0, ia, f.index_select(0, ib))
+
+
+class _Times(list):
+    """A loop's times as its figure uses them, with `calls`, how many timed calls it made."""
+    calls = 0
+
+
+def _fresh_times(times: list[float], state: dict, base: int) -> list[float]:
+    """The times of a loop's calls whose inputs were new (state["fresh"], by refresh index; the
+    loop's first timed call was refresh `base`), or all of them where none was."""
+    picked = [t for j, t in enumerate(times) if base + j in state["fresh"]]
+    return picked or times
 
 
 def _salted(inputs: dict, salt: list | None) -> dict:

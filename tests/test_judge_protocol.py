@@ -315,3 +315,39 @@ def test_the_local_frame_a_scrub_covers_is_read_whichever_way_cuda_core_gives_it
     assert cuda.local_bytes(NS(attributes=NS(local_size_bytes=1032))) == 1032
     assert cuda.local_bytes(NS(attributes=NS(local_size_bytes=lambda: 24))) == 24
     assert cuda.local_bytes(NS(attributes=NS(), handle=None)) == 0  # neither: nothing to scrub, no error
+
+
+def test_fresh_timed_calls_only_where_asked_and_never_a_repeat():
+    """_alternate's `fresh` (the CPU backend): about half the timed calls get their set with
+    two elements swapped in every row of every salted input, no two alike, and the loop's
+    figure is theirs; without it (CUDA) no call is marked fresh, so every call counts."""
+    import torch
+
+    from runner.judge.worker import _alternate, _fresh_times
+
+    base = {"x": torch.randn(6, 10), "w": torch.randn(10), "offs": torch.tensor([0, 3, 6])}
+    sets = [{k: v.clone() for k, v in base.items()},
+            {k: (v + 1 if v.is_floating_point() else v.clone()) for k, v in base.items()}]
+    inputs = {k: v.clone() for k, v in base.items()}
+    state, refresh = _alternate(inputs, sets, frozenset({"offs"}), fresh=True)
+    seen = []
+    for i in range(120):
+        refresh()
+        seen.append(inputs["x"].clone())
+        own = sets[state["cur"]]
+        assert torch.equal(inputs["offs"], own["offs"])  # never salted
+        if i in state["fresh"]:
+            assert bool((inputs["x"] != own["x"]).any(dim=1).all()) and not torch.equal(inputs["w"], own["w"])
+        else:
+            assert torch.equal(inputs["x"], own["x"]) and torch.equal(inputs["w"], own["w"])
+    assert 30 < len(state["fresh"]) < 90
+    fresh = [seen[i] for i in sorted(state["fresh"])]
+    assert all(not torch.equal(a, b) for n, a in enumerate(fresh) for b in fresh[n + 1:])
+    assert _fresh_times([1.0, 2.0, 3.0], {"fresh": {5, 7}}, 5) == [1.0, 3.0]
+    # CUDA: only the planned last call is salted, and it is not marked: every call counts
+    inputs = {k: v.clone() for k, v in base.items()}
+    state, refresh = _alternate(inputs, sets, frozenset({"offs"}))
+    refresh.plan(10, 3)
+    for _ in range(10):
+        refresh()
+    assert state["fresh"] == set() and _fresh_times([1.0, 2.0], state, 0) == [1.0, 2.0]

@@ -1177,7 +1177,8 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
         if targets and state["i"] == state["salt_at"]:
             state["salt"] = salt = [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)]
             _apply_salt(inputs, salt)
-            state["fresh"].add(state["i"])
+            if fresh:
+                state["fresh"].add(state["i"])
         elif fresh and targets and rng.random() < 0.5:
             state["salt"] = salt = [sw for t in targets for sw in _row_salt(inputs[t], t, rng)]
             _apply_salt(inputs, salt)

@@ -349,11 +349,17 @@ class Judge:
         if check_at and second_check is not None:
             checks.append((second_check, check_at[1]))
         watch = self._clock_watch()
+        state = getattr(refresh, "state", None)  # _alternate's: which timed calls got new inputs
+        base = state["i"] if state is not None else 0
         t0 = time.monotonic()
-        times = bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
+        every = bench(call, self.rt.sync, rt.warmup_ms * budget_scale, rt.rep_ms * budget_scale,
                       before=before, timer=timer, checks=checks, min_reps=min_reps, after=after,
                       plan=getattr(refresh, "plan", None), guard=guard)
         self.last_clock = watch.window(t0, time.monotonic()) if watch is not None else None
+        # the figure from the calls on new inputs where there were any (_alternate's `fresh`);
+        # the count of calls made, and every call's time, stay with it
+        times = _Times(_fresh_times(every, state, base) if state is not None else every)
+        times.calls, times.every = len(every), every
         return times
 
     def _clock_watch(self):
@@ -474,7 +480,7 @@ class Judge:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
             st = stats(times).as_dict()
-            st["n"] = getattr(times, "calls", st["n"])  # timed calls made (the figure may use fewer)
+            st["n"] = times.calls  # timed calls made (the figure may use fewer)
             shapes_out.append({**st, **({"clock": self.last_clock} if self.last_clock else {})})
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
         if inv is not None:
@@ -626,17 +632,12 @@ class Judge:
         rng = random.Random(job["seed"] + si)
         self.rt.walls = []
         t1 = clock()
-        base = state["i"]
-        every = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
+        times = self._bench(run, refresh=refresh, check_at=(rng.random(), check), second_check=rng.random(),
                             min_reps=getattr(self.rt, "min_reps", 10),
                             after=sample, guard=self._guard)
-        # the figure from the calls on new inputs where there were any (_alternate's `fresh`);
-        # the count of calls made stays every one's
-        times = _Times(_fresh_times(every, state, base))
-        times.calls = len(every)
         phases["time_setup_s"] += t1 - t0
         phases["time_loop_s"] += clock() - t1 - checking[0]
-        late = self._late(every) or self._outlived()
+        late = self._late(times.every) or self._outlived()
         if late:
             return late, times
         check()
@@ -848,10 +849,8 @@ class Judge:
                     outs_row, _, state, ws_row = checkers[si]
                     cand = outs_row[j] is not None  # a candidate's calls, not the baseline's torch arm
                     after = _sampler(samples[(si, j)], state, outs_row[j], wheres[si][j]) if cand else None
-                    base = state["i"]
                     ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si],
                                      guard=self._guard if cand else None, after=after)
-                    ts = _fresh_times(ts, state, base)
                     outlived = self._outlived() if cand else None
                     if outlived:
                         return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}, round {r}: {outlived}"}
@@ -966,9 +965,7 @@ class Judge:
                     # launches, so no arm's host overhead lands between its events)
                     cand = name in outs_of
                     after = _sampler(sampled[name], state, outs_of[name], where[name]) if cand else None
-                    base = state["i"]
                     ts = self._bench(calls[name], refresh=refresh, guard=self._guard if cand else None, after=after)
-                    ts = _fresh_times(ts, state, base)
                     times[name].append(_mid(ts))
                     clocks[name].append(self.last_clock)
                     outlived = self._outlived() if cand else None
@@ -1189,6 +1186,7 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
         state["salt_at"] = state["i"] + reps - probe - 1
 
     refresh.plan = plan
+    refresh.state = state  # for Judge._bench, which keeps the figure to the fresh calls' times
     return state, refresh
 
 
@@ -1231,12 +1229,15 @@ def _draw_salt(t, name: str, rng: random.Random) -> list:
 def _row_salt(t, name: str, rng: random.Random) -> list:
     """[(input, flat index a, flat index b)]: one swap in every row of the input, at positions
     drawn afresh (a fresh timed call's inputs, _alternate)."""
+    import torch
+
     n = t.shape[-1]
-    out = []
-    for r in range(t.numel() // n):
-        a, b = rng.sample(range(n), 2)
-        out.append((name, r * n + a, r * n + b))
-    return out
+    rows = t.numel() // n
+    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    a = torch.randint(0, n, (rows,), generator=g)
+    b = (a + torch.randint(1, n, (rows,), generator=g)) % n  # never a
+    start = torch.arange(rows) * n
+    return [(name, x, y) for x, y in zip((start + a).tolist(), (start + b).tolist())]
 
 
 def _apply_salt(inputs: dict, salt: list) -> None:
@@ -1256,8 +1257,10 @@ def _apply_salt(inputs: dict, salt: list) -> None:
 
 
 class _Times(list):
-    """A loop's times as its figure uses them, with `calls`, how many timed calls it made."""
+    """A loop's times as its figure uses them (Judge._bench), with `calls`, how many timed calls
+    it made, and `every`, all their times."""
     calls = 0
+    every: list = []
 
 
 def _fresh_times(times: list[float], state: dict, base: int) -> list[float]:

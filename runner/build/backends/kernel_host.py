@@ -11,8 +11,10 @@ nothing else, sleeping on a futex between commands:
 - LOAD: the library and its entry (once);
 - PRIME, every call's, timed or not: the stack scrubbed (all of the stack a call can reach below
   the host's loop, STACK_ROOM, to which the stack's limit is lowered at the start: a memo left
-  below the frame of one call would wait there for the next), the arguments decoded, `ack`, then a spin on `go` (the judge starts its clock
-  as it writes `go`), the entry, `done`; `go` with ABORT calls it off. The judge waits for
+  below the frame of one call would wait there for the next), the arguments decoded, the
+  floating-point environment and the control block's unused words reset, `ack`, then a spin on
+  `go` (the judge starts its clock as it writes `go`), the entry, `done`; `go` with ABORT calls
+  it off. The judge waits for
   `ack` before it refreshes the inputs and flushes, so the host's wake-up is never timed.
 
 Nothing the judge decides with lives here: the timer, the references, the value sets and the

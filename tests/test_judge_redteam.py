@@ -38,6 +38,7 @@ See docs/judge.md.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -241,8 +242,10 @@ def test_a_memo_of_whole_inputs_speeds_up_no_call_that_counts(bench):
     call has seen, and the figure is theirs alone: the memo's time is the kernel's."""
     plain, memo = bench.run("whole_memo_off"), bench.run("whole_memo")
     assert plain.status == "ok" and memo.status == "ok", (explain(plain), explain(memo))
-    for a, b in zip(memo.times, plain.times):
-        assert a > 0.7 * b, (memo.times, plain.times)
+    # over the shapes (a geometric mean): one shape's median moves 2x on a busy 2-core machine;
+    # on the judge before, the memo ran 15x and 7x faster than the same kernel without it
+    ratio = math.prod(a / b for a, b in zip(memo.times, plain.times)) ** (1 / len(memo.times))
+    assert ratio > 0.5, (memo.times, plain.times)
 
 
 def test_honest_control_passes_with_many_timed_calls(bench):

@@ -679,10 +679,20 @@ class Judge:
                 why = f"input '{changed}' (value set {k}) was modified during the timed calls"
                 break
             refs = self._reference(pristine, shape)
+            salted: dict = {}  # id(salt) -> the salted set's references, worked out once
+
+            def of(salt, pristine=pristine):
+                if id(salt) not in salted:
+                    salted[id(salt)] = self._reference(_salted(pristine, salt), shape)
+                return salted[id(salt)]
             why = _sampled(samples, k, refs, where, self.op.outputs, len(times))
+            if self._fresh_inputs:  # the calls on new inputs too, each against its own references
+                for kk, salt, _ in samples:
+                    if kk == k and salt and not why:
+                        why = _sampled(samples, k, of(salt), where, self.op.outputs, len(times), salt)
             for kk, salt, t in taken:
                 if kk == k and not why:
-                    why = self._settle(t, self._reference(_salted(pristine, salt), shape) if salt else refs)
+                    why = self._settle(t, of(salt) if salt else refs)
                     if why and salt:
                         why = f"a checked timed call, its inputs salted (elements swapped in their rows): {why}"
             if why:
@@ -864,7 +874,8 @@ class Judge:
         # no candidate code runs from here on: the positions, then every sampled call
         for si in range(len(which)):
             for j in range(len(jobs)):
-                why = _samples_hold(samples[(si, j)], wheres[si][j], held[si][j], checkers[si][1], self.op.outputs)
+                why = _samples_hold(samples[(si, j)], wheres[si][j], held[si][j], checkers[si][1], self.op.outputs,
+                                    self._fresh_inputs)
                 if why:
                     return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}: {why}"}
         for si, j, r, k, salt, t in taken:
@@ -1006,7 +1017,8 @@ class Judge:
                     if why:
                         errors[name] = f"not exact on the judge's inputs: {why}"
             for name in outs_of:
-                why = _samples_hold(sampled[name], where[name], held[name], answers, self.op.outputs)
+                why = _samples_hold(sampled[name], where[name], held[name], answers, self.op.outputs,
+                                    self._fresh_inputs)
                 if why and errors.get(name) is None:
                     errors[name] = "timed: " + why
             for name, prefix, k, salt, t in taken:
@@ -1158,7 +1170,8 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     positions each time (so recomputing the rows that changed is the whole work). Their
     refresh indices go in state["fresh"], with the last call's: a loop reports the time of
     those calls only (_fresh_times), so a memo of answers it has seen speeds up no call that
-    counts. The last call, whose output is checked against its salted set's own reference,
+    counts; each fresh call's samples are checked against its own salted set's references, so
+    none may skip its work either. The last call, whose output is checked against its salted set's own reference,
     cannot be told from them (session 35's red team kept such memos on libc's heap, in a
     fixed mapping and in the interpreter's frames, past every scrub)."""
     state = {"i": 0, "cur": 0, "salt": None, "salt_at": None, "fresh": set()}
@@ -1333,10 +1346,12 @@ def _positions_moved(where: list, held: list) -> str | None:
     return None
 
 
-def _samples_hold(samples: list, where: list | None, held: list | None, answers, outputs) -> str | None:
+def _samples_hold(samples: list, where: list | None, held: list | None, answers, outputs,
+                  salted: bool = False) -> str | None:
     """Why the per-call samples of a loop fail (the positions rewritten on the device, or a call's
-    samples outside the budget of its value set's reference), or None. `answers(k)` gives value
-    set k's (references, why not)."""
+    samples outside the budget of its value set's reference), or None. `answers(k, salt)` gives
+    value set k's (references, why not), salted as a call's were. With `salted` (a loop with
+    fresh calls, _alternate), the salted calls' samples too, each against its own references."""
     if where is None:
         return None
     moved = _positions_moved(where, held)
@@ -1347,14 +1362,23 @@ def _samples_hold(samples: list, where: list | None, held: list | None, answers,
         why = why or _sampled(samples, k, refs, where, outputs, len(samples))
         if why:
             return why
+    for k, salt, _ in (samples if salted else ()):
+        if salt:
+            refs, why = answers(k, salt)
+            why = why or _sampled(samples, k, refs, where, outputs, len(samples), salt)
+            if why:
+                return why
     return None
 
 
-def _sampled(samples: list, k: int, refs: list, where: list, outputs, n_calls: int) -> str | None:
-    """The samples of every unsalted timed call on value set k against its references."""
+def _sampled(samples: list, k: int, refs: list, where: list, outputs, n_calls: int,
+             salt: list | None = None) -> str | None:
+    """The samples of every unsalted timed call on value set k against its references; with
+    `salt`, of the call salted so (the same object) against its salted set's."""
     import torch
 
-    calls = [(i, s) for i, (kk, salt, s) in enumerate(samples) if kk == k and not salt]
+    calls = [(i, s) for i, (kk, sa, s) in enumerate(samples)
+             if kk == k and (sa is salt if salt is not None else not sa)]
     if not calls:
         return None
     for j, (t, (ref, bound), pos) in enumerate(zip(outputs, refs, where)):

@@ -39,14 +39,20 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-rm -rf /tmp/runs  # a machine still warm from the last call keeps its runs: every call starts afresh
 pack_out() { (cd "$OUT" && tar czf /tmp/out.tgz --exclude=out.tgz . && find . -mindepth 1 -delete && mv /tmp/out.tgz .); }
 if [ "$*" = pack ]; then
   # pack alone (after a step list cut short by `timeout`): the first invocation's clock log
-  # and machine notes stay as they are
+  # and machine notes stay as they are; a compare cut short leaves its finished parts in its
+  # run folder: they come back in $OUT/NAME/run/compare-parts (put them in runs/NAME and
+  # carry it, and the next call's compare resumes)
+  for p in /tmp/runs/*/compare-parts; do
+    [ -d "$p" ] || continue
+    n=$(basename "$(dirname "$p")"); mkdir -p "$OUT/$n/run" && cp -r "$p" "$OUT/$n/run/"
+  done
   pack_out
   exit 0
 fi
+rm -rf /tmp/runs  # a machine still warm from the last call keeps its runs: every call starts afresh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPE_CACHE_DIR=/tmp/pipe-cache-$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
@@ -104,6 +110,9 @@ for w in "$@"; do
       python3 -m runner.cli compare "/tmp/runs/$arg" --json "$d/compare.json" $extra 2>&1 | tee "$d/compare.txt"
       echo "exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$d/compare.txt"
       mkdir -p "$d/run" && cp "/tmp/runs/$arg/compare.json" "$d/run/" 2>/dev/null
+      # a compare cut short by the call's limit: its finished parts, for the next call to resume
+      # (copy them into runs/$arg and carry it)
+      [ -d "/tmp/runs/$arg/compare-parts" ] && cp -r "/tmp/runs/$arg/compare-parts" "$d/run/"
       ;;
     gate)
       # stop here (pack still runs) if the run or record NAME has no trial, or one that hung,

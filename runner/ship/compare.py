@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import secrets
+import shutil
 from pathlib import Path
 
 from ..core import figures
@@ -36,6 +37,9 @@ from ..core.figures import shape_label
 from ..spec.spec import BUILTIN_ARMS
 
 ARMS = BUILTIN_ARMS  # the built-in arms; op.arms adds named ones
+# RUN/compare-parts: a range compare's worker requests, each kept as it ends, until compare.json
+# is written; a compare cut short (a time limit, a kill) resumes from them (ranges.Prober)
+PARTS = "compare-parts"
 
 
 def arm_order(user: dict | None) -> list[str]:
@@ -60,6 +64,8 @@ def compare_and_write(run_dir: Path, json_path: Path | None = None, spec_path: s
     doc = compare_run(run_dir, spec_path, **kw)
     text = json.dumps(doc, indent=2, default=str) + "\n"
     write_atomic(run_dir / "compare.json", text)
+    # the figures are written: the next compare of this run times everything afresh
+    shutil.rmtree(run_dir / PARTS, ignore_errors=True)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(json_path, text)
@@ -154,6 +160,7 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
     try:
         prober = ranges.Prober(spec, builder, worker, by_id, rounds, timeout_s)
         prober.log = progress
+        prober.parts_dir = run_dir / PARTS  # a compare cut short resumes from its finished parts
         user = spec.op.compare_arms(triton, arms)
         prober.arms = {"compile": torch_compile, "arms": user}
         n = points or ranges.CURVE_POINTS
@@ -168,8 +175,14 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
         rows = ranges.curve(spec, table, prober, seed, n)
     finally:
         worker.close()
+    resumed = None
+    if prober.reused:
+        dates = sorted(p["date"] or "" for p in prober.reused)
+        resumed = {"parts": len(prober.reused), "shapes": sum(p["shapes"] for p in prober.reused),
+                   "first": dates[0], "last": dates[-1]}
     return {"format": "pipe-compare/1", "run": str(run_dir), "spec": spec.name, "spec_path": spec.path,
             "spec_hash": spec.hash, "hardware": spec.hw.name, "machine": getattr(prober, "machine", {}),
+            **({"resumed": resumed} if resumed else {}),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "protocol": {"cache": spec.runtime.cache, "mode": spec.runtime.mode,
                          "warmup_ms": spec.runtime.warmup_ms, "rep_ms": spec.runtime.rep_ms, "rounds": rounds,

@@ -31,11 +31,14 @@ outside it (nor a box of its own there), and the exported op takes the fallback 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 import secrets
 import statistics
 import time
+from pathlib import Path
 
 from ..judge.domain import _edge
 
@@ -79,6 +82,11 @@ class Prober:
         # op.fallbacks: the arms the table may take instead of torch eager, timed at every point
         # beside it (and verified by the worker on the judge's inputs before they count)
         self.fallbacks = {n: spec.op.compare_arms()[n] for n in spec.op.fallbacks}
+        # RUN/compare-parts: every worker request's results as it ends, so that a compare cut short
+        # (a call's time limit, a kill) resumes where it stopped (`_reuse`); None: none kept
+        self.parts_dir: Path | None = None
+        self.reused: list[dict] = []  # {"date", "machine", "shapes"} of each part taken from it
+        self.machine: dict = {}
 
     def serves(self, tid: int, shape: dict) -> bool:
         t = self.by_id[tid]
@@ -119,6 +127,7 @@ class Prober:
                      + (", with every arm" if others else "")
                      + (f", in {len(parts)} parts" if len(parts) > 1 else ""))
         out: list[dict] = []
+        kept_shapes = 0  # of this request, taken from an unfinished compare's parts
         for k, (a, b) in enumerate(parts):
             # each part one worker request (the shapes are timed one after another either way:
             # a part only brings a progress line and its own timeout); a twin's `mode_of`
@@ -130,22 +139,89 @@ class Prober:
                    "copy": others,
                    "candidates": cands[a:b],
                    **({"mode_of": [None if m is None else m - a for m in mode_of[a:b]]} if mode_of else {})}
-            if self.warm is not None:
-                job["warm"], self.warm = self.warm, None
-            r = self.worker.request(("compare", job), self.timeout_s)
-            if r.get("status") != "ok":
+            key = self._part_key(job) if self.parts_dir is not None else ""
+            kept = self._reuse(key)
+            if kept is not None:
+                out.extend(kept)
+                kept_shapes += b - a
+            else:
+                if self.warm is not None:
+                    job["warm"], self.warm = self.warm, None
+                r = self.worker.request(("compare", job), self.timeout_s)
+                if r.get("status") != "ok":
+                    from .compare import CompareError
+
+                    raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
+                self.machine = r.get("machine", {})
+                self._same_machine()
+                self._keep(key, r["shapes"])
+                out.extend(r["shapes"])
+            if self.log and k + 1 < len(parts):
+                took, timed = time.monotonic() - t0, b - kept_shapes
+                self.log(f"  {b}/{len(shapes)} shapes in {took:.0f} s"
+                         + (f" ({kept_shapes} kept from an unfinished compare)" if kept_shapes else "")
+                         + (f", about {_duration(took * (len(shapes) - b) / timed)} to go" if timed else ""))
+        if self.log:
+            self.log(f"timing request {self.requests} done in {time.monotonic() - t0:.1f} s"
+                     + (f" ({kept_shapes} of {len(shapes)} shapes kept from an unfinished compare)"
+                        if kept_shapes else ""))
+        return out
+
+    def _part_key(self, job: dict) -> str:
+        """What a worker request's results depend on: its shapes, rounds, arms and candidates,
+        each candidate by its trial, geometry and binary's bytes (not its path), and the spec's
+        hash. Not the seed (the rounds' order) nor what it warms."""
+        h = hashlib.sha256(self.spec.hash.encode())
+        cands = []
+        for row in job["candidates"]:
+            cands.append([{**c, "artifact": _file_digest(c["artifact"])} for c in row])
+        what = {k: v for k, v in job.items() if k not in ("seed", "warm", "candidates")}
+        h.update(json.dumps({**what, "candidates": cands}, sort_keys=True, default=str).encode())
+        return h.hexdigest()[:32]
+
+    def _reuse(self, key: str) -> list[dict] | None:
+        """A part's results kept by an earlier, unfinished compare of this run, else None."""
+        if self.parts_dir is None:
+            return None
+        try:
+            doc = json.loads((self.parts_dir / f"{key}.json").read_text())
+            shapes = doc["shapes"]
+        except (OSError, ValueError, KeyError):
+            return None  # none, or a file cut short by a kill: timed again
+        self.reused.append({"date": doc.get("date"), "machine": doc.get("machine") or {}, "shapes": len(shapes)})
+        if not self.machine:
+            self.machine = doc.get("machine") or {}
+        self._same_machine()
+        return shapes
+
+    def _same_machine(self) -> None:
+        """A table is measured on one machine: every reused part's must be the live worker's
+        (or, before any live request, each other's)."""
+        for p in self.reused:
+            if p["machine"] != self.machine:
                 from .compare import CompareError
 
-                raise CompareError(f"the comparison failed ({r.get('status')}): {r.get('reason', '')}")
-            self.machine = r.get("machine", {})
-            out.extend(r["shapes"])
-            if self.log and k + 1 < len(parts):
-                took = time.monotonic() - t0
-                self.log(f"  {b}/{len(shapes)} shapes in {took:.0f} s, about "
-                         f"{_duration(took * (len(shapes) - b) / b)} to go")
-        if self.log:
-            self.log(f"timing request {self.requests} done in {time.monotonic() - t0:.1f} s")
-        return out
+                raise CompareError(f"{self.parts_dir}: the unfinished compare there was timed on {p['machine']}, "
+                                   f"and this one runs on {self.machine}; remove that folder to compare afresh")
+
+    def _keep(self, key: str, shapes: list[dict]) -> None:
+        if self.parts_dir is None:
+            return
+        import datetime as dt
+
+        from ..ledger.ledger import write_atomic
+
+        self.parts_dir.mkdir(exist_ok=True)
+        doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+               "machine": self.machine, "shapes": shapes}
+        write_atomic(self.parts_dir / f"{key}.json", json.dumps(doc, default=str))
+
+
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return str(path)
 
 
 PART = 48  # shapes a worker request at most, where a timing request has more (its progress lines)

@@ -1,0 +1,95 @@
+"""A range compare cut short resumes from the worker requests it finished (RUN/compare-parts)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from runner.ship import ranges
+from runner.ship.compare import CompareError
+
+MACHINE = {"torch": "2.x", "device": "gpu A"}
+
+
+class Worker:
+    """Answers each shape with its size and a fresh count; gives up after `limit` requests."""
+
+    def __init__(self, limit=None, machine=MACHINE):
+        self.limit, self.machine, self.jobs = limit, machine, []
+
+    def request(self, msg, timeout):
+        if self.limit is not None and len(self.jobs) >= self.limit:
+            return {"status": "timeout", "reason": "the call's time ran out"}
+        self.jobs.append(msg[1])
+        return {"status": "ok", "machine": self.machine,
+                "shapes": [{"size": sh["N"], "request": len(self.jobs)} for sh in msg[1]["shapes"]]}
+
+
+def prober(tmp_path, worker, art_bytes=b"binary 1"):
+    art = tmp_path / "k.so"
+    art.write_bytes(art_bytes)
+    spec = SimpleNamespace(hash="h1", op=SimpleNamespace(compare_arms=lambda: {}, fallbacks=()))
+    pr = ranges.Prober(spec, None, worker, {}, rounds=2, timeout_s=10)
+    pr.parts_dir = tmp_path / "compare-parts"
+    pr._art = {7: str(art)}
+    pr.serves = lambda tid, shape: True
+    pr.by_id = {7: SimpleNamespace(params={})}
+    pr.builder = SimpleNamespace(geometry=lambda params, shapes: [{"grid": 1}])
+    return pr
+
+
+SHAPES = [{"N": 1000 + i} for i in range(ranges.PART * 3)]
+
+
+def test_a_compare_cut_short_resumes_from_its_finished_parts(tmp_path):
+    first = Worker(limit=2)
+    with pytest.raises(CompareError):
+        prober(tmp_path, first).time(SHAPES, [[7]] * len(SHAPES))
+    assert len(first.jobs) == 2 and len(list((tmp_path / "compare-parts").iterdir())) == 2
+
+    lines = []
+    second = Worker()
+    pr = prober(tmp_path, second)
+    pr.log = lines.append
+    out = pr.time(SHAPES, [[7]] * len(SHAPES))
+    # only the part not finished is timed again, and every shape gets its own result
+    assert len(second.jobs) == 1 and second.jobs[0]["shapes"] == SHAPES[2 * ranges.PART:]
+    assert [r["size"] for r in out] == [sh["N"] for sh in SHAPES]
+    assert [r["request"] for r in out] == [1] * ranges.PART + [2] * ranges.PART + [1] * ranges.PART
+    assert [p["shapes"] for p in pr.reused] == [ranges.PART, ranges.PART]
+    assert f"{2 * ranges.PART} of {len(SHAPES)} shapes kept" in lines[-1]
+
+
+def test_a_kept_part_is_not_reused_for_another_binary_or_on_another_machine(tmp_path):
+    prober(tmp_path, Worker()).time(SHAPES, [[7]] * len(SHAPES))
+    # the candidate's binary changed: its parts are timed afresh
+    w = Worker()
+    prober(tmp_path, w, art_bytes=b"binary 2").time(SHAPES, [[7]] * len(SHAPES))
+    assert len(w.jobs) == 3
+    # another round count, or other shapes: timed afresh
+    w = Worker()
+    pr = prober(tmp_path, w)
+    pr.rounds = 4
+    pr.time(SHAPES[:10], [[7]] * 10)
+    assert len(w.jobs) == 1
+    # the same request on another machine: the kept parts are refused, not mixed in
+    pr = prober(tmp_path, Worker(machine={**MACHINE, "device": "gpu B"}))
+    with pytest.raises(CompareError, match="another|remove that folder"):
+        pr.time(SHAPES + [{"N": 9999}], [[7]] * (len(SHAPES) + 1))
+
+
+def test_a_part_file_cut_short_by_a_kill_is_timed_again(tmp_path):
+    prober(tmp_path, Worker()).time(SHAPES[:10], [[7]] * 10)
+    (f,) = (tmp_path / "compare-parts").iterdir()
+    f.write_text(f.read_text()[:20])
+    w = Worker()
+    out = prober(tmp_path, w).time(SHAPES[:10], [[7]] * 10)
+    assert len(w.jobs) == 1 and [r["size"] for r in out] == [sh["N"] for sh in SHAPES[:10]]
+
+
+def test_without_a_parts_folder_nothing_is_kept(tmp_path):
+    pr = prober(tmp_path, Worker())
+    pr.parts_dir = None
+    pr.time(SHAPES[:10], [[7]] * 10)
+    assert not (tmp_path / "compare-parts").exists()

@@ -26,7 +26,8 @@ def captured(fn, static: tuple):
 
 def fold_rounds(arms: dict, per: dict[str, list[float]]) -> None:
     """Each timed arm's time (the median of its rounds' medians), its rounds, and its speedup
-    over the torch arm; an arm whose output was wrong gets no speedup."""
+    over the torch arm with its spread (the lowest and highest ratio round by round); an arm
+    whose output was wrong gets no speedup."""
     for name, ts in per.items():
         arms[name]["time_s"] = statistics.median(ts)
         arms[name]["rounds_s"] = ts
@@ -34,6 +35,9 @@ def fold_rounds(arms: dict, per: dict[str, list[float]]) -> None:
     for a in arms.values():
         if "time_s" in a:
             a["speedup_vs_torch"] = base / a["time_s"] if a["ok"] else None
+            # its spread: the speedup round by round (the arms of a round timed side by side)
+            pairs = [b / t for b, t in zip(arms["torch"]["rounds_s"], a["rounds_s"]) if t > 0]
+            a["speedup_range"] = [min(pairs), max(pairs)] if a["ok"] and pairs else None
 
 
 def arm_time(r: dict, scale: float, unit: str, fmt: str) -> str:
@@ -42,4 +46,7 @@ def arm_time(r: dict, scale: float, unit: str, fmt: str) -> str:
     if "time_s" not in r:
         return "(not timed on CPU)"
     t = f"{format(r['time_s'] * scale, fmt)} {unit}"
-    return f"{t}  WRONG OUTPUT" if r["speedup_vs_torch"] is None else f"{t}  {r['speedup_vs_torch']:.3f}x"
+    if r["speedup_vs_torch"] is None:
+        return f"{t}  WRONG OUTPUT"
+    lo_hi = r.get("speedup_range")
+    return f"{t}  {r['speedup_vs_torch']:.3f}x" + (f" [{lo_hi[0]:.3f}..{lo_hi[1]:.3f}]" if lo_hi else "")

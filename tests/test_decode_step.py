@@ -169,3 +169,14 @@ def test_decode_step_on_the_gpu(exported, tmp_path):
     assert all(a["ok"] and a["speedup_vs_torch"] for a in res["arms"].values())
     assert res["refresh"]["changes"]
     assert res["pipe_calls"]["decode_attention_small"]["kernel"] > 0
+
+
+def test_a_speedup_is_shown_with_its_round_by_round_spread():
+    graphs = load_script("benchmarks/graphs.py")
+    arms = {"torch": {"ok": True}, "pipe": {"ok": True}, "bad": {"ok": False}}
+    graphs.fold_rounds(arms, {"torch": [10.0, 12.0, 11.0], "pipe": [5.0, 8.0, 5.5], "bad": [1.0, 1.0, 1.0]})
+    # the median ratio and the lowest and highest of the rounds' own ratios (12/8, 10/5)
+    assert arms["pipe"]["speedup_vs_torch"] == pytest.approx(11.0 / 5.5)
+    assert arms["pipe"]["speedup_range"] == pytest.approx([1.5, 2.0])
+    assert graphs.arm_time(arms["pipe"], 1e0, "s", ".1f") == "5.5 s  2.000x [1.500..2.000]"
+    assert arms["bad"]["speedup_range"] is None and "WRONG OUTPUT" in graphs.arm_time(arms["bad"], 1, "s", ".1f")

@@ -468,6 +468,31 @@ def test_constant_memory_reached_through_a_generic_address_is_device_state():
     _state_refused_unless_approved(text, "%cvta.const", "cvta.const")
 
 
+def test_a_kernel_parameter_reached_through_a_generic_address_is_device_state(tmp_path):
+    """A `__grid_constant__` parameter's address is a generic address of the launch's parameter
+    memory (`cvta.param`); a replayed CUDA graph keeps that memory from call to call, and a mark
+    stored there outlived every call on the H200 (session 36's red team:
+    `datasets/judge-redteam/s36/v_param.cu.j2`, ok at the honest time where the spin it skips
+    costs 20x). A variant with more cvta.param than the approved build is device_state; a
+    parameter read by value is not."""
+    text = (".visible .entry k(\n.param .align 8 .b8 k_param_0[8]\n)\n{\n\tmov.b64 %rd1, k_param_0;\n"
+            "\tcvta.param.u64 %rd2, %rd1;\n\tst.volatile.u64 [%rd2], %rd3;\n\tret;\n}\n")
+    _state_refused_unless_approved(text, "%cvta.param", "cvta.param")
+    ev = approved(tmp_path, ["fast_math"])  # device_state is not named: refused all the same
+    grid_constant = APPROVED.replace("const __nv_bfloat16* x,", "const __grid_constant__ unsigned long long xa,")
+    by_value = grid_constant.replace("  const __nv_bfloat16* xr", "  const __nv_bfloat16* x = (const __nv_bfloat16*)xa;\n"
+                                     "  const __nv_bfloat16* xr")
+    assert by_value != grid_constant != APPROVED
+    assert build(ev, by_value).status == "ok"
+    stash = by_value.replace("  float m = 0.f, s = 0.f;\n", "  float m = 0.f, s = 0.f;\n"
+                             "  volatile unsigned long long* pa = (volatile unsigned long long*)"
+                             "const_cast<unsigned long long*>(&xa);\n"
+                             "  if (threadIdx.x == 0 && (*pa >> 48) == 0x5eedull) m = 1.f;\n"
+                             "  if (threadIdx.x == 0) *pa = *pa | (0x5eedull << 48);\n")
+    assert stash != by_value
+    forbidden_as(build(ev, stash), "device_state", "cvta.param", "parameter memory")
+
+
 @pytest.mark.parametrize("decl", [
     "{ .global\n.align 4 .u32 pipe_st; atom.global.add.u32 %r1, [pipe_st], 1; }",  # split over lines
     "{ .global.u32 pipe_st; atom.global.add.u32 %r1, [pipe_st], 1; }",  # no space before the type

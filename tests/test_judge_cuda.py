@@ -171,6 +171,38 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
       while (clock64() - t0 < 200000) {}
     }
   }
+{% elif HACK in ("slack_memo", "slack_memo_off") %}
+  // a memo of whole answers kept past the output's trailing guard band, in the unused tail of its
+  // allocation (torch's caching allocator rounds a block up to 512 bytes; the judge's checks stop
+  // at the buffer's last byte): two slots of (a hash of the whole input, the output) and the next
+  // slot to write, hit when a value set repeats. Right on every call; a hit skips the slow phase
+  // ("slowed"'s spin). The judge's figure comes only from calls on inputs no call has seen
+  // (worker._alternate's `fresh`), so it must time as slow as slack_memo_off, which never looks.
+  __shared__ unsigned long long memo_h;
+  __shared__ int memo_hit;
+  const unsigned long long tail = (unsigned long long)(y + (size_t)M * N + 4096);
+  const unsigned long long slot = ((unsigned long long)(8 + 2 * M * N) + 7ull) & ~7ull;
+  const bool room = M == 1 && tail % 8 == 0 && ((tail + 511ull) & ~511ull) - tail >= 2 * slot + 8;
+  if (threadIdx.x == 0) {
+    unsigned long long h = 1469598103934665603ull;
+    for (int c = 0; c < M * N; ++c) { h ^= __bfloat16_as_ushort(x[c]); h *= 1099511628211ull; }
+    memo_h = h | 1ull;  // never 0, an empty slot's
+    memo_hit = -1;
+{% if HACK == "slack_memo" %}
+    for (int k = 0; room && k < 2; ++k)
+      if (*(volatile unsigned long long*)(tail + k * slot) == memo_h) memo_hit = k;
+{% endif %}
+  }
+  __syncthreads();
+  if (memo_hit >= 0) {
+    const volatile unsigned short* kept = (const volatile unsigned short*)(tail + memo_hit * slot + 8);
+    for (int c = threadIdx.x; c < N; c += blockDim.x) yr[c] = __ushort_as_bfloat16(kept[c]);
+    return;
+  }
+  {
+    const long long t0 = clock64();
+    while (clock64() - t0 < 200000) {}
+  }
 {% elif HACK == "skip_if_output_present" %}
   {
     const float y0 = __bfloat162float(yr[0]);
@@ -209,6 +241,21 @@ extern "C" __global__ void soft(const __nv_bfloat16* x, __nv_bfloat16* y, int M,
   for (int i = (int)threadIdx.x % 32; i < nmark - 1; i += 32) mark[i] = 0x5eed0000u + i;
   mark[nmark - 1] = call_tag;
 {% endif %}
+{% if HACK == "slack_memo" %}
+  __syncthreads();
+  if (room) {
+    volatile unsigned long long* next = (volatile unsigned long long*)(tail + 2 * slot);
+    const unsigned long long k = *next & 1ull;
+    volatile unsigned short* kept = (volatile unsigned short*)(tail + k * slot + 8);
+    for (int c = threadIdx.x; c < N; c += blockDim.x) kept[c] = __bfloat16_as_ushort(yr[c]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      *(volatile unsigned long long*)(tail + k * slot) = memo_h;
+      *next = k + 1;
+    }
+  }
+{% endif %}
 {% if HACK == "print_flood" %}
   printf("flood: row %d thread %d prints a line of noise\n", row, threadIdx.x);  // issue 18, class 5
 {% endif %}
@@ -229,7 +276,7 @@ HACKS = ["honest", "honest_again", "do_nothing", "partial", "constant", "out_of_
          "cache_by_pointer", "skip_if_output_present", "shape_hardcode", "fast_math", "lower_precision",
          "truncate_precision", "side_stream", "host_sync", "illegal_address", "misaligned", "trap", "hang",
          "slowed", "skip_rows_when_filled", "steal_reference", "print_flood", "lazy_counter", "lazy_by_clock", "smem_residue", "reserved_residue",
-         "local_residue", "window_residue"]
+         "local_residue", "window_residue", "slack_memo", "slack_memo_off"]
 
 SHAPES = [{"M": 4096, "N": 1024}, {"M": 37, "N": 333}]
 # long rows: softmax outputs about 1/N = 8e-6, far below atol=1e-3 (issue 18, class 1)
@@ -293,6 +340,30 @@ def test_state_left_in_shared_or_local_memory_does_not_reach_a_timed_call(bench,
     assert t.status == "ok", explain(t)
     assert s.times[0] > 1.5 * h.times[0], (h.times, s.times)  # the spin is visible at all
     assert t.times[0] > 0.8 * s.times[0], (hack, t.times, "slowed", s.times, "honest", h.times)
+
+
+# one row of 64: a memo of two whole answers fits the 384 bytes the output's allocation leaves
+# past its trailing guard band
+ONE_ROW = [{"M": 1, "N": 64}]
+
+
+def test_a_mark_kept_past_a_buffer_speeds_up_no_call_that_counts(tmp_path):
+    """A memo of whole answers kept where no buffer of the judge's reaches (the unused tail of
+    the output's allocation: session 36's red team kept a mark there from call to call, in graph
+    replay and in direct launches), hit whenever a value set repeats, as the timed calls' two
+    sets do. Every answer it gives is right; only the time could tell. The loop's figure comes
+    from the calls on inputs no call has seen (worker._alternate's `fresh`, on every backend
+    since session 36), where a memo never hits: it times as slow as the same kernel that never
+    looks. Before, on CUDA, every call counted, and the memo hit on all but the salted last."""
+    b = Bench(tmp_path, shapes=ONE_ROW)
+    try:
+        memo, off, h = b.run("slack_memo"), b.run("slack_memo_off"), b.run("honest")
+        assert memo.status == "ok" and off.status == "ok", (explain(memo), explain(off))
+        assert off.times[0] > 1.5 * h.times[0], (h.times, off.times)  # the spin is visible at all
+        print("honest", h.times, "memo", memo.times, "memo off", off.times)
+        assert memo.times[0] > 0.7 * off.times[0], ("memo", memo.times, "off", off.times, "honest", h.times)
+    finally:
+        b.close()
 
 
 def test_the_scrub_leaves_no_residue_the_flush_would(tmp_path):

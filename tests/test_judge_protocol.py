@@ -318,9 +318,9 @@ def test_the_local_frame_a_scrub_covers_is_read_whichever_way_cuda_core_gives_it
 
 
 def test_fresh_timed_calls_only_where_asked_and_never_a_repeat():
-    """_alternate's `fresh` (the CPU backend): about half the timed calls get their set with
-    two elements swapped in every row of every salted input, no two alike, and the loop's
-    figure is theirs; without it (CUDA) no call is marked fresh, so every call counts."""
+    """_alternate's `fresh` (every backend, Judge._fresh_inputs): about half the timed calls get
+    their set with two elements swapped in every row of every salted input, no two alike, and
+    the loop's figure is theirs; without it no call is marked fresh, so every call counts."""
     import torch
 
     from runner.judge.worker import _alternate, _fresh_times
@@ -344,10 +344,41 @@ def test_fresh_timed_calls_only_where_asked_and_never_a_repeat():
     fresh = [seen[i] for i in sorted(state["fresh"])]
     assert all(not torch.equal(a, b) for n, a in enumerate(fresh) for b in fresh[n + 1:])
     assert _fresh_times([1.0, 2.0, 3.0], {"fresh": {5, 7}}, 5) == [1.0, 3.0]
-    # CUDA: only the planned last call is salted, and it is not marked: every call counts
+    # without `fresh`: only the planned last call is salted, and it is not marked: every call counts
     inputs = {k: v.clone() for k, v in base.items()}
     state, refresh = _alternate(inputs, sets, frozenset({"offs"}))
     refresh.plan(10, 3)
     for _ in range(10):
         refresh()
     assert state["fresh"] == set() and _fresh_times([1.0, 2.0], state, 0) == [1.0, 2.0]
+
+
+def test_a_gpu_loop_checks_its_last_call_and_a_secret_few_fresh_ones():
+    """_fresh_checked: every salted call where the limit is None (the CPU backend); else the
+    planned last call (pairs) and `limit` fresh ones (rows), drawn anew each time; a row salt
+    made again from its seed swaps the same elements, one pair a row."""
+    import torch
+
+    from runner.judge.worker import _RowSalt, _apply_salt, _fresh_checked
+
+    last = [("x", 1, 2)]
+    fresh = [[_RowSalt("x", s)] for s in range(10)]
+    # value set 0's calls, then set 1's (one fresh call each: a call's salt is its own object)
+    samples = [(0, None, [])] + [(k % 2, sa, []) for k, sa in enumerate(fresh)] + [(0, last, []), (0, last, [])]
+    every = _fresh_checked(samples, None)
+    assert len(every[0]) == 6 and len(every[1]) == 5 and every[0][-1] is last
+    picks = set()
+    for _ in range(30):
+        got = _fresh_checked(samples, 3)  # three of the loop's fresh calls, whatever their set
+        flat = [sa for k in got for sa in got[k]]
+        assert len(flat) == 4 and last in got[0] and all(sa in fresh[k % 2::2] for k in got for sa in got[k]
+                                                          if sa is not last)
+        picks |= {id(sa) for sa in flat if sa is not last}
+    assert len(picks) > 4  # drawn anew: not always the same three
+    x = torch.arange(60.0).reshape(6, 10)
+    a, b = {"x": x.clone()}, {"x": x.clone()}
+    _apply_salt(a, fresh[3])
+    _apply_salt(b, [_RowSalt("x", 3)])
+    assert torch.equal(a["x"], b["x"])
+    assert bool(((a["x"] != x).sum(dim=1) == 2).all())  # one swap in every row
+    assert torch.equal(a["x"].sort(dim=1).values, x)

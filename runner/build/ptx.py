@@ -29,7 +29,8 @@ use the shared memory sm_90 reserves in each block (`%reserved_smem_offset_*`) w
 build does not. A `.global` declared inside a function or an inline asm string's braces counts
 as module data too (it lives as long as the module), and so does more `cvta.const` than the
 approved build has: a store through that generic address changes constant memory for every
-later launch. Constants read only as constants are not such data; what a launch leaves in shared memory and in its threads' local
+later launch; likewise more `cvta.param` (a `__grid_constant__` parameter's generic address:
+a replayed graph keeps its node's parameter memory, and a store there outlives the call). Constants read only as constants are not such data; what a launch leaves in shared memory and in its threads' local
 frames outlives it too, and the judge overwrites both ahead of every call of a candidate
 (`backends/cuda.Runtime.scrub`).
 
@@ -139,6 +140,10 @@ def declared_globals(ptx: str) -> list[str]:
 # constant memory made writable: `cvta.const` gives a generic address of constant data, through
 # which a store changes it for every later launch (session 30, H200: a counter kept so)
 _CVTA_CONST = "%cvta.const"
+# a kernel's parameters made writable: `cvta.param` gives a generic address of a parameter
+# (`__grid_constant__`), and a replayed CUDA graph keeps a node's parameter memory from one
+# replay to the next: a mark stored there outlived every call (session 36, H200)
+_CVTA_PARAM = "%cvta.param"
 # (CPU backend) bytes of a library's load-time function tables beyond the toolchain's: code run
 # as the worker loads it (backends/cpu.load_time_bytes); counted like cvta.const
 LOAD_TIME = "%load-time tables"
@@ -146,6 +151,9 @@ LOAD_TIME = "%load-time tables"
 _COUNTED = {
     _CVTA_CONST: ("'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a generic address of "
                   "constant memory lets a store change it for every later launch"),
+    _CVTA_PARAM: ("'cvta.param' in the PTX: {n} vs {b} in the approved template's build; a generic address of a "
+                  "kernel parameter lets a store keep a value in the launch's parameter memory, which a replayed "
+                  "CUDA graph keeps from call to call"),
     LOAD_TIME: ("{n} bytes of load-time function tables in the library vs {b} in the approved template's build: a "
                 "global object with a constructor or destructor, or a section attribute, runs code as the worker "
                 "loads the library, outside every call"),
@@ -214,6 +222,8 @@ def analyze(ptx: str) -> dict:
             op = opcode(st)
             if op and op.startswith("cvta.const"):
                 data[_CVTA_CONST] += 1
+            elif op and op.startswith("cvta.param"):
+                data[_CVTA_PARAM] += 1
             if op and classify(op):
                 (asm if in_asm else code)[op] += 1
     for name in declared_globals(ptx):

@@ -114,9 +114,20 @@ class Judge:
 
     @property
     def _fresh_inputs(self) -> bool:
-        """Do timed calls get inputs no call has seen (_alternate's `fresh`)? On the CPU backend,
-        where a candidate's process keeps whatever it writes between calls."""
-        return self.rt.device == "cpu"
+        """Do timed calls get inputs no call has seen (_alternate's `fresh`)? Yes, on every
+        backend: a CPU candidate's process keeps whatever it writes between calls (session 35),
+        and a CUDA kernel can keep a mark in device memory no buffer of the judge's covers (an
+        allocation's unused tail, a replayed graph's parameter memory: session 36), so a memo of
+        whole inputs could hit on every call that repeats a value set."""
+        return True
+
+    @property
+    def _fresh_checks(self) -> int | None:
+        """How many fresh calls of a loop, drawn in secret, have their samples checked against
+        their own salted set's references (_fresh_checked): every one on the CPU backend (small
+        shapes: the references are cheap), FRESH_CHECKS on a GPU, where each is a float64
+        reference of a large shape."""
+        return None if self.rt.device == "cpu" else FRESH_CHECKS
 
     @property
     def _unsalted(self) -> frozenset:
@@ -670,6 +681,7 @@ class Judge:
             phases["time_check_s"] += checking[0]
             return why, times
         cur, live_salt = state["cur"], state["salt"]
+        checked = _fresh_checked(samples, self._fresh_checks)
         for k in sorted({k for k, _, _ in taken} | {k for k, _, _ in samples}):
             pristine, changed = self._unchanged(shape, made[k], sets[k])
             if not changed and k == cur and not self.op.in_place:  # the buffers hold set k (salted or not)
@@ -687,8 +699,8 @@ class Judge:
                 return salted[id(salt)]
             why = _sampled(samples, k, refs, where, self.op.outputs, len(times))
             if self._fresh_inputs:  # the calls on new inputs too, each against its own references
-                for kk, salt, _ in samples:
-                    if kk == k and salt and not why:
+                for salt in checked.get(k, ()):
+                    if not why:
                         why = _sampled(samples, k, of(salt), where, self.op.outputs, len(times), salt)
             for kk, salt, t in taken:
                 if kk == k and not why:
@@ -875,7 +887,7 @@ class Judge:
         for si in range(len(which)):
             for j in range(len(jobs)):
                 why = _samples_hold(samples[(si, j)], wheres[si][j], held[si][j], checkers[si][1], self.op.outputs,
-                                    self._fresh_inputs)
+                                    self._fresh_inputs, self._fresh_checks)
                 if why:
                     return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}: {why}"}
         for si, j, r, k, salt, t in taken:
@@ -1018,7 +1030,7 @@ class Judge:
                         errors[name] = f"not exact on the judge's inputs: {why}"
             for name in outs_of:
                 why = _samples_hold(sampled[name], where[name], held[name], answers, self.op.outputs,
-                                    self._fresh_inputs)
+                                    self._fresh_inputs, self._fresh_checks)
                 if why and errors.get(name) is None:
                     errors[name] = "timed: " + why
             for name, prefix, k, salt, t in taken:
@@ -1164,16 +1176,17 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     that no output remembered for either set (by pointer, by a fingerprint of a few
     sampled elements, or worked out ahead by a thread) is its answer.
 
-    With `fresh` (the CPU backend, whose candidates keep whatever they write in their
-    process between calls), about half the timed calls, drawn in secret, get inputs no call
-    has seen: their set with two elements swapped in every row of every salted input, at new
-    positions each time (so recomputing the rows that changed is the whole work). Their
-    refresh indices go in state["fresh"], with the last call's: a loop reports the time of
-    those calls only (_fresh_times), so a memo of answers it has seen speeds up no call that
-    counts; each fresh call's samples are checked against its own salted set's references, so
-    none may skip its work either. The last call, whose output is checked against its salted set's own reference,
-    cannot be told from them (session 35's red team kept such memos on libc's heap, in a
-    fixed mapping and in the interpreter's frames, past every scrub)."""
+    With `fresh` (every backend: Judge._fresh_inputs), about half the timed calls, drawn in
+    secret, get inputs no call has seen: their set with two elements swapped in every row of
+    every salted input, at new positions each time (so recomputing the rows that changed is
+    the whole work). Their refresh indices go in state["fresh"], with the last call's: a loop
+    reports the time of those calls only (_fresh_times), so a memo of answers it has seen
+    speeds up no call that counts, wherever the memo is kept; fresh calls' samples are checked
+    against their own salted set's references (all of them, or a secret few: _fresh_checked),
+    so none may skip its work either. The last call, whose output is checked against its
+    salted set's own reference, cannot be told from them (session 35's red team kept such
+    memos on libc's heap, in a fixed mapping and in the interpreter's frames, past every
+    scrub; session 36's kept marks in CUDA allocations' unused tails)."""
     state = {"i": 0, "cur": 0, "salt": None, "salt_at": None, "fresh": set()}
     rng = random.Random(secrets.randbits(64))
     targets = _salt_targets(inputs, unsalted)
@@ -1239,34 +1252,60 @@ def _draw_salt(t, name: str, rng: random.Random) -> list:
     return out
 
 
-def _row_salt(t, name: str, rng: random.Random) -> list:
-    """[(input, flat index a, flat index b)]: one swap in every row of the input, at positions
-    drawn afresh (a fresh timed call's inputs, _alternate)."""
-    import torch
+class _RowSalt:
+    """One swap in every row of input `name`, at positions drawn from `seed` on the input's own
+    device (a fresh timed call's inputs, _alternate). The positions are made again from the seed
+    wherever the salt is applied, so a loop of many fresh calls keeps a few bytes a call, not
+    two indices a row, and a call's salting costs a few device kernels, not a host loop."""
+    __slots__ = ("name", "seed")
 
-    n = t.shape[-1]
-    rows = t.numel() // n
-    g = torch.Generator().manual_seed(rng.getrandbits(63))
-    a = torch.randint(0, n, (rows,), generator=g)
-    b = (a + torch.randint(1, n, (rows,), generator=g)) % n  # never a
-    start = torch.arange(rows) * n
-    return [(name, x, y) for x, y in zip((start + a).tolist(), (start + b).tolist())]
+    def __init__(self, name: str, seed: int):
+        self.name, self.seed = name, seed
+
+    def indices(self, t):
+        """(flat indices a, flat indices b) in t: per row one pair, b never a."""
+        import torch
+
+        n = t.shape[-1]
+        rows = t.numel() // n
+        g = torch.Generator(device=t.device).manual_seed(self.seed)
+        a = torch.randint(0, n, (rows,), generator=g, device=t.device)
+        b = (a + torch.randint(1, n, (rows,), generator=g, device=t.device)) % n
+        start = torch.arange(rows, device=t.device) * n
+        return start + a, start + b
+
+
+def _row_salt(t, name: str, rng: random.Random) -> list:
+    """One swap in every row of the input, at positions drawn afresh (a fresh timed call's
+    inputs, _alternate)."""
+    return [_RowSalt(name, rng.getrandbits(63))]
 
 
 def _apply_salt(inputs: dict, salt: list) -> None:
-    """The swaps of `salt` (no flat index twice in one input), one gather and scatter an input."""
+    """The swaps of `salt` (no flat index twice in one input), one gather and scatter an input.
+    An entry is (input, flat index a, flat index b) or a _RowSalt."""
     import torch
 
     by: dict[str, tuple[list, list]] = {}
-    for name, a, b in salt:
+    for e in salt:
+        name, a, b = (e.name, *e.indices(inputs[e.name])) if isinstance(e, _RowSalt) else e
         la, lb = by.setdefault(name, ([], []))
         la.append(a)
         lb.append(b)
     for name, (la, lb) in by.items():
         f = inputs[name].view(-1)
-        ia = torch.tensor(la + lb, device=f.device)
-        ib = torch.tensor(lb + la, device=f.device)
+        ia, ib = _flat_index(la + lb, f.device), _flat_index(lb + la, f.device)
         f.index_copy_(0, ia, f.index_select(0, ib))
+
+
+def _flat_index(parts: list, device):
+    """One index tensor on `device` from ints and index tensors, in order."""
+    import torch
+
+    if not any(isinstance(p, torch.Tensor) for p in parts):
+        return torch.tensor(parts, dtype=torch.long, device=device)
+    return torch.cat([p.to(device).reshape(-1) if isinstance(p, torch.Tensor)
+                      else torch.tensor([p], dtype=torch.long, device=device) for p in parts])
 
 
 class _Times(list):
@@ -1347,7 +1386,7 @@ def _positions_moved(where: list, held: list) -> str | None:
 
 
 def _samples_hold(samples: list, where: list | None, held: list | None, answers, outputs,
-                  salted: bool = False) -> str | None:
+                  salted: bool = False, checks: int | None = None) -> str | None:
     """Why the per-call samples of a loop fail (the positions rewritten on the device, or a call's
     samples outside the budget of its value set's reference), or None. `answers(k, salt)` gives
     value set k's (references, why not), salted as a call's were. With `salted` (a loop with
@@ -1362,13 +1401,34 @@ def _samples_hold(samples: list, where: list | None, held: list | None, answers,
         why = why or _sampled(samples, k, refs, where, outputs, len(samples))
         if why:
             return why
-    for k, salt, _ in (samples if salted else ()):
-        if salt:
+    for k, salts in sorted(_fresh_checked(samples, checks).items()) if salted else ():
+        for salt in salts:
             refs, why = answers(k, salt)
             why = why or _sampled(samples, k, refs, where, outputs, len(samples), salt)
             if why:
                 return why
     return None
+
+
+FRESH_CHECKS = 3  # a GPU loop's fresh calls checked whole, beside its salted last call (_fresh_checked)
+
+
+def _fresh_checked(samples: list, limit: int | None) -> dict[int, list]:
+    """{value set: the salts of its salted calls whose samples are checked against their own
+    references}: every one (limit None), else the planned last call's (its salt is pairs, not
+    rows) and `limit` of the loop's fresh ones, drawn in secret after the loop. A loop's figure
+    is the median of its fresh calls, so a kernel must be fast on more than half of them to move
+    it; one that is fast by being wrong there meets a check with a chance of at least
+    1 - 2^-limit in every loop (and every trial has many: a loop a shape, and the re-timings')."""
+    calls = list({id(sa): (k, sa) for k, sa, _ in samples if sa}.values())
+    if limit is not None:
+        last = [c for c in calls if not isinstance(c[1][0], _RowSalt)]
+        fresh = [c for c in calls if isinstance(c[1][0], _RowSalt)]
+        calls = last + (secrets.SystemRandom().sample(fresh, limit) if len(fresh) > limit else fresh)
+    out: dict[int, list] = {}
+    for k, sa in calls:
+        out.setdefault(k, []).append(sa)
+    return out
 
 
 def _sampled(samples: list, k: int, refs: list, where: list, outputs, n_calls: int,

@@ -29,7 +29,7 @@ joined_threads is honest: threads started and joined inside the call.
 The defences: every timed call's output is sampled at secret positions right after it
 returns (outside the timed region) and checked against its value set's reference; the
 last timed call of every timed loop (evaluate, re-timing, compare) gets inputs with a
-few elements swapped within their rows at secret positions, so no remembered output is
+few elements replaced at secret positions, so no remembered output is
 right for it; after every call of the kernel the judge lists the process's threads, and
 one of the kernel's still alive (not exiting) is work outside the call (judge/threads.py).
 See docs/judge.md.
@@ -209,12 +209,51 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
   std::memcpy(keep_x[slot], x, n * sizeof(float));
   std::memcpy(keep_out[slot], out, n * sizeof(float));
   slot ^= 1;
+{% elif HACK == "row_stat_memo" or HACK == "row_stat_memo_off" %}
+  // "slowed", with a memo of every row's statistic (its 1 / RMS) for the last two inputs, keyed
+  // on a hash of row 0 that no order of its elements changes: a call whose rows hold the same
+  // elements in any order reuses them, computes out = x * scale * w, and skips the work
+  // (session 36's second red team: a fresh call's salt then swapped two elements in every row,
+  // which keeps every such statistic, and the memo answered every call right)
+  static uint64_t keys[2] = {0, 0};
+  static float* scales[2] = {nullptr, nullptr};
+  static int64_t kept_m[2] = {0, 0};
+  static int slot = 0;
+  uint64_t key = 1;
+  for (int64_t c = 0; c < N; ++c) {
+    uint32_t b;
+    std::memcpy(&b, x + c, sizeof b);
+    uint64_t h = (uint64_t)b * 0x9E3779B97F4A7C15ull;
+    key += h ^ (h >> 29);
+  }
+  for (int k = 0; k < {{ 2 if HACK == "row_stat_memo" else 0 }}; ++k)  // (_off: the same kernel, never looking)
+    if (keys[k] == key && kept_m[k] == M) {
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < N; ++c) out[r * N + c] = x[r * N + c] * scales[k][r] * w[c];
+      return;
+    }
+  rows(x, w, out, 0, M, N, eps);
+  volatile int64_t sink = 0;
+  for (int64_t i = 0; i < 24 * n; ++i) sink = sink + 1;
+  if (kept_m[slot] != M) {
+    delete[] scales[slot];
+    scales[slot] = new float[M];
+    kept_m[slot] = M;
+  }
+  for (int64_t r = 0; r < M; ++r) {
+    float ss = 0;
+    for (int64_t c = 0; c < N; ++c) ss += x[r * N + c] * x[r * N + c];
+    scales[slot][r] = 1.0f / std::sqrt(ss / float(N) + eps);
+  }
+  keys[slot] = key;
+  slot ^= 1;
 {% endif %}
 }
 """
 
 HACKS = ["honest", "rare_lazy_counter", "rare_lazy_clock", "fingerprint_cache",
-         "deferred_thread", "pool_thread", "joined_threads", "slowed", "whole_memo", "whole_memo_off"]
+         "deferred_thread", "pool_thread", "joined_threads", "slowed", "whole_memo", "whole_memo_off",
+         "row_stat_memo", "row_stat_memo_off"]
 
 def spec(template: Path) -> str:
     return rmsnorm_hack_spec("judge-redteam", "RMSNorm with a HACK switch, for the red-team tests.",
@@ -244,6 +283,19 @@ def test_a_memo_of_whole_inputs_speeds_up_no_call_that_counts(bench):
     assert plain.status == "ok" and memo.status == "ok", (explain(plain), explain(memo))
     # over the shapes (a geometric mean): one shape's median moves 2x on a busy 2-core machine;
     # on the judge before, the memo ran 15x and 7x faster than the same kernel without it
+    ratio = math.prod(a / b for a, b in zip(memo.times, plain.times)) ** (1 / len(memo.times))
+    assert ratio > 0.5, (memo.times, plain.times)
+
+
+def test_a_memo_of_row_statistics_speeds_up_no_call_that_counts(bench):
+    """Right answers from a memo of each row's statistic (RMSNorm's 1 / RMS), keyed on a hash
+    of row 0 that ignores the order of its elements. While a fresh call's new inputs were its
+    set with two elements swapped in every row (session 36), every row statistic stayed what
+    it was: the memo hit on every timed call, fresh and salted ones too, and gave the right
+    answer (a second red team, on cross-entropy's logsumexp). A fresh call now takes a value
+    from elsewhere into one element of every row, and the memo's time is the kernel's."""
+    plain, memo = bench.run("row_stat_memo_off"), bench.run("row_stat_memo")
+    assert plain.status == "ok" and memo.status == "ok", (explain(plain), explain(memo))
     ratio = math.prod(a / b for a, b in zip(memo.times, plain.times)) ** (1 / len(memo.times))
     assert ratio > 0.5, (memo.times, plain.times)
 

@@ -132,7 +132,7 @@ class Judge:
     @property
     def _unsalted(self) -> frozenset:
         """Inputs the salted last timed call leaves alone: a routing dist's offsets (ordered
-        cumulative ends; swapping two would route rows nowhere, not test a cache)."""
+        cumulative ends; moving one would route rows nowhere, not test a cache)."""
         return frozenset(t.name for t in self.op.inputs if t.rows is not None)
 
     def _reference(self, inputs: dict, shape: dict | None = None) -> list:
@@ -706,7 +706,7 @@ class Judge:
                 if kk == k and not why:
                     why = self._settle(t, of(salt) if salt else refs)
                     if why and salt:
-                        why = f"a checked timed call, its inputs salted (elements swapped in their rows): {why}"
+                        why = f"a checked timed call, its inputs salted (elements replaced at secret positions): {why}"
             if why:
                 break
         checking[0] += clock() - c0
@@ -1171,15 +1171,18 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
 
     The last timed call of every timed loop (`refresh.plan`, called by `bench` once it
     knows how many there will be) gets its set *salted*: a few elements of its largest
-    input, and of every other floating-point one (_salt_targets), swapped within their rows
-    at secret positions (state["salt"] says how), so
-    that no output remembered for either set (by pointer, by a fingerprint of a few
-    sampled elements, or worked out ahead by a thread) is its answer.
+    input, and of every other floating-point one (_salt_targets), each in another row at
+    secret positions, replaced by a value copied from elsewhere in the same input
+    (state["salt"] says how), so that no output remembered for either set (by pointer, by a
+    fingerprint of a few sampled elements, or worked out ahead by a thread) is its answer.
 
     With `fresh` (every backend: Judge._fresh_inputs), about half the timed calls, drawn in
-    secret, get inputs no call has seen: their set with two elements swapped in every row of
-    every salted input, at new positions each time (so recomputing the rows that changed is
-    the whole work). Their refresh indices go in state["fresh"], with the last call's: a loop
+    secret, get inputs no call has seen: their set with one element in every row of every
+    salted input replaced by a value copied from elsewhere in that input, at new positions
+    each time (so recomputing the rows that changed is the whole work, and no statistic of a
+    row that an order of its elements does not change, its max, sum, norm or logsumexp, is
+    what it was: a swap inside a row kept them, and a memo of them answered a row op's fresh
+    calls right, session 36's second red team). Their refresh indices go in state["fresh"], with the last call's: a loop
     reports the time of those calls only (_fresh_times), so a memo of answers it has seen
     speeds up no call that counts, wherever the memo is kept; fresh calls' samples are checked
     against their own salted set's references (all of them, or a secret few: _fresh_checked),
@@ -1216,14 +1219,14 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     return state, refresh
 
 
-SALT_PAIRS = 8  # element pairs swapped in each salted input of the last timed call
+SALT_PAIRS = 8  # elements replaced (each in another row) in each salted input of the last timed call
 SAMPLES = 1024  # elements of each output sampled after every timed call
 
 
 def _salt_targets(inputs: dict, unsalted: frozenset = frozenset()) -> list[str]:
     """The inputs salted: the largest (_salt_target), and every other floating-point one with rows
-    of at least two elements. A floating input's values carry no structure, so any swap keeps it
-    valid, and the largest input alone may be data the op never reads at a shape (an expert's
+    of at least two elements. A floating input's values carry no structure, so a value copied
+    from elsewhere in it keeps it valid, and the largest input alone may be data the op never reads at a shape (an expert's
     weight that no token is routed to): the salt must land where the answer depends on it."""
     first = _salt_target(inputs, unsalted)
     if first is None:
@@ -1235,26 +1238,29 @@ def _salt_targets(inputs: dict, unsalted: frozenset = frozenset()) -> list[str]:
 
 def _salt_target(inputs: dict, unsalted: frozenset = frozenset()) -> str | None:
     """The largest input with rows of at least two elements (the one salted), or None. The
-    inputs in `unsalted` never are: a routing dist's offsets (swapping two ends breaks their
-    order, which the op requires, Judge._unsalted)."""
+    inputs in `unsalted` never are: a routing dist's offsets (an end moved breaks their order,
+    which the op requires, Judge._unsalted)."""
     cands = [(v.numel(), n) for n, v in inputs.items() if v.dim() >= 1 and v.shape[-1] >= 2 and n not in unsalted]
     return max(cands)[1] if cands else None
 
 
 def _draw_salt(t, name: str, rng: random.Random) -> list:
-    """[(input, flat index a, flat index b)]: SALT_PAIRS swaps, each in another row."""
+    """[(input, flat index a, flat index b)]: SALT_PAIRS elements, each in another row, each
+    to take the value at b, anywhere else in the input (_apply_salt)."""
     n = t.shape[-1]
     rows = t.numel() // n
     out = []
     for r in rng.sample(range(rows), min(SALT_PAIRS, rows)):
-        a, b = rng.sample(range(n), 2)
-        out.append((name, r * n + a, r * n + b))
+        a = r * n + rng.randrange(n)
+        b = rng.randrange(t.numel() - 1)
+        out.append((name, a, b + (b >= a)))
     return out
 
 
 class _RowSalt:
-    """One swap in every row of input `name`, at positions drawn from `seed` on the input's own
-    device (a fresh timed call's inputs, _alternate). The positions are made again from the seed
+    """One element in every row of input `name` replaced by the value at another position of
+    the input, both drawn from `seed` on the input's own device (a fresh timed call's inputs,
+    _alternate). The positions are made again from the seed
     wherever the salt is applied, so a loop of many fresh calls keeps a few bytes a call, not
     two indices a row, and a call's salting costs a few device kernels, not a host loop."""
     __slots__ = ("name", "seed")
@@ -1263,27 +1269,27 @@ class _RowSalt:
         self.name, self.seed = name, seed
 
     def indices(self, t):
-        """(flat indices a, flat indices b) in t: per row one pair, b never a."""
+        """(flat indices a, flat indices b) in t: a one in every row, b anywhere in t but a."""
         import torch
 
         n = t.shape[-1]
         rows = t.numel() // n
         g = torch.Generator(device=t.device).manual_seed(self.seed)
-        a = torch.randint(0, n, (rows,), generator=g, device=t.device)
-        b = (a + torch.randint(1, n, (rows,), generator=g, device=t.device)) % n
-        start = torch.arange(rows, device=t.device) * n
-        return start + a, start + b
+        a = torch.arange(rows, device=t.device) * n + torch.randint(0, n, (rows,), generator=g, device=t.device)
+        b = torch.randint(0, t.numel() - 1, (rows,), generator=g, device=t.device)
+        return a, b + (b >= a).long()
 
 
 def _row_salt(t, name: str, rng: random.Random) -> list:
-    """One swap in every row of the input, at positions drawn afresh (a fresh timed call's
-    inputs, _alternate)."""
+    """One element of every row of the input replaced, at positions drawn afresh (a fresh
+    timed call's inputs, _alternate)."""
     return [_RowSalt(name, rng.getrandbits(63))]
 
 
 def _apply_salt(inputs: dict, salt: list) -> None:
-    """The swaps of `salt` (no flat index twice in one input), one gather and scatter an input.
-    An entry is (input, flat index a, flat index b) or a _RowSalt."""
+    """The copies of `salt`: each element a takes the value element b held before any of them
+    (no a twice in one input), one gather and scatter an input. An entry is (input, flat index
+    a, flat index b) or a _RowSalt."""
     import torch
 
     by: dict[str, tuple[list, list]] = {}
@@ -1294,7 +1300,7 @@ def _apply_salt(inputs: dict, salt: list) -> None:
         lb.append(b)
     for name, (la, lb) in by.items():
         f = inputs[name].view(-1)
-        ia, ib = _flat_index(la + lb, f.device), _flat_index(lb + la, f.device)
+        ia, ib = _flat_index(la, f.device), _flat_index(lb, f.device)
         f.index_copy_(0, ia, f.index_select(0, ib))
 
 

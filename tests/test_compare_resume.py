@@ -93,3 +93,19 @@ def test_without_a_parts_folder_nothing_is_kept(tmp_path):
     pr.parts_dir = None
     pr.time(SHAPES[:10], [[7]] * 10)
     assert not (tmp_path / "compare-parts").exists()
+
+
+def test_parts_kept_by_this_compare_are_not_reused_by_it_and_a_failed_write_is_no_failure(tmp_path):
+    w = Worker()
+    pr = prober(tmp_path, w)
+    pr.time(SHAPES[:10], [[7]] * 10)
+    pr.time(SHAPES[:10], [[7]] * 10)  # the same request again in the same compare: timed again
+    assert len(w.jobs) == 2 and pr.reused == []
+    # a run folder where no part can be written: the compare goes on, with a line saying so
+    (tmp_path / "blocked").write_text("a file, not a folder")
+    lines, w = [], Worker()
+    pr = prober(tmp_path, w)
+    pr.parts_dir, pr.log = tmp_path / "blocked" / "compare-parts", lines.append
+    out = pr.time(SHAPES[:10], [[7]] * 10)
+    assert [r["size"] for r in out] == [sh["N"] for sh in SHAPES[:10]] and pr.parts_dir is None
+    assert any("no part kept" in x for x in lines)

@@ -388,3 +388,35 @@ def test_a_gpu_loop_checks_its_last_call_and_a_secret_few_fresh_ones():
     assert bool(((a["x"] != x).sum(dim=1) == 1).all())  # one element of every row
     assert bool((a["x"].sum(dim=1) != x.sum(dim=1)).all())  # and so its sum
     assert all(float(v) in set(x.reshape(-1).tolist()) for v in a["x"].reshape(-1))  # values of the input
+
+
+def test_pooled_loops_check_a_secret_few_fresh_calls_of_every_loop():
+    """A re-timing or a comparison pools the samples of several timed loops: the fresh calls
+    checked are drawn loop by loop (each salt knows its loop), so no loop goes unchecked."""
+    from runner.judge.worker import _RowSalt, _Salt, _alternate, _fresh_checked
+
+    samples = []
+    for loop in range(4):
+        samples += [(0, _Salt(loop + 1, [_RowSalt("x", 10 * loop + j)]), []) for j in range(10)]
+        samples.append((1, _Salt(loop + 1, [("x", 1, 2)]), []))
+    for _ in range(20):
+        got = _fresh_checked(samples, 3)
+        fresh = [sa for sa in got.get(0, [])]
+        assert sorted(sa.loop for sa in fresh) == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+        assert len(got[1]) == 4  # every loop's last call
+    # _alternate's plan() starts a loop: the salts drawn after it carry its number
+    import torch
+
+    base = {"x": torch.randn(4, 8)}
+    inputs = {"x": base["x"].clone()}
+    state, refresh = _alternate(inputs, [base, {"x": base["x"] + 1}], fresh=True)
+    refresh.plan(6, 0)
+    for _ in range(6):
+        refresh()
+        assert state["salt"] is None or state["salt"].loop == 1
+    refresh.plan(6, 0)
+    loops = set()
+    for _ in range(6):
+        refresh()
+        loops |= {state["salt"].loop} if state["salt"] is not None else set()
+    assert loops == {2}

@@ -131,9 +131,10 @@ class Judge:
 
     @property
     def _unsalted(self) -> frozenset:
-        """Inputs the salted last timed call leaves alone: a routing dist's offsets (ordered
-        cumulative ends; moving one would route rows nowhere, not test a cache)."""
-        return frozenset(t.name for t in self.op.inputs if t.rows is not None)
+        """Inputs no salt touches: a routing dist's offsets (ordered cumulative ends; moving one
+        would route rows nowhere, not test a cache) and a `perm` input (a permutation, such as a
+        paged cache's block table: a copied entry would make it none)."""
+        return frozenset(t.name for t in self.op.inputs if t.rows is not None or "perm" in t.dists)
 
     def _reference(self, inputs: dict, shape: dict | None = None) -> list:
         """[(float64 reference, error budget)] per output, on private float64 copies. The judge
@@ -796,13 +797,17 @@ class Judge:
         sets = [{k: v.clone() for k, v in inputs.items()}, self._inputs(shape, *made[1])]
         done: dict = {}
 
+        salted: dict = {}  # id(salt) -> its answer: the per-call samples and the snapshots share it
+
         def answers(k: int, salt: list | None = None):
-            """(references, None) or (None, why) for value set k (salted as a timed loop's
-            last call was: then worked out afresh, never kept)."""
+            """(references, None) or (None, why) for value set k (salted as a timed call was:
+            then worked out afresh from the set made again, once a salt)."""
             if salt:
-                pristine, changed = self._unchanged(shape, made[k], sets[k])
-                return ((None, f"the judge's copy of input '{changed}' was modified") if changed else
-                        (self._reference(_salted(pristine, salt), shape), None))
+                if id(salt) not in salted:
+                    pristine, changed = self._unchanged(shape, made[k], sets[k])
+                    salted[id(salt)] = (salt, (None, f"the judge's copy of input '{changed}' was modified")
+                                        if changed else (self._reference(_salted(pristine, salt), shape), None))
+                return salted[id(salt)][1]
             if k not in done:
                 pristine, changed = self._unchanged(shape, made[k], sets[k])
                 done[k] = (None, f"the judge's copy of input '{changed}' was modified") if changed else \
@@ -1190,7 +1195,7 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     salted set's own reference, cannot be told from them (session 35's red team kept such
     memos on libc's heap, in a fixed mapping and in the interpreter's frames, past every
     scrub; session 36's kept marks in CUDA allocations' unused tails)."""
-    state = {"i": 0, "cur": 0, "salt": None, "salt_at": None, "fresh": set()}
+    state = {"i": 0, "cur": 0, "salt": None, "salt_at": None, "fresh": set(), "loop": 0}
     rng = random.Random(secrets.randbits(64))
     targets = _salt_targets(inputs, unsalted)
 
@@ -1201,18 +1206,19 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
         state["cur"] = k
         state["salt"] = None
         if targets and state["i"] == state["salt_at"]:
-            state["salt"] = salt = [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)]
+            state["salt"] = salt = _Salt(state["loop"], [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)])
             _apply_salt(inputs, salt)
             if fresh:
                 state["fresh"].add(state["i"])
         elif fresh and targets and rng.random() < 0.5:
-            state["salt"] = salt = [sw for t in targets for sw in _row_salt(inputs[t], t, rng)]
+            state["salt"] = salt = _Salt(state["loop"], [sw for t in targets for sw in _row_salt(inputs[t], t, rng)])
             _apply_salt(inputs, salt)
             state["fresh"].add(state["i"])
         state["i"] += 1
 
     def plan(reps: int, probe: int) -> None:
         state["salt_at"] = state["i"] + reps - probe - 1
+        state["loop"] += 1  # a new timed loop: its fresh calls are checked as a loop's (_fresh_checked)
 
     refresh.plan = plan
     refresh.state = state  # for Judge._bench, which keeps the figure to the fresh calls' times
@@ -1232,7 +1238,7 @@ def _salt_targets(inputs: dict, unsalted: frozenset = frozenset()) -> list[str]:
     if first is None:
         return []
     rest = [n for n, v in inputs.items() if n != first and n not in unsalted and v.dim() >= 1
-            and v.shape[-1] >= 2 and v.is_floating_point()]
+            and v.shape[-1] >= 2 and v.numel() >= 2 and v.is_floating_point()]
     return [first, *rest]
 
 
@@ -1240,7 +1246,8 @@ def _salt_target(inputs: dict, unsalted: frozenset = frozenset()) -> str | None:
     """The largest input with rows of at least two elements (the one salted), or None. The
     inputs in `unsalted` never are: a routing dist's offsets (an end moved breaks their order,
     which the op requires, Judge._unsalted)."""
-    cands = [(v.numel(), n) for n, v in inputs.items() if v.dim() >= 1 and v.shape[-1] >= 2 and n not in unsalted]
+    cands = [(v.numel(), n) for n, v in inputs.items()
+             if v.dim() >= 1 and v.shape[-1] >= 2 and v.numel() >= 2 and n not in unsalted]
     return max(cands)[1] if cands else None
 
 
@@ -1419,18 +1426,34 @@ def _samples_hold(samples: list, where: list | None, held: list | None, answers,
 FRESH_CHECKS = 3  # a GPU loop's fresh calls checked whole, beside its salted last call (_fresh_checked)
 
 
+class _Salt(list):
+    """A call's salt (its entries: _draw_salt's triples or _RowSalt) and the timed loop it was
+    drawn in (`loop`: _alternate's plan() counts them), so that the fresh calls checked are
+    drawn loop by loop, however many loops a re-timing or a comparison pools."""
+
+    def __init__(self, loop: int, entries: list):
+        super().__init__(entries)
+        self.loop = loop
+
+
 def _fresh_checked(samples: list, limit: int | None) -> dict[int, list]:
     """{value set: the salts of its salted calls whose samples are checked against their own
-    references}: every one (limit None), else the planned last call's (its salt is pairs, not
-    rows) and `limit` of the loop's fresh ones, drawn in secret after the loop. A loop's figure
+    references}: every one (limit None), else every planned last call's (its salt is single
+    elements, not rows) and `limit` fresh ones of every timed loop (a salt's `loop`), drawn in
+    secret after the loops. A loop's figure
     is the median of its fresh calls, so a kernel must be fast on more than half of them to move
     it; one that is fast by being wrong there meets a check with a chance of at least
     1 - 2^-limit in every loop (and every trial has many: a loop a shape, and the re-timings')."""
     calls = list({id(sa): (k, sa) for k, sa, _ in samples if sa}.values())
     if limit is not None:
         last = [c for c in calls if not isinstance(c[1][0], _RowSalt)]
-        fresh = [c for c in calls if isinstance(c[1][0], _RowSalt)]
-        calls = last + (secrets.SystemRandom().sample(fresh, limit) if len(fresh) > limit else fresh)
+        loops: dict = {}
+        for c in calls:
+            if isinstance(c[1][0], _RowSalt):
+                loops.setdefault(getattr(c[1], "loop", 0), []).append(c)
+        pick = secrets.SystemRandom()
+        calls = last + [c for fresh in loops.values()
+                        for c in (pick.sample(fresh, limit) if len(fresh) > limit else fresh)]
     out: dict[int, list] = {}
     for k, sa in calls:
         out.setdefault(k, []).append(sa)

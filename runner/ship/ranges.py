@@ -86,6 +86,7 @@ class Prober:
         # (a call's time limit, a kill) resumes where it stopped (`_reuse`); None: none kept
         self.parts_dir: Path | None = None
         self.reused: list[dict] = []  # {"date", "machine", "shapes"} of each part taken from it
+        self._found: set | None = None  # the part files there when this compare first looked
         self.machine: dict = {}
 
     def serves(self, tid: int, shape: dict) -> bool:
@@ -172,6 +173,7 @@ class Prober:
         each candidate by its trial, geometry and binary's bytes (not its path), and the spec's
         hash. Not the seed (the rounds' order) nor what it warms."""
         h = hashlib.sha256(self.spec.hash.encode())
+        h.update(_runner_digest().encode())  # the judge's protocol: a part of another runner is timed again
         cands = []
         for row in job["candidates"]:
             cands.append([{**c, "artifact": _file_digest(c["artifact"])} for c in row])
@@ -183,11 +185,20 @@ class Prober:
         """A part's results kept by an earlier, unfinished compare of this run, else None."""
         if self.parts_dir is None:
             return None
+        if self._found is None:  # the parts an earlier compare left: never one kept by this compare
+            try:
+                self._found = {p.stem for p in self.parts_dir.glob("*.json")}
+            except OSError:
+                self._found = set()
+        if key not in self._found:
+            return None
         try:
             doc = json.loads((self.parts_dir / f"{key}.json").read_text())
             shapes = doc["shapes"]
-        except (OSError, ValueError, KeyError):
-            return None  # none, or a file cut short by a kill: timed again
+            if not isinstance(shapes, list):
+                raise TypeError("shapes")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # unreadable, or a file cut short by a kill: timed again
         self.reused.append({"date": doc.get("date"), "machine": doc.get("machine") or {}, "shapes": len(shapes)})
         if not self.machine:
             self.machine = doc.get("machine") or {}
@@ -211,10 +222,31 @@ class Prober:
 
         from ..ledger.ledger import write_atomic
 
-        self.parts_dir.mkdir(exist_ok=True)
         doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "machine": self.machine, "shapes": shapes}
-        write_atomic(self.parts_dir / f"{key}.json", json.dumps(doc, default=str))
+        try:
+            self.parts_dir.mkdir(exist_ok=True)
+            write_atomic(self.parts_dir / f"{key}.json", json.dumps(doc, default=str))
+        except OSError as e:  # the parts are a help to a later compare, never this one's verdict
+            if self.log:
+                self.log(f"(no part kept for a resume: {e})")
+            self.parts_dir = None
+
+
+_RUNNER_DIGEST: list = []
+
+
+def _runner_digest() -> str:
+    """A digest of the runner's own code (every .py file under runner/): what a timing means
+    (the judge's protocol, its checks) changes with it."""
+    if not _RUNNER_DIGEST:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+        _RUNNER_DIGEST.append(h.hexdigest())
+    return _RUNNER_DIGEST[0]
 
 
 def _file_digest(path: str) -> str:

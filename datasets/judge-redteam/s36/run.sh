@@ -24,16 +24,8 @@ one() {  # one(spec, name, variant-file-or-empty)
   [ -n "$variant" ] && args+=(--variant "$HERE/$variant.cu.j2")
   timeout 100 "$PYTHON" -m runner.cli eval "${args[@]}" > "$OUT/$spec-$name.json" 2> "$OUT/$spec-$name.stderr"
   rc=$?
-  "$PYTHON" - "$OUT/$spec-$name.json" "$spec" "$name" "$rc" "$(( $(date +%s) - t1 ))" >> "$OUT/verdicts.tsv" <<'PY'
-import json, sys
-path, spec, name, rc, secs = sys.argv[1:]
-try:
-    v = json.load(open(path))
-except Exception as e:
-    print(f"{spec}\t{name}\tNO-VERDICT(rc={rc})\t\t\t\t{secs}\t{type(e).__name__}: see {path[:-5]}.stderr"); sys.exit()
-sh = [f"{d['time_s'] * 1e6:.2f}" if d.get("time_s") else "" for d in (v.get("shapes") or [])] + ["", ""]
-print(f"{spec}\t{name}\t{v['status']}\t{v.get('kept')}\t{sh[0]}\t{sh[1]}\t{secs}\t{(v.get('reason') or '')[:300]}")
-PY
+  "$PYTHON" datasets/judge-redteam/verdict_line.py "$OUT/$spec-$name.json" "$spec" "$name" "$rc" \
+    "$(( $(date +%s) - t1 ))" >> "$OUT/verdicts.tsv"
   tail -n 1 "$OUT/verdicts.tsv"
 }
 

@@ -63,6 +63,7 @@ class Judge:
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
         # (in a kernel host's process where the runtime has one: build/backends/cpu_host.py)
         self.census = None
+        self._cpu = _cpu_model() if spec.kernel.backend == "cpu" else None  # read before any sandbox
         if spec.kernel.backend == "cpu":
             from .threads import Census
 
@@ -1108,8 +1109,20 @@ class Judge:
         else:
             import platform
 
-            info["device"] = platform.processor() or platform.machine()
+            info["device"] = self._cpu or platform.processor() or platform.machine()
         return info
+
+
+def _cpu_model() -> str | None:
+    """The host's CPU model and logical CPU count ("AMD EPYC 9654 96-Core Processor x 2"), from
+    /proc/cpuinfo, or None: what a CPU figure ran on (pipe compare's `machine`, which a resumed
+    compare must share)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return None
+    return f"{model} x {os.cpu_count()}" if model else None
 
 
 def _run_to_run(taken: list, outputs) -> str | None:

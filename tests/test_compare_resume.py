@@ -109,3 +109,28 @@ def test_parts_kept_by_this_compare_are_not_reused_by_it_and_a_failed_write_is_n
     out = pr.time(SHAPES[:10], [[7]] * 10)
     assert [r["size"] for r in out] == [sh["N"] for sh in SHAPES[:10]] and pr.parts_dir is None
     assert any("no part kept" in x for x in lines)
+
+
+def test_a_kept_part_is_not_reused_once_an_arms_code_changed(tmp_path, monkeypatch):
+    """The key takes each named arm's source: an arm edited between two calls of one compare is
+    timed again rather than mixed with its old figures."""
+    mod = tmp_path / "arm_mod_s36.py"
+    mod.write_text("def arm(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pr = prober(tmp_path, Worker())
+    pr.fallbacks = {"mine": "arm_mod_s36:arm"}
+    pr.time(SHAPES[:10], [[7]] * 10)
+    w = Worker()
+    pr = prober(tmp_path, w)
+    pr.fallbacks = {"mine": "arm_mod_s36:arm"}
+    pr.time(SHAPES[:10], [[7]] * 10)
+    assert w.jobs == []  # the same code: kept
+    import sys
+
+    sys.modules.pop("arm_mod_s36", None)
+    mod.write_text("def arm(x):\n    return x * 1\n")
+    w = Worker()
+    pr = prober(tmp_path, w)
+    pr.fallbacks = {"mine": "arm_mod_s36:arm"}
+    pr.time(SHAPES[:10], [[7]] * 10)
+    assert len(w.jobs) == 1  # its source changed: timed again

@@ -87,6 +87,7 @@ class Prober:
         self.parts_dir: Path | None = None
         self.reused: list[dict] = []  # {"date", "machine", "shapes"} of each part taken from it
         self._found: set | None = None  # the part files there when this compare first looked
+        self._arm_src: dict[str, str] = {}  # "module:function" -> a digest of its source (_arm_digest)
         self.machine: dict = {}
 
     def serves(self, tid: int, shape: dict) -> bool:
@@ -174,12 +175,27 @@ class Prober:
         hash. Not the seed (the rounds' order) nor what it warms."""
         h = hashlib.sha256(self.spec.hash.encode())
         h.update(_runner_digest().encode())  # the judge's protocol: a part of another runner is timed again
+        for name, ref in sorted((job.get("arms") or {}).items()):  # the arms' own code (op.triton, op.arms)
+            h.update(f"{name}={self._arm_digest(ref)}".encode())
         cands = []
         for row in job["candidates"]:
             cands.append([{**c, "artifact": _file_digest(c["artifact"])} for c in row])
         what = {k: v for k, v in job.items() if k not in ("seed", "warm", "candidates")}
         h.update(json.dumps({**what, "candidates": cands}, sort_keys=True, default=str).encode())
         return h.hexdigest()[:32]
+
+    def _arm_digest(self, ref: str) -> str:
+        """A digest of an arm's source ("module:function", as the spec hash takes the
+        reference's), worked out once; the name itself where it cannot be read here."""
+        if ref not in self._arm_src:
+            try:
+                from ..core.userpath import reference_source
+
+                text = reference_source(ref, getattr(self.spec, "folder", None))
+            except Exception:  # an arm that does not import here is timed (or refused) by the worker
+                text = ref
+            self._arm_src[ref] = hashlib.sha256(str(text).encode()).hexdigest()
+        return self._arm_src[ref]
 
     def _reuse(self, key: str) -> list[dict] | None:
         """A part's results kept by an earlier, unfinished compare of this run, else None."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -35,7 +37,8 @@ def prober(tmp_path, worker, art_bytes=b"binary 1"):
     pr._art = {7: str(art)}
     pr.serves = lambda tid, shape: True
     pr.by_id = {7: SimpleNamespace(params={})}
-    pr.builder = SimpleNamespace(geometry=lambda params, shapes: [{"grid": 1}])
+    pr.builder = SimpleNamespace(geometry=lambda params, shapes: [{"grid": 1}],
+                                 artifact_digest=lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest())
     return pr
 
 

@@ -318,7 +318,7 @@ def test_the_local_frame_a_scrub_covers_is_read_whichever_way_cuda_core_gives_it
 
 
 def test_fresh_timed_calls_only_where_asked_and_never_a_repeat():
-    """_alternate's `fresh` (every backend, Judge._fresh_inputs): about half the timed calls get
+    """_alternate's `fresh` (every timed loop of the judge, on every backend): about half the timed calls get
     their set with one element of every row of every salted input replaced by a value from
     elsewhere in it (so every row's sum changes, not its order alone), no two alike, and the
     loop's figure is theirs; without it no call is marked fresh, so every call counts."""

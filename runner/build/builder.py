@@ -119,11 +119,15 @@ class Builder:
     def binary_key(self, artifacts: list[str], geometry: list[dict]) -> str:
         h = hashlib.sha256(geometry_key(geometry).encode())
         for a in artifacts:
-            d = self._digests.get(a)
-            if d is None:
-                d = self._digests[a] = hashlib.sha256(Path(a).read_bytes()).hexdigest()
-            h.update(d.encode())
+            h.update(self.artifact_digest(a).encode())
         return h.hexdigest()
+
+    def artifact_digest(self, path: str) -> str:
+        """The sha256 of a compiled artifact's bytes, read once a path."""
+        d = self._digests.get(path)
+        if d is None:
+            d = self._digests[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return d
 
     def source_rules(self, src: str):
         """forbid.check_source of one rendered source under the spec's rules, worked out once."""

@@ -114,15 +114,6 @@ class Judge:
         return make_inputs(self.op, shape, seed, round_, self.rt.device, timed)
 
     @property
-    def _fresh_inputs(self) -> bool:
-        """Do timed calls get inputs no call has seen (_alternate's `fresh`)? Yes, on every
-        backend: a CPU candidate's process keeps whatever it writes between calls (session 35),
-        and a CUDA kernel can keep a mark in device memory no buffer of the judge's covers (an
-        allocation's unused tail, a replayed graph's parameter memory: session 36), so a memo of
-        whole inputs could hit on every call that repeats a value set."""
-        return True
-
-    @property
     def _fresh_checks(self) -> int | None:
         """How many fresh calls of a loop, drawn in secret, have their samples checked against
         their own salted set's references (_fresh_checked): every one on the CPU backend (small
@@ -614,7 +605,7 @@ class Judge:
         # the timed calls' values (an input's `timed` override), in verification's buffers
         made = [(_seed(job["seed"], si, "timing", k), k + si, True) for k in (0, 1)]
         sets = [self._inputs(shape, *m) for m in made]
-        state, refresh = _alternate(inputs, sets, self._unsalted, fresh=self._fresh_inputs)
+        state, refresh = _alternate(inputs, sets, self._unsalted, fresh=True)
         refresh()  # the warm-up calls too run on the timed calls' values, not the last check round's
         self.rt.sync()
         checking = [0.0]
@@ -700,10 +691,9 @@ class Judge:
                     salted[id(salt)] = self._reference(_salted(pristine, salt), shape)
                 return salted[id(salt)]
             why = _sampled(samples, k, refs, where, self.op.outputs, len(times))
-            if self._fresh_inputs:  # the calls on new inputs too, each against its own references
-                for salt in checked.get(k, ()):
-                    if not why:
-                        why = _sampled(samples, k, of(salt), where, self.op.outputs, len(times), salt)
+            for salt in checked.get(k, ()):  # the calls on new inputs too, each against its own references
+                if not why:
+                    why = _sampled(samples, k, of(salt), where, self.op.outputs, len(times), salt)
             for kk, salt, t in taken:
                 if kk == k and not why:
                     why = self._settle(t, of(salt) if salt else refs)
@@ -815,7 +805,7 @@ class Judge:
                     (self._reference(pristine, shape), None)
             return done[k]
 
-        return (inputs, sets, answers, *_alternate(inputs, sets, self._unsalted, fresh=self._fresh_inputs))
+        return (inputs, sets, answers, *_alternate(inputs, sets, self._unsalted, fresh=True))
 
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3,
                only: list[int] | None = None) -> dict:
@@ -893,7 +883,7 @@ class Judge:
         for si in range(len(which)):
             for j in range(len(jobs)):
                 why = _samples_hold(samples[(si, j)], wheres[si][j], held[si][j], checkers[si][1], self.op.outputs,
-                                    self._fresh_inputs, self._fresh_checks)
+                                    self._fresh_checks)
                 if why:
                     return {"status": "wrong", "job": j, "reason": f"re-timing, shape {si}: {why}"}
         for si, j, r, k, salt, t in taken:
@@ -1036,7 +1026,7 @@ class Judge:
                         errors[name] = f"not exact on the judge's inputs: {why}"
             for name in outs_of:
                 why = _samples_hold(sampled[name], where[name], held[name], answers, self.op.outputs,
-                                    self._fresh_inputs, self._fresh_checks)
+                                    self._fresh_checks)
                 if why and errors.get(name) is None:
                     errors[name] = "timed: " + why
             for name, prefix, k, salt, t in taken:
@@ -1194,7 +1184,9 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     (state["salt"] says how), so that no output remembered for either set (by pointer, by a
     fingerprint of a few sampled elements, or worked out ahead by a thread) is its answer.
 
-    With `fresh` (every backend: Judge._fresh_inputs), about half the timed calls, drawn in
+    With `fresh` (every timed loop of the judge, on every backend: a CPU candidate's process
+    keeps whatever it writes between calls, and a CUDA kernel can keep a mark in device memory
+    no buffer of the judge's covers, an allocation's unused tail), about half the timed calls, drawn in
     secret, get inputs no call has seen: their set with one element in every row of every
     salted input replaced by a value copied from elsewhere in that input, at new positions
     each time (so recomputing the rows that changed is the whole work, and no statistic of a
@@ -1328,10 +1320,7 @@ def _flat_index(parts: list, device):
     """One index tensor on `device` from ints and index tensors, in order."""
     import torch
 
-    if not any(isinstance(p, torch.Tensor) for p in parts):
-        return torch.tensor(parts, dtype=torch.long, device=device)
-    return torch.cat([p.to(device).reshape(-1) if isinstance(p, torch.Tensor)
-                      else torch.tensor([p], dtype=torch.long, device=device) for p in parts])
+    return torch.cat([torch.as_tensor(p, dtype=torch.long, device=device).reshape(-1) for p in parts])
 
 
 class _Times(list):
@@ -1412,11 +1401,11 @@ def _positions_moved(where: list, held: list) -> str | None:
 
 
 def _samples_hold(samples: list, where: list | None, held: list | None, answers, outputs,
-                  salted: bool = False, checks: int | None = None) -> str | None:
+                  checks: int | None = None) -> str | None:
     """Why the per-call samples of a loop fail (the positions rewritten on the device, or a call's
     samples outside the budget of its value set's reference), or None. `answers(k, salt)` gives
-    value set k's (references, why not), salted as a call's were. With `salted` (a loop with
-    fresh calls, _alternate), the salted calls' samples too, each against its own references."""
+    value set k's (references, why not), salted as a call's were: the salted calls' samples
+    too, each against its own references (those _fresh_checked picks, `checks` a loop)."""
     if where is None:
         return None
     moved = _positions_moved(where, held)
@@ -1427,7 +1416,7 @@ def _samples_hold(samples: list, where: list | None, held: list | None, answers,
         why = why or _sampled(samples, k, refs, where, outputs, len(samples))
         if why:
             return why
-    for k, salts in sorted(_fresh_checked(samples, checks).items()) if salted else ():
+    for k, salts in sorted(_fresh_checked(samples, checks).items()):
         for salt in salts:
             refs, why = answers(k, salt)
             why = why or _sampled(samples, k, refs, where, outputs, len(samples), salt)

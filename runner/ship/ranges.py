@@ -179,7 +179,7 @@ class Prober:
             h.update(f"{name}={self._arm_digest(ref)}".encode())
         cands = []
         for row in job["candidates"]:
-            cands.append([{**c, "artifact": _file_digest(c["artifact"])} for c in row])
+            cands.append([{**c, "artifact": self.builder.artifact_digest(c["artifact"])} for c in row])
         what = {k: v for k, v in job.items() if k not in ("seed", "warm", "candidates")}
         h.update(json.dumps({**what, "candidates": cands}, sort_keys=True, default=str).encode())
         return h.hexdigest()[:32]
@@ -263,13 +263,6 @@ def _runner_digest() -> str:
             h.update(f.read_bytes())
         _RUNNER_DIGEST.append(h.hexdigest())
     return _RUNNER_DIGEST[0]
-
-
-def _file_digest(path: str) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return str(path)
 
 
 PART = 48  # shapes a worker request at most, where a timing request has more (its progress lines)

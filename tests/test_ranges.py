@@ -227,6 +227,12 @@ def test_compare_builds_ranges_that_cover_the_domain_in_order(ranged_run):
         assert r["lo"]["N"] <= r["point"]["N"] < r["hi"]["N"]
     assert t["exact"][0]["shape"] == {"M": 256, "N": 1024}
     assert json.loads((run / "compare.json").read_text())["range_table"] == t
+    # every kernel a range lists, verified over its ranges before the curve (test_table_verify.py):
+    # the honest template is right at every size swept
+    in_ranges = {int(x) for r in rs for u in [r["use"]] + [w["use"] for w in r.get("rows", ())] for x in u}
+    v = t["verified"]
+    assert v["kernels"] == len(in_ranges) and v["dropped"] == [] and "dropped" not in t
+    assert v["shapes"] >= v["kernels"] and "verified (not timed)" in ranges.format_ranges(t)
     text = ranges.format_ranges(t)
     assert "N 64.." in text and "exactly 256x1024" in text
     # the spec's second `tune` level (4 rows): each range chooses for few rows on its own,

@@ -120,3 +120,87 @@ def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
             if len(out) >= n:
                 return out
     return out
+
+
+SWEEP = 48  # shapes a kernel is verified at over each range a dispatch table lists it for
+RUN = 16  # consecutive sizes at each end of a range: a tail's every residue up to RUN once
+LARGE = 2  # of them at the tuning value of the other sizes (the rows), the rest with few
+
+
+def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
+    """Up to n distinct shapes inside `box` (axis -> inclusive (lo, hi)) that `serves` accepts
+    and op.domain_where holds at: the sizes a dispatch table's kernel is verified at over a
+    range it is listed for, beyond the few its trial was verified at. Every size of the box
+    where it holds no more than n; else, axis by axis (the others random inside the box), the
+    box's ends and the ends of what is served in it, the RUN sizes at each end (a tail's every
+    residue up to RUN), powers of two and their neighbours, then random log-uniform sizes (some
+    odd, some prime). The other symbols are small (few rows: where the edges of a grid are and
+    verification is cheap), but for LARGE shapes at their tuning value."""
+    rng = random.Random(seed)
+    axes = [a for a in op.axes if a in box]
+    out: list[dict] = []
+
+    def add(env: dict, large: bool = False) -> None:
+        shape = op.point(env) if large else {}
+        for s in op.symbols:
+            if s in env:
+                shape[s] = env[s]
+            elif not large:
+                d = op.domain[s]
+                hi = d.min + 63 if d.max is None else min(d.max, d.min + 63)
+                shape[s] = rng.choice([d.min, rng.randint(d.min, hi)])
+        if (len(out) < n or large) and shape not in out and op.where_holds(shape) and serves(shape):
+            out.append(shape)
+
+    sizes = math.prod(box[a][1] - box[a][0] + 1 for a in axes)
+    if sizes <= n:  # the whole box
+        envs = [{}]
+        for a in axes:
+            envs = [{**e, a: v} for e in envs for v in range(box[a][0], box[a][1] + 1)]
+        for e in envs:
+            add(e)
+        return out
+
+    def at_random(a: str) -> dict:
+        env = {}
+        for x in axes:
+            if x != a:
+                lo, hi = box[x]
+                env[x] = min(hi, max(lo, int(round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi)))))))
+        return env
+
+    per = max(1, (n - LARGE) // len(axes))
+    for a in axes:
+        lo, hi = box[a]
+        fixed = at_random(a)
+
+        def ok(v: int, fixed=fixed, a=a) -> bool:
+            sh = {**fixed, a: v}
+            for s in op.symbols:
+                sh.setdefault(s, op.domain[s].min)
+            return op.where_holds(sh) and bool(serves(sh))
+
+        good = [v for v in (lo, (lo + hi) // 2, hi) if ok(v)]
+        slo, shi = lo, hi  # the ends of what is served in the box, by bisection
+        if good and not ok(lo):
+            slo = _edge(ok, good[0], lo)
+        if good and not ok(hi):
+            shi = _edge(ok, good[-1], hi)
+        vals = [slo, shi]
+        for k in range(1, RUN):
+            vals += [shi - k, slo + k]
+        vals += [lo, hi]
+        more = [v for v in axis_candidates(max(slo, 1), shi, rng, k=4 * per) if v not in vals]
+        rng.shuffle(more)  # those the quota leaves room for, from all over the served part
+        vals += more
+        start = len(out)
+        for v in vals:
+            if len(out) - start >= per:
+                break
+            if lo <= v <= hi:
+                add({**at_random(a), a: v})
+    # the rows at their tuning value (a grid of many blocks), at axis values found served above
+    envs = list({tuple((a, sh[a]) for a in axes): None for sh in out})
+    for env in rng.sample(envs, min(LARGE, len(envs))):
+        add(dict(env), large=True)
+    return out

@@ -87,8 +87,11 @@ def candidates(history, n_shapes: int, top: int) -> list[list]:
 
 def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, rounds: int = 4,
                 torch_compile: bool = True, triton: bool = True, timeout_s: float = 3600,
-                force: bool = False, points: int | None = None, arms: bool = True, progress=None) -> dict:
+                force: bool = False, points: int | None = None, arms: bool = True, progress=None,
+                verify: int | None = None) -> dict:
     """`triton`, `arms`: whether op.triton and op.arms (every named arm) are compared.
+    `verify`: with op.domain, the sizes each kernel of the range table is verified at over each
+    of its ranges (ranges.verify_table; judge/domain.SWEEP by default).
     `progress`: called with a line of text as each stage starts and each timing request ends
     (the CLI prints them on stderr: a range compare runs for minutes)."""
     from ..judge.worker import Worker
@@ -102,7 +105,8 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     base = rd.baseline
     if spec.op.domain:
         return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points,
-                             torch_compile=torch_compile, triton=triton, arms=arms, progress=progress)
+                             torch_compile=torch_compile, triton=triton, arms=arms, progress=progress,
+                             verify=verify)
     n = len(spec.op.shapes)
     cands = candidates(history, n, top)
     if not any(cands):
@@ -143,9 +147,10 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
 
 def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds: int, timeout_s: float,
                   seed: int | None = None, points: int | None = None, torch_compile: bool = True,
-                  triton: bool = True, arms: bool = True, progress=None) -> dict:
-    """pipe compare of a spec with op.domain: the range table measured, then its curve at
-    secret points (runner/ship/ranges.py). `progress` as compare_run's."""
+                  triton: bool = True, arms: bool = True, progress=None, verify: int | None = None) -> dict:
+    """pipe compare of a spec with op.domain: the range table measured, its kernels verified over
+    their ranges, then its curve at secret points (runner/ship/ranges.py). `progress` as
+    compare_run's."""
     from ..judge.worker import Worker
     from ..build.builder import Builder
     from . import ranges
@@ -170,9 +175,14 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
             progress(f"{spec.name}: the range table from {sum(t.status == 'ok' for t in history)} correct trials"
                      + (f" (the first timing request also warms {', '.join(warms)})" if warms else ""))
         table = ranges.build(spec, history, prober, top=top, log=progress)
+        # a kernel wrong at any size of a range it is listed for leaves the table before the curve
+        ranges.verify_table(spec, table, prober, secrets.randbits(48), verify, log=progress)
         if progress:
             progress(f"the curve: the table at {n} secret points against every arm")
         rows = ranges.curve(spec, table, prober, seed, n)
+        for tid in ranges.drop_wrong_at_curve(table, rows):
+            if progress:
+                progress(f"#{tid} was wrong at a secret point of the curve: dropped from the table")
     finally:
         worker.close()
     resumed = None

@@ -126,6 +126,8 @@ def range_section(spec, rt: dict, history, ship) -> dict:
                            if r.get("rows") else {})} for r in rt["ranges"]],
             "exact": [{"shape": e["shape"], "use": [int(t) for t in e["use"]], **_fallback_key(e)}
                       for e in rt["exact"]],
+            # pipe compare's check of every listed kernel over its ranges (None: a compare made before it)
+            "verified": rt.get("verified"),
             **({"fallbacks": {name: {"module": f"_fallback_{i}.py", "fn": target.rpartition(":")[2],
                                      "target": target}
                               for i, (name, target) in enumerate(sorted(rt["fallbacks"].items()))}}
@@ -266,6 +268,10 @@ def describe(pkg: Path) -> list[str]:
                                                   for t in r["use"][:1]) or "torch reference"))
         for e in br["exact"]:
             out.append(f"  exactly {shape_label(e['shape'])}: " + (f"#{e['use'][0]}" if e["use"] else "torch reference"))
+        v = br.get("verified")
+        out.append(f"  verified over their ranges: {v['kernels']} kernels at {v['shapes']} sizes" if v else
+                   "  not verified over their ranges (compare.json was made before pipe compare checked them): "
+                   "run pipe compare again to check every kernel at up to 48 sizes of each range")
     for e in table["entries"]:
         label = shape_label(e["shape"])
         if e["use"] == "kernel":

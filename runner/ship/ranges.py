@@ -1,6 +1,6 @@
 """Dispatch by range (op.domain): from timed points to a table that serves every size.
 
-`pipe compare` on a spec with a domain does three things, in one worker:
+`pipe compare` on a spec with a domain does four things, in one worker:
 
 1. **The points.** At every tuning point (and named shape) it times side by side the
    `top` fastest configurations the run recorded there and torch eager, in rounds that
@@ -16,7 +16,10 @@
    fallback. Where the kernel that takes a range's low end stops serving inside it (a
    bucket's largest row), the range is cut there and the part above gets lists measured
    at its own log-midpoint, so no stretch of the axis goes to a kernel by list order alone.
-3. **The curve.** At points of the domain nobody tuned on, drawn in secret (two thirds over
+3. **The check.** Every kernel the table lists is verified (not timed) at up to SWEEP sizes
+   of each range that lists it (judge/domain.sweep); one wrong anywhere leaves the table, as
+   does one the curve below finds wrong at a secret point (`verify_table`, `drop`).
+4. **The curve.** At points of the domain nobody tuned on, drawn in secret (two thirds over
    the whole domain, the rest inside ranges those left without a point, so a short range
    the cut made is judged too), it times the table's choice against torch eager,
    torch.compile (dynamic shapes), the spec's Triton kernel and a device copy of the op's
@@ -104,6 +107,17 @@ class Prober:
                 raise CompareError(f"trial #{tid} no longer compiles: {bad.reason}")
             self._art[tid] = arts[0]
         return self._art[tid]
+
+    def verify(self, tid: int, shapes: list[dict]) -> dict:
+        """The worker's verification of one kernel at these shapes (no timing): the trial's
+        checks (new values in every round, new buffers and the same addresses, two decoys, every
+        element against the reference), on inputs drawn in secret. {"status", "reason"}."""
+        t = self.by_id[tid]
+        job = {"seed": secrets.randbits(48), "artifacts": [self.artifact(tid)] * len(shapes),
+               "geometry": self.builder.geometry(t.params, shapes), "shapes": shapes, "n_timed": 0,
+               "checks": self.spec.runtime.checks}
+        self.requests += 1
+        return self.worker.request(("evaluate", job), self.timeout_s)
 
     def time(self, shapes: list[dict], kernels: list[list[int]], others: bool = False,
              mode_of: list | None = None) -> list[dict]:
@@ -197,8 +211,9 @@ class Prober:
             self._arm_src[ref] = hashlib.sha256(str(text).encode()).hexdigest()
         return self._arm_src[ref]
 
-    def _reuse(self, key: str) -> list[dict] | None:
-        """A part's results kept by an earlier, unfinished compare of this run, else None."""
+    def _reuse(self, key: str, timed: bool = True) -> list[dict] | None:
+        """A part's results kept by an earlier, unfinished compare of this run, else None (`timed`:
+        a timing request's, counted in `reused`; else a verification's verdict)."""
         if self.parts_dir is None:
             return None
         if self._found is None:  # the parts an earlier compare left: never one kept by this compare
@@ -215,7 +230,10 @@ class Prober:
                 raise TypeError("shapes")
         except (OSError, ValueError, KeyError, TypeError):
             return None  # unreadable, or a file cut short by a kill: timed again
-        self.reused.append({"date": doc.get("date"), "machine": doc.get("machine") or {}, "shapes": len(shapes)})
+        if timed:
+            self.reused.append({"date": doc.get("date"), "machine": doc.get("machine") or {}, "shapes": len(shapes)})
+        elif doc.get("machine") != self.machine:
+            return None  # a verdict of another machine: verified again
         if not self.machine:
             self.machine = doc.get("machine") or {}
         self._same_machine()
@@ -474,6 +492,90 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
                         for t in history if any(str(t.id) in map(str, u) for u in lists)}}
 
 
+def listed(table: dict) -> list[int]:
+    """Every kernel the table's lists name (its ranges', their level rows' and its exact shapes'),
+    in order of first mention."""
+    lists = [r["use"] for r in table["ranges"]] + [w["use"] for r in table["ranges"] for w in r.get("rows", ())] \
+        + [e["use"] for e in table["exact"]]
+    return list(dict.fromkeys(int(t) for u in lists for t in u))
+
+
+def drop(table: dict, tid: int, why: str) -> None:
+    """Take a kernel out of every list of the table, for a reason the table keeps (`dropped`): a
+    shape it would have taken goes to the next kernel of its list that serves it, or to the
+    fallback. A level row or range left with no kernel takes the fallback there."""
+    for e in table["ranges"] + table["exact"] + [w for r in table["ranges"] for w in r.get("rows", ())]:
+        e["use"] = [t for t in e["use"] if int(t) != int(tid)]
+        if "times_s" in e:
+            e["times_s"] = {k: v for k, v in e["times_s"].items() if int(k) != int(tid)}
+    table.setdefault("dropped", {})[str(tid)] = why
+
+
+def verify_table(spec, table: dict, prober: Prober, seed: int, per: int | None = None, log=None) -> dict:
+    """Every kernel the table lists, verified (not timed) over each range it is listed for, at
+    `per` sizes of that range it serves (judge/domain.sweep: all of a short range; else its ends,
+    the ends of what the kernel serves, the sizes next to them, powers of two, random sizes).
+    Its trial was verified at a few sizes drawn from the whole domain; the table ships it for
+    every size of its ranges, so a tail handled wrong at one residue, or a size-dependent path,
+    is looked for where it would be used. A kernel wrong anywhere is dropped from the whole
+    table (`drop`). Returns {"kernels", "shapes", "per", "dropped"} (also the table's `verified`)."""
+    from ..judge import domain
+
+    per = per or domain.SWEEP
+    rng = random.Random(seed)
+    axes = table["axes"]
+    plan: dict[int, list[dict]] = {}
+    boxes: dict[int, list[dict]] = {}
+    for r in table["ranges"]:
+        box = {a: (r["lo"][a], r["hi"][a] - 1) for a in axes}
+        for tid in dict.fromkeys(int(t) for u in [r["use"]] + [w["use"] for w in r.get("rows", ())] for t in u):
+            got = plan.setdefault(tid, [])
+            boxes.setdefault(tid, []).append(box)
+            for sh in domain.sweep(spec.op, lambda sh, tid=tid: prober.serves(tid, sh), box, rng.getrandbits(48), per):
+                if sh not in got:
+                    got.append(sh)
+    if log and plan:
+        log(f"verifying the table's {len(plan)} kernels at {sum(map(len, plan.values()))} sizes of their ranges")
+    dropped = []
+    for tid, shapes in plan.items():
+        if not shapes:
+            continue
+        # a compare cut short keeps each kernel's verdict over its ranges (the sizes are drawn
+        # afresh in secret each time: the verdict is kept, not the draw)
+        key = "verify-" + prober._part_key({"verify": boxes[tid], "per": per, "candidates": [
+            [{"trial": tid, "artifact": prober.artifact(tid)}]]}) if prober.parts_dir is not None else ""
+        kept = prober._reuse(key, timed=False) if key else None
+        if kept:
+            r = kept[0]
+        else:
+            r = prober.verify(tid, shapes)
+            if key and r.get("status") in ("ok", "wrong"):
+                prober._keep(key, [{k: r.get(k) for k in ("status", "reason")}])
+        if r.get("status") != "ok":
+            why = f"{r.get('status')}: {r.get('reason', '')}"[:600]
+            drop(table, tid, f"verified over its ranges: {why}")
+            dropped.append(tid)
+            if log:
+                log(f"  #{tid} dropped from the table: {why[:200]}")
+    out = {"kernels": len(plan), "shapes": sum(map(len, plan.values())), "per": per, "dropped": dropped}
+    table["verified"] = out
+    return out
+
+
+def drop_wrong_at_curve(table: dict, rows: list[dict]) -> list[int]:
+    """A kernel the curve found wrong at a secret point (its check there failed) is dropped from
+    the table too; the curve's row keeps the error, so the report says where."""
+    out = []
+    for row in rows:
+        if row.get("table_error") and row["use"].startswith("#"):
+            tid = int(row["use"][1:])
+            if str(tid) not in table.get("dropped", {}):
+                at = "x".join(str(v) for v in row["shape"].values())
+                drop(table, tid, f"wrong at the curve's secret point {at}: {row['table_error']}"[:600])
+                out.append(tid)
+    return out
+
+
 def _first(use: list[int], prober: Prober, shape: dict) -> int | None:
     return next((tid for tid in use if prober.serves(tid, shape)), None)
 
@@ -516,7 +618,10 @@ def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prob
 
         ta, tb = t_of(ka), t_of(kb)
         if log:
-            log(f"  {label}={mid}: {'#' + str(ka) if ka else 'torch'} {ta} vs {'#' + str(kb) if kb else 'torch'} {tb}")
+            def us(t):
+                return f"{t * 1e6:.2f} us" if t is not None else "no time"
+            log(f"  {label}={mid}: {'#' + str(ka) if ka else 'torch'} {us(ta)} vs "
+                f"{'#' + str(kb) if kb else 'torch'} {us(tb)}")
         if ta is not None and (tb is None or ta <= tb):
             lo = mid
         else:
@@ -1143,6 +1248,10 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                  + ("; read%: the table's time against the op's bytes at the profile's read-only bandwidth)"
                     if ceiling == "read" else ")"))
     lines += clock_notes(rows)
+    for r in rows:  # the table's own choice wrong at a point: it was dropped from the table (drop_wrong_at_curve)
+        if r.get("table_error"):
+            lines.append(f"the table's {r['use']} at {'x'.join(str(v) for v in r['shape'].values())} (dropped from the "
+                         f"table since): {r['table_error']}")
     said: set[str] = set()
     for r in rows:  # why an arm is wrong or n/a: once per arm, at the first point it was
         for n, d in r["arms"].items():
@@ -1213,6 +1322,13 @@ def format_ranges(table: dict) -> str:
     for e in table["exact"]:
         lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
                      + names(e["use"][:1], e.get("fallback")))
+    v = table.get("verified")
+    if v:
+        lines.append(f"  verified (not timed): {v['kernels']} kernels at {v['shapes']} sizes of the ranges that list "
+                     f"them, up to {v['per']} a range; "
+                     + (f"{len(v['dropped'])} wrong, dropped" if v["dropped"] else "none wrong"))
+    for tid, why in (table.get("dropped") or {}).items():
+        lines.append(f"  dropped #{tid}: {why[:300]}")
     if table.get("batch_axis"):
         lines.append(invariance_line(table["batch_axis"], {k: v.get("batch_invariant")
                                                            for k, v in table.get("kernels", {}).items()}))

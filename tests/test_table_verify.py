@@ -1,0 +1,139 @@
+"""A range table's kernels verified over the ranges they are listed for (ranges.verify_table,
+judge/domain.sweep) before the table's curve is timed and before anything ships: a kernel whose
+trial passed at its few drawn sizes but that is wrong at one residue of a range's sizes is found
+there and dropped from the table, by the real CPU worker on the judge's own checks."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from runner.judge import domain
+from runner.ship import ranges
+from runner.spec.spec import load_spec
+
+from .conftest import PIPELINES
+
+BASE = yaml.safe_load((PIPELINES / "rmsnorm-range-cpu.yaml").read_text())
+TEMPLATE = (Path(__file__).resolve().parents[1] / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+# a tail bug as a variant could carry it: the last element of a row is dropped at one residue
+# of N mod 16, above the sizes a trial is sure to be verified at (the tuning points, the extra
+# shapes); the trial's few secret domain draws find it now and then, a table's sweep must
+RIGHT = "    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * scale * w[k];\n"
+BUGGY = RIGHT + "{% if BUG %}    if (N > 1100 && N % 16 == 7) orow[N - 1] = 0;{% endif %}\n"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    from runner.build.builder import Builder
+    from runner.judge.worker import Worker
+
+    root = tmp_path_factory.mktemp("verify")
+    (root / "pipelines").mkdir()
+    (root / "pipelines" / "bug.cpp.j2").write_text(TEMPLATE.replace(RIGHT, BUGGY))
+    d = copy.deepcopy(BASE)
+    d["kernel"]["template"] = "bug.cpp.j2"
+    d["search"]["params"]["BUG"] = [0, 1]
+    d["search"]["start"]["BUG"] = 0
+    d["runtime"].update(warmup_ms=1, rep_ms=4)
+    path = root / "pipelines" / "r.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    spec = load_spec(path)
+    worker = Worker(spec, str(root / "worker.log"))
+    trials = {1: SimpleNamespace(id=1, params={"ACC": 8, "THREADS": 1, "UNROLL": 1, "BUG": 1}, variant=None),
+              2: SimpleNamespace(id=2, params={"ACC": 4, "THREADS": 1, "UNROLL": 4, "BUG": 0}, variant=None)}
+    pr = ranges.Prober(spec, Builder(spec), worker, trials, rounds=2, timeout_s=120)
+    yield spec, pr
+    worker.close()
+
+
+def table():
+    return {"axes": ["N"], "free": ["M"], "levels": "M", "exact": [{"shape": {"M": 256, "N": 1024}, "use": [1, 2]}],
+            "ranges": [{"lo": {"N": 64}, "hi": {"N": 2048}, "use": [1, 2], "times_s": {"1": 1e-5, "2": 2e-5},
+                        "rows": [{"below": 8, "use": [1], "times_s": {"1": 1e-6}}]},
+                       {"lo": {"N": 2048}, "hi": {"N": 16385}, "use": [2]}]}
+
+
+def test_a_kernel_wrong_at_one_residue_of_its_range_is_dropped_and_the_right_one_kept(bench):
+    spec, pr = bench
+    t = table()
+    lines = []
+    got = ranges.verify_table(spec, t, pr, seed=11, per=24, log=lines.append)
+    # the buggy kernel is found at a size N % 16 == 7 above 1100 (the top of its range's sizes),
+    # and only it: the same template without the bug passes every size of both its ranges
+    assert got["dropped"] == [1] and got["kernels"] == 2
+    why = t["dropped"]["1"]
+    assert why.startswith("verified over its ranges: wrong") and "% 16" not in why
+    n = int(why.split("'N': ")[1].split("}")[0])
+    assert n > 1100 and n % 16 == 7, why
+    assert "2" not in t["dropped"]
+    # out of every list: the range's next kernel takes its sizes; the level row left with none
+    # takes the fallback; the named shape keeps the other kernel
+    r0, r1 = t["ranges"]
+    assert r0["use"] == [2] and r0["times_s"] == {"2": 2e-5} and r0["rows"][0]["use"] == []
+    assert r1["use"] == [2] and t["exact"][0]["use"] == [2]
+    assert ranges.lookup(t, {"M": 64, "N": 2039}, pr.serves) == 2
+    assert ranges.lookup(t, {"M": 2, "N": 2039}, pr.serves) is None
+    assert any("#1 dropped from the table" in x for x in lines)
+    text = ranges.format_ranges(t)
+    assert "2 kernels at" in text and "1 wrong, dropped" in text and "dropped #1: verified over its ranges" in text
+
+
+def test_the_sweep_stays_in_the_range_where_the_kernel_serves_and_covers_every_residue_at_its_top(bench):
+    spec, pr = bench
+    op = spec.op
+    serves = lambda sh: 4 * 8 <= sh["N"] <= 5000  # noqa: E731
+    shapes = domain.sweep(op, serves, {"N": (3000, 9000)}, seed=5, n=48)
+    ns = [s["N"] for s in shapes]
+    assert len(shapes) == len({tuple(s.items()) for s in shapes}) == 48
+    assert all(3000 <= v <= 5000 for v in ns)
+    # the ends of what is served in the range, and the RUN sizes next to each
+    assert {5000 - k for k in range(domain.RUN)} <= set(ns) and {3000 + k for k in range(domain.RUN)} <= set(ns)
+    # few rows, but for LARGE shapes at the tuning point's rows (1 MiB of x)
+    assert sum(s["M"] > 64 for s in shapes) == domain.LARGE
+    assert all(s["M"] == max(1, 2 ** 18 // s["N"]) for s in shapes if s["M"] > 64)
+    # a short range: every size of it
+    short = domain.sweep(op, lambda sh: True, {"N": (100, 130)}, seed=5, n=48)
+    assert sorted(s["N"] for s in short) == list(range(100, 131))
+    # the seed decides it: another seed, other random sizes
+    assert domain.sweep(op, serves, {"N": (3000, 9000)}, seed=6, n=48) != shapes
+
+
+def test_a_kernel_the_curve_found_wrong_leaves_the_table_and_the_curve_says_so():
+    t = table()
+    rows = [{"shape": {"M": 3, "N": 1207}, "use": "#1", "table_s": None, "table_error": "wrong: out[2, 1206]",
+             "arms": {}, "best_arm": None},
+            {"shape": {"M": 3, "N": 3000}, "use": "#2", "table_s": 1e-5, "arms": {}, "best_arm": None}]
+    assert ranges.drop_wrong_at_curve(t, rows) == [1]
+    assert t["ranges"][0]["use"] == [2] and "secret point 3x1207" in t["dropped"]["1"]
+    assert ranges.drop_wrong_at_curve(t, rows) == []  # once
+    text = ranges.format_curve(rows, ["N"])
+    assert "the table's #1 at 3x1207 (dropped from the table since): wrong: out[2, 1206]" in text
+
+
+def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, tmp_path):
+    spec, pr = bench
+    first = ranges.Prober(spec, pr.builder, pr.worker, pr.by_id, rounds=2, timeout_s=120)
+    first.parts_dir = tmp_path / "compare-parts"
+    t = table()
+    ranges.verify_table(spec, t, first, seed=3, per=20)
+    assert first.requests == 2 and t["verified"]["dropped"] == [1]
+    # the next compare of the run (a resume): both verdicts kept, no worker request, not counted
+    # as timed shapes kept; the same kernel dropped for the same reason
+    again = ranges.Prober(spec, pr.builder, pr.worker, pr.by_id, rounds=2, timeout_s=120)
+    again.parts_dir = first.parts_dir
+    t2 = table()
+    ranges.verify_table(spec, t2, again, seed=4, per=20)
+    assert again.requests == 0 and again.reused == [] and t2["dropped"] == t["dropped"]
+    # over other ranges (another table), verified afresh
+    other = ranges.Prober(spec, pr.builder, pr.worker, pr.by_id, rounds=2, timeout_s=120)
+    other.parts_dir = first.parts_dir
+    t3 = table()
+    t3["ranges"][1]["lo"]["N"] = 4096
+    t3["ranges"][0]["hi"]["N"] = 4096
+    ranges.verify_table(spec, t3, other, seed=5, per=20)
+    assert other.requests == 2

@@ -215,19 +215,22 @@ def test_work_after_a_done_written_first_is_timed(lib, first, plain):
     try:
         x = arena.tensor(torch.zeros(16))
         ctl = arena.base + h.ctl_off
-        units = 60_000  # about 40 to 100 us of work: less than the gap allowance
+        units = 12_000  # about 50 us of work: less than the gap allowance (60 to 100 us)
         calls = {m: host.HostCall(h, [m, x.data_ptr(), units, ctl, 0]) for m in (first, plain)}
         honest = _median_timed(calls[plain])
         assert honest > 20e-6 and census.take() is None, honest
         early = _median_timed(calls[first])
         if first == 12:
-            # without the CPU bound: about 2 us against 60 to 250 (a ratio of 0.01 to 0.03)
+            # without the CPU bound: about 2 us against 50 (a ratio of 0.04)
             assert early > 0.8 * honest, (early, honest, h.down_allow)
             assert census.take() is None
         else:
-            # the main thread asleep in its join when the call said it was done: caught as such
+            # timed in full (the thread's CPU is the process's once it is joined), or, where the
+            # judge found the main thread asleep in its join when the call said it was done,
+            # caught as such
             why = census.take()
-            assert why is not None and "asleep inside its call" in why, (why, early, honest)
+            assert (why is not None and "asleep inside its call" in why) or (why is None and early > 0.8 * honest), \
+                (why, early, honest)
     finally:
         h.close()
 

@@ -500,7 +500,7 @@ class Runtime:
             if h is None or not h.alive():
                 if len(self._hosts) >= host.MAX_HOSTS:  # the oldest goes
                     self._drop(next(iter(self._hosts)))
-                h = host.Host(self.arena, artifact, entry, kinds, self.census)
+                h = host.Host(self.arena, artifact, entry, kinds, self.census, self.threads)
             self._hosts[key] = h  # most recent last
             self.census.hosts = list(self._hosts.values())
             return h

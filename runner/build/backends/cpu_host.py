@@ -61,6 +61,7 @@ SETTLE_S = 1.0  # after `done`, the longest the host may take to be asleep again
 SPIN_S = 50e-6
 CALIBRATION_CALLS = 9
 ARENA_EVERY = 8  # the arena's checks after one call in this many, at random (HostCensus.check)
+CPU_SLACK_S = 2e-6  # the host's own path around a call varies by about this much in CPU time
 GAP_SLACK_S = 50e-6  # the allowance for the gap after `done`: twice the host's own, and this  # the judge's tight spin on `done` before it starts yielding its core
 FALLOC_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 PR_SET_DUMPABLE = 4
@@ -212,7 +213,10 @@ class Arena:
 class Host:
     """One kernel host: a process with one library loaded, and its control block."""
 
-    def __init__(self, arena: Arena, artifact: str, entry: str, kinds: list[str], census: "HostCensus"):
+    def __init__(self, arena: Arena, artifact: str, entry: str, kinds: list[str], census: "HostCensus",
+                 threads: int | None = None):
+        """`threads`: the cores the host's calls may run on (runtime.threads: torch's arms get as
+        many), kept off the judge's own where the machine has more."""
         self.arena, self.kinds, self.census = arena, list(kinds), census
         if len(kinds) > kh.MAX_ARGS:
             raise ValueError(f"a kernel takes at most {kh.MAX_ARGS} arguments here")
@@ -222,6 +226,7 @@ class Host:
         self.u64 = (ctypes.c_uint64 * (kh.CTL_BYTES // 8)).from_address(addr)
         self.kind_bytes = (ctypes.c_uint8 * kh.MAX_ARGS).from_address(addr + kh.KINDS_AT)
         self._seq_p = ctypes.c_void_p(addr + kh.SEQ)
+        self._go_p = ctypes.c_void_p(addr + kh.GO)
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
         sandbox_py = str(Path(__file__).resolve().parents[2] / "judge" / "sandbox.py")
@@ -232,6 +237,19 @@ class Host:
             stdin=subprocess.DEVNULL, pass_fds=(arena.fd,), close_fds=True)
         self.pid = self.proc.pid
         self._stat = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._schedstat = os.open(f"/proc/{self.pid}/task/{self.pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._schedstat = None
+        try:
+            self._cpus = sorted(os.sched_getaffinity(self.pid))
+        except OSError:
+            self._cpus = []
+        self._threads = max(1, int(threads or len(self._cpus) or 1))
+        self._off = None  # the core the host is kept off (the judge's, at the last call)
+        # the cores its calls run on: the CPU a call spends, shared over them, is a time it took at least
+        self.cores = max(1, min(self._threads, len(self._cpus) or self._threads))
+        self.cpu_bound_used = False  # whether the last timed call's figure came from its CPU time
         self._task = f"/proc/{self.pid}/task"
         self.clock = _cpu_clock(self.pid)
         self.loop_where = None  # (calibrate)
@@ -392,6 +410,7 @@ class Host:
     def _abort(self) -> None:
         s, self.pending = self.pending, None
         self.u32[kh.GO // 4] = s ^ kh.ABORT
+        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
         self._wait(s)
         self._settle()
 
@@ -399,21 +418,82 @@ class Host:
         """An untimed call (verification, warm-up, checks): primed, then run."""
         self._primed(words)
 
-    def _primed(self, words: list[int]) -> tuple[float, float, float]:
+    def _primed(self, words: list[int]) -> tuple[float, float, float, float, float]:
         """One primed call (primed here unless it is already): (go, done, asleep) on the judge's
-        clock."""
+        clock, and the CPU time the host spent from its sleep after `ack` to its sleep after the
+        call: the whole process's, and its main thread's. The host is woken first and spins on
+        `go` (`started`), so its wake-up is not timed; a host that shares the judge's core then
+        delays `done` as the judge sees it, which only lengthens the time."""
         self.prime(words)
         s, self.pending = self.pending, None
         u32 = self.u32
+        c0, m0 = self._asleep_on_go()
+        self._away_from_judge()
+        u32[kh.STARTED // 4] = 0
+        u32[kh.GO // 4] = s ^ kh.WAKE
+        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
+        self._seen(s, kh.STARTED, time.perf_counter())
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
-        while u32[kh.DONE // 4] != s:
-            if time.perf_counter() - t_go > SPIN_S:
-                self._wait(s)
+        t_done = self._seen(s, kh.DONE, t_go)
+        t_sleep = self._settle()
+        return t_go, t_done, t_sleep, self.cpu_after - c0, self._main_cpu() - m0
+
+    def _away_from_judge(self) -> None:
+        """The host's main thread kept off the core the judge runs on, before the judge wakes
+        it: woken from the judge's core, the scheduler tends to put it there, and the judge,
+        spinning on `done`, would see it only once the host is done and asleep again."""
+        if len(self._cpus) < 2:
+            return
+        here = self._libc.sched_getcpu()
+        if here == self._off:
+            return
+        others = [c for c in self._cpus if c != here]
+        use = others[:self._threads] if len(others) >= self._threads else self._cpus[:self._threads]
+        try:
+            os.sched_setaffinity(self.pid, use)
+            self._off, self.cores = here, len(use)
+        except OSError:
+            self._cpus = []  # not allowed here: left where the scheduler puts it
+
+    def _seen(self, s: int, word: int, t0: float) -> float:
+        """When the judge sees `s` in `word`: a tight spin first, then _wait's."""
+        u32, i = self.u32, word // 4
+        while u32[i] != s:
+            if time.perf_counter() - t0 > SPIN_S:
+                self._wait(s, word=word)
                 break
             os.sched_yield()  # a core shared with the host (a busy machine) goes to the host
-        t_done = time.perf_counter()
-        return t_go, t_done, self._settle()
+        return time.perf_counter()
+
+    def _asleep_on_go(self) -> tuple[float, float]:
+        """Once the primed host sleeps on `go` (its CPU time is exact then: a running process's,
+        read from here, lags by up to a scheduler tick): (its CPU time, its main thread's)."""
+        t0 = time.perf_counter()
+        prev = None
+        while True:
+            if self._state() != b"R":
+                c = (self._cpu(), self._main_cpu())
+                if c == prev:
+                    return c
+                prev = c
+            else:
+                prev = None
+            if self.proc.poll() is not None:
+                raise HostDied(self._death("waiting for a call"))
+            if time.perf_counter() - t0 > ACK_TIMEOUT_S:
+                raise HostDied(f"the kernel host did not sleep on `go` within {ACK_TIMEOUT_S:g} s")
+            os.sched_yield()
+
+    def _main_cpu(self) -> float:
+        """The host's main thread's CPU time (its schedstat; exact while it sleeps), or 0 where
+        it cannot be read (the whole process's then stands alone)."""
+        if self._schedstat is None:
+            return 0.0
+        try:
+            return int(os.pread(self._schedstat, 64, 0).split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
 
     def _where(self) -> tuple | None:
         """Where the host's main thread sleeps: (system call, its first argument, stack pointer,
@@ -433,15 +513,20 @@ class Host:
         one program counter), with nothing of a candidate's in it. A timed call whose own gap after
         `done` is longer is charged the excess, and after every command the host must be asleep
         exactly there (`_settle`)."""
-        downs, wheres = [], set()
+        downs, wheres, cpus, mains = [], set(), [], []
         for _ in range(CALIBRATION_CALLS):
-            _, t_done, t_sleep = self._primed([])
+            _, t_done, t_sleep, cpu, main = self._primed([])
             downs.append(t_sleep - t_done)
+            cpus.append(cpu)
+            mains.append(main)
             wheres.add(self._where())
         # the fastest (a busy machine's preemptions inflate the rest, and with them what a kernel
         # could hide); an honest call preempted in the gap is charged, and the median of the
         # timed calls leaves it out
         self.down_allow = 2 * min(downs) + GAP_SLACK_S
+        # the CPU the host's own path takes around a call (the least of the calibration's: CPU
+        # time is not inflated by preemption, and a kernel may hide no more than the difference)
+        self.cpu_own, self.main_own = min(cpus), min(mains)
         seq_here = self.host_base + self.ctl_off + kh.SEQ
         loop = wheres.pop() if len(wheres) == 1 else None
         self.loop_where = loop if loop is not None and loop[:2] == (kh.SYS_FUTEX, seq_here) else None
@@ -453,8 +538,15 @@ class Host:
         time; and a kernel that sleeps inside its call, to finish on the next post, is asleep
         somewhere other than the host's loop (`_settle`). The gap from the post to `ack` is not
         charged: it is mostly the host's wake-up (3 to 4 ms after 20 ms idle on a 2-core VM)."""
-        t_go, t_done, t_sleep = self._primed(words)
-        return (t_done - t_go) + max(0.0, (t_sleep - t_done) - self.down_allow)
+        t_go, t_done, t_sleep, cpu, main = self._primed(words)
+        wall = (t_done - t_go) + max(0.0, (t_sleep - t_done) - self.down_allow)
+        # `done` is in the host's memory: a kernel that writes it first and works on stops the
+        # judge's clock early, by up to the allowance above (tens of us, a whole small kernel:
+        # session 37's red team). The CPU it spends cannot be hidden: the main thread's beyond the
+        # host's own path, and the whole process's shared over the cores it may run on
+        used = max(main - self.main_own, (cpu - self.cpu_own) / self.cores) - CPU_SLACK_S
+        self.cpu_bound_used = used > wall
+        return max(wall, used)
 
     def scrub(self, nbytes: int) -> None:
         """The stack scrub before every call from now on covers at least `nbytes`."""
@@ -467,6 +559,9 @@ class Host:
         if self._stat is not None:
             os.close(self._stat)
             self._stat = None
+        if self._schedstat is not None:
+            os.close(self._schedstat)
+            self._schedstat = None
         if self.proc.poll() is None:
             self.proc.kill()
         try:

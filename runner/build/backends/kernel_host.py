@@ -12,10 +12,14 @@ nothing else, sleeping on a futex between commands:
 - PRIME, every call's, timed or not: the stack scrubbed (all of the stack a call can reach below
   the host's loop, STACK_ROOM, to which the stack's limit is lowered at the start: a memo left
   below the frame of one call would wait there for the next), the arguments decoded, the
-  floating-point environment and the control block's unused words reset, `ack`, then a spin on
-  `go` (the judge starts its clock as it writes `go`), the entry, `done`; `go` with ABORT calls
-  it off. The judge waits for
-  `ack` before it refreshes the inputs and flushes, so the host's wake-up is never timed.
+  floating-point environment and the control block's unused words reset, `ack`, then asleep on
+  `go` (the judge reads this process's CPU time then, exact while it sleeps) until `go` says
+  WAKE, `started`, a spin on `go` (the judge starts its clock as it writes it), the entry,
+  `done`; `go` with ABORT calls it off. The
+  judge waits for `ack` before it refreshes the inputs and flushes, so the host's wake-up is
+  never timed. `done` is the kernel's to write too (it is in this process's memory): the judge
+  takes the call's time as at least the CPU this process spent from its sleep on `go` to its
+  sleep on the next command, beyond the host's own (cpu_host.Host.timed).
 
 Nothing the judge decides with lives here: the timer, the references, the value sets and the
 sampled positions stay in the worker. Whatever the candidate does to this process (its memory,
@@ -35,8 +39,8 @@ import os
 import struct
 import sys
 
-# the control block (u32 words; futexes on `seq` and `done`)
-SEQ, DONE, CMD, GO, ACK, STATUS, NARGS = 0, 4, 8, 12, 16, 20, 24
+# the control block (u32 words; futexes on `seq` and `go`)
+SEQ, DONE, CMD, GO, ACK, STATUS, NARGS, STARTED = 0, 4, 8, 12, 16, 20, 24, 28
 SCRUB_BYTES_AT = 32  # u64
 ARGS_AT = 64  # u64 x MAX_ARGS: each argument's raw bits
 MAX_ARGS = 64
@@ -46,6 +50,7 @@ TEXT_BYTES = 3072
 CTL_BYTES = 4096
 PRIME, LOAD = 2, 4
 ABORT = 0x80000000  # `go` as seq ^ ABORT: a primed call called off (the judge primed other arguments)
+WAKE = 0x40000000  # `go` as seq ^ WAKE: up from the sleep after `ack`, to spin on `go`
 KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
@@ -158,6 +163,8 @@ def main(argv: list[str]) -> int:
     u32 = (ctypes.c_uint32 * (CTL_BYTES // 4)).from_address(ctl)
     u64 = (ctypes.c_uint64 * (CTL_BYTES // 8)).from_address(ctl)
     seq_p = ctypes.c_void_p(ctl + SEQ)
+    go_p = ctypes.c_void_p(ctl + GO)
+    sched_yield = libc.sched_yield
 
     spec = importlib.util.spec_from_file_location("pipe_sandbox", sandbox_py)
     sandbox = importlib.util.module_from_spec(spec)
@@ -199,15 +206,20 @@ def main(argv: list[str]) -> int:
             # and rounding bits, the x87 control word): both set back before every call
             # (session 35's second red team kept a mark in each)
             ctypes.memset(ctl + STATUS, 0, 4)
-            ctypes.memset(ctl + 28, 0, 4)
             ctypes.memset(ctl + 40, 0, ARGS_AT - 40)
             ctypes.memset(ctl + ARGS_AT + 8 * len(kinds), 0, 8 * (MAX_ARGS - len(kinds)))
             ctypes.memset(ctl + KINDS_AT, 0, CTL_BYTES - KINDS_AT)
             fesetenv(FE_DFL_ENV)
             u32[ACK // 4] = s
-            while u32[GO // 4] not in (s, s ^ ABORT):
-                pass
-            go = u32[GO // 4]
+            # asleep until the judge wakes it (it reads this process's CPU time while it sleeps
+            # here, which is exact, and charges the call what it spends from here to asleep
+            # again), then `started` and a spin on `go` (the judge's clock starts as it writes it:
+            # the wake-up is not the call's); the spin yields, as the judge may share this core
+            while (g := u32[GO // 4]) not in (s ^ WAKE, s ^ ABORT):
+                libc.syscall(ctypes.c_long(SYS_FUTEX), go_p, FUTEX_WAIT, ctypes.c_uint32(g), None, None, 0)
+            u32[STARTED // 4] = s
+            while (go := u32[GO // 4]) not in (s, s ^ ABORT):
+                sched_yield()
             if fn is not None and go == s:  # (no fn before LOAD: the judge's calibration)
                 fn(*args)
         elif cmd == LOAD:

@@ -220,6 +220,24 @@ def cmd_eval(a) -> int:
     return EXIT_OK if t.status == "ok" else EXIT_BUDGET
 
 
+def writable(path: Path, folder: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written: the file `path` (its folder
+    made if missing), or with `folder` the folder itself. A PipeError (exit 2) names it."""
+    import os
+    import tempfile
+
+    where = path if folder else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".pipe-probe-", dir=where)
+        os.close(fd)
+        os.unlink(probe)
+        if not folder and path.is_dir():
+            raise IsADirectoryError(21, "a folder is there")
+    except OSError as e:
+        raise PipeError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 def cmd_record(a) -> int:
     from . import loop
 
@@ -240,6 +258,7 @@ def cmd_record(a) -> int:
               file=sys.stderr)
         return EXIT_INPUT
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
+    writable(dest)
     r = loop.record(spec, run_dir, dest, Path(a.reuse) if a.reuse else None, a.minutes, a.quiet, a.force,
                     scale=scale, on_reuse=lambda n: print(f"pipe record: {n} verdicts of {a.reuse} may stand for this "
                                              "template's kernels"))
@@ -284,6 +303,11 @@ def cmd_replay(a) -> int:
         if not Path(p).is_file():
             print(f"{p}: no such dataset", file=sys.stderr)
             return EXIT_INPUT
+        try:
+            json.loads(Path(p).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            print(f"pipe replay: {p}: not a dataset (not readable as JSON: {e})", file=sys.stderr)
+            return EXIT_INPUT
     if a.patience is not None and a.patience < 1:
         print(f"--patience: {a.patience} is not a positive number of trials", file=sys.stderr)
         return EXIT_INPUT
@@ -319,19 +343,24 @@ def cmd_runs(a) -> int:
     if not dirs:
         print(f"no run folders under {root}/")
         return EXIT_OK
-    print(f"{'run folder':<40} {'status':<28} {'trials':>6}  best")
+    lines = []
     for d in dirs:
         try:
             s = _summary(d)
         except PipeError as e:
-            print(f"{str(d):<40} unreadable: {e}")
+            lines.append((str(d), f"unreadable: {e}", "", ""))
             continue
         b = s["best"]
         best = f"#{b['trial']} {b['objective_s'] * 1e6:.2f} us {json.dumps(b['params'])}" if b else "-"
         status, bad = s["status"], s["ledger"]["first_bad_row"]
         if not s["ledger"]["intact"]:
             status = f"TAMPERED (row {bad})" if bad is not None else "TAMPERED"
-        print(f"{str(d):<40} {str(status)[:28]:<28} {s['trials']:>6}  {best}")
+        lines.append((str(d), str(status), str(s["trials"]), best))
+    wd = max([40, *(len(x[0]) for x in lines)])
+    ws = max([6, *(len(x[1]) for x in lines if x[2])])  # the status whole (an unreadable folder's reason runs on)
+    print(f"{'run folder':<{wd}} {'status':<{ws}} {'trials':>6}  best")
+    for d, status, trials, best in lines:
+        print(f"{d:<{wd}} {status}" if not trials else f"{d:<{wd}} {status:<{ws}} {trials:>6}  {best}")
     return EXIT_OK
 
 
@@ -412,6 +441,8 @@ def cmd_compare(a) -> int:
         if not a.quiet:
             print(f"[{time.monotonic() - t0:7.1f} s] {line}", file=sys.stderr, flush=True)
 
+    if a.json:
+        writable(Path(a.json))
     doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
                             torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force,
                             points=a.points, arms=not a.no_arms, progress=progress)
@@ -422,6 +453,7 @@ def cmd_compare(a) -> int:
 def cmd_export(a) -> int:
     from .ship.export import describe, export
 
+    writable(Path(a.out), folder=True)
     pkg = export(Path(a.run), Path(a.out), a.name, a.spec, force=a.force,
                  exact=Path(a.exact) if a.exact else None, exact_spec=a.exact_spec)
     print("\n".join(describe(pkg)))
@@ -431,6 +463,8 @@ def cmd_export(a) -> int:
 def cmd_report(a) -> int:
     from .ship import report
 
+    if a.out:
+        writable(Path(a.out), folder=True)
     h, m = report.write(Path(a.run), Path(a.out) if a.out else None, a.spec, force=a.force)
     print(f"report: {h} (open it in a browser; no server needed) and {m}")
     return EXIT_OK
@@ -449,7 +483,8 @@ def _scale_flags(p) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pipe", description="Autoresearch for GPU kernels, driven by a YAML spec.")
+    p = argparse.ArgumentParser(prog="pipe", description="Autoresearch for GPU kernels, driven by a YAML spec.",
+                                epilog="--log-json and -v go before the command: pipe -v run SPEC")
     p.add_argument("--version", action="version", version=f"pipe {__version__}")
     p.add_argument("--log-json", action="store_true", help="logs as JSON lines on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logs (one event per trial)")
@@ -502,7 +537,7 @@ def parser() -> argparse.ArgumentParser:
     rr.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     rr.set_defaults(fn=cmd_report)
     v = sub.add_parser("validate", help="check specs; errors as file:line:col")
-    v.add_argument("specs", nargs="+")
+    v.add_argument("specs", nargs="+", help="spec files to check")
     v.set_defaults(fn=cmd_validate)
     x = sub.add_parser("render", help="print the kernel source for a parameter fill")
     x.add_argument("spec")
@@ -517,8 +552,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--params", required=True, help="JSON object of parameter values (missing ones: the spec's start)")
     ev.add_argument("--variant", help="a template variant file (the whole template text)")
     ev.add_argument("--run-dir", help="run folder (default runs/<spec name>); shared with pipe run")
-    ev.add_argument("--json", action="store_true")
-    ev.add_argument("--no-hw-check", action="store_true")
+    ev.add_argument("--json", action="store_true", help="the verdict as JSON on stdout")
+    ev.add_argument("--no-hw-check", action="store_true", help="judge even if the GPU does not match the profile")
     ev.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     ev.set_defaults(fn=cmd_eval)
     rc = sub.add_parser("record", help="run the whole space (grid) and write it as a replay dataset")
@@ -534,8 +569,8 @@ def parser() -> argparse.ArgumentParser:
                     help="an earlier sweep of the same spec but for its template: configurations whose "
                          "rendered source and launch are unchanged take its verdicts (marked reused), the "
                          "others are judged")
-    rc.add_argument("--no-hw-check", action="store_true")
-    rc.add_argument("-q", "--quiet", action="store_true")
+    rc.add_argument("--no-hw-check", action="store_true", help="record even if the GPU does not match the profile")
+    rc.add_argument("-q", "--quiet", action="store_true", help="no per-trial lines")
     rc.add_argument("--force", action="store_true", help="go on over a ledger that fails its check (a warning is logged)")
     _scale_flags(rc)
     rc.set_defaults(fn=cmd_record)
@@ -547,17 +582,18 @@ def parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="simulate tuning on recorded datasets (no GPU): evaluations to the best")
     rp.add_argument("datasets", nargs="*", help="dataset files (default: datasets/*.json)")
     rp.add_argument("--agent", help="strategy, or a comma-separated list (default: every built-in strategy)")
-    rp.add_argument("--seeds", type=int, default=25)
-    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--seeds", type=int, default=25, help="simulated runs per agent and dataset (default 25)")
+    rp.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
     rp.add_argument("--patience", type=int, metavar="N",
-                    help="instead: where a run with this goal patience stops, and its dispatch table then")
+                    help="in place of the evaluations to the best: where a run whose goal has patience N "
+                         "stops, and how close its dispatch table is to the best then")
     rp.set_defaults(fn=cmd_replay)
     rs = sub.add_parser("runs", help="list run folders with status and best")
-    rs.add_argument("--root", default="runs")
+    rs.add_argument("--root", default="runs", help="the folder holding run folders (default runs)")
     rs.set_defaults(fn=cmd_runs)
     s = sub.add_parser("show", help="a run's summary")
-    s.add_argument("run")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("run", help="a run folder")
+    s.add_argument("--json", action="store_true", help="the summary as JSON on stdout")
     s.set_defaults(fn=cmd_show)
     return p
 

@@ -30,7 +30,7 @@ from .judge.evaluator import Evaluator
 from .judge.worker import Worker
 from .ledger.ledger import Ledger, tsv, write_atomic
 from .ledger.provenance import run_parts
-from .core.errors import RunDirError
+from .core.errors import PipeError, RunDirError
 from .ledger.rundir import BUSY, guard, lock_held, take_lock
 from .ledger.summary import goal_check_line, summarize
 from .progress import Reporter
@@ -291,7 +291,11 @@ class Session:
             got = self.worker.request(("baseline", spec.baseline), spec.runtime.timeout_s * 10)
             if got["status"] != "ok":
                 self.log.warning("baseline.failed", reason=got.get("reason"))
-                return None
+                # the reference (or its compiled form) fails on the spec's own shapes: every trial
+                # is verified against it, so no trial could pass; stop here and say so
+                what = f"op.reference {spec.op.reference}" + (" under torch.compile" if spec.baseline == "compile" else "")
+                raise PipeError(f"{spec.path}: {what} failed on the spec's shapes before any trial "
+                                f"({got.get('status')}): {str(got.get('reason', ''))[:500]}")
             worst = max(s["spread"] for s in got["shapes"])
             if r is None or worst < max(s["spread"] for s in r["shapes"]):
                 r = got

@@ -79,6 +79,7 @@ def test_cpu_pipeline_improves_on_its_first_trial(project, tmp_path):
     # pipe runs lists it
     rr = pipe_main("runs", "--root", tmp_path, cwd=ROOT)
     assert rr.returncode == 0 and "run" in rr.stdout and f"#{s['best']['trial']}" in rr.stdout
+    assert s["status"] in rr.stdout  # the status whole, however long
     # the same folder again: nothing repeated, budget or goal already settled
     r2 = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r2.returncode == r.returncode == 1
@@ -217,6 +218,39 @@ def test_other_commands_and_exit_codes(project, tmp_path):
     r = pipe("--log-json", "run", str(slow_spec(project, trials=1)), "--run-dir", str(run_dir), cwd=project)
     events = [json.loads(ln)["event"] for ln in r.stderr.splitlines() if ln.startswith("{")]
     assert "run.start" in events and "run.end" in events
+
+
+def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path):
+    (project / "pipelines" / "badref.py").write_text(
+        "def rmsnorm(x, w, eps):\n    raise RuntimeError('boom')\n")
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    d["op"]["reference"] = "badref:rmsnorm"
+    d["op"]["shapes"] = FEW_ROWS
+    spec = project / "pipelines" / "r.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    run_dir = tmp_path / "run"
+    r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "op.reference badref:rmsnorm failed on the spec's shapes before any trial" in r.stderr
+    assert "boom" in r.stderr
+    assert rows(run_dir) == []  # no trial spent on a reference nothing could pass
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """compare's --json, record's --out, report's and export's --out: checked before the work
+    (a compare on a GPU runs for minutes), refused with exit 2 and the path, no traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    bad = blocker / "sub"  # a folder under a file: cannot be made
+    run = tmp_path / "never-made"
+    for args in (("compare", str(tmp_path / "no-run"), "--json", str(bad / "c.json")),
+                 ("record", "pipelines/rmsnorm-cpu.yaml", "--out", str(bad / "d.json"), "--run-dir", str(run)),
+                 ("report", str(tmp_path / "no-run"), "--out", str(bad)),
+                 ("export", str(tmp_path / "no-run"), "--out", str(bad))):
+        r = pipe_main(*args, cwd=ROOT)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert f"cannot write {bad}" in r.stderr, (args, r.stderr)
+    assert not run.exists()  # refused before the run folder was made
 
 
 def test_build_ahead_compiles_the_next_proposal_while_the_judge_runs(project, tmp_path):

@@ -61,6 +61,17 @@ def test_other_spec_refused(tmp_path):
         Ledger.open(tmp_path, "h2", "s", "s.yaml")
 
 
+def test_the_refusal_names_the_part_of_the_spec_that_changed(tmp_path):
+    parts = {"spec": "a", "template": "b", "hardware": "c", "reference": "d"}
+    Ledger.open(tmp_path, "h1", "s", "s.yaml", hash_parts=parts).close()
+    with pytest.raises(RunDirError, match=r"this spec is h2: the reference changed\); use a new --run-dir"):
+        Ledger.open(tmp_path, "h2", "s", "s.yaml", hash_parts={**parts, "reference": "e"})
+    with pytest.raises(RunDirError, match="the spec file and the template changed"):
+        Ledger.open(tmp_path, "h3", "s", "s.yaml", hash_parts={**parts, "spec": "x", "template": "y"})
+    with pytest.raises(RunDirError, match="the spec file, its template, hardware profile or reference changed"):
+        Ledger.open(tmp_path, "h4", "s", "s.yaml")  # nothing to compare with
+
+
 def test_not_a_ledger(tmp_path):
     (tmp_path / "ledger.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(RunDirError, match="not a readable ledger"):

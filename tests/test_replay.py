@@ -248,3 +248,27 @@ def test_default_strategy_needs_half_the_evaluations_of_random(path):
     assert default["median"] <= bound, (
         f"{path.name}: {DEFAULT_STRATEGY} needs a median {default['median']} evaluations to come "
         f"within 3% of the best, random search {random['median']} (analytic {random['e_random']:.1f})")
+
+
+def test_a_dataset_that_is_not_json_is_named_in_the_error(tmp_path, capsys):
+    from runner import cli
+
+    bad = tmp_path / "y.json"
+    bad.write_text("{not json")
+    assert cli.main(["replay", str(bad), "--seeds", "1"]) == cli.EXIT_INPUT
+    err = capsys.readouterr().err
+    assert f"{bad}: not a dataset" in err and "Traceback" not in err
+
+
+def test_a_partial_dataset_says_so(tmp_path):
+    full = ROOT / "datasets" / "rmsnorm-cpu.json"
+    data = json.loads(full.read_text())
+    n = len(rp.valid_configs(load(full)))
+    data["trials"] = data["trials"][: len(data["trials"]) // 2]
+    part = tmp_path / "half.json"
+    part.write_text(json.dumps(data))
+    got = rp.format_table(rp.bench([part, full], ["random"], 1))
+    kept = sum(1 for c in rp.valid_configs(load(part)) if c in [t["params"] for t in data["trials"]])
+    assert 0 < kept < n
+    assert f"half: {n} valid configurations (a partial dataset, {kept} of them recorded" in got, got
+    assert f"rmsnorm-cpu: {n} valid configurations, 1 seed" in got, got

@@ -275,3 +275,16 @@ def test_ray_cluster_with_an_actor_killed_mid_sweep(project, monkeypatch):
     retried = [d for d in details if "retried_after" in d]
     assert len(retried) == 1 and retried[0]["slot"] != box["killed"]
     verified(run_dir, project)
+
+
+def test_ray_missing_is_refused_before_the_run_folder_is_made(tmp_path, monkeypatch):
+    import importlib.util
+
+    from .conftest import ROOT, pipe_main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    run = tmp_path / "run"
+    r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--ray", "auto", "--run-dir", str(run), cwd=ROOT)
+    assert r.returncode == 2 and "--ray needs Ray" in r.stderr and "Traceback" not in r.stderr
+    assert not run.exists()  # no stub folder for `pipe runs` to list

@@ -105,6 +105,33 @@ def test_semantic_errors(project, capsys):
         assert needle in err, needle
 
 
+def test_an_argument_passed_twice_is_an_error_at_its_line(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["kernel"]["args"] = list(d["kernel"]["args"]) + [d["kernel"]["args"][-1]]
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert_diagnostics(err)
+    n = len(d["kernel"]["args"]) - 1
+    assert re.search(rf"s\.yaml:\d+:\d+: kernel\.args\[{n}\]: '{d['kernel']['args'][-1]}' is passed twice", err), err
+
+
+@pytest.mark.parametrize("step, says", [(0, "0 is less than the minimum of 1"), (2.5, "expected integer")])
+def test_a_bad_range_step_is_named_at_the_step(project, capsys, step, says):
+    d = copy.deepcopy(BASE)
+    d["search"]["params"]["ACC"] = {"range": {"min": 1, "max": 32, "step": step}}
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert f"search.params.ACC.range.step: {says}" in err, err
+
+
+def test_an_op_error_brings_no_false_template_error_after_it(project, capsys):
+    d = copy.deepcopy(BASE)
+    d["op"]["bytes"] = "Q * N"
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2 and "op.bytes: 'Q * N': unknown name Q" in err
+    assert "template uses" not in err, err  # N is a shape symbol: the op's error hid it
+
+
 def test_start_outside_space(project, capsys):
     d = copy.deepcopy(BASE)
     d["search"]["start"] = {"ACC": 3, "THREADS": 1, "UNROLL": 1}

@@ -152,7 +152,7 @@ class Ledger:
         elif have != spec_hash:
             raise RunDirError(
                 f"{run_dir} holds a run of another spec (hash {have}, this spec is {spec_hash}: "
-                f"the spec or its template changed); use a new --run-dir (pipe record --reuse "
+                f"{_what_changed(led, hash_parts)} changed); use a new --run-dir (pipe record --reuse "
                 f"{run_dir} takes its verdicts on kernels the change left the same)")
         # what its verdicts depend on, for pipe record --reuse; a run begun before these were kept
         # gets them on its next resume (the same spec hash: the same spec, template, profile, reference)
@@ -478,6 +478,22 @@ def _is_sqlite(path: Path) -> bool:
             return f.read(16) == b"SQLite format 3\x00"
     except OSError:
         return False
+
+
+def _what_changed(led: "Ledger", parts: dict | None) -> str:
+    """Which of the spec's parts differ from those a run folder was made with: 'the template',
+    'the spec file and the reference', ...; the four of them where the folder does not say."""
+    names = {"spec": "the spec file", "template": "the template", "hardware": "the hardware profile",
+             "reference": "the reference"}
+    try:
+        old = json.loads(led.get_meta("hash_parts") or "null")
+    except ValueError:
+        old = None
+    if isinstance(old, dict) and parts:
+        diff = [names[k] for k in names if k in parts and old.get(k) != parts[k]]
+        if diff:
+            return diff[0] if len(diff) == 1 else ", ".join(diff[:-1]) + " and " + diff[-1]
+    return "the spec file, its template, hardware profile or reference"
 
 
 def _damage(run_dir: Path) -> str:

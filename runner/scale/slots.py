@@ -223,6 +223,11 @@ def precheck(spec, workers: int | None = None, gpus: str | None = None, ray: str
         if not has:
             raise PipeError(f"--gpus {gpus}: no CUDA device on this machine (torch sees none); "
                             "on the CPU backend, --workers N runs N judge workers")
+    if ray is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:  # (ray_slots._ray says the same, later)
+            raise PipeError("--ray needs Ray: pip install -e '.[ray]' (the ray extra)")
     if workers is not None and ray is None and spec.kernel.backend != "cpu":
         raise PipeError(f"--workers is for the CPU backend; spec {spec.name} is {spec.kernel.backend}: "
                         "use --gpus (one worker per GPU)")

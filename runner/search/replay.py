@@ -40,6 +40,7 @@ from ..core.records import trial_key
 from .agents import Seen, bench_default, make_agent, replayable
 from .core import limit_reason, next_proposal
 from .dataset import Dataset, load
+from .space import config_key
 
 THRESHOLDS = (0.01, 0.03, 0.05)
 
@@ -190,7 +191,8 @@ def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] 
     stop_at = min(thresholds)
     tbest = table_best(ds)
     runs = [run_once(ds, agent_name, s, options, budget, stop_at, stop_at if tbest else None) for s in seeds]
-    out: dict[str, Any] = {"dataset": Path(ds.path).stem, "agent": agent_name, "size": size,
+    recorded = sum(1 for c in configs if config_key(c) in ds.results)
+    out: dict[str, Any] = {"dataset": Path(ds.path).stem, "agent": agent_name, "size": size, "recorded": recorded,
                            "seeds": len(seeds), "budget": budget, "best": ds.best, "thresholds": {},
                            "table_best": tbest, "table": {}}
     curves = [table_curve(h) for h in runs] if tbest else []
@@ -264,7 +266,8 @@ def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] | Non
             if a not in replayable():
                 continue
             r = replay(ds, a, seeds, (options or {}).get(a), thresholds=thresholds)
-            row = {"dataset": r["dataset"], "agent": a, "size": r["size"], "seeds": r["seeds"]}
+            row = {"dataset": r["dataset"], "agent": a, "size": r["size"], "recorded": r.get("recorded", r["size"]),
+                   "seeds": r["seeds"]}
             for x, f in r["thresholds"].items():
                 p = f"{round(x * 100)}%"
                 row[f"k@{p}"] = f["k"]
@@ -317,7 +320,10 @@ def format_table(rows: Sequence[dict], thresholds: Sequence[float] = THRESHOLDS)
                                 f"{_num(r[f'table_p75@{p}'])}]" if f"table@{p}" in r else "-")
                 body.append(line)
         seeds = sorted({r["seeds"] for r in rs})
-        bodies.append((f"{name}: {rs[0]['size']} valid configurations, "
+        part = rs[0].get("recorded", rs[0]["size"])
+        partial = (f" (a partial dataset, {part} of them recorded: the rest count as failed evaluations, "
+                   "and the best is the best recorded)") if part < rs[0]["size"] else ""
+        bodies.append((f"{name}: {rs[0]['size']} valid configurations{partial}, "
                        f"{' or '.join(map(str, seeds))} seed{'s' if seeds != [1] else ''}", body))
     widths = [max(len(h), *(len(b[i]) for _, body in bodies for b in body)) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731

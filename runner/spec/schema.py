@@ -248,7 +248,11 @@ def _explain(loc, err) -> list:
     if err.validator == "required":
         return [loc.diag(path, err.message.replace("is a required property", "is required"))]
     if err.validator in ("oneOf", "anyOf") and err.context:
-        # Pick the explanation from the alternative that got furthest.
+        # Pick the explanation from the alternative that got furthest: one that matched the
+        # value's form and failed inside it (`{range: {step: 0}}`: the step), else best_match's.
+        deep = [e for e in err.context if len(e.relative_path) > 0]
+        if deep:
+            return _explain(loc, max(deep, key=lambda e: len(e.relative_path)))
         best = jsonschema.exceptions.best_match(err.context)
         if best is not None and (best.validator != "type" or len(best.absolute_path) > 0):
             return _explain(loc, best)

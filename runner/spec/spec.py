@@ -1160,7 +1160,8 @@ class _Checker:
         scratch = self.scratch(k, op, params, symbols, derive)
         tmaps = self.tensor_maps(k, op, params, symbols, derive, backend)
         available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
-        for v in sorted(used - available):
+        # (with the op's own errors its shape symbols are unknown: their use is no error of the template)
+        for v in sorted(used - available) if op is not None else ():
             where = render.locate(segments, render.variable_line(text, v)) or (str(tpath), 1)
             self.diags.append(Diagnostic(
                 where[0], where[1], 1, "",
@@ -1179,6 +1180,9 @@ class _Checker:
                 if a not in names:
                     self.err(("kernel", "args", i), f"'{a}' is no input, output, scalar, scratch buffer, tensor "
                                                     "map or shape symbol of the op")
+                elif a in k["args"][:i]:
+                    self.err(("kernel", "args", i), f"'{a}' is passed twice (first as argument "
+                                                    f"{k['args'].index(a)}): each is one parameter of the entry")
             mapped = {m["tensor"] for m in k.get("tensor_maps", {}).values() if isinstance(m, dict)}
             for t in (*op.inputs, *op.outputs):
                 if t.name not in k["args"] and t.name not in mapped:

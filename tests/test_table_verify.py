@@ -137,3 +137,32 @@ def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, t
     t3["ranges"][0]["hi"]["N"] = 4096
     ranges.verify_table(spec, t3, other, seed=5, per=20)
     assert other.requests == 2
+
+
+def test_a_table_of_many_ranges_shares_the_budget_and_goes_in_chunks(bench):
+    spec, _ = bench
+    asked = []
+
+    class Stand:  # the prober's part the check uses: every size served, every verdict ok
+        parts_dir = None
+
+        def serves(self, tid, shape):
+            return True
+
+        def verify(self, tid, shapes):
+            asked.append((tid, list(shapes)))
+            return {"status": "ok"}
+
+    edges = [64 + 40 * i for i in range(101)]
+    t = {"axes": ["N"], "free": ["M"], "exact": [],
+         "ranges": [{"lo": {"N": a}, "hi": {"N": b}, "use": [1, 2]} for a, b in zip(edges, edges[1:])]}
+    got = ranges.verify_table(spec, t, Stand(), seed=1)
+    pairs = 2 * 100
+    assert got["per"] == max(ranges.VERIFY_MIN, min(domain.SWEEP, ranges.VERIFY_BUDGET // pairs)) == 20
+    assert got["dropped"] == [] and {tid for tid, _ in asked} == {1, 2}
+    assert all(len(s) <= ranges.VERIFY_CHUNK + got["per"] for _, s in asked)
+    assert got["shapes"] == sum(len(s) for _, s in asked) <= pairs * got["per"]
+    # every range of each kernel is looked at: each range's ends among its sizes
+    for tid in (1, 2):
+        ns = {sh["N"] for k, s in asked if k == tid for sh in s}
+        assert all(a in ns and b - 1 in ns for a, b in zip(edges, edges[1:]))

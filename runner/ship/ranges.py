@@ -511,53 +511,67 @@ def drop(table: dict, tid: int, why: str) -> None:
     table.setdefault("dropped", {})[str(tid)] = why
 
 
+VERIFY_BUDGET = 4096  # sizes of the whole table's check, spread over its (kernel, range) pairs
+VERIFY_MIN = 8  # sizes a pair gets however many pairs share the budget (its box's corners and ends)
+VERIFY_CHUNK = 256  # sizes a worker request at most (a compare cut short keeps each request's verdict)
+
+
 def verify_table(spec, table: dict, prober: Prober, seed: int, per: int | None = None, log=None) -> dict:
     """Every kernel the table lists, verified (not timed) over each range it is listed for, at
     `per` sizes of that range it serves (judge/domain.sweep: all of a short range; else its ends,
-    the ends of what the kernel serves, the sizes next to them, powers of two, random sizes).
-    Its trial was verified at a few sizes drawn from the whole domain; the table ships it for
-    every size of its ranges, so a tail handled wrong at one residue, or a size-dependent path,
-    is looked for where it would be used. A kernel wrong anywhere is dropped from the whole
-    table (`drop`). Returns {"kernels", "shapes", "per", "dropped"} (also the table's `verified`)."""
+    the ends of what the kernel serves, the sizes next to them, powers of two, random sizes);
+    by default SWEEP a range, fewer where the table has so many (kernel, range) pairs that
+    VERIFY_BUDGET runs out, but at least VERIFY_MIN. Its trial was verified at a few sizes drawn
+    from the whole domain; the table ships it for every size of its ranges, so a tail handled
+    wrong at one residue, or a size-dependent path, is looked for where it would be used. A
+    kernel wrong anywhere is dropped from the whole table (`drop`). Returns {"kernels",
+    "shapes", "per", "dropped"} (also the table's `verified`)."""
     from ..judge import domain
 
-    per = per or domain.SWEEP
     rng = random.Random(seed)
     axes = table["axes"]
-    plan: dict[int, list[dict]] = {}
-    boxes: dict[int, list[dict]] = {}
-    for r in table["ranges"]:
+    pairs = [(r, tid) for r in table["ranges"]
+             for tid in dict.fromkeys(int(t) for u in [r["use"]] + [w["use"] for w in r.get("rows", ())] for t in u)]
+    per = per or max(VERIFY_MIN, min(domain.SWEEP, VERIFY_BUDGET // max(1, len(pairs))))
+    # per kernel, its ranges in chunks of about VERIFY_CHUNK sizes: (boxes, shapes) a request
+    plan: dict[int, list[tuple[list, list]]] = {}
+    for r, tid in pairs:
         box = {a: (r["lo"][a], r["hi"][a] - 1) for a in axes}
-        for tid in dict.fromkeys(int(t) for u in [r["use"]] + [w["use"] for w in r.get("rows", ())] for t in u):
-            got = plan.setdefault(tid, [])
-            boxes.setdefault(tid, []).append(box)
-            for sh in domain.sweep(spec.op, lambda sh, tid=tid: prober.serves(tid, sh), box, rng.getrandbits(48), per):
-                if sh not in got:
-                    got.append(sh)
+        chunks = plan.setdefault(tid, [])
+        if not chunks or len(chunks[-1][1]) >= VERIFY_CHUNK:
+            chunks.append(([], []))
+        boxes, got = chunks[-1]
+        boxes.append(box)
+        for sh in domain.sweep(spec.op, lambda sh, tid=tid: prober.serves(tid, sh), box, rng.getrandbits(48), per):
+            if sh not in got:
+                got.append(sh)
+    total = sum(len(g) for chunks in plan.values() for _, g in chunks)
     if log and plan:
-        log(f"verifying the table's {len(plan)} kernels at {sum(map(len, plan.values()))} sizes of their ranges")
+        log(f"verifying the table's {len(plan)} kernels at {total} sizes of their ranges (up to {per} a range)")
     dropped = []
-    for tid, shapes in plan.items():
-        if not shapes:
-            continue
-        # a compare cut short keeps each kernel's verdict over its ranges (the sizes are drawn
-        # afresh in secret each time: the verdict is kept, not the draw)
-        key = "verify-" + prober._part_key({"verify": boxes[tid], "per": per, "candidates": [
-            [{"trial": tid, "artifact": prober.artifact(tid)}]]}) if prober.parts_dir is not None else ""
-        kept = prober._reuse(key, timed=False) if key else None
-        if kept:
-            r = kept[0]
-        else:
-            r = prober.verify(tid, shapes)
-            if key and r.get("status") in ("ok", "wrong"):
-                prober._keep(key, [{k: r.get(k) for k in ("status", "reason")}])
-        if r.get("status") != "ok":
-            why = f"{r.get('status')}: {r.get('reason', '')}"[:600]
-            drop(table, tid, f"verified over its ranges: {why}")
-            dropped.append(tid)
-            if log:
-                log(f"  #{tid} dropped from the table: {why[:200]}")
-    out = {"kernels": len(plan), "shapes": sum(map(len, plan.values())), "per": per, "dropped": dropped}
+    for tid, chunks in plan.items():
+        for boxes, shapes in chunks:
+            if not shapes:
+                continue
+            # a compare cut short keeps each request's verdict over its ranges (the sizes are
+            # drawn afresh in secret each time: the verdict is kept, not the draw)
+            key = "verify-" + prober._part_key({"verify": boxes, "per": per, "candidates": [
+                [{"trial": tid, "artifact": prober.artifact(tid)}]]}) if prober.parts_dir is not None else ""
+            kept = prober._reuse(key, timed=False) if key else None
+            if kept:
+                r = kept[0]
+            else:
+                r = prober.verify(tid, shapes)
+                if key and r.get("status") in ("ok", "wrong"):
+                    prober._keep(key, [{k: r.get(k) for k in ("status", "reason")}])
+            if r.get("status") != "ok":
+                why = f"{r.get('status')}: {r.get('reason', '')}"[:600]
+                drop(table, tid, f"verified over its ranges: {why}")
+                dropped.append(tid)
+                if log:
+                    log(f"  #{tid} dropped from the table: {why[:200]}")
+                break
+    out = {"kernels": len(plan), "shapes": total, "per": per, "dropped": dropped}
     table["verified"] = out
     return out
 

@@ -110,12 +110,14 @@ class Prober:
 
     def verify(self, tid: int, shapes: list[dict]) -> dict:
         """The worker's verification of one kernel at these shapes (no timing): the trial's
-        checks (new values in every round, new buffers and the same addresses, two decoys, every
-        element against the reference), on inputs drawn in secret. {"status", "reason"}."""
+        checks in one round a shape (new buffers, two runs with two decoys, every element
+        against the reference; the distributions taken in turn from shape to shape), on inputs
+        drawn in secret; the trial itself had the rounds at the same addresses. {"status",
+        "reason"}."""
         t = self.by_id[tid]
         job = {"seed": secrets.randbits(48), "artifacts": [self.artifact(tid)] * len(shapes),
                "geometry": self.builder.geometry(t.params, shapes), "shapes": shapes, "n_timed": 0,
-               "checks": self.spec.runtime.checks}
+               "checks": 1}
         self.requests += 1
         return self.worker.request(("evaluate", job), self.timeout_s)
 

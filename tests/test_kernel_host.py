@@ -10,6 +10,7 @@ import errno
 import platform
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,8 +198,12 @@ def test_work_resumed_on_the_next_command_is_caught(rig):
     call(0).timed()
 
 
-def _median_timed(call, n=31):
-    return sorted(call.timed() for _ in range(n))[n // 2]
+def _timed(call, n=31) -> tuple[float, float]:
+    """(least, median) of n timed calls. The judge's figure is a median; on a loaded machine an
+    honest call's median is the scheduler's (preempted for milliseconds) and its least the work's,
+    so a cheat's median is held to the honest least."""
+    ts = sorted(call.timed() for _ in range(n))
+    return ts[0], ts[n // 2]
 
 
 @pytest.mark.parametrize("first, plain", [(12, 13), (14, 15)], ids=["main thread", "thread of its own"])
@@ -217,22 +222,86 @@ def test_work_after_a_done_written_first_is_timed(lib, first, plain):
         ctl = arena.base + h.ctl_off
         units = 12_000  # about 50 us of work: less than the gap allowance (60 to 100 us)
         calls = {m: host.HostCall(h, [m, x.data_ptr(), units, ctl, 0]) for m in (first, plain)}
-        honest = _median_timed(calls[plain])
+        # the work's own CPU time, called here in this process (no host, no scheduler's wait)
+        k = ctypes.CDLL(lib).k
+        k.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        buf = (ctypes.c_float * 16)()
+        t0 = time.thread_time()
+        for _ in range(20):
+            k(13, buf, units, None, None)
+        work = (time.thread_time() - t0) / 20
+        honest = min(work, _timed(calls[plain])[0])
         assert honest > 20e-6 and census.take() is None, honest
-        early = _median_timed(calls[first])
+        early = _timed(calls[first])[1]
         if first == 12:
             # without the CPU bound: about 2 us against 50 (a ratio of 0.04)
-            assert early > 0.8 * honest, (early, honest, h.down_allow)
+            assert early > 0.7 * honest, (early, honest, h.down_allow)
             assert census.take() is None
         else:
             # timed in full (the thread's CPU is the process's once it is joined), or, where the
             # judge found the main thread asleep in its join when the call said it was done,
             # caught as such
             why = census.take()
-            assert (why is not None and "asleep inside its call" in why) or (why is None and early > 0.8 * honest), \
+            assert (why is not None and "asleep inside its call" in why) or (why is None and early > 0.7 * honest), \
                 (why, early, honest)
     finally:
         h.close()
+
+
+def test_work_before_go_is_caught_or_charged(tmp_path):
+    """Session 37's second red team: the kernel reaches the host's interpreter (PyRun_SimpleString
+    through dlsym, found from libc's own tables), wraps what the host's loop calls right before
+    `ack`, and does the call's work there, before `go`, sleeping on `go` in short timed waits
+    (redoing it after the judge's refresh). The judge waits for the host to sleep on `go` where
+    its loop does (calibrated): this one sleeps elsewhere, and is caught; and were it to sleep
+    in the same place, the CPU it spent before `go` beyond the host's own path is charged."""
+    import random
+
+    src = Path(__file__).with_name("data") / "host_primed.cpp"
+    so = tmp_path / "primed.so"
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    ref = ctypes.CDLL(str(so)).ref
+    ref.restype, ref.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_int64]
+    steps = 30_000  # about 50 us of work
+
+    def least_and_notes(mode, place_check=True):
+        arena, census = host.Arena(1 << 24), host.HostCensus()
+        h = host.Host(arena, str(so), "k", ["i64", "ptr", "i64", "ptr", "i64"], census, threads=1)
+        census.hosts, census.arena = [h], arena
+        if not place_check:
+            h.go_where = None
+        try:
+            x, y = arena.tensor(torch.rand(16)), arena.tensor(torch.zeros(16))
+            c = host.HostCall(h, [mode, x.data_ptr(), steps, y.data_ptr(), arena.base + h.ctl_off])
+            for _ in range(3):
+                c()
+            rng, times, notes = random.Random(1), [], []
+            for _ in range(21):
+                h.prime(c.words)  # the judge's order: `ack` (and the sleep on `go`), the refresh, the call
+                x.copy_(torch.rand(16, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))))
+                times.append(c.timed())
+                census.check()
+                assert float(y[0]) == ref(x.data_ptr(), steps)  # right on every call: only time tells
+                why = census.take()
+                if why:
+                    notes.append(why)
+            ts = sorted(times)  # (least, median): see _timed
+            return (ts[0] if mode == 0 else ts[len(ts) // 2]), notes
+        finally:
+            h.close()
+
+    honest, notes = least_and_notes(0)
+    assert notes == [] and honest > 20e-6, (honest, notes)
+    xs = (ctypes.c_float * 16)(*[0.5] * 16)
+    t0 = time.thread_time()
+    for _ in range(20):
+        ref(ctypes.addressof(xs), steps)
+    honest = min(honest, (time.thread_time() - t0) / 20)  # the work's own CPU time, here in this process
+    cheat, notes = least_and_notes(1)
+    assert notes and all("slept somewhere other than its loop's wait for `go`" in n for n in notes), notes
+    # the place check off: the CPU spent before `go` is charged (without it: 0.05 to 0.2 of honest)
+    cheat, notes = least_and_notes(1, place_check=False)
+    assert cheat > 0.7 * honest, (cheat, honest, notes)
 
 
 def test_the_kernel_cannot_signal_or_read_the_worker(rig):

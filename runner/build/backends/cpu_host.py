@@ -59,8 +59,10 @@ MAX_HOSTS = 32  # live at once; the oldest goes first
 ACK_TIMEOUT_S = 10.0  # from a post to the host's `ack`: a kernel asleep inside its last call, never back
 SETTLE_S = 1.0  # after `done`, the longest the host may take to be asleep again
 SPIN_S = 50e-6
-CALIBRATION_CALLS = 9
+CALIBRATION_CALLS = 10  # with no library: the least of them is the host's own path
+CALIBRATION_WARM = 3  # calls before them, not counted (9 counted from the first gave 2x outliers)
 ARENA_EVERY = 8  # the arena's checks after one call in this many, at random (HostCensus.check)
+PRIME_SLACK_S = 5e-6  # at least, beyond the least of the host's own path to its sleep on `go`
 CPU_SLACK_S = 2e-6  # the host's own path around a call varies by about this much in CPU time
 GAP_SLACK_S = 50e-6  # the allowance for the gap after `done`: twice the host's own, and this  # the judge's tight spin on `done` before it starts yielding its core
 FALLOC_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
@@ -214,10 +216,14 @@ class Host:
     """One kernel host: a process with one library loaded, and its control block."""
 
     def __init__(self, arena: Arena, artifact: str, entry: str, kinds: list[str], census: "HostCensus",
-                 threads: int | None = None):
+                 threads: int | None = None, between=None):
         """`threads`: the cores the host's calls may run on (runtime.threads: torch's arms get as
         many), kept off the judge's own where the machine has more."""
         self.arena, self.kinds, self.census = arena, list(kinds), census
+        # what the judge does between a call's `ack` and its `go` (its cache flush), done in
+        # calibration too, so that the host's own path is measured as a timed call meets it
+        self._between = between
+        self._at_go, self.primed_cpu, self.go_where = (0.0, 0.0), 0.0, None
         if len(kinds) > kh.MAX_ARGS:
             raise ValueError(f"a kernel takes at most {kh.MAX_ARGS} arguments here")
         self.ctl_off, self._ctl_block = arena.block(kh.CTL_BYTES)
@@ -245,10 +251,19 @@ class Host:
             self._cpus = sorted(os.sched_getaffinity(self.pid))
         except OSError:
             self._cpus = []
-        self._threads = max(1, int(threads or len(self._cpus) or 1))
-        self._off = None  # the core the host is kept off (the judge's, at the last call)
-        # the cores its calls run on: the CPU a call spends, shared over them, is a time it took at least
-        self.cores = max(1, min(self._threads, len(self._cpus) or self._threads))
+        # the cores its calls run on (runtime.threads of them, off the judge's where there are
+        # more; chosen once: a host moved from core to core pays for it in CPU time): the CPU a
+        # call spends, shared over them, is a time it took at least
+        want = max(1, int(threads or len(self._cpus) or 1))
+        if 0 < want < len(self._cpus):
+            here = self._libc.sched_getcpu()
+            use = ([c for c in self._cpus if c != here] or self._cpus)[:want]
+            try:
+                os.sched_setaffinity(self.pid, use)
+                self._cpus = use
+            except OSError:
+                pass
+        self.cores = max(1, min(want, len(self._cpus) or want))
         self.cpu_bound_used = False  # whether the last timed call's figure came from its CPU time
         self._task = f"/proc/{self.pid}/task"
         self.clock = _cpu_clock(self.pid)
@@ -393,18 +408,27 @@ class Host:
 
     def prime(self, words: list[int]) -> None:
         """Wake the host for a call on `words` and wait for its `ack` (it has scrubbed and
-        decoded them, and spins on `go`): the judge refreshes the inputs and flushes the caches
+        decoded them) and its sleep on `go`: the judge refreshes the inputs and flushes the caches
         only after it, so nothing a kernel does before its host acknowledges (woken by the post,
         it could have slept inside its last call: session 31's third red-team pass) can depend
-        on the inputs of the call to come. A call primed on other arguments is called off first."""
+        on the inputs of the call to come, and the host's CPU time is exact there
+        (`primed_cpu`: what it spent since its last command). A call primed on other arguments
+        is called off first."""
         if self.pending is not None:
             if self.pending_words == words:
                 return
             self._abort()
         self.set_args(words)
         self.census.watch()
+        before = self.cpu_after  # exact: the host asleep since its last command (and idle: watch)
         s = self._post(kh.PRIME, watch=False)
         self._wait(s, ACK_TIMEOUT_S, "waking for a call", word=kh.ACK)
+        # asleep on `go` before the judge refreshes and flushes (its CPU time exact then); what
+        # it spent since its last command is its own path's, unless code of the candidate's ran
+        # in it (the interpreter is the candidate's to reach: session 37's second red team
+        # worked a whole call out there, before `go`): the excess is charged to a timed call
+        self._at_go = self._asleep_on_go()
+        self.primed_cpu = self._at_go[0] - before
         self.pending, self.pending_words = s, list(words)
 
     def _abort(self) -> None:
@@ -427,8 +451,7 @@ class Host:
         self.prime(words)
         s, self.pending = self.pending, None
         u32 = self.u32
-        c0, m0 = self._asleep_on_go()
-        self._away_from_judge()
+        c0, m0 = self._at_go  # (anything the host does from here on is the call's CPU time)
         u32[kh.STARTED // 4] = 0
         u32[kh.GO // 4] = s ^ kh.WAKE
         self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
@@ -438,23 +461,6 @@ class Host:
         t_done = self._seen(s, kh.DONE, t_go)
         t_sleep = self._settle()
         return t_go, t_done, t_sleep, self.cpu_after - c0, self._main_cpu() - m0
-
-    def _away_from_judge(self) -> None:
-        """The host's main thread kept off the core the judge runs on, before the judge wakes
-        it: woken from the judge's core, the scheduler tends to put it there, and the judge,
-        spinning on `done`, would see it only once the host is done and asleep again."""
-        if len(self._cpus) < 2:
-            return
-        here = self._libc.sched_getcpu()
-        if here == self._off:
-            return
-        others = [c for c in self._cpus if c != here]
-        use = others[:self._threads] if len(others) >= self._threads else self._cpus[:self._threads]
-        try:
-            os.sched_setaffinity(self.pid, use)
-            self._off, self.cores = here, len(use)
-        except OSError:
-            self._cpus = []  # not allowed here: left where the scheduler puts it
 
     def _seen(self, s: int, word: int, t0: float) -> float:
         """When the judge sees `s` in `word`: a tight spin first, then _wait's."""
@@ -468,13 +474,18 @@ class Host:
 
     def _asleep_on_go(self) -> tuple[float, float]:
         """Once the primed host sleeps on `go` (its CPU time is exact then: a running process's,
-        read from here, lags by up to a scheduler tick): (its CPU time, its main thread's)."""
+        read from here, lags by up to a scheduler tick): (its CPU time, its main thread's). It
+        must sleep where its loop does (the futex on `go`, at the place calibrated before the
+        library loaded), else code of the candidate's sleeps there in its stead."""
         t0 = time.perf_counter()
         prev = None
         while True:
-            if self._state() != b"R":
+            if self._state() != b"R" and self._alone():
                 c = (self._cpu(), self._main_cpu())
                 if c == prev:
+                    if self.go_where is not None and self._where() != self.go_where and self.proc.poll() is None:
+                        self.census.note("the kernel's process slept somewhere other than its loop's wait for "
+                                         "`go`: code of the candidate's ran outside its call")
                     return c
                 prev = c
             else:
@@ -513,13 +524,30 @@ class Host:
         one program counter), with nothing of a candidate's in it. A timed call whose own gap after
         `done` is longer is charged the excess, and after every command the host must be asleep
         exactly there (`_settle`)."""
-        downs, wheres, cpus, mains = [], set(), [], []
-        for _ in range(CALIBRATION_CALLS):
+        downs, wheres, cpus, mains, primes, gos = [], set(), [], [], [], set()
+        self.go_where = None
+        for i in range(CALIBRATION_WARM + CALIBRATION_CALLS):
+            self.prime([])
+            if i < CALIBRATION_WARM:  # a fresh interpreter's first calls (its caches cold): not its own path's
+                self._primed([])
+                continue
+            gos.add(self._where())
+            primes.append(self.primed_cpu)
+            if self._between is not None:  # what the judge does there for a timed call (a cache flush)
+                self._between()
             _, t_done, t_sleep, cpu, main = self._primed([])
             downs.append(t_sleep - t_done)
             cpus.append(cpu)
             mains.append(main)
             wheres.add(self._where())
+        go = gos.pop() if len(gos) == 1 else None
+        self.go_where = go if go is not None and go[:2] == (kh.SYS_FUTEX, self.host_base + self.ctl_off + kh.GO) \
+            else None
+        # the host's own path from one command's end to its sleep on `go` (woken, the stack
+        # scrubbed, the arguments decoded, `ack`): its least, and room for its spread
+        primes.sort()
+        self.prime_own = primes[0]
+        self.prime_slack = max(PRIME_SLACK_S, primes[len(primes) // 2] - primes[0])
         # the fastest (a busy machine's preemptions inflate the rest, and with them what a kernel
         # could hide); an honest call preempted in the gap is charged, and the median of the
         # timed calls leaves it out
@@ -539,12 +567,14 @@ class Host:
         somewhere other than the host's loop (`_settle`). The gap from the post to `ack` is not
         charged: it is mostly the host's wake-up (3 to 4 ms after 20 ms idle on a 2-core VM)."""
         t_go, t_done, t_sleep, cpu, main = self._primed(words)
-        wall = (t_done - t_go) + max(0.0, (t_sleep - t_done) - self.down_allow)
+        # CPU the host spent before `go` beyond its own path's (code of the candidate's ran there)
+        early = max(0.0, self.primed_cpu - self.prime_own - self.prime_slack)
+        wall = (t_done - t_go) + max(0.0, (t_sleep - t_done) - self.down_allow) + early
         # `done` is in the host's memory: a kernel that writes it first and works on stops the
         # judge's clock early, by up to the allowance above (tens of us, a whole small kernel:
         # session 37's red team). The CPU it spends cannot be hidden: the main thread's beyond the
         # host's own path, and the whole process's shared over the cores it may run on
-        used = max(main - self.main_own, (cpu - self.cpu_own) / self.cores) - CPU_SLACK_S
+        used = max(main - self.main_own, (cpu - self.cpu_own) / self.cores) - CPU_SLACK_S + early
         self.cpu_bound_used = used > wall
         return max(wall, used)
 

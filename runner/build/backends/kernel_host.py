@@ -16,8 +16,9 @@ nothing else, sleeping on a futex between commands:
   `go` (the judge reads this process's CPU time then, exact while it sleeps) until `go` says
   WAKE, `started`, a spin on `go` (the judge starts its clock as it writes it), the entry,
   `done`; `go` with ABORT calls it off. The
-  judge waits for `ack` before it refreshes the inputs and flushes, so the host's wake-up is
-  never timed. `done` is the kernel's to write too (it is in this process's memory): the judge
+  judge waits for `ack`, and for this process asleep on `go` where this loop sleeps, before it
+  refreshes the inputs and flushes, so the host's wake-up is never timed; the CPU this process
+  spent from its last command to that sleep, beyond its own path's, is charged to the call. `done` is the kernel's to write too (it is in this process's memory): the judge
   takes the call's time as at least the CPU this process spent from its sleep on `go` to its
   sleep on the next command, beyond the host's own (cpu_host.Host.timed).
 

@@ -96,9 +96,13 @@ def test_the_sweep_stays_in_the_range_where_the_kernel_serves_and_covers_every_r
     # few rows, but for LARGE shapes at the tuning point's rows (1 MiB of x)
     assert sum(s["M"] > 64 for s in shapes) == domain.LARGE
     assert all(s["M"] == max(1, 2 ** 18 // s["N"]) for s in shapes if s["M"] > 64)
-    # a short range: every size of it
+    # a short range: every size of it, and two at the tuning point's rows
     short = domain.sweep(op, lambda sh: True, {"N": (100, 130)}, seed=5, n=48)
-    assert sorted(s["N"] for s in short) == list(range(100, 131))
+    assert sorted({s["N"] for s in short}) == list(range(100, 131))
+    assert sum(s["M"] > 64 for s in short) == domain.LARGE
+    # a kernel that serves many rows only: its range's sizes at the tuning point's rows
+    many = domain.sweep(op, lambda sh: sh["M"] >= 65, {"N": (1000, 2000)}, seed=5, n=48)
+    assert many and all(s["M"] >= 65 and 1000 <= s["N"] <= 2000 for s in many)
     # the seed decides it: another seed, other random sizes
     assert domain.sweep(op, serves, {"N": (3000, 9000)}, seed=6, n=48) != shapes
 
@@ -108,11 +112,41 @@ def test_a_kernel_the_curve_found_wrong_leaves_the_table_and_the_curve_says_so()
     rows = [{"shape": {"M": 3, "N": 1207}, "use": "#1", "table_s": None, "table_error": "wrong: out[2, 1206]",
              "arms": {}, "best_arm": None},
             {"shape": {"M": 3, "N": 3000}, "use": "#2", "table_s": 1e-5, "arms": {}, "best_arm": None}]
+    rows.append({"shape": {"M": 3, "N": 1500}, "use": "#1", "table_s": 1e-5, "regret": -0.5, "arms": {},
+                 "best_arm": None})
     assert ranges.drop_wrong_at_curve(t, rows) == [1]
     assert t["ranges"][0]["use"] == [2] and "secret point 3x1207" in t["dropped"]["1"]
     assert ranges.drop_wrong_at_curve(t, rows) == []  # once
+    # its other point no longer describes the shipped table: marked, and counted in no regret
+    assert rows[2]["dropped"] and "regret" not in rows[2] and "dropped" not in rows[1]
     text = ranges.format_curve(rows, ["N"])
     assert "the table's #1 at 3x1207 (dropped from the table since): wrong: out[2, 1206]" in text
+    assert "[#1 dropped]" in text and "worst regret 0.0%" in text
+
+
+def test_a_kernel_that_serves_no_size_the_sweep_can_draw_is_dropped_and_a_worker_failure_raises(bench):
+    from runner.ship.compare import CompareError
+
+    spec, _ = bench
+
+    class Stand:
+        parts_dir = None
+
+        def __init__(self, answer):
+            self.answer, self.asked = answer, []
+
+        def serves(self, tid, shape):
+            return tid == 2
+
+        def verify(self, tid, shapes):
+            self.asked.append(tid)
+            return self.answer
+
+    t = table()
+    got = ranges.verify_table(spec, t, Stand({"status": "ok"}), seed=1)
+    assert got["dropped"] == [1] and "unverified" in t["dropped"]["1"] and t["ranges"][0]["use"] == [2]
+    with pytest.raises(CompareError, match="verifying #2 over its ranges failed: the worker did not start"):
+        ranges.verify_table(spec, table(), Stand({"status": "error", "reason": "the worker did not start"}), seed=1)
 
 
 def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, tmp_path):

@@ -139,6 +139,7 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
     rng = random.Random(seed)
     axes = [a for a in op.axes if a in box]
     out: list[dict] = []
+    missed: list[dict] = []  # axis values whose few-rows shape it does not serve
 
     def add(env: dict, large: bool = False) -> None:
         shape = op.point(env) if large else {}
@@ -149,8 +150,12 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
                 d = op.domain[s]
                 hi = d.min + 63 if d.max is None else min(d.max, d.min + 63)
                 shape[s] = rng.choice([d.min, rng.randint(d.min, hi)])
-        if (len(out) < n or large) and shape not in out and op.where_holds(shape) and serves(shape):
+        if shape in out or not (len(out) < n or large):
+            return
+        if op.where_holds(shape) and serves(shape):
             out.append(shape)
+        elif not large:
+            missed.append(env)
 
     sizes = math.prod(box[a][1] - box[a][0] + 1 for a in axes)
     if sizes <= n:  # the whole box
@@ -159,7 +164,50 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
             envs = [{**e, a: v} for e in envs for v in range(box[a][0], box[a][1] + 1)]
         for e in envs:
             add(e)
-        return out
+    else:
+        def at_random(a: str) -> dict:
+            env = {}
+            for x in axes:
+                if x != a:
+                    lo, hi = box[x]
+                    env[x] = min(hi, max(lo, int(round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi)))))))
+            return env
+
+        per = max(1, (n - LARGE) // len(axes))
+        for a in axes:
+            lo, hi = box[a]
+            fixed = at_random(a)
+
+            def ok(v: int, fixed=fixed, a=a) -> bool:
+                sh = {**fixed, a: v}
+                for s in op.symbols:
+                    sh.setdefault(s, op.domain[s].min)
+                return op.where_holds(sh) and bool(serves(sh))
+
+            good = [v for v in (lo, (lo + hi) // 2, hi) if ok(v)]
+            slo, shi = lo, hi  # the ends of what is served in the box, by bisection
+            if good and not ok(lo):
+                slo = _edge(ok, good[0], lo)
+            if good and not ok(hi):
+                shi = _edge(ok, good[-1], hi)
+            # the ends and the sizes next to them at the other axes' values the ends were found
+            # at (where one axis's served edge moves with another's: B * L <= C); the rest anywhere
+            edges = [slo, shi] + [v for k in range(1, RUN) for v in (shi - k, slo + k)] + [lo, hi]
+            more = [v for v in axis_candidates(max(slo, 1), shi, rng, k=4 * per) if v not in edges]
+            rng.shuffle(more)  # those the quota leaves room for, from all over the served part
+            start = len(out)
+            for i, v in enumerate(edges + more):
+                if len(out) - start >= per:
+                    break
+                if lo <= v <= hi:
+                    add({**(fixed if i < len(edges) else at_random(a)), a: v})
+    # the rows at their tuning value (a grid of many blocks), at axis values found served above,
+    # else where few rows were not served (a kernel that serves many rows only)
+    envs = list({tuple((a, sh[a]) for a in axes): None for sh in out}) or \
+        list({tuple((a, e[a]) for a in axes): None for e in missed})
+    for env in rng.sample(envs, min(LARGE, len(envs))):
+        add(dict(env), large=True)
+    return out
 
     def at_random(a: str) -> dict:
         env = {}

@@ -552,6 +552,11 @@ def verify_table(spec, table: dict, prober: Prober, seed: int, per: int | None =
         log(f"verifying the table's {len(plan)} kernels at {total} sizes of their ranges (up to {per} a range)")
     dropped = []
     for tid, chunks in plan.items():
+        if not any(shapes for _, shapes in chunks):  # never shipped unverified
+            drop(table, tid, "verified over its ranges: unverified, no size of its ranges that it serves could be "
+                             "drawn (judge/domain.sweep)")
+            dropped.append(tid)
+            continue
         for boxes, shapes in chunks:
             if not shapes:
                 continue
@@ -564,6 +569,10 @@ def verify_table(spec, table: dict, prober: Prober, seed: int, per: int | None =
                 r = kept[0]
             else:
                 r = prober.verify(tid, shapes)
+                if r.get("status") == "error":  # the worker's failure, not the kernel's: no verdict
+                    from .compare import CompareError
+
+                    raise CompareError(f"verifying #{tid} over its ranges failed: {r.get('reason', '')}"[:600])
                 if key and r.get("status") in ("ok", "wrong"):
                     prober._keep(key, [{k: r.get(k) for k in ("status", "reason")}])
             if r.get("status") != "ok":
@@ -589,6 +598,11 @@ def drop_wrong_at_curve(table: dict, rows: list[dict]) -> list[int]:
                 at = "x".join(str(v) for v in row["shape"].values())
                 drop(table, tid, f"wrong at the curve's secret point {at}: {row['table_error']}"[:600])
                 out.append(tid)
+    for row in rows:  # its other points no longer describe the table that ships: marked, not counted
+        if row["use"].startswith("#") and int(row["use"][1:]) in out:
+            row["dropped"] = True
+            row.pop("regret", None)
+            row.pop("regret_range", None)
     return out
 
 
@@ -1252,7 +1266,8 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                      f"{arm_us(a, 'triton')}  "
                      + "".join(f"{arm_us(a, n)}  " for n in named) +
                      f"{(r.get('regret') or 0) * 100:6.1f}% {_spread_text(r):>15}  {r['best_arm'] or '-'}"
-                     + f"  [{r['use']}]" + (" graph" if r.get("mode") == "graph" else ""))
+                     + f"  [{r['use']}{' dropped' if r.get('dropped') else ''}]"
+                     + (" graph" if r.get("mode") == "graph" else ""))
     worst = max((r.get("regret") or 0 for r in rows), default=0)
     lost = [r for r in rows if beyond_noise(r)]
     worst_lost = max((r["regret"] for r in lost), default=0)
@@ -1264,6 +1279,9 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                  + ("; read%: the table's time against the op's bytes at the profile's read-only bandwidth)"
                     if ceiling == "read" else ")"))
     lines += clock_notes(rows)
+    if any(r.get("dropped") and not r.get("table_error") for r in rows):
+        lines.append("[#N dropped]: a kernel dropped since (wrong at another point): its time there, not the "
+                     "shipped table's, counted in no regret")
     for r in rows:  # the table's own choice wrong at a point: it was dropped from the table (drop_wrong_at_curve)
         if r.get("table_error"):
             lines.append(f"the table's {r['use']} at {'x'.join(str(v) for v in r['shape'].values())} (dropped from the "

@@ -16,8 +16,12 @@ them from memory (audit gap 13; the red team got a do-nothing kernel recorded at
   the seccomp filter (judge/sandbox.py) on before the library loads, with the calls that name
   a process allowed only on itself; it dies with the worker. The worker is not dumpable, so no
   host can read it through /proc.
-- **The timing.** The judge's clock in the worker: PRIME has the host decode its arguments and
-  spin on `go`; the judge starts its clock, writes `go`, and stops it when `done` comes back.
+- **The timing.** The judge's clock in the worker: PRIME has the host decode its arguments,
+  `ack` and sleep on `go` (where its loop sleeps, calibrated); the judge reads the host's CPU
+  time there, refreshes and flushes, wakes it to spin on `go`, starts its clock, writes `go`,
+  and stops it when `done` comes back. `done` is the candidate's to write too: the call is
+  charged at least the CPU the host spent from that sleep to its sleep after the call, beyond
+  its own path's (Host.timed), and the CPU it spent before the sleep beyond its own path's.
 - **What a host does between commands: nothing.** The host's CPU time (its process clock, which
   counts threads that have exited too) is read as each command ends and before the next is
   posted; more than IDLE_CPU_S between them is work outside the timed call, and the verdict is
@@ -63,10 +67,15 @@ CALIBRATION_CALLS = 10  # with no library: the least of them is the host's own p
 CALIBRATION_WARM = 3  # calls before them, not counted (9 counted from the first gave 2x outliers)
 ARENA_EVERY = 8  # the arena's checks after one call in this many, at random (HostCensus.check)
 # the least own-path CPU times calibrated in this process, by whether a flush ran between `ack`
-# and `go` (Host.calibrate): {"prime", "cpu", "main"}
-_OWN: dict[bool, dict[str, float]] = {}
+# and `go` and by the entry's argument kinds (Host.calibrate): {"prime", "cpu", "main"}
+_OWN: dict[tuple, dict[str, float]] = {}
 PRIME_SLACK_S = 5e-6  # at least, beyond the least of the host's own path to its sleep on `go`
-CPU_SLACK_S = 2e-6  # the host's own path around a call varies by about this much in CPU time
+# beyond the calibrated spread: what a kernel that streams through memory costs the next call's
+# stack scrub (its lines evicted; a calibrating call evicts nothing): up to about 37 us measured
+# for a 32 MiB kernel, so work hidden before `go` by code that sleeps where the loop sleeps is
+# charged beyond this much
+EARLY_ALLOW_S = 40e-6
+CPU_SLACK_S = 4e-6  # the host's own path around a call varies by about this much in CPU time (more after a kernel that evicts its lines)
 GAP_SLACK_S = 50e-6  # the allowance for the gap after `done`: twice the host's own, and this  # the judge's tight spin on `done` before it starts yielding its core
 FALLOC_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 PR_SET_DUMPABLE = 4
@@ -276,11 +285,16 @@ class Host:
         self._settle()
         self.confined = self.u32[kh.STATUS // 4] == 1
         self.host_base = int(self.u64[kh.ARGS_AT // 8])
-        self.nargs, self.scrub_bytes = 0, SCRUB_BYTES
+        self.scrub_bytes = SCRUB_BYTES
+        self.nargs = len(kinds)
+        for i, k in enumerate(kinds):
+            self.kind_bytes[i] = kh.KIND_CODES[k]
+        # calibrated calls decode, convert and pass the entry's arguments (to a stand-in that
+        # ignores them): the host's own path as a call of this entry takes it
+        self.command(kh.STAND_IN)
         self.calibrate()
         text = artifact.encode() + b"\0" + entry.encode() + b"\0"
         ctypes.memmove(addr + kh.TEXT_AT, text, len(text))
-        self.nargs = len(kinds)
         for i, k in enumerate(kinds):
             self.kind_bytes[i] = kh.KIND_CODES[k]
         self.command(kh.LOAD)
@@ -530,15 +544,17 @@ class Host:
         downs, wheres, cpus, mains, primes, gos = [], set(), [], [], [], set()
         self.go_where = None
         for i in range(CALIBRATION_WARM + CALIBRATION_CALLS):
-            self.prime([])
+            self.prime([0] * self.nargs)
             if i < CALIBRATION_WARM:  # a fresh interpreter's first calls (its caches cold): not its own path's
-                self._primed([])
+                if self._between is not None:
+                    self._between()
+                self._primed([0] * self.nargs)
                 continue
             gos.add(self._where())
             primes.append(self.primed_cpu)
             if self._between is not None:  # what the judge does there for a timed call (a cache flush)
                 self._between()
-            _, t_done, t_sleep, cpu, main = self._primed([])
+            _, t_done, t_sleep, cpu, main = self._primed([0] * self.nargs)
             downs.append(t_sleep - t_done)
             cpus.append(cpu)
             mains.append(main)
@@ -552,7 +568,7 @@ class Host:
         self.prime_slack = max(PRIME_SLACK_S, primes[len(primes) // 2] - primes[0])
         # the least over every host this process calibrated the same way: a host started while
         # the machine was busy reads its own path high, and a kernel could hide the difference
-        least = _OWN.setdefault(self._between is None, {})
+        least = _OWN.setdefault((self._between is None, tuple(self.kinds)), {})
         least["prime"] = self.prime_own = min(least.get("prime", primes[0]), primes[0])
         # the fastest (a busy machine's preemptions inflate the rest, and with them what a kernel
         # could hide); an honest call preempted in the gap is charged, and the median of the
@@ -575,7 +591,7 @@ class Host:
         charged: it is mostly the host's wake-up (3 to 4 ms after 20 ms idle on a 2-core VM)."""
         t_go, t_done, t_sleep, cpu, main = self._primed(words)
         # CPU the host spent before `go` beyond its own path's (code of the candidate's ran there)
-        early = max(0.0, self.primed_cpu - self.prime_own - self.prime_slack)
+        early = max(0.0, self.primed_cpu - self.prime_own - self.prime_slack - EARLY_ALLOW_S)
         wall = (t_done - t_go) + max(0.0, (t_sleep - t_done) - self.down_allow) + early
         # `done` is in the host's memory: a kernel that writes it first and works on stops the
         # judge's clock early, by up to the allowance above (tens of us, a whole small kernel:

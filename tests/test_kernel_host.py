@@ -257,7 +257,7 @@ def test_work_before_go_is_caught_or_charged(tmp_path):
     in the same place, the CPU it spent before `go` beyond the host's own path is charged."""
     import random
 
-    src = Path(__file__).with_name("data") / "host_primed.cpp"
+    src = Path(__file__).resolve().parents[1] / "datasets" / "judge-redteam" / "s37b" / "primed.cpp"
     so = tmp_path / "primed.so"
     subprocess.run(["g++", "-O2", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
     ref = ctypes.CDLL(str(so)).ref

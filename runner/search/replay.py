@@ -266,7 +266,7 @@ def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] | Non
             if a not in replayable():
                 continue
             r = replay(ds, a, seeds, (options or {}).get(a), thresholds=thresholds)
-            row = {"dataset": r["dataset"], "agent": a, "size": r["size"], "recorded": r.get("recorded", r["size"]),
+            row = {"dataset": r["dataset"], "agent": a, "size": r["size"], "recorded": r["recorded"],
                    "seeds": r["seeds"]}
             for x, f in r["thresholds"].items():
                 p = f"{round(x * 100)}%"
@@ -320,7 +320,7 @@ def format_table(rows: Sequence[dict], thresholds: Sequence[float] = THRESHOLDS)
                                 f"{_num(r[f'table_p75@{p}'])}]" if f"table@{p}" in r else "-")
                 body.append(line)
         seeds = sorted({r["seeds"] for r in rs})
-        part = rs[0].get("recorded", rs[0]["size"])
+        part = rs[0]["recorded"]
         partial = (f" (a partial dataset, {part} of them recorded: the rest count as failed evaluations, "
                    "and the best is the best recorded)") if part < rs[0]["size"] else ""
         bodies.append((f"{name}: {rs[0]['size']} valid configurations{partial}, "

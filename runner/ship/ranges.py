@@ -494,14 +494,6 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
                         for t in history if any(str(t.id) in map(str, u) for u in lists)}}
 
 
-def listed(table: dict) -> list[int]:
-    """Every kernel the table's lists name (its ranges', their level rows' and its exact shapes'),
-    in order of first mention."""
-    lists = [r["use"] for r in table["ranges"]] + [w["use"] for r in table["ranges"] for w in r.get("rows", ())] \
-        + [e["use"] for e in table["exact"]]
-    return list(dict.fromkeys(int(t) for u in lists for t in u))
-
-
 def drop(table: dict, tid: int, why: str) -> None:
     """Take a kernel out of every list of the table, for a reason the table keeps (`dropped`): a
     shape it would have taken goes to the next kernel of its list that serves it, or to the

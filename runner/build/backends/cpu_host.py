@@ -472,22 +472,12 @@ class Host:
         u32[kh.STARTED // 4] = 0
         u32[kh.GO // 4] = s ^ kh.WAKE
         self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
-        self._seen(s, kh.STARTED, time.perf_counter())
+        self._wait(s, word=kh.STARTED)
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
-        t_done = self._seen(s, kh.DONE, t_go)
+        t_done = self._wait(s)
         t_sleep = self._settle()
         return t_go, t_done, t_sleep, self.cpu_after - c0, self._main_cpu() - m0
-
-    def _seen(self, s: int, word: int, t0: float) -> float:
-        """When the judge sees `s` in `word`: a tight spin first, then _wait's."""
-        u32, i = self.u32, word // 4
-        while u32[i] != s:
-            if time.perf_counter() - t0 > SPIN_S:
-                self._wait(s, word=word)
-                break
-            os.sched_yield()  # a core shared with the host (a busy machine) goes to the host
-        return time.perf_counter()
 
     def _asleep_on_go(self) -> tuple[float, float]:
         """Once the primed host sleeps on `go` (its CPU time is exact then: a running process's,
@@ -542,7 +532,6 @@ class Host:
         `done` is longer is charged the excess, and after every command the host must be asleep
         exactly there (`_settle`)."""
         downs, wheres, cpus, mains, primes, gos = [], set(), [], [], [], set()
-        self.go_where = None
         for i in range(CALIBRATION_WARM + CALIBRATION_CALLS):
             self.prime([0] * self.nargs)
             if i < CALIBRATION_WARM:  # a fresh interpreter's first calls (its caches cold): not its own path's

@@ -303,7 +303,7 @@ class Session:
                 break
         times = [s["median"] for s in r["shapes"]]
         self.ledger.set_meta("baseline", json.dumps({"mode": spec.baseline, "times": times, "shapes": r["shapes"],
-                                                     "timings": tries}))
+                                                     "timings": tries, **({"heap": r["heap"]} if r.get("heap") else {})}))
         self.log.info("baseline.done", mode=spec.baseline, times_us=[round(t * 1e6, 3) for t in times])
         return times
 

@@ -63,6 +63,7 @@ class Judge:
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
         # (in a kernel host's process where the runtime has one: build/backends/cpu_host.py)
         self.census = None
+        self.heap: str | None = None  # the worker's allocator setting (`steady_heap`), CPU backend
         self._cpu = _cpu_model() if spec.kernel.backend == "cpu" else None  # read before any sandbox
         if spec.kernel.backend == "cpu":
             from .threads import Census
@@ -776,7 +777,7 @@ class Judge:
             run = self.rt.prepare_torch(lambda: fn(**inputs, **self.scalars), self._mode(shape))
             times = self._bench(run)
             out.append(stats(times).as_dict())
-        return {"status": "ok", "shapes": out}
+        return {"status": "ok", "shapes": out, **({"heap": self.heap} if self.heap else {})}
 
     def _rotation(self, shape: dict, tag: tuple):
         """Two value sets for one shape's inputs, `answers` (which works out their references
@@ -1583,6 +1584,31 @@ def _die_with_parent() -> None:
         pass
 
 
+# glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def steady_heap() -> str:
+    """CPU backend: keep the worker's heap from going back to the kernel, so that a torch arm's
+    outputs, allocated afresh on every call, land in pages already mapped. glibc's defaults
+    return freed memory past a threshold that moves as the process runs (`M_TRIM_THRESHOLD`,
+    and large blocks are mapped and unmapped one by one), so the same torch eager call paid
+    from 0 to 6000 page faults a call depending on the worker's start: rmsnorm-cpu's baseline
+    read 1.2 ms in one worker and 9 ms in the next, and every trial's speedup with it. With
+    every block from the heap and no trimming, a torch arm runs as it does under the caching
+    allocators (jemalloc, tcmalloc) that PyTorch recommends for CPU serving: its steady state,
+    the strongest baseline. Candidates write into the judge's buffers and are not touched.
+    Returns what was set, for the baseline's record."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        ok = libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(2 ** 31 - 1)) == 1
+    except (OSError, AttributeError) as e:  # not glibc
+        return f"allocator defaults ({type(e).__name__})"
+    return "steady (glibc: no trim, no mmap)" if ok else "allocator defaults (mallopt refused)"
+
+
 def _stray_threads(judge, result: dict) -> dict:
     """After a request (CPU backend): a thread of a kernel still alive, seen by a call's census or
     only now, makes an `ok` verdict `wrong`, and the reply fatal: the runner restarts the worker,
@@ -1672,7 +1698,9 @@ def worker_main(conn, spec, log_path: str) -> None:
         return
     log = CappedLog(log_path)  # stdout and stderr, kernels' printf included, go through a capped pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when we stop
+    heap = None
     if spec.kernel.backend == "cpu":
+        heap = steady_heap()  # before torch allocates: the torch arms' outputs reuse mapped pages
         # Inductor compiles in this process, not in a pool of subprocesses that the CPU
         # sandbox would stop (and that leave semaphores behind at exit)
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -1681,6 +1709,7 @@ def worker_main(conn, spec, log_path: str) -> None:
     except Exception as e:
         _send(conn, {"status": "error", "reason": f"worker setup failed: {type(e).__name__}: {e}"})
         return
+    judge.heap = heap
     _send(conn, {"status": "ready", "pid": os.getpid()})
     sandboxed = False
     # PIPE_WORKER_PROFILE=FILE: the requests' cProfile, dumped to FILE every 10 requests

@@ -58,3 +58,34 @@ def test_filter_program_is_well_formed(own_pid):
         if code in (sandbox.JEQ_K, sandbox.JSET_K, sandbox.JGE_K):
             assert i + 1 + max(jt, jf) < len(prog), f"row {i} jumps past the end"
     assert prog[-1] == (sandbox.RET_K, 0, 0, sandbox.RET_ALLOW)
+
+
+WHICH_PROBE = textwrap.dedent("""
+    import ctypes, os
+    from runner.judge import sandbox
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    print("installed", sandbox.install(own_pid=os.getpid()))
+    def call(nr, *a):
+        rc = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(v) for v in a])
+        return 0 if rc != -1 else ctypes.get_errno()
+    # setpriority(which, who = 0, nice 1): the caller alone, its process group, its user
+    print("prio", [call(141, which, 0, 1) for which in (0, 1, 2)])
+    # ioprio_set(which, who = 0, best effort level 7): the caller, its group, its user
+    print("ioprio", [call(251, which, 0, (2 << 13) | 7) for which in (1, 2, 3)])
+""")
+
+
+def test_a_host_renices_only_itself_never_its_group_or_user():
+    """`who` = 0 names the caller's process group under PRIO_PGRP (every kernel host of a
+    re-timing or a comparison shares it) and its user under PRIO_USER: the filter allows only
+    PRIO_PROCESS (and IOPRIO_WHO_PROCESS)."""
+    import ast
+    import errno
+
+    r = subprocess.run([sys.executable, "-c", WHICH_PROBE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert lines["installed"] == "True"
+    assert ast.literal_eval(lines["prio"]) == [0, errno.EPERM, errno.EPERM], r.stdout
+    assert ast.literal_eval(lines["ioprio"]) == [0, errno.EPERM, errno.EPERM], r.stdout

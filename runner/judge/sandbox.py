@@ -86,6 +86,11 @@ class _Prog(ctypes.Structure):
 # known (`install(own_pid)`), allowed only for 0 (the caller) or that pid, so no call reaches the
 # worker or another process: a signal (tgkill), a priority, an affinity, a scheduling class, limits
 PID_ARGS = {234: 0, 141: 1, 203: 0, 144: 0, 142: 0, 314: 0, 251: 1, 302: 0}
+# of those, the calls whose `who` is read by another argument, `which` (argument, the one value
+# allowed): setpriority(PRIO_PROCESS, ...) and ioprio_set(IOPRIO_WHO_PROCESS, ...) only, since
+# `who` = 0 with PRIO_PGRP or PRIO_USER names the caller's whole process group or user, every
+# kernel host of a re-timing or a comparison with it (session 38's red team reniced a rival so)
+WHICH_ARGS = {141: (0, 0), 251: (0, 1)}
 # refused in a kernel host only: signal handlers and timers that would run a kernel's code while
 # its host is not in a call (a CPU-time timer fires while the host spins on `go`: session 31's
 # third red-team pass precomputed the call's answer there)
@@ -110,9 +115,14 @@ def _program(own_pid: int | None = None) -> list[tuple[int, int, int, int]]:
         p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
     if own_pid is not None:
         for nr, arg in sorted(PID_ARGS.items()):
-            # nr? load the argument's low word: 0 or own pid -> reload the number and go on;
-            # anything else -> EPERM
-            p.append((JEQ_K, 0, 5, nr))
+            # nr? (with a `which`: load it, anything but the one allowed -> EPERM) load the
+            # argument's low word: 0 or own pid -> reload the number and go on; anything else -> EPERM
+            which = WHICH_ARGS.get(nr)
+            p.append((JEQ_K, 0, 5 + (3 if which else 0), nr))
+            if which:
+                p.append((LD_W_ABS, 0, 0, 16 + 8 * which[0]))
+                p.append((JEQ_K, 1, 0, which[1]))
+                p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
             p.append((LD_W_ABS, 0, 0, 16 + 8 * arg))
             p.append((JEQ_K, 2, 0, 0))
             p.append((JEQ_K, 1, 0, own_pid & 0xFFFFFFFF))

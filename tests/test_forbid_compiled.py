@@ -505,3 +505,71 @@ def test_a_global_declaration_is_found_however_it_is_spelled(decl):
     a = ptx.analyze(text)
     assert a["data"] == {"pipe_st": 1}, a["data"]
     assert ptx.compare(a, {"data": {}}, [])[0] == "device_state"
+
+
+# ---------------------------------------------------------------- PTX read as ptxas reads it
+# (session 38's red team: whitespace, a newline between an opcode and its modifiers, a space in a
+# guard, a declaration split over lines; each assembled to the same cubin as the plain spelling)
+
+@pytest.mark.parametrize("spelled, op", [
+    ("ex2 .approx.ftz.f32 %f1, %f2;", "ex2.approx.ftz.f32"),
+    ("ex2\n\t.approx\n\t.ftz.f32 %f1, %f2;", "ex2.approx.ftz.f32"),
+    ("@ p ex2.approx.ftz.f32 %f1, %f2;", "ex2.approx.ftz.f32"),
+    ("@ ! %p1 rcp .approx.ftz.f32 %f1, %f2;", "rcp.approx.ftz.f32"),
+    ("mul .rn.bf16x2 %r1, %r2, %r3;", "mul.rn.bf16x2"),
+    ("mma .sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%f1,%f2,%f3,%f4}, {%r1,%r2,%r3,%r4}, {%r5,%r6}, "
+     "{%f5,%f6,%f7,%f8};", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("dp4a.s32.s32 %r1, %r2, %r3, %r4;", "dp4a.s32.s32"),
+    ("$L1: ex2 . approx.f32 %f1, %f2;", "ex2.approx.f32"),
+])
+def test_an_instruction_is_read_however_ptxas_lets_it_be_spaced(spelled, op):
+    a = ptx.analyze("// begin inline asm\n" + spelled + "\n// end inline asm\n")
+    assert a["asm"] == {op: 1}, a
+    assert ptx.compare(a, None, ["fast_math", "lower_precision"]) is not None
+
+
+def test_a_comment_inside_a_line_comment_hides_no_instruction():
+    # ptxas reads `// /*` as a line comment: the instruction on the next line is assembled
+    a = ptx.analyze("mov.f32 %f1, %f2; // /*\nex2.approx.ftz.f32 %f1, %f1;\n// */\n")
+    assert a["code"] == {"ex2.approx.ftz.f32": 1}, a
+
+
+def test_constant_memory_written_through_a_spaced_cvta_is_device_state():
+    a = ptx.analyze("// begin inline asm\ncvta .const.u64 %rd1, c;\n// end inline asm\n")
+    assert ptx.compare(a, {"code": {}, "asm": {}, "extern": {}, "data": {}}, [])[0] == "device_state"
+
+
+def test_a_function_declared_over_lines_or_only_called_is_external():
+    a = ptx.analyze("{\n.extern\n.func (.param .b64 r)\nmalloc\n(\n.param .b64 p\n)\n;\n"
+                    "call.uni (r), malloc, (p);\ncall.uni (r), mystery, (p);\n}\n"
+                    ".visible .func (.param .b32 r) mine(.param .b32 a)\n{\nret;\n}\ncall.uni (r), mine, (a);\n")
+    assert a["extern"] == {"malloc": 1, "mystery": 1}, a
+    assert ptx.compare(a, None, ["library_calls"])[0] == "library_calls"
+
+
+SPACED_EX2 = APPROVED.replace(
+    EX_LINE, '  float r; asm("ex2 ." "approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((v - m) * L2E)); return r;')
+NEWLINE_RCP = APPROVED.replace(
+    "  const float inv = 1.f / s;", '  float inv; asm("rcp\\n\\t.approx.ftz.f32 %0, %1;" : "=f"(inv) : "f"(s));')
+DP4A_SUM = APPROVED.replace(
+    "  s = block_sum(s);", "  s = block_sum((float)__dp4a((int)(s * 127.f), 0x01010101, 0) / 127.f);")
+
+
+@pytest.mark.parametrize("text, action, needle", [
+    (SPACED_EX2, "fast_math", "ex2 .approx.ftz.f32"), (NEWLINE_RCP, "fast_math", "rcp"),
+    (DP4A_SUM, "lower_precision", "dp4a"),
+])
+def test_spacing_and_int8_dot_products_are_refused_through_the_compiler(small, text, action, needle):
+    forbidden_as(build(small, text), action, needle)
+
+
+def test_a_cached_build_is_judged_again_by_the_rules_in_force(small, monkeypatch):
+    """The cache keeps the PTX, not an older reader's counts: a fixed rule reaches a build made
+    before the fix (session 38: three red-team variants passed on counts cached before)."""
+    src = small.render_all({"UNROLL": 2})[0]
+    first = small.backend.compile(src, "soft", (), small.spec.hw)
+    assert first.ok
+    marker = {"code": {"ex2.approx.ftz.f32": 99}, "asm": {}, "extern": {}, "data": {}}
+    monkeypatch.setattr(ptx, "analyze", lambda text: marker if "soft" in text else {})
+    again = small.backend.compile(src, "soft", (), small.spec.hw)
+    assert again.cached and again.ptx == marker

@@ -48,6 +48,7 @@ called `exp2f`); in inline asm nothing is waived.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import Counter
 
 _HALF = {"f16", "bf16", "f16x2", "bf16x2"}
@@ -76,6 +77,8 @@ def classify(opcode: str) -> str | None:
     parts = opcode.lower().split(".")
     base, mods = parts[0], parts[1:]
     ms = set(mods)
+    if base in ("dp4a", "dp2a"):  # dot products of 8-bit (and 16-bit) integers: quantised arithmetic
+        return "lower_precision"
     if base in _MMA:
         if "tf32" in ms or ms & _NARROW:  # TF32 or 8-bit (and narrower) operands
             return "lower_precision"
@@ -158,8 +161,18 @@ _COUNTED = {
                 "global object with a constructor or destructor, or a section attribute, runs code as the worker "
                 "loads the library, outside every call"),
 }
-_EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
-_OPCODE = re.compile(r"^(?:@!?%?\w+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
+# a function declared or defined (a directive statement, whitespace collapsed): its name follows
+# `.func` and the return parameters' parentheses, if any
+_FUNC = re.compile(r"(?:^|\s)\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
+# ptxas reads an instruction as tokens: a guard `@p`, `@!p`, `@ !p`; the opcode, and each of its
+# modifiers as `.word`, with any whitespace, newlines included, between them (`ex2 .approx.f32`
+# and `ex2\n.approx.f32` assemble to the same instruction as `ex2.approx.f32`: session 38's red
+# team passed fast math, fp8 MMA and constant-memory writes so)
+_GUARD = re.compile(r"^@\s*!?\s*%?[\w$]+\s*")
+_OPCODE = re.compile(r"^([a-z][a-z0-9_]*)((?:\s*\.\s*[a-z0-9_]+)*)", re.I)
+# comments and string literals, left to right as ptxas reads them (a `/*` inside a `//` comment
+# opens nothing; a block comment left open runs to the end)
+_LEX = re.compile(r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"', re.S)
 
 
 def _asm_lines(lines: list[str]) -> list[bool]:
@@ -180,24 +193,46 @@ def _asm_lines(lines: list[str]) -> list[bool]:
 
 
 def _strip_ptx_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    return re.sub(r"//[^\n]*", "", text)
+    """The text with its comments blanked (a block comment leaves its newlines, so lines keep
+    their numbers) and its string literals kept, read left to right as ptxas reads them."""
+    def blank(m):
+        t = m.group(0)
+        if t.startswith('"'):
+            return t
+        return "\n" * t.count("\n") + " " if t.startswith("/*") else ""
+    return _LEX.sub(blank, text)
+
+
+def _pieces(text: str):
+    """(start, end, statement) of comment-free PTX: split at `;` and braces only, since a newline
+    is whitespace to ptxas; whitespace collapsed, labels dropped. Directives (`.reg ...`,
+    `.extern .func ...`) are kept: they start with a dot."""
+    for m in re.finditer(r"[^;{}]+", text):
+        raw = m.group(0)
+        st = " ".join(raw.split())
+        st = re.sub(r"^(?:[A-Za-z_$][\w$]*\s*:\s*)+", "", st)  # labels
+        if st:  # the offsets of its first and past its last character that is not whitespace
+            yield m.start() + len(raw) - len(raw.lstrip()), m.end() - len(raw) + len(raw.rstrip()), st
 
 
 def statements(text: str) -> list[str]:
-    """The instructions of a piece of PTX (an asm string, or a line): split at `;` and
-    newlines, braces, labels and comments dropped; each as `opcode operands`."""
-    out = []
-    for st in re.split(r"[;\n]", _strip_ptx_comments(text)):
-        st = st.replace("{", " ").replace("}", " ").strip()
-        st = re.sub(r"^(?:[A-Za-z_$][\w$]*\s*:\s*)+", "", st)  # labels
-        if st and not st.startswith("."):
-            out.append(st)
-    return out
+    """The instructions of a piece of PTX (an asm string, or a whole module): split at `;` and
+    braces, across newlines; labels, comments and directives dropped; each as `opcode operands`
+    with its whitespace collapsed."""
+    return [st for _, _, st in _pieces(_strip_ptx_comments(text)) if not st.startswith(".")]
 
 
 def opcode(statement: str) -> str | None:
-    m = _OPCODE.match(statement.strip())
+    """The opcode and its modifiers as one word (`ex2.approx.ftz.f32`), however ptxas would
+    have let them be spaced, past a guard (`@p`, `@ !p`)."""
+    m = _OPCODE.match(_GUARD.sub("", statement.strip()))
+    return m.group(1) + re.sub(r"\s+", "", m.group(2)) if m else None
+
+
+def _call_target(statement: str) -> str | None:
+    """The function a `call` names: `call.uni (ret), name, (args)`, `call name, (args)`."""
+    m = re.match(r"^(?:@\s*!?\s*%?[\w$]+\s*)?call(?:\s*\.\s*\w+)*\s+(?:\([^)]*\)\s*,\s*)?([A-Za-z_$][\w$]*)",
+                 statement)
     return m.group(1) if m else None
 
 
@@ -206,26 +241,38 @@ def analyze(ptx: str) -> dict:
     in inline asm ("asm"), and the external functions the module declares ("extern")."""
     lines = ptx.splitlines()
     inside = _asm_lines(lines)
+    text = _strip_ptx_comments(ptx)  # (the marks are comments: read above, on the raw lines)
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]  # each line's first offset
     code, asm, ext, data = Counter(), Counter(), Counter(), Counter()
-    depth = 0  # brace depth: module scope at 0
-    for ln, in_asm in zip(lines, inside):
-        m = _EXTERN.match(ln)
-        if m:
-            ext[m.group(1)] += 1
+    defined, called = set(), Counter()
+    for r in _RESERVED_SMEM.findall(text):
+        data[r] += 1
+    for a, b, st in _pieces(text):
+        if st.startswith("."):
+            f = _FUNC.search(st)
+            if f and re.search(r"(?:^|\s)\.extern(?:\s|$)", st):
+                ext[f.group(1)] += 1
+            elif f:
+                defined.add(f.group(1))
             continue
-        depth += ln.count("{") - ln.count("}")
-        if _MARK.match(ln):
+        # inline asm if any line of the statement lies in a region (nothing is waived there)
+        in_asm = any(inside[i] for i in range(bisect_right(starts, a) - 1, min(bisect_right(starts, b - 1), len(inside))))
+        op = opcode(st)
+        if op is None:
             continue
-        for r in _RESERVED_SMEM.findall(ln):
-            data[r] += 1
-        for st in statements(ln):
-            op = opcode(st)
-            if op and op.startswith("cvta.const"):
-                data[_CVTA_CONST] += 1
-            elif op and op.startswith("cvta.param"):
-                data[_CVTA_PARAM] += 1
-            if op and classify(op):
-                (asm if in_asm else code)[op] += 1
+        if op.startswith("call"):
+            target = _call_target(st)
+            if target:
+                called[target] += 1
+        if op.startswith("cvta.const"):
+            data[_CVTA_CONST] += 1
+        elif op.startswith("cvta.param"):
+            data[_CVTA_PARAM] += 1
+        if classify(op):
+            (asm if in_asm else code)[op] += 1
+    for name in called:  # a call of what the module neither defines nor declares extern
+        if name not in defined and name not in ext:
+            ext[name] += 1
     for name in declared_globals(ptx):
         data[name] += 1
     return {"code": dict(sorted(code.items())), "asm": dict(sorted(asm.items())), "extern": dict(sorted(ext.items())),

@@ -21,6 +21,7 @@ really went idle, which the judge compares with the event time.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import io
 import json
 import os
@@ -28,6 +29,7 @@ import re
 import threading
 import time
 from functools import lru_cache
+from pathlib import Path
 
 from .. import ptx
 from . import Compiled, artifact_key, cache_dir
@@ -135,16 +137,37 @@ def _cached(source: str, entry: str, options: tuple[str, ...], hw):
     key = artifact_key(source, " ".join(options), hw.arch or "sm_90", nvrtc_version(), "cuda")
     out = cache_dir() / "cuda" / f"{key}.cubin"
     meta = out.with_suffix(".log")
-    judged = out.with_suffix(".judge.json")  # the PTX counts and the preprocessed source
-    if out.exists() and meta.exists() and judged.exists():
+    # the PTX itself, judged again on every hit by this version's rules (ptx.analyze): counts
+    # kept from an older reader would let a build it misread pass after the reader was fixed
+    kept = out.with_suffix(".ptx")
+    if out.exists() and meta.exists() and kept.exists():
         log = meta.read_text()
         try:
-            j = json.loads(judged.read_text())
-        except ValueError:
+            counts = ptx.analyze(kept.read_text())
+        except (OSError, UnicodeDecodeError):
             return None, out, meta
         return (Compiled(True, str(out), log, time.perf_counter() - t0, cached=True,
-                         resources=parse_ptxas(log, entry), ptx=j["ptx"]), out, meta)
+                         resources=parse_ptxas(log, entry), ptx=counts), out, meta)
     return None, out, meta
+
+
+@lru_cache(maxsize=1)
+def _rules_digest() -> str:
+    """The judging code's own digest (the PTX reader, the source rules and preprocessor, pcpp's
+    version): part of the keys of what the cache keeps from it, so a fixed rule never meets a
+    verdict an older one left."""
+    from importlib import metadata
+
+    from .. import forbid
+
+    h = hashlib.sha256()
+    for mod in (ptx, forbid):
+        h.update(Path(mod.__file__).read_bytes())
+    try:
+        h.update(metadata.version("pcpp").encode())
+    except metadata.PackageNotFoundError:
+        pass
+    return h.hexdigest()[:16]
 
 
 def option_arch(options: tuple[str, ...], arch: str) -> str:
@@ -206,7 +229,8 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         prog = Program(source, "c++", opts)
         obj = prog.compile("cubin", logs=buf)
         code = bytes(obj.code)
-        ptx_counts = ptx.analyze(_ptx_text(prog))
+        ptx_text = _ptx_text(prog)
+        ptx_counts = ptx.analyze(ptx_text)
     except Exception as e:  # NVRTCError carries the compiler log as its message
         msg = str(e).replace("\x00", "")
         first = next((ln.strip() for ln in msg.splitlines() if "error" in ln and "NVRTC_ERROR" not in ln),
@@ -217,10 +241,8 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     if not in_log and (log.strip() or entry.encode() not in code):
         return Compiled(False, None, log, time.perf_counter() - t0, status="compile_error",
                         reason=f"no kernel named '{entry}' in the cubin (missing extern \"C\" __global__?)")
-    judged = {"ptx": ptx_counts}
     out.parent.mkdir(parents=True, exist_ok=True)
-    for path, data in ((out, code), (meta, log.encode()), (out.with_suffix(".judge.json"),
-                                                             json.dumps(judged).encode())):
+    for path, data in ((out.with_suffix(".ptx"), ptx_text.encode()), (out, code), (meta, log.encode())):
         tmp = path.with_suffix(path.suffix + f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
@@ -232,7 +254,7 @@ def expand(source: str, options: tuple[str, ...], hw) -> tuple[str | None, str]:
     """The preprocessed source, or (None, why not), cached on disk by source hash (pcpp is
     pure Python: some 70 to 250 ms a softmax source, so the trial asks only for variants)."""
     arch = hw.arch or "sm_90"
-    key = artifact_key(source, " ".join(options), arch, nvrtc_version(), "expand")
+    key = artifact_key(source, " ".join(options), arch, nvrtc_version(), _rules_digest(), "expand")
     path = cache_dir() / "cuda" / f"{key}.expand.json"
     if path.exists():
         try:
@@ -255,7 +277,7 @@ def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
     """The fast_math-class opcodes that CUDA's accurate math functions compile to with these
     options (runner.build.ptx.LIBRARY_PROBE), cached per process and on disk."""
     arch = hw.arch or "sm_90"
-    key = artifact_key(ptx.LIBRARY_PROBE, " ".join(options), arch, nvrtc_version(), "library")
+    key = artifact_key(ptx.LIBRARY_PROBE, " ".join(options), arch, nvrtc_version(), _rules_digest(), "library")
     hit = _LIBRARY.get(key)
     if hit is not None:
         return hit

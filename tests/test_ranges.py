@@ -136,6 +136,21 @@ def test_draws_are_served_hit_the_served_edges_and_follow_the_seed():
     assert domain.draws(s.op, lambda sh: False, 3) == []
 
 
+def test_draws_reach_rows_beyond_the_few_and_off_the_tuning_value():
+    """A kernel wrong at every row count above 64 but the tuning one (session 38's red team:
+    recorded ok and shipped by `pipe compare`, since the rows were drawn from 1 to 64 only):
+    most trials' four draws now hold such a shape, within twice the tuning rows."""
+    s = load_spec(RANGE_CPU)
+    serves = lambda sh: s.kernel.serves_shape({"ACC": 32, "THREADS": 1, "UNROLL": 1}, sh, 4)  # noqa: E731
+    tune = lambda sh: max(1, 2 ** 18 // sh["N"])  # noqa: E731
+    caught = 0
+    for seed in range(40):
+        ds = domain.draws(s.op, serves, seed)
+        assert all(x["M"] <= max(2 * tune(x), 64) for x in ds)
+        caught += any(x["M"] > 64 and x["M"] not in (tune(x), 4) for x in ds)
+    assert caught >= 24, caught
+
+
 def test_edge_bisection_finds_the_last_served_value():
     assert domain._edge(lambda v: v <= 1234, 100, 5000) == 1234
     assert domain._edge(lambda v: v >= 77, 4000, 3) == 77

@@ -6,8 +6,11 @@ drawn after its build from a seed the runner draws then (and records): the
 edges of what the configuration serves, found by bisection, odd sizes, primes,
 powers of two and their neighbours, and random points, log-uniform. The
 non-axis symbols (`tune` ones, the rows) are drawn small, where bugs in the
-edges of a grid live and verification is cheap. Every shape satisfies
-op.domain_where (sizes outside it are outside the domain).
+edges of a grid live and verification is cheap, or, in about half the shapes,
+across what the op serves (`wide_rows`: above 64, next to the tuning value,
+log-uniform up to twice it), since a kernel may serve its few rows right and
+its many rows wrong. Every shape satisfies op.domain_where (sizes outside it
+are outside the domain).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import math
 import random
 
 DRAWS = 4  # shapes per trial
+WIDE = 0.5  # of the drawn shapes, those whose rows are drawn across what the op serves (wide_rows)
+SMALL = 63  # few rows: from a non-axis symbol's min to min + SMALL
 
 
 def _is_prime(n: int) -> bool:
@@ -64,6 +69,43 @@ def _edge(ok, a: int, b: int) -> int:
     return a
 
 
+def small_rows(op, s: str, rng: random.Random) -> int:
+    """A non-axis size (the rows) among the few: its min, or up to SMALL above it."""
+    d = op.domain[s]
+    hi = d.min + SMALL if d.max is None else min(d.max, d.min + SMALL)
+    return rng.choice([d.min, rng.randint(d.min, hi)])
+
+
+def wide_rows(op, shape: dict, rng: random.Random) -> dict:
+    """`shape` with its non-axis sizes (the rows) drawn across what the op serves at its axis
+    values, not among the few: just above the few, next to the tuning value, or log-uniform up
+    to twice the tuning value (the symbol's max where it has one), half of those odd. A kernel
+    that serves its few rows and its tuning rows right and the rest wrong (a grid-stride loop
+    that stops early, a path for M > 64) was verified nowhere before session 38's red team
+    showed one shipped by `pipe compare`; twice the tuning value keeps a check within twice a
+    tuning shape's cost."""
+    tuned = op.point({a: shape[a] for a in op.axes if a in shape})
+    out = dict(shape)
+    for s in op.symbols:
+        d = op.domain.get(s)
+        if d is None or s in op.axes:
+            continue
+        t = max(d.min, int(tuned[s]))
+        hi = 2 * t if d.max is None else min(d.max, 2 * t)
+        lo = min(hi, d.min + SMALL + 1)
+        kind = rng.random()
+        if kind < 0.25:
+            v = rng.randint(lo, min(hi, lo + SMALL))
+        elif kind < 0.5:
+            v = t + rng.choice([-3, -2, -1, 1, 2, 3])
+        else:
+            v = int(round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 1))))))
+            if rng.random() < 0.5:
+                v |= 1
+        out[s] = max(d.min, min(hi, v))
+    return out
+
+
 def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
     """Up to n distinct shapes of the domain that `serves(shape)` accepts, drawn from `seed`.
     With op.domain_where, only shapes where it holds: the edges found by bisection are then
@@ -85,9 +127,8 @@ def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
             d = op.domain[s]
             if s in env:
                 shape[s] = env[s]
-            else:  # a non-axis size (the rows): small, from its min
-                hi = d.min + 63 if d.max is None else min(d.max, d.min + 63)
-                shape[s] = rng.choice([d.min, rng.randint(d.min, hi)])
+            else:  # a non-axis size (the rows): small, from its min (wide_rows below)
+                shape[s] = small_rows(op, s, rng)
         return shape
 
     # each axis in turn (the others random): the edges of what is served, then random picks
@@ -115,6 +156,10 @@ def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
         picks.append(rng.choice(good))
         for v in picks:
             shape = {**fixed, a: v}
+            if rng.random() < WIDE:  # the rows across what the op serves, where that is served
+                wide = wide_rows(op, shape, rng)
+                if wide not in out and op.where_holds(wide) and serves(wide):
+                    shape = wide
             if shape not in out and serves(shape):
                 out.append(shape)
             if len(out) >= n:
@@ -135,7 +180,8 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
     box's ends and the ends of what is served in it, the RUN sizes at each end (a tail's every
     residue up to RUN), powers of two and their neighbours, then random log-uniform sizes (some
     odd, some prime). The other symbols are small (few rows: where the edges of a grid are and
-    verification is cheap), but for LARGE shapes at their tuning value."""
+    verification is cheap) or, in about half the shapes, across what the op serves
+    (`wide_rows`), and LARGE shapes are at their tuning value."""
     rng = random.Random(seed)
     axes = [a for a in op.axes if a in box]
     out: list[dict] = []
@@ -147,9 +193,11 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
             if s in env:
                 shape[s] = env[s]
             elif not large:
-                d = op.domain[s]
-                hi = d.min + 63 if d.max is None else min(d.max, d.min + 63)
-                shape[s] = rng.choice([d.min, rng.randint(d.min, hi)])
+                shape[s] = small_rows(op, s, rng)
+        if not large and rng.random() < WIDE:
+            wide = wide_rows(op, shape, rng)
+            if wide not in out and op.where_holds(wide) and serves(wide):
+                shape = wide
         if shape in out or not (len(out) < n or large):
             return
         if op.where_holds(shape) and serves(shape):

@@ -472,7 +472,9 @@ class Host:
         u32[kh.STARTED // 4] = 0
         u32[kh.GO // 4] = s ^ kh.WAKE
         self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
-        self._wait(s, word=kh.STARTED)
+        # bounded: a `go` word written ahead by another host's kernel (the arena holds every
+        # host's control block) leaves this host aborted, never started (session 38's red team)
+        self._wait(s, ACK_TIMEOUT_S, "starting a call", word=kh.STARTED)
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
         t_done = self._wait(s)

@@ -143,6 +143,7 @@ def test_flagship_templates_pass_at_their_start(name):
     # the flagships compute in fp32: no half arithmetic, no inline-asm approximation
     assert not any(ptx.classify(op) == "lower_precision" for op in b.ptx["code"]), b.ptx
     assert not b.ptx["asm"], b.ptx
+    assert "%unreadable statements" not in b.ptx["data"], b.ptx  # the reader reads all of it
     # and their own source, as a variant of itself, is judged equal to its build
     ev.variants["same"] = sp.kernel.template
     again = ev.build(ev.render_all(start, "same"), ev.geometry(start), ev.approved_sources(start, "same"))
@@ -450,7 +451,9 @@ def test_a_global_declared_inside_a_function_or_asm_braces_is_device_state():
             "\t// begin inline asm\n\t{ .global .align 4 .u32 pipe_calls2; atom.global.add.u32 %r1, [pipe_calls2], 1; }\n"
             "\t// end inline asm\n\tld.global.u32 %r2, [%rd1];\n\tret;\n}\n")
     a = ptx.analyze(text)
-    assert a["data"] == {"pipe_calls2": 1}  # ld.global / atom.global are not declarations
+    # ld.global / atom.global are not declarations; a directive inside inline asm other than
+    # `.reg` is also counted as unreadable, and the declaration is named first
+    assert a["data"] == {"pipe_calls2": 1, "%unreadable statements": 1}
     action, why = ptx.compare(a, {"data": {}}, [])
     assert action == "device_state" and "pipe_calls2" in why
     # a declaration in the compiler's own code, in a function body, too
@@ -503,7 +506,7 @@ def test_a_global_declaration_is_found_however_it_is_spelled(decl):
     text = (".visible .entry k(\n.param .u64 p\n)\n{\n\t.reg .b32 %r<3>;\n\t// begin inline asm\n\t" + decl +
             "\n\t// end inline asm\n\tcvta.to.global.u64 %rd2, %rd1;\n\tst.global.u32 [%rd2], %r1;\n\tret;\n}\n")
     a = ptx.analyze(text)
-    assert a["data"] == {"pipe_st": 1}, a["data"]
+    assert a["data"] == {"pipe_st": 1, "%unreadable statements": 1}, a["data"]
     assert ptx.compare(a, {"data": {}}, [])[0] == "device_state"
 
 
@@ -573,3 +576,69 @@ def test_a_cached_build_is_judged_again_by_the_rules_in_force(small, monkeypatch
     monkeypatch.setattr(ptx, "analyze", lambda text: marker if "soft" in text else {})
     again = small.backend.compile(src, "soft", (), small.spec.hw)
     assert again.cached and again.ptx == marker
+
+
+# ---------------------------------------------------------------- what the reader cannot read
+# (session 38's second red team: a `.loc` line, a `%` label, `::` in a modifier, `.extern.func`
+# and `call.uni(` with no space, fake inline-asm marks, a dot escaped as `\x2e`; each hid a
+# forbidden instruction that ptxas assembled)
+
+def _asm(body: str) -> str:
+    return ".visible .entry k(\n.param .u64 p\n)\n{\n\t.reg .b32 %r<3>;\n\t// begin inline asm\n\t" + body + \
+        "\n\t// end inline asm\n\tret;\n}\n"
+
+
+@pytest.mark.parametrize("body, op", [
+    ("red.global.add.noftz.L2::cache_hint.bf16x2 [%rd1], %r1, %rd2;", "red.global.add.noftz.L2::cache_hint.bf16x2"),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [%rd1], [%r1], 64;",
+     "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16"),
+    (".loc 1 1 1\n\tex2.approx.ftz.f32 %f1, %f2;", "ex2.approx.ftz.f32"),
+    ("%pipe: mul.rn.bf16x2 %r1, %r2, %r3;", "mul.rn.bf16x2"),
+    ("$a: %b: rcp.approx.ftz.f32 %f1, %f2;", "rcp.approx.ftz.f32"),
+])
+def test_a_forbidden_instruction_behind_a_line_directive_a_label_or_a_scope_is_read(body, op):
+    a = ptx.analyze(_asm(body))
+    assert a["asm"] == {op: 1}, a
+    assert ptx.compare(a, None, ["fast_math", "lower_precision"]) is not None
+
+
+def test_a_call_and_an_extern_with_no_space_are_read():
+    a = ptx.analyze(_asm("{ .reg .b64 r0; call.uni(r0), malloc, (r0); }") + ".extern.func (.param .b64 r) free(.param .b64 p);\n")
+    assert a["extern"] == {"free": 1, "malloc": 1}, a
+    assert ptx.compare(a, None, ["library_calls"])[0] == "library_calls"
+
+
+@pytest.mark.parametrize("body", [
+    "pipe.approx.f32 %f1, %f2;",                    # an opcode PTX does not have
+    "ex2.approx.ftz.f32%f1, %f2;",                  # more of the word than the reader took
+    ".pragma \"nounroll\";",                         # a directive inline asm has no use for
+    ".section .pipe { .b8 1 }",
+])
+def test_what_the_reader_cannot_read_is_counted_and_refused_beyond_the_approved_build(body):
+    a = ptx.analyze(_asm(body).replace("\tret;", "\tex2.approx.ftz.f32 %f3, %f3;\n\tret;"))
+    n = a["data"].get("%unreadable statements", 0)
+    assert n >= 1, a
+    assert a["code"] == {"ex2.approx.ftz.f32": 1}, a  # the compiler's code after it is read, not swallowed
+    action, why = ptx.compare(a, {"code": {}, "asm": {}, "extern": {}, "data": {}}, [])
+    assert action == "unreadable_ptx" and f"{n} statements" in why
+    assert ptx.compare(a, {"code": {}, "asm": {}, "extern": {}, "data": {"%unreadable statements": n}}, []) is None
+
+
+def test_inline_asm_that_writes_the_compilers_marks_is_refused_and_escapes_are_read():
+    fake = '  asm volatile("mov.f32 %0, %0;\\n\\t// end inline asm\\n\\tmov.f32 %0, %0;\\n\\t// begin inline asm" : "+f"(v));'
+    v = forbid.check_source(fake, (), "cuda", ["fast_math"], ())
+    assert v is not None and v.rule == "unreadable_asm", v
+    dot = '  asm volatile("ex2\\x2e" "approx.ftz.f32 %0, %0;" : "+f"(v));'
+    v = forbid.check_source(dot, (), "cuda", ["fast_math"], ())
+    assert v is not None and v.rule == "fast_math" and "ex2.approx.ftz.f32" in v.reason, v
+    assert forbid._unescape(r"\056\u002e\x2e") == "..."
+
+
+@pytest.mark.parametrize("name", ["decode-attention-h200.yaml", "moe-coarse-tma-h200.yaml"])
+def test_the_reader_reads_every_statement_of_the_attention_and_tensor_core_templates(name):
+    sp = shipped_spec(ROOT / "pipelines" / name)
+    ev = Builder(sp)
+    start = sp.starts[0]
+    b = ev.build(ev.render_all(start), ev.geometry(start), None)
+    assert b.status == "ok", b.reason
+    assert "%unreadable statements" not in b.ptx["data"], b.ptx

@@ -229,7 +229,8 @@ class Builder:
             found = ptx.compare(comp[src].ptx, base[asrc].ptx if ok else None, named, waived)
             if found:
                 action, why = found
-                what = forbid.NAMED[action].description if action in forbid.NAMED else ptx.DEVICE_STATE
+                what = forbid.NAMED[action].description if action in forbid.NAMED else \
+                    ptx.UNREADABLE if action == "unreadable_ptx" else ptx.DEVICE_STATE
                 return (f"{action}: {what}: shape {i}: {why}"
                         + ("" if ok else " (the approved template does not compile at these parameters)"),
                         mine, theirs)

@@ -202,6 +202,12 @@ def _check_code(code: str, backend: str, named: Sequence[str], patterns: Sequenc
         from . import ptx
 
         for line, text in asm_strings(code):
+            # the compiler's marks around inline asm are comments in the PTX: a string that writes
+            # one moves its own instructions out of the inline asm the PTX counts judge strictly
+            # (session 38's second red team: into the accurate math library's waiver)
+            if re.search(r"//[^\n]*inline\s+asm", text):
+                return Violation("unreadable_asm", f"inline asm at line {line}{where} writes the compiler's own "
+                                                   "`// begin inline asm` / `// end inline asm` marks: refused")
             for st in ptx.statements(text):
                 op = ptx.opcode(st)
                 action = ptx.classify(op) if op else None
@@ -224,7 +230,17 @@ _ESC = {"n": "\n", "t": "\t", "r": "\n", "\\": "\\", '"': '"', "'": "'", "0": ""
 
 
 def _unescape(s: str) -> str:
-    return re.sub(r"\\(.)", lambda m: _ESC.get(m.group(1), m.group(1)), s)
+    """A string literal's text as the compiler reads it: simple escapes, and hexadecimal,
+    octal and universal-character ones (`"ex2\\x2eapprox"` is `ex2.approx`: read as `x2e`,
+    the dot escaped past every rule, session 38's second red team)."""
+    def one(m):
+        e = m.group(1)
+        if e[0] in "xuU":
+            return chr(int(e[1:], 16)) if len(e) > 1 else e
+        if e[0] in "01234567":
+            return chr(int(e, 8))
+        return _ESC.get(e, e)
+    return re.sub(r"\\(x[0-9A-Fa-f]+|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[0-7]{1,3}|.)", one, s)
 
 
 def asm_strings(code: str) -> list[tuple[int, str]]:

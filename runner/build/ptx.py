@@ -61,6 +61,7 @@ _TYPES = {"f16", "bf16", "f16x2", "bf16x2", "tf32", "f32", "f64", "e4m3", "e5m2"
           "s32"}
 
 ALLOWED_EXTERN = ("vprintf", "__assertfail")
+UNREADABLE = "PTX the judge cannot read: a spelling its reader does not take is refused, not skipped"
 DEVICE_STATE = ("state that outlives a call: module-scope device data (a __device__ or __managed__ variable) "
                 "that the approved template's build does not declare")
 
@@ -147,11 +148,42 @@ _CVTA_CONST = "%cvta.const"
 # (`__grid_constant__`), and a replayed CUDA graph keeps a node's parameter memory from one
 # replay to the next: a mark stored there outlived every call (session 36, H200)
 _CVTA_PARAM = "%cvta.param"
+# statements the reader cannot read as an instruction of PTX's (an opcode it does not know, text
+# left over between the opcode and the operands) or directives inline asm has no use for: counted
+# against the approved build's, so that a spelling the reader misses is refused, never skipped
+_UNREADABLE = "%unreadable statements"
+_ASM_DIRECTIVE = re.compile(r"^\.reg\s")
+# PTX's instructions (ISA 8.x and 9.0), by their first word
+OPCODES = frozenset("""
+abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk bra brev brkpt brx call
+clusterlaunchcontrol clz cnot copysign cos cp createpolicy cvt cvta discard div dp2a dp4a elect ex2 exit fence fma
+fns getctarank griddepcontrol isspacep istypeof ld ldmatrix ldu lg2 lop3 mad mad24 madc mapa match max mbarrier
+membar min mma mov movmatrix mul mul24 multimem nanosleep neg not or pmevent popc prefetch prefetchu prmt rcp red
+redux rem ret rsqrt sad selp set setmaxnreg setp shf shfl shl shr sin slct sqrt st stackrestore stacksave stmatrix
+sub subc suld suq sured sust szext tanh tcgen05 tensormap testp tex tld4 trap txq vabsdiff vabsdiff2 vabsdiff4
+vadd vadd2 vadd4 vavrg2 vavrg4 vmad vmax vmax2 vmax4 vmin vmin2 vmin4 vote vset vset2 vset4 vshl vshr vsub vsub2
+vsub4 wgmma wmma xor
+""".split())
+
+
+def _whole(statement: str, op: str) -> bool:
+    """Whether the opcode read is the statement's whole first word: what follows it (past a
+    guard) is whitespace then operands, or nothing (`ret`), never more of the word (`::` in a
+    modifier the reader stopped at, session 38's second red team)."""
+    rest = _GUARD.sub("", statement.strip())
+    m = _OPCODE.match(rest)
+    tail = rest[m.end():] if m else rest
+    return not tail or tail[0] in " (" or tail[0] == "{" or tail[0] == "["
+
+
 # (CPU backend) bytes of a library's load-time function tables beyond the toolchain's: code run
 # as the worker loads it (backends/cpu.load_time_bytes); counted like cvta.const
 LOAD_TIME = "%load-time tables"
 # the data entries judged by their count against the approved build's, with the reason given
 _COUNTED = {
+    _UNREADABLE: ("{n} statements the judge cannot read as PTX instructions (an opcode it does not know, a "
+                  "modifier it cannot parse, a directive inside inline asm other than `.reg`) vs {b} in the approved "
+                  "template's build: spell inline asm as plain PTX"),
     _CVTA_CONST: ("'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a generic address of "
                   "constant memory lets a store change it for every later launch"),
     _CVTA_PARAM: ("'cvta.param' in the PTX: {n} vs {b} in the approved template's build; a generic address of a "
@@ -163,13 +195,14 @@ _COUNTED = {
 }
 # a function declared or defined (a directive statement, whitespace collapsed): its name follows
 # `.func` and the return parameters' parentheses, if any
-_FUNC = re.compile(r"(?:^|\s)\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)")
+_FUNC = re.compile(r"\.func(?![\w$])\s*(?:\([^)]*\)\s*)?([A-Za-z_$%][\w$%]*)")
+_EXTERN_WORD = re.compile(r"\.extern(?![\w$])")
 # ptxas reads an instruction as tokens: a guard `@p`, `@!p`, `@ !p`; the opcode, and each of its
 # modifiers as `.word`, with any whitespace, newlines included, between them (`ex2 .approx.f32`
 # and `ex2\n.approx.f32` assemble to the same instruction as `ex2.approx.f32`: session 38's red
 # team passed fast math, fp8 MMA and constant-memory writes so)
 _GUARD = re.compile(r"^@\s*!?\s*%?[\w$]+\s*")
-_OPCODE = re.compile(r"^([a-z][a-z0-9_]*)((?:\s*\.\s*[a-z0-9_]+)*)", re.I)
+_OPCODE = re.compile(r"^([a-z][a-z0-9_]*)((?:\s*\.\s*[a-z0-9_]+(?:::[a-z0-9_]+)*)*)", re.I)
 # comments and string literals, left to right as ptxas reads them (a `/*` inside a `//` comment
 # opens nothing; a block comment left open runs to the end)
 _LEX = re.compile(r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"', re.S)
@@ -203,16 +236,47 @@ def _strip_ptx_comments(text: str) -> str:
     return _LEX.sub(blank, text)
 
 
+# directives that end at their line (no `;`): a debug location, the module's header, a kernel's
+# launch bounds; any other directive ends at `;`, or at the `{` of a body (a declaration with
+# an initializer, `= {...}`, at its `;`)
+_LINE_DIRECTIVES = frozenset({".loc", ".file", ".version", ".target", ".address_size", ".maxntid", ".reqntid",
+                              ".minnctapersm", ".maxnctapersm", ".maxnreg", ".noreturn", ".explicitcluster",
+                              ".reqnctapercluster", ".maxclusterrank", ".pragma"})
+_LABEL = re.compile(r"[%$A-Za-z_][\w$%]*\s*:(?!:)")  # `$L__BB0_2:`, `%pipe:`, never `::`
+_SKIP = re.compile(r"[\s{};]+")  # whitespace, scope braces, empty statements
+
+
 def _pieces(text: str):
-    """(start, end, statement) of comment-free PTX: split at `;` and braces only, since a newline
-    is whitespace to ptxas; whitespace collapsed, labels dropped. Directives (`.reg ...`,
-    `.extern .func ...`) are kept: they start with a dot."""
-    for m in re.finditer(r"[^;{}]+", text):
-        raw = m.group(0)
+    """(start, end, statement) of comment-free PTX, read as ptxas reads it: scope braces and
+    labels (PTX's identifiers, `%` and `$` included) between statements; an instruction runs to
+    its `;` across newlines and braces (`{%r1, %r2}` operands); a directive to its `;`, its
+    body's `{`, or its line's end where it has no `;` (_LINE_DIRECTIVES: a `.loc` hid the
+    instruction after it from a reader that split at `;` alone, session 38's second red team).
+    Whitespace is collapsed; directives start with a dot."""
+    i, n = 0, len(text)
+    while i < n:
+        m = _SKIP.match(text, i) or _LABEL.match(text, i)
+        if m:
+            i = m.end()
+            continue
+        if text[i] == ".":
+            name = re.match(r"\.\w+", text[i:]).group(0) if re.match(r"\.\w", text[i:]) else "."
+            semi = text.find(";", i)
+            semi = n if semi < 0 else semi
+            if name in _LINE_DIRECTIVES:
+                nl = text.find("\n", i)
+                j = min(semi, n if nl < 0 else nl)
+            else:  # to its `;`, or its body's `{` or its block's `}` (an initializer's braces are its own)
+                brace = min((k for k in (text.find("{", i, semi), text.find("}", i, semi)) if k >= 0), default=-1)
+                j = semi if brace < 0 or "=" in text[i:brace] else brace
+        else:
+            j = text.find(";", i)
+            j = n if j < 0 else j
+        raw = text[i:j]
         st = " ".join(raw.split())
-        st = re.sub(r"^(?:[A-Za-z_$][\w$]*\s*:\s*)+", "", st)  # labels
-        if st:  # the offsets of its first and past its last character that is not whitespace
-            yield m.start() + len(raw) - len(raw.lstrip()), m.end() - len(raw) + len(raw.rstrip()), st
+        if st:
+            yield i, i + len(raw.rstrip()), st
+        i = max(j, i + 1)
 
 
 def statements(text: str) -> list[str]:
@@ -231,7 +295,7 @@ def opcode(statement: str) -> str | None:
 
 def _call_target(statement: str) -> str | None:
     """The function a `call` names: `call.uni (ret), name, (args)`, `call name, (args)`."""
-    m = re.match(r"^(?:@\s*!?\s*%?[\w$]+\s*)?call(?:\s*\.\s*\w+)*\s+(?:\([^)]*\)\s*,\s*)?([A-Za-z_$][\w$]*)",
+    m = re.match(r"^(?:@\s*!?\s*%?[\w$]+\s*)?call(?:\s*\.\s*\w+)*\s*(?:\([^)]*\)\s*,\s*)?([A-Za-z_$%][\w$%]*)",
                  statement)
     return m.group(1) if m else None
 
@@ -239,7 +303,7 @@ def _call_target(statement: str) -> str | None:
 def analyze(ptx: str) -> dict:
     """Counts of the classified instructions, by opcode, in the compiler's code ("code") and
     in inline asm ("asm"), and the external functions the module declares ("extern")."""
-    lines = ptx.splitlines()
+    lines = ptx.split("\n")  # as `starts` below: a `\r` is no line break to ptxas's marks
     inside = _asm_lines(lines)
     text = _strip_ptx_comments(ptx)  # (the marks are comments: read above, on the raw lines)
     starts = [0] + [m.end() for m in re.finditer("\n", text)]  # each line's first offset
@@ -248,17 +312,20 @@ def analyze(ptx: str) -> dict:
     for r in _RESERVED_SMEM.findall(text):
         data[r] += 1
     for a, b, st in _pieces(text):
+        # inline asm if any line of the statement lies in a region (nothing is waived there)
+        in_asm = any(inside[i] for i in range(bisect_right(starts, a) - 1, min(bisect_right(starts, b - 1), len(inside))))
         if st.startswith("."):
             f = _FUNC.search(st)
-            if f and re.search(r"(?:^|\s)\.extern(?:\s|$)", st):
+            if f and _EXTERN_WORD.search(st):
                 ext[f.group(1)] += 1
             elif f:
                 defined.add(f.group(1))
+            if in_asm and not _ASM_DIRECTIVE.match(st):  # inline asm declares registers, nothing else
+                data[_UNREADABLE] += 1
             continue
-        # inline asm if any line of the statement lies in a region (nothing is waived there)
-        in_asm = any(inside[i] for i in range(bisect_right(starts, a) - 1, min(bisect_right(starts, b - 1), len(inside))))
         op = opcode(st)
-        if op is None:
+        if op is None or op.split(".")[0].lower() not in OPCODES or not _whole(st, op):
+            data[_UNREADABLE] += 1  # what the reader cannot read is counted, never skipped
             continue
         if op.startswith("call"):
             target = _call_target(st)
@@ -296,11 +363,13 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     library compiles to, not counted in the compiler's own code."""
     base = base or {"code": {}, "asm": {}, "extern": {}, "data": {}}
     named = set(named)
-    for name, n in cand.get("data", {}).items():  # whatever the spec names: see the module's docstring
+    # whatever the spec names (see the module's docstring); what the reader could not read last,
+    # so that a declaration it did read is named as what it is
+    for name, n in sorted(cand.get("data", {}).items(), key=lambda kv: kv[0] == _UNREADABLE):
         if name in _COUNTED:  # more than the approved build has, not merely any
             b = base.get("data", {}).get(name, 0)
             if n > b:
-                return "device_state", _COUNTED[name].format(n=n, b=b)
+                return ("unreadable_ptx" if name == _UNREADABLE else "device_state"), _COUNTED[name].format(n=n, b=b)
             continue
         if name not in base.get("data", {}):
             if name.startswith("%"):

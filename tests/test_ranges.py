@@ -18,7 +18,7 @@ from runner.core.errors import SpecError
 from runner.judge import domain
 from runner.ship import ranges
 from runner.ship.exported_runtime import Op
-from runner.spec.spec import load_spec
+from runner.spec.spec import ROWS_CAP, load_spec
 
 from .conftest import PIPELINES
 
@@ -143,12 +143,29 @@ def test_draws_reach_rows_beyond_the_few_and_off_the_tuning_value():
     s = load_spec(RANGE_CPU)
     serves = lambda sh: s.kernel.serves_shape({"ACC": 32, "THREADS": 1, "UNROLL": 1}, sh, 4)  # noqa: E731
     tune = lambda sh: max(1, 2 ** 18 // sh["N"])  # noqa: E731
-    caught = 0
+    caught = above = top = 0
     for seed in range(40):
         ds = domain.draws(s.op, serves, seed)
-        assert all(x["M"] <= max(2 * tune(x), 64) for x in ds)
+        assert all(s.op.in_domain(x) is None for x in ds)  # never above the cap (ROWS_CAP x the tuning rows)
         caught += any(x["M"] > 64 and x["M"] not in (tune(x), 4) for x in ds)
-    assert caught >= 24, caught
+        # beyond twice the tuning rows too (a kernel wrong only there was shipped, session 38's
+        # second red team), and at the cap itself
+        above += any(x["M"] > max(64, 2 * tune(x)) for x in ds)
+        top += any(x["M"] >= ROWS_CAP * tune(x) - 3 for x in ds)
+    assert caught >= 24 and above >= 8 and top >= 2, (caught, above, top)
+
+
+def test_rows_with_no_max_are_served_up_to_their_cap_and_the_export_falls_back_above(tmp_path):
+    s = load_spec(RANGE_CPU)
+    cap = ROWS_CAP * (2 ** 18 // 1024)
+    assert s.op.row_cap("M", {"M": 3, "N": 1024}) == cap and s.op.row_cap("N", {"M": 3, "N": 1024}) is None
+    assert s.op.in_domain({"M": cap, "N": 1024}) is None
+    assert "above" in s.op.in_domain({"M": cap + 1, "N": 1024})
+    table = _op(tmp_path).t
+    table["by_range"]["caps"] = {"M": f"{ROWS_CAP} * max(1, 2 ** 18 // N)"}
+    op = Op(tmp_path, table, reference=None)  # the caps are read when the package loads
+    pick = lambda m, n: (op.entry_for({"M": m, "N": n}) or {}).get("trial")  # noqa: E731
+    assert pick(cap, 1024) == 2 and pick(cap + 1, 1024) is None  # above the cap: the fallback
 
 
 def test_edge_bisection_finds_the_last_served_value():

@@ -7,9 +7,9 @@ edges of what the configuration serves, found by bisection, odd sizes, primes,
 powers of two and their neighbours, and random points, log-uniform. The
 non-axis symbols (`tune` ones, the rows) are drawn small, where bugs in the
 edges of a grid live and verification is cheap, or, in about half the shapes,
-across what the op serves (`wide_rows`: above 64, next to the tuning value,
-log-uniform up to twice it), since a kernel may serve its few rows right and
-its many rows wrong. Every shape satisfies op.domain_where (sizes outside it
+across all that the op serves (`wide_rows`: above 64, next to the tuning
+value, at the top, log-uniform up to the symbol's max or its cap, op.row_cap),
+since a kernel may serve its few rows right and its many rows wrong. Every shape satisfies op.domain_where (sizes outside it
 are outside the domain).
 """
 
@@ -77,13 +77,15 @@ def small_rows(op, s: str, rng: random.Random) -> int:
 
 
 def wide_rows(op, shape: dict, rng: random.Random) -> dict:
-    """`shape` with its non-axis sizes (the rows) drawn across what the op serves at its axis
-    values, not among the few: just above the few, next to the tuning value, or log-uniform up
-    to twice the tuning value (the symbol's max where it has one), half of those odd. A kernel
-    that serves its few rows and its tuning rows right and the rest wrong (a grid-stride loop
-    that stops early, a path for M > 64) was verified nowhere before session 38's red team
-    showed one shipped by `pipe compare`; twice the tuning value keeps a check within twice a
-    tuning shape's cost."""
+    """`shape` with its non-axis sizes (the rows) drawn across all that the op serves at its
+    axis values, up to the symbol's max or, with none, its cap (op.row_cap: ROWS_CAP times the
+    tuning value; the table and the exported op serve no further): just above the few, next to
+    the tuning value, at the top, or log-uniform, half of those odd. A kernel that serves its
+    few rows and its tuning rows right and the rest wrong (a grid-stride loop that stops early,
+    a path for M > 64, an index that overflows near the top) was verified nowhere before session
+    38's red teams showed two shipped by `pipe compare`: one wrong above 64 rows while the rows
+    were drawn up to 64, one wrong above twice the tuning rows while they were drawn up to
+    there."""
     tuned = op.point({a: shape[a] for a in op.axes if a in shape})
     out = dict(shape)
     for s in op.symbols:
@@ -91,13 +93,16 @@ def wide_rows(op, shape: dict, rng: random.Random) -> dict:
         if d is None or s in op.axes:
             continue
         t = max(d.min, int(tuned[s]))
-        hi = 2 * t if d.max is None else min(d.max, 2 * t)
+        cap = op.row_cap(s, shape)
+        hi = d.max if d.max is not None else (cap if cap is not None else 2 * t)
         lo = min(hi, d.min + SMALL + 1)
         kind = rng.random()
-        if kind < 0.25:
+        if kind < 0.2:
             v = rng.randint(lo, min(hi, lo + SMALL))
-        elif kind < 0.5:
+        elif kind < 0.4:
             v = t + rng.choice([-3, -2, -1, 1, 2, 3])
+        elif kind < 0.55:
+            v = hi - rng.randint(0, 3)
         else:
             v = int(round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 1))))))
             if rng.random() < 0.5:

@@ -109,7 +109,13 @@ def range_section(spec, rt: dict, history, ship) -> dict:
         kernels[str(tid)] = {"params": t.params, "cubin": ship(tid, t)}
         if spec.op.batch_axis:  # whether the judge found its rows independent of the batch (or None: unchecked)
             kernels[str(tid)]["batch_invariant"] = t.details.get("batch_invariant")
+    from ..spec.spec import ROWS_CAP
+
     return {"axes": rt["axes"], "domain": {s: [d.min, d.max] for s, d in spec.op.domain.items()},
+            # a `tune` symbol with no max serves up to ROWS_CAP times its tuning value (Op.row_cap):
+            # what the judge verified; above it, the fallback
+            "caps": {s: f"{ROWS_CAP} * max({d.min}, {d.tune.text})" for s, d in spec.op.domain.items()
+                     if d.tune is not None and d.max is None},
             # op.domain_where: a size where it does not hold is outside the domain (the fallback)
             "where": spec.op.domain_where.text if spec.op.domain_where is not None else None,
             "elem": spec.op.shape_env({})["elem"],  # what `elem` stands for in it (the dtype's bytes)

@@ -248,6 +248,8 @@ class Op:
             self._serves = _expr(self.by_range["serves"]) if self.by_range.get("serves") else None
             # op.domain_where: sizes where it does not hold are outside the domain
             self._where = _expr(self.by_range["where"]) if self.by_range.get("where") else None
+            # a row count above its cap (ROWS_CAP times its tuning value) was never verified
+            self._caps = {n: _expr(t) for n, t in (self.by_range.get("caps") or {}).items()}
         # op.batch_invariant: {"axis", "required"} (None: the spec named no batch axis, and no
         # kernel was checked); the deterministic mode uses the batch-invariant kernels only
         self.batch = table.get("batch_invariant")
@@ -380,6 +382,13 @@ class Op:
     def _in_domain(self, env: dict) -> bool:
         for s, (lo, hi) in self.by_range["domain"].items():
             if env[s] < lo or (hi is not None and env[s] > hi):
+                return False
+        full = {**{s: env[s] for s in self.symbols}, "elem": self.by_range.get("elem")}
+        for s, cap in getattr(self, "_caps", {}).items():
+            try:
+                if env[s] > int(cap(full)):
+                    return False
+            except Exception:  # noqa: BLE001 (a size the expression cannot take is outside the domain)
                 return False
         return True
 

@@ -485,6 +485,9 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
     return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
             **({"fallbacks": {n: prober.fallbacks[n] for n in prober.fallbacks}} if prober.fallbacks else {}),
             **({"levels": sym} if nlv > 1 else {}),
+            # a `tune` symbol with no max: served up to ROWS_CAP times its tuning value (Op.row_cap)
+            **({"row_caps": caps} if (caps := [x for x, d in op.domain.items() if d.tune is not None and d.max is None])
+               else {}),
             "ranges": ranges, "exact": exact, "probes": prober.requests,
             # op.batch_invariant: whether the judge found each kernel's rows independent of the batch
             # (the trial's details: True, False, or None where unchecked), for the deterministic mode
@@ -1345,6 +1348,11 @@ def format_ranges(table: dict) -> str:
         else:
             lines.append(f"  {span}: {names(r['use'], r.get('fallback'))}"
                          + (f"; the fastest kernel {', '.join(r['behind'])}" if r["behind"] and not r["use"] else ""))
+    for x in table.get("row_caps", ()):
+        from ..spec.spec import ROWS_CAP
+
+        lines.append(f"  every range: {x} up to {ROWS_CAP}x its tuning value (op.domain gives it no max; the judge "
+                     "verifies up to there), the fallback above")
     for e in table["exact"]:
         lines.append(f"  exactly {'x'.join(str(v) for v in e['shape'].values())}: "
                      + names(e["use"][:1], e.get("fallback")))

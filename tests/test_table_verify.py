@@ -111,6 +111,31 @@ def test_the_sweep_stays_in_the_range_where_the_kernel_serves_and_covers_every_r
     assert domain.sweep(op, serves, {"N": (3000, 9000)}, seed=6, n=48) != shapes
 
 
+def test_a_kernel_slower_than_the_fallback_at_a_secret_point_leaves_that_range_only():
+    """A kernel fast at the sizes the table times and slow between them (session 38's third red
+    team: 2 to 3.5 times torch's time over a whole range, kept): where the curve's secret point
+    finds it slower than the table's own fallback in every round, beyond NOISE, it leaves the
+    list of the range (or level row) holding the point; a tie within the noise stays."""
+    t = table()
+    rows = [{"shape": {"M": 64, "N": 1000}, "use": "#1", "table_s": 3e-5, "regret": 1.5, "arms": {},
+             "best_arm": "torch eager", "vs_fallback": {"arm": "torch eager", "range": [1.2, 2.4]}},
+            {"shape": {"M": 3, "N": 1500}, "use": "#1", "table_s": 1e-5, "regret": 0.5, "arms": {},
+             "best_arm": "torch eager", "vs_fallback": {"arm": "torch eager", "range": [0.3, 0.7]}},
+            {"shape": {"M": 64, "N": 4000}, "use": "#2", "table_s": 1e-5, "regret": 0.01, "arms": {},
+             "best_arm": "torch eager", "vs_fallback": {"arm": "torch eager", "range": [-0.01, 0.015]}}]
+    cut = ranges.cut_slow_at_curve(t, rows)
+    assert [tid for tid, _ in cut] == [1, 1]  # from the range's list at 64x1000, its few-rows row at 3x1500
+    r0, r1 = t["ranges"]
+    assert r0["use"] == [2] and r0["rows"][0]["use"] == []  # the range's list, then its few-rows row
+    assert r1["use"] == [2] and t["exact"][0]["use"] == [1, 2]  # elsewhere it stays
+    # the row that found it, and every point of that list (the second one too), describe a table
+    # that does not ship: counted in no regret
+    assert rows[0]["cut"] and rows[1]["cut"] and "regret" not in rows[1] and not rows[2].get("cut")
+    assert "slower than torch eager at the curve's secret point 64x1000" in t["cut"][0]
+    assert "[#1 cut]" in ranges.format_curve(rows, ["N"])
+    assert "cut from its range" in ranges.format_ranges(t)
+
+
 def test_a_kernel_the_curve_found_wrong_leaves_the_table_and_the_curve_says_so():
     t = table()
     rows = [{"shape": {"M": 3, "N": 1207}, "use": "#1", "table_s": None, "table_error": "wrong: out[2, 1206]",

@@ -183,6 +183,10 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
         for tid in ranges.drop_wrong_at_curve(table, rows):
             if progress:
                 progress(f"#{tid} was wrong at a secret point of the curve: dropped from the table")
+        for tid, span in ranges.cut_slow_at_curve(table, rows):
+            if progress:
+                progress(f"#{tid} was slower than the table's fallback at a secret point in every round: "
+                         f"cut from {span}")
     finally:
         worker.close()
     resumed = None

@@ -601,6 +601,43 @@ def drop_wrong_at_curve(table: dict, rows: list[dict]) -> list[int]:
     return out
 
 
+def cut_slow_at_curve(table: dict, rows: list[dict]) -> list[tuple[int, str]]:
+    """A kernel slower than the table's own fallback at a secret point of the curve, in every
+    round by more than NOISE, leaves the list of the range (or level row) holding that point:
+    the range then takes the next kernel of its list there, or the fallback. A table times its
+    kernels at the tuning points and bisects only between points that disagree, so a kernel fast
+    at those sizes and slow between them kept a whole range at 2 to 3.5 times torch's time
+    (session 38's third red team); the curve's points are drawn in secret after the table is
+    built. [(trial, range described)] of the cuts; the rows keep their figures, marked `cut`."""
+    out, cut = [], set()  # cut: (id of the entry or level row, trial)
+    for row in rows:
+        vs = row.get("vs_fallback")
+        if not (vs and row["use"].startswith("#") and vs["range"][0] > NOISE):
+            continue
+        tid = int(row["use"][1:])
+        e, w = entry_of(table, row["shape"])
+        holder = w or e
+        if holder is None or tid not in holder["use"]:
+            continue
+        holder["use"] = [t for t in holder["use"] if t != tid]
+        cut.add((id(holder), tid))
+        at = "x".join(str(v) for v in row["shape"].values())
+        why = (f"#{tid} slower than {vs['arm']} at the curve's secret point {at} in every round "
+               f"({vs['range'][0]:+.0%} to {vs['range'][1]:+.0%})")
+        holder.setdefault("cut", []).append(why)
+        table.setdefault("cut", []).append(why)
+        span = ", ".join(f"{a} {e['lo'][a]}..{e['hi'][a] - 1}" for a in table["axes"]) if "lo" in e else at
+        out.append((tid, span))
+    for row in rows:  # every point of a list a kernel left: its time is no longer the shipped table's
+        if row["use"].startswith("#"):
+            e, w = entry_of(table, row["shape"])
+            if (id(w or e), int(row["use"][1:])) in cut:
+                row["cut"] = True
+                row.pop("regret", None)
+                row.pop("regret_range", None)
+    return out
+
+
 def _first(use: list[int], prober: Prober, shape: dict) -> int | None:
     return next((tid for tid in use if prober.serves(tid, shape)), None)
 
@@ -1197,6 +1234,11 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
                # graph replay or direct launches: every arm of a point runs in the same mode
                "mode": (r.get(f"#{pick}") or r.get("torch eager") or {}).get("mode"),
                **({"table_clock": table_clock} if table_clock else {})}
+        if pick is not None:  # against what the table would take there without the kernel
+            alt = fallback_of(table, shape) or "torch eager"
+            vs = regret_spread(table_rounds, (r.get(alt) or {}).get("rounds") or [])
+            if vs is not None:
+                row["vs_fallback"] = {"arm": alt, "range": vs}
         if table_s and best_arm[0]:
             row["regret"] = table_s / best_arm[0] - 1
             row["bytes_per_s"] = f["bytes"] / table_s
@@ -1261,7 +1303,7 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                      f"{arm_us(a, 'triton')}  "
                      + "".join(f"{arm_us(a, n)}  " for n in named) +
                      f"{(r.get('regret') or 0) * 100:6.1f}% {_spread_text(r):>15}  {r['best_arm'] or '-'}"
-                     + f"  [{r['use']}{' dropped' if r.get('dropped') else ''}]"
+                     + f"  [{r['use']}{' dropped' if r.get('dropped') else ''}{' cut' if r.get('cut') else ''}]"
                      + (" graph" if r.get("mode") == "graph" else ""))
     worst = max((r.get("regret") or 0 for r in rows), default=0)
     lost = [r for r in rows if beyond_noise(r)]
@@ -1274,6 +1316,9 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                  + ("; read%: the table's time against the op's bytes at the profile's read-only bandwidth)"
                     if ceiling == "read" else ")"))
     lines += clock_notes(rows)
+    if any(r.get("cut") for r in rows):
+        lines.append("[#N cut]: slower than the table's own fallback there in every round: the kernel was cut from "
+                     "that range (cut_slow_at_curve), so its time there is counted in no regret")
     if any(r.get("dropped") and not r.get("table_error") for r in rows):
         lines.append("[#N dropped]: a kernel dropped since (wrong at another point): its time there, not the "
                      "shipped table's, counted in no regret")
@@ -1363,6 +1408,8 @@ def format_ranges(table: dict) -> str:
                      + (f"{len(v['dropped'])} wrong, dropped" if v["dropped"] else "none wrong"))
     for tid, why in (table.get("dropped") or {}).items():
         lines.append(f"  dropped #{tid}: {why[:300]}")
+    for why in table.get("cut", ()):
+        lines.append(f"  cut from its range: {why[:300]}")
     if table.get("batch_axis"):
         lines.append(invariance_line(table["batch_axis"], {k: v.get("batch_invariant")
                                                            for k, v in table.get("kernels", {}).items()}))

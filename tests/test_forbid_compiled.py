@@ -326,6 +326,15 @@ def test_device_side_launch_and_external_functions_in_the_ptx():
     ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16", "lower_precision"),
     ("red.global.add.f32", None), ("atom.global.add.u32", None), ("cvt.s8.s32", None), ("cvt.u32.u8", None),
     ("atom.global.cas.b16", None),
+    # session 38's third red team: sums across devices' memory, typeless tensor sums, 8-bit SIMD;
+    # and what the judge sorts into no action, refused beyond the approved build's count
+    ("multimem.red.relaxed.gpu.global.add.bf16x2", "lower_precision"),
+    ("multimem.ld_reduce.relaxed.gpu.global.add.acc::f32.bf16x2", "lower_precision"),
+    ("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group", "lower_precision"),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", None),
+    ("vabsdiff4.u32.u32.u32", "lower_precision"), ("vadd2.u32.u32.u32.sat", "lower_precision"),
+    ("sad.u32", "lower_precision"), ("cvt.rn.satfinite.e2m1x4.f32", "lower_precision"),
+    ("multimem.st.relaxed.gpu.global.f32", "unjudged"), ("tensormap.replace.tile.global_address.b1024.b64", "unjudged"),
 ])
 def test_classify(op, action):
     assert ptx.classify(op) == action
@@ -642,3 +651,11 @@ def test_the_reader_reads_every_statement_of_the_attention_and_tensor_core_templ
     b = ev.build(ev.render_all(start), ev.geometry(start), None)
     assert b.status == "ok", b.reason
     assert "%unreadable statements" not in b.ptx["data"], b.ptx
+
+
+def test_an_instruction_sorted_into_no_action_is_refused_beyond_the_approved_builds_count():
+    a = {"code": {}, "asm": {"tensormap.replace.tile.global_address.b1024.b64": 2}, "extern": {}, "data": {}}
+    action, why = ptx.compare(a, {"code": {}, "asm": {"tensormap.replace.tile.global_address.b1024.b64": 1},
+                                  "extern": {}, "data": {}}, [])
+    assert action == "unjudged_ptx" and "2 in the candidate's PTX vs 1" in why
+    assert ptx.compare(a, {"code": {}, "asm": dict(a["asm"]), "extern": {}, "data": {}}, []) is None

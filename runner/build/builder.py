@@ -230,7 +230,7 @@ class Builder:
             if found:
                 action, why = found
                 what = forbid.NAMED[action].description if action in forbid.NAMED else \
-                    ptx.UNREADABLE if action == "unreadable_ptx" else ptx.DEVICE_STATE
+                    {"unreadable_ptx": ptx.UNREADABLE, "unjudged_ptx": ptx.UNJUDGED}.get(action, ptx.DEVICE_STATE)
                 return (f"{action}: {what}: shape {i}: {why}"
                         + ("" if ok else " (the approved template does not compile at these parameters)"),
                         mine, theirs)

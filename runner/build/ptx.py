@@ -56,21 +56,32 @@ _ARITH = {"add", "sub", "mul", "fma", "mad", "div", "rcp", "sqrt", "rsqrt", "ex2
           "min", "max", "neg", "abs", "cvt"}
 _EXACT_HALF = {"neg", "abs", "cvt"}  # exact on half types (cvt is a conversion, not arithmetic)
 _APPROX_BASES = {"ex2", "lg2", "sin", "cos", "rcp", "rsqrt", "sqrt", "tanh", "div"}
-_MMA = {"mma", "wmma", "wgmma"}
+_MMA = {"mma", "wmma", "wgmma", "tcgen05"}
 _TYPES = {"f16", "bf16", "f16x2", "bf16x2", "tf32", "f32", "f64", "e4m3", "e5m2", "s8", "u8", "s4", "u4", "b1",
           "s32"}
 
 ALLOWED_EXTERN = ("vprintf", "__assertfail")
 UNREADABLE = "PTX the judge cannot read: a spelling its reader does not take is refused, not skipped"
+UNJUDGED = "an instruction the judge sorts into no forbidden action, beyond the approved template's use of it"
 DEVICE_STATE = ("state that outlives a call: module-scope device data (a __device__ or __managed__ variable) "
                 "that the approved template's build does not declare")
 
 # 8-bit and narrower types: an MMA that reads them, or a conversion that rounds to them, computes
 # in less than any op here declares (bf16 at the least)
-_NARROW = {"e4m3", "e5m2", "e4m3x2", "e5m2x2", "e2m1", "e2m1x2", "e3m2", "e3m2x2", "e2m3", "e2m3x2", "s8", "u8",
-           "s4", "u4", "b1", "ue8m0", "ue8m0x2"}
+_NARROW = {"e4m3", "e5m2", "e4m3x2", "e5m2x2", "e4m3x4", "e5m2x4", "e2m1", "e2m1x2", "e2m1x4", "e3m2", "e3m2x2",
+           "e3m2x4", "e2m3", "e2m3x2", "e2m3x4", "s8", "u8", "s4", "u4", "b1", "ue8m0", "ue8m0x2"}
 _NARROW_FLOAT = {t for t in _NARROW if t[0] == "e" or t.startswith("ue")}  # fp8, fp6, fp4 and the scale type
 _REDUCE = {"atom", "red"}  # read-modify-write arithmetic in memory
+_WIDE = {"f32", "f64", "u32", "s32", "u64", "s64", "b32", "b64", "acc::f32"}
+# SIMD and dot-product arithmetic on 8- and 16-bit integers (`__vadd4`, `__dp4a`, ...)
+_INT_SIMD = {"dp4a", "dp2a", "sad", "vadd", "vadd2", "vadd4", "vsub", "vsub2", "vsub4", "vabsdiff", "vabsdiff2",
+             "vabsdiff4", "vavrg2", "vavrg4", "vmax", "vmax2", "vmax4", "vmin", "vmin2", "vmin4", "vset", "vset2",
+             "vset4", "vshl", "vshr", "vmad"}
+# instructions the judge does not sort into an action: a variant may have no more of them than the
+# approved template's build, whatever the spec names (a list of what to refuse missed
+# `multimem`, typeless tensor sums and video SIMD: session 38's third red team)
+_UNJUDGED = {"multimem", "tensormap", "tcgen05", "alloca", "stacksave", "stackrestore", "brkpt", "pmevent",
+             "suld", "sust", "sured", "suq", "clusterlaunchcontrol", "istypeof"}
 
 
 def classify(opcode: str) -> str | None:
@@ -78,8 +89,14 @@ def classify(opcode: str) -> str | None:
     parts = opcode.lower().split(".")
     base, mods = parts[0], parts[1:]
     ms = set(mods)
-    if base in ("dp4a", "dp2a"):  # dot products of 8-bit (and 16-bit) integers: quantised arithmetic
+    if base in _INT_SIMD:  # 8- and 16-bit integer arithmetic: quantised math
         return "lower_precision"
+    if base == "multimem":  # a sum across devices' memory in a half type (or an unnamed one)
+        return "lower_precision" if "add" in ms and (ms & _HALF or not ms & _WIDE) else "unjudged"
+    if base == "cp" and "reduce" in ms and "add" in ms and not ms & (_HALF | _WIDE):
+        return "lower_precision"  # a tensor bulk sum takes its type from the tensor map: not known here
+    if base in _UNJUDGED:
+        return "unjudged"
     if base in _MMA:
         if "tf32" in ms or ms & _NARROW:  # TF32 or 8-bit (and narrower) operands
             return "lower_precision"
@@ -381,6 +398,13 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     for part in ("asm", "code"):
         for op, n in cand.get(part, {}).items():
             action = classify(op)
+            if action == "unjudged":  # whatever the spec names, as many as the approved build at most
+                b = base.get(part, {}).get(op, 0)
+                if n > b:
+                    return "unjudged_ptx", (f"'{op}' in the {where[part]}: {n} in the candidate's PTX vs {b} in the "
+                                            "approved template's build; an instruction the judge sorts into no action "
+                                            "is allowed only as often as the approved template uses it")
+                continue
             if action not in named or (part == "code" and op in waived):
                 continue
             b = base.get(part, {}).get(op, 0)

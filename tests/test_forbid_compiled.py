@@ -333,7 +333,8 @@ def test_device_side_launch_and_external_functions_in_the_ptx():
     ("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group", "lower_precision"),
     ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", None),
     ("vabsdiff4.u32.u32.u32", "lower_precision"), ("vadd2.u32.u32.u32.sat", "lower_precision"),
-    ("sad.u32", "lower_precision"), ("cvt.rn.satfinite.e2m1x4.f32", "lower_precision"),
+    ("sad.u32", None), ("sad.u16", "lower_precision"), ("vmax.s32.s32.s32", "unjudged"),
+    ("cvt.rn.satfinite.e2m1x4.f32", "lower_precision"),
     ("multimem.st.relaxed.gpu.global.f32", "unjudged"), ("tensormap.replace.tile.global_address.b1024.b64", "unjudged"),
 ])
 def test_classify(op, action):
@@ -614,6 +615,8 @@ def test_a_forbidden_instruction_behind_a_line_directive_a_label_or_a_scope_is_r
 def test_a_call_and_an_extern_with_no_space_are_read():
     a = ptx.analyze(_asm("{ .reg .b64 r0; call.uni(r0), malloc, (r0); }") + ".extern.func (.param .b64 r) free(.param .b64 p);\n")
     assert a["extern"] == {"free": 1, "malloc": 1}, a
+    # a call through a function pointer names a register, no function: nothing external
+    assert ptx.analyze(_asm("call.uni (r0), %rd11, (r0), proto;"))["extern"] == {}
     assert ptx.compare(a, None, ["library_calls"])[0] == "library_calls"
 
 

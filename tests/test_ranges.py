@@ -263,7 +263,9 @@ def test_compare_builds_ranges_that_cover_the_domain_in_order(ranged_run):
     # the honest template is right at every size swept
     in_ranges = {int(x) for r in rs for u in [r["use"]] + [w["use"] for w in r.get("rows", ())] for x in u}
     v = t["verified"]
-    assert v["kernels"] == len(in_ranges) and v["dropped"] == [] and "dropped" not in t
+    # (a kernel the curve then cut from every range it held is verified, and listed nowhere)
+    assert v["kernels"] >= len(in_ranges) and v["dropped"] == [] and "dropped" not in t
+    assert v["kernels"] == len(in_ranges) or t.get("cut")
     assert v["shapes"] >= v["kernels"] and "verified (not timed)" in ranges.format_ranges(t)
     text = ranges.format_ranges(t)
     assert "N 64.." in text and "exactly 256x1024" in text
@@ -295,7 +297,8 @@ def test_curve_points_are_secret_untuned_and_compared_to_every_arm(ranged_run):
         assert "torch.compile" not in r["arms"] and "copy" in r["arms"]  # left out, as asked
         if r["use"] != "fallback":
             assert spec.kernel.serves_shape(doc["range_table"]["kernels"][r["use"][1:]]["params"], r["shape"], 4)
-        assert r["regret"] == pytest.approx(r["table_s"] / r["best_arm_s"] - 1)
+        # (a point of a list the curve cut a kernel from describes no shipped table: no regret)
+        assert r.get("cut") or r["regret"] == pytest.approx(r["table_s"] / r["best_arm_s"] - 1)
     a = ranges.secret_points(spec, 11, 6)
     assert a == ranges.secret_points(spec, 11, 6) and a != ranges.secret_points(spec, 12, 6)
 

@@ -123,7 +123,12 @@ def test_a_kernel_slower_than_the_fallback_at_a_secret_point_leaves_that_range_o
              "best_arm": "torch eager", "vs_fallback": {"arm": "torch eager", "range": [0.3, 0.7]}},
             {"shape": {"M": 64, "N": 4000}, "use": "#2", "table_s": 1e-5, "regret": 0.01, "arms": {},
              "best_arm": "torch eager", "vs_fallback": {"arm": "torch eager", "range": [-0.01, 0.015]}}]
-    cut = ranges.cut_slow_at_curve(t, rows)
+    kept = table()
+    assert ranges.cut_slow_at_curve(kept, [dict(r) for r in rows], confirm=lambda tid, holder, row: False) == []
+    assert kept == table()  # not confirmed at more sizes of the range: one odd size cuts nothing
+    asked = []
+    cut = ranges.cut_slow_at_curve(t, rows, confirm=lambda tid, holder, row: asked.append(row["shape"]) or True)
+    assert asked == [rows[0]["shape"], rows[1]["shape"]]
     assert [tid for tid, _ in cut] == [1, 1]  # from the range's list at 64x1000, its few-rows row at 3x1500
     r0, r1 = t["ranges"]
     assert r0["use"] == [2] and r0["rows"][0]["use"] == []  # the range's list, then its few-rows row
@@ -134,6 +139,20 @@ def test_a_kernel_slower_than_the_fallback_at_a_secret_point_leaves_that_range_o
     assert "slower than torch eager at the curve's secret point 64x1000" in t["cut"][0]
     assert "[#1 cut]" in ranges.format_curve(rows, ["N"])
     assert "cut from its range" in ranges.format_ranges(t)
+
+
+def test_the_confirming_sizes_lie_in_the_points_range_at_its_rows(bench):
+    spec, _ = bench
+    t = table()
+    r0 = t["ranges"][0]
+    row = {"shape": spec.op.point({"N": 1000}), "use": "#1"}
+    pts = ranges.confirm_points(spec, t, r0, row, seed=5)
+    assert len(pts) == ranges.CONFIRM and row["shape"] not in pts
+    assert all(64 <= p["N"] < 2048 and p == spec.op.point({"N": p["N"]}) for p in pts)
+    few = {"shape": {"M": 3, "N": 1000}, "use": "#1"}  # a few-rows point: its level row, its rows
+    pts = ranges.confirm_points(spec, t, r0["rows"][0], few, seed=5)
+    assert pts and all(p["M"] == 3 and 64 <= p["N"] < 2048 for p in pts)
+    assert ranges.confirm_points(spec, t, r0, row, seed=6) != ranges.confirm_points(spec, t, r0, row, seed=5)
 
 
 def test_a_kernel_the_curve_found_wrong_leaves_the_table_and_the_curve_says_so():

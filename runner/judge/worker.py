@@ -1360,7 +1360,9 @@ def _dense_salt(inputs: dict, targets: list[str], rng: random.Random, dense: boo
     """A _DenseSalt for each floating-point salted input, where `dense`."""
     if not dense:
         return []
-    return [_DenseSalt(t, rng.getrandbits(63)) for t in targets if inputs[t].is_floating_point()]
+    # (16 bits and wider: an 8-bit float input has no random draw of its own dtype)
+    return [_DenseSalt(t, rng.getrandbits(63)) for t in targets
+            if inputs[t].is_floating_point() and inputs[t].element_size() >= 2]
 
 
 def _apply_salt(inputs: dict, salt: list) -> None:

@@ -114,7 +114,7 @@ def range_section(spec, rt: dict, history, ship) -> dict:
     return {"axes": rt["axes"], "domain": {s: [d.min, d.max] for s, d in spec.op.domain.items()},
             # a `tune` symbol with no max serves up to ROWS_CAP times its tuning value (Op.row_cap):
             # what the judge verified; above it, the fallback
-            "caps": {s: f"{ROWS_CAP} * max({d.min}, {d.tune.text})" for s, d in spec.op.domain.items()
+            "caps": {s: f"{ROWS_CAP} * max({d.min}, int({d.tune.text}))" for s, d in spec.op.domain.items()
                      if d.tune is not None and d.max is None},
             # op.domain_where: a size where it does not hold is outside the domain (the fallback)
             "where": spec.op.domain_where.text if spec.op.domain_where is not None else None,

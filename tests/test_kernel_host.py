@@ -40,9 +40,17 @@ static void work(int64_t n, float* x) {  // CPU work, not wall time: the same un
   x[1] = a;
 }
 
+// wall time by the clock_gettime system call itself: the host turns the time-stamp counter off
+// before it loads a library, so the vDSO's clock (rdtsc) faults there
+static double now_ms() {
+  struct timespec ts;
+  syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static void spin_ms(double ms) {
-  auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < ms) {}
+  const double t0 = now_ms();
+  while (now_ms() - t0 < ms) {}
 }
 
 // mode 0: honest (adds 1 to x); 1: writes the host's `done` itself, then works 8 ms;
@@ -105,6 +113,7 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     __asm__ volatile("fldcw %0" :: "m"(cw));
     return;
   }
+  if (mode == 21) { out[0] = (int64_t)__rdtsc(); return; }  // the time-stamp counter (off: a fault)
   if (mode == 11) {  // the control block's text area (the judge writes it at LOAD only)
     volatile uint64_t* t = (volatile uint64_t*)((char*)ctl + 1024 + 2048);
     volatile uint64_t* st = (volatile uint64_t*)((char*)ctl + 48);
@@ -480,3 +489,14 @@ def test_no_floating_point_mode_or_control_word_outlives_a_call(rig):
     c()
     c()
     assert int(out[0]) == 0 and int(out[1]) == 0, (hex(int(out[0])), hex(int(out[1])))
+
+
+
+def test_a_kernel_that_reads_the_time_stamp_counter_faults(rig):
+    """The host turns the time-stamp counter off before it loads a library (PR_SET_TSC): a kernel
+    that keyed its work on `__rdtsc()` was slow in most rounds of a comparison and fast in one
+    (session 38's fourth red team). It now dies on its first call, and the judge says so."""
+    h, census, x, out, call = rig
+    call(0)()  # an honest call first: the host itself reads no clock
+    with pytest.raises(host.HostDied, match="SIGSEGV"):
+        call(21)()

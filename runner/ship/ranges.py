@@ -604,10 +604,12 @@ def drop_wrong_at_curve(table: dict, rows: list[dict]) -> list[int]:
 CONFIRM = 4  # sizes of a range a kernel the curve found slow there is timed at again before a cut
 
 
-def slower_in_every_round(table_rounds: list, fallback_rounds: list) -> bool:
-    """Slower than the fallback in every round by more than NOISE (two rounds at least)."""
-    vs = regret_spread(table_rounds, fallback_rounds)
-    return vs is not None and vs[0] > NOISE
+def slower_by_median(table_rounds: list, fallback_rounds: list) -> bool:
+    """Slower than the fallback by more than NOISE in the median round (two rounds at least): a
+    kernel slow in most rounds and fast in one is slow (a clock-keyed one was fast in one round
+    of four and never cut, session 38's fourth red team)."""
+    pairs = sorted(t / a - 1 for t, a in zip(table_rounds, fallback_rounds) if t and a)
+    return len(pairs) >= 2 and statistics.median(pairs) > NOISE
 
 
 def confirm_points(spec, table: dict, holder: dict, row: dict, seed: int, n: int = CONFIRM) -> list[dict]:
@@ -638,11 +640,11 @@ def confirm_points(spec, table: dict, holder: dict, row: dict, seed: int, n: int
 
 
 def cut_slow_at_curve(table: dict, rows: list[dict], confirm=None) -> list[tuple[int, str]]:
-    """A kernel slower than the table's own fallback at a secret point of the curve, in every
-    round by more than NOISE, and again at most of CONFIRM more sizes drawn in secret inside the
-    same range (`confirm(tid, holder, row)`, which times them; None: the point alone), leaves
-    the list of the range (or level row) holding that point: the range then takes the next
-    kernel of its list there, or the fallback. A table times its kernels at the tuning points
+    """A kernel slower than the table's own fallback at a secret point of the curve, by more
+    than NOISE in the median round, and again at most of CONFIRM more sizes drawn in secret inside
+    the same range (`confirm(tid, holder, row)`, which times them; None: the point alone), leaves
+    the list it was taken from there (the level row's, or the range's own), which then takes
+    the fallback. A table times its kernels at the tuning points
     and cuts a range only between points that disagree, so a kernel fast at those sizes and
     slow between them kept a whole range at 2 to 3.5 times torch's time (session 38's third red
     team); one odd size where torch's fast path wins is no such range, hence the confirmation.
@@ -651,20 +653,27 @@ def cut_slow_at_curve(table: dict, rows: list[dict], confirm=None) -> list[tuple
     out, cut = [], set()  # cut: (id of the entry or level row, trial)
     for row in rows:
         vs = row.get("vs_fallback")
-        if not (vs and row["use"].startswith("#") and vs["range"][0] > NOISE):
+        if not (vs and row["use"].startswith("#") and vs.get("median", vs["range"][0]) > NOISE):
             continue
         tid = int(row["use"][1:])
         e, w = entry_of(table, row["shape"])
-        holder = w or e
-        if holder is None or "lo" not in e or tid not in holder["use"]:
+        if e is None or "lo" not in e:
             continue  # (a named shape is timed at itself when the table is built)
+        # the list the lookup took it from: the level row's, else (a level row's kernels not
+        # serving there) the range's own
+        holder = w if w is not None and tid in w["use"] else e
+        if tid not in holder["use"] or (id(holder), tid) in cut:
+            continue
         if confirm is not None and not confirm(tid, holder, row):
             continue
-        holder["use"] = [t for t in holder["use"] if t != tid]
+        # the whole list goes: the others were timed at the range's point only, and the first of
+        # them that serves the rest of it may never have been (the fallback was, everywhere)
+        holder["use"] = []
         cut.add((id(holder), tid))
         at = "x".join(str(v) for v in row["shape"].values())
-        why = (f"#{tid} slower than {vs['arm']} at the curve's secret point {at} in every round "
-               f"({vs['range'][0]:+.0%} to {vs['range'][1]:+.0%})"
+        why = (f"#{tid} slower than {vs['arm']} at the curve's secret point {at} "
+               f"({vs.get('median', vs['range'][0]):+.0%} in the median round, {vs['range'][0]:+.0%} to "
+               f"{vs['range'][1]:+.0%})"
                + (f", and at most of {CONFIRM} more sizes of its range" if confirm is not None else ""))
         holder.setdefault("cut", []).append(why)
         table.setdefault("cut", []).append(why)
@@ -673,7 +682,7 @@ def cut_slow_at_curve(table: dict, rows: list[dict], confirm=None) -> list[tuple
     for row in rows:  # every point of a list a kernel left: its time is no longer the shipped table's
         if row["use"].startswith("#"):
             e, w = entry_of(table, row["shape"])
-            if (id(w or e), int(row["use"][1:])) in cut:
+            if any((id(h), int(row["use"][1:])) in cut for h in (w, e) if h is not None):
                 row["cut"] = True
                 row.pop("regret", None)
                 row.pop("regret_range", None)
@@ -1188,6 +1197,10 @@ def _drawn_points(spec, seed: int, n: int) -> list[dict]:
                 v |= 1
             env[a] = min(max(v, d.min), d.max)
         shape = spec.op.point(env)
+        if len(out) % 4 == 1:  # rows across all that is served (a kernel slow only there: s38f)
+            from ..judge.domain import wide_rows
+
+            shape = wide_rows(op, shape, rng)
         if len(out) % 4 == 3:
             for s in op.symbols:
                 d = op.domain[s]
@@ -1278,9 +1291,11 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
                **({"table_clock": table_clock} if table_clock else {})}
         if pick is not None:  # against what the table would take there without the kernel
             alt = fallback_of(table, shape) or "torch eager"
-            vs = regret_spread(table_rounds, (r.get(alt) or {}).get("rounds") or [])
+            alt_rounds = (r.get(alt) or {}).get("rounds") or []
+            vs = regret_spread(table_rounds, alt_rounds)
             if vs is not None:
-                row["vs_fallback"] = {"arm": alt, "range": vs}
+                pairs = [t / a - 1 for t, a in zip(table_rounds, alt_rounds) if t and a]
+                row["vs_fallback"] = {"arm": alt, "range": vs, "median": statistics.median(pairs)}
         if table_s and best_arm[0]:
             row["regret"] = table_s / best_arm[0] - 1
             row["bytes_per_s"] = f["bytes"] / table_s

@@ -132,13 +132,19 @@ def test_honest_variants_still_build(small, unroll):
 FLAGSHIPS = ["softmax-h200.yaml", "rmsnorm-h200.yaml", "cross-entropy-h200.yaml"]
 
 
-@pytest.mark.parametrize("name", FLAGSHIPS)
-def test_flagship_templates_pass_at_their_start(name):
+def _at_start(name: str):
+    """(spec, builder, start, the approved template's build) of a shipped spec at its start."""
     sp = shipped_spec(ROOT / "pipelines" / name)
     ev = Builder(sp)
     start = sp.starts[0]
     b = ev.build(ev.render_all(start), ev.geometry(start), None)
     assert b.status == "ok", b.reason
+    return sp, ev, start, b
+
+
+@pytest.mark.parametrize("name", FLAGSHIPS)
+def test_flagship_templates_pass_at_their_start(name):
+    sp, ev, start, b = _at_start(name)
     assert b.ptx is not None
     # the flagships compute in fp32: no half arithmetic, no inline-asm approximation
     assert not any(ptx.classify(op) == "lower_precision" for op in b.ptx["code"]), b.ptx
@@ -648,11 +654,7 @@ def test_inline_asm_that_writes_the_compilers_marks_is_refused_and_escapes_are_r
 
 @pytest.mark.parametrize("name", ["decode-attention-h200.yaml", "moe-coarse-tma-h200.yaml"])
 def test_the_reader_reads_every_statement_of_the_attention_and_tensor_core_templates(name):
-    sp = shipped_spec(ROOT / "pipelines" / name)
-    ev = Builder(sp)
-    start = sp.starts[0]
-    b = ev.build(ev.render_all(start), ev.geometry(start), None)
-    assert b.status == "ok", b.reason
+    b = _at_start(name)[3]
     assert "%unreadable statements" not in b.ptx["data"], b.ptx
 
 

@@ -15,10 +15,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
-from runner.build.builder import Builder  # noqa: E402
-from runner.spec.spec import load_spec  # noqa: E402
 
+from cuda_build import build, builder, evidence, verdict  # noqa: E402,F401
 from make_variants import variants  # noqa: E402
 
 # the same edits with the instructions spelled the ordinary way
@@ -36,21 +36,8 @@ def canonical(text: str) -> str:
     return text
 
 
-_BUILDERS: dict = {}
 
 
-def build(spec: str, text: str, params: dict | None = None):
-    ev = _BUILDERS.get(spec)
-    if ev is None:
-        ev = _BUILDERS[spec] = Builder(load_spec(ROOT / "pipelines" / spec))
-    params = params or ev.spec.starts[0]
-    vid = f"v{len(ev.variants)}"
-    ev.variants[vid] = text
-    return ev.build(ev.render_all(params, vid), ev.geometry(params), ev.approved_sources(params, vid))
-
-
-def verdict(b) -> str:
-    return "accepted" if b.status == "ok" else f"refused ({b.status}): {b.reason[:220]}"
 
 
 def main() -> int:
@@ -60,8 +47,7 @@ def main() -> int:
         on_disk = HERE / name
         if on_disk.exists():
             text = on_disk.read_text()
-        ev = _BUILDERS.get(spec) or Builder(load_spec(ROOT / "pipelines" / spec))
-        _BUILDERS[spec] = ev
+        ev = builder(spec)
         starts = ev.spec.starts if all_starts else ev.spec.starts[:1]
         for k, start in enumerate(starts):
             b = build(spec, text, start)

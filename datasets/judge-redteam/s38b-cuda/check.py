@@ -15,10 +15,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
-from runner.build.builder import Builder  # noqa: E402
-from runner.spec.spec import load_spec  # noqa: E402
 
+from cuda_build import build, builder, evidence, verdict  # noqa: E402,F401
 from make_variants import variants  # noqa: E402
 
 # the same edits with the instructions spelled the ordinary way (each trick undone)
@@ -35,17 +35,7 @@ def canonical(text: str) -> str:
     return text
 
 
-_BUILDERS: dict = {}
 
-
-def build(spec: str, text: str, params: dict | None = None):
-    ev = _BUILDERS.get(spec)
-    if ev is None:
-        ev = _BUILDERS[spec] = Builder(load_spec(ROOT / "pipelines" / spec))
-    params = params or ev.spec.starts[0]
-    vid = f"v{len(ev.variants)}"
-    ev.variants[vid] = text
-    return ev.build(ev.render_all(params, vid), ev.geometry(params), ev.approved_sources(params, vid))
 
 
 # what each variant's PTX must hold (so an acceptance is not vacuous): read from the cached PTX
@@ -58,7 +48,7 @@ EVIDENCE = {"w1": r"ex2\.approx\.ftz\.f32|rcp\.approx\.ftz\.f32", "w2": r"rsqrt\
 def evidence(name: str, spec: str, text: str, params: dict) -> str:
     import re
 
-    ev = _BUILDERS[spec]
+    ev = builder(spec)
     vid = f"e{len(ev.variants)}"
     ev.variants[vid] = text
     arts, _ = ev.compiled(ev.render_all(params, vid))
@@ -66,9 +56,6 @@ def evidence(name: str, spec: str, text: str, params: dict) -> str:
     n = sum(len(re.findall(rx, Path(a).with_suffix(".ptx").read_text())) for a in dict.fromkeys(arts or []))
     return f"{n} match(es) of /{rx}/ in the accepted build's PTX"
 
-
-def verdict(b) -> str:
-    return "accepted" if b.status == "ok" else f"refused ({b.status}): {b.reason[:220]}"
 
 
 def main() -> int:
@@ -78,8 +65,7 @@ def main() -> int:
         on_disk = HERE / name
         if on_disk.exists():
             text = on_disk.read_text()
-        ev = _BUILDERS.get(spec) or Builder(load_spec(ROOT / "pipelines" / spec))
-        _BUILDERS[spec] = ev
+        ev = builder(spec)
         starts = ev.spec.starts if all_starts else ev.spec.starts[:1]
         for k, start in enumerate(starts):
             b = build(spec, text, start)

@@ -17,39 +17,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
-from runner.build.builder import Builder  # noqa: E402
-from runner.spec.spec import load_spec  # noqa: E402
 
+from cuda_build import build, builder, evidence, verdict  # noqa: E402,F401
 from make_variants import variants  # noqa: E402
 
-_BUILDERS: dict = {}
 
 
-def builder(spec: str) -> Builder:
-    if spec not in _BUILDERS:
-        _BUILDERS[spec] = Builder(load_spec(ROOT / "pipelines" / spec))
-    return _BUILDERS[spec]
 
 
-def build(spec: str, text: str, params: dict):
-    ev = builder(spec)
-    vid = f"v{len(ev.variants)}"
-    ev.variants[vid] = text
-    return ev.build(ev.render_all(params, vid), ev.geometry(params), ev.approved_sources(params, vid))
-
-
-def evidence(spec: str, text: str, params: dict, rx: str) -> str:
-    ev = builder(spec)
-    vid = f"e{len(ev.variants)}"
-    ev.variants[vid] = text
-    arts, _ = ev.compiled(ev.render_all(params, vid))
-    n = sum(len(re.findall(rx, Path(a).with_suffix(".ptx").read_text())) for a in dict.fromkeys(arts or []))
-    return f"{n} match(es) of /{rx}/ in the accepted build's PTX"
-
-
-def verdict(b) -> str:
-    return "accepted" if b.status == "ok" else f"refused ({b.status}): {b.reason[:220]}"
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Per-call times of moe-cpu template variants on fresh inputs, outside the judge: the mean a
-caller pays against the median the judge's figure takes (finding B).
-    python calls.py T CALLS TEMPLATE:MR:NR ...   (from this folder, venv active)"""
-import ctypes, statistics, subprocess, sys, time
+caller pays against the median the judge's figure takes (s38e's failed attempt 1, s38f's finding B).
+    python calls.py T CALLS TEMPLATE:MR:NR ...   (from the reproducer's folder, venv active; builds in /tmp/calls-OUT)"""
+import ctypes, os, statistics, subprocess, sys, time
 import jinja2, torch
 sys.path.insert(0, "/work/main")
 from runner.judge.inputs import routing_counts
@@ -11,7 +11,8 @@ libs = []
 for spec in sys.argv[3:]:
     tpl, mr, nr = spec.split(":")
     src = jinja2.Template(open(tpl).read()).render(E=4, N=96, K=64, SWIGLU=0, MR=int(mr), NR=int(nr), ctype="uint16_t")
-    base = f"/tmp/s38e/{tpl.replace('/', '_')}_{mr}_{nr}"
+    os.makedirs("/tmp/calls-out", exist_ok=True)
+    base = f"/tmp/calls-out/{tpl.replace('/', '_')}_{mr}_{nr}"
     open(base + ".cpp", "w").write(src)
     subprocess.run(["g++", "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", base + ".cpp", "-o", base + ".so"], check=True)
     f = ctypes.CDLL(base + ".so").moe_gemm_cpu

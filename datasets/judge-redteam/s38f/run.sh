@@ -47,7 +47,7 @@ if [ "$what" = blink ] || [ "$what" = all ]; then
     timeout 580 python -m runner.cli compare "$d" --no-compile --no-triton --no-arms -q 2>&1 | sed -n '1,36p'
   done
   echo "-- per-call times outside the judge, fresh inputs, T = 13 (30000 calls: many 30 ms windows)"
-  python calls.py 13 30000 ../../../kernel_templates/moe_gemm.cpp.j2:4:16 moe_blink.cpp.j2:4:16
+  python ../s38e/calls.py 13 30000 ../../../kernel_templates/moe_gemm.cpp.j2:4:16 moe_blink.cpp.j2:4:16
 fi
 
 if [ "$what" = levels ] || [ "$what" = all ]; then

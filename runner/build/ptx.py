@@ -76,10 +76,10 @@ _WIDE = {"f32", "f64", "u32", "s32", "u64", "s64", "b32", "b64", "acc::f32"}
 # SIMD and dot-product arithmetic on 8- and 16-bit integers (`__vadd4`, `__dp4a`, ...)
 _INT_SIMD = {"dp4a", "dp2a", "vadd2", "vadd4", "vsub2", "vsub4", "vabsdiff2", "vabsdiff4", "vavrg2", "vavrg4",
              "vmax2", "vmax4", "vmin2", "vmin4", "vset2", "vset4"}
-# the scalar video instructions: 32-bit, or bytes and halves picked by selectors (`.b0`, `.h1`)
 # instructions the judge does not sort into an action: a variant may have no more of them than the
 # approved template's build, whatever the spec names (a list of what to refuse missed
-# `multimem`, typeless tensor sums and video SIMD: session 38's third red team)
+# `multimem`, typeless tensor sums and video SIMD: session 38's third red team); the scalar video
+# instructions among them work on 32 bits, or on bytes and halves picked by selectors (`.b0`)
 _UNJUDGED = {"multimem", "tensormap", "tcgen05", "alloca", "stacksave", "stackrestore", "brkpt", "pmevent",
              "suld", "sust", "sured", "suq", "clusterlaunchcontrol", "istypeof",
              "vadd", "vsub", "vabsdiff", "vmin", "vmax", "vshl", "vshr", "vmad", "vset"}
@@ -184,14 +184,17 @@ vsub4 wgmma wmma xor
 """.split())
 
 
-def _whole(statement: str, op: str) -> bool:
-    """Whether the opcode read is the statement's whole first word: what follows it (past a
-    guard) is whitespace then operands, or nothing (`ret`), never more of the word (`::` in a
-    modifier the reader stopped at, session 38's second red team)."""
+def _read(statement: str) -> tuple[str | None, bool]:
+    """(the opcode with its modifiers as one word, whether that is the statement's whole first
+    word): past a guard, what follows the opcode is whitespace then operands, or nothing
+    (`ret`), never more of the word (`::` in a modifier the reader stopped at, session 38's
+    second red team)."""
     rest = _GUARD.sub("", statement.strip())
     m = _OPCODE.match(rest)
-    tail = rest[m.end():] if m else rest
-    return not tail or tail[0] in " (" or tail[0] == "{" or tail[0] == "["
+    if not m:
+        return None, False
+    tail = rest[m.end():]
+    return m.group(1) + re.sub(r"\s+", "", m.group(2)), not tail or tail[0] in " ({["
 
 
 # (CPU backend) bytes of a library's load-time function tables beyond the toolchain's: code run
@@ -232,13 +235,12 @@ def _asm_lines(lines: list[str]) -> list[bool]:
     line cannot end its region early."""
     marks = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _MARK.match(ln))]
     inside = [False] * len(lines)
-    for k, (i, kind) in enumerate(marks):
-        if kind != "begin":
-            continue
-        nxt = next((j for j, kd in marks[k + 1:] if kd == "begin"), len(lines))
-        ends = [j for j, kd in marks[k + 1:] if kd == "end" and j < nxt]
-        stop = ends[-1] if ends else nxt
-        for j in range(i, stop):
+    begins = [k for k, (_, kind) in enumerate(marks) if kind == "begin"]
+    for b, k in enumerate(begins):  # each begin's region: to the last end before the next begin
+        after = begins[b + 1] if b + 1 < len(begins) else len(marks)
+        ends = [marks[e][0] for e in range(k + 1, after) if marks[e][1] == "end"]
+        stop = ends[-1] if ends else (marks[after][0] if after < len(marks) else len(lines))
+        for j in range(marks[k][0], stop):
             inside[j] = True
     return inside
 
@@ -262,6 +264,8 @@ _LINE_DIRECTIVES = frozenset({".loc", ".file", ".version", ".target", ".address_
                               ".reqnctapercluster", ".maxclusterrank", ".pragma"})
 _LABEL = re.compile(r"[%$A-Za-z_][\w$%]*\s*:(?!:)")  # `$L__BB0_2:`, `%pipe:`, never `::`
 _SKIP = re.compile(r"[\s{};]+")  # whitespace, scope braces, empty statements
+_DIRECTIVE = re.compile(r"\.\w+")
+_CALL = re.compile(r"call(?:\s*\.\s*\w+)*\s*(?:\([^)]*\)\s*,\s*)?([A-Za-z_$%][\w$%]*)")
 
 
 def _pieces(text: str):
@@ -278,7 +282,7 @@ def _pieces(text: str):
             i = m.end()
             continue
         if text[i] == ".":
-            name = re.match(r"\.\w+", text[i:]).group(0) if re.match(r"\.\w", text[i:]) else "."
+            name = m.group(0) if (m := _DIRECTIVE.match(text, i)) else "."
             semi = text.find(";", i)
             semi = n if semi < 0 else semi
             if name in _LINE_DIRECTIVES:
@@ -307,14 +311,12 @@ def statements(text: str) -> list[str]:
 def opcode(statement: str) -> str | None:
     """The opcode and its modifiers as one word (`ex2.approx.ftz.f32`), however ptxas would
     have let them be spaced, past a guard (`@p`, `@ !p`)."""
-    m = _OPCODE.match(_GUARD.sub("", statement.strip()))
-    return m.group(1) + re.sub(r"\s+", "", m.group(2)) if m else None
+    return _read(statement)[0]
 
 
 def _call_target(statement: str) -> str | None:
     """The function a `call` names: `call.uni (ret), name, (args)`, `call name, (args)`."""
-    m = re.match(r"^(?:@\s*!?\s*%?[\w$]+\s*)?call(?:\s*\.\s*\w+)*\s*(?:\([^)]*\)\s*,\s*)?([A-Za-z_$%][\w$%]*)",
-                 statement)
+    m = _CALL.match(_GUARD.sub("", statement.strip()))
     return m.group(1) if m else None
 
 
@@ -341,8 +343,8 @@ def analyze(ptx: str) -> dict:
             if in_asm and not _ASM_DIRECTIVE.match(st):  # inline asm declares registers, nothing else
                 data[_UNREADABLE] += 1
             continue
-        op = opcode(st)
-        if op is None or op.split(".")[0].lower() not in OPCODES or not _whole(st, op):
+        op, whole = _read(st)
+        if op is None or op.split(".")[0].lower() not in OPCODES or not whole:
             data[_UNREADABLE] += 1  # what the reader cannot read is counted, never skipped
             continue
         if op.startswith("call"):

@@ -9,8 +9,8 @@ non-axis symbols (`tune` ones, the rows) are drawn small, where bugs in the
 edges of a grid live and verification is cheap, or, in about half the shapes,
 across all that the op serves (`wide_rows`: above 64, next to the tuning
 value, at the top, log-uniform up to the symbol's max or its cap, op.row_cap),
-since a kernel may serve its few rows right and its many rows wrong. Every shape satisfies op.domain_where (sizes outside it
-are outside the domain).
+since a kernel may serve its few rows right and its many rows wrong. Every
+shape satisfies op.domain_where (sizes outside it are outside the domain).
 """
 
 from __future__ import annotations
@@ -93,8 +93,7 @@ def wide_rows(op, shape: dict, rng: random.Random) -> dict:
         if d is None or s in op.axes:
             continue
         t = max(d.min, int(tuned[s]))
-        cap = op.row_cap(s, shape)
-        hi = d.max if d.max is not None else (cap if cap is not None else 2 * t)
+        hi = d.max if d.max is not None else op.row_cap(s, shape)
         lo = min(hi, d.min + SMALL + 1)
         kind = rng.random()
         if kind < 0.2:
@@ -109,6 +108,16 @@ def wide_rows(op, shape: dict, rng: random.Random) -> dict:
                 v |= 1
         out[s] = max(d.min, min(hi, v))
     return out
+
+
+def widened(op, shape: dict, rng: random.Random, serves, taken: list[dict]) -> dict:
+    """About WIDE of the time, `shape` with its rows drawn across what the op serves (wide_rows),
+    where that shape is served, holds op.domain_where and is not taken yet; else `shape`."""
+    if rng.random() < WIDE:
+        wide = wide_rows(op, shape, rng)
+        if wide not in taken and op.where_holds(wide) and serves(wide):
+            return wide
+    return shape
 
 
 def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
@@ -160,11 +169,7 @@ def draws(op, serves, seed: int, n: int = DRAWS) -> list[dict]:
             picks = [hi, lo] if attempt % 2 == 0 else [lo, hi]
         picks.append(rng.choice(good))
         for v in picks:
-            shape = {**fixed, a: v}
-            if rng.random() < WIDE:  # the rows across what the op serves, where that is served
-                wide = wide_rows(op, shape, rng)
-                if wide not in out and op.where_holds(wide) and serves(wide):
-                    shape = wide
+            shape = widened(op, {**fixed, a: v}, rng, serves, out)
             if shape not in out and serves(shape):
                 out.append(shape)
             if len(out) >= n:
@@ -199,10 +204,8 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
                 shape[s] = env[s]
             elif not large:
                 shape[s] = small_rows(op, s, rng)
-        if not large and rng.random() < WIDE:
-            wide = wide_rows(op, shape, rng)
-            if wide not in out and op.where_holds(wide) and serves(wide):
-                shape = wide
+        if not large:
+            shape = widened(op, shape, rng, serves, out)
         if shape in out or not (len(out) < n or large):
             return
         if op.where_holds(shape) and serves(shape):

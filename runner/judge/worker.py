@@ -127,19 +127,17 @@ class Judge:
         where the op's flops at the profile's peak take at least half as long as its bytes at
         its bandwidth, a memo corrected for a few changed elements would cost less than the
         work; where the bytes bind, finding the changes costs the work."""
-        hw, op = self.spec.hw, self.spec.op
-        if op.flops is None:
-            return False
+        from ..core.figures import floors
+
         try:
-            env = op.shape_env(shape)
-            flops, nbytes = float(op.flops(env)), float(op.bytes(env))
-            t_bw = nbytes / hw.bandwidth_for(getattr(op, "traffic", "copy"))
+            f = floors(self.spec, [shape])[0]
         except Exception:  # noqa: BLE001 - an op without figures at this shape: the row salt alone
             return False
         # the op's dtype's peak, else the fastest the profile lists (a CPU's fp32 for bf16 data)
-        peak = hw.peak_flops(op.dtype) or max((float(v) for v in hw.data.get("peak_flops", {}).values() if v),
-                                              default=0.0)
-        return peak > 0 and flops / peak >= t_bw / 2
+        hw = self.spec.hw
+        peak = hw.peak_flops(self.spec.op.dtype) or max(
+            (float(v) for v in hw.data.get("peak_flops", {}).values() if v), default=0.0)
+        return bool(f["flops"]) and peak > 0 and f["flops"] / peak >= f["t_bw"] / 2
 
     @property
     def _unsalted(self) -> frozenset:

@@ -183,20 +183,7 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
         for tid in ranges.drop_wrong_at_curve(table, rows):
             if progress:
                 progress(f"#{tid} was wrong at a secret point of the curve: dropped from the table")
-        def confirm(tid, holder, row):
-            """The kernel slower than the range's fallback (its median round) at most of CONFIRM more
-            secret sizes."""
-            pts = [p for p in ranges.confirm_points(spec, table, holder, row, secrets.randbits(48))
-                   if prober.serves(tid, p)]
-            if not pts:
-                return False
-            alt = holder.get("fallback") or "torch eager"
-            res = prober.time(pts, [[tid]] * len(pts), others=alt != "torch eager")
-            slow = sum(ranges.slower_by_median((r.get(f"#{tid}") or {}).get("rounds") or [], (r.get(alt) or {}).get("rounds") or [])
-                       for r in res)
-            return 2 * slow > len(pts)
-
-        for tid, span in ranges.cut_slow_at_curve(table, rows, confirm):
+        for tid, span in ranges.cut_slow_at_curve(table, rows, ranges.confirmer(spec, table, prober)):
             if progress:
                 progress(f"#{tid} was slower than the table's fallback at a secret point and at most of "
                          f"{ranges.CONFIRM} more: {span} takes the fallback")

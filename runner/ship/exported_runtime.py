@@ -242,6 +242,7 @@ class Op:
         self._tmap_exprs: dict = {}  # launch (None: the table's) -> [(name, tensor, box expressions, swizzle, dtype)]
         self.by_range = table.get("by_range")  # op.domain: ranges of sizes, each with its kernels
         self._serves = self._where = None
+        self._caps: dict = {}  # symbol -> the most rows served (by_range's `caps`)
         self._chosen: dict = {}  # sizes -> entry (or None): a range lookup, made once per size
         self._fallback_fns: dict = {}  # an op.fallbacks arm's name -> its function, imported once
         if self.by_range:
@@ -384,7 +385,7 @@ class Op:
             if env[s] < lo or (hi is not None and env[s] > hi):
                 return False
         full = {**{s: env[s] for s in self.symbols}, "elem": self.by_range.get("elem")}
-        for s, cap in getattr(self, "_caps", {}).items():
+        for s, cap in self._caps.items():
             try:
                 if env[s] > int(cap(full)):
                     return False

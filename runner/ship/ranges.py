@@ -43,7 +43,8 @@ import statistics
 import time
 from pathlib import Path
 
-from ..judge.domain import _edge
+from ..judge.domain import _edge, wide_rows
+from ..spec.spec import ROWS_CAP
 
 NOISE = 0.02  # a kernel must beat torch eager by more than this to be chosen at a point
 REFINE = 3  # bisection steps per boundary
@@ -604,12 +605,33 @@ def drop_wrong_at_curve(table: dict, rows: list[dict]) -> list[int]:
 CONFIRM = 4  # sizes of a range a kernel the curve found slow there is timed at again before a cut
 
 
+def _round_regrets(table_rounds: list, arm_rounds: list) -> list[float]:
+    """The table's time over the arm's minus one, round by round (each pair timed back to back)."""
+    return [t / a - 1 for t, a in zip(table_rounds, arm_rounds) if t and a]
+
+
 def slower_by_median(table_rounds: list, fallback_rounds: list) -> bool:
     """Slower than the fallback by more than NOISE in the median round (two rounds at least): a
     kernel slow in most rounds and fast in one is slow (a clock-keyed one was fast in one round
     of four and never cut, session 38's fourth red team)."""
-    pairs = sorted(t / a - 1 for t, a in zip(table_rounds, fallback_rounds) if t and a)
+    pairs = _round_regrets(table_rounds, fallback_rounds)
     return len(pairs) >= 2 and statistics.median(pairs) > NOISE
+
+
+def confirmer(spec, table: dict, prober: "Prober"):
+    """`confirm(tid, holder, row)` for cut_slow_at_curve: the kernel slower than the fallback of
+    the list it was taken from (its median round) at most of CONFIRM more secret sizes of that
+    range (confirm_points), timed by `prober`."""
+    def confirm(tid: int, holder: dict, row: dict) -> bool:
+        pts = [p for p in confirm_points(spec, table, holder, row, secrets.randbits(48)) if prober.serves(tid, p)]
+        if not pts:
+            return False
+        alt = holder.get("fallback") or "torch eager"
+        res = prober.time(pts, [[tid]] * len(pts), others=alt != "torch eager")
+        slow = sum(slower_by_median((r.get(f"#{tid}") or {}).get("rounds") or [], (r.get(alt) or {}).get("rounds") or [])
+                   for r in res)
+        return 2 * slow > len(pts)
+    return confirm
 
 
 def confirm_points(spec, table: dict, holder: dict, row: dict, seed: int, n: int = CONFIRM) -> list[dict]:
@@ -644,10 +666,10 @@ def cut_slow_at_curve(table: dict, rows: list[dict], confirm=None) -> list[tuple
     than NOISE in the median round, and again at most of CONFIRM more sizes drawn in secret inside
     the same range (`confirm(tid, holder, row)`, which times them; None: the point alone), leaves
     the list it was taken from there (the level row's, or the range's own), which then takes
-    the fallback. A table times its kernels at the tuning points
-    and cuts a range only between points that disagree, so a kernel fast at those sizes and
-    slow between them kept a whole range at 2 to 3.5 times torch's time (session 38's third red
-    team); one odd size where torch's fast path wins is no such range, hence the confirmation.
+    the fallback. A table times its kernels at the tuning points and cuts a range only between
+    points that disagree, so a kernel fast at those sizes and slow between them kept a whole
+    range at 2 to 3.5 times torch's time (session 38's third red team); one odd size where
+    torch's fast path wins is no such range, hence the confirmation.
     [(trial, range described)] of the cuts; the rows of a cut list keep their figures, marked
     `cut`."""
     out, cut = [], set()  # cut: (id of the entry or level row, trial)
@@ -1198,8 +1220,6 @@ def _drawn_points(spec, seed: int, n: int) -> list[dict]:
             env[a] = min(max(v, d.min), d.max)
         shape = spec.op.point(env)
         if len(out) % 4 == 1:  # rows across all that is served (a kernel slow only there: s38f)
-            from ..judge.domain import wide_rows
-
             shape = wide_rows(op, shape, rng)
         if len(out) % 4 == 3:
             for s in op.symbols:
@@ -1294,8 +1314,8 @@ def curve(spec, table: dict, prober: Prober, seed: int, n: int = CURVE_POINTS) -
             alt_rounds = (r.get(alt) or {}).get("rounds") or []
             vs = regret_spread(table_rounds, alt_rounds)
             if vs is not None:
-                pairs = [t / a - 1 for t, a in zip(table_rounds, alt_rounds) if t and a]
-                row["vs_fallback"] = {"arm": alt, "range": vs, "median": statistics.median(pairs)}
+                row["vs_fallback"] = {"arm": alt, "range": vs,
+                                      "median": statistics.median(_round_regrets(table_rounds, alt_rounds))}
         if table_s and best_arm[0]:
             row["regret"] = table_s / best_arm[0] - 1
             row["bytes_per_s"] = f["bytes"] / table_s
@@ -1316,7 +1336,7 @@ def regret_spread(table_rounds: list, arm_rounds: list) -> list[float] | None:
     """The regret round by round: [lowest, highest] of the table's time over the best arm's
     minus one, each pair from one round (the two ran back to back there, at the same clock and
     temperature, where the rounds' medians may not have). None with fewer than two pairs."""
-    pairs = [t / a - 1 for t, a in zip(table_rounds, arm_rounds) if t and a]
+    pairs = _round_regrets(table_rounds, arm_rounds)
     return [min(pairs), max(pairs)] if len(pairs) >= 2 else None
 
 
@@ -1374,8 +1394,9 @@ def format_curve(rows: list[dict], axes: list[str]) -> str:
                     if ceiling == "read" else ")"))
     lines += clock_notes(rows)
     if any(r.get("cut") for r in rows):
-        lines.append("[#N cut]: slower than the table's own fallback there in every round: the kernel was cut from "
-                     "that range (cut_slow_at_curve), so its time there is counted in no regret")
+        lines.append("[#N cut]: slower than the table's own fallback there and at most of a few more sizes of its "
+                     "range: that range's list went to the fallback (cut_slow_at_curve), so its time there is "
+                     "counted in no regret")
     if any(r.get("dropped") and not r.get("table_error") for r in rows):
         lines.append("[#N dropped]: a kernel dropped since (wrong at another point): its time there, not the "
                      "shipped table's, counted in no regret")
@@ -1451,8 +1472,6 @@ def format_ranges(table: dict) -> str:
             lines.append(f"  {span}: {names(r['use'], r.get('fallback'))}"
                          + (f"; the fastest kernel {', '.join(r['behind'])}" if r["behind"] and not r["use"] else ""))
     for x in table.get("row_caps", ()):
-        from ..spec.spec import ROWS_CAP
-
         lines.append(f"  every range: {x} up to {ROWS_CAP}x its tuning value (op.domain gives it no max; the judge "
                      "verifies up to there), the fallback above")
     for e in table["exact"]:

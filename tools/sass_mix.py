@@ -1,7 +1,7 @@
 """The instruction mix of one configuration's kernel, from its SASS: what a thread issues,
 by opcode and by pipe, and the issue-bound and MUFU-bound time of one pass over the row
 units a block holds at once. Needs no GPU: the runner's own NVRTC build (sm_90 for the
-h200 profile), disassembled by cuobjdump (`pip install 'pipe-autoresearch[sass]'`,
+h200 profile), disassembled by cuobjdump (`pip install 'pipe-autoresearch[cuda]'`,
 or a CUDA toolkit's).
 
     python tools/sass_mix.py pipelines/softmax-h200.yaml 4096x32768 \\
@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,33 +39,14 @@ PIPES = {
 _LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-INSTALL = "pip install 'pipe-autoresearch[sass]' (the nvidia-cuda-cuobjdump and -nvdisasm wheels), or put a CUDA toolkit's bin on PATH"
-
-
-def cuobjdump() -> str | None:
-    """cuobjdump on PATH, else the pip wheel's (which needs nvdisasm beside it: the wheels
-    put both in nvidia/cu13/bin)."""
-    exe = shutil.which("cuobjdump")
-    if exe and shutil.which("nvdisasm"):
-        return exe
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for base in nvidia.__path__:
-        for cand in sorted(Path(base).glob("cu*/bin/cuobjdump")):
-            if os.access(cand, os.X_OK) and os.access(cand.parent / "nvdisasm", os.X_OK):
-                return str(cand)
-    return None
-
-
 def sass(cubin: str) -> str:
-    """The SASS text of a cubin."""
-    tool = cuobjdump()
-    if tool is None:
-        raise SystemExit(f"cuobjdump and nvdisasm not found: {INSTALL}")
-    env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True, env=env).stdout
+    """The SASS text of a cubin (the judge's own disassembler: runner.build.sass)."""
+    from runner.build import sass as reader
+
+    try:
+        return reader.disassemble(cubin)
+    except RuntimeError as e:
+        raise SystemExit(str(e))
 
 
 def mix(sass: str) -> collections.Counter:

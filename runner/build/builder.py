@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ExprError
-from . import backends, forbid, ptx, render
+from . import backends, forbid, render
 
 # the variant id under which an earlier run's template is rendered (judge.reuse): no variant
 # of the approved template, so its builds are judged against nothing
@@ -234,7 +235,35 @@ class Builder:
                 return (f"{action}: {what}: shape {i}: {why}"
                         + ("" if ok else " (the approved template does not compile at these parameters)"),
                         mine, theirs)
-        return "", mine, theirs
+        why = self._judge_sass(sources, comp, approved, base if ok else None)
+        return why, mine, theirs
+
+    def _judge_sass(self, sources: list[str], comp: dict, approved: list[str], base: dict | None) -> str:
+        """Why a variant's SASS is forbidden (runner.build.sass, against the approved build's
+        cubin for the same shape), or "" (also where the backend has no SASS)."""
+        from ..build import sass
+
+        sp = self.spec
+        counts = getattr(self.backend, "sass_counts", None)
+        named = set(sp.forbidden.named) & {"lower_precision", "fast_math"}
+        if counts is None or not named:
+            return ""
+        arts = list(dict.fromkeys([comp[s].artifact for s in sources]
+                                  + ([base[a].artifact for a in approved] if base else [])))
+        try:
+            waived = self.backend.library_sass(sp.kernel.options, sp.hw) if "fast_math" in named else frozenset()
+            with ThreadPoolExecutor(max_workers=min(4, len(arts))) as pool:  # a disassembler process each
+                read = dict(zip(arts, pool.map(counts, arts)))
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            return f"sass_unavailable: {e}"
+        for i, (src, asrc) in enumerate(zip(sources, approved)):
+            found = sass.compare(read[comp[src].artifact], read[base[asrc].artifact] if base else None, named, waived)
+            if found:
+                action, why = found
+                what = forbid.NAMED[action].description if action in forbid.NAMED else sass.UNREADABLE
+                return (f"{action}: {what}: shape {i}: {why}"
+                        + ("" if base else " (the approved template does not compile at these parameters)"))
+        return ""
 
     def compiled(self, sources: list[str]) -> tuple[list[str] | None, object | None]:
         """(artifact per source, None), or (None, the first failed compile): distinct sources

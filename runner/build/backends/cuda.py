@@ -31,7 +31,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from .. import ptx
+from .. import ptx, sass
 from . import Compiled, artifact_key, cache_dir
 
 # a prepared call without a mode, in auto mode: replayed as a CUDA graph when its own device
@@ -161,7 +161,7 @@ def _rules_digest() -> str:
     from .. import forbid
 
     h = hashlib.sha256()
-    for mod in (ptx, forbid):
+    for mod in (ptx, sass, forbid):
         h.update(Path(mod.__file__).read_bytes())
     try:
         h.update(metadata.version("pcpp").encode())
@@ -299,6 +299,37 @@ def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(sorted(ops)))
     os.replace(tmp, path)
+    _LIBRARY[key] = ops
+    return ops
+
+
+def sass_counts(artifact: str) -> dict:
+    """The classified SASS of a built cubin (runner.build.sass.analyze), kept beside it under
+    the judging code's digest (RuntimeError where the disassembler is missing or fails)."""
+    path = Path(artifact).with_suffix(f".{_rules_digest()}.sass.json")
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    counts = sass.analyze(sass.disassemble(artifact))
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(counts))
+    os.replace(tmp, path)
+    return counts
+
+
+def library_sass(options: tuple[str, ...], hw) -> frozenset:
+    """The fast_math-class SASS opcodes of CUDA's accurate math functions with these options
+    (the SASS of runner.build.ptx.LIBRARY_PROBE), per process and on disk."""
+    key = ("sass", options, hw.arch or "sm_90")
+    hit = _LIBRARY.get(key)
+    if hit is not None:
+        return hit
+    built = compile(ptx.LIBRARY_PROBE, "pipe_library_probe", tuple(o for o in options if not o.startswith("-D")), hw)
+    if not built.ok:
+        raise RuntimeError(f"the math library probe did not compile: {built.reason}")
+    ops = frozenset(k for k in sass_counts(built.artifact)["fast_math"])
     _LIBRARY[key] = ops
     return ops
 

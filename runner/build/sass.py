@@ -1,0 +1,179 @@
+"""What the binary that runs does: the SASS of a candidate's cubin (the same NVRTC build the
+worker loads), read a second time, apart from the PTX, and sorted into the forbidden actions.
+
+The PTX reader (`ptx.py`) judges what NVVM emitted; ptxas then turns that PTX into the
+machine code. A rule that misreads or misses one PTX spelling would let the instruction
+through; in the SASS the same arithmetic is one opcode with its types spelled out, whatever
+route led to it. So a variant's SASS is judged too, against the approved template's SASS at
+the same parameters and shape (counts per opcode, as for the PTX):
+
+- `lower_precision`: half arithmetic (`HADD2`, `HMUL2`, `HFMA2`, `HMNMX2`, `VHMNMX`, with or
+  without `.MMA`/`.BF16_V2`; not their exact idioms: a sum with zero, a product with zero as a
+  multiplicand, which ptxas uses to move, convert and make constants), matrix instructions
+  that accumulate in F16 or read TF32 or 8-bit and narrower operands (`HMMA`/`HGMMA` by their
+  types, every `IMMA`, `IGMMA`, `QMMA`, `QGMMA`, `OMMA`, `BMMA`), 8-bit dot products and SIMD
+  (`IDP`, `VABSDIFF4`), conversions to fp8, fp6 or fp4 (`F2FP` to `E4M3` ...), and sums, mins
+  and maxes in memory on half types (`ATOM`, `ATOMG`, `ATOMS`, `RED`, `REDG` on `F16x2` ...);
+- `fast_math`: the multi-function unit, counted by function (`MUFU.SIN`, `MUFU.TANH`, ...), and
+  flush-to-zero instructions, counted by base (`FSETP.FTZ` for every flushing comparison; a
+  float truncated to an integer is the same flushed or not), except those the accurate CUDA
+  math functions compile to with the same options (`library`, from `ptx.LIBRARY_PROBE`'s own
+  SASS: `MUFU.EX2`, `MUFU.RCP`, `FMUL.FTZ`, ...).
+  The SASS does not tell inline asm from the compiler's code, so the waiver holds for all of
+  it; the PTX reader, which does, waives nothing in inline asm.
+
+The disassembler is cuobjdump with nvdisasm beside it: on PATH, or the pip wheels
+(`nvidia-cuda-cuobjdump`, `nvidia-cuda-nvdisasm`, in the `cuda` extra). Where neither is
+found a variant is refused (`sass_unavailable`): the judge does not skip what it cannot read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+INSTALL = ("pip install 'pipe-autoresearch[cuda]' (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm "
+           "wheels), or put a CUDA toolkit's bin on PATH")
+UNREADABLE = "a cubin whose SASS the disassembler could not read: what the judge cannot read is refused"
+UNAVAILABLE = f"the judge reads a variant's SASS, and cuobjdump with nvdisasm was not found: {INSTALL}"
+
+# one instruction of `cuobjdump -sass`: its address, a guard (`@P0`, `@!UPT`), the opcode with
+# its modifiers, the operands up to the `;`
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
+
+_HALF_TYPES = {"F16", "BF16", "F16X2", "BF16X2", "F16_V2", "BF16_V2"}
+# 8-bit and narrower operand types, and TF32
+_NARROW = {"E4M3", "E5M2", "E2M1", "E3M2", "E2M3", "UE8M0", "UE4M3", "S8", "U8", "S4", "U4", "B1", "TF32"}
+_HALF_ARITH = {"HADD2", "HMUL2", "HFMA2", "HMNMX2", "VHMNMX"}
+_NARROW_MMA = {"IMMA", "IGMMA", "QMMA", "QGMMA", "OMMA", "OGMMA", "BMMA", "BGMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA"}
+_FLOAT_MMA = {"HMMA", "HGMMA", "UTCHMMA"}
+_INT_SIMD = {"IDP", "VABSDIFF4"}
+_MEMORY_RMW = {"ATOM", "ATOMG", "ATOMS", "RED", "REDG", "REDAS"}
+_ZERO = {"RZ", "-RZ", "URZ", "-URZ"}
+
+
+def tool() -> str | None:
+    """cuobjdump on PATH (with nvdisasm beside it), else the pip wheels' (`nvidia/cu*/bin` on
+    sys.path: read from the path, not from `import nvidia`, whose package another install of
+    the namespace may shadow)."""
+    exe = shutil.which("cuobjdump")
+    if exe and shutil.which("nvdisasm"):
+        return exe
+    for entry in sys.path:
+        for cand in sorted(Path(entry or ".").glob("nvidia/cu*/bin/cuobjdump")):
+            if os.access(cand, os.X_OK) and os.access(cand.parent / "nvdisasm", os.X_OK):
+                return str(cand)
+    return None
+
+
+def disassemble(cubin: str) -> str:
+    """The SASS text of a cubin (RuntimeError where the disassembler is missing or fails)."""
+    exe = tool()
+    if exe is None:
+        raise RuntimeError(UNAVAILABLE)
+    env = {**os.environ, "PATH": f"{Path(exe).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    r = subprocess.run([exe, "-sass", cubin], capture_output=True, text=True, env=env, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass failed ({r.returncode}): {r.stderr.strip()[:300]}")
+    return r.stdout
+
+
+def instructions(text: str) -> list[tuple[str, list[str]]]:
+    """(opcode with modifiers, operands) of every instruction, NOPs left out."""
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(2) != "NOP":
+            out.append((m.group(2), [o.strip() for o in m.group(3).split(",") if o.strip()]))
+    return out
+
+
+def _exact_half_idiom(base: str, operands: list[str]) -> bool:
+    """ptxas's moves, conversions and constants through the half pipes: x + 0 (`HADD2.F32 R0,
+    -RZ, R1.H0_H0` turns a half into a float), 0 * y + c (`HFMA2.MMA R7, -RZ, RZ, 1.875, 0`
+    makes a constant), and x * 0. Exact whatever the types."""
+    src = operands[1:]  # the destination first
+    if base == "HADD2":
+        return len(src) >= 2 and (src[0] in _ZERO or src[1] in _ZERO)
+    if base in ("HFMA2", "HMUL2"):
+        return len(src) >= 2 and (src[0] in _ZERO or src[1] in _ZERO)
+    return False
+
+
+def classify(op: str, operands: list[str] = ()) -> str | None:
+    """The forbidden action a SASS instruction belongs to (`HFMA2.MMA`, its operands), before
+    any waiver: "lower_precision", "fast_math" or None."""
+    parts = op.split(".")
+    base, mods = parts[0], {p.upper() for p in parts[1:]}
+    if base in _HALF_ARITH:
+        return None if _exact_half_idiom(base, list(operands)) else "lower_precision"
+    if base in _NARROW_MMA or base in _INT_SIMD:
+        return "lower_precision"
+    if base in _FLOAT_MMA:
+        # HMMA.16816.F32.BF16: the accumulator's type first, then the operands'
+        types = [p.upper() for p in parts[1:] if p.upper() in _HALF_TYPES | _NARROW | {"F32"}]
+        if (types and types[0] in _HALF_TYPES) or mods & _NARROW:
+            return "lower_precision"
+        return None
+    if base in ("F2FP", "F2F") and mods & _NARROW:
+        return "lower_precision"
+    if base in _MEMORY_RMW and mods & {"ADD", "MIN", "MAX", "FADD"} and mods & _HALF_TYPES:
+        return "lower_precision"
+    if base == "MUFU" or ("FTZ" in mods and not (base == "F2I" and "TRUNC" in mods)):
+        return "fast_math"  # (a float truncated to an integer is the same flushed or not)
+    return None
+
+
+def _key(action: str, op: str) -> str:
+    """What a count is kept under: the whole opcode for lower precision; for fast math the
+    function of the multi-function unit (`MUFU.SIN`) or the flushing instruction's base
+    (`FSETP.FTZ` for every comparison that flushes)."""
+    if action != "fast_math":
+        return op
+    parts = op.split(".")
+    return f"MUFU.{parts[1]}" if parts[0] == "MUFU" and len(parts) > 1 else f"{parts[0]}.FTZ" if "FTZ" in parts else op
+
+
+def analyze(text: str) -> dict:
+    """Counts of the classified instructions by opcode: {"lower_precision": {...}, "fast_math":
+    {...}}, and the number of instructions read ("read"), so an empty reading is never taken
+    for a clean one."""
+    out: dict = {"lower_precision": Counter(), "fast_math": Counter()}
+    n = 0
+    for op, operands in instructions(text):
+        n += 1
+        action = classify(op, operands)
+        if action:
+            out[action][_key(action, op)] += 1
+    return {"lower_precision": dict(sorted(out["lower_precision"].items())),
+            "fast_math": dict(sorted(out["fast_math"].items())), "read": n}
+
+
+def library(text: str) -> frozenset:
+    """The fast_math-class opcodes of the math library probe's SASS (ptx.LIBRARY_PROBE)."""
+    return frozenset(analyze(text)["fast_math"])
+
+
+def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[str, str] | None:
+    """(action, reason) for the first classified SASS opcode the candidate's cubin has more of
+    than the approved template's (`base`; None: nothing to compare with, every count is new),
+    or None. `waived`: what the accurate math functions compile to, not counted."""
+    if not cand.get("read"):
+        return "unreadable_sass", "the disassembler read no instruction in the candidate's cubin"
+    base = base or {}
+    for action in ("lower_precision", "fast_math"):
+        if action not in named:
+            continue
+        for op, n in cand.get(action, {}).items():
+            if action == "fast_math" and op in waived:
+                continue
+            b = base.get(action, {}).get(op, 0)
+            if n > b:
+                return action, (f"'{op}' in the SASS: {n} in the candidate's cubin vs {b} in the approved "
+                                "template's build at the same parameters")
+    return None

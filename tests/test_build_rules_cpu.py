@@ -248,14 +248,18 @@ def test_the_filter_refuses_other_abis():
     # a function pointer put in the loader's table by a section attribute
     "static void pipe_early() {}\n__attribute__((used, section(\".init_array\"))) static void (*pipe_ia)() = pipe_early;\n",
 ])
-def test_code_the_loader_would_run_is_refused(rms, decl):
+def test_code_the_loader_would_run_is_refused(rms, decl, monkeypatch):
     """Session 30's red team: a constructor (a global object's, or a pointer placed in
     .init_array) runs when the worker loads the library, before the judge's first call and
     outside every checked or timed one. A variant's load-time tables may be no larger than the
-    approved template's build's."""
+    approved template's build's. (A section attribute is refused by name first; the library's
+    tables are judged with that rule off, as for a spelling no rule reads.)"""
     from runner.build import ptx
 
     body = 'extern "C" void k(float* y, const float* x, long n) { for (long i = 0; i < n; ++i) y[i] = x[i]; }\n'
+    if "section(" in decl:
+        assert "section and ifunc" in cpu.compile("#include <cmath>\n" + decl + body, "k", (), None).reason
+        monkeypatch.setattr(cpu, "INTEGRITY", tuple(r for r in cpu.INTEGRITY if "section" not in r[0]))
     ok = cpu.compile("#include <cmath>\n" + body, "k", (), None)
     got = cpu.compile("#include <cmath>\n" + decl + body, "k", (), None)
     assert ok.ok and got.ok, (ok.reason, got.reason)

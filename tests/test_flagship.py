@@ -246,9 +246,11 @@ def test_bulk_stores_replace_global_stores_where_the_tile_is_held(shape, cfg, bu
 
     from .conftest import load_script
 
+    from runner.build import sass
+
     sass_mix = load_script("tools/sass_mix.py")
-    if sass_mix.cuobjdump() is None:
-        pytest.skip("cuobjdump: " + sass_mix.INSTALL)
+    if sass.tool() is None:
+        pytest.skip(sass.UNAVAILABLE)
     spec = shipped_spec(PIPELINES / "softmax-h200.yaml")
     ev = Builder(spec)
     ops = {}

@@ -658,6 +658,33 @@ def test_the_reader_reads_every_statement_of_the_attention_and_tensor_core_templ
     assert "%unreadable statements" not in b.ptx["data"], b.ptx
 
 
+def test_a_generic_address_in_an_initializer_is_device_state():
+    """Session 39's red team: `__constant__ unsigned* at = calls;` is `.const .u64 at =
+    generic(calls);`: the loader writes constant memory's generic address, and a store through it
+    kept a call counter with no `cvta.const` in the PTX."""
+    text = (".const .align 4 .b8 pipe_calls[8];\n"
+            ".const .align 8 .u64 pipe_at = generic(pipe_calls);\n"
+            ".visible .entry k() { ld.const.u64 %rd1, [pipe_at]; red.global.add.u32 [%rd1], 1; ret; }\n")
+    a = ptx.analyze(text)
+    action, why = ptx.compare(a, {"code": {}, "asm": {}, "extern": {}, "data": {}}, [])
+    assert action == "device_state" and "generic(" in why, (action, why)
+    assert ptx.compare(a, a, []) is None  # the approved template's own initializers stay allowed
+
+
+def test_register_declarations_in_inline_asm_are_read_however_spaced():
+    """cuda_bf16.h's __bfloat162char_rz writes `.reg.b8` with no space: a register, nothing else
+    (session 39's red team: refused as unreadable)."""
+    text = ("// begin inline asm\n{ .reg.b8 b; cvt.rzi.s8.bf16 b, %rs1; cvt.s32.s8 %r1, b; }\n"
+            "// end inline asm\n")
+    assert "%unreadable statements" not in ptx.analyze(text)["data"]
+
+
+def test_a_wmma_fragment_load_is_no_accumulator():
+    assert ptx.classify("wmma.load.a.sync.aligned.row.m16n16k16.global.bf16") is None
+    assert ptx.classify("wmma.mma.sync.aligned.row.col.m16n16k16.f16.f16") == "lower_precision"
+    assert ptx.classify("wmma.mma.sync.aligned.row.col.m16n16k16.f32.bf16.bf16.f32") is None
+
+
 def test_an_instruction_sorted_into_no_action_is_refused_beyond_the_approved_builds_count():
     a = {"code": {}, "asm": {"tensormap.replace.tile.global_address.b1024.b64": 2}, "extern": {}, "data": {}}
     action, why = ptx.compare(a, {"code": {}, "asm": {"tensormap.replace.tile.global_address.b1024.b64": 1},

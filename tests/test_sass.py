@@ -45,6 +45,10 @@ NAMED = ["fast_math", "lower_precision", "library_calls", "side_streams", "host_
     ("FMUL.FTZ R6, R19, R2", "fast_math"),
     ("FSETP.GEU.FTZ.AND P1, PT, R2, RZ, PT", "fast_math"),
     ("F2I.FTZ.U32.TRUNC.NTZ R3, R3", None),  # integer division's quotient: flushing changes nothing
+    ("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R5", None),  # atomicAdd(float*): f32 sums always flush
+    ("HFMA2.BF16_V2 R0, -RZ.H0_H0, RZ.H0_H0, |R0|.H0_H0", None),  # __habs on bf16: 0 * 0 + |x|
+    ("HADD2 R0, -R2.H0_H0, -RZ.H0_H0", None),  # __hneg
+    ("MUFU.EX2.F16 R3, R2", "lower_precision"),  # a half-precision exponential (not the library's)
     ("FFMA R4, R13, -1.5707962512969970703, R12", None),
 ])
 def test_classify(line, action):
@@ -65,7 +69,7 @@ def test_counts_are_per_opcode_and_fast_math_by_function():
     assert action == "fast_math" and "2 in the candidate's cubin vs 0" in why
     assert sass.compare(a, {}, ["fast_math"], waived=frozenset({"MUFU.SIN", "FSETP.FTZ"})) is None
     # nothing read is never a clean reading
-    assert sass.compare({"read": 0}, None, NAMED)[0] == "unreadable_sass"
+    assert sass.compare({"read": 0}, None, NAMED)[0] == "unreadable_code"
 
 
 # ------------------------------------------------------ through NVRTC and the disassembler
@@ -104,7 +108,7 @@ def test_the_math_library_waiver_is_read_from_its_own_sass(small):
     from runner.build.backends import cuda
 
     sp = small.spec
-    lib = cuda.library_sass(sp.kernel.options, sp.hw)
+    lib = cuda.machine_library(sp.kernel.options, sp.hw)
     assert {"MUFU.EX2", "MUFU.RCP", "MUFU.RSQ"} <= lib  # expf, division, rsqrtf
     assert "MUFU.SIN" not in lib and "MUFU.TANH" not in lib  # sinf and tanhf are polynomials
 
@@ -163,5 +167,5 @@ def test_without_the_disassembler_a_variant_is_refused_and_a_fill_is_not(small, 
 
     monkeypatch.setattr(cuda, "_rules_digest", lambda: "no-disassembler")  # nothing read from the cache
     b = _build(small, APPROVED.replace("#pragma unroll {{ UNROLL }}", "#pragma unroll 8"))
-    assert b.status == "forbidden" and b.reason.startswith("sass_unavailable") and "cuobjdump" in b.reason, b.reason
+    assert b.status == "forbidden" and b.reason.startswith("disassembler_unavailable") and "cuobjdump" in b.reason, b.reason
     assert _build(small, None).status == "ok"  # the approved template's own fills need no reading

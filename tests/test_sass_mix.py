@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from runner.build import sass
+
 from .conftest import PIPELINES, ROOT, load_script
 
 sass_mix = load_script("tools/sass_mix.py")
@@ -46,7 +48,7 @@ def test_main_loop_is_the_widest_backward_branch():
     assert sass_mix.main_loop(LISTING) == (0, {})  # no backward branch: no loop
 
 
-needs_tools = pytest.mark.skipif(sass_mix.cuobjdump() is None, reason="cuobjdump and nvdisasm: " + sass_mix.INSTALL)
+needs_tools = pytest.mark.skipif(sass.tool() is None, reason=sass.UNAVAILABLE)
 cuda_core = pytest.importorskip("cuda.core", reason="cuda.core (pip install '.[cuda]') is needed to compile")
 
 

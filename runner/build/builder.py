@@ -231,36 +231,39 @@ class Builder:
             if found:
                 action, why = found
                 what = forbid.NAMED[action].description if action in forbid.NAMED else \
-                    {"unreadable_ptx": ptx.UNREADABLE, "unjudged_ptx": ptx.UNJUDGED}.get(action, ptx.DEVICE_STATE)
+                    {"unreadable_ptx": ptx.UNREADABLE, "unjudged_ptx": ptx.UNJUDGED,
+                     "foreign_code": ptx.FOREIGN}.get(action, ptx.DEVICE_STATE)
                 return (f"{action}: {what}: shape {i}: {why}"
                         + ("" if ok else " (the approved template does not compile at these parameters)"),
                         mine, theirs)
-        why = self._judge_sass(sources, comp, approved, base if ok else None)
+        why = self._judge_machine(sources, comp, approved, base if ok else None)
         return why, mine, theirs
 
-    def _judge_sass(self, sources: list[str], comp: dict, approved: list[str], base: dict | None) -> str:
-        """Why a variant's SASS is forbidden (runner.build.sass, against the approved build's
-        cubin for the same shape), or "" (also where the backend has no SASS)."""
-        from ..build import sass
-
+    def _judge_machine(self, sources: list[str], comp: dict, approved: list[str], base: dict | None) -> str:
+        """Why a variant's machine code is forbidden (the backend's reader: runner.build.sass for
+        cubins, runner.build.x86 for CPU libraries; against the approved build's for the same
+        shape), or "" (also where the backend reads none)."""
         sp = self.spec
-        counts = getattr(self.backend, "sass_counts", None)
+        counts = getattr(self.backend, "machine_counts", None)
         named = set(sp.forbidden.named) & {"lower_precision", "fast_math"}
         if counts is None or not named:
             return ""
+        reader = self.backend.machine_reader
         arts = list(dict.fromkeys([comp[s].artifact for s in sources]
                                   + ([base[a].artifact for a in approved] if base else [])))
         try:
-            waived = self.backend.library_sass(sp.kernel.options, sp.hw) if "fast_math" in named else frozenset()
+            waived = self.backend.machine_library(sp.kernel.options, sp.hw) if "fast_math" in named else frozenset()
             with ThreadPoolExecutor(max_workers=min(4, len(arts))) as pool:  # a disassembler process each
                 read = dict(zip(arts, pool.map(counts, arts)))
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-            return f"sass_unavailable: {e}"
+            return f"disassembler_unavailable: {e}"
         for i, (src, asrc) in enumerate(zip(sources, approved)):
-            found = sass.compare(read[comp[src].artifact], read[base[asrc].artifact] if base else None, named, waived)
+            found = reader.compare(read[comp[src].artifact], read[base[asrc].artifact] if base else None, named,
+                                   waived)
             if found:
                 action, why = found
-                what = forbid.NAMED[action].description if action in forbid.NAMED else sass.UNREADABLE
+                what = forbid.NAMED[action].description if action in forbid.NAMED else \
+                    "compiled code the disassembler could not read: what the judge cannot read is refused"
                 return (f"{action}: {what}: shape {i}: {why}"
                         + ("" if base else " (the approved template does not compile at these parameters)"))
         return ""

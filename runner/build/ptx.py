@@ -98,6 +98,8 @@ def classify(opcode: str) -> str | None:
         return "lower_precision"  # a tensor bulk sum takes its type from the tensor map: not known here
     if base in _UNJUDGED:
         return "unjudged"
+    if base == "wmma" and ms & {"load", "store"}:
+        return None  # a fragment moved: its type is the data's, not an accumulator's
     if base in _MMA:
         if "tf32" in ms or ms & _NARROW:  # TF32 or 8-bit (and narrower) operands
             return "lower_precision"
@@ -162,6 +164,10 @@ def declared_globals(ptx: str) -> list[str]:
 # constant memory made writable: `cvta.const` gives a generic address of constant data, through
 # which a store changes it for every later launch (session 30, H200: a counter kept so)
 _CVTA_CONST = "%cvta.const"
+# `generic(sym)` in a declaration's initializer: the loader writes the generic address of module
+# data (a `__constant__` array, say) into memory the kernel reads, as `cvta.const` would compute
+# it (session 39's red team kept a call counter in constant memory so)
+_GENERIC_INIT = "%generic() initializers"
 # a kernel's parameters made writable: `cvta.param` gives a generic address of a parameter
 # (`__grid_constant__`), and a replayed CUDA graph keeps a node's parameter memory from one
 # replay to the next: a mark stored there outlived every call (session 36, H200)
@@ -170,7 +176,7 @@ _CVTA_PARAM = "%cvta.param"
 # left over between the opcode and the operands) or directives inline asm has no use for: counted
 # against the approved build's, so that a spelling the reader misses is refused, never skipped
 _UNREADABLE = "%unreadable statements"
-_ASM_DIRECTIVE = re.compile(r"^\.reg\s")
+_ASM_DIRECTIVE = re.compile(r"^\.reg(?=[\s.])")  # `.reg .b8 r;` and `.reg.b8 r;` (cuda_bf16.h writes both)
 # PTX's instructions (ISA 8.x and 9.0), by their first word
 OPCODES = frozenset("""
 abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk bra brev brkpt brx call
@@ -201,15 +207,25 @@ def _read(statement: str) -> tuple[str | None, bool]:
 # as the worker loads it (backends/cpu.load_time_bytes); counted like cvta.const
 LOAD_TIME = "%load-time tables"
 # the data entries judged by their count against the approved build's, with the reason given
+# machine code the compiler did not make a function of, in a CPU library (backends/cpu._elf_state):
+# an executable section of its own, a data object in one, an indirect function; each named under
+# "FOREIGN_CODE: what" beside the count
+FOREIGN_CODE = "%foreign code"
+FOREIGN = ("machine code the compiler did not make from the source: bytes placed in an executable section "
+           "(a section attribute, an array called through a pointer) or an indirect function's resolver")
 _COUNTED = {
     _UNREADABLE: ("{n} statements the judge cannot read as PTX instructions (an opcode it does not know, a "
                   "modifier it cannot parse, a directive inside inline asm other than `.reg`) vs {b} in the approved "
                   "template's build: spell inline asm as plain PTX"),
+    _GENERIC_INIT: ("'generic(...)' in the initializers of the PTX's declarations: {n} vs {b} in the approved "
+                    "template's build; the generic address of module data, written by the loader, lets a store "
+                    "change that data for every later launch"),
     _CVTA_CONST: ("'cvta.const' in the PTX: {n} vs {b} in the approved template's build; a generic address of "
                   "constant memory lets a store change it for every later launch"),
     _CVTA_PARAM: ("'cvta.param' in the PTX: {n} vs {b} in the approved template's build; a generic address of a "
                   "kernel parameter lets a store keep a value in the launch's parameter memory, which a replayed "
                   "CUDA graph keeps from call to call"),
+    FOREIGN_CODE: ("{n} pieces of foreign code in the library ({what}) vs {b} in the approved template's build"),
     LOAD_TIME: ("{n} bytes of load-time function tables in the library vs {b} in the approved template's build: a "
                 "global object with a constructor or destructor, or a section attribute, runs code as the worker "
                 "loads the library, outside every call"),
@@ -335,6 +351,9 @@ def analyze(ptx: str) -> dict:
         # inline asm if any line of the statement lies in a region (nothing is waived there)
         in_asm = any(inside[i] for i in range(bisect_right(starts, a) - 1, min(bisect_right(starts, b - 1), len(inside))))
         if st.startswith("."):
+            n_generic = len(re.findall(r"\bgeneric\s*\(", st))
+            if n_generic:
+                data[_GENERIC_INIT] += n_generic
             f = _FUNC.search(st)
             if f and _EXTERN_WORD.search(st):
                 ext[f.group(1)] += 1
@@ -385,11 +404,15 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     named = set(named)
     # whatever the spec names (see the module's docstring); what the reader could not read last,
     # so that a declaration it did read is named as what it is
+    what = ", ".join(k[len(FOREIGN_CODE) + 2:] for k in cand.get("data", {}) if k.startswith(FOREIGN_CODE + ": "))
     for name, n in sorted(cand.get("data", {}).items(), key=lambda kv: kv[0] == _UNREADABLE):
+        if name.startswith(FOREIGN_CODE + ": "):  # the names of what the count below counts
+            continue
         if name in _COUNTED:  # more than the approved build has, not merely any
             b = base.get("data", {}).get(name, 0)
             if n > b:
-                return ("unreadable_ptx" if name == _UNREADABLE else "device_state"), _COUNTED[name].format(n=n, b=b)
+                action = {_UNREADABLE: "unreadable_ptx", FOREIGN_CODE: "foreign_code"}.get(name, "device_state")
+                return action, _COUNTED[name].format(n=n, b=b, what=what)
             continue
         if name not in base.get("data", {}):
             if name.startswith("%"):

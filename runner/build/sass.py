@@ -34,12 +34,12 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
+
+from . import machine
 
 INSTALL = ("pip install 'pipe-autoresearch[cuda]' (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm "
            "wheels), or put a CUDA toolkit's bin on PATH")
-UNREADABLE = "a cubin whose SASS the disassembler could not read: what the judge cannot read is refused"
 UNAVAILABLE = f"the judge reads a variant's SASS, and cuobjdump with nvdisasm was not found: {INSTALL}"
 
 # one instruction of `cuobjdump -sass`: its address, a guard (`@P0`, `@!UPT`), the opcode with
@@ -93,14 +93,19 @@ def instructions(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _operand(o: str) -> str:
+    """An operand without its lane selector, absolute value or negation (`-RZ.H0_H0` -> `RZ`,
+    `|R0|.H1_H1` -> `R0`): what the idioms below test."""
+    o = o.strip().lstrip("-!").split(".")[0]
+    return o.strip("|")
+
+
 def _exact_half_idiom(base: str, operands: list[str]) -> bool:
     """ptxas's moves, conversions and constants through the half pipes: x + 0 (`HADD2.F32 R0,
     -RZ, R1.H0_H0` turns a half into a float), 0 * y + c (`HFMA2.MMA R7, -RZ, RZ, 1.875, 0`
     makes a constant), and x * 0. Exact whatever the types."""
-    src = operands[1:]  # the destination first
-    if base == "HADD2":
-        return len(src) >= 2 and (src[0] in _ZERO or src[1] in _ZERO)
-    if base in ("HFMA2", "HMUL2"):
+    src = [_operand(o) for o in operands[1:]]  # the destination first
+    if base in ("HADD2", "HFMA2", "HMUL2"):  # x + 0, 0 * y + c (|x| and -x: `__habs`, `__hneg`), x * 0
         return len(src) >= 2 and (src[0] in _ZERO or src[1] in _ZERO)
     return False
 
@@ -124,8 +129,14 @@ def classify(op: str, operands: list[str] = ()) -> str | None:
         return "lower_precision"
     if base in _MEMORY_RMW and mods & {"ADD", "MIN", "MAX", "FADD"} and mods & _HALF_TYPES:
         return "lower_precision"
-    if base == "MUFU" or ("FTZ" in mods and not (base == "F2I" and "TRUNC" in mods)):
-        return "fast_math"  # (a float truncated to an integer is the same flushed or not)
+    if base == "MUFU" and mods & (_HALF_TYPES | {"F16", "BF16"}):
+        return "lower_precision"  # `MUFU.EX2.F16`: a half-precision function
+    if base == "MUFU":
+        return "fast_math"
+    if "FTZ" in mods and not (base == "F2I" and "TRUNC" in mods) and not (base in _MEMORY_RMW and "F32" in mods):
+        # a float truncated to an integer is the same flushed or not, and an f32 sum in memory
+        # always flushes (`atomicAdd(float*)` is `REDG.E.ADD.F32.FTZ.RN`; its PTX, `red.add.f32`, is exact)
+        return "fast_math"
     return None
 
 
@@ -140,18 +151,8 @@ def _key(action: str, op: str) -> str:
 
 
 def analyze(text: str) -> dict:
-    """Counts of the classified instructions by opcode: {"lower_precision": {...}, "fast_math":
-    {...}}, and the number of instructions read ("read"), so an empty reading is never taken
-    for a clean one."""
-    out: dict = {"lower_precision": Counter(), "fast_math": Counter()}
-    n = 0
-    for op, operands in instructions(text):
-        n += 1
-        action = classify(op, operands)
-        if action:
-            out[action][_key(action, op)] += 1
-    return {"lower_precision": dict(sorted(out["lower_precision"].items())),
-            "fast_math": dict(sorted(out["fast_math"].items())), "read": n}
+    """Counts of the classified instructions by opcode (machine.count)."""
+    return machine.count(instructions(text), classify, _key)
 
 
 def library(text: str) -> frozenset:
@@ -160,20 +161,5 @@ def library(text: str) -> frozenset:
 
 
 def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[str, str] | None:
-    """(action, reason) for the first classified SASS opcode the candidate's cubin has more of
-    than the approved template's (`base`; None: nothing to compare with, every count is new),
-    or None. `waived`: what the accurate math functions compile to, not counted."""
-    if not cand.get("read"):
-        return "unreadable_sass", "the disassembler read no instruction in the candidate's cubin"
-    base = base or {}
-    for action in ("lower_precision", "fast_math"):
-        if action not in named:
-            continue
-        for op, n in cand.get(action, {}).items():
-            if action == "fast_math" and op in waived:
-                continue
-            b = base.get(action, {}).get(op, 0)
-            if n > b:
-                return action, (f"'{op}' in the SASS: {n} in the candidate's cubin vs {b} in the approved "
-                                "template's build at the same parameters")
-    return None
+    """machine.compare for cubins."""
+    return machine.compare(cand, base, named, waived, "SASS", "cubin")

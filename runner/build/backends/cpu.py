@@ -19,7 +19,17 @@ import tempfile
 import time
 from functools import lru_cache
 
+from .. import x86
 from . import Compiled, artifact_key, cache_dir, wall_timer
+
+# the reader of a variant's machine code (builder._judge_machine): its x86 instructions
+machine_reader = x86
+machine_counts = x86.counts
+
+
+def machine_library(options, hw) -> frozenset:
+    """Nothing waived: the accurate math functions are libm's, called from the library."""
+    return frozenset()
 
 CXX = os.environ.get("CXX", "g++")
 BASE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
@@ -41,6 +51,9 @@ INTEGRITY = (
     (r"#\s*include\s*[<\"](fstream|cstdio|stdio\.h|unistd\.h|fcntl\.h|sys/|dlfcn\.h|filesystem|signal\.h|csignal)",
      "headers for files, processes or signals"),
     (r"__attribute__\s*\(\(\s*(constructor|destructor)", "load-time constructors"),
+    # (the library's ELF is read for both too, whatever the spelling: backends/cpu._elf_state)
+    (r"\b_*(section|ifunc)_*\s*\(", "section and ifunc attributes (bytes placed in code by hand, or code run "
+                                     "as the library loads)"),
     (r"\bstd::(ofstream|ifstream|fstream|filesystem|system)\b", "file or process access"),
 )
 
@@ -278,14 +291,23 @@ _LOAD_TIME = ("INIT_ARRAY", "PREINIT_ARRAY", "FINI_ARRAY")
 _LOAD_TIME_NAMES = (".ctors", ".dtors", ".init_array", ".fini_array", ".preinit_array")
 
 
-def _elf_state(lib: str) -> tuple[dict[str, int], int] | None:
-    """(writable data symbols, load-time table bytes) of a shared library, from one readelf, or
-    None without readelf.
+# the executable sections a C++ library's link makes: anything else that executes was placed by
+# hand (a section attribute whose name smuggles flags: `section(".x,\"ax\",@progbits#")`)
+_CODE_SECTIONS = frozenset({".init", ".plt", ".plt.got", ".plt.sec", ".text", ".fini"})
+
+
+def _elf_state(lib: str) -> tuple[dict[str, int], int, list[str]] | None:
+    """(writable data symbols, load-time table bytes, foreign code) of a shared library, from one
+    readelf, or None without readelf.
     The data symbols (statics and thread-locals included) are judged by where a symbol lies, never
     by its name: a symbol in a section the loader leaves writable (.data, .bss, .tdata, .tbss, any
     other section with the W flag) counts, one in the part that is read-only after relocation
     (GNU_RELRO: vtables, type info) does not. The load-time bytes are the sizes of
-    .init_array, .preinit_array, .fini_array, .ctors and .dtors: code the loader runs."""
+    .init_array, .preinit_array, .fini_array, .ctors and .dtors: code the loader runs. Foreign
+    code is what executes without the compiler having made it a function: an executable section
+    of its own, a data object inside an executable section (bytes written as an array and called
+    through a pointer: machine code no source rule and no reader of the compiled code sees as
+    code), and an indirect function (`ifunc`: its resolver runs as the library is relocated)."""
     text = _tool(["readelf", "-W", "-S", "-l", "-s", lib])
     if text is None:
         return None
@@ -293,6 +315,7 @@ def _elf_state(lib: str) -> tuple[dict[str, int], int] | None:
     relro: list[tuple[int, int]] = []
     out: dict[str, int] = {}
     seen: set[tuple[str, str]] = set()
+    foreign: set[str] = set()
     load_time = 0
     for ln in text.splitlines():
         m = re.match(r"^\s*\[\s*(\d+)\]\s+(.*)$", ln)
@@ -304,6 +327,8 @@ def _elf_state(lib: str) -> tuple[dict[str, int], int] | None:
                     sections[int(m.group(1))] = (parts[0], int(parts[2], 16), int(parts[4], 16), flags)
                     if parts[1] in _LOAD_TIME or parts[0] in _LOAD_TIME_NAMES:
                         load_time += int(parts[4], 16)
+                    if "X" in flags and parts[0] not in _CODE_SECTIONS:
+                        foreign.add(f"executable section {parts[0]!r}")
                 except ValueError:
                     pass
             continue
@@ -313,9 +338,13 @@ def _elf_state(lib: str) -> tuple[dict[str, int], int] | None:
             continue
         if len(parts) >= 8 and parts[0].endswith(":") and parts[0][:-1].isdigit() and parts[6].isdigit():
             kind, ndx, name = parts[3], int(parts[6]), parts[7].split("@")[0]
+            if kind == "IFUNC":
+                foreign.add(f"indirect function {name!r}")
             if kind in ("SECTION", "FILE") or ndx not in sections or name in _TOOLCHAIN_WRITABLE:
                 continue
             sec, addr, size, flags = sections[ndx]
+            if "X" in flags and kind not in ("FUNC", "NOTYPE"):
+                foreign.add(f"{kind.lower()} {name!r} in executable section {sec!r}")
             # a TLS section's image may lie in RELRO; each thread's copy of it is writable
             if "W" not in flags or ("T" not in flags and any(lo <= addr and addr + size <= hi for lo, hi in relro)):
                 continue
@@ -324,7 +353,7 @@ def _elf_state(lib: str) -> tuple[dict[str, int], int] | None:
                 continue
             seen.add(key)
             out[name] = out.get(name, 0) + 1
-    return out, load_time
+    return out, load_time, sorted(foreign)
 
 
 @lru_cache(maxsize=8)
@@ -351,7 +380,7 @@ def _toolchain(options: tuple[str, ...]) -> dict:
         elf = _elf_state(lib) if r.returncode == 0 else None
     if elf is None:
         return {"data": [], "load_time": None}
-    got = {"data": sorted(elf[0]), "load_time": elf[1]}
+    got = {"data": sorted(elf[0]), "load_time": elf[1], "foreign": elf[2]}
     kept.parent.mkdir(parents=True, exist_ok=True)
     tmp_kept = kept.with_suffix(f".{os.getpid()}.tmp")
     tmp_kept.write_text(json.dumps(got))
@@ -373,7 +402,7 @@ def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
     elf = _elf_state(lib)
     if elf is None:
         return None
-    syms, load_time = elf
+    syms, load_time, foreign = elf
     base = _toolchain_data(tuple(options))
     names = imports(lib) or []
     data = {k: v for k, v in sorted(syms.items()) if k not in base}
@@ -382,6 +411,12 @@ def data_symbols(lib: str, options: tuple[str, ...]) -> dict | None:
         from ..ptx import LOAD_TIME
 
         data[LOAD_TIME] = load
+    own = [f for f in foreign if f not in _toolchain(tuple(options)).get("foreign", ())]
+    if own:
+        from ..ptx import FOREIGN_CODE
+
+        data[FOREIGN_CODE] = len(own)
+        data.update({f"{FOREIGN_CODE}: {f}": 1 for f in own[:8]})  # named in the verdict
     return {"code": {}, "asm": {}, "extern": {n: 1 for n in names if not _HARMLESS.match(n)}, "data": data}
 
 

@@ -32,6 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import ptx, sass
+
+machine_reader = sass  # the reader of a variant's machine code (builder._judge_machine)
 from . import Compiled, artifact_key, cache_dir
 
 # a prepared call without a mode, in auto mode: replayed as a CUDA graph when its own device
@@ -303,7 +305,7 @@ def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
     return ops
 
 
-def sass_counts(artifact: str) -> dict:
+def machine_counts(artifact: str) -> dict:
     """The classified SASS of a built cubin (runner.build.sass.analyze), kept beside it under
     the judging code's digest (RuntimeError where the disassembler is missing or fails)."""
     path = Path(artifact).with_suffix(f".{_rules_digest()}.sass.json")
@@ -319,7 +321,7 @@ def sass_counts(artifact: str) -> dict:
     return counts
 
 
-def library_sass(options: tuple[str, ...], hw) -> frozenset:
+def machine_library(options: tuple[str, ...], hw) -> frozenset:
     """The fast_math-class SASS opcodes of CUDA's accurate math functions with these options
     (the SASS of runner.build.ptx.LIBRARY_PROBE), per process and on disk."""
     key = ("sass", options, hw.arch or "sm_90")
@@ -329,7 +331,7 @@ def library_sass(options: tuple[str, ...], hw) -> frozenset:
     built = compile(ptx.LIBRARY_PROBE, "pipe_library_probe", tuple(o for o in options if not o.startswith("-D")), hw)
     if not built.ok:
         raise RuntimeError(f"the math library probe did not compile: {built.reason}")
-    ops = frozenset(k for k in sass_counts(built.artifact)["fast_math"])
+    ops = frozenset(k for k in machine_counts(built.artifact)["fast_math"])
     _LIBRARY[key] = ops
     return ops
 

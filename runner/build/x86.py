@@ -1,0 +1,128 @@
+"""What a CPU kernel's library does, instruction by instruction: its x86-64 machine code
+(`objdump -d`, every executable section), sorted into the forbidden actions and counted by
+mnemonic against the approved template's library at the same parameters and shape
+(`machine.compare`), for variants.
+
+The CPU backend's source rules refuse inline assembly, fast-math flags and options, and the
+half types by name; `immintrin.h` is allowed, and with it every intrinsic, under names no
+list keeps up with (`_mm_rsqrt_ss` is a 12-bit reciprocal square root; `_mm512_rcp14_ps` a
+14-bit reciprocal). The machine code names the instruction whatever the spelling:
+
+- `fast_math`: the approximate reciprocals and square roots (`rcpps`, `rsqrtss`, `vrcp14ps`,
+  `vrsqrt28ss`, `vrcpph`, ...), AVX-512ER's `vexp2ps`, and loads of the floating-point control
+  state (`ldmxcsr`, `fldcw`, `fxrstor`, `xrstor`: flush-to-zero, denormals-are-zero or the
+  rounding mode set at run time);
+- `lower_precision`: AVX-512 FP16 arithmetic (`vaddph`, `vfmadd231sh`, ...; not its
+  conversions, moves and comparisons), the 8- and 16-bit integer dot products (`vpdpbusd`,
+  `vpdpwssd`, `pmaddubsw`, `pmaddwd`), and AMX tiles on int8 or fp16 (`tdpbssd`, `tdpfp16ps`).
+  bf16 products accumulated in f32 (`vdpbf16ps`, `tdpbf16ps`) are bf16 in and f32 out, as the
+  CUDA tensor-core rule allows, and conversions to bf16 or f16 (`vcvtneps2bf16`, `vcvtps2ph`)
+  are what storing a bf16 output is.
+
+An instruction objdump cannot decode (`(bad)`) is counted as unreadable and refused beyond the
+approved build's count. No waiver: the accurate math functions are libm's, called, not inlined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from . import machine
+
+UNAVAILABLE = "the judge reads a variant's machine code, and objdump (binutils) was not found"
+
+_LINE = re.compile(r"^\s*[0-9a-f]+:\t(.*)$")
+_PREFIXES = {"lock", "rep", "repz", "repe", "repnz", "repne", "notrack", "bnd", "data16", "addr32", "cs", "ds",
+             "es", "fs", "gs", "ss", "xacquire", "xrelease", "rex", "rex.w", "rex.b", "rex.x", "rex.r"}
+_FAST = re.compile(r"^v?(rcp|rsqrt)(14|28)?(ps|ss|pd|sd|ph|sh)$|^vexp2p[sd]$"
+                   r"|^v?ldmxcsr$|^fldcw$|^fldenv$|^frstor$|^fnrstor$|^fxrstor(64)?$|^xrstors?(64)?$")
+_NARROW = re.compile(r"^(v?pmaddubsw|v?pmaddwd|vpdpbu?s?ds?|vpdpbs[su]ds?|vpdpbuuds?|vpdpws?s?ds?|vpdpw[su][su]ds?"
+                     r"|tdpb[su][su]d|tdpfp16ps|tcmmi?mfp16ps|tdpbf8ps|tdpbhf8ps|tdphbf8ps|tdphf8ps)$")
+# AVX-512 FP16: arithmetic on packed or scalar halves; its conversions, moves, comparisons,
+# classifications and broadcasts are exact
+_HALF_EXACT = re.compile(r"^v(cvt|mov|cmp|fpclass|comi|ucomi|pbroadcast|perm|blendm|getexp|getmant)")
+
+
+def classify(op: str, operands: list[str] = ()) -> str | None:
+    """The forbidden action of an x86 instruction (an Intel-syntax mnemonic), "unreadable" for
+    what objdump could not decode, or None."""
+    if op == "(bad)":
+        return "unreadable"
+    if _FAST.match(op):
+        return "fast_math"
+    if _NARROW.match(op):
+        return "lower_precision"
+    if op.startswith("v") and (op.endswith("ph") or op.endswith("sh")) and not _HALF_EXACT.match(op):
+        return "lower_precision"
+    return None
+
+
+def instructions(text: str) -> list[tuple[str, list[str]]]:
+    """(mnemonic, operands) of every instruction of `objdump -d -M intel --no-show-raw-insn`,
+    past its prefixes (`lock`, `{vex}`, ...)."""
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        words = m.group(1).split()
+        while words and (words[0] in _PREFIXES or words[0].startswith("{")):
+            words = words[1:]
+        if not words:
+            continue
+        if words[0] == "(bad)":
+            out.append(("(bad)", []))
+            continue
+        out.append((words[0].lower(), " ".join(words[1:]).split(",")))
+    return out
+
+
+def analyze(text: str) -> dict:
+    return machine.count(instructions(text), classify, lambda action, op: op)
+
+
+def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[str, str] | None:
+    """machine.compare for CPU libraries."""
+    return machine.compare(cand, base, named, waived, "machine code", "library")
+
+
+def disassemble(lib: str) -> str:
+    exe = shutil.which("objdump")
+    if exe is None:
+        raise RuntimeError(UNAVAILABLE)
+    r = subprocess.run([exe, "-d", "-w", "--no-show-raw-insn", "-M", "intel", lib], capture_output=True,
+                       text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"objdump -d failed ({r.returncode}): {r.stderr.strip()[:300]}")
+    return r.stdout
+
+
+@lru_cache(maxsize=1)
+def _digest() -> str:
+    h = hashlib.sha256()
+    for mod in (__file__, machine.__file__):
+        h.update(Path(mod).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def counts(lib: str) -> dict:
+    """analyze() of a built library, kept beside it under this reader's digest."""
+    path = Path(lib).with_suffix(f".{_digest()}.x86.json")
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    got = analyze(disassemble(lib))
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(got))
+    os.replace(tmp, path)
+    return got

@@ -128,6 +128,11 @@ class Session:
                 self.history.append(self.ledger.append(t))
         kept = [t for t in self.check.trusted(self.history) if t.kept]  # never a row after the damage
         self.best = kept[-1] if kept else None
+        # the goal checks already made stand: a resumed run does not time the same kernels again
+        # (checking until the noise says "met" would be a goal met by interrupting)
+        for c in json.loads(self.ledger.get_meta("goal_checks") or "[]"):
+            if isinstance(c, dict) and isinstance(c.get("kernels"), list) and "met" in c:
+                self.goal_checks[tuple(c["kernels"])] = self.goal_check = c
         self.write_outputs("running", None)
 
     def close(self) -> None:

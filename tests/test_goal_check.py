@@ -110,7 +110,7 @@ def test_torch_is_timed_on_the_thread_count_the_spec_gives_kernels():
     assert max(_CPU.space.params[1].values) <= _CPU.runtime.threads  # the example compares like with like
 
 
-def test_a_recorded_baseline_that_flatters_every_kernel_meets_no_goal(tmp_path):
+def test_a_recorded_baseline_that_flatters_every_kernel_meets_no_goal(tmp_path, monkeypatch):
     """The baseline a run keeps says torch takes a second a call, so every trial's recorded
     speedup is in the hundreds and the goal (50x) looks met at the first trial; the paired
     re-timing against torch eager measures the real ratio, and the run goes on to its budget."""
@@ -137,6 +137,26 @@ def test_a_recorded_baseline_that_flatters_every_kernel_meets_no_goal(tmp_path):
     assert check["met"] is False and check["against"] == "reference" and check["rounds"] == 7
     assert 0 < check["low"] <= check["metric"] <= check["high"] < 50  # the real ratio, paired
     assert doc["status"] != "goal met"
+    # resumed, the run never times the same kernels against the goal again: a failed check
+    # stands (interrupting and resuming until the noise says "met" re-rolled it before)
+    calls, real = [], Evaluator.confirm_goal
+
+    def spy(self, picks):
+        calls.append(tuple(t.id for t in picks))
+        return real(self, picks)
+
+    monkeypatch.setattr(Evaluator, "confirm_goal", spy)
+    run_loop(spec, run_dir, max_trials=4)
+    assert tuple(check["kernels"]) not in calls, calls
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{run_dir / 'ledger.db'}?mode=ro", uri=True)
+    try:
+        kept = [tuple(c["kernels"]) for c in
+                json.loads(db.execute("select value from meta where key='goal_checks'").fetchone()[0])]
+    finally:
+        db.close()
+    assert len(kept) == len(set(kept)), kept  # once per set of kernels
 
 
 def test_a_retiming_below_the_physical_floor_is_impossible():

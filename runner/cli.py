@@ -85,8 +85,8 @@ def _check_free(a, suffix: str = "") -> None:
 
 def _positive(a) -> str | None:
     for flag, v in (("--max-trials", getattr(a, "max_trials", None)), ("--minutes", getattr(a, "minutes", None))):
-        if v is not None and v <= 0:
-            return f"{flag} must be positive, got {v:g}"
+        if v is not None and not 0 < v < float("inf"):  # (nan is no budget: every comparison with it is false)
+            return f"{flag} must be a positive number, got {v:g}"
     return None
 
 
@@ -195,6 +195,9 @@ def cmd_eval(a) -> int:
             variant = Path(a.variant).read_text(encoding="utf-8")
         except OSError as e:
             print(f"--variant: cannot read {a.variant}: {e.strerror}", file=sys.stderr)
+            return EXIT_INPUT
+        except UnicodeDecodeError as e:
+            print(f"--variant: cannot read {a.variant}: not UTF-8 text (byte {e.start})", file=sys.stderr)
             return EXIT_INPUT
     if not a.no_hw_check:
         loop.check_hardware(spec)

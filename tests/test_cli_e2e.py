@@ -220,19 +220,23 @@ def test_other_commands_and_exit_codes(project, tmp_path):
     assert "run.start" in events and "run.end" in events
 
 
-def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path):
-    (project / "pipelines" / "badref.py").write_text(
-        "def rmsnorm(x, w, eps):\n    raise RuntimeError('boom')\n")
+@pytest.mark.parametrize("module, body, needle", [
+    ("badref", "    raise RuntimeError('boom')\n", "boom"),
+    # a reference of the wrong shape: every kernel would be judged wrong against it
+    ("badshape", "    return x[:1]\n", "has shape (1, "),
+])
+def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path, module, body, needle):
+    (project / "pipelines" / f"{module}.py").write_text("def rmsnorm(x, w, eps):\n" + body)
     d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-    d["op"]["reference"] = "badref:rmsnorm"
+    d["op"]["reference"] = f"{module}:rmsnorm"
     d["op"]["shapes"] = FEW_ROWS
     spec = project / "pipelines" / "r.yaml"
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
     run_dir = tmp_path / "run"
     r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "op.reference badref:rmsnorm failed on the spec's shapes before any trial" in r.stderr
-    assert "boom" in r.stderr
+    assert f"op.reference {module}:rmsnorm failed on the spec's shapes before any trial" in r.stderr
+    assert needle in r.stderr, r.stderr
     assert rows(run_dir) == []  # no trial spent on a reference nothing could pass
 
 

@@ -228,6 +228,21 @@ def test_bad_compare_options_and_a_corrupt_compare_json_are_clear_errors(tmp_pat
         assert r.returncode == 2 and "compare.json: unreadable" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_cuda_run_compared_without_a_gpu_is_refused_at_once(tmp_path):
+    import shutil
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the refusal is for machines without one")
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "data" / "softmax-h200-run", run)
+    spec = str(run / "project" / "pipelines" / "softmax-h200.yaml")
+    r = pipe_main("compare", run, "--spec", spec, cwd=ROOT)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (run / "compare-worker.log").exists()  # nothing started, nothing left in the folder
+
+
 def test_one_kernel_per_compiled_in_size_on_held_out_shapes():
     """Held-out shapes of one size share one table entry (any number of rows): it is shipped
     only if the same nearest kernel was faster and verified on every one of them."""

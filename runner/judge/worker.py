@@ -799,10 +799,30 @@ class Judge:
             inputs = {k: v.clone() for k, v in sets[0].items()}
             _, refresh = _alternate(inputs, sets, self._unsalted, fresh=True, dense=self._dense(shape))
             refresh()
+            why = self._reference_shapes(fn(**inputs, **self.scalars), shape)
+            if why:  # every trial is verified against it: none could pass
+                return {"status": "error", "reason": why}
             run = self.rt.prepare_torch(lambda: fn(**inputs, **self.scalars), self._mode(shape))
             times = self._bench(run, refresh=refresh)
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out, **({"heap": self.heap} if self.heap else {})}
+
+    def _reference_shapes(self, got, shape: dict) -> str:
+        """Why what the reference returned at a shape is not the spec's op.outputs (their number
+        and shapes), or ""."""
+        from .inputs import shape_of
+
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        if len(got) != len(self.op.outputs):
+            return f"it returned {len(got)} outputs where op.outputs declares {len(self.op.outputs)}"
+        env = self.op.shape_env(shape)
+        for t, o in zip(self.op.outputs, got):
+            want = tuple(shape_of(t, env))
+            have = tuple(getattr(o, "shape", ()))
+            if have != want:
+                return (f"its output '{t.name}' has shape {have} at {shape}, where op.outputs declares "
+                        f"{want}")
+        return ""
 
     def _rotation(self, shape: dict, tag: tuple):
         """Two value sets for one shape's inputs, `answers` (which works out their references

@@ -118,11 +118,39 @@ def _row_digest(prev: str, t: Trial) -> str:
     return hashlib.sha256((prev + json.dumps(body, sort_keys=True, default=str)).encode()).hexdigest()[:16]
 
 
+def _wal_in_use(path: Path) -> bool:
+    """Whether a writer may hold the ledger open (its -wal or -shm file exists): then it is read
+    through SQLite's shared memory; otherwise as an immutable file, which creates nothing beside
+    it (a checked-in run folder, a read-only mount)."""
+    return Path(f"{path}-wal").exists() or Path(f"{path}-shm").exists()
+
+
+def _refuse_another_specs_folder(run_dir: Path, path: Path, spec_hash: str) -> None:
+    """Before a ledger is created or stamped: a folder whose run.json names another spec, its
+    ledger missing or empty, is that spec's run, damaged. Stamping a new ledger there would
+    change the evidence (the folder would then read as this spec's run): refused, the folder
+    left as it was."""
+    try:
+        empty = not path.exists() or path.stat().st_size == 0
+        doc = json.loads((run_dir / "run.json").read_text()) if empty else None
+    except (OSError, ValueError):
+        return
+    theirs = doc.get("spec_hash") if isinstance(doc, dict) else None
+    if isinstance(theirs, str) and theirs != spec_hash:
+        raise RunDirError(f"{run_dir} holds a run of another spec ({doc.get('spec', '?')}, hash {theirs}, by its "
+                          f"run.json; this spec is {spec_hash}), and its ledger is missing or empty: use a new "
+                          "--run-dir")
+
+
 class Ledger:
     def __init__(self, path: Path, readonly: bool = False):
         self.path = path
         if readonly:  # pipe show / pipe runs: look, never write
             self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30, isolation_level=None)
+            if not _wal_in_use(path):  # nobody writing: read the file as it is, leaving no -wal/-shm
+                self.db.close()
+                self.db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=30,
+                                          isolation_level=None)
             return
         self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -137,6 +165,7 @@ class Ledger:
         except OSError as e:
             raise RunDirError(f"{run_dir}: cannot be a run folder ({e.strerror})") from None
         path = run_dir / "ledger.db"
+        _refuse_another_specs_folder(run_dir, path, spec_hash)
         try:
             led = cls(path)
             have = led.get_meta("spec_hash")

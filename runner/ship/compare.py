@@ -103,6 +103,12 @@ def compare_run(run_dir: Path, spec_path: str | None = None, top: int = 3, round
     rd = open_run(run_dir, spec_path, "compare times", read_compare=False, force=force)
     spec, history, variants = rd.spec, rd.history, rd.variants
     base = rd.baseline
+    if spec.hw.kind == "cuda":  # at once, before any build or worker (the run and eval commands' check)
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CompareError(f"profile '{spec.hw.name}' needs a CUDA GPU and none is available: compare "
+                               "times the run's kernels on the GPU they were tuned for")
     if spec.op.domain:
         return compare_range(spec, run_dir, history, variants, base, top, rounds, timeout_s, points=points,
                              torch_compile=torch_compile, triton=triton, arms=arms, progress=progress,

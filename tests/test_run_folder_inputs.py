@@ -1,0 +1,60 @@
+"""Run folders and command-line values a user gets wrong: refused with a clear message, the
+folder left as it was found (an audit of session 39 found each of these)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runner.core.errors import RunDirError
+from runner.ledger.ledger import Ledger
+
+from .conftest import PIPELINES, ROOT, pipe_main
+
+
+def test_a_folder_of_another_spec_with_its_ledger_gone_is_not_stamped(tmp_path):
+    """run.json names another spec and ledger.db is missing or empty: refused before a ledger
+    is created or stamped (the folder would then read as this spec's run)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"spec": "layernorm-cpu", "spec_hash": "aaaa"}))
+    for state in ("missing", "empty"):
+        if state == "empty":
+            (run / "ledger.db").write_bytes(b"")
+        with pytest.raises(RunDirError, match="holds a run of another spec .layernorm-cpu"):
+            Ledger.open(run, "bbbb", "rmsnorm-cpu", "spec.yaml")
+        assert sorted(p.name for p in run.iterdir()) == (["run.json"] if state == "missing"
+                                                           else ["ledger.db", "run.json"])
+        assert (run / "ledger.db").exists() is (state == "empty") and not (run / "ledger.db-wal").exists()
+    # the same spec's folder is opened as before (the ledger's own check then judges it)
+    (run / "ledger.db").unlink()
+    Ledger.open(run, "aaaa", "layernorm-cpu", "spec.yaml").close()
+
+
+def test_reading_a_ledger_leaves_nothing_beside_it(tmp_path):
+    run = tmp_path / "run"
+    Ledger.open(run, "aaaa", "x", "spec.yaml").close()
+    before = sorted(p.name for p in run.iterdir())
+    led = Ledger(run / "ledger.db", readonly=True)
+    assert led.get_meta("spec_hash") == "aaaa"
+    led.close()
+    assert sorted(p.name for p in run.iterdir()) == before == ["ledger.db"]
+    r = pipe_main("show", str(run), cwd=ROOT)
+    assert sorted(p.name for p in run.iterdir()) == before, r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_a_budget_that_is_no_positive_number_is_refused(tmp_path, value):
+    r = pipe_main("run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(tmp_path / "r"), "--minutes", value,
+                  cwd=ROOT)
+    assert r.returncode == 2 and "--minutes must be a positive number" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "r").exists()
+
+
+def test_a_variant_file_that_is_not_text_is_refused(tmp_path):
+    bad = tmp_path / "v.cpp.j2"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    r = pipe_main("eval", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(tmp_path / "r"),
+                  "--params", json.dumps({"ACC": 1, "THREADS": 1, "UNROLL": 1}), "--variant", str(bad), cwd=ROOT)
+    assert r.returncode == 2 and "not UTF-8 text" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -99,7 +99,7 @@ def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path, project)
     trials = json.loads((tmp_path / "d.json").read_text())["trials"]
     assert len(trials) == 4 and trials[:len(first)] == first  # resumed, nothing judged twice
     r = pipe_main(*args, "--minutes", "0", cwd=project)
-    assert r.returncode == 2 and "--minutes must be positive" in r.stderr
+    assert r.returncode == 2 and "--minutes must be a positive number" in r.stderr
 
 
 def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, project):

@@ -56,7 +56,7 @@ def test_corrupt_ledger_is_reported_not_raised(project):
 
 def test_bad_budgets_and_agent_options(project):
     r = pipe_main("run", small_spec(project), "--max-trials", "0", cwd=project)
-    assert r.returncode == 2 and "--max-trials must be positive" in r.stderr
+    assert r.returncode == 2 and "--max-trials must be a positive number" in r.stderr
     spec = small_spec(project, agent={"strategy": "tpe", "options": {"n_startup_trials": "many"}})
     r = pipe_main("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.n_startup_trials: expected a non-negative integer" in r.stderr
@@ -64,6 +64,11 @@ def test_bad_budgets_and_agent_options(project):
     r = pipe_main("validate", spec, cwd=project)
     assert r.returncode == 2 and "agent.options.shapes: expected one of 'off', 'alternate', got 'yes'" in r.stderr
     assert "Traceback" not in r.stderr
+    # a key no strategy takes (a typo) is named, with the likeliest meant
+    spec = small_spec(project, agent={"strategy": "tpe", "options": {"n_startup_trial": 3}})
+    r = pipe_main("validate", spec, cwd=project)
+    assert r.returncode == 2 and "agent.options.n_startup_trial: unknown option for the tpe agent; did you mean " \
+        "'n_startup_trials'?" in r.stderr, r.stderr
 
 
 def test_spec_hash_covers_profile_and_reference(project):

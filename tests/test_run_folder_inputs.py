@@ -58,3 +58,18 @@ def test_a_variant_file_that_is_not_text_is_refused(tmp_path):
     r = pipe_main("eval", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", str(tmp_path / "r"),
                   "--params", json.dumps({"ACC": 1, "THREADS": 1, "UNROLL": 1}), "--variant", str(bad), cwd=ROOT)
     assert r.returncode == 2 and "not UTF-8 text" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_parameter_of_too_many_values_is_one_spec_error(tmp_path):
+    """A `range` expands into every value: 10^8 of them loaded for minutes. Refused at its key,
+    and the template's use of the parameter is no second error."""
+    text = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
+    assert "ACC: {pow2: {min: 1, max: 32}}" in text
+    text = text.replace("ACC: {pow2: {min: 1, max: 32}}", "ACC: {range: {min: 1, max: 100000000, step: 1}}")
+    text = text.replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/")
+    (tmp_path / "huge.yaml").write_text(text)
+    r = pipe_main("validate", str(tmp_path / "huge.yaml"), cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "search.params.ACC.range: 100000000 values; a parameter takes at most" in errors[0]
+    assert errors[0].startswith(f"{tmp_path / 'huge.yaml'}:"), errors

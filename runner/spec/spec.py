@@ -39,6 +39,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1
 # table): op.arms may not take these names
 BUILTIN_ARMS = ("torch eager", "torch.compile", "triton", "copy")
 RESERVED_ARMS = (*BUILTIN_ARMS, "table")
+MAX_PARAM_VALUES = 65536  # values of one search parameter (a `range` expands into every one of them)
 DEFAULT_TOL = {"bf16": (1e-2, 1.6e-2), "fp16": (1e-3, 2e-3), "fp32": (1e-5, 1e-5),
                "fp64": (1e-10, 1e-10)}
 INT_DTYPES = {"int8", "uint8", "int32", "int64", "bool"}
@@ -1110,6 +1111,13 @@ class _Checker:
             if "range" in (p if isinstance(p, dict) else {}) and p["range"]["min"] > p["range"]["max"]:
                 self.err(base + ("range",), "min is greater than max")
                 continue
+            if "range" in (p if isinstance(p, dict) else {}):
+                r = p["range"]
+                n = (r["max"] - r["min"]) // max(1, r.get("step", 1)) + 1
+                if n > MAX_PARAM_VALUES:  # a tuning axis, not a sweep of every integer (it would load for minutes)
+                    self.err(base + ("range",), f"{n} values; a parameter takes at most {MAX_PARAM_VALUES} "
+                                                "(a larger step, or pow2)")
+                    continue
             if "pow2" in (p if isinstance(p, dict) else {}):
                 lo, hi = p["pow2"]["min"], p["pow2"]["max"]
                 for k, v in (("min", lo), ("max", hi)):
@@ -1180,7 +1188,9 @@ class _Checker:
             scope_d.add(name)
         scratch = self.scratch(k, op, params, symbols, derive)
         tmaps = self.tensor_maps(k, op, params, symbols, derive, backend)
-        available = set(params) | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
+        # (a parameter declared with an error of its own, reported there, is no error of the template)
+        declared = set(((self.d.get("search") or {}).get("params") or {})) if isinstance(self.d, dict) else set()
+        available = set(params) | declared | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
         # (with the op's own errors its shape symbols are unknown: their use is no error of the template)
         for v in sorted(used - available) if op is not None else ():
             where = render.locate(segments, render.variable_line(text, v)) or (str(tpath), 1)

@@ -126,9 +126,18 @@ def option_problems(strategy: str, options: Mapping[str, Any], env: Mapping[str,
         if o.required and not options.get(k) and not (o.env and env.get(o.env)):
             out.append(((), f"the {strategy} agent needs options.{k}"
                         + (f" (or {o.env} in the environment)" if o.env else f" ({o.hint})" if o.hint else "")))
+    known = sorted({key for name in STRATEGIES for key in options_of(name)})
     for k, v in options.items():
         o = mine.get(k) or next((d[k] for d in map(options_of, STRATEGIES) if k in d), None)
-        if o is None or v is None:
+        if o is None:  # no strategy takes it: a typo would otherwise be ignored without a word
+            import difflib
+
+            near = difflib.get_close_matches(str(k), sorted(mine) or known, n=1)
+            out.append(((k,), f"unknown option for the {strategy} agent"
+                        + (f"; did you mean '{near[0]}'?" if near else
+                           f" (it takes {', '.join(sorted(mine))})" if mine else " (it takes none)")))
+            continue
+        if v is None:
             continue
         if o.kind in (int, float) and (isinstance(v, bool) or not isinstance(v, (int, float))
                                        or (o.kind is int and not isinstance(v, int)) or v < 0):

@@ -55,7 +55,7 @@ def cmd_render(a) -> int:
     params = dict(spec.start or {})
     for item in a.set or []:
         name, eq, value = item.partition("=")
-        if not eq:
+        if not eq or not name.strip():
             print(f"--set {item}: expected NAME=VALUE", file=sys.stderr)
             return EXIT_INPUT
         params[name.strip()] = parse_value(value.strip())
@@ -139,7 +139,7 @@ def cmd_run(a) -> int:
               f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
               + (f" ±{ms:.0%}" if b.metric is not None and ms is not None else "")
               + f"; run folder {run_dir}")
-        if out.goal_check is not None:
+        if out.goal_check is not None and a.quiet:  # (the progress printed it as it was made)
             print(loop.goal_check_line(spec, out.goal_check))
     else:
         print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
@@ -314,6 +314,9 @@ def cmd_replay(a) -> int:
     if a.patience is not None and a.patience < 1:
         print(f"--patience: {a.patience} is not a positive number of trials", file=sys.stderr)
         return EXIT_INPUT
+    if a.seeds < 1:
+        print(f"--seeds: {a.seeds} is not a positive number of simulated runs", file=sys.stderr)
+        return EXIT_INPUT
     try:
         if a.patience:
             out = [replay.replay_patience(p, ag, a.seeds, a.patience) for p in paths for ag in agents]
@@ -342,7 +345,10 @@ def _summary(run_dir: Path) -> dict:
 
 def cmd_runs(a) -> int:
     root = Path(a.root)
-    dirs = sorted(p.parent for p in root.glob("**/ledger.db")) if root.is_dir() else []
+    if not root.is_dir():
+        print(f"pipe runs: {root} is {'a file, not a folder' if root.exists() else 'no folder'}", file=sys.stderr)
+        return EXIT_INPUT
+    dirs = sorted(p.parent for p in root.glob("**/ledger.db"))
     if not dirs:
         print(f"no run folders under {root}/")
         return EXIT_OK
@@ -444,6 +450,9 @@ def cmd_compare(a) -> int:
         if not a.quiet:
             print(f"[{time.monotonic() - t0:7.1f} s] {line}", file=sys.stderr, flush=True)
 
+    if a.points is not None and a.points < 1:
+        print(f"--points: {a.points} is not a positive number of points", file=sys.stderr)
+        return EXIT_INPUT
     if a.json:
         writable(Path(a.json))
     doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
@@ -616,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipe: {e}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
-        print("pipe: interrupted; every finished trial is in the ledger (run again to resume)", file=sys.stderr)
+        print("pipe: interrupted" + ("; every finished trial is in the ledger (run again to resume)"
+                                     if a.cmd in ("run", "eval", "record") else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into head and the like
         import os

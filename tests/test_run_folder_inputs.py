@@ -73,3 +73,17 @@ def test_a_parameter_of_too_many_values_is_one_spec_error(tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and "search.params.ACC.range: 100000000 values; a parameter takes at most" in errors[0]
     assert errors[0].startswith(f"{tmp_path / 'huge.yaml'}:"), errors
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["render", str(PIPELINES / "rmsnorm-cpu.yaml"), "--set", "=1"], "--set =1: expected NAME=VALUE"),
+    (["runs", "--root", "{tmp}/nothing"], "is no folder"),
+    (["runs", "--root", "{tmp}/file"], "is a file, not a folder"),
+    (["replay", str(ROOT / "datasets" / "softmax-h200.json"), "--seeds", "0"], "--seeds: 0 is not a positive"),
+    (["compare", "{tmp}/run", "--points", "-5"], "--points: -5 is not a positive"),
+    (["run", str(PIPELINES / "rmsnorm-cpu.yaml"), "--run-dir", "{tmp}/file"], "it is a file, not a folder"),
+])
+def test_values_and_folders_that_cannot_be_used_are_named(tmp_path, args, needle):
+    (tmp_path / "file").write_text("x")
+    r = pipe_main(*[x.replace("{tmp}", str(tmp_path)) for x in args], cwd=ROOT)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr

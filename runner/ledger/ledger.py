@@ -163,7 +163,8 @@ class Ledger:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise RunDirError(f"{run_dir}: cannot be a run folder ({e.strerror})") from None
+            what = "it is a file, not a folder" if run_dir.is_file() else e.strerror
+            raise RunDirError(f"{run_dir}: cannot be a run folder ({what})") from None
         path = run_dir / "ledger.db"
         _refuse_another_specs_folder(run_dir, path, spec_hash)
         try:

@@ -14,7 +14,7 @@ from runner import cli
 from runner.core.errors import SpecError
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, shipped_spec
+from .conftest import PIPELINES, ROOT, shipped_spec
 
 DIAG = re.compile(r"^[^\s:][^:]*:\d+:\d+: ")
 SPECS = sorted(PIPELINES.glob("*.yaml"))
@@ -115,7 +115,7 @@ def test_an_argument_passed_twice_is_an_error_at_its_line(project, capsys):
     assert re.search(rf"s\.yaml:\d+:\d+: kernel\.args\[{n}\]: '{d['kernel']['args'][-1]}' is passed twice", err), err
 
 
-@pytest.mark.parametrize("step, says", [(0, "0 is less than the minimum of 1"), (2.5, "expected integer")])
+@pytest.mark.parametrize("step, says", [(0, "must be at least 1, got 0"), (2.5, "expected integer")])
 def test_a_bad_range_step_is_named_at_the_step(project, capsys, step, says):
     d = copy.deepcopy(BASE)
     d["search"]["params"]["ACC"] = {"range": {"min": 1, "max": 32, "step": step}}
@@ -340,3 +340,19 @@ def test_read_traffic_floors_use_the_read_bandwidth():
     assert f["t_bw"] == pytest.approx(f["bytes"] / read)
     g = floors(sm)[0]
     assert g["t_bw"] == pytest.approx(g["bytes"] / copy_)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (("at_least: 1.5", "at_least: 1.5, at_most: 3"), "goal.target: give at_least or at_most, not both"),
+    (("minutes: 1", "minutes: 0"), "goal.budget.minutes: must be greater than 0, got 0"),
+    (("reference: runner.ops.reference:rmsnorm", "reference: rmsnorm"), "op.reference: expected module:function"),
+])
+def test_schema_errors_are_said_in_words_not_schema(tmp_path, edit, says):
+    """A user reads what to write, not the JSON schema's own terms or a regex."""
+    text = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
+    assert edit[0] in text
+    text = text.replace(*edit).replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/")
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "s.yaml")
+    assert says in str(e.value) and "minimum of" not in str(e.value) and "^[" not in str(e.value), str(e.value)

@@ -230,6 +230,15 @@ def diagnostics(loc, schema: dict) -> list:
     return out
 
 
+# the patterns' meanings, for their errors (a regex is no message)
+_FORMS = {
+    r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$": "module:function (a Python module beside the spec or importable, and a "
+                                       "function of it)",
+    "^[A-Za-z_][A-Za-z0-9_]*$": "a name of letters, digits and _, not starting with a digit",
+    "^[A-Za-z0-9][A-Za-z0-9_.-]*$": "a name of letters, digits, _, . and -, starting with a letter or digit",
+}
+
+
 def _explain(loc, err) -> list:
     import jsonschema
 
@@ -247,6 +256,12 @@ def _explain(loc, err) -> list:
             return out
     if err.validator == "required":
         return [loc.diag(path, err.message.replace("is a required property", "is required"))]
+    alts = err.validator_value if err.validator == "oneOf" else None
+    if alts and all(isinstance(x, dict) and x.keys() == {"required"} for x in alts) \
+            and isinstance(err.instance, dict):  # `oneOf: [{required: [a]}, {required: [b]}]`: exactly one key
+        keys = [x["required"][0] for x in alts]
+        given = [k for k in keys if k in err.instance]
+        return [loc.diag(path, f"give {' or '.join(keys)}, not both" if given else f"give one of {', '.join(keys)}")]
     if err.validator in ("oneOf", "anyOf") and err.context:
         # Pick the explanation from the alternative that got furthest: one that matched the
         # value's form and failed inside it (`{range: {step: 0}}`: the step), else best_match's.
@@ -263,6 +278,13 @@ def _explain(loc, err) -> list:
     if err.validator == "type":
         msg = f"expected {err.validator_value if isinstance(err.validator_value, str) else ' or '.join(err.validator_value)}, " \
               f"got {type(err.instance).__name__} {json.dumps(err.instance)[:60]}"
+    elif err.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        word = {"minimum": "at least", "exclusiveMinimum": "greater than", "maximum": "at most",
+                "exclusiveMaximum": "less than"}[err.validator]
+        msg = f"must be {word} {err.validator_value:g}, got {json.dumps(err.instance)[:60]}"
+    elif err.validator == "pattern":
+        form = _FORMS.get(err.validator_value)
+        msg = f"expected {form}, got {json.dumps(err.instance)[:60]}" if form else msg
     elif err.validator == "enum":
         msg = f"{json.dumps(err.instance)[:60]} is not one of {', '.join(map(str, err.validator_value))}"
         close = difflib.get_close_matches(str(err.instance), [str(v) for v in err.validator_value], n=1)

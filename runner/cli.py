@@ -223,6 +223,19 @@ def cmd_eval(a) -> int:
     return EXIT_OK if t.status == "ok" else EXIT_BUDGET
 
 
+_MADE: list[Path] = []  # folders `writable` made for an output, outermost first
+
+
+def _unmake() -> None:
+    """A refused or failed command leaves no empty folder it made for its output."""
+    for p in reversed(_MADE):
+        try:
+            p.rmdir()  # only if empty
+        except OSError:
+            pass
+    _MADE.clear()
+
+
 def writable(path: Path, folder: bool = False) -> None:
     """Refuse, before any work, an output that cannot be written: the file `path` (its folder
     made if missing), or with `folder` the folder itself. A PipeError (exit 2) names it."""
@@ -230,8 +243,10 @@ def writable(path: Path, folder: bool = False) -> None:
     import tempfile
 
     where = path if folder else path.parent
+    missing = [p for p in (where, *where.parents) if not p.exists()]
     try:
         where.mkdir(parents=True, exist_ok=True)
+        _MADE.extend(reversed(missing))  # removed again, if still empty, when the command fails
         fd, probe = tempfile.mkstemp(prefix=".pipe-probe-", dir=where)
         os.close(fd)
         os.unlink(probe)
@@ -616,12 +631,18 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     a = p.parse_args(argv)
     log.configure(json_logs=a.log_json, verbose=a.verbose)
+    _MADE.clear()
     try:
-        return a.fn(a)
+        rc = a.fn(a)
+        if rc not in (EXIT_OK, None):
+            _unmake()
+        return rc
     except SpecError as e:
+        _unmake()
         print(str(e), file=sys.stderr)
         return EXIT_INPUT
     except PipeError as e:
+        _unmake()
         print(f"pipe: {e}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:

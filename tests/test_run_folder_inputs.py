@@ -87,3 +87,15 @@ def test_values_and_folders_that_cannot_be_used_are_named(tmp_path, args, needle
     (tmp_path / "file").write_text("x")
     r = pipe_main(*[x.replace("{tmp}", str(tmp_path)) for x in args], cwd=ROOT)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_refused_command_leaves_no_folder_it_made_for_its_output(tmp_path):
+    """report --out on a run folder that is refused: the output folder made to check that it
+    can be written is removed again (it was left empty)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ledger.db").write_text("not sqlite")
+    out = tmp_path / "a" / "b" / "report"
+    r = pipe_main("report", str(run), "--out", str(out), cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "a").exists()

@@ -6,7 +6,11 @@ the same parameters and shape, and where nothing at all could be read."""
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from collections import Counter
+from pathlib import Path
 from typing import Callable, Iterable
 
 ACTIONS = ("lower_precision", "fast_math")
@@ -49,3 +53,18 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset(), where: str
                 return action, (f"'{op}' in the {where}: {n} in the candidate's {unit} vs {b} in the approved "
                                 "template's build at the same parameters")
     return None
+
+
+def kept(path: Path, make: Callable[[], dict]) -> dict:
+    """The counts kept at `path` (beside the artifact, under the reader's digest), else make()'s,
+    written there whole or not at all."""
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    got = make()
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(got))
+    os.replace(tmp, path)
+    return got

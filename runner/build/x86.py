@@ -26,12 +26,9 @@ approved build's count. No waiver: the accurate math functions are libm's, calle
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 import shutil
 import subprocess
-import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -115,14 +112,4 @@ def _digest() -> str:
 
 def counts(lib: str) -> dict:
     """analyze() of a built library, kept beside it under this reader's digest."""
-    path = Path(lib).with_suffix(f".{_digest()}.x86.json")
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            pass
-    got = analyze(disassemble(lib))
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(got))
-    os.replace(tmp, path)
-    return got
+    return machine.kept(Path(lib).with_suffix(f".{_digest()}.x86.json"), lambda: analyze(disassemble(lib)))

@@ -308,17 +308,10 @@ def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
 def machine_counts(artifact: str) -> dict:
     """The classified SASS of a built cubin (runner.build.sass.analyze), kept beside it under
     the judging code's digest (RuntimeError where the disassembler is missing or fails)."""
-    path = Path(artifact).with_suffix(f".{_rules_digest()}.sass.json")
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            pass
-    counts = sass.analyze(sass.disassemble(artifact))
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(counts))
-    os.replace(tmp, path)
-    return counts
+    from .. import machine
+
+    return machine.kept(Path(artifact).with_suffix(f".{_rules_digest()}.sass.json"),
+                        lambda: sass.analyze(sass.disassemble(artifact)))
 
 
 def machine_library(options: tuple[str, ...], hw) -> frozenset:

@@ -291,7 +291,7 @@ def cmd_merge(a) -> int:
     from .search import dataset
 
     try:
-        m = dataset.merge(a.datasets)
+        m = dataset.merge(a.datasets, out=a.out)
     except dataset.MergeError as e:
         print(f"pipe merge: {e}", file=sys.stderr)
         return EXIT_INPUT

@@ -23,12 +23,14 @@ file it came from) and the dataset a "parts" list ({"file", "created", "machine"
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.errors import ExprError, PipeError
 from ..core.expr import compile_expr
 from .space import Param, Space, config_key
 
@@ -111,14 +113,141 @@ def dumps(data: dict) -> str:
     return text + (',\n"trials":[\n' + trials + "\n]}\n" if "trials" in data else "}\n")
 
 
+class DatasetError(PipeError, ValueError):
+    """A file that is not a readable pipe-dataset/1 dataset. `why` says what is wrong, with the
+    key path where the file is JSON of the wrong shape (`trials[3].params: expected an object,
+    got a string`); str() puts the file's path first."""
+
+    def __init__(self, path, why: str):
+        self.path, self.why = str(path), why
+        super().__init__(f"{path}: {why}")
+
+
+def _kind(v) -> str:
+    """What a JSON value is, for a message."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return repr(v)  # the number itself: "expected a positive number, got -1"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(v), type(v).__name__)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _time(v) -> bool:
+    return _number(v) and v > 0
+
+
+def check(data) -> str | None:
+    """The first way `data` (a parsed JSON document) is not shaped like a dataset, as
+    "key.path: what is wrong", else None: the type of every field that load, replay and merge
+    read, so that a damaged file is refused here, by name, and nowhere later."""
+    def bad(path: str, expected: str, v) -> str:
+        return f"{path}: expected {expected}, got {_kind(v)}"
+
+    if not isinstance(data, dict):
+        return f"expected a JSON object at the top, got {_kind(data)}"
+    if "format" not in data:
+        return "format: missing"
+    if data["format"] != FORMAT:
+        return f"format: expected {_short(FORMAT)}, got {_short(data['format'])}"
+    for k in ("params", "constraints", "shapes", "trials"):
+        if k not in data:
+            return f"{k}: missing"
+    for k in ("spec", "spec_hash", "hardware", "created"):
+        if k in data and not isinstance(data[k], str):
+            return bad(k, "a string", data[k])
+    if "machine" in data and not isinstance(data["machine"], (dict, type(None))):
+        return bad("machine", "an object", data["machine"])
+    params = data["params"]
+    if not isinstance(params, dict):
+        return bad("params", "an object (parameter name: list of values)", params)
+    for name, vals in params.items():
+        if not isinstance(vals, list):
+            return bad(f"params.{name}", "a list of values", vals)
+        if not vals:
+            return f"params.{name}: expected a list of values, got an empty list"
+        for i, v in enumerate(vals):
+            if not isinstance(v, (str, bool)) and not _number(v):
+                return bad(f"params.{name}[{i}]", "a number, string or boolean", v)
+    if not isinstance(data["constraints"], list):
+        return bad("constraints", "a list of expressions", data["constraints"])
+    for i, c in enumerate(data["constraints"]):
+        if not isinstance(c, str):
+            return bad(f"constraints[{i}]", "a string (an expression)", c)
+    shapes = data["shapes"]
+    if not isinstance(shapes, list):
+        return bad("shapes", "a list of objects (symbol: size)", shapes)
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, dict):
+            return bad(f"shapes[{i}]", "an object (symbol: size)", shape)
+        for k, v in shape.items():
+            if not _number(v):
+                return bad(f"shapes[{i}].{k}", "a number", v)
+    timed = data.get("timed_shapes", len(shapes))
+    if not isinstance(timed, int) or isinstance(timed, bool) or not 0 <= timed <= len(shapes):
+        return (bad("timed_shapes", "an integer", timed) if not isinstance(timed, int) or isinstance(timed, bool)
+                else f"timed_shapes: expected 0 to {len(shapes)} (the number of shapes), got {timed}")
+    trials = data["trials"]
+    if not isinstance(trials, list):
+        return bad("trials", "a list of objects", trials)
+    for i, t in enumerate(trials):
+        at = f"trials[{i}]"
+        if not isinstance(t, dict):
+            return bad(at, "an object", t)
+        for k in ("params", "status", "objective"):
+            if k not in t:
+                return f"{at}.{k}: missing"
+        if not isinstance(t["params"], dict):
+            return bad(f"{at}.params", "an object", t["params"])
+        if not isinstance(t["status"], str):
+            return bad(f"{at}.status", "a string", t["status"])
+        if "reason" in t and not isinstance(t["reason"], (str, type(None))):
+            return bad(f"{at}.reason", "a string", t["reason"])
+        if t["objective"] is not None and not _time(t["objective"]):
+            return bad(f"{at}.objective", "a positive number or null", t["objective"])
+        times = t.get("times")
+        if times is None:
+            continue
+        if not isinstance(times, list):
+            return bad(f"{at}.times", "a list of seconds per shape, or null", times)
+        if len(times) < timed:
+            return f"{at}.times: expected a time for each of the {timed} timed shapes, got {len(times)}"
+        for j, x in enumerate(times):
+            if x is not None and not _time(x):  # null: a shape the configuration does not serve
+                return bad(f"{at}.times[{j}]", "a positive number (seconds) or null", x)
+    return None
+
+
 def load(path: str | Path) -> Dataset:
-    data = json.loads(Path(path).read_text())
-    if data.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} dataset")
+    """The dataset at `path`, its structure checked (check). Raises DatasetError, which names
+    the file and the key path of the first problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(path, f"cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise DatasetError(path, "not a dataset (not UTF-8 text)") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise DatasetError(path, f"not a dataset (not readable as JSON: {e})") from None
+    why = check(data)
+    if why:
+        raise DatasetError(path, f"not a {FORMAT} dataset: {why}")
     params = tuple(Param(k, tuple(v)) for k, v in data["params"].items())
     symbols = {k for shape in data["shapes"] for k in shape}
-    cons = tuple(compile_expr(c, set(data["params"]) | symbols) for c in data["constraints"])
-    space = Space(params, cons, tuple(data["shapes"]) or ({},))
+    cons = []
+    for i, c in enumerate(data["constraints"]):
+        try:
+            cons.append(compile_expr(c, set(data["params"]) | symbols))
+        except ExprError as e:
+            raise DatasetError(path, f"not a {FORMAT} dataset: constraints[{i}]: {e}") from None
+    space = Space(params, tuple(cons), tuple(data["shapes"]) or ({},))
     results = {config_key(t["params"]): t for t in data["trials"]}
     return Dataset(str(path), data, space, results)
 
@@ -127,7 +256,7 @@ def load(path: str | Path) -> Dataset:
 SAME = ("format", "spec", "spec_hash", "hardware", "shapes", "timed_shapes", "constraints")
 
 
-class MergeError(ValueError):
+class MergeError(PipeError, ValueError):
     """An input of `merge` that cannot be read or does not belong with the others."""
 
 
@@ -154,21 +283,30 @@ def _timed(t: dict, k: int) -> list[float] | None:
     return times
 
 
-def merge(paths: list[str]) -> Merged:
+def _same_file(a, b) -> bool:
+    try:
+        return Path(a).samefile(b)
+    except OSError:
+        return False
+
+
+def merge(paths: list[str], out: str | None = None) -> Merged:
     """The datasets at `paths` as one: parameter values and trials joined; a configuration
-    in several files takes the trial of the last of them. Raises MergeError."""
+    in several files takes the trial of the last of them. `out`, where given, is the file the
+    caller will write, refused where it is one of the inputs. Raises MergeError."""
     if len(paths) < 2:
         raise MergeError("give at least two datasets to merge")
     datas = []
     for p in paths:
         if not Path(p).is_file():
-            raise MergeError(f"{p}: no such dataset")
+            raise MergeError(f"{p}: a folder, not a dataset file" if Path(p).is_dir() else f"{p}: no such dataset")
+        if out is not None and _same_file(p, out):
+            raise MergeError(f"--out {out}: is the input {p}; write the merge to a new file")
         try:
             datas.append(load(p).data)  # the same checks `pipe replay` makes
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else \
-                (f"missing field {e}" if isinstance(e, KeyError) else str(e))
-            raise MergeError(f"{p}: cannot load as a dataset: {why}") from None
+        except DatasetError as e:  # JSON of the wrong shape: the key path says where; unreadable: why
+            raise MergeError(str(e) if e.why.startswith(f"not a {FORMAT}") else
+                             f"{p}: cannot load as a dataset: {e.why}") from None
     first = datas[0]
     for p, d in zip(paths[1:], datas[1:]):
         for k in SAME:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core import figures
+from ..core.errors import PipeError
 from ..core.figures import geomean as _geomean
 from ..core.records import trial_key
 from .agents import Seen, bench_default, make_agent, replayable
@@ -45,10 +46,30 @@ from .space import config_key
 THRESHOLDS = (0.01, 0.03, 0.05)
 
 
+class ReplayError(PipeError, ValueError):
+    """A replay asked for with arguments it cannot run with (no seeds)."""
+
+
+def _seeds(seeds: Iterable[int] | int) -> list[int]:
+    """The seeds to replay with (an int n: 0 to n-1); ReplayError where there are none: the
+    figures are medians over the seeds."""
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ReplayError(f"--seeds: {seeds} is not a positive number of simulated runs")
+        return list(range(seeds))
+    out = list(seeds)
+    if not out:
+        raise ReplayError("--seeds: no seeds given")
+    return out
+
+
 def strategies(names: str | None) -> tuple[list[str], str | None]:
     """pipe replay --agent: the strategies named (comma-separated; None: the registry's
     default bench), or why they cannot be replayed."""
-    agents = [x for x in names.split(",") if x] if names else bench_default()
+    agents = [x.strip() for x in names.split(",") if x.strip()] if names is not None else bench_default()
+    if not agents:
+        return agents, (f"no strategy named in {names!r} (give one or more, comma-separated; "
+                        f"replayable: {', '.join(sorted(replayable()))})")
     unknown = [x for x in agents if x not in replayable()]
     if unknown:
         return agents, (f"unknown or not replayable: {', '.join(unknown)} "
@@ -183,8 +204,8 @@ def replay(dataset: Dataset | str | Path, agent_name: str, seeds: Iterable[int] 
     "thresholds": {x: {"k", "e_random", "median", "p25", "p75", "min", "max", "mean",
     "score", "evals": [per seed], "missed": runs that never got within x}}}.
     """
+    seeds = _seeds(seeds)
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)
-    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     configs = valid_configs(ds)
     size = len(configs)
     budget = budget if budget is not None else size
@@ -222,8 +243,8 @@ def replay_patience(dataset: Dataset | str | Path, agent_name: str, seeds: Itera
     """Where a run with this patience stops, and how good its dispatch table is then: per seed
     the evaluations made, the table's geometric-mean time over the best table's, and the worst
     shape's time over that shape's best in the space."""
+    seeds = _seeds(seeds)
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)
-    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     best = table_times(ds)
     if not best:
         raise ValueError(f"{ds.path}: no per-shape times to build a table from")
@@ -259,7 +280,7 @@ def bench(datasets_: Iterable[Dataset | str | Path], agents: Iterable[str] | Non
     registry's bench strategies by default; one that is not replayable is left out)."""
     agents = bench_default() if agents is None else list(agents)
     rows = []
-    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    seeds = _seeds(seeds)
     for d in datasets_:
         ds = d if isinstance(d, Dataset) else load(d)
         for a in agents:
@@ -353,7 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown or unavailable strategies: {', '.join(unknown)} "
                  f"(known: {', '.join(sorted(replayable()))})")
-    print(format_table(bench(a.datasets or datasets(), agents, a.seeds)))
+    try:
+        print(format_table(bench(a.datasets or datasets(), agents, a.seeds)))
+    except PipeError as e:  # a dataset that is not one, no seeds: said as pipe replay says it
+        ap.exit(2, f"{ap.prog}: {e}\n")
     return 0
 
 

@@ -68,7 +68,7 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         spec = None
     from .rundata import read_compare_json
 
-    compare = read_compare_json(run_dir)
+    compare = read_compare_json(run_dir, len(spec.op.shapes) if spec is not None and not spec.op.domain else None)
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
     checks = json.loads(meta["goal_checks"] or "[]")
     return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,

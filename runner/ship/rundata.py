@@ -5,8 +5,11 @@ to what the run recorded."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..core.errors import PipeError, RunDirError
 from ..ledger.ledger import Ledger
@@ -44,18 +47,132 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
         raise RunMismatch(f"{path}: the spec, its template, profile or reference changed since the run in "
                           f"{run_dir} (hash {spec.hash} != {recorded}); {doing} the kernels as the run judged "
                           "them: pass that spec with --spec, or start a new run")
-    compare = read_compare_json(run_dir) if read_compare else None
+    compare = read_compare_json(run_dir, None if spec.op.domain else len(spec.op.shapes)) if read_compare else None
     return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
 
 
-def read_compare_json(run_dir: Path) -> dict | None:
+def read_compare_json(run_dir: Path, shapes: int | None = None) -> dict | None:
+    """RUN/compare.json, None where pipe compare has not run. Its structure is checked here,
+    once (check_compare): a damaged file is a RunDirError naming the file and the key path of
+    the first problem. `shapes`, where given, is the number of timed shapes of the run's spec
+    (a spec without op.domain), which compare.json must have as many of."""
     path = run_dir / "compare.json"
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         raise RunDirError(f"{path}: unreadable ({e}); run pipe compare again or remove it") from None
     if not isinstance(doc, dict) or doc.get("format") != "pipe-compare/1" or "shapes" not in doc:
         raise RunDirError(f"{path}: not a pipe compare result; run pipe compare again or remove it")
+    why = check_compare(doc, shapes)
+    if why:
+        raise RunDirError(f"{path}: not a pipe compare result ({why}); run pipe compare again or remove it")
     return doc
+
+
+# compare.json's structure: the fields that report, export and compare read, and their types.
+# A check takes (value, key path) and returns "key.path: what is wrong", or None.
+Check = Callable[[object, str], "str | None"]
+
+
+def _kind(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(v), type(v).__name__)
+
+
+def _key(path: str, k) -> str:
+    return f"{path}.{k}" if re.fullmatch(r"[A-Za-z_][\w]*", str(k)) else f"{path}[{json.dumps(str(k))}]"
+
+
+def _is(pred, what: str) -> Check:
+    return lambda v, path: None if pred(v) else f"{path}: expected {what}, got {_kind(v)}"
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+STR = _is(lambda v: isinstance(v, str), "a string")
+NUM = _is(_number, "a number")
+SECONDS = _is(lambda v: _number(v) and v > 0, "a positive number (seconds)")
+INT = _is(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+OBJ = _is(lambda v: isinstance(v, dict), "an object")
+
+
+def _null(c: Check) -> Check:
+    """c, or null."""
+    return lambda v, path: None if v is None else c(v, path)
+
+
+def _list(item: Check, n: int | None = None) -> Check:
+    def check(v, path):
+        if not isinstance(v, list):
+            return f"{path}: expected a list, got {_kind(v)}"
+        if n is not None and len(v) != n:
+            return f"{path}: expected {n} entries, got {len(v)}"
+        return next((w for i, x in enumerate(v) if (w := item(x, f"{path}[{i}]"))), None)
+    return check
+
+
+def _map(value: Check) -> Check:
+    """An object of any keys, each value checked by `value`."""
+    def check(v, path):
+        if not isinstance(v, dict):
+            return f"{path}: expected an object, got {_kind(v)}"
+        return next((w for k, x in v.items() if (w := value(x, _key(path, k)))), None)
+    return check
+
+
+def _obj(required: dict[str, Check], optional: dict[str, Check] | None = None) -> Check:
+    """An object with these keys (others are let be)."""
+    def check(v, path):
+        if not isinstance(v, dict):
+            return f"{path}: expected an object, got {_kind(v)}"
+        for k, c in required.items():
+            if k not in v:
+                return f"{_key(path, k)}: missing"
+            if w := c(v[k], _key(path, k)):
+                return w
+        for k, c in (optional or {}).items():
+            if k in v and (w := c(v[k], _key(path, k))):
+                return w
+        return None
+    return check
+
+
+_ARM = _obj({}, {"error": _null(STR), "time_s": _null(NUM), "tuned_speedup": _null(NUM),
+                 "tuned_speedup_range": _null(_list(NUM, 2))})
+_SHAPE = _obj({"label": STR, "arms": _map(_ARM),
+               "tuned": _null(_obj({"trial": INT, "params": OBJ, "time_s": SECONDS},
+                                   {"variant": _null(STR), "bytes_per_s": _null(NUM), "copy_fraction": _null(NUM),
+                                    "limit_fraction": _null(NUM)}))},
+              {"shape": OBJ})
+_USE = _list(_is(lambda v: isinstance(v, (int, str)) and not isinstance(v, bool), "a trial id"))
+_RANGE_TABLE = _obj({"axes": _list(STR), "ranges": _list(_obj({"lo": _map(NUM), "hi": _map(NUM), "use": _USE},
+                                                                 {"rows": _list(_obj({"below": NUM, "use": _USE}))})),
+                     "exact": _list(_obj({"shape": OBJ, "use": _USE}))})
+_CURVE = _obj({"shape": _map(NUM), "bytes": NUM, "arms": _map(_ARM), "table_s": _null(NUM)},
+              {"use": _null(STR), "regret": _null(NUM), "regret_range": _null(_list(NUM, 2)),
+               "best_arm": _null(STR), "bytes_per_s": _null(NUM), "copy_fraction": _null(NUM)})
+_HELD = _obj({"label": STR, "choice": STR, "choice_s": _null(NUM), "best": _null(STR), "best_s": _null(NUM),
+              "regret": _null(NUM)}, {"via": _null(STR)})
+_COMPARE = _obj({"shapes": _list(_SHAPE)},
+                {"machine": _map(lambda v, path: None), "date": STR, "spec_hash": STR,
+                 "range_table": _RANGE_TABLE, "curve": _null(_list(_CURVE)), "held_out": _null(_list(_HELD))})
+
+
+def check_compare(doc, shapes: int | None = None) -> str | None:
+    """The first way a parsed compare.json is not shaped as pipe compare writes it, as
+    "key.path: what is wrong", else None. `shapes`: how many entries `shapes` must hold."""
+    why = _COMPARE(doc, "")
+    if why:
+        return why.lstrip(".")
+    if shapes is not None and len(doc["shapes"]) != shapes:
+        return f"shapes: expected {shapes} entries (the spec's timed shapes), got {len(doc['shapes'])}"
+    return None

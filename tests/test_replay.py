@@ -272,3 +272,20 @@ def test_a_partial_dataset_says_so(tmp_path):
     assert 0 < kept < n
     assert f"half: {n} valid configurations (a partial dataset, {kept} of them recorded" in got, got
     assert f"rmsnorm-cpu: {n} valid configurations, 1 seed" in got, got
+
+
+def test_a_shape_a_configuration_does_not_serve_counts_as_no_time(tmp_path):
+    """A range dataset holds null for a size a configuration does not serve; the table takes the
+    fastest of the others there (a replay of it ended in a TypeError)."""
+    import json
+
+    from runner.search import dataset as ds_mod, replay as rp
+
+    d = json.loads((ROOT / "datasets" / "rmsnorm-cpu.json").read_text())
+    ok = [t for t in d["trials"] if t["status"] == "ok" and t.get("times")]
+    fastest = min(ok, key=lambda t: t["times"][0])
+    fastest["times"][0] = None
+    (tmp_path / "d.json").write_text(json.dumps(d))
+    table = rp.table_times(ds_mod.load(tmp_path / "d.json"))
+    assert table[0] == min(t["times"][0] for t in ok if t["times"][0] is not None)
+    assert rp.replay(str(tmp_path / "d.json"), "random", 3)

@@ -102,20 +102,31 @@ def table_times(dataset: Dataset) -> list[float] | None:
     configurations. None where no trial has per-shape times."""
     rows = [t["times"] for t in dataset.results.values()
             if t["status"] == "ok" and t.get("times") and dataset.space.contains(t["params"]) is None]
-    return [min(col) for col in zip(*rows)] if rows else None
+    return [_least(*col) for col in zip(*rows)] if rows else None
+
+
+def _least(*times):
+    """The fastest of some times of one shape; None (a shape the configuration does not serve,
+    a range dataset's unserved size) counts as no time, and is the answer only where all are."""
+    have = [x for x in times if x is not None]
+    return min(have) if have else None
+
+
+def _table_geomean(table: list | None) -> float | None:
+    """The table's geometric mean; None until every shape has a time."""
+    return _geomean(table) if table and all(x is not None for x in table) else None
 
 
 def table_best(dataset: Dataset) -> float | None:
     """The geometric-mean time of the best dispatch table (table_times)."""
-    best = table_times(dataset)
-    return _geomean(best) if best else None
+    return _table_geomean(table_times(dataset))
 
 
 def _fold(table: list[float] | None, h: Seen) -> list[float] | None:
     """The dispatch table (each shape's fastest time so far) after evaluation h."""
     if not h.times:
         return table
-    return list(h.times) if table is None else [min(a, b) for a, b in zip(table, h.times)]
+    return list(h.times) if table is None else [_least(a, b) for a, b in zip(table, h.times)]
 
 
 def table_curve(history: Sequence[Seen]) -> list[float | None]:
@@ -125,7 +136,7 @@ def table_curve(history: Sequence[Seen]) -> list[float | None]:
     out: list[float | None] = []
     for h in history:
         cur = _fold(cur, h)
-        out.append(_geomean(cur) if cur else None)
+        out.append(_table_geomean(cur))
     return out
 
 
@@ -173,7 +184,8 @@ def simulate(dataset: Dataset, agent_name: str, seed: int, options: Mapping[str,
         table = _fold(table, h)
         if target is not None and ok and t["objective"] and t["objective"] <= target:
             single_done = True
-        table_done = table_target is None or (table is not None and _geomean(table) <= table_target)
+        now = _table_geomean(table)
+        table_done = table_target is None or (now is not None and now <= table_target)
         if single_done and table_done and (target is not None or table_target is not None):
             return history, "target reached"
 
@@ -255,8 +267,10 @@ def replay_patience(dataset: Dataset | str | Path, agent_name: str, seeds: Itera
         for e in h:
             table = _fold(table, e)
         stops.append(len(h))
-        tables.append(_geomean(table) / _geomean(best) if table else math.inf)
-        worst.append(max(x / b for x, b in zip(table, best)) if table else math.inf)
+        got, ref = _table_geomean(table), _table_geomean(best)
+        tables.append(got / ref if got is not None and ref else math.inf)
+        worst.append(max((math.inf if x is None else x / b) for x, b in zip(table, best) if b is not None)
+                     if table else math.inf)
     q = lambda xs: {"median": statistics.median(xs), "p75": _quantile(xs, 0.75), "max": max(xs)}  # noqa: E731
     return {"dataset": Path(ds.path).stem, "agent": agent_name, "patience": patience, "seeds": len(seeds),
             "evals": q(stops), "table": q(tables), "worst_shape": q(worst)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from pathlib import Path
 
 from . import __version__
@@ -221,6 +222,10 @@ def cmd_eval(a) -> int:
         if t.status == "ok":
             print(f"  {'kept as the new best' if t.kept else 'not kept (the best is faster or the same)'}")
     return EXIT_OK if t.status == "ok" else EXIT_BUDGET
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be."""
 
 
 _MADE: list[Path] = []  # folders `writable` made for an output, outermost first
@@ -632,6 +637,21 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     log.configure(json_logs=a.log_json, verbose=a.verbose)
     _MADE.clear()
+    import signal
+
+    def terminated(*_):  # SIGTERM as Ctrl-C: the same clean-up and message, its own exit status
+        raise _Terminated()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, terminated) if main_thread else None
+    try:
+        return _run(a)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _run(a) -> int:
     try:
         rc = a.fn(a)
         if rc not in (EXIT_OK, None):
@@ -645,10 +665,11 @@ def main(argv: list[str] | None = None) -> int:
         _unmake()
         print(f"pipe: {e}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        print("pipe: interrupted" + ("; every finished trial is in the ledger (run again to resume)"
-                                     if a.cmd in ("run", "eval", "record") else ""), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        print(f"pipe: {what}" + ("; every finished trial is in the ledger (run again to resume)"
+                                 if a.cmd in ("run", "eval", "record") else ""), file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     except BrokenPipeError:  # output piped into head and the like
         import os
 

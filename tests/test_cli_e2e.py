@@ -107,6 +107,35 @@ def slow_spec(project, trials=8, extra=None) -> Path:
     return p
 
 
+def test_sigterm_is_an_interrupt_that_says_so_and_loses_nothing(project):
+    """SIGTERM ends a run as Ctrl-C does (the same clean-up), says so, and exits 143; the run
+    resumes with every finished trial."""
+    spec = slow_spec(project)
+    run_dir = project / "run"
+    proc = subprocess.Popen([*pipe_cmd(), "run", str(spec), "--run-dir", str(run_dir)], cwd=project,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def done() -> int:
+        try:
+            return len(rows(run_dir)) if (run_dir / "ledger.db").exists() else 0
+        except sqlite3.OperationalError:  # the ledger not made yet
+            return 0
+
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and done() < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "pipe: terminated; every finished trial is in the ledger" in err, err[-2000:]
+    assert "Traceback" not in err
+    before = rows(run_dir)
+    assert len(before) >= 2
+    r = pipe("run", str(spec), "--run-dir", str(run_dir), cwd=project)
+    assert r.returncode == 1, r.stderr
+    after = rows(run_dir)
+    assert after[: len(before)] == before and [t[0] for t in after] == list(range(1, 9))
+    assert show(run_dir)["status"] != "unknown"
+
+
 def test_sigkill_mid_trial_then_resume(project):
     spec = slow_spec(project)
     run_dir = project / "run"

@@ -117,7 +117,8 @@ def read_summary(run_dir: Path) -> dict:
     try:
         check = check_folder(run_dir, led, doc)
         last = doc or {}
-        status = last.get("status", "unknown")
+        # no run.json yet: the run stopped before its first summary (during its baseline, say)
+        status = last.get("status", "running" if doc is None else "unknown")
         if status == "running" and not lock_held(run_dir):
             status = "interrupted"
         # a ledger whose meta table is lost still names its spec through run.json

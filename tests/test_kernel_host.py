@@ -33,6 +33,8 @@ LIB = r"""
 #include <sys/time.h>
 #include <immintrin.h>
 #include <thread>
+#include <sys/mman.h>
+#include <sys/personality.h>
 
 static void work(int64_t n, float* x) {  // CPU work, not wall time: the same under preemption
   volatile float a = x[0];
@@ -114,6 +116,18 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     return;
   }
   if (mode == 21) { out[0] = (int64_t)__rdtsc(); return; }  // the time-stamp counter (off: a fault)
+  if (mode == 22) {  // new executable memory: an anonymous page, the stack made executable, a personality
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    out[0] = p == MAP_FAILED ? errno : 0;
+    volatile char here = 0;
+    void* page = (void*)((uintptr_t)&here & ~(uintptr_t)4095);
+    out[1] = mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC) == -1 ? errno : 0;
+    out[2] = personality(READ_IMPLIES_EXEC) == -1 ? errno : 0;
+    void* q = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // allowed
+    out[3] = q == MAP_FAILED ? errno : 0;
+    if (q != MAP_FAILED) munmap(q, 4096);
+    return;
+  }
   if (mode == 11) {  // the control block's text area (the judge writes it at LOAD only)
     volatile uint64_t* t = (volatile uint64_t*)((char*)ctl + 1024 + 2048);
     volatile uint64_t* st = (volatile uint64_t*)((char*)ctl + 48);
@@ -490,6 +504,27 @@ def test_no_floating_point_mode_or_control_word_outlives_a_call(rig):
     c()
     assert int(out[0]) == 0 and int(out[1]) == 0, (hex(int(out[0])), hex(int(out[1])))
 
+
+def test_a_call_that_leaves_the_floating_point_control_state_changed_is_fast_math(rig):
+    """Session 39's CPU red team set flush-to-zero from code no reader saw (bytes hidden in a
+    constant, libm's own fesetenv): whatever the route, the host reads the control state as the
+    kernel returns, and the census says fast math; an honest call says nothing."""
+    h, census, x, out, call = rig
+    call(0)()
+    assert census.take() is None
+    call(10)()
+    why = census.take()
+    assert why is not None and why.startswith("fast_math:") and "control state" in why, why
+
+
+
+def test_no_new_executable_memory_once_the_library_is_loaded(rig):
+    """Session 39's CPU red team copied an approximate rsqrt into a page it made executable and
+    called it: code no reader of the compiled code saw. Once its library is loaded, the host
+    makes no executable memory (mmap, mprotect, personality); plain memory still comes."""
+    h, census, x, out, call = rig
+    call(22)()
+    assert [int(v) for v in out] == [errno.EPERM, errno.EPERM, errno.EPERM, 0], out
 
 
 def test_a_kernel_that_reads_the_time_stamp_counter_faults(rig):

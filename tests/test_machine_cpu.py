@@ -27,17 +27,21 @@ ARG = "s / {{ ctype }}(N) + {{ ctype }}(eps)"
     ("vrcp14ps zmm0,zmm1", "fast_math"),
     ("vrsqrt28sd xmm0,xmm1,xmm2", "fast_math"),
     ("vldmxcsr DWORD PTR [rsp-0x4]", "fast_math"),
-    ("fldcw WORD PTR [rsp-0x2]", "fast_math"),
     ("fxrstor64 [rdi]", "fast_math"),
     ("vaddph zmm0,zmm1,zmm2", "lower_precision"),
     ("vfmadd231sh xmm0,xmm1,xmm2", "lower_precision"),
+    ("rex.W ldmxcsr DWORD PTR [rdi]", "fast_math"),  # a redundant REX prefix, as objdump spells it
+    ("rex.WRXB vrsqrtps xmm0,xmm1", "fast_math"),
+    ("fldcw WORD PTR [rsp-0x2]", None),  # GCC's own around an exact long double floor (the host reads the state)
+    ("f2xm1", "fast_math"),
+    ("fsin", "fast_math"),
     ("{vex} vpdpbusd ymm0,ymm1,ymm2", "lower_precision"),
     ("vpdpwssds zmm0,zmm1,zmm2", "lower_precision"),
     ("pmaddubsw xmm0,xmm1", "lower_precision"),
     ("tdpbssd tmm0,tmm1,tmm2", "lower_precision"),
-    ("vdpbf16ps zmm0,zmm1,zmm2", None),  # bf16 products summed in f32: the tensor-core rule's
-    ("vcvtneps2bf16 ymm0,zmm1", None),  # rounding to bf16 to store it
-    ("vcvtps2ph xmm0,ymm1,0x4", None),
+    ("vdpbf16ps zmm0,zmm1,zmm2", "narrowing"),  # bf16 products summed in f32: allowed in a bf16 op
+    ("vcvtneps2bf16 ymm0,zmm1", "narrowing"),  # rounding to bf16 to store it
+    ("vcvtps2ph xmm0,ymm1,0x4", "narrowing"),
     ("vmovsh xmm0,WORD PTR [rdi]", None),
     ("vcmpph k1,zmm0,zmm1,0x1", None),
     ("vaddps ymm0,ymm1,ymm2", None),
@@ -141,3 +145,12 @@ def test_without_objdump_a_variant_is_refused_and_a_fill_is_not(rms, monkeypatch
     assert b.status == "forbidden" and b.reason.startswith("disassembler_unavailable"), b.reason
     start = rms.spec.starts[0]
     assert rms.build(rms.render_all(start), rms.geometry(start), None).status == "ok"
+
+
+def test_rounding_to_16_bits_in_an_fp32_op_is_lower_precision(rms):
+    """rmsnorm-cpu declares fp32 only: a sum rounded through fp16 (F16C's conversions around fp32
+    instructions, session 39's red team) is narrowing there, whatever spells it."""
+    half = (f"    const float h = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss({ARG}), 0)));\n"
+            "    const float scale = 1.f / std::sqrt(h);")
+    b = _build(rms, _with(rms, half))
+    assert b.status == "forbidden" and b.reason.startswith("lower_precision") and "vcvtps2ph" in b.reason, b.reason

@@ -26,9 +26,9 @@ NAMED = ["fast_math", "lower_precision", "library_calls", "side_streams", "host_
     ("HMUL2.BF16_V2 R13, R11, R0", "lower_precision"),
     ("HMNMX2.BF16_V2 R19, R19, R0, !PT", "lower_precision"),
     ("HADD2 R19, R18, R9", "lower_precision"),
-    ("HMMA.16816.F32.BF16 R4, R8, R12, R4", None),  # bf16 in, f32 accumulators
+    ("HMMA.16816.F32.BF16 R4, R8, R12, R4", "narrowing"),  # bf16 in, f32 accumulators: allowed in a bf16 op
     ("HMMA.16816.F16.F16 R4, R8, R12, R4", "lower_precision"),  # f16 accumulators
-    ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", None),
+    ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", "narrowing"),
     ("HGMMA.64x128x16.F32.TF32 R24, gdesc[UR4], R24", "lower_precision"),
     ("QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24", "lower_precision"),
     ("IMMA.16832.S8.S8 R4, R8, R12, R4", "lower_precision"),
@@ -36,7 +36,7 @@ NAMED = ["fast_math", "lower_precision", "library_calls", "side_streams", "host_
     ("VABSDIFF4.U8 R17, R0, R17, RZ", "lower_precision"),
     ("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R12, R15, R12, RZ", "lower_precision"),
     ("F2FP.F16.E4M3.UNPACK_B R4, R5", "lower_precision"),
-    ("F2FP.BF16.F32.PACK_AB R4, R5, R6", None),  # rounding f32 to bf16 to store it: a conversion
+    ("F2FP.BF16.F32.PACK_AB R4, R5, R6", "narrowing"),  # rounding f32 to bf16 to store it: a conversion
     ("ATOM.E.ADD.BF16x2.RN.STRONG.GPU P0, RZ, desc[UR4][R10.64], R21", "lower_precision"),
     ("REDG.E.ADD.F16x2.RN.STRONG.GPU desc[UR4][R2.64], R5", "lower_precision"),
     ("ATOMG.E.ADD.STRONG.GPU PT, R3, desc[UR4][R2.64], R5", None),  # an f32 sum in memory
@@ -56,12 +56,20 @@ def test_classify(line, action):
     assert sass.classify(op, operands) == action
 
 
+def test_rounding_to_16_bits_is_lower_precision_only_where_the_op_has_no_16_bit_float():
+    a = sass.analyze("        /*0000*/   F2FP.BF16.F32.PACK_AB R4, R5, R6 ;\n")
+    assert sass.compare(a, {}, NAMED) is None  # a bf16 op stores its output so
+    action, why = sass.compare(a, {}, NAMED, narrow_ok=False)
+    assert action == "lower_precision" and "F2FP.BF16.F32.PACK_AB" in why
+
+
 def test_counts_are_per_opcode_and_fast_math_by_function():
     text = "\n".join(f"        /*{i * 16:04x}*/   {ln} ;" for i, ln in enumerate([
         "@P0 MUFU.SIN R0, R4", "MUFU.SIN R1, R4", "FSETP.GEU.FTZ.AND P1, PT, R2, RZ, PT",
         "FSETP.NEU.FTZ.AND P1, PT, |R2|, +INF , PT", "HMUL2.BF16_V2 R13, R11, R0", "NOP", "FADD R1, R2, R3"]))
     a = sass.analyze(text)
-    assert a == {"lower_precision": {"HMUL2.BF16_V2": 1}, "fast_math": {"FSETP.FTZ": 2, "MUFU.SIN": 2}, "read": 6}
+    assert a == {"lower_precision": {"HMUL2.BF16_V2": 1}, "fast_math": {"FSETP.FTZ": 2, "MUFU.SIN": 2},
+                 "narrowing": {}, "read": 6}
     base = {"lower_precision": {}, "fast_math": {"MUFU.SIN": 2, "FSETP.FTZ": 2}}
     assert sass.compare(a, base, NAMED)[0] == "lower_precision"
     assert sass.compare(a, base, ["fast_math"]) is None  # as many as the approved build

@@ -440,7 +440,7 @@ def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[s
     for name, n in cand.get("extern", {}).items():
         action = classify_extern(name)
         if action in named and name not in base.get("extern", {}):
-            return action, f"the PTX calls the external function '{name}', which the approved template's build does not"
+            return action, f"the compiled code calls the external function '{name}', which the approved template's build does not"
     return None
 
 

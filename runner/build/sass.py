@@ -11,7 +11,8 @@ the same parameters and shape (counts per opcode, as for the PTX):
   without `.MMA`/`.BF16_V2`; not their exact idioms: a sum with zero, a product with zero as a
   multiplicand, which ptxas uses to move, convert and make constants), matrix instructions
   that accumulate in F16 or read TF32 or 8-bit and narrower operands (`HMMA`/`HGMMA` by their
-  types, every `IMMA`, `IGMMA`, `QMMA`, `QGMMA`, `OMMA`, `BMMA`), 8-bit dot products and SIMD
+  types; with f32 accumulators and 16-bit operands, and `F2FP`/`F2F` to 16 bits, they are
+  `narrowing`: lower precision only in an op that declares no 16-bit float, every `IMMA`, `IGMMA`, `QMMA`, `QGMMA`, `OMMA`, `BMMA`), 8-bit dot products and SIMD
   (`IDP`, `VABSDIFF4`), conversions to fp8, fp6 or fp4 (`F2FP` to `E4M3` ...), and sums, mins
   and maxes in memory on half types (`ATOM`, `ATOMG`, `ATOMS`, `RED`, `REDG` on `F16x2` ...);
 - `fast_math`: the multi-function unit, counted by function (`MUFU.SIN`, `MUFU.TANH`, ...), and
@@ -124,9 +125,11 @@ def classify(op: str, operands: list[str] = ()) -> str | None:
         types = [p.upper() for p in parts[1:] if p.upper() in _HALF_TYPES | _NARROW | {"F32"}]
         if (types and types[0] in _HALF_TYPES) or mods & _NARROW:
             return "lower_precision"
-        return None
+        return "narrowing" if mods & _HALF_TYPES else None  # 16-bit operands, f32 accumulators
     if base in ("F2FP", "F2F") and mods & _NARROW:
         return "lower_precision"
+    if base == "F2FP" or (base == "F2F" and mods & {"F16", "BF16"} and parts[1].upper() in ("F16", "BF16")):
+        return "narrowing"  # a float rounded to 16 bits: what storing a bf16 output is
     if base in _MEMORY_RMW and mods & {"ADD", "MIN", "MAX", "FADD"} and mods & _HALF_TYPES:
         return "lower_precision"
     if base == "MUFU" and mods & (_HALF_TYPES | {"F16", "BF16"}):
@@ -160,6 +163,6 @@ def library(text: str) -> frozenset:
     return frozenset(analyze(text)["fast_math"])
 
 
-def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[str, str] | None:
+def compare(cand: dict, base: dict | None, named, waived=frozenset(), narrow_ok: bool = True) -> tuple[str, str] | None:
     """machine.compare for cubins."""
-    return machine.compare(cand, base, named, waived, "SASS", "cubin")
+    return machine.compare(cand, base, named, waived, "SASS", "cubin", narrow_ok)

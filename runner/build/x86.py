@@ -9,15 +9,19 @@ list keeps up with (`_mm_rsqrt_ss` is a 12-bit reciprocal square root; `_mm512_r
 14-bit reciprocal). The machine code names the instruction whatever the spelling:
 
 - `fast_math`: the approximate reciprocals and square roots (`rcpps`, `rsqrtss`, `vrcp14ps`,
-  `vrsqrt28ss`, `vrcpph`, ...), AVX-512ER's `vexp2ps`, and loads of the floating-point control
-  state (`ldmxcsr`, `fldcw`, `fxrstor`, `xrstor`: flush-to-zero, denormals-are-zero or the
-  rounding mode set at run time);
+  `vrsqrt28ss`, `vrcpph`, ...), AVX-512ER's `vexp2ps`, the x87's transcendental approximations
+  (`fsin`, `f2xm1`, `fyl2x`, ...), and loads of MXCSR (`ldmxcsr`, `fxrstor`, `xrstor`:
+  flush-to-zero, denormals-are-zero or the rounding mode set at run time; the x87 control word's
+  `fldcw` is GCC's own for an exact `floor` of a `long double`, and the kernel host reads the
+  whole control state as each call returns, whatever set it);
 - `lower_precision`: AVX-512 FP16 arithmetic (`vaddph`, `vfmadd231sh`, ...; not its
   conversions, moves and comparisons), the 8- and 16-bit integer dot products (`vpdpbusd`,
   `vpdpwssd`, `pmaddubsw`, `pmaddwd`), and AMX tiles on int8 or fp16 (`tdpbssd`, `tdpfp16ps`).
-  bf16 products accumulated in f32 (`vdpbf16ps`, `tdpbf16ps`) are bf16 in and f32 out, as the
-  CUDA tensor-core rule allows, and conversions to bf16 or f16 (`vcvtneps2bf16`, `vcvtps2ph`)
-  are what storing a bf16 output is.
+  bf16 products accumulated in f32 (`vdpbf16ps`, `tdpbf16ps`) and conversions to bf16 or f16
+  (`vcvtneps2bf16`, `vcvtps2ph`) are `narrowing`: what a bf16 input or output needs (bf16 in,
+  f32 out, as the CUDA tensor-core rule allows; storing a bf16 output), and lower precision in
+  an op that declares no 16-bit float (an fp32 RMSNorm's sum of squares through `vdpbf16ps`, or
+  fp16 arithmetic spelled as conversions around fp32 instructions: session 39's red team).
 
 An instruction objdump cannot decode (`(bad)`) is counted as unreadable and refused beyond the
 approved build's count. No waiver: the accurate math functions are libm's, called, not inlined.
@@ -38,9 +42,16 @@ UNAVAILABLE = "the judge reads a variant's machine code, and objdump (binutils) 
 
 _LINE = re.compile(r"^\s*[0-9a-f]+:\t(.*)$")
 _PREFIXES = {"lock", "rep", "repz", "repe", "repnz", "repne", "notrack", "bnd", "data16", "addr32", "cs", "ds",
-             "es", "fs", "gs", "ss", "xacquire", "xrelease", "rex", "rex.w", "rex.b", "rex.x", "rex.r"}
-_FAST = re.compile(r"^v?(rcp|rsqrt)(14|28)?(ps|ss|pd|sd|ph|sh)$|^vexp2p[sd]$"
-                   r"|^v?ldmxcsr$|^fldcw$|^fldenv$|^frstor$|^fnrstor$|^fxrstor(64)?$|^xrstors?(64)?$")
+             "es", "fs", "gs", "ss", "xacquire", "xrelease"}
+_REX = re.compile(r"^rex(\.[wrxb]+)?$", re.I)  # `rex.W`, `rex.WRXB`: objdump spells a redundant REX so
+_FAST = re.compile(r"^v?(rcp|rsqrt)(14|28)?(ps|ss|pd|sd|ph|sh|bf16|pbf16)$|^vexp2p[sd]$"
+                   r"|^v?ldmxcsr$|^fxrstor(64)?$|^xrstors?(64)?$"
+                   # the x87's own approximations of transcendental functions
+                   r"|^f(sin|cos|sincos|ptan|patan|2xm1|yl2x|yl2xp1)$")
+# rounding a float to 16 bits, and bf16 products: a conversion a bf16 or fp16 output needs, and
+# narrowing where the op declares no 16-bit float (`narrowing`, judged by the op's dtypes)
+_NARROWING = re.compile(r"^(vcvtps2phx?|vcvtneps2bf16|vcvtne2ps2bf16|vcvtneps2bf16[xy]|vdpbf16ps|tdpbf16ps"
+                        r"|vcvtps2ph[xy]?)$")
 _NARROW = re.compile(r"^(v?pmaddubsw|v?pmaddwd|vpdpbu?s?ds?|vpdpbs[su]ds?|vpdpbuuds?|vpdpws?s?ds?|vpdpw[su][su]ds?"
                      r"|tdpb[su][su]d|tdpfp16ps|tcmmi?mfp16ps|tdpbf8ps|tdpbhf8ps|tdphbf8ps|tdphf8ps)$")
 # AVX-512 FP16: arithmetic on packed or scalar halves; its conversions, moves, comparisons,
@@ -57,6 +68,8 @@ def classify(op: str, operands: list[str] = ()) -> str | None:
         return "fast_math"
     if _NARROW.match(op):
         return "lower_precision"
+    if _NARROWING.match(op):
+        return "narrowing"
     if op.startswith("v") and (op.endswith("ph") or op.endswith("sh")) and not _HALF_EXACT.match(op):
         return "lower_precision"
     return None
@@ -71,7 +84,7 @@ def instructions(text: str) -> list[tuple[str, list[str]]]:
         if not m:
             continue
         words = m.group(1).split()
-        while words and (words[0] in _PREFIXES or words[0].startswith("{")):
+        while words and (words[0].lower() in _PREFIXES or _REX.match(words[0]) or words[0].startswith("{")):
             words = words[1:]
         if not words:
             continue
@@ -86,9 +99,9 @@ def analyze(text: str) -> dict:
     return machine.count(instructions(text), classify, lambda action, op: op)
 
 
-def compare(cand: dict, base: dict | None, named, waived=frozenset()) -> tuple[str, str] | None:
+def compare(cand: dict, base: dict | None, named, waived=frozenset(), narrow_ok: bool = True) -> tuple[str, str] | None:
     """machine.compare for CPU libraries."""
-    return machine.compare(cand, base, named, waived, "machine code", "library")
+    return machine.compare(cand, base, named, waived, "machine code", "library", narrow_ok)
 
 
 def disassemble(lib: str) -> str:

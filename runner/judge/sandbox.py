@@ -13,8 +13,9 @@ after the filter goes on (their threads, allocator, JIT'd oneDNN kernels, dlopen
 candidate library), whose syscalls vary by version and build; one missed call turns every
 trial into a crash, so the list below names what reaches outside the process instead
 (files, processes, sockets, io_uring, bpf, perf, userfaultfd, anonymous files, keys,
-namespaces, modules). mmap/mprotect with PROT_EXEC stay allowed: dlopen and oneDNN's JIT
-need them.
+namespaces, modules). mmap/mprotect with PROT_EXEC stay allowed under it: dlopen and oneDNN's
+JIT need them; a kernel host stacks a second filter once its library is loaded
+(`no_new_code`), after which no new executable memory can be made.
 
 What it cannot stop is a kernel writing to the descriptors its process already
 has. A kernel host holds none but stdout and stderr (the worker's capped log); where the
@@ -151,6 +152,48 @@ def _program(own_pid: int | None = None) -> list[tuple[int, int, int, int]]:
     return p
 
 
+MMAP, MPROTECT, PKEY_MPROTECT, SHMAT, PERSONALITY = 9, 10, 329, 30, 135
+PROT_EXEC, SHM_EXEC = 4, 0o100000
+
+
+def _no_exec_program() -> list[tuple[int, int, int, int]]:
+    """The second filter of a kernel host, once its library is loaded: no new executable memory
+    (mmap, mprotect or pkey_mprotect with PROT_EXEC, shmat with SHM_EXEC) and no personality
+    change (READ_IMPLIES_EXEC would make readable mappings executable). Code a kernel writes at
+    run time ran unread by every rule of the compiled code (session 39's CPU red team called an
+    approximate rsqrt it copied into a page it made executable)."""
+    p: list[tuple[int, int, int, int]] = [(LD_W_ABS, 0, 0, 0)]
+    p.append((JEQ_K, 0, 1, PERSONALITY))
+    p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    for nr, arg, bit in ((MMAP, 2, PROT_EXEC), (MPROTECT, 2, PROT_EXEC), (PKEY_MPROTECT, 2, PROT_EXEC),
+                         (SHMAT, 2, SHM_EXEC)):
+        p.append((JEQ_K, 0, 3, nr))
+        p.append((LD_W_ABS, 0, 0, 16 + 8 * arg))
+        p.append((JSET_K, 0, 1, bit))
+        p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+        p.append((LD_W_ABS, 0, 0, 0))  # (not taken: reload the number for the next test)
+    p.append((RET_K, 0, 0, RET_ALLOW))
+    return p
+
+
+def _load(rows) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
+    prog = _Prog(len(rows), arr)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(SYS_SECCOMP), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
+                      ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
+    return rc == 0
+
+
+def no_new_code() -> bool:
+    """Stack the no-executable-memory filter (_no_exec_program) on this process; True if it is
+    in force. For a kernel host after LOAD: the loader needed PROT_EXEC, nothing after it does."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    return _load(_no_exec_program())
+
+
 def install(own_pid: int | None = None) -> bool:
     """Install the filter on every thread of this process; True if it is in force. With
     `own_pid` (the kernel host's), the syscalls of PID_ARGS may name only the caller."""
@@ -159,10 +202,4 @@ def install(own_pid: int | None = None) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
-    rows = _program(own_pid)
-    arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
-    prog = _Prog(len(rows), arr)
-    libc.syscall.restype = ctypes.c_long
-    rc = libc.syscall(ctypes.c_long(SYS_SECCOMP), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
-                      ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
-    return rc == 0
+    return _load(_program(own_pid))

@@ -1711,8 +1711,8 @@ def _stray_threads(judge, result: dict) -> dict:
     if not census.convicted and not why:
         return result
     if result.get("status") == "ok":
-        result = {"status": "wrong", "reason": why or "a thread a kernel started outlived its call "
-                  "(work outside the timed call)"}
+        result = {"status": "forbidden" if (why or "").startswith("fast_math:") else "wrong",
+                  "reason": why or "a thread a kernel started outlived its call (work outside the timed call)"}
     if getattr(census, "per_request", False):  # the kernel's process ends with the request
         return result
     return {**result, "fatal": True}

@@ -478,6 +478,10 @@ class Host:
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
         t_done = self._wait(s)
+        if u32[kh.STATUS // 4] == kh.FENV_CHANGED:
+            self.census.note("fast_math: the kernel left the floating-point control state changed when its call "
+                             "returned (MXCSR's flush-to-zero, denormals-are-zero or rounding bits, or the x87 "
+                             "control word), by whatever route it set it")
         t_sleep = self._settle()
         return t_go, t_done, t_sleep, self.cpu_after - c0, self._main_cpu() - m0
 

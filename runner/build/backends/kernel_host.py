@@ -65,6 +65,12 @@ SCRUB_MARGIN = 256
 STACK_ROOM = (1 << 20) + (256 << 10)
 RLIMIT_STACK = 3
 FE_DFL_ENV = ctypes.c_void_p(-1)  # glibc's default environment: MXCSR 0x1f80, x87 control word 0x37f
+# STATUS after a call: the floating-point control state was not the default's when the kernel
+# returned (MXCSR's flush-to-zero, denormals-are-zero, rounding or exception-mask bits, or the
+# x87 control word's precision, rounding or masks), by whatever route it was set
+FENV_CHANGED = 16
+_X87_CONTROL, _X87_DEFAULT = 0x0F3F, 0x037F & 0x0F3F
+_MXCSR_CONTROL, _MXCSR_DEFAULT = 0xFFC0, 0x1F80
 
 
 def _libc():
@@ -175,6 +181,9 @@ def main(argv: list[str]) -> int:
     stack.bound(STACK_ROOM)
     fesetenv = libc.fesetenv
     fesetenv.restype, fesetenv.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    fegetenv = libc.fegetenv
+    fegetenv.restype, fegetenv.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    env = ctypes.create_string_buffer(64)  # glibc's fenv_t on x86-64: 32 bytes, the x87 control word at 0, MXCSR at 28
     struct_f, struct_d = struct.Struct("<f"), struct.Struct("<d")
     if os.geteuid() == 0:
         _drop_capabilities(libc)
@@ -225,6 +234,12 @@ def main(argv: list[str]) -> int:
             if go == s:
                 if fn is not None:
                     fn(*args)
+                    # read before `done`, after the kernel returned: its control state as it left it
+                    fegetenv(env)
+                    cw, mx = struct.unpack_from("<H", env.raw, 0)[0], struct.unpack_from("<I", env.raw, 28)[0]
+                    if (cw & _X87_CONTROL) != _X87_DEFAULT or (mx & _MXCSR_CONTROL) != _MXCSR_DEFAULT:
+                        u32[STATUS // 4] = FENV_CHANGED
+                        fesetenv(FE_DFL_ENV)
                 elif calibrating is not None:  # (before LOAD: the judge's calibration)
                     calibrating(*args)
         elif cmd == STAND_IN and fn is None:
@@ -252,6 +267,9 @@ def main(argv: list[str]) -> int:
                 fn = getattr(ctypes.CDLL(path), entry)  # (the library's load-time code runs confined)
                 fn.restype = None
                 fn.argtypes = [types[k] for k in kinds]
+                # loaded: no executable memory is made from here on (code written at run time is
+                # code no reader of the compiled code saw)
+                sandbox.no_new_code()
                 u32[STATUS // 4] = 0
             except (OSError, AttributeError) as e:
                 msg = f"{type(e).__name__}: {e}".encode()[:TEXT_BYTES - 1]

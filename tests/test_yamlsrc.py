@@ -195,18 +195,19 @@ def test_a_spec_as_deep_as_allowed_passes_every_check(project):
     """The loader's limit leaves room for every walk after it: the schema validator, the
     semantic checks and the spec's hash all take a value nested MAX_DEPTH levels deep."""
     src = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
-    deep = "[" * (yamlsrc.MAX_DEPTH - 3) + "1" + "]" * (yamlsrc.MAX_DEPTH - 3)  # under agent.options.deep
+    # under agent.options.then_options (a free-form option: the continuing strategy's options)
+    deep = "[" * (yamlsrc.MAX_DEPTH - 3) + "1" + "]" * (yamlsrc.MAX_DEPTH - 3)
     old = "agent: {strategy: pattern, seed: 0}"
     assert old in src
     spec = project / "pipelines" / "deep.yaml"
-    spec.write_text(src.replace(old, "agent: {strategy: pattern, seed: 0, options: {deep: " + deep + "}}"))
+    spec.write_text(src.replace(old, "agent: {strategy: pattern, seed: 0, options: {then_options: " + deep + "}}"))
     r = subprocess.run([*pipe_cmd(), "validate", str(spec)], capture_output=True, text=True, timeout=120,
                        cwd=project)
     assert r.returncode == 0, r.stderr[-2000:]
-    spec.write_text(src.replace(old, "agent: {strategy: pattern, seed: 0, options: {deep: [" + deep + "]}}"))
+    spec.write_text(src.replace(old, "agent: {strategy: pattern, seed: 0, options: {then_options: [" + deep + "]}}"))
     r = subprocess.run([*pipe_cmd(), "validate", str(spec)], capture_output=True, text=True, timeout=120,
                        cwd=project)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "agent.options.deep" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "agent.options.then_options" in r.stderr
 
 
 # ---------------------------------------------------------------- syntax errors

@@ -99,3 +99,18 @@ def test_a_refused_command_leaves_no_folder_it_made_for_its_output(tmp_path):
     r = pipe_main("report", str(run), "--out", str(out), cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "a").exists()
+
+
+def test_a_spec_named_for_a_report_must_be_readable_and_the_runs(tmp_path):
+    """report --spec with a missing file, or another run's spec: an error, not a report that
+    says the spec no longer matches."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "data" / "softmax-h200-run", run)
+    r = pipe_main("report", str(run), "--out", str(tmp_path / "o1"), "--spec", str(tmp_path / "nope.yaml"), cwd=ROOT)
+    assert r.returncode == 2 and "nope.yaml" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = pipe_main("report", str(run), "--out", str(tmp_path / "o2"), "--spec", str(PIPELINES / "rmsnorm-cpu.yaml"),
+                  cwd=ROOT)
+    assert r.returncode == 2 and "not the spec of the run" in r.stderr, r.stderr
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

@@ -59,13 +59,21 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
     finally:
         led.close()
     spec = None
-    try:
-        from ..spec.spec import load_spec
+    from ..spec.spec import load_spec
+    from .rundata import RunMismatch
 
-        s = load_spec(spec_path or meta["spec_path"])
-        spec = s if s.hash == meta["spec_hash"] else None
-    except Exception:  # the spec moved or changed: the report goes on without floors
-        spec = None
+    if spec_path is not None:  # named on the command line: one that cannot be read is an error
+        s = load_spec(spec_path)
+        if s.hash != meta["spec_hash"]:
+            raise RunMismatch(f"{spec_path}: not the spec of the run in {run_dir} (hash {s.hash} != "
+                              f"{meta['spec_hash']}): the report reads the run's own spec without --spec")
+        spec = s
+    else:
+        try:
+            s = load_spec(meta["spec_path"])
+            spec = s if s.hash == meta["spec_hash"] else None
+        except Exception:  # the spec moved or changed: the report goes on without floors
+            spec = None
     from .rundata import read_compare_json
 
     compare = read_compare_json(run_dir, len(spec.op.shapes) if spec is not None and not spec.op.domain else None)

@@ -116,6 +116,13 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     return;
   }
   if (mode == 21) { out[0] = (int64_t)__rdtsc(); return; }  // the time-stamp counter (off: a fault)
+  if (mode == 23) {  // a mapping grown or moved in place keeps its protection: refused after LOAD
+    void* q = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* r = mremap(q, 4096, 8192, MREMAP_MAYMOVE);
+    out[0] = r == MAP_FAILED ? errno : 0;
+    munmap(r == MAP_FAILED ? q : r, r == MAP_FAILED ? 4096 : 8192);
+    return;
+  }
   if (mode == 22) {  // new executable memory: an anonymous page, the stack made executable, a personality
     void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     out[0] = p == MAP_FAILED ? errno : 0;
@@ -525,6 +532,8 @@ def test_no_new_executable_memory_once_the_library_is_loaded(rig):
     h, census, x, out, call = rig
     call(22)()
     assert [int(v) for v in out] == [errno.EPERM, errno.EPERM, errno.EPERM, 0], out
+    call(23)()  # (the second CPU red team grew the library's code mapping over its constants)
+    assert int(out[0]) == errno.ENOMEM, out
 
 
 def test_a_kernel_that_reads_the_time_stamp_counter_faults(rig):

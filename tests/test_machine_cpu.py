@@ -34,6 +34,9 @@ ARG = "s / {{ ctype }}(N) + {{ ctype }}(eps)"
     ("rex.WRXB vrsqrtps xmm0,xmm1", "fast_math"),
     ("fldcw WORD PTR [rsp-0x2]", None),  # GCC's own around an exact long double floor (the host reads the state)
     ("f2xm1", "fast_math"),
+    ("vmulps zmm0,zmm1,zmm2{rz-sae}", "fast_math"),  # a rounding mode of its own, no MXCSR write
+    ("vaddps zmm0,zmm1,zmm2{rn-sae}", None),  # round to nearest: the default's
+    ("vcvtps2dq zmm0,zmm1{rz-sae}", None),  # a conversion's truncation, as a C cast
     ("fsin", "fast_math"),
     ("{vex} vpdpbusd ymm0,ymm1,ymm2", "lower_precision"),
     ("vpdpwssds zmm0,zmm1,zmm2", "lower_precision"),

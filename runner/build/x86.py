@@ -13,7 +13,9 @@ list keeps up with (`_mm_rsqrt_ss` is a 12-bit reciprocal square root; `_mm512_r
   (`fsin`, `f2xm1`, `fyl2x`, ...), and loads of MXCSR (`ldmxcsr`, `fxrstor`, `xrstor`:
   flush-to-zero, denormals-are-zero or the rounding mode set at run time; the x87 control word's
   `fldcw` is GCC's own for an exact `floor` of a `long double`, and the kernel host reads the
-  whole control state as each call returns, whatever set it);
+  whole control state as each call returns, whatever set it), and AVX-512's embedded rounding
+  toward zero or either infinity on arithmetic (`vmulps ...{rz-sae}`: a rounding mode with no
+  MXCSR write; session 39's second CPU red team);
 - `lower_precision`: AVX-512 FP16 arithmetic (`vaddph`, `vfmadd231sh`, ...; not its
   conversions, moves and comparisons), the 8- and 16-bit integer dot products (`vpdpbusd`,
   `vpdpwssd`, `pmaddubsw`, `pmaddwd`), and AMX tiles on int8 or fp16 (`tdpbssd`, `tdpfp16ps`).
@@ -59,11 +61,19 @@ _NARROW = re.compile(r"^(v?pmaddubsw|v?pmaddwd|vpdpbu?s?ds?|vpdpbs[su]ds?|vpdpbu
 _HALF_EXACT = re.compile(r"^v(cvt|mov|cmp|fpclass|comi|ucomi|pbroadcast|perm|blendm|getexp|getmant)")
 
 
+# AVX-512's embedded rounding on an arithmetic instruction: a rounding mode of its own, with no
+# MXCSR write to see (`vmulps zmm0, zmm1, zmm2{rz-sae}`); on a conversion to an integer it is the
+# truncation a C cast asks for, and round-to-nearest is the default's
+_EMBEDDED_ROUNDING = re.compile(r"\{r[duz]-sae\}")
+
+
 def classify(op: str, operands: list[str] = ()) -> str | None:
     """The forbidden action of an x86 instruction (an Intel-syntax mnemonic), "unreadable" for
     what objdump could not decode, or None."""
     if op == "(bad)":
         return "unreadable"
+    if not op.startswith("vcvt") and _EMBEDDED_ROUNDING.search(op):
+        return "fast_math"
     if _FAST.match(op):
         return "fast_math"
     if _NARROW.match(op):
@@ -91,7 +101,9 @@ def instructions(text: str) -> list[tuple[str, list[str]]]:
         if words[0] == "(bad)":
             out.append(("(bad)", []))
             continue
-        out.append((words[0].lower(), " ".join(words[1:]).split(",")))
+        rest = " ".join(words[1:])
+        rounding = _EMBEDDED_ROUNDING.search(rest)  # counted with the mnemonic: `vmulps{rz-sae}`
+        out.append((words[0].lower() + (rounding.group(0) if rounding else ""), rest.split(",")))
     return out
 
 

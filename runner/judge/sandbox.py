@@ -152,18 +152,27 @@ def _program(own_pid: int | None = None) -> list[tuple[int, int, int, int]]:
     return p
 
 
-MMAP, MPROTECT, PKEY_MPROTECT, SHMAT, PERSONALITY = 9, 10, 329, 30, 135
+MMAP, MPROTECT, PKEY_MPROTECT, SHMAT, PERSONALITY, MREMAP, REMAP_FILE_PAGES = 9, 10, 329, 30, 135, 25, 216
 PROT_EXEC, SHM_EXEC = 4, 0o100000
+ENOMEM = 12
 
 
 def _no_exec_program() -> list[tuple[int, int, int, int]]:
     """The second filter of a kernel host, once its library is loaded: no new executable memory
-    (mmap, mprotect or pkey_mprotect with PROT_EXEC, shmat with SHM_EXEC) and no personality
+    (mmap, mprotect or pkey_mprotect with PROT_EXEC, shmat with SHM_EXEC; no mremap or
+    remap_file_pages, which move or grow a mapping with its protection) and no personality
     change (READ_IMPLIES_EXEC would make readable mappings executable). Code a kernel writes at
     run time ran unread by every rule of the compiled code (session 39's CPU red team called an
     approximate rsqrt it copied into a page it made executable)."""
     p: list[tuple[int, int, int, int]] = [(LD_W_ABS, 0, 0, 0)]
     p.append((JEQ_K, 0, 1, PERSONALITY))
+    p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+    # mremap keeps a mapping's protection: the library's own code mapping grown over the pages of
+    # its constants made them executable (session 39's second CPU red team). ENOMEM: glibc's
+    # realloc then copies, as it does when a mapping cannot grow
+    p.append((JEQ_K, 0, 1, MREMAP))
+    p.append((RET_K, 0, 0, RET_ERRNO | ENOMEM))
+    p.append((JEQ_K, 0, 1, REMAP_FILE_PAGES))
     p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
     for nr, arg, bit in ((MMAP, 2, PROT_EXEC), (MPROTECT, 2, PROT_EXEC), (PKEY_MPROTECT, 2, PROT_EXEC),
                          (SHMAT, 2, SHM_EXEC)):

@@ -140,7 +140,7 @@ def cmd_run(a) -> int:
               f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
               + (f" ±{ms:.0%}" if b.metric is not None and ms is not None else "")
               + f"; run folder {run_dir}")
-        if out.goal_check is not None and a.quiet:  # (the progress printed it as it was made)
+        if out.goal_check is not None and not out.goal_check_shown:  # (else the progress printed it)
             print(loop.goal_check_line(spec, out.goal_check))
     else:
         print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
@@ -365,10 +365,10 @@ def _summary(run_dir: Path) -> dict:
 
 def cmd_runs(a) -> int:
     root = Path(a.root)
-    if not root.is_dir():
+    if not root.is_dir() and (root.exists() or a.root != "runs"):  # (no runs/ yet: no runs)
         print(f"pipe runs: {root} is {'a file, not a folder' if root.exists() else 'no folder'}", file=sys.stderr)
         return EXIT_INPUT
-    dirs = sorted(p.parent for p in root.glob("**/ledger.db"))
+    dirs = sorted(p.parent for p in root.glob("**/ledger.db")) if root.is_dir() else []
     if not dirs:
         print(f"no run folders under {root}/")
         return EXIT_OK
@@ -647,8 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(a)
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, before)
+        if main_thread:  # (None: a handler set outside Python, which cannot be put back: the default)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def _run(a) -> int:

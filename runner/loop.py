@@ -49,6 +49,7 @@ class Outcome:
     best: Trial | None
     trials: int
     goal_check: dict | None = None  # the paired re-measurement behind a met goal (Session.confirm_goal)
+    goal_check_shown: bool = False  # its line was printed as it was made (not so for one a resume read)
 
 
 class Session:
@@ -108,6 +109,7 @@ class Session:
         self.reporter: Reporter | None = None
         self.goal_checks: dict[tuple, dict] = {}  # kernels (trial ids per shape) -> their goal check
         self.goal_check: dict | None = None  # the latest, for run.json and pipe show
+        self.goal_check_shown = False  # the latest was printed as it was made (by this process)
 
     def start(self, reuse: dict | None = None) -> None:
         self.ev = Evaluator(self.spec, self.worker, self._baseline())
@@ -133,6 +135,7 @@ class Session:
         for c in json.loads(self.ledger.get_meta("goal_checks") or "[]"):
             if isinstance(c, dict) and isinstance(c.get("kernels"), list) and "met" in c:
                 self.goal_checks[tuple(c["kernels"])] = self.goal_check = c
+                self.goal_check_shown = False
         self.write_outputs("running", None)
 
     def close(self) -> None:
@@ -279,6 +282,7 @@ class Session:
             self.log.info("goal.check", **{k: v for k, v in c.items() if k != "values"})
             if self.reporter is not None:
                 self.reporter.line(goal_check_line(self.spec, c))
+                self.goal_check_shown = not self.reporter.quiet
         return self.goal_checks[key]["met"]
 
     def _baseline(self) -> list[float] | None:
@@ -387,7 +391,8 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         s.write_outputs("goal met" if met else stop, stop)
         s.log.info("run.end", stop=stop, trials=len(s.history), best_id=s.best.id if s.best else None,
                    best_objective_s=s.best.objective if s.best else None, goal_met=met)
-        return Outcome(EXIT_GOAL if met else EXIT_BUDGET, stop, s.best, len(s.history), s.goal_check)
+        return Outcome(EXIT_GOAL if met else EXIT_BUDGET, stop, s.best, len(s.history), s.goal_check,
+                       s.goal_check_shown)
     finally:
         _drain(agent if "agent" in locals() else None, s)
         reporter.close()

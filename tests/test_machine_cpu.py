@@ -38,10 +38,13 @@ ARG = "s / {{ ctype }}(N) + {{ ctype }}(eps)"
     ("vaddps zmm0,zmm1,zmm2{rn-sae}", None),  # round to nearest: the default's
     ("vcvtps2dq zmm0,zmm1{rz-sae}", None),  # a conversion's truncation, as a C cast
     ("fsin", "fast_math"),
-    ("{vex} vpdpbusd ymm0,ymm1,ymm2", "lower_precision"),
-    ("vpdpwssds zmm0,zmm1,zmm2", "lower_precision"),
-    ("pmaddubsw xmm0,xmm1", "lower_precision"),
-    ("tdpbssd tmm0,tmm1,tmm2", "lower_precision"),
+    ("{vex} vpdpbusd ymm0,ymm1,ymm2", "int_narrowing"),
+    ("vpdpwssds zmm0,zmm1,zmm2", "int_narrowing"),
+    ("pmaddubsw xmm0,xmm1", "int_narrowing"),  # an int16 dot loop compiles to these
+    ("tdpbssd tmm0,tmm1,tmm2", "int_narrowing"),
+    ("vcvtss2sh xmm0,xmm1,xmm2", "narrowing"),  # AVX-512 FP16 conversions round to 16 bits too
+    ("vcvtw2ph zmm0,zmm1", "narrowing"),
+    ("tdpfp16ps tmm0,tmm1,tmm2", "lower_precision"),
     ("vdpbf16ps zmm0,zmm1,zmm2", "narrowing"),  # bf16 products summed in f32: allowed in a bf16 op
     ("vcvtneps2bf16 ymm0,zmm1", "narrowing"),  # rounding to bf16 to store it
     ("vcvtps2ph xmm0,ymm1,0x4", "narrowing"),

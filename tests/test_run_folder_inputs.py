@@ -114,3 +114,8 @@ def test_a_spec_named_for_a_report_must_be_readable_and_the_runs(tmp_path):
                   cwd=ROOT)
     assert r.returncode == 2 and "not the spec of the run" in r.stderr, r.stderr
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_no_runs_folder_yet_is_no_runs(tmp_path):
+    r = pipe_main("runs", cwd=tmp_path)  # the default root, runs/, not made yet
+    assert r.returncode == 0 and "no run folders" in r.stdout, (r.stdout, r.stderr)

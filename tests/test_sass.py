@@ -69,7 +69,7 @@ def test_counts_are_per_opcode_and_fast_math_by_function():
         "FSETP.NEU.FTZ.AND P1, PT, |R2|, +INF , PT", "HMUL2.BF16_V2 R13, R11, R0", "NOP", "FADD R1, R2, R3"]))
     a = sass.analyze(text)
     assert a == {"lower_precision": {"HMUL2.BF16_V2": 1}, "fast_math": {"FSETP.FTZ": 2, "MUFU.SIN": 2},
-                 "narrowing": {}, "read": 6}
+                 "narrowing": {}, "int_narrowing": {}, "read": 6}
     base = {"lower_precision": {}, "fast_math": {"MUFU.SIN": 2, "FSETP.FTZ": 2}}
     assert sass.compare(a, base, NAMED)[0] == "lower_precision"
     assert sass.compare(a, base, ["fast_math"]) is None  # as many as the approved build

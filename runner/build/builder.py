@@ -250,7 +250,9 @@ class Builder:
             return ""
         reader = self.backend.machine_reader
         # a 16-bit float among the op's tensors: rounding to it is what storing or reading one is
-        narrow_ok = any(t.dtype in ("bf16", "fp16") for t in (*sp.op.inputs, *sp.op.outputs))
+        tensors = (*sp.op.inputs, *sp.op.outputs)
+        narrow_ok = any(t.dtype in ("bf16", "fp16") for t in tensors)
+        ints_ok = any(t.dtype in ("int8", "uint8", "int16") for t in tensors)
         arts = list(dict.fromkeys([comp[s].artifact for s in sources]
                                   + ([base[a].artifact for a in approved] if base else [])))
         try:
@@ -261,7 +263,7 @@ class Builder:
             return f"disassembler_unavailable: {e}"
         for i, (src, asrc) in enumerate(zip(sources, approved)):
             found = reader.compare(read[comp[src].artifact], read[base[asrc].artifact] if base else None, named,
-                                   waived, narrow_ok)
+                                   waived, narrow_ok, ints_ok)
             if found:
                 action, why = found
                 what = forbid.NAMED[action].description if action in forbid.NAMED else \

@@ -14,33 +14,43 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 ACTIONS = ("lower_precision", "fast_math")
+# instructions that are lower precision only in an op that declares no type that narrow: rounding a
+# float to 16 bits (and bf16 products), and dot products of 8- and 16-bit integers
+_NARROWINGS = ("narrowing", "int_narrowing")
 
 
 def count(instructions: Iterable[tuple[str, list[str]]], classify: Callable, key: Callable) -> dict:
     """{"lower_precision": {opcode: n}, "fast_math": {...}, "read": instructions read}."""
-    out = {a: Counter() for a in (*ACTIONS, "unreadable", "narrowing")}
+    out = {a: Counter() for a in (*ACTIONS, "unreadable", *_NARROWINGS)}
     n = 0
     for op, operands in instructions:
         n += 1
         action = classify(op, operands)
         if action:
             out[action][key(action, op)] += 1
-    got = {**{a: dict(sorted(out[a].items())) for a in (*ACTIONS, "narrowing")}, "read": n}
+    got = {**{a: dict(sorted(out[a].items())) for a in (*ACTIONS, *_NARROWINGS)}, "read": n}
     if out["unreadable"]:
         got["unreadable"] = sum(out["unreadable"].values())
     return got
 
 
 def compare(cand: dict, base: dict | None, named, waived=frozenset(), where: str = "SASS",
-            unit: str = "cubin", narrow_ok: bool = True) -> tuple[str, str] | None:
+            unit: str = "cubin", narrow_ok: bool = True, ints_ok: bool = False) -> tuple[str, str] | None:
     """(action, reason) for the first classified opcode the candidate's build has more of than
     the approved template's (`base`; None: nothing to compare with, every count is new), or
     None. `waived`: what the accurate math functions compile to, not counted. `narrow_ok`: the
-    op declares a 16-bit float (conversions to it and bf16 products are then no narrowing)."""
-    if not narrow_ok:  # rounding to 16 bits in an op of wider floats only: lower precision
-        cand = {**cand, "lower_precision": {**cand.get("lower_precision", {}), **cand.get("narrowing", {})}}
-        base = None if base is None else \
-            {**base, "lower_precision": {**base.get("lower_precision", {}), **base.get("narrowing", {})}}
+    op declares a 16-bit float (conversions to it and bf16 products are then no narrowing);
+    `ints_ok`: it declares an 8- or 16-bit integer (their dot products are its own arithmetic)."""
+    fold = [k for k, ok in (("narrowing", narrow_ok), ("int_narrowing", ints_ok)) if not ok]
+
+    def folded(d: dict) -> dict:  # what is lower precision in this op, counted as such
+        lp = dict(d.get("lower_precision", {}))
+        for k in fold:
+            lp.update(d.get(k, {}))
+        return {**d, "lower_precision": lp}
+
+    cand = folded(cand)
+    base = None if base is None else folded(base)
     if not cand.get("read"):
         return "unreadable_code", f"the disassembler read no instruction in the candidate's {unit}"
     base = base or {}

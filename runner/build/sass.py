@@ -163,6 +163,7 @@ def library(text: str) -> frozenset:
     return frozenset(analyze(text)["fast_math"])
 
 
-def compare(cand: dict, base: dict | None, named, waived=frozenset(), narrow_ok: bool = True) -> tuple[str, str] | None:
+def compare(cand: dict, base: dict | None, named, waived=frozenset(), narrow_ok: bool = True,
+            ints_ok: bool = False) -> tuple[str, str] | None:
     """machine.compare for cubins."""
-    return machine.compare(cand, base, named, waived, "SASS", "cubin", narrow_ok)
+    return machine.compare(cand, base, named, waived, "SASS", "cubin", narrow_ok, ints_ok)

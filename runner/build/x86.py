@@ -17,10 +17,12 @@ list keeps up with (`_mm_rsqrt_ss` is a 12-bit reciprocal square root; `_mm512_r
   toward zero or either infinity on arithmetic (`vmulps ...{rz-sae}`: a rounding mode with no
   MXCSR write; session 39's second CPU red team);
 - `lower_precision`: AVX-512 FP16 arithmetic (`vaddph`, `vfmadd231sh`, ...; not its
-  conversions, moves and comparisons), the 8- and 16-bit integer dot products (`vpdpbusd`,
-  `vpdpwssd`, `pmaddubsw`, `pmaddwd`), and AMX tiles on int8 or fp16 (`tdpbssd`, `tdpfp16ps`).
+  conversions, moves and comparisons) and AMX tiles on fp16 or fp8 (`tdpfp16ps`); the 8- and
+  16-bit integer dot products (`vpdpbusd`, `vpdpwssd`, `pmaddubsw`, `pmaddwd`, AMX `tdpbssd`) are
+  `int_narrowing`: lower precision in an op that declares no 8- or 16-bit integer (g++ makes
+  them of a plain int16 dot loop).
   bf16 products accumulated in f32 (`vdpbf16ps`, `tdpbf16ps`) and conversions to bf16 or f16
-  (`vcvtneps2bf16`, `vcvtps2ph`) are `narrowing`: what a bf16 input or output needs (bf16 in,
+  (`vcvtneps2bf16`, `vcvtps2ph`, AVX-512 FP16's `vcvtss2sh`, `vcvtw2ph`, ...) are `narrowing`: what a bf16 input or output needs (bf16 in,
   f32 out, as the CUDA tensor-core rule allows; storing a bf16 output), and lower precision in
   an op that declares no 16-bit float (an fp32 RMSNorm's sum of squares through `vdpbf16ps`, or
   fp16 arithmetic spelled as conversions around fp32 instructions: session 39's red team).
@@ -52,10 +54,11 @@ _FAST = re.compile(r"^v?(rcp|rsqrt)(14|28)?(ps|ss|pd|sd|ph|sh|bf16|pbf16)$|^vexp
                    r"|^f(sin|cos|sincos|ptan|patan|2xm1|yl2x|yl2xp1)$")
 # rounding a float to 16 bits, and bf16 products: a conversion a bf16 or fp16 output needs, and
 # narrowing where the op declares no 16-bit float (`narrowing`, judged by the op's dtypes)
-_NARROWING = re.compile(r"^(vcvtps2phx?|vcvtneps2bf16|vcvtne2ps2bf16|vcvtneps2bf16[xy]|vdpbf16ps|tdpbf16ps"
-                        r"|vcvtps2ph[xy]?)$")
-_NARROW = re.compile(r"^(v?pmaddubsw|v?pmaddwd|vpdpbu?s?ds?|vpdpbs[su]ds?|vpdpbuuds?|vpdpws?s?ds?|vpdpw[su][su]ds?"
-                     r"|tdpb[su][su]d|tdpfp16ps|tcmmi?mfp16ps|tdpbf8ps|tdpbhf8ps|tdphbf8ps|tdphf8ps)$")
+_NARROWING = re.compile(r"^(vcvt\w*2(ph|sh)[xyz]?|vcvtne2?ps2bf16[xyz]?|vdpbf16ps|tdpbf16ps)$")
+# dot products of 8- and 16-bit integers: the op's own arithmetic where it declares such integers
+_INT_NARROW = re.compile(r"^(v?pmaddubsw|v?pmaddwd|vpdpbu?s?ds?|vpdpbs[su]ds?|vpdpbuuds?|vpdpws?s?ds?"
+                         r"|vpdpw[su][su]ds?|tdpb[su][su]d)$")
+_NARROW = re.compile(r"^(tdpfp16ps|tcmmi?mfp16ps|tdpbf8ps|tdpbhf8ps|tdphbf8ps|tdphf8ps)$")
 # AVX-512 FP16: arithmetic on packed or scalar halves; its conversions, moves, comparisons,
 # classifications and broadcasts are exact
 _HALF_EXACT = re.compile(r"^v(cvt|mov|cmp|fpclass|comi|ucomi|pbroadcast|perm|blendm|getexp|getmant)")
@@ -80,6 +83,8 @@ def classify(op: str, operands: list[str] = ()) -> str | None:
         return "lower_precision"
     if _NARROWING.match(op):
         return "narrowing"
+    if _INT_NARROW.match(op):
+        return "int_narrowing"
     if op.startswith("v") and (op.endswith("ph") or op.endswith("sh")) and not _HALF_EXACT.match(op):
         return "lower_precision"
     return None
@@ -111,9 +116,10 @@ def analyze(text: str) -> dict:
     return machine.count(instructions(text), classify, lambda action, op: op)
 
 
-def compare(cand: dict, base: dict | None, named, waived=frozenset(), narrow_ok: bool = True) -> tuple[str, str] | None:
+def compare(cand: dict, base: dict | None, named, waived=frozenset(), narrow_ok: bool = True,
+            ints_ok: bool = False) -> tuple[str, str] | None:
     """machine.compare for CPU libraries."""
-    return machine.compare(cand, base, named, waived, "machine code", "library", narrow_ok)
+    return machine.compare(cand, base, named, waived, "machine code", "library", narrow_ok, ints_ok)
 
 
 def disassemble(lib: str) -> str:

@@ -1708,6 +1708,8 @@ def _stray_threads(judge, result: dict) -> dict:
         return result
     census.check("its call")
     why = census.take()
+    if why and why.startswith("fast_math:") and "fast_math" not in judge.spec.forbidden.named:
+        why = None  # a floating-point mode the spec allows
     if not census.convicted and not why:
         return result
     if result.get("status") == "ok":

@@ -14,7 +14,8 @@ from ..build import backends
 
 # the code a verdict depends on besides the spec: the judge, the backends (compile options,
 # pruning, launches, timing), the forbidden-action checks and the figures
-_JUDGE_CODE = ("judge/*.py", "build/backends/*.py", "build/forbid.py", "build/ptx.py", "core/figures.py")
+_JUDGE_CODE = ("judge/*.py", "build/backends/*.py", "build/forbid.py", "build/ptx.py", "build/sass.py", "build/x86.py",
+               "build/machine.py", "build/builder.py", "core/figures.py")
 SPEC_PARTS = ("spec", "hardware", "reference")  # must match for a run's verdicts to be offered
 MADE_WITH = ("toolchain", "judge")  # must match per trial (a resumed run may have changed them)
 

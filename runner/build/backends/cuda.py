@@ -31,7 +31,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from .. import ptx, sass
+from .. import machine, ptx, sass
 
 machine_reader = sass  # the reader of a variant's machine code (builder._judge_machine)
 from . import Compiled, artifact_key, cache_dir
@@ -163,7 +163,7 @@ def _rules_digest() -> str:
     from .. import forbid
 
     h = hashlib.sha256()
-    for mod in (ptx, sass, forbid):
+    for mod in (ptx, sass, machine, forbid):
         h.update(Path(mod.__file__).read_bytes())
     try:
         h.update(metadata.version("pcpp").encode())
@@ -308,8 +308,6 @@ def library_opcodes(options: tuple[str, ...], hw) -> frozenset:
 def machine_counts(artifact: str) -> dict:
     """The classified SASS of a built cubin (runner.build.sass.analyze), kept beside it under
     the judging code's digest (RuntimeError where the disassembler is missing or fails)."""
-    from .. import machine
-
     return machine.kept(Path(artifact).with_suffix(f".{_rules_digest()}.sass.json"),
                         lambda: sass.analyze(sass.disassemble(artifact)))
 

@@ -242,6 +242,8 @@ def main(argv: list[str]) -> int:
                         fesetenv(FE_DFL_ENV)
                 elif calibrating is not None:  # (before LOAD: the judge's calibration)
                     calibrating(*args)
+                    fegetenv(env)  # the same read as after a kernel's call, so that it is calibrated out
+                    struct.unpack_from("<H", env.raw, 0), struct.unpack_from("<I", env.raw, 28)
         elif cmd == STAND_IN and fn is None:
             # before LOAD, for the judge's calibration: the arguments' kinds (as LOAD reads them)
             # and a C function that ignores them (getppid), so that a calibrating call converts

@@ -148,7 +148,7 @@ def test_without_objdump_a_variant_is_refused_and_a_fill_is_not(rms, monkeypatch
     monkeypatch.setattr(x86.shutil, "which", lambda name: None if name == "objdump" else "/usr/bin/" + name)
     monkeypatch.setattr(x86, "_digest", lambda: "no-objdump")  # nothing read from the cache
     b = _build(rms, _with(rms, f"    const float scale = 1.f / sqrtf({ARG});"))
-    assert b.status == "forbidden" and b.reason.startswith("disassembler_unavailable"), b.reason
+    assert b.status == "error" and b.reason.startswith("disassembler_unavailable"), b.reason
     start = rms.spec.starts[0]
     assert rms.build(rms.render_all(start), rms.geometry(start), None).status == "ok"
 

@@ -184,8 +184,9 @@ class Builder:
         judged = self._judge_compiled(sources, comp, approved)
         if judged is not None:
             why, mine, theirs = judged
-            if why:
-                return Build("forbidden", why, compile_s=compile_s, ptx=mine, ptx_approved=theirs)
+            if why:  # (a disassembler missing or failing is the judge's trouble, not the candidate's)
+                return Build("error" if why.startswith("disassembler_unavailable") else "forbidden", why,
+                             compile_s=compile_s, ptx=mine, ptx_approved=theirs)
         mine, theirs = (judged[1], judged[2]) if judged else (None, None)
         prune = getattr(self.backend, "prune", None)
         if prune is not None:

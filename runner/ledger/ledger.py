@@ -146,11 +146,13 @@ class Ledger:
     def __init__(self, path: Path, readonly: bool = False):
         self.path = path
         if readonly:  # pipe show / pipe runs: look, never write
-            self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30, isolation_level=None)
-            if not _wal_in_use(path):  # nobody writing: read the file as it is, leaving no -wal/-shm
-                self.db.close()
-                self.db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=30,
-                                          isolation_level=None)
+            from .rundir import lock_held
+
+            # nobody writing (no -wal or -shm beside it, no pipe process holding the folder): read
+            # the file as it is, leaving nothing beside it; else through SQLite's shared memory
+            still = not _wal_in_use(path) and not lock_held(path.parent)
+            self.db = sqlite3.connect(f"file:{path}?mode=ro" + ("&immutable=1" if still else ""), uri=True,
+                                      timeout=30, isolation_level=None)
             return
         self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")

@@ -247,7 +247,7 @@ class Builder:
         sp = self.spec
         counts = getattr(self.backend, "machine_counts", None)
         named = set(sp.forbidden.named) & {"lower_precision", "fast_math"}
-        if counts is None or not named:
+        if counts is None:  # (what the reader cannot decode is refused whatever the spec names)
             return ""
         reader = self.backend.machine_reader
         # a 16-bit float among the op's tensors: rounding to it is what storing or reading one is

@@ -123,8 +123,8 @@ class DatasetError(PipeError, ValueError):
         super().__init__(f"{path}: {why}")
 
 
-def _kind(v) -> str:
-    """What a JSON value is, for a message."""
+def json_kind(v) -> str:
+    """What a JSON value is, for a message ("a string", "null", the number itself)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -147,10 +147,10 @@ def check(data) -> str | None:
     "key.path: what is wrong", else None: the type of every field that load, replay and merge
     read, so that a damaged file is refused here, by name, and nowhere later."""
     def bad(path: str, expected: str, v) -> str:
-        return f"{path}: expected {expected}, got {_kind(v)}"
+        return f"{path}: expected {expected}, got {json_kind(v)}"
 
     if not isinstance(data, dict):
-        return f"expected a JSON object at the top, got {_kind(data)}"
+        return f"expected a JSON object at the top, got {json_kind(data)}"
     if "format" not in data:
         return "format: missing"
     if data["format"] != FORMAT:

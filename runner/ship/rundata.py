@@ -13,6 +13,7 @@ from typing import Callable
 
 from ..core.errors import PipeError, RunDirError
 from ..ledger.ledger import Ledger
+from ..search.dataset import json_kind
 from ..ledger.rundir import guard
 from ..spec.spec import load_spec
 
@@ -76,22 +77,12 @@ def read_compare_json(run_dir: Path, shapes: int | None = None) -> dict | None:
 Check = Callable[[object, str], "str | None"]
 
 
-def _kind(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return {dict: "an object", list: "a list", str: "a string"}.get(type(v), type(v).__name__)
-
-
 def _key(path: str, k) -> str:
     return f"{path}.{k}" if re.fullmatch(r"[A-Za-z_][\w]*", str(k)) else f"{path}[{json.dumps(str(k))}]"
 
 
 def _is(pred, what: str) -> Check:
-    return lambda v, path: None if pred(v) else f"{path}: expected {what}, got {_kind(v)}"
+    return lambda v, path: None if pred(v) else f"{path}: expected {what}, got {json_kind(v)}"
 
 
 def _number(v) -> bool:
@@ -113,7 +104,7 @@ def _null(c: Check) -> Check:
 def _list(item: Check, n: int | None = None) -> Check:
     def check(v, path):
         if not isinstance(v, list):
-            return f"{path}: expected a list, got {_kind(v)}"
+            return f"{path}: expected a list, got {json_kind(v)}"
         if n is not None and len(v) != n:
             return f"{path}: expected {n} entries, got {len(v)}"
         return next((w for i, x in enumerate(v) if (w := item(x, f"{path}[{i}]"))), None)
@@ -124,7 +115,7 @@ def _map(value: Check) -> Check:
     """An object of any keys, each value checked by `value`."""
     def check(v, path):
         if not isinstance(v, dict):
-            return f"{path}: expected an object, got {_kind(v)}"
+            return f"{path}: expected an object, got {json_kind(v)}"
         return next((w for k, x in v.items() if (w := value(x, _key(path, k)))), None)
     return check
 
@@ -133,7 +124,7 @@ def _obj(required: dict[str, Check], optional: dict[str, Check] | None = None) -
     """An object with these keys (others are let be)."""
     def check(v, path):
         if not isinstance(v, dict):
-            return f"{path}: expected an object, got {_kind(v)}"
+            return f"{path}: expected an object, got {json_kind(v)}"
         for k, c in required.items():
             if k not in v:
                 return f"{_key(path, k)}: missing"

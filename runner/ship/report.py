@@ -60,14 +60,10 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         led.close()
     spec = None
     from ..spec.spec import load_spec
-    from .rundata import RunMismatch
+    from .rundata import run_spec
 
     if spec_path is not None:  # named on the command line: one that cannot be read is an error
-        s = load_spec(spec_path)
-        if s.hash != meta["spec_hash"]:
-            raise RunMismatch(f"{spec_path}: not the spec of the run in {run_dir} (hash {s.hash} != "
-                              f"{meta['spec_hash']}): the report reads the run's own spec without --spec")
-        spec = s
+        spec = run_spec(spec_path, meta["spec_hash"], run_dir, "report on")
     else:
         try:
             s = load_spec(meta["spec_path"])

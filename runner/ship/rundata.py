@@ -43,13 +43,19 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
         base = led.get_meta("baseline")
     finally:
         led.close()
-    spec = load_spec(path)
-    if spec.hash != recorded:
-        raise RunMismatch(f"{path}: the spec, its template, profile or reference changed since the run in "
-                          f"{run_dir} (hash {spec.hash} != {recorded}); {doing} the kernels as the run judged "
-                          "them: pass that spec with --spec, or start a new run")
+    spec = run_spec(path, recorded, run_dir, doing)
     compare = read_compare_json(run_dir, None if spec.op.domain else len(spec.op.shapes)) if read_compare else None
     return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
+
+
+def run_spec(path: str, recorded: str | None, run_dir: Path, doing: str):
+    """The spec at `path`, which must hash to what the run in `run_dir` recorded (RunMismatch)."""
+    spec = load_spec(path)
+    if spec.hash != recorded:
+        raise RunMismatch(f"{path}: not the spec of the run in {run_dir}: the spec, its template, profile or "
+                          f"reference changed since the run (hash {spec.hash} != {recorded}); {doing} the kernels "
+                          "as the run judged them: pass that spec with --spec, or start a new run")
+    return spec
 
 
 def read_compare_json(run_dir: Path, shapes: int | None = None) -> dict | None:

@@ -184,6 +184,12 @@ def main(argv: list[str]) -> int:
     fegetenv = libc.fegetenv
     fegetenv.restype, fegetenv.argtypes = ctypes.c_int, [ctypes.c_void_p]
     env = ctypes.create_string_buffer(64)  # glibc's fenv_t on x86-64: 32 bytes, the x87 control word at 0, MXCSR at 28
+
+    def fenv_changed() -> bool:
+        """Whether the floating-point control state is not the default's now."""
+        fegetenv(env)
+        cw, mx = struct.unpack_from("<H", env.raw, 0)[0], struct.unpack_from("<I", env.raw, 28)[0]
+        return (cw & _X87_CONTROL) != _X87_DEFAULT or (mx & _MXCSR_CONTROL) != _MXCSR_DEFAULT
     struct_f, struct_d = struct.Struct("<f"), struct.Struct("<d")
     if os.geteuid() == 0:
         _drop_capabilities(libc)
@@ -235,15 +241,12 @@ def main(argv: list[str]) -> int:
                 if fn is not None:
                     fn(*args)
                     # read before `done`, after the kernel returned: its control state as it left it
-                    fegetenv(env)
-                    cw, mx = struct.unpack_from("<H", env.raw, 0)[0], struct.unpack_from("<I", env.raw, 28)[0]
-                    if (cw & _X87_CONTROL) != _X87_DEFAULT or (mx & _MXCSR_CONTROL) != _MXCSR_DEFAULT:
+                    if fenv_changed():
                         u32[STATUS // 4] = FENV_CHANGED
                         fesetenv(FE_DFL_ENV)
                 elif calibrating is not None:  # (before LOAD: the judge's calibration)
                     calibrating(*args)
-                    fegetenv(env)  # the same read as after a kernel's call, so that it is calibrated out
-                    struct.unpack_from("<H", env.raw, 0), struct.unpack_from("<I", env.raw, 28)
+                    fenv_changed()  # the same read as after a kernel's call, so that it is calibrated out
         elif cmd == STAND_IN and fn is None:
             # before LOAD, for the judge's calibration: the arguments' kinds (as LOAD reads them)
             # and a C function that ignores them (getppid), so that a calibrating call converts

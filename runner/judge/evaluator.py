@@ -179,6 +179,8 @@ class Evaluator:
         trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
         if verdict.get("phases"):
             trial.details["judge_phases"] = verdict["phases"]
+        if verdict.get("lean"):  # verification's widest lean of the error (verify.lean)
+            trial.details["lean"] = verdict["lean"]
         if verdict.get("log_capped"):  # the kernel printed past the worker log's cap; the rest was dropped
             trial.details["log_capped"] = verdict["log_capped"]
             trial.details["log_cap_bytes"] = verdict.get("log_cap_bytes")

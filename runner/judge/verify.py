@@ -49,6 +49,16 @@ FLOAT_INFO = {torch.bfloat16: (7, 2.0 ** -133), torch.float16: (10, 2.0 ** -24),
               torch.float32: (23, 2.0 ** -149), torch.float64: (52, 2.0 ** -1074)}
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 SAMPLE = 1 << 16  # elements of a snapshot sampled into its checksum
+# The lean of the error (`lean`): over a sample of a narrow output, the mean of the error along
+# the reference's sign, in units of the output's own rounding at each element. Rounding to
+# nearest leaves it at zero; a value cut toward zero anywhere on its way (the output or an
+# intermediate truncated to fewer bits) pulls it toward -1/2 of a unit.
+LEAN_MAX = 0.125  # units of the output's rounding: a quarter of a truncation's -1/2
+LEAN_SIGMAS = 6.0  # and beyond this many standard errors of the sample's mean
+LEAN_SAMPLE = 1 << 20  # elements drawn (at secret positions) from a larger output
+LEAN_MIN = 1024  # fewer elements of normal size than this: no verdict
+LEAN_CLIP = 2.0  # each element's error clipped to +-2 units: cancellation's large, symmetric errors
+NORMAL_MIN = {torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -14}
 
 
 @dataclass
@@ -192,7 +202,9 @@ class Budget:
     def __init__(self, ref: torch.Tensor, atol: float, rtol: float, out_dtype: torch.dtype | None = None,
                  ulps: float = DEFAULT_ULPS, floor: float = DEFAULT_FLOOR):
         self.ref = ref.to(reference_dtype(out_dtype or ref.dtype))
-        p, tiny = FLOAT_INFO.get(out_dtype or ref.dtype, (52, 2.0 ** -1074))
+        self.out_dtype = out_dtype or ref.dtype
+        self.leans: list = []  # (mean, standard error, elements) of every lean taken against it
+        p, tiny = FLOAT_INFO.get(self.out_dtype, (52, 2.0 ** -1074))
         typical = _mean_abs(self.ref)
         self.a = max(min(atol, floor * typical), ulps * tiny)
         self.c = rtol + ulps * 2.0 ** -p
@@ -259,6 +271,8 @@ class GemmBudget:
     def __init__(self, parts: dict, k: int, out_dtype: torch.dtype):
         p, tiny = FLOAT_INFO.get(out_dtype, (52, 2.0 ** -1074))
         uo = 2.0 ** -(p + 1)
+        self.out_dtype = out_dtype
+        self.leans: list = []
         self.k, self.epilogue = int(k), parts.get("epilogue")
         gamma = gemm_gamma(self.k)
         acc, mag = parts["acc"].to(torch.float64), parts["abs"].to(torch.float64)
@@ -319,6 +333,62 @@ class GemmBudget:
         return (f"the error's root mean square {e:.3g} over the whole output is above the aggregate bound "
                 f"{self.rms_bound:.3g} of {self.describe()} (2^-7 of the answer's, {_rms(self.ref):.3g}, plus the "
                 f"accumulation bound's over sqrt({self.k})): work skipped or done at a lower precision?")
+
+
+def lean(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> tuple[float, float, int] | None:
+    """(mean, its standard error, elements) of the error along the reference's sign, in units of
+    the output dtype's rounding at each element ((out - ref) sign(ref) / ulp(ref), clipped to
+    +-LEAN_CLIP), over up to LEAN_SAMPLE elements at positions drawn from `secrets`; None for an
+    output dtype wider than 16 bits, or fewer than LEAN_MIN finite elements of normal size.
+
+    An output rounded to nearest from an accurate value has errors spread evenly about zero
+    whatever the inputs; one rounded toward zero has them on [-1, 0), mean -1/2, and so does one
+    computed from an intermediate cut to the output's width (fp32 to bf16 by dropping its low
+    bits: one byte permute, no conversion instruction for the compiled-code readers to count).
+    The clip bounds what elements with heavy cancellation add (their errors are many units of a
+    small answer, either way), so the mean measures the lean and not the spread."""
+    if out_dtype not in NORMAL_MIN or not out.is_floating_point():
+        return None
+    p = FLOAT_INFO[out_dtype][0]
+    o, r = out.detach().reshape(-1), ref.detach().reshape(-1)
+    if o.numel() != r.numel():
+        return None
+    if o.numel() > LEAN_SAMPLE:
+        g = torch.Generator().manual_seed(secrets.randbits(63))
+        idx = torch.randint(0, o.numel(), (LEAN_SAMPLE,), generator=g).to(o.device)
+        o, r = o.index_select(0, idx), r.index_select(0, idx)
+    r, o = r.to(torch.float64), o.to(torch.float64)
+    keep = torch.isfinite(o) & torch.isfinite(r) & (r.abs() >= NORMAL_MIN[out_dtype])
+    r, o = r[keep], o[keep]
+    n = r.numel()
+    if n < LEAN_MIN:
+        return None
+    _, e = torch.frexp(r)  # r = m 2^e, 1/2 <= |m| < 1: the output's spacing there is 2^(e - 1 - p)
+    d = o.sub_(r).mul_(torch.sign(r)).div_(torch.ldexp(torch.ones_like(r), e - 1 - p)).clamp_(-LEAN_CLIP, LEAN_CLIP)
+    mean = float(d.mean())
+    return mean, float(d.std()) / math.sqrt(n), n
+
+
+def lean_problem(out: torch.Tensor, bound) -> str | None:
+    """Why `out` leans one way against its budget's reference (`lean`), or None: the mean beyond
+    LEAN_MAX units and beyond LEAN_SIGMAS standard errors. The figure is kept on the budget
+    (`leans`): the trial's record carries the widest (`widest_lean`)."""
+    got = lean(out, bound.ref, bound.out_dtype) if isinstance(bound, (Budget, GemmBudget)) else None
+    if got is None:
+        return None
+    bound.leans.append(got)
+    mean, se, n = got
+    if abs(mean) <= LEAN_MAX or abs(mean) <= LEAN_SIGMAS * se:
+        return None
+    return (f"the error leans one way: its mean along the reference's sign is {mean:+.3f} units of the "
+            f"output's rounding (standard error {se:.3f}, {n} elements), where rounding to nearest leaves "
+            f"it within +-{LEAN_MAX:g}: the output or an intermediate cut toward zero, or narrowed?")
+
+
+def widest_lean(refs) -> tuple[float, float, int] | None:
+    """The lean farthest from zero taken against any of `refs` ((reference, budget) pairs)."""
+    seen = [x for _, b in refs for x in getattr(b, "leans", ())]
+    return max(seen, key=lambda x: abs(x[0])) if seen else None
 
 
 def _rms(t: torch.Tensor) -> float:
@@ -436,9 +506,11 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
         return True, "", 0.0
     what = f"atol={atol:g} rtol={rtol:g}"
     gemm = bound if isinstance(bound, GemmBudget) else None
-    if isinstance(bound, (Budget, GemmBudget)):
+    budget = bound if isinstance(bound, (Budget, GemmBudget)) else None
+    if budget is not None:
         if not want_max and bound.holds(out):
-            return True, "", 0.0
+            why = lean_problem(out, budget)
+            return why is None, why or "", 0.0
         what = bound.describe() if gemm is not None else what
         bound = bound.tensor()
     if bound is None:
@@ -448,7 +520,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float,
     else:
         err = (out.to(torch.float64) - ref.to(torch.float64)).abs_()
     if bool(torch.le(err, bound).all()):
-        why = gemm.aggregate(out) if gemm is not None else None
+        why = (gemm.aggregate(out) if gemm is not None else None) or (lean_problem(out, budget) if budget else None)
         if why:
             return False, why, float(err.max()) if err.numel() else 0.0
         return True, "", (float(err.max()) if err.numel() else 0.0) if want_max else 0.0

@@ -406,8 +406,10 @@ class Judge:
         the inputs made again from their seed, compared with the ones the kernel saw, and the
         reference computed from them."""
         from .timing import stats
+        from .verify import widest_lean
 
         shapes_out = []
+        leaned = None  # the widest lean of verification's outputs (verify.lean)
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -484,6 +486,9 @@ class Judge:
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
+                got = widest_lean(refs)
+                if got is not None and (leaned is None or abs(got[0]) > abs(leaned[0])):
+                    leaned = got
                 if found:
                     why = self._differing(found, refs, inv, label)
                     if why:
@@ -505,6 +510,8 @@ class Judge:
             st["n"] = times.calls  # timed calls made (the figure may use fewer)
             shapes_out.append({**st, **({"clock": self.last_clock} if self.last_clock else {})})
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
+        if leaned is not None:  # verification's widest lean (verify.lean), in units of the output's rounding
+            out["lean"] = {"mean": round(leaned[0], 4), "se": round(leaned[1], 4), "n": leaned[2]}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
             out["batch_invariance"] = {

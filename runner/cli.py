@@ -425,6 +425,10 @@ def cmd_show(a) -> int:
             # timed below full clock: the figure is one at that clock
             line += fmt_clock(clocks[i] if i < len(clocks) else None)
             print(line)
+        if b.get("lean"):
+            ln = b["lean"]
+            print(f"  verification's widest lean {ln['mean']:+.4f} units of the output's rounding "
+                  f"(standard error {ln['se']:.4f}, {ln['n']} elements; refused beyond +-1/8)")
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runner.ship.compare import candidates, faster_nearest, format_table

@@ -6,6 +6,7 @@ to -1/2 of a unit of the output's rounding."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -129,3 +130,7 @@ def test_a_moe_cpu_variant_that_truncates_its_output_is_wrong(tmp_path, project)
     assert "wrong" in text and "leans one way" in text, text[-3000:]
     r = pipe_main("eval", spec, "--params", params, "--run-dir", tmp_path / "ok", "--json", cwd=project)
     assert r.returncode == 0 and '"ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]
+    # the record holds the widest lean of the honest trial's verification, and pipe show says it
+    r = pipe_main("show", tmp_path / "ok", cwd=project)
+    m = re.search(r"verification's widest lean ([-+]\d\.\d+) units", r.stdout)
+    assert m and abs(float(m.group(1))) <= verify.LEAN_MAX, r.stdout

@@ -14,7 +14,6 @@ the runner's output or its figures.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import io
 import multiprocessing as mp
 import os
@@ -1395,7 +1394,6 @@ def _apply_salt(inputs: dict, salt: list) -> None:
     (no a twice in one input), one gather and scatter an input; then its dense entries
     (_DenseSalt) scale every element. An entry is (input, flat index a, flat index b), a
     _RowSalt or a _DenseSalt."""
-    import torch
 
     by: dict[str, tuple[list, list]] = {}
     for e in salt:

@@ -106,6 +106,47 @@ def test_the_gemm_budget_judges_the_lean_too():
     assert ok, why
 
 
+def _rz32(s: torch.Tensor) -> torch.Tensor:
+    """float64 to float32 rounded toward zero."""
+    f = s.float()
+    return torch.where(f.double().abs() > s.abs(), torch.nextafter(f, torch.zeros_like(f)), f)
+
+
+def _tensor_core_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as a tensor core sums it (a model): each k16 block's products summed exactly, added
+    to an fp32 accumulator rounded toward zero."""
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    for k in range(0, a.shape[1], 16):
+        acc = _rz32(acc.double() + a[:, k:k + 16] @ b[k:k + 16])
+    return acc
+
+
+def test_truncating_tensor_core_accumulation_does_not_lean_and_a_cut_p_does():
+    """The honest bias the lean must pass: fp32 accumulation rounded toward zero every k16 step
+    (a GEMM at K = 4096, and decode attention's P V at L = 4096 with P split into bf16 hi + lo),
+    well inside 1/8; the same P V with P cut to bf16 (Y2) leans by about -0.45."""
+    g = _gen(5)
+    x = torch.randn(32, 4096, dtype=torch.float64, generator=g).to(torch.bfloat16).double()
+    w = torch.randn(4096, 128, dtype=torch.float64, generator=g).to(torch.bfloat16).double()
+    ref = x @ w
+    parts = {"out": ref, "acc": ref, "abs": x.abs() @ w.abs()}
+    budget = GemmBudget(parts, 4096, torch.bfloat16)
+    ok, why, _ = compare(_tensor_core_sum(x, w).to(torch.bfloat16), budget.ref, 0, 0, budget)
+    assert ok, why
+    assert abs(budget.leans[-1][0]) < 0.03
+    p = torch.softmax(torch.randn(32, 4096, dtype=torch.float64, generator=g) * 2, -1)
+    hi = p.float().to(torch.bfloat16).double()
+    lo = (p - hi).float().to(torch.bfloat16).double()
+    ref = (p @ w).float()
+    budget = Budget(ref, 1e-2, 1e-2, torch.bfloat16)
+    ok, why, _ = compare(_tensor_core_sum(torch.cat([hi, lo], 1), torch.cat([w, w])).to(torch.bfloat16),
+                         ref, 1e-2, 1e-2, budget)
+    assert ok, why
+    ok, why, _ = compare(_tensor_core_sum(_trunc_bf16(p).double(), w).to(torch.bfloat16), ref, 1e-2, 1e-2, budget)
+    assert not ok and "leans one way" in why
+    assert -0.55 < budget.leans[-1][0] < -0.35
+
+
 @pytest.mark.slow
 def test_a_moe_cpu_variant_that_truncates_its_output_is_wrong(tmp_path, project):
     """pipe eval of moe-cpu's template (at K = 4096) with its bf16 narrowing cut to a shift (no

@@ -35,6 +35,7 @@ import math
 
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -49,14 +50,15 @@ FLOAT_INFO = {torch.bfloat16: (7, 2.0 ** -133), torch.float16: (10, 2.0 ** -24),
               torch.float32: (23, 2.0 ** -149), torch.float64: (52, 2.0 ** -1074)}
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 SAMPLE = 1 << 16  # elements of a snapshot sampled into its checksum
-# The lean of the error (`lean`): over a sample of a narrow output, the mean of the error along
-# the reference's sign, in units of the output's own rounding at each element. Rounding to
-# nearest leaves it at zero; a value cut toward zero anywhere on its way (the output or an
-# intermediate truncated to fewer bits) pulls it toward -1/2 of a unit.
+# The lean of the error (`lean`): over a sample of a narrow output, the mean of its difference
+# from the reference rounded to nearest, along the reference's sign, in units of the output's
+# rounding. Rounding to nearest leaves it at zero; a value cut toward zero on its way (the
+# output, or an intermediate truncated to fewer bits whose shrink reaches the output) pulls it
+# toward -1/2 of a unit.
 LEAN_MAX = 0.125  # units of the output's rounding: a quarter of a truncation's -1/2
 LEAN_SIGMAS = 6.0  # and beyond this many standard errors of the sample's mean
 LEAN_SAMPLE = 1 << 20  # elements drawn (at secret positions) from a larger output
-LEAN_MIN = 1024  # fewer elements of normal size than this: no verdict
+LEAN_MIN = 1024  # fewer elements of normal size than this: no verdict on the output alone (pooled_lean)
 LEAN_CLIP = 2.0  # each element's error clipped to +-2 units: cancellation's large, symmetric errors
 NORMAL_MIN = {torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -14}
 
@@ -335,18 +337,31 @@ class GemmBudget:
                 f"accumulation bound's over sqrt({self.k})): work skipped or done at a lower precision?")
 
 
-def lean(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> tuple[float, float, int] | None:
-    """(mean, its standard error, elements) of the error along the reference's sign, in units of
-    the output dtype's rounding at each element ((out - ref) sign(ref) / ulp(ref), clipped to
-    +-LEAN_CLIP), over up to LEAN_SAMPLE elements at positions drawn from `secrets`; None for an
-    output dtype wider than 16 bits, or fewer than LEAN_MIN finite elements of normal size.
+class Lean(NamedTuple):
+    """The lean of one output (`lean`): `mean` and its standard error `se` in units of the
+    output's rounding, over `n` elements; `off` the share of them that differ from the
+    reference rounded to nearest."""
+    mean: float
+    se: float
+    n: int
+    off: float
 
-    An output rounded to nearest from an accurate value has errors spread evenly about zero
-    whatever the inputs; one rounded toward zero has them on [-1, 0), mean -1/2, and so does one
-    computed from an intermediate cut to the output's width (fp32 to bf16 by dropping its low
-    bits: one byte permute, no conversion instruction for the compiled-code readers to count).
-    The clip bounds what elements with heavy cancellation add (their errors are many units of a
-    small answer, either way), so the mean measures the lean and not the spread."""
+
+def lean(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Lean | None:
+    """The error of `out` against the reference rounded to nearest in the output dtype, along the
+    reference's sign, in units of the output's spacing there ((out - rn(ref)) sign(ref) /
+    ulp(rn(ref)), clipped to +-LEAN_CLIP): its mean, standard error, count and the share of
+    elements not equal to rn(ref), over up to LEAN_SAMPLE elements at positions drawn from
+    `secrets`. None for an output dtype wider than 16 bits, or no finite element of normal size.
+
+    An output rounded to nearest from an accurate value is rn(ref) itself but where its own
+    error crosses a rounding boundary, as often one way as the other: the mean is 0. One rounded
+    toward zero is a unit short of rn(ref) wherever ref's dropped part is over a half: mean
+    -1/2; and so is one computed from an intermediate cut to the output's width (fp32 to bf16
+    by dropping its low bits: one byte permute, no conversion instruction for the compiled-code
+    readers to count). Against rn(ref), and not ref, rows of one repeated value (whose outputs
+    share one rounding error, a fraction of a unit either way) lean by nothing. The clip bounds
+    what elements with heavy cancellation add (many units of a small answer, either way)."""
     if out_dtype not in NORMAL_MIN or not out.is_floating_point():
         return None
     p = FLOAT_INFO[out_dtype][0]
@@ -357,38 +372,65 @@ def lean(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> tuple[
         g = torch.Generator().manual_seed(secrets.randbits(63))
         idx = torch.randint(0, o.numel(), (LEAN_SAMPLE,), generator=g).to(o.device)
         o, r = o.index_select(0, idx), r.index_select(0, idx)
-    r, o = r.to(torch.float64), o.to(torch.float64)
-    keep = torch.isfinite(o) & torch.isfinite(r) & (r.abs() >= NORMAL_MIN[out_dtype])
-    r, o = r[keep], o[keep]
-    n = r.numel()
-    if n < LEAN_MIN:
+    rn = r.to(out_dtype).to(torch.float64)
+    o = o.to(torch.float64)
+    keep = torch.isfinite(o) & torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
+    r, rn, o = r[keep], rn[keep], o[keep]
+    n = rn.numel()
+    if n == 0:
         return None
-    _, e = torch.frexp(r)  # r = m 2^e, 1/2 <= |m| < 1: the output's spacing there is 2^(e - 1 - p)
-    d = o.sub_(r).mul_(torch.sign(r)).div_(torch.ldexp(torch.ones_like(r), e - 1 - p)).clamp_(-LEAN_CLIP, LEAN_CLIP)
-    mean = float(d.mean())
-    return mean, float(d.std()) / math.sqrt(n), n
+    _, e = torch.frexp(rn)  # rn = m 2^e, 1/2 <= |m| < 1: the output's spacing there is 2^(e - 1 - p)
+    d = o.sub_(rn)
+    off = float(torch.count_nonzero(d)) / n
+    d = d.mul_(torch.sign(r.to(torch.float64))).div_(torch.ldexp(torch.ones_like(rn), e - 1 - p))
+    d = d.clamp_(-LEAN_CLIP, LEAN_CLIP)
+    se = float(d.std()) / math.sqrt(n) if n > 1 else float("inf")
+    return Lean(float(d.mean()), se, n, off)
+
+
+def leans_too_far(got: Lean | None) -> bool:
+    """The verdict on a lean: LEAN_MIN elements or more, its mean beyond LEAN_MAX units and
+    beyond LEAN_SIGMAS standard errors."""
+    return (got is not None and got.n >= LEAN_MIN and abs(got.mean) > LEAN_MAX
+            and abs(got.mean) > LEAN_SIGMAS * got.se)
+
+
+def lean_text(got: Lean, what: str = "the error") -> str:
+    return (f"{what} leans one way: its mean along the reference's sign is {got.mean:+.3f} units of the "
+            f"output's rounding (standard error {got.se:.3f}, {got.n} elements, {got.off:.0%} of them off the "
+            f"reference rounded to nearest), where rounding to nearest leaves it within +-{LEAN_MAX:g}: the "
+            "output or an intermediate cut toward zero, or narrowed?")
 
 
 def lean_problem(out: torch.Tensor, bound) -> str | None:
-    """Why `out` leans one way against its budget's reference (`lean`), or None: the mean beyond
-    LEAN_MAX units and beyond LEAN_SIGMAS standard errors. The figure is kept on the budget
-    (`leans`): the trial's record carries the widest (`widest_lean`)."""
+    """Why `out` leans one way against its budget's reference (`lean`, `leans_too_far`), or None.
+    The figure is kept on the budget (`leans`): the worker pools a trial's (`pooled_lean`), and
+    its record carries the widest (`widest_lean`)."""
     got = lean(out, bound.ref, bound.out_dtype) if isinstance(bound, (Budget, GemmBudget)) else None
     if got is None:
         return None
     bound.leans.append(got)
-    mean, se, n = got
-    if abs(mean) <= LEAN_MAX or abs(mean) <= LEAN_SIGMAS * se:
+    return lean_text(got) if leans_too_far(got) else None
+
+
+def pooled_lean(leans) -> Lean | None:
+    """The leans of many outputs as one sample (each weighted by its elements): outputs too small
+    for a verdict of their own (a decode step's one row) still add up to one."""
+    leans = list(leans)
+    n = sum(x.n for x in leans)
+    if not n:
         return None
-    return (f"the error leans one way: its mean along the reference's sign is {mean:+.3f} units of the "
-            f"output's rounding (standard error {se:.3f}, {n} elements), where rounding to nearest leaves "
-            f"it within +-{LEAN_MAX:g}: the output or an intermediate cut toward zero, or narrowed?")
+    mean = sum(x.mean * x.n for x in leans) / n
+    se = math.sqrt(sum((x.se * x.n) ** 2 for x in leans if math.isfinite(x.se))) / n
+    if any(not math.isfinite(x.se) for x in leans):
+        se = max(se, 1.0 / math.sqrt(n))  # a lone element's spread is unknown: a unit's worth
+    return Lean(mean, se, n, sum(x.off * x.n for x in leans) / n)
 
 
-def widest_lean(refs) -> tuple[float, float, int] | None:
+def widest_lean(refs) -> Lean | None:
     """The lean farthest from zero taken against any of `refs` ((reference, budget) pairs)."""
     seen = [x for _, b in refs for x in getattr(b, "leans", ())]
-    return max(seen, key=lambda x: abs(x[0])) if seen else None
+    return max(seen, key=lambda x: abs(x.mean)) if seen else None
 
 
 def _rms(t: torch.Tensor) -> float:

@@ -405,10 +405,11 @@ class Judge:
         the inputs made again from their seed, compared with the ones the kernel saw, and the
         reference computed from them."""
         from .timing import stats
-        from .verify import widest_lean
+        from .verify import lean_text, leans_too_far, pooled_lean, widest_lean
 
         shapes_out = []
         leaned = None  # the widest lean of verification's outputs (verify.lean)
+        pool: list = []  # and every one of them, pooled once verification is done
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -486,8 +487,9 @@ class Judge:
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
                 got = widest_lean(refs)
-                if got is not None and (leaned is None or abs(got[0]) > abs(leaned[0])):
+                if got is not None and (leaned is None or abs(got.mean) > abs(leaned.mean)):
                     leaned = got
+                pool.extend(x for _, b in refs for x in getattr(b, "leans", ()))
                 if found:
                     why = self._differing(found, refs, inv, label)
                     if why:
@@ -508,9 +510,15 @@ class Judge:
             st = stats(times).as_dict()
             st["n"] = times.calls  # timed calls made (the figure may use fewer)
             shapes_out.append({**st, **({"clock": self.last_clock} if self.last_clock else {})})
+        pooled = pooled_lean(pool)
+        if leans_too_far(pooled):  # outputs too small for a verdict each, taken together
+            return {"status": "wrong", "reason": "verification's outputs taken together: "
+                    + lean_text(pooled, "their error")}
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
         if leaned is not None:  # verification's widest lean (verify.lean), in units of the output's rounding
-            out["lean"] = {"mean": round(leaned[0], 4), "se": round(leaned[1], 4), "n": leaned[2]}
+            out["lean"] = {"mean": round(leaned.mean, 4), "se": round(leaned.se, 4), "n": leaned.n,
+                           "off": round(leaned.off, 4), "pooled": round(pooled.mean, 4),
+                           "pooled_n": pooled.n, "pooled_off": round(pooled.off, 4)}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
             out["batch_invariance"] = {

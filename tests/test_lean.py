@@ -203,6 +203,19 @@ def test_a_moe_cpu_variant_that_truncates_its_output_is_wrong(tmp_path, project)
                   "--run-dir", tmp_path / "cut", "--json", cwd=project)
     text = r.stdout + r.stderr
     assert "wrong" in text and "leans one way" in text, text[-3000:]
+    # the cut only where the output is too small for a verdict of its own (T <= 5: 2 T x 96
+    # elements): its shape's outputs over the check rounds, pooled, lean (session 40's red team)
+    small = (tpl.replace("  u += 0x7fffu + ((u >> 16) & 1u);\n", "  if (!cut) u += 0x7fffu + ((u >> 16) & 1u);\n")
+             .replace("inline uint16_t narrow(float f) {", "inline uint16_t narrow(float f, bool cut = false) {")
+             .replace("int64_t r0, int64_t mr, int64_t n0, int64_t nr) {", "int64_t r0, int64_t mr, int64_t n0, int64_t nr, bool cut) {")
+             .replace("= narrow(acc[i][j]);", "= narrow(acc[i][j], cut);")
+             .replace("tile(x, we, y, r, mr, n, nr);", "tile(x, we, y, r, mr, n, nr, offs[E - 1] * COLS < 1024);"))
+    assert small.count("cut") == 4 and "COLS < 1024" in small, small
+    (project / "small.cpp.j2").write_text(small)
+    r = pipe_main("eval", spec, "--params", params, "--variant", project / "small.cpp.j2",
+                  "--run-dir", tmp_path / "small", "--json", cwd=project)
+    text = r.stdout + r.stderr
+    assert "wrong" in text and "taken together" in text and "leans one way" in text, text[-3000:]
     r = pipe_main("eval", spec, "--params", params, "--run-dir", tmp_path / "ok", "--json", cwd=project)
     assert r.returncode == 0 and '"ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]
     # the record holds the widest lean of the honest trial's verification, and pipe show says it

@@ -409,7 +409,7 @@ class Judge:
 
         shapes_out = []
         leaned = None  # the widest lean of verification's outputs (verify.lean)
-        pool: list = []  # and every one of them, pooled once verification is done
+        pool: list = []  # and every one of them, pooled for the record
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -439,6 +439,7 @@ class Judge:
             inputs: dict = {}
             run = None
             mode = self._mode(shape)
+            shape_pool: list = []  # the leans of this shape's outputs (verify.lean)
             for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them;
                 # verification's values (never an input's `timed` override)
@@ -489,7 +490,9 @@ class Judge:
                 got = widest_lean(refs)
                 if got is not None and (leaned is None or abs(got.mean) > abs(leaned.mean)):
                     leaned = got
-                pool.extend(x for _, b in refs for x in getattr(b, "leans", ()))
+                mine = [x for _, b in refs for x in getattr(b, "leans", ())]
+                pool.extend(mine)
+                shape_pool.extend(mine)
                 if found:
                     why = self._differing(found, refs, inv, label)
                     if why:
@@ -498,6 +501,12 @@ class Judge:
                 if inv is not None and self.op.batch_required and (inv["run_to_run"] or inv["reason"]):
                     return {"status": "wrong", "reason": "not batch-invariant (op.batch_invariant requires it): "
                             + (inv["run_to_run"] or inv["reason"])}
+            # the shape's outputs over its rounds as one sample: an output too small for a verdict
+            # of its own (a decode step's few rows) is judged with its shape's others
+            pooled = pooled_lean(shape_pool)
+            if leans_too_far(pooled):
+                return {"status": "wrong", "reason": f"{label}, its outputs over {checks} check rounds taken "
+                        "together: " + lean_text(pooled, "their error")}
             t1 = clock()
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
@@ -511,9 +520,6 @@ class Judge:
             st["n"] = times.calls  # timed calls made (the figure may use fewer)
             shapes_out.append({**st, **({"clock": self.last_clock} if self.last_clock else {})})
         pooled = pooled_lean(pool)
-        if leans_too_far(pooled):  # outputs too small for a verdict each, taken together
-            return {"status": "wrong", "reason": "verification's outputs taken together: "
-                    + lean_text(pooled, "their error")}
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
         if leaned is not None:  # verification's widest lean (verify.lean), in units of the output's rounding
             out["lean"] = {"mean": round(leaned.mean, 4), "se": round(leaned.se, 4), "n": leaned.n,

@@ -47,6 +47,14 @@ def sources_hash(sources: list[str]) -> str:
     return render.source_hash("\0".join(sources))
 
 
+def _refusal(action: str, why: str, shape: int, other: str, base_ok: bool) -> str:
+    """A compiled-code reader's refusal of shape `shape`'s build: the action, what it means (its
+    forbidden action's description, else `other`), why, and whether the approved build existed."""
+    what = forbid.NAMED[action].description if action in forbid.NAMED else other
+    return (f"{action}: {what}: shape {shape}: {why}"
+            + ("" if base_ok else " (the approved template does not compile at these parameters)"))
+
+
 class Builder:
     """Renders, derives the geometry, compiles and keys binaries for one spec; `variants`
     holds the template variants by id."""
@@ -230,13 +238,9 @@ class Builder:
         for i, (src, asrc) in enumerate(zip(sources, approved)):
             found = ptx.compare(comp[src].ptx, base[asrc].ptx if ok else None, named, waived)
             if found:
-                action, why = found
-                what = forbid.NAMED[action].description if action in forbid.NAMED else \
-                    {"unreadable_ptx": ptx.UNREADABLE, "unjudged_ptx": ptx.UNJUDGED,
-                     "foreign_code": ptx.FOREIGN}.get(action, ptx.DEVICE_STATE)
-                return (f"{action}: {what}: shape {i}: {why}"
-                        + ("" if ok else " (the approved template does not compile at these parameters)"),
-                        mine, theirs)
+                other = {"unreadable_ptx": ptx.UNREADABLE, "unjudged_ptx": ptx.UNJUDGED,
+                         "foreign_code": ptx.FOREIGN}.get(found[0], ptx.DEVICE_STATE)
+                return _refusal(*found, i, other, ok), mine, theirs
         why = self._judge_machine(sources, comp, approved, base if ok else None)
         return why, mine, theirs
 
@@ -266,11 +270,8 @@ class Builder:
             found = reader.compare(read[comp[src].artifact], read[base[asrc].artifact] if base else None, named,
                                    waived, narrow_ok, ints_ok)
             if found:
-                action, why = found
-                what = forbid.NAMED[action].description if action in forbid.NAMED else \
-                    "compiled code the disassembler could not read: what the judge cannot read is refused"
-                return (f"{action}: {what}: shape {i}: {why}"
-                        + ("" if base else " (the approved template does not compile at these parameters)"))
+                return _refusal(*found, i, "compiled code the disassembler could not read: what the judge "
+                                "cannot read is refused", base is not None)
         return ""
 
     def compiled(self, sources: list[str]) -> tuple[list[str] | None, object | None]:

@@ -205,7 +205,7 @@ class Budget:
                  ulps: float = DEFAULT_ULPS, floor: float = DEFAULT_FLOOR):
         self.ref = ref.to(reference_dtype(out_dtype or ref.dtype))
         self.out_dtype = out_dtype or ref.dtype
-        self.leans: list = []  # (mean, standard error, elements) of every lean taken against it
+        self.leans: list = []  # the Lean of every output checked against it (lean_problem)
         p, tiny = FLOAT_INFO.get(self.out_dtype, (52, 2.0 ** -1074))
         typical = _mean_abs(self.ref)
         self.a = max(min(atol, floor * typical), ulps * tiny)
@@ -403,10 +403,10 @@ def lean_text(got: Lean, what: str = "the error") -> str:
 
 
 def lean_problem(out: torch.Tensor, bound) -> str | None:
-    """Why `out` leans one way against its budget's reference (`lean`, `leans_too_far`), or None.
-    The figure is kept on the budget (`leans`): the worker pools a trial's (`pooled_lean`), and
-    its record carries the widest (`widest_lean`)."""
-    got = lean(out, bound.ref, bound.out_dtype) if isinstance(bound, (Budget, GemmBudget)) else None
+    """Why `out` leans one way against `bound`'s reference (a Budget or GemmBudget: `lean`,
+    `leans_too_far`), or None. The figure is kept on the budget (`leans`): the worker pools a
+    shape's (`pooled_lean`), and the trial's record carries the widest (`widest_lean`)."""
+    got = lean(out, bound.ref, bound.out_dtype)
     if got is None:
         return None
     bound.leans.append(got)
@@ -427,10 +427,10 @@ def pooled_lean(leans) -> Lean | None:
     return Lean(mean, se, n, sum(x.off * x.n for x in leans) / n)
 
 
-def widest_lean(refs) -> Lean | None:
-    """The lean farthest from zero taken against any of `refs` ((reference, budget) pairs)."""
-    seen = [x for _, b in refs for x in getattr(b, "leans", ())]
-    return max(seen, key=lambda x: abs(x.mean)) if seen else None
+def widest_lean(leans) -> Lean | None:
+    """The lean farthest from zero of `leans`."""
+    leans = list(leans)
+    return max(leans, key=lambda x: abs(x.mean)) if leans else None
 
 
 def _rms(t: torch.Tensor) -> float:

@@ -408,8 +408,7 @@ class Judge:
         from .verify import lean_text, leans_too_far, pooled_lean, widest_lean
 
         shapes_out = []
-        leaned = None  # the widest lean of verification's outputs (verify.lean)
-        pool: list = []  # and every one of them, pooled for the record
+        pool: list = []  # the leans of verification's outputs (verify.lean), for the record
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -487,9 +486,6 @@ class Judge:
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
-                got = widest_lean(refs)
-                if got is not None and (leaned is None or abs(got.mean) > abs(leaned.mean)):
-                    leaned = got
                 mine = [x for _, b in refs for x in getattr(b, "leans", ())]
                 pool.extend(mine)
                 shape_pool.extend(mine)
@@ -519,7 +515,7 @@ class Judge:
             st = stats(times).as_dict()
             st["n"] = times.calls  # timed calls made (the figure may use fewer)
             shapes_out.append({**st, **({"clock": self.last_clock} if self.last_clock else {})})
-        pooled = pooled_lean(pool)
+        leaned, pooled = widest_lean(pool), pooled_lean(pool)
         out = {"status": "ok", "shapes": shapes_out, "phases": {k: round(v, 4) for k, v in phases.items()}}
         if leaned is not None:  # verification's widest lean (verify.lean), in units of the output's rounding
             out["lean"] = {"mean": round(leaned.mean, 4), "se": round(leaned.se, 4), "n": leaned.n,

@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,16 +142,21 @@ def pipe_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "runner.cli"]
 
 
-def tune_compare_export(spec, run, pkgs, trials: int) -> None:
+def tune_compare_export(spec, run, pkgs, trials: int, points: int = 6) -> None:
     """A short GPU run of SPEC into RUN (`pipe run --max-trials TRIALS`), its `pipe compare`
-    (6 secret points, 2 rounds, the top 2) and its `pipe export` into PKGS, each asserted to
-    end as it should: the set-up of the range and attention GPU tests."""
+    (POINTS secret points, 2 rounds, the top 2) and its `pipe export` into PKGS, each asserted
+    to end as it should: the set-up of the range and attention GPU tests. Each stage's wall
+    time is printed (pytest's -rA shows it), so that a set-up that outgrows a device call
+    says which stage grew."""
     def pipe(*args):
-        return subprocess.run(pipe_cmd() + list(args), cwd=ROOT, capture_output=True, text=True, timeout=900)
+        t0 = time.monotonic()
+        r = subprocess.run(pipe_cmd() + list(args), cwd=ROOT, capture_output=True, text=True, timeout=900)
+        print(f"pipe {args[0]} {Path(str(spec)).name}: {time.monotonic() - t0:.1f} s, exit {r.returncode}")
+        return r
 
     r = pipe("run", str(spec), "--run-dir", str(run), "--max-trials", str(trials), "-q")
     assert r.returncode in (0, 1), r.stderr[-3000:]
-    r = pipe("compare", str(run), "--points", "6", "--rounds", "2", "--top", "2")
+    r = pipe("compare", str(run), "--points", str(points), "--rounds", "2", "--top", "2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "worst regret" in r.stdout
     r = pipe("export", str(run), "--out", str(pkgs))

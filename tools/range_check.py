@@ -587,7 +587,10 @@ def main() -> int:
         if a.only:
             from runner.spec.spec import restrict
 
-            r.spec = restrict(r.spec, a.only)
+            try:
+                r.spec = restrict(r.spec, a.only)
+            except ValueError as e:
+                ap.error(f"{name}: {e}")
             r.configs = list(r.spec.space)
             r.restricted = True
         if a.compile_only:

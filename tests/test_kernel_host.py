@@ -204,6 +204,26 @@ def test_an_honest_call_runs_in_the_host_and_is_timed_by_the_judge(rig):
     assert census.take() is None
 
 
+def test_a_host_in_uninterruptible_sleep_is_not_taken_as_asleep(rig, monkeypatch):
+    """D (inside a page fault or an I/O) is a host on its way somewhere, not its loop's wait: the
+    judge reads the host's CPU time only once it sleeps (S), else what the rest of that way costs
+    lands between calls and an honest kernel is `wrong`."""
+    h, census, x, out, call = rig
+    real, seen = h._state, []
+
+    def state():
+        st = real()
+        if st == b"S" and seen.count(b"D") < 50:
+            st = b"D"  # asleep, but shown as in uninterruptible sleep the first 50 times
+        seen.append(st)
+        return st
+
+    monkeypatch.setattr(h, "_state", state)
+    call(0)()
+    assert seen.count(b"D") == 50 and b"S" in seen[seen.index(b"D"):], seen[:60]
+    assert census.take() is None
+
+
 def test_a_done_written_by_the_kernel_does_not_stop_the_clock(rig):
     """`done` is in the host's memory, so the kernel can write it and go on working: the judge
     times until the host is asleep again, so the 8 ms are charged all the same."""

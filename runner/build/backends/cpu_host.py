@@ -318,6 +318,14 @@ class Host:
             return b""
         return stat[stat.rindex(b")") + 2:][:1] if stat else b""
 
+    def _asleep(self) -> bool:
+        """The host's main thread asleep in a wait of its own (S), or gone (Z, X, b""). Not D: a
+        thread in uninterruptible sleep is waiting inside a page fault or an I/O on its way
+        somewhere, and what it spends when that ends is not yet counted: an honest host seen so
+        between its `done` and its loop's wait (a page fault under memory pressure) would be
+        charged the rest of that way as CPU time between calls, and `wrong`."""
+        return self._state() in (b"S", b"Z", b"X", b"")
+
     def _settle(self) -> float:
         """After `done`: until the host is asleep again (a few microseconds of its own loop), then
         its CPU time, exact now (a running thread's time is counted only up to its last tick).
@@ -332,7 +340,7 @@ class Host:
         prev = None
         while True:
             t = time.perf_counter()
-            if self._state() != b"R" and self._alone():
+            if self._asleep() and self._alone():
                 c = self._cpu()
                 if c == prev:
                     break
@@ -493,7 +501,7 @@ class Host:
         t0 = time.perf_counter()
         prev = None
         while True:
-            if self._state() != b"R" and self._alone():
+            if self._asleep() and self._alone():
                 c = (self._cpu(), self._main_cpu())
                 if c == prev:
                     if self.go_where is not None and self._where() != self.go_where and self.proc.poll() is None:

@@ -72,7 +72,9 @@ for w in "$@"; do
     # -v: each test's name and verdict as it ends, so a call cut short by its time limit still
     # says which tests passed; --durations: which ones take the call's time
     # the whole word after "tests:", so that node ids keep their "::"
-    tests) paths=${w#tests}; paths=${paths#:}; paths=${paths:-tests/}; python3 -m pytest -v -m gpu -rA --durations=0 ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
+    # --timeout: a test (with its set-up) that outgrows TEST_TIMEOUT_S fails alone and the files
+    # after it still run (session 41: one set-up took a whole call and nothing after it ran)
+    tests) paths=${w#tests}; paths=${paths#:}; paths=${paths:-tests/}; tmo=; python3 -c "import pytest_timeout" 2>/dev/null && tmo=--timeout="${TEST_TIMEOUT_S:-360}"; python3 -m pytest -v -m gpu -rA --durations=0 $tmo ${paths//+/ } -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" ;;
     py) n=$(basename "$arg" .py); python3 "$arg" ${extra//OUT\//$OUT/} 2>&1 | tee -a "$OUT/$n.txt" ;;
     ncu)
       n=$(basename "$arg" .py); NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)

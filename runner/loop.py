@@ -343,7 +343,8 @@ class Session:
         check = self.ledger.verify()  # the chain and the ledger's own head (and damage recorded by --force)
         summary = summarize(spec.name, spec.path, spec.hash, self.ledger, self.history, status, stop,
                             spec.goal.describe(),
-                            figures.table_metric(spec, check.trusted(self.history), self.ev.baseline), check=check,
+                            figures.table_metric(spec, check.trusted(self.history),
+                                                 self.ev.baseline if self.ev is not None else None), check=check,
                             goal_check=self.goal_check)
         summary["ledger_head"] = self.ledger.head()
         write_atomic(self.run_dir / "run.json", json.dumps(summary, indent=2, default=str) + "\n")
@@ -393,6 +394,11 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                    best_objective_s=s.best.objective if s.best else None, goal_met=met)
         return Outcome(EXIT_GOAL if met else EXIT_BUDGET, stop, s.best, len(s.history), s.goal_check,
                        s.goal_check_shown)
+    except PipeError as e:
+        # a run that stops on an error (its reference fails before any trial, say) says so in
+        # run.json: `failed`, with the reason, where it would read as `interrupted`
+        s.write_outputs("failed", str(e).splitlines()[0][:500] if str(e) else type(e).__name__)
+        raise
     finally:
         _drain(agent if "agent" in locals() else None, s)
         reporter.close()

@@ -63,6 +63,8 @@ def test_record_only_sweeps_a_subspace_and_refuses_unknown_values(tmp_path, proj
     assert data["params"]["ACC"] == [1, 16] and len(data["trials"]) == 2
     r = pipe_main("record", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=3", cwd=ROOT)
     assert r.returncode == 2 and "not among ACC's values" in r.stderr
+    r = pipe_main("record", PIPELINES / "rmsnorm-cpu.yaml", "--only", "ACC=", cwd=ROOT)
+    assert r.returncode == 2 and "--only ACC=: no values given; ACC's values are [1," in r.stderr
 
 
 def test_run_only_searches_a_subspace_outside_the_spec_start(tmp_path, project):

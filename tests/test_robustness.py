@@ -157,3 +157,19 @@ def test_eval_builds_nothing_ahead(project, tmp_path):
     assert r.returncode == 0, r.stderr
     built = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".log", ".txt", ".json")]
     assert len({p.stem for p in built}) == 1, built
+
+
+def test_a_run_that_stops_on_an_error_is_failed_not_interrupted(project):
+    """A reference that fails on the spec's own shapes stops the run before any trial (exit 2);
+    its folder then reads `failed` with the reason, not `interrupted` (which is a process gone)."""
+    spec = small_spec(project)
+    d = yaml.safe_load(open(spec))
+    d["op"]["reference"] = "runner.ops.reference:softmax"  # takes x alone: fails on (x, w)
+    d["baseline"] = "reference"  # timed first, before any trial
+    open(spec, "w").write(yaml.safe_dump(d, sort_keys=False))
+    r = pipe_main("run", spec, "-q", cwd=project)
+    assert r.returncode == 2 and "before any trial" in r.stderr and "Traceback" not in r.stderr
+    r = pipe_main("runs", "--root", str(project / "runs"), cwd=project)
+    assert r.returncode == 0 and "failed" in r.stdout and "interrupted" not in r.stdout
+    doc = json.loads((project / "runs" / "robust" / "run.json").read_text())
+    assert doc["status"] == "failed" and "op.reference" in doc["stop"]

@@ -288,3 +288,28 @@ def test_ray_missing_is_refused_before_the_run_folder_is_made(tmp_path, monkeypa
     r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--ray", "auto", "--run-dir", str(run), cwd=ROOT)
     assert r.returncode == 2 and "--ray needs Ray" in r.stderr and "Traceback" not in r.stderr
     assert not run.exists()  # no stub folder for `pipe runs` to list
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_at_once(tmp_path, monkeypatch):
+    """ray.init retries a wrong address for ever: a typo in --ray hung the run with no word. A TCP
+    connection to the address answers first, before the run folder is made."""
+    import importlib.util
+    import socket
+
+    from runner.scale.ray_slots import unreachable
+    from .conftest import ROOT, pipe_main
+
+    with socket.socket() as srv:  # a port that answers, then one that does not
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert unreachable(f"127.0.0.1:{port}") is None and unreachable(f"ray://127.0.0.1:{port}") is None
+    assert "nothing answers at 127.0.0.1" in unreachable(f"127.0.0.1:{port}", timeout=2)
+    assert "expected HOST:PORT" in unreachable("bogus")
+    real = importlib.util.find_spec  # with or without Ray installed: the address is judged first
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "ray" else real(name, *a))
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--ray", f"127.0.0.1:{port}", "--run-dir", str(run), cwd=ROOT)
+    assert r.returncode == 2 and "cannot reach a Ray cluster: nothing answers" in r.stderr, r.stderr[-800:]
+    assert time.monotonic() - t0 < 30 and not run.exists()

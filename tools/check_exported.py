@@ -54,4 +54,8 @@ def main(root: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", help="the folder `pipe export` wrote the three packages into")
+    sys.exit(main(ap.parse_args().root))

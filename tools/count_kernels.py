@@ -35,4 +35,13 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    import argparse
+
+    from runner.core.errors import PipeError
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", help="a spec file (pipelines/*.yaml)")
+    try:
+        sys.exit(main(ap.parse_args().spec))
+    except PipeError as e:
+        sys.exit(f"count_kernels: {e}")

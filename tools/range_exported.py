@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 SIZES = {
     "softmax_range_h200": [(3000, 5000), (777, 12345), (65536, 128), (4096, 7168), (2048, 262144), (1, 100000),
@@ -58,7 +57,13 @@ def case(name: str, m: int, n: int):
 
 
 def main() -> int:
-    root = Path(sys.argv[1])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", help="the folder `pipe export` wrote the range packages into")
+    root = Path(ap.parse_args().root)
+    from triton.testing import do_bench  # (the GPU machine's: --help needs no Triton)
+
     sys.path.insert(0, str(root))
     bad = 0
     print(f"{'op':26} {'size':>13} {'path':>8} {'exported':>9} {'eager':>7} {'compile':>8}   (TB/s; do_bench, L2 emptied)")

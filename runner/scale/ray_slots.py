@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import tempfile
 
 from ..core.errors import PipeError
@@ -25,6 +26,24 @@ def _ray():
     except ImportError:
         raise PipeError("--ray needs Ray: pip install -e '.[ray]' (the ray extra)") from None
     return ray
+
+
+CONNECT_S = 5.0  # how long an address given to --ray has to answer
+
+
+def unreachable(address: str, timeout: float = CONNECT_S) -> str | None:
+    """Why nothing is there to connect to at a Ray address (HOST:PORT or ray://HOST:PORT), or None.
+    `ray.init` retries a wrong address for ever (a typo hung `pipe run` with no word); a plain TCP
+    connection within `timeout` answers first."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return "expected HOST:PORT, ray://HOST:PORT, auto (the cluster `ray start` made here) or local"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        return f"nothing answers at {host}:{port} within {timeout:g} s ({e.strerror or type(e).__name__})"
+    return None
 
 
 def artifact_paths(msg: tuple) -> list[str]:
@@ -169,6 +188,9 @@ def ray_slots(spec, run_dir, address: str, workers: int | None = None) -> list[R
                 kw["num_cpus"] = workers * (cpu_threads(spec) if spec.kernel.backend == "cpu" else 1)
         else:
             kw["address"] = address
+            why = unreachable(address) if address != "auto" else None  # (precheck asked already)
+            if why:
+                raise PipeError(f"--ray {address}: cannot reach a Ray cluster: {why}")
         try:
             ray.init(**kw)
         except Exception as e:

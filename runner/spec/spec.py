@@ -1535,9 +1535,11 @@ def restrict(spec: Spec, only: list[str]) -> Spec:
         if not eq or name not in params:
             raise ValueError(f"--only {item}: expected NAME=V1,V2,... with NAME one of {', '.join(params)}")
         want = [parse_value(v.strip()) for v in vals.split(",") if v.strip()]
+        if not want:
+            raise ValueError(f"--only {item}: no values given; {name}'s values are {list(params[name].values)}")
         bad = [v for v in want if v not in params[name].values]
-        if bad or not want:
-            raise ValueError(f"--only {item}: {bad or 'no values'} not among {name}'s values {list(params[name].values)}")
+        if bad:
+            raise ValueError(f"--only {item}: {bad} not among {name}'s values {list(params[name].values)}")
         params[name] = Param(name, tuple(v for v in params[name].values if v in want))
     space = dataclasses.replace(spec.space, params=tuple(params.values()))
     starts = tuple(st for st in spec.starts if space.contains(st) is None)  # those of the subspace only

@@ -4,11 +4,9 @@ process of its own as ever; a second `pipe` on a busy run folder is a process of
 
 import fcntl
 import json
-import shutil
 import sqlite3
 import time
 
-import pytest
 import yaml
 
 from runner.ledger.ledger import Ledger

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import importlib
 import json
 import math
 import re

@@ -88,12 +88,17 @@ def parse_shape(text: str, symbols: list[str]) -> dict:
     return dict(zip(symbols, vals))
 
 
-def parse_config(text: str, space) -> dict:
+def parse_config(text: str, space, start: dict | None = None) -> dict:
     """A parameter fill: JSON, or NAME=VALUE pairs joined by commas (values typed by the
-    parameter's domain), which passes through a shell and tools/device-run.sh unquoted."""
+    parameter's domain), which passes through a shell and tools/device-run.sh unquoted. The
+    parameters it leaves out take `start`'s values (the spec's start, as `pipe render`)."""
     text = text.strip()
     if text.startswith("{"):
-        return json.loads(text)
+        try:
+            got = json.loads(text)
+        except ValueError as e:
+            raise SystemExit(f"--config {text}: not JSON ({e})") from None
+        return {**(start or {}), **got}
     domains = {p.name: list(p.values) for p in space.params}
     out = {}
     for part in text.split(","):
@@ -105,7 +110,7 @@ def parse_config(text: str, space) -> dict:
         if not match:
             raise SystemExit(f"--config {text}: {name}={raw} is not in its domain {domains[name]}")
         out[name] = match[0]
-    return out
+    return {**(start or {}), **out}
 
 
 def main() -> int:
@@ -184,7 +189,7 @@ def main() -> int:
         if not name:
             raise SystemExit(f"--grid {t}: expected LABEL=EXPR")
     for ci, text in enumerate(a.config):
-        params = parse_config(text, spec.space)
+        params = parse_config(text, spec.space, spec.start)
         src = builder.render_all(params, None, shapes=[base])[0]
         arms_src = []  # (label, variant, source, grid expression or None for the spec's)
         for v in variants:

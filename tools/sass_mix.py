@@ -94,7 +94,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("spec", type=Path)
     ap.add_argument("shape", help="sizes joined by x, in the order of the spec's symbols")
-    ap.add_argument("config", help="a parameter fill as JSON")
+    ap.add_argument("config", help="a parameter fill: JSON or NAME=V,... (the rest take the spec's start)")
     ap.add_argument("--variants", default="real", help="benchmarks/anatomy.py variants, joined by commas")
     ap.add_argument("--template", type=Path, help="render this template instead of the spec's (an older version)")
     ap.add_argument("--json", type=Path)
@@ -111,7 +111,7 @@ def main() -> int:
     builder = Builder(spec)
     symbols = list(spec.op.symbols)
     shape = anatomy.parse_shape(a.shape, symbols)
-    params = json.loads(a.config)
+    params = anatomy.parse_config(a.config, spec.space, spec.start)  # JSON or NAME=V,...; the rest the start's
     variant = None
     if a.template:  # rendered as the spec's template is, from the spec's derived values
         builder.variants["other"] = a.template.read_text()

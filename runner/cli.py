@@ -402,6 +402,8 @@ def cmd_show(a) -> int:
         print(json.dumps(s, indent=2, default=str))
         return EXIT_OK if led["intact"] else EXIT_BUDGET
     print(f"run {a.run}: spec {s['spec']} ({s['spec_path']}), status {s['status']}")
+    if s["status"] == "failed" and s.get("stop"):
+        print(f"stopped on: {s['stop']}")
     print(f"trials: {s['trials']}  " + "  ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())))
     if s["baseline"]:
         print("baseline (" + s["baseline"]["mode"] + "): " + ", ".join(

@@ -171,3 +171,5 @@ def test_a_run_that_stops_on_an_error_is_failed_not_interrupted(project):
     assert r.returncode == 0 and "failed" in r.stdout and "interrupted" not in r.stdout
     doc = json.loads((project / "runs" / "robust" / "run.json").read_text())
     assert doc["status"] == "failed" and "op.reference" in doc["stop"]
+    r = pipe_main("show", str(project / "runs" / "robust"), cwd=project)
+    assert r.returncode == 0 and "status failed" in r.stdout and "stopped on: " in r.stdout

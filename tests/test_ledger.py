@@ -64,6 +64,11 @@ def test_other_spec_refused(tmp_path):
 def test_the_refusal_names_the_part_of_the_spec_that_changed(tmp_path):
     parts = {"spec": "a", "template": "b", "hardware": "c", "reference": "d"}
     Ledger.open(tmp_path, "h1", "s", "s.yaml", hash_parts=parts).close()
+    with pytest.raises(RunDirError, match=r"reference changed\); it holds no trial: remove it"):
+        Ledger.open(tmp_path, "h2", "s", "s.yaml", hash_parts={**parts, "reference": "e"})
+    led = Ledger.open(tmp_path, "h1", "s", "s.yaml", hash_parts=parts)
+    led.append(trial(1))  # a trial to keep: then only a new folder
+    led.close()
     with pytest.raises(RunDirError, match=r"this spec is h2: the reference changed\); use a new --run-dir"):
         Ledger.open(tmp_path, "h2", "s", "s.yaml", hash_parts={**parts, "reference": "e"})
     with pytest.raises(RunDirError, match="the spec file and the template changed"):

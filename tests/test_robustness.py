@@ -173,3 +173,7 @@ def test_a_run_that_stops_on_an_error_is_failed_not_interrupted(project):
     assert doc["status"] == "failed" and "op.reference" in doc["stop"]
     r = pipe_main("show", str(project / "runs" / "robust"), cwd=project)
     assert r.returncode == 0 and "status failed" in r.stdout and "stopped on: " in r.stdout
+    d["op"]["reference"] = "runner.ops.reference:rmsnorm"  # fixed: the folder holds another spec's run
+    open(spec, "w").write(yaml.safe_dump(d, sort_keys=False))
+    r = pipe_main("run", spec, "-q", cwd=project)
+    assert r.returncode == 2 and "it holds no trial: remove it" in r.stderr

@@ -182,10 +182,16 @@ class Ledger:
             led.set_meta("spec_path", spec_path)
             led.set_meta("created", str(time.time()))
         elif have != spec_hash:
+            try:
+                empty = not led.trials()
+            except Exception:
+                empty = False
             raise RunDirError(
                 f"{run_dir} holds a run of another spec (hash {have}, this spec is {spec_hash}: "
-                f"{_what_changed(led, hash_parts)} changed); use a new --run-dir (pipe record --reuse "
-                f"{run_dir} takes its verdicts on kernels the change left the same)")
+                f"{_what_changed(led, hash_parts)} changed); "
+                + (f"it holds no trial: remove it (rm -r {run_dir}) to start again there, or use a new --run-dir"
+                   if empty else f"use a new --run-dir (pipe record --reuse {run_dir} takes its verdicts on "
+                   "kernels the change left the same)"))
         # what its verdicts depend on, for pipe record --reuse; a run begun before these were kept
         # gets them on its next resume (the same spec hash: the same spec, template, profile, reference)
         if hash_parts and led.get_meta("hash_parts") is None:

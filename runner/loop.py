@@ -61,6 +61,7 @@ class Session:
         self.run_dir = run_dir
         self.keep_decisions = keep_decisions
         self.log = logmod.get().bind(run=str(run_dir))
+        existed, fresh = run_dir.exists(), not (run_dir / "ledger.db").exists()
         self.ledger = Ledger.open(run_dir, spec.hash, spec.name, spec.path, run_parts(spec), spec.kernel.template)
         try:
             self._lock = _lock(run_dir)
@@ -89,6 +90,8 @@ class Session:
             except BaseException:
                 self.ledger.close()
                 self._lock.close()
+                if fresh:  # (no cluster to reach, say) no stub folder left for `pipe runs` to list
+                    _unmake(run_dir, existed)
                 raise
         self.pool = None  # the slots' threads (_run_pool)
         self.inflight: dict[str, Proposal] = {}  # trial key -> its proposal, out on a slot
@@ -667,6 +670,21 @@ def check_free(run_dir: str | None, spec_path: str, suffix: str = "") -> None:
         run_dir = str(Path("runs") / f"{name}{suffix}")
     if lock_held(Path(run_dir)):
         raise RunDirError(BUSY.format(run_dir))
+
+
+def _unmake(run_dir: Path, existed: bool) -> None:
+    """Take back what opening a new run folder made (its ledger and lock, and the folder if this
+    call made it and nothing else is in it); never anything else in it."""
+    for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm", "ledger.db-journal", ".lock"):
+        try:
+            (run_dir / name).unlink()
+        except OSError:
+            pass
+    if not existed:
+        try:
+            run_dir.rmdir()  # only if empty
+        except OSError:
+            pass
 
 
 def _lock(run_dir: Path):

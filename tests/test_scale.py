@@ -313,3 +313,25 @@ def test_a_ray_address_where_nothing_answers_is_refused_at_once(tmp_path, monkey
     r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--ray", f"127.0.0.1:{port}", "--run-dir", str(run), cwd=ROOT)
     assert r.returncode == 2 and "cannot reach a Ray cluster: nothing answers" in r.stderr, r.stderr[-800:]
     assert time.monotonic() - t0 < 30 and not run.exists()
+
+
+def test_slots_that_cannot_start_leave_no_stub_run_folder(tmp_path, monkeypatch):
+    """A scaled-out run whose slots fail to start (no Ray cluster at `auto`, say) ends before its
+    first trial: what opening the folder made is taken back, and nothing else in it is touched."""
+    from runner.core.errors import PipeError
+    from runner.scale import slots
+    from .conftest import ROOT, pipe_main
+
+    def no_slots(*a, **k):
+        raise PipeError("--ray auto: cannot reach a Ray cluster (test)")
+
+    monkeypatch.setattr(slots, "make_slots", no_slots)
+    run = tmp_path / "run"
+    r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--workers", "2", "--run-dir", str(run), cwd=ROOT)
+    assert r.returncode == 2 and "cannot reach a Ray cluster (test)" in r.stderr
+    assert not run.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--workers", "2", "--run-dir", str(mine), cwd=ROOT)
+    assert r.returncode == 2 and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]

@@ -125,8 +125,8 @@ def cmd_run(a) -> int:
             return EXIT_INPUT
         print(f"searching the subspace {'; '.join(a.only)}: {n} configurations")
     scale = _scale(a, spec)
-    if not a.no_hw_check and a.ray is None:
-        loop.check_hardware(spec)
+    if a.ray is None:  # (on a cluster the GPUs are the actors')
+        loop.check_hardware(spec, match=not a.no_hw_check)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
     total = a.max_trials or spec.goal.trials
     out = loop.run(spec, run_dir, a.max_trials, a.minutes, Reporter(total, quiet=a.quiet), force=a.force,
@@ -200,8 +200,7 @@ def cmd_eval(a) -> int:
         except UnicodeDecodeError as e:
             print(f"--variant: cannot read {a.variant}: not UTF-8 text (byte {e.start})", file=sys.stderr)
             return EXIT_INPUT
-    if not a.no_hw_check:
-        loop.check_hardware(spec)
+    loop.check_hardware(spec, match=not a.no_hw_check)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / spec.name
     t, old = loop.eval_one(spec, run_dir, params, variant, a.force)
     verdict = {"trial": t.id, "already_judged": old, "status": t.status, "reason": t.reason,
@@ -273,8 +272,8 @@ def cmd_record(a) -> int:
     if spec is None:
         return EXIT_INPUT
     scale = _scale(a, spec)
-    if not a.no_hw_check and a.ray is None:
-        loop.check_hardware(spec)
+    if a.ray is None:  # (on a cluster the GPUs are the actors')
+        loop.check_hardware(spec, match=not a.no_hw_check)
     run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"{spec.name}-record"
     if a.reuse and Path(a.reuse).resolve() == run_dir.resolve():
         print(f"pipe record: --reuse {a.reuse} is the sweep's own run folder (it resumes without --reuse)",

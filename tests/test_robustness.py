@@ -7,13 +7,14 @@ import json
 import sqlite3
 import time
 
+import pytest
 import yaml
 
 from runner.ledger.ledger import Ledger
 from runner.core.records import Trial
 from runner.spec.spec import load_spec
 
-from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
+from .conftest import FEW_ROWS, PIPELINES, ROOT, has_cuda, pipe_main
 from .test_cli_e2e import pipe
 
 BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
@@ -177,3 +178,13 @@ def test_a_run_that_stops_on_an_error_is_failed_not_interrupted(project):
     open(spec, "w").write(yaml.safe_dump(d, sort_keys=False))
     r = pipe_main("run", spec, "-q", cwd=project)
     assert r.returncode == 2 and "it holds no trial: remove it" in r.stderr
+
+
+@pytest.mark.skipif(has_cuda(), reason="the point is a machine without a GPU (CI's)")
+def test_no_hw_check_skips_the_profile_not_the_gpu(project, tmp_path):
+    """--no-hw-check runs a CUDA spec on a GPU that differs from its profile; on a machine with no
+    GPU at all it is refused before the run folder is made, in one line, not failed in the worker."""
+    run = tmp_path / "run"
+    r = pipe_main("run", str(PIPELINES / "softmax-h200.yaml"), "--no-hw-check", "--run-dir", str(run), cwd=project)
+    assert r.returncode == 2 and "needs a CUDA GPU and none is available" in r.stderr and "Traceback" not in r.stderr
+    assert "skips the match with the profile, not the GPU" in r.stderr and not run.exists()

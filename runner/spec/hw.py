@@ -118,14 +118,18 @@ def check_device(profile: HwProfile, props: Any) -> list[str]:
     return out
 
 
-def check_present_device(profile: HwProfile) -> None:
-    """Raise DeviceMismatch if a GPU is present and does not match a CUDA profile."""
+def check_present_device(profile: HwProfile, match: bool = True) -> None:
+    """Raise DeviceMismatch if a CUDA profile finds no GPU here, or (`match`) one that does not
+    match it. --no-hw-check passes `match=False`: it skips the profile's match, not the GPU."""
     if profile.kind != "cuda":
         return
     import torch
 
     if not torch.cuda.is_available():
-        raise DeviceMismatch(f"profile '{profile.name}' needs a CUDA GPU and none is available")
+        raise DeviceMismatch(f"profile '{profile.name}' needs a CUDA GPU and none is available"
+                             + ("" if match else " (--no-hw-check skips the match with the profile, not the GPU)"))
+    if not match:
+        return
     bad = check_device(profile, torch.cuda.get_device_properties(0))
     if bad:
         raise DeviceMismatch(

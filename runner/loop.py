@@ -400,7 +400,10 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
     except PipeError as e:
         # a run that stops on an error (its reference fails before any trial, say) says so in
         # run.json: `failed`, with the reason, where it would read as `interrupted`
-        s.write_outputs("failed", str(e).splitlines()[0][:500] if str(e) else type(e).__name__)
+        try:
+            s.write_outputs("failed", str(e).splitlines()[0][:500] if str(e) else type(e).__name__)
+        except Exception as w:  # the error that stopped the run is the one to report
+            s.log.warning("run.failed_not_recorded", reason=f"{type(w).__name__}: {w}")
         raise
     finally:
         _drain(agent if "agent" in locals() else None, s)

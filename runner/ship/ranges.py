@@ -42,6 +42,7 @@ import secrets
 import statistics
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from ..judge.domain import _edge, wide_rows
 from ..spec.spec import ROWS_CAP
@@ -724,44 +725,66 @@ def _neighbour_lists(points: list[dict]) -> None:
         p["list"] = list(dict.fromkeys(p["use"] + extra)) if p["use"] else []
 
 
-def _bisect(lo: int, hi: int, shape_at, a_list: list, b_list: list, prober: Prober, refine: int,
-            log, label: str, twins_at=None) -> int:
-    """The cut between two neighbouring points' choices on one symbol: values <= lo go to a,
-    >= hi to b. Where their first choices differ, the two contenders (a kernel or the fallback)
-    are timed against each other at the log-midpoint, REFINE times; the cut is the first
-    value that goes to b. `shape_at(v)` is None where the shape lies outside op.domain_where:
-    the bisection stops there. `twins_at(shape, hi)`: the sizes below hi where the fallback,
-    when it is a contender, is timed again (`_twins`)."""
+class Cut(NamedTuple):
+    """One boundary to bisect (`_bisect`): values <= lo go to a's list, >= hi to b's."""
+    lo: int
+    hi: int
+    shape_at: Callable  # v -> the shape at v, or None outside op.domain_where
+    a_list: list
+    b_list: list
+    label: str
+    twins_at: Callable | None = None  # (shape, hi) -> the sizes where the fallback is timed again
+
+
+def _bisect(cuts: list[Cut], prober: Prober, refine: int, log) -> list[int]:
+    """The cut of each boundary between two neighbouring points' choices on one symbol: the
+    first value that goes to b. Where their first choices differ, the two contenders (a kernel
+    or the fallback) are timed against each other at the log-midpoint, REFINE times. The
+    bisections are independent, so they go in lockstep: each step's midpoints of every
+    bisection still going are timed in one request (a request costs a round trip to the worker
+    and its set-up; one a step and boundary made most of a small compare's requests). A
+    bisection stops where both sides choose the same (the cut does not matter there) or its
+    shape lies outside op.domain_where (nothing to time there: the cut stays put)."""
+    lo, hi = [c.lo for c in cuts], [c.hi for c in cuts]
+    live = [True] * len(cuts)
     for _ in range(refine):
-        if hi - lo <= 1:
+        step = []
+        for i, c in enumerate(cuts):
+            if not live[i] or hi[i] - lo[i] <= 1:
+                live[i] = False
+                continue
+            mid = min(max(_geo_mid(lo[i], hi[i]), lo[i] + 1), hi[i] - 1)
+            shape = c.shape_at(mid)
+            ka = kb = None
+            if shape is not None:
+                ka, kb = _first(c.a_list, prober, shape), _first(c.b_list, prober, shape)
+            if shape is None or ka == kb:
+                live[i] = False
+                continue
+            tw = c.twins_at(shape, hi[i]) if c.twins_at is not None and None in (ka, kb) else []
+            step.append((i, mid, shape, ka, kb, tw))
+        if not step:
             break
-        mid = min(max(_geo_mid(lo, hi), lo + 1), hi - 1)
-        shape = shape_at(mid)
-        if shape is None:  # outside op.domain_where: nothing to time there, the cut stays put
-            break
-        ka, kb = _first(a_list, prober, shape), _first(b_list, prober, shape)
-        if ka == kb:  # the same choice either way: the cut does not matter here
-            break
-        tw = twins_at(shape, hi) if twins_at is not None and None in (ka, kb) else []
-        r, rt = time_with_twins(prober, [shape], [[k for k in (ka, kb) if k is not None]], [tw])[0]
+        got = time_with_twins(prober, [x[2] for x in step], [[k for k in x[3:5] if k is not None] for x in step],
+                              [x[5] for x in step])
+        for (i, mid, _, ka, kb, _), (r, rt) in zip(step, got):
+            def t_of(k):
+                if k is None:  # the fallback: the fastest of torch eager and op.fallbacks' arms
+                    return best_fallback(r, list(prober.fallbacks), rt)[1]
+                x = r.get(f"#{k}") or {}
+                return None if x.get("error") else _split(x.get("rounds") or [])[0]
 
-        def t_of(k):
-            if k is None:  # the fallback: the fastest of torch eager and op.fallbacks' arms
-                return best_fallback(r, list(prober.fallbacks), rt)[1]
-            x = r.get(f"#{k}") or {}
-            return None if x.get("error") else _split(x.get("rounds") or [])[0]
-
-        ta, tb = t_of(ka), t_of(kb)
-        if log:
-            def us(t):
-                return f"{t * 1e6:.2f} us" if t is not None else "no time"
-            log(f"  {label}={mid}: {'#' + str(ka) if ka else 'torch'} {us(ta)} vs "
-                f"{'#' + str(kb) if kb else 'torch'} {us(tb)}")
-        if ta is not None and (tb is None or ta <= tb):
-            lo = mid
-        else:
-            hi = mid
-    return hi if hi - lo <= 1 else _geo_mid(lo, hi)
+            ta, tb = t_of(ka), t_of(kb)
+            if log:
+                def us(t):
+                    return f"{t * 1e6:.2f} us" if t is not None else "no time"
+                log(f"  {cuts[i].label}={mid}: {'#' + str(ka) if ka else 'torch'} {us(ta)} vs "
+                    f"{'#' + str(kb) if kb else 'torch'} {us(tb)}")
+            if ta is not None and (tb is None or ta <= tb):
+                lo[i] = mid
+            else:
+                hi[i] = mid
+    return [h if h - lw <= 1 else _geo_mid(lw, h) for lw, h in zip(lo, hi)]
 
 
 def _inside(op, shape: dict) -> dict | None:
@@ -782,6 +805,7 @@ def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prob
     for pts in by_level.values():
         pts.sort(key=lambda p: [p["shape"][a] for a in op.axes])
         _neighbour_lists(pts)
+    pending, tops = [], []  # (range, its lower level, the cut to its next level); (range, its top level)
     for r in ranges:
         key = {a: r["point"][a] for a in op.axes}
         levels = [{"shape": r["point"], "list": r["use"], "times_s": r["times_s"], "eager_s": r["eager_s"],
@@ -791,31 +815,32 @@ def _level_rows(spec, ranges: list[dict], level_points: list[dict], prober: Prob
             if q is not None and q["shape"][sym] != r["point"][sym]:
                 levels.append(q)
         levels.sort(key=lambda q: q["shape"][sym])
-        rows = []
+        label = f"{'x'.join(str(v) for v in key.values())} {sym}"
+        r["rows"] = []
         for a, b in zip(levels, levels[1:]):
-            va, vb = a["shape"][sym], b["shape"][sym]
-            cut = _bisect(va, vb, lambda v: _inside(op, {**r["point"], sym: v}), a["list"], b["list"], prober,
-                          refine, log, f"{'x'.join(str(v) for v in key.values())} {sym}")
-            rows.append({"below": max(cut, va + 1), "point": a["shape"], "use": a["list"], "times_s": a["times_s"],
-                         "eager_s": a["eager_s"], "fallback": a.get("fallback")})
-        top = levels[-1]  # the level of the most rows (the main one, as a rule) serves the rest
+            pending.append((r, a, Cut(a["shape"][sym], b["shape"][sym],
+                                      lambda v, pt=r["point"]: _inside(op, {**pt, sym: v}), a["list"], b["list"], label)))
+        tops.append((r, levels[-1]))  # the level of the most rows (the main one, as a rule) serves the rest
+    for (r, a, c), cut in zip(pending, _bisect([c for _, _, c in pending], prober, refine, log)):
+        r["rows"].append({"below": max(cut, c.lo + 1), "point": a["shape"], "use": a["list"], "times_s": a["times_s"],
+                          "eager_s": a["eager_s"], "fallback": a.get("fallback")})
+    for r, top in tops:
         r.update({"point": top["shape"], "use": top["list"], "times_s": top["times_s"], "eager_s": top["eager_s"],
-                  "fallback": top.get("fallback"), "rows": rows})
+                  "fallback": top.get("fallback")})
 
 
 def _ranges_1d(spec, axis: str, grid: list[dict], prober: Prober, refine: int, log) -> list[dict]:
     d = spec.op.domain[axis]
     grid = sorted(grid, key=lambda p: p["shape"][axis])
     _neighbour_lists(grid)
-    cuts = []
-    for a, b in zip(grid, grid[1:]):
-        va, vb = a["shape"][axis], b["shape"][axis]
+    tasks = {}  # where the neighbours' first choices differ: the boundary is measured
+    for i, (a, b) in enumerate(zip(grid, grid[1:])):
         if a["use"][:1] != b["use"][:1]:
-            cut = _bisect(va, vb, lambda v: _inside(spec.op, spec.op.point({axis: v})), a["list"], b["list"],
-                          prober, refine, log, axis, lambda sh, top: _twins(spec.op, [axis], sh, {axis: top}))
-        else:
-            cut = _geo_mid(va, vb)
-        cuts.append(max(cut, va + 1))
+            tasks[i] = Cut(a["shape"][axis], b["shape"][axis], lambda v: _inside(spec.op, spec.op.point({axis: v})),
+                           a["list"], b["list"], axis, lambda sh, top: _twins(spec.op, [axis], sh, {axis: top}))
+    measured = dict(zip(tasks, _bisect(list(tasks.values()), prober, refine, log)))
+    cuts = [max(measured.get(i, _geo_mid(a["shape"][axis], b["shape"][axis])), a["shape"][axis] + 1)
+            for i, (a, b) in enumerate(zip(grid, grid[1:]))]
     out = []
     bounds = [d.min] + cuts + [d.max + 1]
     for p, lo, hi in zip(grid, bounds, bounds[1:]):

@@ -252,7 +252,14 @@ def test_compare_bisection_never_times_a_midpoint_outside_it(project):
     assert prober.timed, "a bisection was expected between the two kernels' points"
     assert all(sh["N"] % 2 == 0 and op.in_domain(sh) is None for sh in prober.timed)
     # and a midpoint outside the constraint stops the bisection where it is
-    assert ranges._bisect(512, 1000, lambda v: None, [1], [2], prober, 3, None, "N") == ranges._geo_mid(512, 1000)
+    stop = ranges.Cut(512, 1000, lambda v: None, [1], [2], "N")
+    assert ranges._bisect([stop], prober, 3, None) == [ranges._geo_mid(512, 1000)]
+    # in lockstep with one that goes on, whose steps still move: each keeps to itself
+    prober.timed.clear()
+    go = ranges.Cut(64, 16384, lambda v: {**op.shapes[0], "N": v} if v % 2 == 0 else None, [1], [2], "N")
+    alone = ranges._bisect([go], prober, 3, None)
+    assert len(prober.timed) == 3  # three steps, one shape each
+    assert ranges._bisect([stop, go], prober, 3, None) == [ranges._geo_mid(512, 1000), alone[0]]
 
 
 # -- 1. the exported op -----------------------------------------------------------------------------

@@ -24,8 +24,8 @@ them from memory (audit gap 13; the red team got a do-nothing kernel recorded at
   its own path's (Host.timed), and the CPU it spent before the sleep beyond its own path's.
 - **What a host does between commands: nothing.** The host's CPU time (its process clock, which
   counts threads that have exited too) is read as each command ends and before the next is
-  posted; more than IDLE_CPU_S between them is work outside the timed call, and the verdict is
-  `wrong`. After every call of candidate code the host's threads are listed, as the worker's
+  posted; more than IDLE_CPU_S between them (beyond one blip of up to IDLE_BLIP_S in the host's
+  life) is work outside the timed call, and the verdict is `wrong`. After every call of candidate code the host's threads are listed, as the worker's
   were (judge/threads.py): a kernel's thread still alive after its call is `wrong` too.
 - **A kernel that crashes** kills its host, not the worker: the trial's verdict is `fault`
   with the signal, and the worker goes on.
@@ -58,6 +58,11 @@ PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join 
 SCRUB_BYTES = 1 << 20  # of the host's stack below the call, before every call (Runtime.SCRUB_BYTES)
 ARENA_BYTES = 1 << 36  # virtual: the file is sparse, pages exist while a block holds them
 IDLE_CPU_S = 10e-6  # CPU a host may spend between commands (0 in 1500 honest ones: asleep, it spends none)
+# once in a host's life, up to this much between commands is forgiven (and the host watched from
+# there): on a loaded two-core machine an honest host asleep in its loop was charged 177 and 291
+# us between commands, once in a few thousand, cause not found (CI, sessions 40 and 41); a host
+# that works for another's calls does so on every call it helps, and is caught at the second
+IDLE_BLIP_S = 1e-3
 START_TIMEOUT_S = 30.0
 MAX_HOSTS = 32  # live at once; the oldest goes first
 ACK_TIMEOUT_S = 10.0  # from a post to the host's `ack`: a kernel asleep inside its last call, never back
@@ -280,6 +285,7 @@ class Host:
         self._task = f"/proc/{self.pid}/task"
         self.clock = _cpu_clock(self.pid)
         self.loop_where = None  # (calibrate)
+        self.blipped = False  # CPU between commands forgiven once (idle_problem)
         self.pending, self.pending_words = None, None  # a primed call's seq and arguments
         self._wait(1, START_TIMEOUT_S, "starting")
         self._settle()
@@ -378,10 +384,16 @@ class Host:
         if self.proc.poll() is not None or self.pending is not None:
             return None  # gone, or primed (scrubbing, then spinning on `go`)
         running = self._state() == b"R"
-        idle = self._cpu() - self.cpu_after
+        now = self._cpu()
+        idle = now - self.cpu_after
         if running or idle > IDLE_CPU_S:
+            if not self.blipped and idle <= IDLE_BLIP_S:
+                self.blipped = True  # forgiven once (IDLE_BLIP_S); watched from here
+                self.cpu_after = now
+                return None
             return (f"the kernel's process ran between calls ({idle * 1e6:.0f} us of CPU; at most "
-                    f"{IDLE_CPU_S * 1e6:.0f} us, asleep): work outside the timed call")
+                    f"{IDLE_CPU_S * 1e6:.0f} us, asleep, and {IDLE_BLIP_S * 1e6:.0f} us once): work outside "
+                    "the timed call")
         return None
 
     def _post(self, cmd: int, watch: bool = True) -> int:

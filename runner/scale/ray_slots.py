@@ -46,6 +46,14 @@ def unreachable(address: str, timeout: float = CONNECT_S) -> str | None:
     return None
 
 
+def check_address(address: str) -> None:
+    """PipeError where nothing answers at a --ray address (not `auto` or `local`: those are Ray's
+    own to find or start)."""
+    why = unreachable(address) if address not in ("auto", "local") else None
+    if why:
+        raise PipeError(f"--ray {address}: cannot reach a Ray cluster: {why}")
+
+
 def artifact_paths(msg: tuple) -> list[str]:
     """The artifact files a request names (evaluate's job, retime's jobs)."""
     if msg[0] == "evaluate":
@@ -188,9 +196,7 @@ def ray_slots(spec, run_dir, address: str, workers: int | None = None) -> list[R
                 kw["num_cpus"] = workers * (cpu_threads(spec) if spec.kernel.backend == "cpu" else 1)
         else:
             kw["address"] = address
-            why = unreachable(address) if address != "auto" else None  # (precheck asked already)
-            if why:
-                raise PipeError(f"--ray {address}: cannot reach a Ray cluster: {why}")
+            check_address(address)  # (the CLI's precheck asked already; run() may be called without it)
         try:
             ray.init(**kw)
         except Exception as e:

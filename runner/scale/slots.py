@@ -228,12 +228,9 @@ def precheck(spec, workers: int | None = None, gpus: str | None = None, ray: str
 
         if importlib.util.find_spec("ray") is None:  # (ray_slots._ray says the same, later)
             raise PipeError("--ray needs Ray: pip install -e '.[ray]' (the ray extra)")
-        if ray not in ("auto", "local"):
-            from .ray_slots import unreachable
+        from .ray_slots import check_address
 
-            why = unreachable(ray)
-            if why:
-                raise PipeError(f"--ray {ray}: cannot reach a Ray cluster: {why}")
+        check_address(ray)
     if workers is not None and ray is None and spec.kernel.backend != "cpu":
         raise PipeError(f"--workers is for the CPU backend; spec {spec.name} is {spec.kernel.backend}: "
                         "use --gpus (one worker per GPU)")

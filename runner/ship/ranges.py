@@ -746,25 +746,25 @@ def _bisect(cuts: list[Cut], prober: Prober, refine: int, log) -> list[int]:
     bisection stops where both sides choose the same (the cut does not matter there) or its
     shape lies outside op.domain_where (nothing to time there: the cut stays put)."""
     lo, hi = [c.lo for c in cuts], [c.hi for c in cuts]
-    live = [True] * len(cuts)
+    live = range(len(cuts))
     for _ in range(refine):
         step = []
-        for i, c in enumerate(cuts):
-            if not live[i] or hi[i] - lo[i] <= 1:
-                live[i] = False
+        for i in live:
+            c = cuts[i]
+            if hi[i] - lo[i] <= 1:
                 continue
             mid = min(max(_geo_mid(lo[i], hi[i]), lo[i] + 1), hi[i] - 1)
             shape = c.shape_at(mid)
-            ka = kb = None
-            if shape is not None:
-                ka, kb = _first(c.a_list, prober, shape), _first(c.b_list, prober, shape)
-            if shape is None or ka == kb:
-                live[i] = False
+            if shape is None:
+                continue
+            ka, kb = _first(c.a_list, prober, shape), _first(c.b_list, prober, shape)
+            if ka == kb:
                 continue
             tw = c.twins_at(shape, hi[i]) if c.twins_at is not None and None in (ka, kb) else []
             step.append((i, mid, shape, ka, kb, tw))
         if not step:
             break
+        live = [x[0] for x in step]  # a bisection that stopped stays stopped
         got = time_with_twins(prober, [x[2] for x in step], [[k for k in x[3:5] if k is not None] for x in step],
                               [x[5] for x in step])
         for (i, mid, _, ka, kb, _), (r, rt) in zip(step, got):

@@ -403,6 +403,8 @@ def cmd_show(a) -> int:
     print(f"run {a.run}: spec {s['spec']} ({s['spec_path']}), status {s['status']}")
     if s["status"] == "failed" and s.get("stop"):
         print(f"stopped on: {s['stop']}")
+    if s.get("agent_confinement"):  # a command agent's: confined, or run without it on purpose
+        print(f"agent: {s['agent_confinement']['detail']}")
     print(f"trials: {s['trials']}  " + "  ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())))
     if s["baseline"]:
         print("baseline (" + s["baseline"]["mode"] + "): " + ", ".join(

@@ -370,9 +370,19 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
     s.log.info("run.start", spec=spec.path, spec_hash=spec.hash, resumed_trials=len(s.history),
                agent=spec.agent.strategy, goal=spec.goal.describe())
     try:
-        s.start(reuse)
         agent = s.agent = make_agent(spec.agent.strategy, spec.space, spec.agent.seed, spec.agent.options,
                                      brief=brief(spec))
+        if hasattr(agent, "prepare"):  # a command agent: confined before it runs (search/agents/confine.py)
+            from .search.agents import confine
+
+            try:
+                said = agent.prepare(confine.owned_paths(spec, run_dir))
+            except PipeError as e:
+                raise type(e)(f"{spec.path}: {e}") from None
+            agent.events.append({"agent": agent.name, "outcome": "confined" if agent.jail else "unconfined",
+                                 "reply": "", "feedback": said})
+            s.log.info("agent.confinement", confined=agent.jail is not None, detail=said)
+        s.start(reuse)
         session_t0 = time.time()
         elapsed_before = sum(t.wall_s for t in s.history)
         confirm = s.confirm_goal

@@ -6,7 +6,6 @@ recorded, and the run completes. Plus `pipe eval` sharing a run folder with
 (conftest.pipe_main); each run's judge is a worker process of its own."""
 
 import json
-import os
 import sqlite3
 import sys
 import threading
@@ -14,6 +13,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import yaml
+
+from runner.search.agents import confine
 
 from .conftest import FEW_ROWS, PIPELINES, ROOT, pipe_main
 
@@ -34,6 +35,13 @@ def spec_with_agent(project, agent: dict, trials: int) -> str:
     p = project / "pipelines" / "agent.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))
     return str(p)
+
+
+def own_folder(project) -> dict:
+    """A command agent's options for a folder of its own (its working folder, where it keeps its
+    state): confined where the kernel can (search/agents/confine.py; test_agent_confinement.py
+    checks the confinement and, where the kernel cannot, the refusal)."""
+    return {"workdir": str(project / "agent"), **({} if confine.unavailable() is None else {"confine": False})}
 
 
 def reply(obj) -> str:
@@ -160,7 +168,7 @@ def test_command_agent_end_to_end(project):
     script = project / "agent.py"
     script.write_text(AGENT_SCRIPT)
     spec = spec_with_agent(project, {"strategy": "command", "options": {
-        "command": [sys.executable, str(script), str(project / "state")], "timeout_s": 30}}, trials=4)
+        "command": [sys.executable, str(script), "state"], "timeout_s": 30, **own_folder(project)}}, trials=4)
     run_dir = project / "run"
     r = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project)
     assert r.returncode == 1, r.stderr
@@ -168,6 +176,8 @@ def test_command_agent_end_to_end(project):
     statuses = [s for (s,) in db.execute("SELECT status FROM trials")]
     assert statuses == ["ok"] * 4
     outcomes = [o for (o,) in db.execute("SELECT outcome FROM replies ORDER BY id")]
+    # the confinement first, as the run set it up (search/agents/confine.py), then the replies
+    assert outcomes.pop(0) == ("confined" if confine.unavailable() is None else "unconfined")
     assert outcomes[:3] == ["malformed", "error", "ok"]
     assert outcomes.count("ok") == 3
     agents = [a for (a,) in db.execute("SELECT agent FROM trials ORDER BY id")]
@@ -178,7 +188,8 @@ def test_hybrid_hands_over_to_a_builtin_strategy(project):
     script = project / "agent.py"
     script.write_text(AGENT_SCRIPT.replace("if n == 0:", "if n < 0:").replace("if n == 1:", "if n < 0:"))
     spec = spec_with_agent(project, {"strategy": "command", "seed": 3, "options": {
-        "command": [sys.executable, str(script), str(project / "state")], "seed_trials": 3, "then": "random"}},
+        "command": [sys.executable, str(script), "state"], "seed_trials": 3, "then": "random",
+        **own_folder(project)}},
         trials=6)
     r = pipe_main("run", spec, "--run-dir", str(project / "run"), cwd=project)
     assert r.returncode == 1, r.stderr
@@ -186,7 +197,7 @@ def test_hybrid_hands_over_to_a_builtin_strategy(project):
     notes = [json.loads(d).get("note") for (d,) in db.execute("SELECT details FROM trials ORDER BY id")]
     assert notes[1:3] == ["first untried in grid order"] * 2  # the command agent seeds
     assert notes[3:] == [None] * 3  # then random search continues
-    assert int((project / "state").read_text()) == 2  # and the command is not asked again
+    assert int((project / "agent" / "state").read_text()) == 2  # and the command is not asked again
 
 
 def test_eval_and_run_share_a_run_folder(project):

@@ -51,6 +51,7 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
     if goal_check is None:  # pipe show: the last check recorded (at_trial says when)
         goal_check = (json.loads((safe(lambda: ledger.get_meta("goal_checks")) if damaged
                                   else ledger.get_meta("goal_checks")) or "[]") or [None])[-1]
+    replies = safe(ledger.replies) if damaged else ledger.replies()
     return {
         "spec": name, "spec_path": path, "spec_hash": spec_hash, "status": status, "stop": stop, "goal": goal,
         "trials": len(history), "by_status": counts,
@@ -70,7 +71,10 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
         # the latest paired re-measurement of the kernels that looked as if they met the goal
         "goal_check": goal_check,
         "variants": safe(lambda: len(ledger.variants())) if damaged else len(ledger.variants()),
-        "replies": safe(lambda: len(ledger.replies())) if damaged else len(ledger.replies()),
+        "replies": len(replies) if replies is not None else None,
+        # a command agent's confinement as the last run that asked it recorded it (search/agents/confine.py)
+        "agent_confinement": next(({"confined": r["outcome"] == "confined", "detail": r["feedback"]}
+                                   for r in reversed(replies or []) if r["outcome"] in ("confined", "unconfined")), None),
         "ledger_intact": check.intact,
         "ledger": check.as_dict(),
     }

@@ -1457,7 +1457,43 @@ class _Checker:
                      + (f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(STRATEGIES)})"))
         for path, msg in option_problems(a["strategy"], opts, os.environ):  # the strategy's declared options
             self.err(("agent", "options", *path), msg)
+        if a["strategy"] == "command":
+            self.agent_confinement(opts)
         return AgentSpec(a["strategy"], a.get("seed", 0), opts)
+
+    def agent_confinement(self, opts: dict) -> None:
+        """A command agent's confinement options (search/agents/confine.py): folders as absolute
+        paths (relative ones from the spec's folder), none of them what the runner owns; ports."""
+        from ..search.agents import confine
+
+        owned = [(p, w) for p, w in confine.owned_paths(None, None)]
+        owned += [(self.near, "is the spec's folder (its reference modules and templates)")]
+
+        def folder(path: tuple, v) -> str | None:
+            if not isinstance(v, str) or not v.strip():
+                self.err(path, f"expected a folder's path, got {v!r}")
+                return None
+            p = (self.near / Path(v).expanduser()).resolve()
+            why = confine.clash(p, owned)
+            if why:
+                self.err(path, f"the agent may not write {p}: it {why}")
+                return None
+            return str(p)
+
+        if opts.get("workdir") is not None:
+            opts["workdir"] = folder(("agent", "options", "workdir"), opts["workdir"])
+        w = opts.get("writable")
+        if w is not None:
+            if not isinstance(w, list):
+                self.err(("agent", "options", "writable"), f"expected a list of folders, got {w!r}")
+            else:
+                opts["writable"] = [folder(("agent", "options", "writable", i), v) for i, v in enumerate(w)]
+        ports = opts.get("connect_ports")
+        if ports is not None and ports != "any" and (
+                not isinstance(ports, list)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < 65536 for x in ports)):
+            self.err(("agent", "options", "connect_ports"),
+                     f"expected a list of TCP ports (1 to 65535) or 'any', got {ports!r}")
 
     def goal(self, hw, op) -> GoalSpec:
         g = self.d["goal"]

@@ -21,6 +21,7 @@ trials, a built-in strategy continues from everything the history holds.
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
@@ -28,12 +29,18 @@ import signal
 import random
 import re
 import shlex
+import shutil
 import subprocess
+import sys
+import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any, Sequence
 
+from ...core.errors import PipeError
 from ...core.records import trial_key, variant_id
+from . import confine
 from ..space import Space
 from . import Option, Proposal, Seen, make_agent, register
 
@@ -224,10 +231,12 @@ class LanguageModel(_External):
 
 @register("command")
 class Command(_External):
-    """options: command (a string or a list), timeout_s, max_retries, history, seed_trials + then."""
+    """options: command (a string or a list), timeout_s, max_retries, history, seed_trials + then;
+    confine (default true), workdir, writable, connect_ports: the confinement (agents/confine.py)."""
 
     OPTIONS = {**_External.OPTIONS, "command": Option(required=True, hint="a string or a list"),
-               "timeout_s": Option(300, float)}
+               "timeout_s": Option(300, float), "confine": Option(True, choices=(True, False)),
+               "workdir": Option(None), "writable": Option(None), "connect_ports": Option(None)}
 
     def __init__(self, space, seed, options, brief=None):
         super().__init__(space, seed, options, brief)
@@ -236,16 +245,69 @@ class Command(_External):
             raise ValueError("the command agent needs options.command")
         self.argv = shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
         self.timeout = float(options.get("timeout_s", 300))
+        self.confined = options.get("confine", True) is not False
+        self.jail: dict | None = None  # the trampoline's config once prepared
+
+    def prepare(self, owned: list[tuple[Path, str]]) -> str:
+        """Sets the confinement up against what the runner owns (`owned`: (path, what) pairs, the
+        run folder among them) and returns its description for the record; AgentConfinementError
+        where it cannot be had or an option asks for what the runner owns."""
+        if not self.confined:
+            self.jail = None
+            return ("UNCONFINED (agent.options.confine: false): the command could write the run folder, "
+                    "the judge's code and the compile cache, and signal the judge's processes")
+        why = confine.unavailable()
+        if why:
+            raise AgentConfinementError(
+                f"agent.options.confine: {why}, so the command agent cannot be kept from the run folder, the "
+                "judge's code and processes. Run it on a newer kernel, or set `confine: false` under "
+                "agent.options to run it unconfined (the run records that)")
+        opt = self.options
+        wd = opt.get("workdir")
+        if wd:
+            work = Path(str(wd)).expanduser().resolve()
+            clash = confine.clash(work, owned)
+            if clash:
+                raise AgentConfinementError(f"agent.options.workdir: {work} {clash}")
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(tempfile.mkdtemp(prefix="pipe-agent-"))
+            atexit.register(shutil.rmtree, work, True)
+        writable = [work]
+        for i, w in enumerate(opt.get("writable") or []):
+            p = Path(str(w)).expanduser().resolve()
+            clash = confine.clash(p, owned)
+            if clash:
+                raise AgentConfinementError(f"agent.options.writable[{i}]: {p} {clash}")
+            if not p.is_dir():
+                raise AgentConfinementError(f"agent.options.writable[{i}]: {p} is not a folder")
+            writable.append(p)
+        (work / "tmp").mkdir(exist_ok=True)
+        ports = opt.get("connect_ports")
+        ports = None if ports == "any" else list(confine.DEFAULT_PORTS if ports is None else ports)
+        self.jail = {"writable": [str(w) for w in writable], "workdir": str(work), "ports": ports,
+                     "timeout_s": self.timeout, "abi": confine.abi()}
+        return (f"confined (Landlock ABI {self.jail['abi']}): writes only to {', '.join(self.jail['writable'])} "
+                f"and /dev/null; TCP to {'any port' if ports is None else 'ports ' + ', '.join(map(str, ports))}; "
+                "no signal or trace beyond its own processes; none left running after a reply")
 
     def ask(self, context: dict, transcript: list[dict]) -> str:
         payload = dict(context, transcript=transcript)
+        if self.confined and self.jail is None:
+            self._event("confined", "", self.prepare(confine.owned_paths(None, None)))
+        argv, env, wait = self.argv, None, self.timeout
+        if self.jail is not None:  # the trampoline: restricts itself, runs the agent, sweeps its tree
+            argv = [sys.executable, "-I", "-S", confine.__file__, json.dumps(self.jail), "--", *self.argv]
+            env = dict(os.environ, TMPDIR=str(Path(self.jail["workdir"]) / "tmp"))
+            wait = self.timeout + 10  # the trampoline keeps the time; this is the backstop
         try:  # its own process group: on a timeout, the agent and everything it started go
-            p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, start_new_session=True)
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True, env=env,
+                                 cwd=self.jail["workdir"] if self.jail else None)
         except OSError as e:
             raise AgentCallError(f"cannot run {self.argv[0]}: {e}") from None
         try:
-            out, err = p.communicate(json.dumps(payload, default=str), timeout=self.timeout)
+            out, err = p.communicate(json.dumps(payload, default=str), timeout=wait)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -253,9 +315,17 @@ class Command(_External):
                 pass
             p.communicate()
             raise TimeoutError(f"no answer within {self.timeout:g} s") from None
+        if self.jail is not None and p.returncode == confine.KILLED_ON_TIMEOUT:
+            raise TimeoutError(f"no answer within {self.timeout:g} s")
+        if self.jail is not None and p.returncode == confine.CANNOT_CONFINE:
+            raise AgentConfinementError(err.strip()[-300:])
         if p.returncode != 0:
             raise AgentCallError(f"exit code {p.returncode}: {err.strip()[-300:]}")
         return out
+
+
+class AgentConfinementError(PipeError):
+    """A command agent that cannot be confined as the spec asks."""
 
 
 def _json_in(text: str) -> Any:

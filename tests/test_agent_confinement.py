@@ -1,0 +1,280 @@
+"""A command agent is confined (runner/search/agents/confine.py): it writes only to its own
+folder, reaches no process of the judge's, connects only to the ports the spec allows, and
+leaves nothing running. Real processes under the kernel's Landlock, no stand-ins: where the
+kernel offers too little, the tests check that the agent is refused instead, with the reason.
+
+The end-to-end test runs `pipe run` on the CPU pipeline with an agent that tries, on every
+call, each way an agent process could reach the record or the judge, and reports what
+happened in its proposals' notes (which the ledger keeps)."""
+
+import json
+import os
+import pathlib
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from runner.search.agents import confine
+
+from .conftest import FEW_ROWS, PIPELINES, pipe_main
+
+CONFINED = confine.unavailable() is None
+TRAMPOLINE = [sys.executable, "-I", "-S", confine.__file__]
+
+
+def jail(tmp_path, timeout_s=20, ports=(443,)) -> tuple[list[str], dict]:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    cfg = {"writable": [str(work)], "workdir": str(work), "ports": list(ports), "timeout_s": timeout_s}
+    return [*TRAMPOLINE, json.dumps(cfg), "--"], cfg
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+LEAVE_A_DAEMON = r'''
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open("daemon.pid", "w").write(str(os.getpid()))
+        time.sleep(600)
+    os._exit(0)
+for _ in range(200):
+    if os.path.exists("daemon.pid") and open("daemon.pid").read():
+        break
+    time.sleep(0.01)
+print("answered")
+'''
+
+
+@pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
+def test_the_trampoline_confines_writes_signals_and_ports(tmp_path):
+    outside = tmp_path / "outside.txt"
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    probe = f'''
+import os, signal, socket, json
+out = {{}}
+def t(name, f):
+    try:
+        f(); out[name] = "ok"
+    except OSError as e:
+        out[name] = e.errno
+t("own", lambda: open("mine.txt", "w").write("x"))
+t("outside", lambda: open({str(outside)!r}, "w").write("x"))
+t("devnull", lambda: open("/dev/null", "w").write("x"))
+t("signal", lambda: os.kill({os.getpid()}, signal.SIGCONT))
+t("memory", lambda: open("/proc/{os.getpid()}/mem", "rb").read(1))
+def connect(p):
+    s = socket.create_connection(("127.0.0.1", p), timeout=2); s.close()
+t("port_denied", lambda: connect({port}))
+print(json.dumps(out))
+'''
+    argv, cfg = jail(tmp_path)
+    r = subprocess.run([*argv, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["own"] == "ok" and got["devnull"] == "ok"
+    assert got["outside"] == 13 and not outside.exists()  # EACCES
+    assert got["signal"] == 1  # EPERM: the test's process is outside the agent's domain
+    assert got["memory"] == 13
+    assert got["port_denied"] == 13
+    # the same port allowed by the config connects
+    argv, _ = jail(tmp_path, ports=(port,))
+    r = subprocess.run([*argv, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert json.loads(r.stdout)["port_denied"] == "ok"
+    srv.close()
+
+
+@pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
+def test_nothing_the_agent_started_outlives_its_answer_or_its_timeout(tmp_path):
+    argv, cfg = jail(tmp_path)
+    r = subprocess.run([*argv, sys.executable, "-c", LEAVE_A_DAEMON], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "answered", r.stderr
+    pid = int((tmp_path / "work" / "daemon.pid").read_text())
+    assert not alive(pid)  # a double fork and setsid do not escape the subreaper
+    assert "left running were killed" in r.stderr
+
+    (tmp_path / "work" / "daemon.pid").unlink()
+    argv, cfg = jail(tmp_path, timeout_s=1.5)
+    hang = LEAVE_A_DAEMON.replace('print("answered")', "time.sleep(600)")
+    t0 = time.monotonic()
+    r = subprocess.run([*argv, sys.executable, "-c", hang], capture_output=True, text=True, timeout=60)
+    assert r.returncode == confine.KILLED_ON_TIMEOUT
+    assert time.monotonic() - t0 < 20
+    assert not alive(int((tmp_path / "work" / "daemon.pid").read_text()))
+
+
+def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_path):
+    owned = confine.owned_paths(None, tmp_path / "run")
+    assert "run folder" in confine.clash(tmp_path / "run" / "sub", owned)
+    assert "holds" in confine.clash(tmp_path, owned)
+    assert confine.clash(tmp_path / "elsewhere", owned) is None
+    pkg = confine.clash(pathlib.Path(confine.__file__).resolve().parent, owned)
+    assert pkg and "judge's code" in pkg
+
+
+BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+
+
+def spec_with(project, options: dict, trials: int = 2) -> str:
+    d = json.loads(json.dumps(BASE))
+    d["name"] = "rmsnorm-confined"
+    d["agent"] = {"strategy": "command", "options": options}
+    d["goal"] = {"budget": {"trials": trials}}
+    d["runtime"]["rep_ms"] = 10
+    d["baseline"] = "none"
+    d["op"]["shapes"] = FEW_ROWS
+    p = project / "pipelines" / "agent.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(p)
+
+
+def test_spec_errors_name_the_option_that_reaches_what_the_runner_owns(project):
+    spec = spec_with(project, {"command": "true", "writable": [".", str(project / "w")],
+                               "workdir": str(pathlib.Path(confine.__file__).parent), "connect_ports": [0]})
+    r = pipe_main("validate", spec, cwd=project)
+    assert r.returncode == 2
+    err = r.stderr
+    assert "agent.options.writable[0]" in err or "agent.options.writable.0" in err, err
+    assert "spec's folder" in err
+    assert "agent.options.workdir" in err and "judge's code" in err
+    assert "agent.options.connect_ports" in err
+    assert "writable[1]" not in err and "writable.1" not in err  # a folder of its own is fine
+    assert all(line.startswith(spec.split("/")[-1]) or spec in line or ":" in line
+               for line in err.strip().splitlines())
+    assert "Traceback" not in err
+
+
+ATTACKER = r'''
+import json, os, signal, socket, sys, time
+ctx = json.load(sys.stdin)
+run_dir, spec, template, port = sys.argv[1:5]
+tried = {json.dumps(t["params"], sort_keys=True) for t in ctx["history"]["recent"]}
+out = {}
+def t(name, f):
+    try:
+        f(); out[name] = "ok"
+    except OSError as e:
+        out[name] = e.errno
+def append(p):
+    with open(p, "ab") as f:
+        f.write(b"x")
+t("workdir", lambda: open("note.txt", "w").write("mine"))
+t("ledger", lambda: append(os.path.join(run_dir, "ledger.db")))
+t("run_json", lambda: append(os.path.join(run_dir, "run.json")))
+t("new_in_run_dir", lambda: open(os.path.join(run_dir, "forged.json"), "w").write("{}"))
+t("spec", lambda: append(spec))
+t("template", lambda: append(template))
+import runner
+t("judge_code", lambda: open(os.path.join(os.path.dirname(runner.__file__), "evil.py"), "w").write("x"))
+t("cache", lambda: open(os.path.join(os.environ["PIPE_CACHE_DIR"], "evil"), "w").write("x"))
+t("shm", lambda: open("/dev/shm/pipe-evil", "w").write("x"))
+# the driver (the trampoline's parent) and every process it started: stop them, read their memory
+me = os.getpid()
+tramp = int(open(f"/proc/{me}/stat").read().split(")")[-1].split()[1])
+driver = int(open(f"/proc/{tramp}/stat").read().split(")")[-1].split()[1])
+t("stop_driver", lambda: os.kill(driver, signal.SIGSTOP))
+t("driver_memory", lambda: open(f"/proc/{driver}/mem", "rb").read(1))
+kids = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            if int(open(f"/proc/{p}/stat").read().split(")")[-1].split()[1]) == driver and int(p) != tramp:
+                kids.append(int(p))
+        except OSError:
+            pass
+out["workers"] = len(kids)
+for k in kids:
+    t(f"stop_worker", lambda: os.kill(k, signal.SIGSTOP))
+t("tcp", lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+if os.fork() == 0:  # a process left behind, to work while candidates are timed
+    os.setsid()
+    if os.fork() == 0:
+        with open("daemon.pids", "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(600)
+    os._exit(0)
+time.sleep(0.2)
+space = ctx["task"]["space"]["params"]
+import itertools
+for combo in itertools.product(*space.values()):
+    p = dict(zip(space, combo))
+    if json.dumps(p, sort_keys=True) not in tried:
+        print(json.dumps({"proposals": [{"params": p, "note": json.dumps(out)}]}))
+        break
+'''
+
+
+def test_a_command_agent_reaches_nothing_the_runner_owns(project):
+    script = project / "attacker.py"
+    script.write_text(ATTACKER)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    run_dir = project / "run"
+    work = project / "agent"
+    tpath = (project / "kernel_templates" / "rmsnorm.cpp.j2").resolve()
+    spec = spec_with(project, {"command": [sys.executable, str(script), str(run_dir), "SPEC", str(tpath), str(port)],
+                               "workdir": str(work), "timeout_s": 60}, trials=3)
+    d = yaml.safe_load(open(spec))
+    d["agent"]["options"]["command"][3] = spec
+    open(spec, "w").write(yaml.safe_dump(d, sort_keys=False))
+    before = {p: open(p, "rb").read() for p in (spec, tpath)}
+    r = pipe_main("run", spec, "--run-dir", str(run_dir), cwd=project)
+    srv.close()
+    if not CONFINED:  # refused, with the reason and the way out
+        assert r.returncode != 0 and "confine: false" in r.stderr and confine.unavailable() in r.stderr
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+        return
+    assert r.returncode == 1, r.stderr
+    db = sqlite3.connect(run_dir / "ledger.db")
+    notes = [json.loads(json.loads(d).get("note") or "{}") for (d,) in db.execute("SELECT details FROM trials")]
+    asked = [n for n in notes if n]
+    assert len(asked) == 2, notes  # the first trial is the spec's start, the other two the agent's
+    for n in asked:
+        assert n.pop("workdir") == "ok" and n.pop("workers") >= 1
+        assert n and all(v in (1, 13) for v in n.values()), n  # EPERM or EACCES, every one
+    assert (work / "note.txt").read_text() == "mine"
+    assert not (run_dir / "forged.json").exists() and not os.path.exists("/dev/shm/pipe-evil")
+    assert {p: open(p, "rb").read() for p in (spec, tpath)} == before
+    for pid in (work / "daemon.pids").read_text().split():
+        assert not alive(int(pid))
+    show = pipe_main("show", str(run_dir), cwd=project)
+    assert show.returncode == 0 and "ledger chain: intact" in show.stdout
+    assert "agent: confined (Landlock ABI" in show.stdout and str(work) in show.stdout
+
+
+def test_an_agent_run_unconfined_on_purpose_is_recorded_so(project):
+    script = project / "agent.py"
+    script.write_text('import json, sys\nctx = json.load(sys.stdin)\n'
+                      'print(json.dumps({"proposals": [{"params": {"ACC": 8, "THREADS": 1, "UNROLL": 1}}]}))\n')
+    spec = spec_with(project, {"command": [sys.executable, str(script)], "confine": False}, trials=1)
+    r = pipe_main("run", spec, "--run-dir", str(project / "run"), cwd=project)
+    assert r.returncode == 1, r.stderr
+    show = pipe_main("show", str(project / "run"), cwd=project)
+    assert "agent: UNCONFINED" in show.stdout
+
+
+def test_a_writable_folder_that_holds_the_run_folder_is_refused_at_the_start(project):
+    w = project / "w"
+    w.mkdir()
+    spec = spec_with(project, {"command": "true", "writable": [str(w)]}, trials=1)
+    r = pipe_main("run", spec, "--run-dir", str(w / "run"), cwd=project)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    why = "run folder" if CONFINED else "confine: false"
+    assert why in r.stderr and "agent.options" in r.stderr, r.stderr

@@ -65,6 +65,9 @@ def test_the_trampoline_confines_writes_signals_and_ports(tmp_path):
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
     port = srv.getsockname()[1]
+    unix = socket.socket(socket.AF_UNIX)  # a service behind a unix socket with a path
+    unix.bind(str(tmp_path / "service.sock"))
+    unix.listen(4)
     probe = f'''
 import os, signal, socket, json
 out = {{}}
@@ -81,6 +84,8 @@ t("memory", lambda: open("/proc/{os.getpid()}/mem", "rb").read(1))
 def connect(p):
     s = socket.create_connection(("127.0.0.1", p), timeout=2); s.close()
 t("port_denied", lambda: connect({port}))
+t("unix", lambda: socket.socket(socket.AF_UNIX).connect({str(tmp_path / "service.sock")!r}))
+t("pair", lambda: socket.socketpair())
 print(json.dumps(out))
 '''
     argv, cfg = jail(tmp_path)
@@ -92,11 +97,13 @@ print(json.dumps(out))
     assert got["signal"] == 1  # EPERM: the test's process is outside the agent's domain
     assert got["memory"] == 13
     assert got["port_denied"] == 13
+    assert got["unix"] == 1 and got["pair"] == "ok"  # seccomp: no unix socket but a connected pair
     # the same port allowed by the config connects
     argv, _ = jail(tmp_path, ports=(port,))
     r = subprocess.run([*argv, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert json.loads(r.stdout)["port_denied"] == "ok"
     srv.close()
+    unix.close()
 
 
 @pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
@@ -201,6 +208,7 @@ out["workers"] = len(kids)
 for k in kids:
     t(f"stop_worker", lambda: os.kill(k, signal.SIGSTOP))
 t("tcp", lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+t("unix_socket", lambda: socket.socket(socket.AF_UNIX))
 if os.fork() == 0:  # a process left behind, to work while candidates are timed
     os.setsid()
     if os.fork() == 0:

@@ -20,6 +20,9 @@ timed. Under confinement it may:
   out of its reach;
 - connect over TCP only to the ports in `agent.options.connect_ports` (443 and 80 unless the spec
   says otherwise: a model's API), so a Ray cluster's or any local service's ports are closed;
+- make no unix socket (a seccomp filter): a socket with a path is reached by `connect`, which
+  Landlock does not mediate, and several services behind one start a command for whoever
+  connects (systemd's user manager, docker, tmux, a Ray node's raylet);
 - leave nothing running: the trampoline below is the agent's subreaper and kills every
   descendant still alive when the agent exits or its time runs out.
 
@@ -211,6 +214,49 @@ def clash(path, owned) -> str | None:
     return None
 
 
+# seccomp, beside Landlock: what Landlock does not mediate. A unix socket with a path (systemd's
+# user manager, docker, tmux, X, a Ray node's raylet and object store) is reached by connect(),
+# which no Landlock right covers, and several of those run a command for whoever connects: out of
+# the confinement. The agent may not make a unix socket (socketpair, already connected, stays);
+# io_uring, whose socket and connect operations never pass through the filter, is refused too.
+_ARCH = {"x86_64": (0xC000003E, 41, 425), "AMD64": (0xC000003E, 41, 425),
+         "aarch64": (0xC00000B7, 198, 425), "arm64": (0xC00000B7, 198, 425)}  # (audit arch, socket, io_uring_setup)
+AF_UNIX = 1
+_LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
+_ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+
+
+class _Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
+
+
+def socket_rows() -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) rows: another ABI than the machine's own, socket(AF_UNIX)
+    and io_uring_setup refused with EPERM; everything else allowed."""
+    arch, sock, uring = _ARCH[platform.machine()]
+    return [
+        (_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, arch), (_RET_K, 0, 0, _EPERM),  # i386 through int 0x80: no
+        (_LD_W_ABS, 0, 0, 0), (_JGE_K, 0, 1, 0x40000000), (_RET_K, 0, 0, _EPERM),  # x32 numbers: no
+        (_JEQ_K, 0, 1, uring), (_RET_K, 0, 0, _EPERM),
+        (_JEQ_K, 0, 3, sock), (_LD_W_ABS, 0, 0, 16), (_JEQ_K, 0, 1, AF_UNIX), (_RET_K, 0, 0, _EPERM),
+        (_RET_K, 0, 0, _ALLOW),
+    ]
+
+
+def no_unix_sockets() -> None:
+    """Stacks socket_rows() on this process (no_new_privs must be set); OSError otherwise."""
+    rows = socket_rows()
+    arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
+    prog = _Prog(len(rows), arr)
+    if _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
 # -- the trampoline ---------------------------------------------------------------------------
 
 def _children() -> list[int]:
@@ -277,6 +323,7 @@ def trampoline(config: dict, argv: list[str]) -> int:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
         restrict_self(list(config["writable"]), config.get("ports"), config.get("abi"))
+        no_unix_sockets()
     except OSError as e:
         sys.stderr.write(f"pipe: cannot confine the agent: {e}\n")
         return CANNOT_CONFINE

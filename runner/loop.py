@@ -373,10 +373,11 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         agent = s.agent = make_agent(spec.agent.strategy, spec.space, spec.agent.seed, spec.agent.options,
                                      brief=brief(spec))
         if hasattr(agent, "prepare"):  # a command agent: confined before it runs (search/agents/confine.py)
+            from .build.backends import cache_dir
             from .search.agents import confine
 
             try:
-                said = agent.prepare(confine.owned_paths(spec, run_dir))
+                said = agent.prepare(confine.owned_paths(spec, run_dir, cache_dir()))
             except PipeError as e:
                 raise type(e)(f"{spec.path}: {e}") from None
             agent.events.append({"agent": agent.name, "outcome": "confined" if agent.jail else "unconfined",

@@ -1464,9 +1464,14 @@ class _Checker:
     def agent_confinement(self, opts: dict) -> None:
         """A command agent's confinement options (search/agents/confine.py): folders as absolute
         paths (relative ones from the spec's folder), none of them what the runner owns; ports."""
+        from ..build.backends import cache_dir
         from ..search.agents import confine
 
-        owned = [(p, w) for p, w in confine.owned_paths(None, None)]
+        try:
+            cache = cache_dir()
+        except OSError:  # a cache that cannot be made: the run says so; nothing to check against
+            cache = None
+        owned = confine.owned_paths(None, None, cache)
         owned += [(self.near, "is the spec's folder (its reference modules and templates)")]
 
         def folder(path: tuple, v) -> str | None:

@@ -167,9 +167,10 @@ def restrict_self(writable: list[str], ports: list[int] | None, version: int | N
         os.close(fd)
 
 
-def owned_paths(spec, run_dir) -> list:
-    """What the runner owns and a command agent may never write: (path, what it is). `spec`
-    and `run_dir` may be None (an agent made outside a run)."""
+def owned_paths(spec, run_dir, cache=None) -> list:
+    """What the runner owns and a command agent may never write: (path, what it is). `spec`,
+    `run_dir` and `cache` (pipe's compile cache, build.backends.cache_dir: a room above this
+    one gives it) may be None (an agent made outside a run)."""
     import site
     from pathlib import Path
 
@@ -194,9 +195,7 @@ def owned_paths(spec, run_dir) -> list:
     for p in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
         if p and os.path.isdir(p):
             add(p, "is on the judge's import path")
-    from runner.build.backends import cache_dir
-
-    add(cache_dir(), "is pipe's compile cache")
+    add(cache, "is pipe's compile cache")
     add("/dev/shm", "holds shared memory of the judge's processes")
     return out
 

@@ -30,7 +30,8 @@ TRAMPOLINE = [sys.executable, "-I", "-S", confine.__file__]
 def jail(tmp_path, timeout_s=20, ports=(443,)) -> tuple[list[str], dict]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    cfg = {"writable": [str(work)], "workdir": str(work), "ports": list(ports), "timeout_s": timeout_s}
+    cfg = {"writable": [str(work)], "workdir": str(work), "cwd": str(work), "ports": list(ports),
+           "timeout_s": timeout_s}
     return [*TRAMPOLINE, json.dumps(cfg), "--"], cfg
 
 
@@ -180,7 +181,10 @@ def t(name, f):
 def append(p):
     with open(p, "ab") as f:
         f.write(b"x")
+start = os.getcwd()  # the user's working folder: readable, not writable
+os.chdir(os.environ["PIPE_AGENT_WORKDIR"])  # its own folder
 t("workdir", lambda: open("note.txt", "w").write("mine"))
+t("cwd_of_the_user", lambda: open(os.path.join(start, "note.txt"), "w").write("x"))
 t("ledger", lambda: append(os.path.join(run_dir, "ledger.db")))
 t("run_json", lambda: append(os.path.join(run_dir, "run.json")))
 t("new_in_run_dir", lambda: open(os.path.join(run_dir, "forged.json"), "w").write("{}"))
@@ -257,7 +261,7 @@ def test_a_command_agent_reaches_nothing_the_runner_owns(project):
     for n in asked:
         assert n.pop("workdir") == "ok" and n.pop("workers") >= 1
         assert n and all(v in (1, 13) for v in n.values()), n  # EPERM or EACCES, every one
-    assert (work / "note.txt").read_text() == "mine"
+    assert (work / "note.txt").read_text() == "mine" and not (project / "note.txt").exists()
     assert not (run_dir / "forged.json").exists() and not os.path.exists("/dev/shm/pipe-evil")
     assert {p: open(p, "rb").read() for p in (spec, tpath)} == before
     for pid in (work / "daemon.pids").read_text().split():

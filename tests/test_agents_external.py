@@ -143,9 +143,9 @@ def test_llm_agent_end_to_end(project):
 
 
 AGENT_SCRIPT = r'''
-import json, sys, pathlib
+import json, os, sys, pathlib
 ctx = json.load(sys.stdin)
-state = pathlib.Path(sys.argv[1])
+state = pathlib.Path(os.environ.get("PIPE_AGENT_WORKDIR", ".")) / sys.argv[1]  # its own folder
 n = int(state.read_text()) if state.exists() else 0
 state.write_text(str(n + 1))
 if n == 0:

@@ -330,7 +330,8 @@ def trampoline(config: dict, argv: list[str]) -> int:
     if pid == 0:
         try:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            os.chdir(config["workdir"])
+            if config.get("cwd"):
+                os.chdir(config["cwd"])
             os.execvp(argv[0], argv)
         except OSError as e:
             sys.stderr.write(f"cannot run {argv[0]}: {e}\n")

@@ -246,17 +246,15 @@ class Command(_External):
         self.argv = shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
         self.timeout = float(options.get("timeout_s", 300))
         self.confined = options.get("confine", True) is not False
-        self.jail: dict | None = None  # the trampoline's config once prepared
+        self.jail: dict | None = None  # the trampoline's config once prepared (None: unconfined)
+        self.workdir: Path | None = None  # its own folder once prepared
 
     def prepare(self, owned: list[tuple[Path, str]]) -> str:
-        """Sets the confinement up against what the runner owns (`owned`: (path, what) pairs, the
-        run folder among them) and returns its description for the record; AgentConfinementError
-        where it cannot be had or an option asks for what the runner owns."""
-        if not self.confined:
-            self.jail = None
-            return ("UNCONFINED (agent.options.confine: false): the command could write the run folder, "
-                    "the judge's code and the compile cache, and signal the judge's processes")
-        why = confine.unavailable()
+        """Sets the agent's folder and its confinement up against what the runner owns (`owned`:
+        (path, what) pairs, the run folder among them) and returns the confinement's description
+        for the record; AgentConfinementError where it cannot be had or an option asks for what
+        the runner owns."""
+        why = confine.unavailable() if self.confined else None
         if why:
             raise AgentConfinementError(
                 f"agent.options.confine: {why}, so the command agent cannot be kept from the run folder, the "
@@ -273,6 +271,12 @@ class Command(_External):
         else:
             work = Path(tempfile.mkdtemp(prefix="pipe-agent-"))
             atexit.register(shutil.rmtree, work, True)
+        (work / "tmp").mkdir(exist_ok=True)
+        self.workdir = work
+        if not self.confined:
+            self.jail = None
+            return ("UNCONFINED (agent.options.confine: false): the command could write the run folder, "
+                    "the judge's code and the compile cache, and signal the judge's processes")
         writable = [work]
         for i, w in enumerate(opt.get("writable") or []):
             p = Path(str(w)).expanduser().resolve()
@@ -282,28 +286,29 @@ class Command(_External):
             if not p.is_dir():
                 raise AgentConfinementError(f"agent.options.writable[{i}]: {p} is not a folder")
             writable.append(p)
-        (work / "tmp").mkdir(exist_ok=True)
         ports = opt.get("connect_ports")
         ports = None if ports == "any" else list(confine.DEFAULT_PORTS if ports is None else ports)
         self.jail = {"writable": [str(w) for w in writable], "workdir": str(work), "ports": ports,
                      "timeout_s": self.timeout, "abi": confine.abi()}
         return (f"confined (Landlock ABI {self.jail['abi']}): writes only to {', '.join(self.jail['writable'])} "
                 f"and /dev/null; TCP to {'any port' if ports is None else 'ports ' + ', '.join(map(str, ports))}; "
-                "no signal or trace beyond its own processes; none left running after a reply")
+                "no unix socket; no signal or trace beyond its own processes; none left running after a reply")
 
     def ask(self, context: dict, transcript: list[dict]) -> str:
         payload = dict(context, transcript=transcript)
-        if self.confined and self.jail is None:
-            self._event("confined", "", self.prepare(confine.owned_paths(None, None)))
-        argv, env, wait = self.argv, None, self.timeout
+        if self.workdir is None:  # made outside a run (loop.run prepares it first)
+            said = self.prepare(confine.owned_paths(None, None))
+            self._event("confined" if self.jail else "unconfined", "", said)
+        # its folder: PIPE_AGENT_WORKDIR (the working folder stays the user's, so that a relative
+        # path in `command` means what it did; confined, the agent may read it, not write it)
+        env = dict(os.environ, PIPE_AGENT_WORKDIR=str(self.workdir), TMPDIR=str(self.workdir / "tmp"))
+        argv, wait = self.argv, self.timeout
         if self.jail is not None:  # the trampoline: restricts itself, runs the agent, sweeps its tree
             argv = [sys.executable, "-I", "-S", confine.__file__, json.dumps(self.jail), "--", *self.argv]
-            env = dict(os.environ, TMPDIR=str(Path(self.jail["workdir"]) / "tmp"))
             wait = self.timeout + 10  # the trampoline keeps the time; this is the backstop
         try:  # its own process group: on a timeout, the agent and everything it started go
             p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, start_new_session=True, env=env,
-                                 cwd=self.jail["workdir"] if self.jail else None)
+                                 text=True, start_new_session=True, env=env)
         except OSError as e:
             raise AgentCallError(f"cannot run {self.argv[0]}: {e}") from None
         try:

@@ -10,6 +10,7 @@ happened in its proposals' notes (which the ledger keeps)."""
 import json
 import os
 import pathlib
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -30,8 +31,9 @@ TRAMPOLINE = [sys.executable, "-I", "-S", confine.__file__]
 def jail(tmp_path, timeout_s=20, ports=(443,)) -> tuple[list[str], dict]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    cfg = {"writable": [str(work)], "workdir": str(work), "cwd": str(work), "ports": list(ports),
-           "timeout_s": timeout_s}
+    st = work.stat()
+    cfg = {"writable": [{"path": str(work), "dev": st.st_dev, "ino": st.st_ino}], "workdir": str(work),
+           "cwd": str(work), "ports": list(ports), "timeout_s": timeout_s}
     return [*TRAMPOLINE, json.dumps(cfg), "--"], cfg
 
 
@@ -87,6 +89,22 @@ def connect(p):
 t("port_denied", lambda: connect({port}))
 t("unix", lambda: socket.socket(socket.AF_UNIX).connect({str(tmp_path / "service.sock")!r}))
 t("pair", lambda: socket.socketpair())
+t("mptcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262))
+t("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close())
+t("bind", lambda: socket.socket().bind(("127.0.0.1", 0)))
+# the trampoline (its parent, outside its domain) and the test's process: out of reach
+t("kill_trampoline", lambda: os.kill(os.getppid(), signal.SIGKILL))
+t("renice_other", lambda: os.setpriority(os.PRIO_PROCESS, {os.getpid()}, 19))
+t("pin_other", lambda: os.sched_setaffinity({os.getpid()}, {{0}}))
+import resource
+t("limit_other", lambda: resource.prlimit({os.getpid()}, resource.RLIMIT_CPU, (1, 1)))
+t("renice_self", lambda: os.setpriority(os.PRIO_PROCESS, 0, 1))
+t("limit_self", lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+t("device_node", lambda: os.mknod("disk", 0o600 | 0o60000, os.makedev(7, 0)))
+t("chown", lambda: os.chown("mine.txt", 65534, 65534))
+t("chmod", lambda: os.chmod("mine.txt", 0o600))
+caps = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith(("CapEff", "CapPrm", "CapBnd"))]
+out["caps"] = "ok" if all(int(c, 16) == 0 for c in caps[:2]) else caps
 print(json.dumps(out))
 '''
     argv, cfg = jail(tmp_path)
@@ -99,6 +117,13 @@ print(json.dumps(out))
     assert got["memory"] == 13
     assert got["port_denied"] == 13
     assert got["unix"] == 1 and got["pair"] == "ok"  # seccomp: no unix socket but a connected pair
+    assert got["mptcp"] == 1 and got["udp"] == "ok"  # MPTCP would reach any port; UDP reaches no judge
+    assert got["bind"] == 13  # no TCP server
+    assert got["kill_trampoline"] == 1
+    assert got["renice_other"] == got["pin_other"] == got["limit_other"] == 1
+    assert got["renice_self"] == got["limit_self"] == "ok"
+    assert got["device_node"] == got["chown"] == got["chmod"] == 1
+    assert got["caps"] == "ok"
     # the same port allowed by the config connects
     argv, _ = jail(tmp_path, ports=(port,))
     r = subprocess.run([*argv, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -126,6 +151,22 @@ def test_nothing_the_agent_started_outlives_its_answer_or_its_timeout(tmp_path):
     assert not alive(int((tmp_path / "work" / "daemon.pid").read_text()))
 
 
+@pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
+def test_a_folder_swapped_for_a_link_between_calls_is_refused(tmp_path):
+    """s42 red team: the agent replaced its folder by a link to the run folder in one call and
+    wrote the run folder in the next."""
+    argv, cfg = jail(tmp_path)
+    target = tmp_path / "run"
+    target.mkdir()
+    work = tmp_path / "work"
+    shutil.rmtree(work)
+    work.symlink_to(target)
+    r = subprocess.run([*argv, sys.executable, "-c", "open('x', 'w').write('x')"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == confine.CANNOT_CONFINE and "not the folder the run set up" in r.stderr
+    assert not (target / "x").exists()
+
+
 def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_path):
     owned = confine.owned_paths(None, tmp_path / "run")
     assert "run folder" in confine.clash(tmp_path / "run" / "sub", owned)
@@ -133,6 +174,13 @@ def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_pa
     assert confine.clash(tmp_path / "elsewhere", owned) is None
     pkg = confine.clash(pathlib.Path(confine.__file__).resolve().parent, owned)
     assert pkg and "judge's code" in pkg
+    # the temporary folder holds the judge's build folders: one inside it is fine, itself not
+    tmp = pathlib.Path(confine.tempfile.gettempdir()).resolve()
+    assert confine.clash(tmp, owned) and confine.clash(tmp / "mine", owned) is None
+    assert "system" in confine.clash(pathlib.Path("/usr/local/include"), owned)
+    assert confine.clash(pathlib.Path("/"), owned) and confine.clash(pathlib.Path.home().resolve(), owned)
+    assert confine.nested([tmp_path / "a", tmp_path / "a" / "b"])
+    assert not confine.nested([tmp_path / "a", tmp_path / "b"])
 
 
 BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())

@@ -1493,6 +1493,10 @@ class _Checker:
                 self.err(("agent", "options", "writable"), f"expected a list of folders, got {w!r}")
             else:
                 opts["writable"] = [folder(("agent", "options", "writable", i), v) for i, v in enumerate(w)]
+                given = [Path(p) for p in [opts.get("workdir"), *opts["writable"]] if p]
+                why = confine.nested(given)
+                if why:
+                    self.err(("agent", "options", "writable"), why)
         ports = opts.get("connect_ports")
         if ports is not None and ports != "any" and (
                 not isinstance(ports, list)

@@ -20,15 +20,17 @@ timed. Under confinement it may:
   out of its reach;
 - connect over TCP only to the ports in `agent.options.connect_ports` (443 and 80 unless the spec
   says otherwise: a model's API), so a Ray cluster's or any local service's ports are closed;
-- make no unix socket (a seccomp filter): a socket with a path is reached by `connect`, which
-  Landlock does not mediate, and several services behind one start a command for whoever
-  connects (systemd's user manager, docker, tmux, a Ray node's raylet);
+- hold no capability, even when the driver runs as root;
+- make no unix socket and no socket but TCP or UDP over IP (a seccomp filter, `filter_rows`),
+  and change no other process's scheduling or limits, trace nothing, set no clock, make no
+  device node, change no file's owner, extended attributes or flags;
 - leave nothing running: the trampoline below is the agent's subreaper and kills every
   descendant still alive when the agent exits or its time runs out.
 
 The trampoline runs as `python -I -S confine.py CONFIG -- ARGV...`: no site, no environment
-paths, the standard library only. It restricts itself (the restriction is inherited and can
-never be lifted), forks the agent, waits for it, and sweeps the tree.
+paths, the standard library only. It forks; the child drops its capabilities and restricts
+itself (the restriction is inherited and can never be lifted) and runs the agent; the
+trampoline, outside the agent's reach, waits for it and sweeps the tree.
 
 Landlock's ABI 6 (Linux 6.12) is the least that confines signals; where the kernel offers less,
 the command agent is refused unless the spec sets `agent.options.confine: false`, which the run
@@ -43,6 +45,7 @@ import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 
 MIN_ABI = 6  # signals scoped (6.12); the filesystem since 1, TCP ports since 4, device ioctls since 5
@@ -123,10 +126,12 @@ class _NetPort(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
-def restrict_self(writable: list[str], ports: list[int] | None, version: int | None = None) -> None:
+def restrict_self(writable: list[int], ports: list[int] | None, version: int | None = None) -> None:
     """Restricts this process and everything it starts from now on: read and execute anywhere,
-    write under `writable` (folders) and to /dev/null, TCP connections to `ports` only (None:
-    any), no signal or abstract unix socket beyond its own domain. Raises OSError."""
+    write under the folders `writable` (descriptors opened before, so that no path is looked up
+    again) and to /dev/null, but make no device node and ioctl no device there; TCP
+    connections to `ports` only (None: any) and no TCP port bound; no signal or abstract unix
+    socket beyond its own domain. Raises OSError."""
     libc = _libc()
     v = version or abi()
     if v < 1:
@@ -134,32 +139,33 @@ def restrict_self(writable: list[str], ports: list[int] | None, version: int | N
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     handled = fs_rights(v)
-    attr = _RulesetAttr(handled, NET_CONNECT_TCP if v >= 4 and ports is not None else 0,
-                        (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if v >= 6 else 0)
+    net = (NET_BIND_TCP | (NET_CONNECT_TCP if ports is not None else 0)) if v >= 4 else 0
+    attr = _RulesetAttr(handled, net, (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if v >= 6 else 0)
     size = 24 if v >= 6 else 16 if v >= 4 else 8
     fd = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        def allow(path: str, rights: int) -> None:
+        def rule(pfd: int, rights: int, what: str) -> None:
+            r = _PathBeneath(rights, pfd)
+            if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_PATH_BENEATH),
+                            ctypes.byref(r), ctypes.c_uint32(0)) != 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule({what})")
+
+        for path, rights in (("/", READ), ("/dev/null", (FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE) & handled)):
             pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
-                rule = _PathBeneath(rights, pfd)
-                if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({path})")
+                rule(pfd, rights, path)
             finally:
                 os.close(pfd)
-
-        allow("/", READ)
-        allow("/dev/null", (FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE) & handled)
+        own = handled & ~(FS_MAKE_CHAR | FS_MAKE_BLOCK | FS_IOCTL_DEV)  # a node of its own reaches any device
         for w in writable:
-            allow(w, handled)
+            rule(w, own, f"folder {w}")
         if v >= 4 and ports is not None:
             for p in ports:
-                rule = _NetPort(NET_CONNECT_TCP, int(p))
+                r = _NetPort(NET_CONNECT_TCP, int(p))
                 if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_NET_PORT),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                                ctypes.byref(r), ctypes.c_uint32(0)) != 0:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule(port {p})")
         if libc.syscall(SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
@@ -196,34 +202,113 @@ def owned_paths(spec, run_dir, cache=None) -> list:
         if p and os.path.isdir(p):
             add(p, "is on the judge's import path")
     add(cache, "is pipe's compile cache")
-    add("/dev/shm", "holds shared memory of the judge's processes")
+    add("/dev", "holds the devices (the GPU among them)")
+    add("/proc", "is the processes' own files")
+    add("/sys", "is the kernel's settings")
+    # what the compilers and the system read (a header in /usr/local/include comes before
+    # /usr/include): no folder inside them either
+    for p in ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/var/lib",
+              os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if p and os.path.isdir(p):
+            add(p, "is the system's (its compilers' headers and libraries among it)")
+    # folders that hold what the runner makes while it runs (the CPU backend compiles each
+    # candidate in a folder of its own under the temporary folder): one inside them is the
+    # agent's own, one that holds them is not
+    out.append((Path(tempfile.gettempdir()).resolve(), HOLDS_ONLY + "holds the judge's build folders"))
+    out.append((Path.home().resolve(), HOLDS_ONLY + "is the home folder (pipe's cache and the user's environment)"))
+    out.append((Path("/").resolve(), HOLDS_ONLY + "is the whole filesystem"))
     return out
+
+
+HOLDS_ONLY = "\0"  # an owned entry a folder may lie inside, but not hold or be
 
 
 def clash(path, owned) -> str | None:
     """Why a folder the agent would write may not be (it holds or lies inside what the runner
     owns), or None."""
     for p, what in owned:
+        inside_ok = what.startswith(HOLDS_ONLY)
+        what = what.removeprefix(HOLDS_ONLY)
         if path == p:
             return f"{what}"
-        if p in path.parents:
+        if p in path.parents and not inside_ok:
             return f"lies inside {p}, which {what}"
         if path in p.parents:
             return f"holds {p}, which {what}"
     return None
 
 
-# seccomp, beside Landlock: what Landlock does not mediate. A unix socket with a path (systemd's
-# user manager, docker, tmux, X, a Ray node's raylet and object store) is reached by connect(),
-# which no Landlock right covers, and several of those run a command for whoever connects: out of
-# the confinement. The agent may not make a unix socket (socketpair, already connected, stays);
-# io_uring, whose socket and connect operations never pass through the filter, is refused too.
-_ARCH = {"x86_64": (0xC000003E, 41, 425), "AMD64": (0xC000003E, 41, 425),
-         "aarch64": (0xC00000B7, 198, 425), "arm64": (0xC00000B7, 198, 425)}  # (audit arch, socket, io_uring_setup)
-AF_UNIX = 1
-_LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
+def nested(folders) -> str | None:
+    """Why folders the agent may write cannot all be given (one inside another: a folder it
+    could replace by a link between two calls), or None."""
+    for a in folders:
+        for b in folders:
+            if a != b and a in b.parents:
+                return f"{b} lies inside {a}, which the agent may also write: give one of them"
+    return None
+
+
+# seccomp, beside Landlock: what Landlock does not mediate (s42 red team, datasets/judge-redteam/
+# s42-jail). Refused with EPERM:
+# - a unix socket (socketpair, already connected, stays): connect() to one with a path (systemd's
+#   user manager, docker, tmux, X, a Ray node's raylet) is no Landlock right, and several of
+#   those run a command for whoever connects; any socket but TCP or UDP over IPv4 or IPv6 and
+#   netlink (MPTCP and SCTP reach the ports Landlock's TCP rule closes); io_uring, whose socket
+#   and connect operations never pass through the filter;
+# - another process's scheduling, priority, CPU set, I/O priority or limits (the judge's worker
+#   set to SCHED_IDLE, pinned, given a CPU-time limit it had already used: a fault for a verdict);
+# - tracing and reading other processes (ptrace, process_vm_*, perf events, BPF, kcmp, pidfd_getfd);
+# - the clock's rate and time (adjtimex: the judge's monotonic clock up to 10% off), reboot,
+#   modules, kexec, swap, accounting, entering another namespace;
+# - device nodes, file owners, modes and extended attributes, the immutable flag (a root agent
+#   locked the ledger through a read-only descriptor) and TIOCSTI (keys typed into a terminal). A
+#   file's owner may change its mode without any write right (Landlock has none for it): an
+#   agent run by root owns the system's files (mode 000 on the spec, 0666 on /etc/passwd), one
+#   run by a user the run folder's; the agent writes a file with the mode it needs instead.
+_NR = {  # per architecture: the audit arch, then the system calls by name
+    "x86_64": (0xC000003E, {
+        "socket": 41, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "perf_event_open": 298,
+        "bpf": 321, "kcmp": 312, "pidfd_getfd": 438, "process_madvise": 440, "adjtimex": 159,
+        "clock_adjtime": 305, "clock_settime": 227, "settimeofday": 164, "reboot": 169, "init_module": 175,
+        "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "swapon": 167,
+        "swapoff": 168, "acct": 163, "setns": 308, "mknod": 133, "mknodat": 259, "chown": 92, "fchown": 93,
+        "lchown": 94, "fchownat": 260, "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452,
+        "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
+        "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466,
+        "setpriority": 141, "ioprio_set": 251, "sched_setaffinity": 203, "sched_setscheduler": 144,
+        "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302, "ioctl": 16, "capset": 126}),
+    "aarch64": (0xC00000B7, {
+        "socket": 198, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "perf_event_open": 241,
+        "bpf": 280, "kcmp": 272, "pidfd_getfd": 438, "process_madvise": 440, "adjtimex": 171,
+        "clock_adjtime": 266, "clock_settime": 112, "settimeofday": 170, "reboot": 142, "init_module": 105,
+        "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "swapon": 224,
+        "swapoff": 225, "acct": 89, "setns": 268, "mknodat": 33, "fchown": 55, "fchownat": 54, "fchmod": 52,
+        "fchmodat": 53, "fchmodat2": 452,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
+        "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466, "setpriority": 140, "ioprio_set": 30,
+        "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
+        "prlimit64": 261, "ioctl": 29, "capset": 91}),
+}
+_NR["AMD64"], _NR["arm64"] = _NR["x86_64"], _NR["aarch64"]
+REFUSED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "process_vm_readv",
+           "process_vm_writev", "perf_event_open", "bpf", "kcmp", "pidfd_getfd", "process_madvise", "adjtimex",
+           "clock_adjtime", "clock_settime", "settimeofday", "reboot", "init_module", "finit_module",
+           "delete_module", "kexec_load", "kexec_file_load", "swapon", "swapoff", "acct", "setns", "mknod",
+           "mknodat", "chown", "fchown", "lchown", "fchownat", "chmod", "fchmod", "fchmodat", "fchmodat2",
+           "setxattr", "lsetxattr", "fsetxattr",
+           "removexattr", "lremovexattr", "fremovexattr", "setxattrat", "removexattrat")
+SELF_ONLY = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr", "prlimit64")  # pid 0
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+SOCK_STREAM, SOCK_DGRAM = 1, 2
+IP_PROTOCOLS = (0, 6, 17)  # default, TCP, UDP
+# FS_IOC_SETFLAGS (and its 32-bit spelling), FS_IOC_FSSETXATTR, TIOCSTI
+IOCTLS_REFUSED = (0x40086602, 0x40046602, 0x401C5820, 0x5412)
+_LD_W_ABS, _JEQ_K, _JGE_K, _AND_K, _RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAPBSET_DROP = 47, 4, 24
 
 
 class _Filter(ctypes.Structure):
@@ -234,26 +319,86 @@ class _Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
 
 
-def socket_rows() -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k) rows: another ABI than the machine's own, socket(AF_UNIX)
-    and io_uring_setup refused with EPERM; everything else allowed."""
-    arch, sock, uring = _ARCH[platform.machine()]
-    return [
-        (_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, arch), (_RET_K, 0, 0, _EPERM),  # i386 through int 0x80: no
-        (_LD_W_ABS, 0, 0, 0), (_JGE_K, 0, 1, 0x40000000), (_RET_K, 0, 0, _EPERM),  # x32 numbers: no
-        (_JEQ_K, 0, 1, uring), (_RET_K, 0, 0, _EPERM),
-        (_JEQ_K, 0, 3, sock), (_LD_W_ABS, 0, 0, 16), (_JEQ_K, 0, 1, AF_UNIX), (_RET_K, 0, 0, _EPERM),
-        (_RET_K, 0, 0, _ALLOW),
-    ]
+def _assemble(prog: list) -> list[tuple[int, int, int, int]]:
+    """Rows from a program whose jumps name labels (a str row is a label; a jump's target None is
+    the next row); BPF's jumps are relative and at most 255 rows."""
+    at, n = {}, 0
+    for r in prog:
+        if isinstance(r, str):
+            at[r] = n
+        else:
+            n += 1
+    out, i = [], 0
+    for r in prog:
+        if isinstance(r, str):
+            continue
+        code, jt, jf, k = r
+        rel = [0 if t is None else at[t] - i - 1 for t in (jt, jf)]
+        assert all(0 <= x < 256 for x in rel), (r, rel)
+        out.append((code, rel[0], rel[1], k))
+        i += 1
+    return out
 
 
-def no_unix_sockets() -> None:
-    """Stacks socket_rows() on this process (no_new_privs must be set); OSError otherwise."""
-    rows = socket_rows()
+def filter_rows(machine: str | None = None) -> list[tuple[int, int, int, int]]:
+    """The agent's seccomp filter as (code, jt, jf, k) rows (see the comment above)."""
+    arch, nr = _NR[machine or platform.machine()]
+    arg = lambda i: (_LD_W_ABS, None, None, 16 + 8 * i)  # noqa: E731 - an argument's low word
+    p: list = [(_LD_W_ABS, None, None, 4), (_JEQ_K, None, "deny", arch),  # i386 through int 0x80: no
+               (_LD_W_ABS, None, None, 0), (_JGE_K, "deny", None, 0x40000000)]  # x32 numbers: no
+    p += [(_JEQ_K, "deny", None, nr[name]) for name in REFUSED if name in nr]
+    p += [(_JEQ_K, "self", None, nr[name]) for name in SELF_ONLY]
+    p += [(_JEQ_K, "setpriority", None, nr["setpriority"]), (_JEQ_K, "ioprio", None, nr["ioprio_set"]),
+          (_JEQ_K, "socket", None, nr["socket"]), (_JEQ_K, "ioctl", None, nr["ioctl"]),
+          (_RET_K, None, None, _ALLOW)]
+    p += ["self", arg(0), (_JEQ_K, "allow", "deny", 0)]
+    p += ["setpriority", arg(0), (_JEQ_K, None, "deny", 0), arg(1), (_JEQ_K, "allow", "deny", 0)]  # PRIO_PROCESS, self
+    p += ["ioprio", arg(0), (_JEQ_K, None, "deny", 1), arg(1), (_JEQ_K, "allow", "deny", 0)]  # IOPRIO_WHO_PROCESS, self
+    p += ["socket", arg(0), (_JEQ_K, "allow", None, AF_NETLINK), (_JEQ_K, "inet", None, AF_INET),
+          (_JEQ_K, "inet", "deny", AF_INET6),
+          "inet", arg(1), (_AND_K, None, None, 0xF), (_JEQ_K, "proto", None, SOCK_STREAM),
+          (_JEQ_K, "proto", "deny", SOCK_DGRAM),
+          "proto", arg(2)]
+    p += [(_JEQ_K, "allow", None, k) for k in IP_PROTOCOLS] + [(_RET_K, None, None, _EPERM)]
+    p += ["ioctl", arg(1)] + [(_JEQ_K, "deny", None, k) for k in IOCTLS_REFUSED] + [(_RET_K, None, None, _ALLOW)]
+    p += ["deny", (_RET_K, None, None, _EPERM), "allow", (_RET_K, None, None, _ALLOW)]
+    return _assemble(p)
+
+
+def seccomp_filter(rows=None) -> None:
+    """Stacks filter_rows() on this process (no_new_privs must be set); OSError otherwise."""
+    rows = rows or filter_rows()
     arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
     prog = _Prog(len(rows), arr)
     if _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """No capability left, and none to be had again (an agent run by root would keep CAP_MKNOD,
+    CAP_SYS_TIME, CAP_SYS_NICE, CAP_LINUX_IMMUTABLE, ...: the s42 red team reached the raw disk
+    through a device node it made). The ambient and bounding sets are emptied where this process
+    may (root), then the effective, permitted and inheritable ones; with no_new_privs, nothing
+    the agent executes gains one back. OSError if any is left."""
+    libc = _libc()
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: nothing to drop then
+    hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
+    if libc.syscall(_NR[platform.machine()][1]["capset"], ctypes.byref(hdr), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    with open("/proc/self/status") as f:
+        eff = next((ln.split()[1] for ln in f if ln.startswith("CapEff:")), "0")
+    if int(eff, 16):
+        raise OSError(f"capabilities left: {eff}")
 
 
 # -- the trampoline ---------------------------------------------------------------------------
@@ -317,25 +462,59 @@ def sweep(rounds: int = 200) -> int:
     return len(killed)
 
 
+def open_folders(folders: list[dict]) -> list[int]:
+    """Descriptors of the folders the agent may write, each the very folder the run was set up
+    with (`{"path", "dev", "ino"}`): a folder swapped for a link to another between two calls
+    (the s42 red team pointed one at the run folder) is refused, never followed. OSError."""
+    fds = []
+    for f in folders:
+        fd = os.open(f["path"], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (f["dev"], f["ino"]):
+            os.close(fd)
+            raise OSError(f"{f['path']} is not the folder the run set up for the agent (replaced, or a link "
+                          "to another): refused")
+        fds.append(fd)
+    return fds
+
+
 def trampoline(config: dict, argv: list[str]) -> int:
+    """Runs `argv` confined and returns its exit code (KILLED_ON_TIMEOUT, CANNOT_CONFINE). This
+    process stays outside the agent's domain (it restricts only the child it forks), so the agent
+    can neither signal nor trace it; as the agent's subreaper it kills every process the agent
+    left alive when the agent exits or its time runs out."""
     libc = _libc()
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
-        restrict_self(list(config["writable"]), config.get("ports"), config.get("abi"))
-        no_unix_sockets()
+        fds = open_folders(config["writable"])
     except OSError as e:
         sys.stderr.write(f"pipe: cannot confine the agent: {e}\n")
         return CANNOT_CONFINE
+    r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:
+    if pid == 0:  # the agent: restricted here, then the command
+        os.close(r)
         try:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            drop_capabilities()
+            restrict_self(fds, config.get("ports"), config.get("abi"))
+            seccomp_filter()
+            for fd in fds:
+                os.close(fd)
             if config.get("cwd"):
                 os.chdir(config["cwd"])
+        except OSError as e:
+            os.write(w, f"cannot confine the agent: {e}".encode())
+            os._exit(CANNOT_CONFINE)
+        os.set_inheritable(w, False)
+        try:
             os.execvp(argv[0], argv)
         except OSError as e:
             sys.stderr.write(f"cannot run {argv[0]}: {e}\n")
         os._exit(127)
+    os.close(w)
+    for fd in fds:
+        os.close(fd)
     deadline = time.monotonic() + float(config.get("timeout_s") or 1e9)
     code = None
     while code is None:
@@ -349,8 +528,15 @@ def trampoline(config: dict, argv: list[str]) -> int:
         elif got == 0:
             if time.monotonic() > deadline:
                 sweep()
+                os.close(r)
                 return KILLED_ON_TIMEOUT
             time.sleep(0.005)
+    why = os.read(r, 4096).decode(errors="replace")
+    os.close(r)
+    if code == CANNOT_CONFINE and why:
+        sys.stderr.write(f"pipe: {why}\n")
+        sweep()
+        return CANNOT_CONFINE
     left = sweep()
     if left:
         sys.stderr.write(f"pipe: {left} processes the agent left running were killed\n")

@@ -286,13 +286,21 @@ class Command(_External):
             if not p.is_dir():
                 raise AgentConfinementError(f"agent.options.writable[{i}]: {p} is not a folder")
             writable.append(p)
+        why = confine.nested(writable)
+        if why:
+            raise AgentConfinementError(f"agent.options.writable: {why}")
         ports = opt.get("connect_ports")
         ports = None if ports == "any" else list(confine.DEFAULT_PORTS if ports is None else ports)
-        self.jail = {"writable": [str(w) for w in writable], "workdir": str(work), "ports": ports,
-                     "timeout_s": self.timeout, "abi": confine.abi()}
-        return (f"confined (Landlock ABI {self.jail['abi']}): writes only to {', '.join(self.jail['writable'])} "
+        folders = []
+        for w in writable:  # each folder as it is now: the trampoline refuses one swapped later
+            st = w.stat()
+            folders.append({"path": str(w), "dev": st.st_dev, "ino": st.st_ino})
+        self.jail = {"writable": folders, "workdir": str(work), "ports": ports, "timeout_s": self.timeout,
+                     "abi": confine.abi()}
+        return (f"confined (Landlock ABI {self.jail['abi']}): writes only to {', '.join(map(str, writable))} "
                 f"and /dev/null; TCP to {'any port' if ports is None else 'ports ' + ', '.join(map(str, ports))}; "
-                "no unix socket; no signal or trace beyond its own processes; none left running after a reply")
+                "no capability, no unix socket; no signal, trace or scheduling of other processes; "
+                "none left running after a reply")
 
     def ask(self, context: dict, transcript: list[dict]) -> str:
         payload = dict(context, transcript=transcript)

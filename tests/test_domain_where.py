@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from runner import cli
-from runner.judge import domain
+from runner.judge import domain, inputs
 from runner.judge.inputs import make_inputs
 from runner.ship import ranges
 from runner.ship.exported_runtime import Op
@@ -364,7 +364,10 @@ def test_make_inputs_timed_takes_the_override_and_verification_the_inputs_own():
             assert int(v["lens"].min()) >= 1 and int(v["lens"].max()) <= 500
             assert int(v["lens"].min()) < 500  # ragged: 32 rows all at 500 is one chance in 500^32
             assert torch.equal(t["lens"], torch.full((32,), 500, dtype=torch.int32))
-            assert torch.equal(v["x"], t["x"])  # the same draws otherwise: only the override differs
+            # the same draws otherwise: only the override differs, and verification's witness
+            # rows (judge/inputs._witnessed: a sixteenth of the rows from the other distributions)
+            differ = int((v["x"] != t["x"]).any(dim=-1).sum())
+            assert differ <= 32 // inputs.WITNESS_SHARE
 
 
 class Spy:

@@ -6,7 +6,12 @@ some exist to stress the numerics, and each op's spec lists those that apply:
 E[x]^2 and other cancellations fail), `spike` (one element of each row 1e2 to 1e4
 times the rest), `huge` (magnitudes up to a quarter of the dtype's largest: safe
 for ops that subtract the row maximum first, not for squares) and `tiny` (around
-the dtype's smallest normal, subnormals included). Integer tensors take `randint` (low,
+the dtype's smallest normal, subnormals included), `scaled` (normal rows, each times its own
+scale, log-uniform over twelve decades: no cheap test of a few elements tells where an
+absolute term such as eps matters). In verification's value sets a sixteenth of the rows of
+a floating input of two or more dimensions come from its other listed distributions at secret
+rows (witness rows), so every distribution is drawn at every verified shape in every check
+round, not only where the rounds' rotation puts it. Integer tensors take `randint` (low,
 high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
 that every value appears once (a block table over a pool of pages, each page owned by one
 sequence, in shuffled order).
@@ -176,6 +181,11 @@ def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.T
             x = sign * info.max / 4 * torch.exp2(-4 * u)
         else:  # |x| in [smallest normal / 64, smallest normal * 64]
             x = sign * info.tiny * torch.exp2(12 * u - 6)
+    elif dist == "scaled":  # normal, each row times its own scale, log-uniform over 12 decades
+        rows = (*shape[:-1], 1) if len(shape) >= 1 else ()
+        lo, hi = SCALED_DECADES.get(dtype, (-6.0, 6.0))
+        exp = torch.rand(rows, generator=gen, device=device, dtype=torch.float64) * (hi - lo) + lo
+        x = (torch.randn(shape, generator=gen, device=device, dtype=torch.float64) * torch.pow(10.0, exp))
     elif dist == "outliers":  # mostly normal, 0.1% of values 50x larger
         x = torch.randn(shape, generator=gen, device=device, dtype=direct)
         mask = torch.rand(shape, generator=gen, device=device) < 1e-3
@@ -183,6 +193,57 @@ def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.T
     else:  # normal
         x = torch.randn(shape, generator=gen, device=device, dtype=direct)
     return x.to(dtype)
+
+
+# `scaled`: the decades a row's scale spans, per dtype (fp16: its range is five decades of normals)
+SCALED_DECADES = {torch.float16: (-2.0, 2.0)}
+
+# Witness rows (verification's value sets only): a share of the rows of a floating input drawn
+# from the input's other distributions, at secret rows (s42 red team: every listed distribution
+# was drawn only at some shapes, the check rounds rotating over them, so a kernel wrong on
+# `offset` or `tiny` rows at the timed shapes alone was verified `ok`).
+WITNESS_SHARE = 16  # one row in this many, at secret positions; none below this many rows
+FLOATING_DISTS = ("normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge",
+                  "tiny", "scaled")
+
+
+def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, device: str) -> torch.Tensor:
+    """`x` (drawn from `main`) with a secret 1/WITNESS_SHARE of its rows (its leading index)
+    drawn again from the input's other floating distributions, each row's own chosen at random.
+    From a generator of their own (seeded from the value set's seed and the input's place), so
+    the value set's other draws are the same with witnesses or without."""
+    others = [d for d in dict.fromkeys(t.dists) if d != main and d in FLOATING_DISTS]
+    rows = x.shape[0] if x.dim() >= 2 else 0
+    if main not in FLOATING_DISTS or not others or rows < WITNESS_SHARE:
+        return x
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * 0x9E3779B1 + 0x632BE5AB * (which + 1)) & ((1 << 62) - 1))
+    k = rows // WITNESS_SHARE
+    where = torch.randperm(rows, generator=g)[:k]
+    pick = torch.randint(0, len(others), (k,), generator=g)
+    gdev = torch.Generator(device=device)
+    gdev.manual_seed(int(torch.randint(0, 1 << 62, (1,), generator=g)))
+    sub_env = dict(env)
+    for j, dist in enumerate(others):
+        at = where[pick == j]
+        if at.numel():
+            part = _draw(_Rows(t, int(at.numel())), sub_env, dist, gdev, device)
+            x[at.to(x.device)] = part.to(x.dtype)
+    return x
+
+
+class _Rows:
+    """The input `t` with its leading dimension set to `n` rows (the witness rows' own draw)."""
+
+    def __init__(self, t, n: int):
+        self._t, self._n = t, n
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    @property
+    def shape(self):
+        return (lambda env, n=self._n: n, *self._t.shape[1:])
 
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
@@ -196,7 +257,10 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     gen.manual_seed(seed)
     env = op.shape_env(shape)
     out = {}
-    for t in op.inputs:
+    for i, t in enumerate(op.inputs):
         v = t.drawn(timed)
-        out[t.name] = make_tensor(v, env, v.dists[round_ % len(v.dists)], gen, device)
+        dist = v.dists[round_ % len(v.dists)]
+        out[t.name] = make_tensor(v, env, dist, gen, device)
+        if not timed:  # verification's: every listed distribution at every shape, in secret rows
+            out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
     return out

@@ -1259,10 +1259,14 @@ def _alternate(inputs: dict, sets: list[dict], unsalted: frozenset = frozenset()
     reports the time of those calls only (_fresh_times), so a memo of answers it has seen
     speeds up no call that counts, wherever the memo is kept; fresh calls' samples are checked
     against their own salted set's references (all of them, or a secret few: _fresh_checked),
-    so none may skip its work either. The last call, whose output is checked against its
-    salted set's own reference, cannot be told from them (session 35's red team kept such
-    memos on libc's heap, in a fixed mapping and in the interpreter's frames, past every
-    scrub; session 36's kept marks in CUDA allocations' unused tails).
+    so none may skip its work either. The last call's output is checked against its salted
+    set's own reference (session 35's red team kept such memos on libc's heap, in a fixed
+    mapping and in the interpreter's frames, past every scrub; session 36's kept marks in CUDA
+    allocations' unused tails). A kernel can count its calls and find the last one with no
+    state of its own, through marks in the low bits of its own output, which the next call
+    finds there (session 42's red team, datasets/judge-redteam/s42-told, v3): what stands
+    against that is that every timed call's output is sampled at secret positions and checked,
+    so a call that skips its work anywhere is caught there, whichever call it is.
 
     With `dense` (a shape where the op's work is not bound by its bytes: Judge._dense), every
     salted call's salted inputs also have every element scaled by its own random factor

@@ -19,7 +19,7 @@ NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 DTYPES = ["bf16", "fp16", "fp32", "fp64", "int8", "uint8", "int32", "int64", "bool"]
 # the routing dists draw an offsets input: per-expert cumulative row ends (judge/inputs.py)
 ROUTING_DISTS = ["routing", "routing_one", "routing_empty", "routing_single"]
-DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge", "tiny",
+DISTS = ["normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge", "tiny", "scaled",
          "randint", "perm", *ROUTING_DISTS]
 METRICS = ["time_us", "speedup", "bandwidth_fraction", "flops_fraction", "limit_fraction"]
 

@@ -22,7 +22,8 @@ import yaml
 
 from runner.search.agents import confine
 
-from .conftest import FEW_ROWS, PIPELINES, pipe_main
+from .conftest import pipe_main
+from .test_agents_external import spec_with_agent
 
 CONFINED = confine.unavailable() is None
 TRAMPOLINE = [sys.executable, "-I", "-S", confine.__file__]
@@ -183,20 +184,9 @@ def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_pa
     assert not confine.nested([tmp_path / "a", tmp_path / "b"])
 
 
-BASE = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-
-
 def spec_with(project, options: dict, trials: int = 2) -> str:
-    d = json.loads(json.dumps(BASE))
-    d["name"] = "rmsnorm-confined"
-    d["agent"] = {"strategy": "command", "options": options}
-    d["goal"] = {"budget": {"trials": trials}}
-    d["runtime"]["rep_ms"] = 10
-    d["baseline"] = "none"
-    d["op"]["shapes"] = FEW_ROWS
-    p = project / "pipelines" / "agent.yaml"
-    p.write_text(yaml.safe_dump(d, sort_keys=False))
-    return str(p)
+    """rmsnorm-cpu at FEW_ROWS with a command agent of these options."""
+    return spec_with_agent(project, {"strategy": "command", "options": options}, trials)
 
 
 def test_spec_errors_name_the_option_that_reaches_what_the_runner_owns(project):

@@ -318,6 +318,10 @@ def test_an_agent_run_unconfined_on_purpose_is_recorded_so(project):
     assert r.returncode == 1, r.stderr
     show = pipe_main("show", str(project / "run"), cwd=project)
     assert "agent: UNCONFINED" in show.stdout
+    r = pipe_main("report", str(project / "run"), cwd=project)  # and the report says so too
+    assert r.returncode == 0, r.stderr
+    assert "Agent: UNCONFINED" in (project / "run" / "report.md").read_text()
+    assert "Agent: UNCONFINED" in (project / "run" / "report.html").read_text()
 
 
 def test_a_writable_folder_that_holds_the_run_folder_is_refused_at_the_start(project):

@@ -19,6 +19,7 @@ import base64
 import html
 import io
 import json
+import sqlite3
 import math
 from pathlib import Path
 
@@ -56,6 +57,10 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         trials = check.trials
         meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks")}
         intact = check.intact
+        try:  # a command agent's confinement, as the run recorded it (search/agents/confine.py)
+            agent = next((r for r in reversed(led.replies()) if r["outcome"] in ("confined", "unconfined")), None)
+        except sqlite3.DatabaseError:
+            agent = None
     finally:
         led.close()
     spec = None
@@ -76,7 +81,8 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
     checks = json.loads(meta["goal_checks"] or "[]")
     return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,
-            "baseline": baseline, "intact": intact, "goal_check": checks[-1] if checks else None}
+            "baseline": baseline, "intact": intact, "goal_check": checks[-1] if checks else None,
+            "agent": agent["feedback"] if agent else None}
 
 
 def _labels(data) -> list[str]:
@@ -481,6 +487,8 @@ def markdown(data, rows) -> str:
            + ", ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())) + ")"
            + (f", {s['per_min']:.0f} trials a minute of judge time" if s["per_min"] else "") + "; ledger chain "
            + ("intact" if s["intact"] else "BROKEN") + "."]
+    if data.get("agent"):
+        out += ["", f"Agent: {data['agent']}."]
     b = s["best"]
     if b:
         out += ["", f"Best overall: trial #{b.id} `{json.dumps(b.params)}`, geometric-mean time "
@@ -547,6 +555,8 @@ def html_page(data, rows) -> str:
     head = (f"<p>{s['trials']} trials: " + ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(s["by_status"].items()))
             + (f"; {s['per_min']:.0f} trials a minute of judge time" if s["per_min"] else "")
             + "; ledger chain " + ("intact" if s["intact"] else "<b>BROKEN</b>") + ".</p>")
+    if data.get("agent"):
+        head += f"<p>Agent: {html.escape(data['agent'])}.</p>"
     if b:
         head += (f"<p>Best overall: trial #{b.id} <code>{html.escape(json.dumps(b.params))}</code>, "
                  f"geometric-mean time {b.objective * 1e6:.2f} us.</p>")

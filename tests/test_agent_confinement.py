@@ -69,6 +69,8 @@ def test_the_trampoline_confines_writes_signals_and_ports(tmp_path):
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
     port = srv.getsockname()[1]
+    master, slave = os.openpty()  # a terminal of the user's
+    pty = os.ttyname(slave)
     unix = socket.socket(socket.AF_UNIX)  # a service behind a unix socket with a path
     unix.bind(str(tmp_path / "service.sock"))
     unix.listen(4)
@@ -104,6 +106,16 @@ t("limit_self", lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
 t("device_node", lambda: os.mknod("disk", 0o600 | 0o60000, os.makedev(7, 0)))
 t("chown", lambda: os.chown("mine.txt", 65534, 65534))
 t("chmod", lambda: os.chmod("mine.txt", 0o600))
+import ctypes, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def c_call(name, *args):
+    if getattr(libc, name)(*args) == -1:
+        raise OSError(ctypes.get_errno(), name)
+t("shm_segment", lambda: c_call("shmget", 0, 1 << 20, 0o1600))  # IPC_PRIVATE, IPC_CREAT | 0600
+t("keyring", lambda: c_call("syscall", 250, 0, -3, 0, 0))  # keyctl(KEYCTL_GET_KEYRING_ID, session)
+t("namespace", lambda: c_call("unshare", 0x10000000))  # CLONE_NEWUSER
+t("terminal", lambda: open({pty!r}, "rb", buffering=0).read(1))
+t("subprocess", lambda: subprocess.run(["true"], check=True))
 caps = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith(("CapEff", "CapPrm", "CapBnd"))]
 out["caps"] = "ok" if all(int(c, 16) == 0 for c in caps[:2]) else caps
 print(json.dumps(out))
@@ -124,6 +136,8 @@ print(json.dumps(out))
     assert got["renice_other"] == got["pin_other"] == got["limit_other"] == 1
     assert got["renice_self"] == got["limit_self"] == "ok"
     assert got["device_node"] == got["chown"] == got["chmod"] == 1
+    assert got["shm_segment"] == got["keyring"] == got["namespace"] == 1  # outlive it, the user's, a new kernel view
+    assert got["terminal"] == 13 and got["subprocess"] == "ok"  # /dev is out of reach; clone3's fallback works
     assert got["caps"] == "ok"
     # the same port allowed by the config connects
     argv, _ = jail(tmp_path, ports=(port,))
@@ -131,6 +145,8 @@ print(json.dumps(out))
     assert json.loads(r.stdout)["port_denied"] == "ok"
     srv.close()
     unix.close()
+    os.close(master)
+    os.close(slave)
 
 
 @pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
@@ -150,6 +166,68 @@ def test_nothing_the_agent_started_outlives_its_answer_or_its_timeout(tmp_path):
     assert r.returncode == confine.KILLED_ON_TIMEOUT
     assert time.monotonic() - t0 < 20
     assert not alive(int((tmp_path / "work" / "daemon.pid").read_text()))
+
+
+CHAIN_FROM_THREADS = r'''
+import os, sys, threading, time
+depth = int(sys.argv[1])
+def level(n):
+    with open("chain.pids", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    if n == 0:
+        time.sleep(600)
+        return
+    def spawn():  # the next level is this thread's child, not the main thread's
+        if os.fork() == 0:
+            level(n - 1)
+            os._exit(0)
+        time.sleep(600)
+    threading.Thread(target=spawn, daemon=True).start()
+    time.sleep(600)
+if os.fork() == 0:
+    os.setsid()
+    level(depth)
+    os._exit(0)
+while len(open("chain.pids").read().split()) < depth + 1 if os.path.exists("chain.pids") else True:
+    time.sleep(0.01)
+print("answered")
+'''
+
+
+def test_the_sweep_sees_processes_started_from_second_threads(tmp_path):
+    """The walk of the tree reads every thread's children: each level of this chain is the
+    child of a second thread (before, only the main thread's were read, and the sweep found
+    one level of such a chain a round)."""
+    stays = CHAIN_FROM_THREADS.replace('print("answered")', 'print("answered", flush=True)\ntime.sleep(600)')
+    p = subprocess.Popen([sys.executable, "-c", stays, "6"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "answered"
+        pids = [int(x) for x in (tmp_path / "chain.pids").read_text().split()]
+        assert len(pids) == 7 and set(pids) <= set(confine._descendants())
+    finally:
+        for pid in [int(x) for x in (tmp_path / "chain.pids").read_text().split()] + [p.pid]:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        p.wait()
+
+
+@pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
+def test_a_chain_started_from_second_threads_is_swept_whole(tmp_path):
+    """s42 red team, second pass: the sweep read the main thread's children only and gave up
+    after 200 rounds; a chain of processes each started from a second thread came out one level
+    a round, and the rest lived on."""
+    argv, cfg = jail(tmp_path)
+    depth = 40
+    r = subprocess.run([*argv, sys.executable, "-c", CHAIN_FROM_THREADS, str(depth)], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "answered", r.stderr
+    pids = [int(x) for x in (tmp_path / "work" / "chain.pids").read_text().split()]
+    assert len(pids) == depth + 1
+    assert not [p for p in pids if alive(p)]
+    assert f"{depth + 1} processes the agent left running were killed" in r.stderr
 
 
 @pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
@@ -180,6 +258,17 @@ def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_pa
     assert confine.clash(tmp, owned) and confine.clash(tmp / "mine", owned) is None
     assert "system" in confine.clash(pathlib.Path("/usr/local/include"), owned)
     assert confine.clash(pathlib.Path("/"), owned) and confine.clash(pathlib.Path.home().resolve(), owned)
+    # what a careless spec could name (the red team's second pass): a repository's .git, a run
+    # folder or one that holds one, a hidden folder of home, a tool's cache in the temporary folder
+    (tmp_path / "repo" / ".git" / "hooks").mkdir(parents=True)
+    (tmp_path / "runs" / "a-run").mkdir(parents=True)
+    (tmp_path / "runs" / "a-run" / "ledger.db").write_bytes(b"")
+    assert "git" in confine.unsafe(tmp_path / "repo" / ".git" / "hooks")
+    assert "run folder" in confine.unsafe(tmp_path / "runs" / "a-run" / "sub")
+    assert "holds" in confine.unsafe(tmp_path / "runs")
+    assert "hidden" in confine.unsafe(pathlib.Path.home().resolve() / ".config" / "x")
+    assert "cache" in confine.unsafe(tmp / "torchinductor_someone")
+    assert confine.unsafe(tmp_path / "repo") is None and confine.unsafe(tmp / "an-agent") is None
     assert confine.nested([tmp_path / "a", tmp_path / "a" / "b"])
     assert not confine.nested([tmp_path / "a", tmp_path / "b"])
 

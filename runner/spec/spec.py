@@ -1479,7 +1479,7 @@ class _Checker:
                 self.err(path, f"expected a folder's path, got {v!r}")
                 return None
             p = (self.near / Path(v).expanduser()).resolve()
-            why = confine.clash(p, owned)
+            why = confine.clash(p, owned) or confine.unsafe(p)
             if why:
                 self.err(path, f"the agent may not write {p}: it {why}")
                 return None

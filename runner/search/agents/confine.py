@@ -126,9 +126,26 @@ class _NetPort(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
+DEVICES_READ = ("/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+def readable(handled: int) -> list[tuple[str, int]]:
+    """(path, rights) the agent reads through: every entry of / but /dev (a terminal of the
+    user's is readable there, keystrokes and all: the s42 red team's second pass read a line
+    typed into another pty), the folders of / listed, and of /dev the null, zero and random
+    devices (/dev/null written too)."""
+    out = [("/", FS_READ_DIR)]
+    for name in sorted(os.listdir("/")):
+        if name != "dev":
+            out.append((f"/{name}", READ))
+    out += [(d, FS_READ_FILE) for d in DEVICES_READ]
+    out.append(("/dev/null", (FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE) & handled))
+    return out
+
+
 def restrict_self(writable: list[int], ports: list[int] | None, version: int | None = None) -> None:
-    """Restricts this process and everything it starts from now on: read and execute anywhere,
-    write under the folders `writable` (descriptors opened before, so that no path is looked up
+    """Restricts this process and everything it starts from now on: read and execute anywhere but
+    /dev (`readable`), write under the folders `writable` (descriptors opened before, so that no path is looked up
     again) and to /dev/null, but make no device node and ioctl no device there; TCP
     connections to `ports` only (None: any) and no TCP port bound; no signal or abstract unix
     socket beyond its own domain. Raises OSError."""
@@ -152,9 +169,14 @@ def restrict_self(writable: list[int], ports: list[int] | None, version: int | N
                             ctypes.byref(r), ctypes.c_uint32(0)) != 0:
                 raise OSError(ctypes.get_errno(), f"landlock_add_rule({what})")
 
-        for path, rights in (("/", READ), ("/dev/null", (FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE) & handled)):
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, rights in readable(handled):
             try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:  # gone since it was listed, or a link to nothing
+                continue
+            try:
+                if not os.path.isdir(f"/proc/self/fd/{pfd}"):
+                    rights &= FILE_RIGHTS  # a file takes no folder's rights
                 rule(pfd, rights, path)
             finally:
                 os.close(pfd)
@@ -238,6 +260,39 @@ def clash(path, owned) -> str | None:
     return None
 
 
+TOOL_CACHES = ("torchinductor_", "triton", "pipe-cpu-", "pipe-actor-", "pipe-artifacts-", "ray")
+
+
+def unsafe(path) -> str | None:
+    """Why a folder is no place for the agent to write, whatever the run owns (the s42 red team's
+    second pass: a careless spec could name these), or None: a git repository's own folder (its
+    hooks run at the user's next commit), a run folder of pipe's or one holding one (its ledger),
+    a hidden folder of the home folder (the user's configuration, keys, and the caches of
+    Triton, CUDA and pipe), a tool's cache under the temporary folder (torch.compile's, which
+    `baseline: compile` runs)."""
+    from pathlib import Path
+
+    path = Path(path)
+    if ".git" in path.parts:
+        return "lies inside a git repository's own folder (.git: its hooks run at the next commit)"
+    for p in (path, *path.parents):
+        if (p / "ledger.db").exists():
+            return f"lies inside {p}, a run folder of pipe's (its ledger)"
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            if "ledger.db" in files:
+                return f"holds {root}, a run folder of pipe's (its ledger)"
+            if Path(root).relative_to(path).parts.__len__() >= 3:
+                dirs[:] = []
+    home = Path.home().resolve()
+    if home in path.parents and path.relative_to(home).parts[0].startswith("."):
+        return f"lies inside {home / path.relative_to(home).parts[0]}, a hidden folder of the home folder"
+    tmp = Path(tempfile.gettempdir()).resolve()
+    if tmp in path.parents and path.relative_to(tmp).parts[0].startswith(TOOL_CACHES):
+        return f"lies inside {tmp / path.relative_to(tmp).parts[0]}, a cache or build folder of the tools"
+    return None
+
+
 def nested(folders) -> str | None:
     """Why folders the agent may write cannot all be given (one inside another: a folder it
     could replace by a link between two calls), or None."""
@@ -260,6 +315,9 @@ def nested(folders) -> str | None:
 # - tracing and reading other processes (ptrace, process_vm_*, perf events, BPF, kcmp, pidfd_getfd);
 # - the clock's rate and time (adjtimex: the judge's monotonic clock up to 10% off), reboot,
 #   modules, kexec, swap, accounting, entering another namespace;
+# - SysV IPC objects and message queues, which outlive the agent (a 64 MiB segment was left
+#   behind), the keyrings (the user's session keyring is inherited: a key was read and revoked),
+#   new namespaces, clone3 (ENOSYS: its flags are in memory, CLONE_INTO_CGROUP among them);
 # - device nodes, file owners, modes and extended attributes, the immutable flag (a root agent
 #   locked the ledger through a read-only descriptor) and TIOCSTI (keys typed into a terminal). A
 #   file's owner may change its mode without any write right (Landlock has none for it): an
@@ -277,7 +335,10 @@ _NR = {  # per architecture: the audit arch, then the system calls by name
         "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
         "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466,
         "setpriority": 141, "ioprio_set": 251, "sched_setaffinity": 203, "sched_setscheduler": 144,
-        "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302, "ioctl": 16, "capset": 126}),
+        "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302, "ioctl": 16, "capset": 126,
+        "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "keyctl": 250, "add_key": 248,
+        "request_key": 249, "file_setattr": 469, "unshare": 272, "open_by_handle_at": 304,
+        "fanotify_init": 300, "clone": 56, "clone3": 435}),
     "aarch64": (0xC00000B7, {
         "socket": 198, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "perf_event_open": 241,
@@ -289,7 +350,9 @@ _NR = {  # per architecture: the audit arch, then the system calls by name
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
         "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466, "setpriority": 140, "ioprio_set": 30,
         "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
-        "prlimit64": 261, "ioctl": 29, "capset": 91}),
+        "prlimit64": 261, "ioctl": 29, "capset": 91, "shmget": 194, "semget": 190, "msgget": 186,
+        "mq_open": 180, "keyctl": 219, "add_key": 217, "request_key": 218, "file_setattr": 469,
+        "unshare": 97, "open_by_handle_at": 265, "fanotify_init": 262, "clone": 220, "clone3": 435}),
 }
 _NR["AMD64"], _NR["arm64"] = _NR["x86_64"], _NR["aarch64"]
 REFUSED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "process_vm_readv",
@@ -298,13 +361,21 @@ REFUSED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "p
            "delete_module", "kexec_load", "kexec_file_load", "swapon", "swapoff", "acct", "setns", "mknod",
            "mknodat", "chown", "fchown", "lchown", "fchownat", "chmod", "fchmod", "fchmodat", "fchmodat2",
            "setxattr", "lsetxattr", "fsetxattr",
-           "removexattr", "lremovexattr", "fremovexattr", "setxattrat", "removexattrat")
+           "removexattr", "lremovexattr", "fremovexattr", "setxattrat", "removexattrat", "shmget", "semget", "msgget", "mq_open", "keyctl", "add_key",
+           "request_key", "file_setattr", "unshare", "open_by_handle_at", "fanotify_init")
 SELF_ONLY = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr", "prlimit64")  # pid 0
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 SOCK_STREAM, SOCK_DGRAM = 1, 2
 IP_PROTOCOLS = (0, 6, 17)  # default, TCP, UDP
-# FS_IOC_SETFLAGS (and its 32-bit spelling), FS_IOC_FSSETXATTR, TIOCSTI
-IOCTLS_REFUSED = (0x40086602, 0x40046602, 0x401C5820, 0x5412)
+# ioctls: TIOCSTI (keys typed into a terminal) and two families, whole: 'f' (0x66: file flags,
+# fscrypt policies and keys, fs-verity; a policy set on an empty folder of the agent's uid
+# through a read-only descriptor made the judge's writes there fail) and 'X' (0x58: the
+# project quota attributes, freeze, thaw), but for the two reads a copy may ask for
+IOCTLS_REFUSED = (0x5412, 0x4008941A)  # TIOCSTI, BTRFS_IOC_SUBVOL_SETFLAGS
+IOCTLS_ALLOWED = (0x80086601, 0xC020660B)  # FS_IOC_GETFLAGS, FS_IOC_FIEMAP
+IOCTL_FAMILIES_REFUSED = (0x6600, 0x5800)
+CLONE_NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+_JSET_K, _ENOSYS = 0x45, 0x00050000 | 38
 _LD_W_ABS, _JEQ_K, _JGE_K, _AND_K, _RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
@@ -350,7 +421,12 @@ def filter_rows(machine: str | None = None) -> list[tuple[int, int, int, int]]:
     p += [(_JEQ_K, "self", None, nr[name]) for name in SELF_ONLY]
     p += [(_JEQ_K, "setpriority", None, nr["setpriority"]), (_JEQ_K, "ioprio", None, nr["ioprio_set"]),
           (_JEQ_K, "socket", None, nr["socket"]), (_JEQ_K, "ioctl", None, nr["ioctl"]),
+          (_JEQ_K, "clone", None, nr["clone"]), (_JEQ_K, "enosys", None, nr["clone3"]),
           (_RET_K, None, None, _ALLOW)]
+    # clone3 -> ENOSYS (libc falls back to clone, whose flags the filter can read: clone3's sit in
+    # memory, CLONE_INTO_CGROUP among them); no new namespace
+    p += ["enosys", (_RET_K, None, None, _ENOSYS)]
+    p += ["clone", arg(0), (_JSET_K, "deny", "allow", CLONE_NEW_NAMESPACES)]
     p += ["self", arg(0), (_JEQ_K, "allow", "deny", 0)]
     p += ["setpriority", arg(0), (_JEQ_K, None, "deny", 0), arg(1), (_JEQ_K, "allow", "deny", 0)]  # PRIO_PROCESS, self
     p += ["ioprio", arg(0), (_JEQ_K, None, "deny", 1), arg(1), (_JEQ_K, "allow", "deny", 0)]  # IOPRIO_WHO_PROCESS, self
@@ -360,7 +436,9 @@ def filter_rows(machine: str | None = None) -> list[tuple[int, int, int, int]]:
           (_JEQ_K, "proto", "deny", SOCK_DGRAM),
           "proto", arg(2)]
     p += [(_JEQ_K, "allow", None, k) for k in IP_PROTOCOLS] + [(_RET_K, None, None, _EPERM)]
-    p += ["ioctl", arg(1)] + [(_JEQ_K, "deny", None, k) for k in IOCTLS_REFUSED] + [(_RET_K, None, None, _ALLOW)]
+    p += ["ioctl", arg(1)] + [(_JEQ_K, "deny", None, k) for k in IOCTLS_REFUSED]
+    p += [(_JEQ_K, "allow", None, k) for k in IOCTLS_ALLOWED] + [(_AND_K, None, None, 0xFF00)]
+    p += [(_JEQ_K, "deny", None, k) for k in IOCTL_FAMILIES_REFUSED] + [(_RET_K, None, None, _ALLOW)]
     p += ["deny", (_RET_K, None, None, _EPERM), "allow", (_RET_K, None, None, _ALLOW)]
     return _assemble(p)
 
@@ -403,15 +481,18 @@ def drop_capabilities() -> None:
 
 # -- the trampoline ---------------------------------------------------------------------------
 
-def _children() -> list[int]:
+def _children(pid: int | str = "self") -> list[int]:
+    """The children of every thread of `pid` (a process started from a second thread is that
+    thread's child, not the main thread's: the s42 red team's second pass hid a chain of 260
+    that way, one level a round)."""
     out: list[int] = []
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for t in tasks:
         try:
-            with open(f"/proc/self/task/{t}/children") as f:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
                 out += [int(x) for x in f.read().split()]
         except (OSError, ValueError):
             pass
@@ -420,45 +501,61 @@ def _children() -> list[int]:
 
 def _descendants() -> list[int]:
     """Every live process under this one (those whose parents died were reparented to it)."""
-    seen, todo = [], _children()
+    seen: set[int] = set()
+    order, todo = [], _children()
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
-        seen.append(pid)
+        seen.add(pid)
+        order.append(pid)
+        todo += _children(pid)
+    return order
+
+
+def _reap() -> None:
+    while True:
         try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                todo += [int(x) for x in f.read().split()]
-        except (OSError, ValueError):
-            pass
-    return seen
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
-def sweep(rounds: int = 200) -> int:
-    """SIGKILLs every descendant, reaping them, until none is left; the number killed."""
+SWEEP_S = 30.0  # at most this long to empty the tree
+
+
+def sweep(limit_s: float = SWEEP_S) -> int:
+    """Kills every descendant and reaps them, until none is left (or `limit_s` passes); the
+    number killed. The tree is frozen first: every process found is stopped, and the walk is
+    repeated until it finds no process it has not stopped (a stopped process starts no other),
+    then all are killed at once; what a process started while it was being stopped is
+    reparented here and caught by the next pass."""
     killed: set[int] = set()
-    for _ in range(rounds):
-        pids = _descendants()
-        if not pids:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        stopped: set[int] = set()
+        while time.monotonic() < deadline:
+            new = [p for p in _descendants() if p not in stopped]
+            if not new:
+                break
+            for pid in new:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+                stopped.add(pid)
+        if not stopped:
             break
-        for pid in pids:  # stopped first, so that none forks while its siblings die
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except OSError:
-                pass
-        for pid in pids:
+        for pid in stopped:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.add(pid)
             except OSError:
                 pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
         time.sleep(0.001)
+        _reap()
+    _reap()
     return len(killed)
 
 

@@ -264,7 +264,7 @@ class Command(_External):
         wd = opt.get("workdir")
         if wd:
             work = Path(str(wd)).expanduser().resolve()
-            clash = confine.clash(work, owned)
+            clash = confine.clash(work, owned) or confine.unsafe(work)
             if clash:
                 raise AgentConfinementError(f"agent.options.workdir: {work} {clash}")
             work.mkdir(parents=True, exist_ok=True)
@@ -280,7 +280,7 @@ class Command(_External):
         writable = [work]
         for i, w in enumerate(opt.get("writable") or []):
             p = Path(str(w)).expanduser().resolve()
-            clash = confine.clash(p, owned)
+            clash = confine.clash(p, owned) or confine.unsafe(p)
             if clash:
                 raise AgentConfinementError(f"agent.options.writable[{i}]: {p} {clash}")
             if not p.is_dir():
@@ -334,6 +334,9 @@ class Command(_External):
             raise AgentConfinementError(err.strip()[-300:])
         if p.returncode != 0:
             raise AgentCallError(f"exit code {p.returncode}: {err.strip()[-300:]}")
+        swept = [ln for ln in err.splitlines() if ln.startswith("pipe: ") and "left running were killed" in ln]
+        if swept:  # the record says so: processes an agent leaves are an attempt on the timings
+            self._event("swept", "", swept[-1].removeprefix("pipe: "))
         return out
 
 

@@ -1,40 +1,42 @@
 """The confinement of command agents: a program the user names as the agent (a headless coding
-agent, a script) runs under Linux Landlock, so that it can propose candidates and nothing more.
+agent, a script) runs under Linux Landlock and a seccomp filter, so that it can propose
+candidates and nothing more.
 
 An agent reward-hacks where it can. A command agent is a process of the user's: unconfined it
 could rewrite the run's ledger and both its anchors (the chain has no key), the judge's own code
 (a worker restarted after a fault imports it again), the spec, the compile cache, the Python
 environment the workers import torch from, or stop the judge's processes while the incumbent is
-timed. Under confinement it may:
+timed. Under confinement it:
 
-- read and execute files (it reads the ledger anyway: its history is given to it as data);
-- write only inside its own working folder (a fresh one under the temporary folder unless the
-  spec names one; its TMPDIR is inside it) and the folders the spec lists in
-  `agent.options.writable`, neither of which may hold or lie inside what the runner owns
-  (`protected`: the run folder, the spec and its template files, the runner's package, the
-  Python environment, pipe's compile cache, /dev/shm), and /dev/null;
-- not open a device but /dev/null for writing (so no GPU: its work would share the judge's),
-  nor ioctl one;
-- not signal, trace or read the memory of any process outside its own tree (Landlock's scopes:
-  signals and abstract unix sockets; ptrace always), so the judge's workers and the driver are
-  out of its reach;
-- connect over TCP only to the ports in `agent.options.connect_ports` (443 and 80 unless the spec
-  says otherwise: a model's API), so a Ray cluster's or any local service's ports are closed;
-- hold no capability, even when the driver runs as root;
-- make no unix socket and no socket but TCP or UDP over IP (a seccomp filter, `filter_rows`),
-  and change no other process's scheduling or limits, trace nothing, set no clock, make no
-  device node, change no file's owner, extended attributes or flags;
-- leave nothing running: the trampoline below is the agent's subreaper and kills every
-  descendant still alive when the agent exits or its time runs out.
+- reads and executes anything but /dev (`readable`: of it, the null, zero and random devices);
+  it reads the ledger anyway, its history is given to it as data;
+- writes only in its own folder (a fresh one under the temporary folder unless the spec names
+  one; PIPE_AGENT_WORKDIR, its TMPDIR inside it), the folders the spec lists in
+  `agent.options.writable` (none may hold or lie inside what the runner owns, `owned_paths`,
+  `clash`; nor lie where a careless spec could put them, `unsafe`; nor inside another) and
+  /dev/null, and there makes no device node and ioctls no device;
+- holds no capability, even when the driver runs as root (`drop_capabilities`);
+- neither signals, traces nor reads the memory of any process outside its own tree (Landlock's
+  scopes, and ptrace), nor changes another's scheduling, priority or limits (the filter);
+- connects over TCP only to the ports in `agent.options.connect_ports` (443 and 80 unless the
+  spec says otherwise: a model's API) and binds none, so a Ray cluster's or any local service's
+  ports are closed;
+- makes no unix socket and no socket but TCP or UDP over IP and netlink, no SysV IPC object or
+  message queue, no namespace; uses no keyring; sets no clock; changes no file's owner, mode,
+  extended attributes or flags (`filter_rows`, whose comment lists every refusal and why);
+- leaves nothing running: the trampoline is the agent's subreaper and kills every descendant
+  still alive when the agent exits or its time runs out (`sweep`).
 
 The trampoline runs as `python -I -S confine.py CONFIG -- ARGV...`: no site, no environment
-paths, the standard library only. It forks; the child drops its capabilities and restricts
-itself (the restriction is inherited and can never be lifted) and runs the agent; the
-trampoline, outside the agent's reach, waits for it and sweeps the tree.
+paths, the standard library only. It opens the writable folders (each must be the folder the run
+set up: `open_folders`) and forks; the child drops its capabilities and restricts itself (for
+good: the restriction is inherited and can never be lifted) and runs the agent; the trampoline,
+outside the agent's domain and so out of its reach, waits for it and sweeps the tree.
 
 Landlock's ABI 6 (Linux 6.12) is the least that confines signals; where the kernel offers less,
 the command agent is refused unless the spec sets `agent.options.confine: false`, which the run
-records and `pipe show` reports.
+records and `pipe show` and `pipe report` print. Three red teams of session 42 shaped this
+(datasets/judge-redteam/s42-jail*).
 """
 
 from __future__ import annotations

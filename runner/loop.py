@@ -35,7 +35,7 @@ from .ledger.rundir import BUSY, guard, lock_held, take_lock
 from .ledger.summary import goal_check_line, summarize
 from .progress import Reporter
 from .search.agents import Proposal, Seen, make_agent
-from .search.core import AHEAD, DEEP, ahead_plan, goal_met, next_proposal, stop_reason
+from .search.core import AHEAD, DEEP, ahead_plan, goal_met, next_proposal, stop_reason, untried
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 BASELINE_SPREAD = 0.10  # a baseline whose interquartile spread is above this on a shape is timed again
@@ -499,6 +499,7 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
         e.worker = sl
         evs[sl.name] = e
     retry: list[Proposal] = []
+    pending: list[Proposal] = []  # an exclusive agent's other proposals of its last reply
     lost: dict[str, list[str]] = {}  # trial key -> why its workers were lost
     begun: set[str] = set()
 
@@ -541,11 +542,23 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
                                                 len(s.history) + len(pool.busy) < budget_trials):
             free = pool.free()
             s._plan_done()  # the agent is asked nothing while a plan of builds ahead reads it
+            while pending and not untried(pending[0], s.tried, spec.space):
+                pending.pop(0)
+            exclusive = getattr(agent, "exclusive", False)
+            if not retry and not pending and pool.busy and exclusive:
+                # a command agent's process runs only while no slot judges: beside a timing it
+                # could time its own load to a rival's rounds (it sees the judge's processes in
+                # /proc: session 42's third red team). It is asked for every slot at once instead,
+                # and the reply's other proposals fill the other slots
+                break
             if retry:
                 p = retry.pop(0)
+            elif pending:
+                p = pending.pop(0)
             else:
                 p = next_proposal(agent, s.seen, s.tried, spec.space, _owed(spec, s),
-                                  after_ask=lambda: _drain(agent, s), n=len(pool.busy) + len(free))
+                                  after_ask=lambda: _drain(agent, s), n=len(pool.busy) + len(free),
+                                  rest=pending if exclusive else None)
                 if p is None:
                     break
             vid = s.register_variant(p, agent.name)

@@ -7,6 +7,7 @@ The end-to-end test runs `pipe run` on the CPU pipeline with an agent that tries
 call, each way an agent process could reach the record or the judge, and reports what
 happened in its proposals' notes (which the ledger keeps)."""
 
+import itertools
 import json
 import os
 import pathlib
@@ -421,3 +422,64 @@ def test_a_writable_folder_that_holds_the_run_folder_is_refused_at_the_start(pro
     assert r.returncode != 0 and "Traceback" not in r.stderr
     why = "run folder" if CONFINED else "confine: false"
     assert why in r.stderr and "agent.options" in r.stderr, r.stderr
+
+
+WATCHER = r'''
+import json, os, sys, time, itertools
+ctx = json.load(sys.stdin)
+def parent(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+driver = parent(os.getppid())  # the trampoline's parent: this run's driver
+def ours(pid):  # a process of this run's (another run may be timing beside it)
+    for _ in range(6):
+        pid = parent(pid)
+        if pid == driver:
+            return True
+        if pid <= 1:
+            return False
+    return False
+seen = 0
+t_end = time.time() + 0.3
+while time.time() < t_end:  # a judge worker's kernel hosts live for its request only
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if b"kernel_host" in open(f"/proc/{p}/cmdline", "rb").read() and ours(int(p)):
+                    seen += 1
+            except (OSError, ValueError, IndexError):
+                pass
+    time.sleep(0.02)
+with open(os.path.join(os.environ["PIPE_AGENT_WORKDIR"], "calls"), "a") as f:
+    f.write(f"{seen} {ctx['want']}\n")
+tried = {json.dumps(t["params"], sort_keys=True) for t in ctx["history"]["recent"]}
+space = ctx["task"]["space"]["params"]
+out = []
+for combo in itertools.product(*space.values()):
+    p = dict(zip(space, combo))
+    if json.dumps(p, sort_keys=True) not in tried:
+        out.append({"params": p})
+    if len(out) == ctx["want"] + 2:
+        break
+print(json.dumps({"proposals": out}))
+'''
+
+
+def test_a_command_agent_runs_while_no_judge_worker_times(project):
+    """Scaled out, the agent was asked while other slots timed candidates, and could see the
+    judge's processes and time its own load to a rival's rounds (session 42's third red team).
+    Now it is asked only while every slot is idle, for every slot at once."""
+    script = project / "watcher.py"
+    script.write_text(WATCHER)
+    work = project / "agent"
+    spec = spec_with(project, {"command": [sys.executable, str(script)], "workdir": str(work), "timeout_s": 60,
+                               **({} if CONFINED else {"confine": False})}, trials=7)
+    r = pipe_main("run", spec, "--run-dir", str(project / "run"), "--workers", "2", cwd=project)
+    assert r.returncode == 1, r.stderr
+    calls = [tuple(map(int, ln.split())) for ln in (work / "calls").read_text().splitlines()]
+    assert calls and all(seen == 0 for seen, _ in calls), calls
+    assert any(want >= 2 for _, want in calls)  # asked for both slots at once
+    db = sqlite3.connect(project / "run" / "ledger.db")
+    rows = db.execute("SELECT started_at, finished_at FROM trials ORDER BY id").fetchall()
+    assert len(rows) == 7
+    # and the slots still judged side by side: some two trials overlap in time
+    assert any(a[0] < b[1] and b[0] < a[1] for a, b in itertools.combinations(rows, 2))

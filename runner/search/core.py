@@ -22,31 +22,42 @@ ASKS = 3  # times an agent is asked for an untried point of the space before the
 
 
 def next_proposal(agent, seen: Callable[[], list[Seen]], tried: set[str], space, owed: Iterable[Proposal] = (),
-                  after_ask: Callable[[], None] | None = None, n: int = 1) -> Proposal | None:
+                  after_ask: Callable[[], None] | None = None, n: int = 1,
+                  rest: list | None = None) -> Proposal | None:
     """The next candidate: the first of `owed` (the spec's start configurations, a trial the
     runner died in) that is untried and in the space, else the agent's first proposal that is,
     asking it up to ASKS times; None when it has nothing left. `seen` gives the history the
     agent sees; `after_ask` runs after each ask (the loop writes a context-reading agent's
     replies to the ledger there, before its trial runs). `n`: how many the agent is asked for at
 once (a scaled-out run asks for its trials in flight and its free slots: the trials in
-flight are in `tried` and not yet in the history the agent sees)."""
+flight are in `tried` and not yet in the history the agent sees). `rest`: where the reply's
+other fresh proposals go (for the other free slots, without asking again)."""
     for p in owed:
-        if _fresh(p, tried, space):
+        if untried(p, tried, space):
             return p
     for _ in range(ASKS):
-        props = agent.propose(seen(), n)
+        props = [as_proposal(raw) for raw in agent.propose(seen(), n)]
         if after_ask is not None:
             after_ask()
-        for raw in props:
-            p = as_proposal(raw)
-            if _fresh(p, tried, space):
-                return p
+        fresh = [p for p in props if untried(p, tried, space)]
+        if fresh:
+            if rest is not None:
+                keys = {_key(fresh[0])}
+                for p in fresh[1:]:
+                    if _key(p) not in keys:
+                        keys.add(_key(p))
+                        rest.append(p)
+            return fresh[0]
     return None
 
 
-def _fresh(p: Proposal, tried: set[str], space) -> bool:
-    vid = variant_id(p.variant) if p.variant is not None else None
-    return trial_key(dict(p.params), vid) not in tried and space.contains(dict(p.params)) is None
+def _key(p: Proposal) -> str:
+    return trial_key(dict(p.params), variant_id(p.variant) if p.variant is not None else None)
+
+
+def untried(p: Proposal, tried: set[str], space) -> bool:
+    """Not tried yet (trials in flight are in `tried`) and in the space."""
+    return _key(p) not in tried and space.contains(dict(p.params)) is None
 
 
 def stop_reason(spec, history, best, budget_trials, budget_s, elapsed,

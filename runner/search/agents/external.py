@@ -249,6 +249,12 @@ class Command(_External):
         self.jail: dict | None = None  # the trampoline's config once prepared (None: unconfined)
         self.workdir: Path | None = None  # its own folder once prepared
 
+    @property
+    def exclusive(self) -> bool:
+        """Whether the loop must ask it only while no judge worker is timing (loop._run_pool):
+        while its own process answers, until a hybrid's built-in strategy takes over."""
+        return self._then_agent is None
+
     def prepare(self, owned: list[tuple[Path, str]]) -> str:
         """Sets the agent's folder and its confinement up against what the runner owns (`owned`:
         (path, what) pairs, the run folder among them) and returns the confinement's description

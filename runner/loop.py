@@ -380,8 +380,6 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                 said = agent.prepare(confine.owned_paths(spec, run_dir, cache_dir()))
             except PipeError as e:
                 raise type(e)(f"{spec.path}: {e}") from None
-            agent.events.append({"agent": agent.name, "outcome": "confined" if agent.jail else "unconfined",
-                                 "reply": "", "feedback": said})
             s.log.info("agent.confinement", confined=agent.jail is not None, detail=said)
         s.start(reuse)
         session_t0 = time.time()

@@ -223,11 +223,10 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     pick = torch.randint(0, len(others), (k,), generator=g)
     gdev = torch.Generator(device=device)
     gdev.manual_seed(int(torch.randint(0, 1 << 62, (1,), generator=g)))
-    sub_env = dict(env)
     for j, dist in enumerate(others):
         at = where[pick == j]
         if at.numel():
-            part = _draw(_Rows(t, int(at.numel())), sub_env, dist, gdev, device)
+            part = _draw(_Rows(t, int(at.numel())), env, dist, gdev, device)
             x[at.to(x.device)] = part.to(x.dtype)
     return x
 

@@ -73,8 +73,14 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
         "variants": safe(lambda: len(ledger.variants())) if damaged else len(ledger.variants()),
         "replies": len(replies) if replies is not None else None,
         # a command agent's confinement as the last run that asked it recorded it (search/agents/confine.py)
-        "agent_confinement": next(({"confined": r["outcome"] == "confined", "detail": r["feedback"]}
-                                   for r in reversed(replies or []) if r["outcome"] in ("confined", "unconfined")), None),
+        "agent_confinement": confinement(replies or []),
         "ledger_intact": check.intact,
         "ledger": check.as_dict(),
     }
+
+
+def confinement(replies: list[dict]) -> dict | None:
+    """A command agent's confinement as the last run that asked it recorded it in the ledger's
+    replies (search/agents/confine.py): {"confined", "detail"}, or None."""
+    return next(({"confined": r["outcome"] == "confined", "detail": r["feedback"]}
+                 for r in reversed(replies) if r["outcome"] in ("confined", "unconfined")), None)

@@ -50,6 +50,7 @@ def _png(fig) -> str:
 def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> dict:
     from ..ledger.ledger import Ledger
     from ..ledger.rundir import guard
+    from ..ledger.summary import confinement
 
     led = Ledger.read(run_dir, damaged_ok=True)
     try:
@@ -58,7 +59,7 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks")}
         intact = check.intact
         try:  # a command agent's confinement, as the run recorded it (search/agents/confine.py)
-            agent = next((r for r in reversed(led.replies()) if r["outcome"] in ("confined", "unconfined")), None)
+            agent = confinement(led.replies())
         except sqlite3.DatabaseError:
             agent = None
     finally:
@@ -82,7 +83,7 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
     checks = json.loads(meta["goal_checks"] or "[]")
     return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,
             "baseline": baseline, "intact": intact, "goal_check": checks[-1] if checks else None,
-            "agent": agent["feedback"] if agent else None}
+            "agent": agent["detail"] if agent else None}
 
 
 def _labels(data) -> list[str]:

@@ -257,9 +257,9 @@ class Command(_External):
 
     def prepare(self, owned: list[tuple[Path, str]]) -> str:
         """Sets the agent's folder and its confinement up against what the runner owns (`owned`:
-        (path, what) pairs, the run folder among them) and returns the confinement's description
-        for the record; AgentConfinementError where it cannot be had or an option asks for what
-        the runner owns."""
+        (path, what) pairs, the run folder among them), records the confinement among its
+        events and returns its description; AgentConfinementError where it cannot be had or an
+        option asks for what the runner owns."""
         why = confine.unavailable() if self.confined else None
         if why:
             raise AgentConfinementError(
@@ -279,6 +279,12 @@ class Command(_External):
             atexit.register(shutil.rmtree, work, True)
         (work / "tmp").mkdir(exist_ok=True)
         self.workdir = work
+        said = self._confine(opt, work, owned)
+        self._event("confined" if self.jail else "unconfined", "", said)  # the record's, once
+        return said
+
+    def _confine(self, opt: dict, work: Path, owned) -> str:
+        """The trampoline's config (self.jail; None unconfined) and its description."""
         if not self.confined:
             self.jail = None
             return ("UNCONFINED (agent.options.confine: false): the command could write the run folder, "
@@ -311,8 +317,7 @@ class Command(_External):
     def ask(self, context: dict, transcript: list[dict]) -> str:
         payload = dict(context, transcript=transcript)
         if self.workdir is None:  # made outside a run (loop.run prepares it first)
-            said = self.prepare(confine.owned_paths(None, None))
-            self._event("confined" if self.jail else "unconfined", "", said)
+            self.prepare(confine.owned_paths(None, None))
         # its folder: PIPE_AGENT_WORKDIR (the working folder stays the user's, so that a relative
         # path in `command` means what it did; confined, the agent may read it, not write it)
         env = dict(os.environ, PIPE_AGENT_WORKDIR=str(self.workdir), TMPDIR=str(self.workdir / "tmp"))

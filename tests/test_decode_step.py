@@ -1,7 +1,7 @@
 """benchmarks/decode_step.py: a small decoder's decode step (the attention plus the flagship
 ops) with pipe's exported ops. On the CPU it runs eagerly and checks the wiring: the compiled
-arm is as close to the float32 step as the tolerance allows (twice the torch arm's distance from
-it, or a bf16 floor), new lengths change the outputs by more than the
+arm is as close to the float32 step as the tolerance allows (twice the larger of the stock arms'
+distances from it, or a bf16 floor), new lengths change the outputs by more than the
 tolerance (so an arm that replays stale lengths fails the check, and one that does is caught),
 a missing package is a clean error. With the exported RMSNorm and softmax (which fall back to
 torch on the CPU) and a stand-in decode-attention package (no decode-attention run is kept in
@@ -39,10 +39,13 @@ def test_torch_and_compiled_step_agree_and_lengths_matter(tmp_path):
     assert arms["torch"]["max_abs_diff_hidden"] == 0 and arms["torch"]["max_abs_diff_probs"] == 0
     assert arms["torch.compile"]["max_abs_diff_hidden"] <= tol["hidden"]
     assert arms["torch.compile"]["max_abs_diff_probs"] <= tol["probs"]
-    # the tolerance comes from the float32 step: twice the torch arm's distance from it, at least
-    te = tol["torch_error"]
-    assert 0 < te["hidden"] == arms["torch"]["error_hidden"] and 0 < te["probs"] == arms["torch"]["error_probs"]
-    assert tol["hidden"] >= 2 * te["hidden"] and tol["probs"] >= 2 * te["probs"]
+    # the tolerance comes from the float32 step: twice the larger of the stock arms' distances
+    # from it, at least
+    te = tol["stock_error"]
+    assert tol["stock_arms"] == ["torch", "torch.compile"]
+    for k in ("hidden", "probs"):
+        assert 0 < te[k] == max(arms["torch"][f"error_{k}"], arms["torch.compile"][f"error_{k}"])
+        assert tol[k] >= 2 * te[k]
     assert arms["torch.compile"]["error_probs"] <= tol["probs"]
     # the two draws of the lengths differ, and so do the outputs, by more than the tolerance
     d0, d1 = res["lens_draws"]

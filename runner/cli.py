@@ -136,14 +136,14 @@ def cmd_run(a) -> int:
         from .progress import fmt_params, fmt_time
 
         ms = (b.details or {}).get("metric_spread")
-        print(f"{out.stop}: {out.trials} trials; best #{b.id} {fmt_params(b.params)} "
+        print(f"{out.stop}: {_trials(out.trials)}; best #{b.id} {fmt_params(b.params)} "
               f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
               + (f" ±{ms:.0%}" if b.metric is not None and ms is not None else "")
               + f"; run folder {run_dir}")
         if out.goal_check is not None and not out.goal_check_shown:  # (else the progress printed it)
             print(loop.goal_check_line(spec, out.goal_check))
     else:
-        print(f"{out.stop}: {out.trials} trials; no correct kernel yet; run folder {run_dir}")
+        print(f"{out.stop}: {_trials(out.trials)}; no correct kernel yet; run folder {run_dir}")
     return out.exit_code
 
 
@@ -260,6 +260,10 @@ def writable(path: Path, folder: bool = False) -> None:
         raise PipeError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def _trials(n: int) -> str:
+    return f"{n} trial" + ("" if n == 1 else "s")
+
+
 def cmd_record(a) -> int:
     from . import loop
 
@@ -280,6 +284,12 @@ def cmd_record(a) -> int:
               file=sys.stderr)
         return EXIT_INPUT
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
+    if not a.out and dest.exists() and not (run_dir / "ledger.db").exists():
+        # a new sweep would replace a dataset recorded earlier (the replay bench reads datasets/);
+        # a sweep resumed from its run folder rewrites its own
+        print(f"pipe record: {dest} exists, recorded earlier (pipe replay reads datasets/); a new sweep does "
+              "not replace it: name its dataset with --out FILE, or remove that file first", file=sys.stderr)
+        return EXIT_INPUT
     writable(dest)
     r = loop.record(spec, run_dir, dest, Path(a.reuse) if a.reuse else None, a.minutes, a.quiet, a.force,
                     scale=scale, on_reuse=lambda n: print(f"pipe record: {n} verdicts of {a.reuse} may stand for this "

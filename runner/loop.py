@@ -732,17 +732,28 @@ def check_hardware(spec, match: bool = True) -> None:
     hw.check_present_device(spec.hw, match)
 
 
+def _finished(run_dir: Path) -> tuple[str, str | None] | None:
+    """(status, stop) of run.json where a run there ended (not running, not an eval), else None."""
+    try:
+        doc = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    st = doc.get("status") if isinstance(doc, dict) else None
+    return (st, doc.get("stop")) if isinstance(st, str) and st not in ("running", "eval") else None
+
+
 def eval_one(spec, run_dir: Path, params: dict, variant: str | None, force: bool = False) -> tuple[Trial, bool]:
     """pipe eval: judge one candidate (a variant's whole template text, or None) with the
     full judge and append it to the run's ledger; (its trial, whether the ledger held it
     already)."""
     s = Session(spec, run_dir, force=force)
     try:
+        before = _finished(run_dir)  # a finished run's status and stop stand: one trial more is no new end
         s.start()
         key = trial_key(params, variant_id(variant) if variant is not None else None)
         old = next((t for t in s.history if t.key == key), None)
         t = old or s.judge(Proposal(params, variant), "eval")
-        s.write_outputs("eval", None)
+        s.write_outputs(*(before or ("eval", None)))
     finally:
         s.close()
     return t, old is not None

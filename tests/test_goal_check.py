@@ -56,6 +56,28 @@ def test_the_dispatch_table_is_confirmed_with_each_shapes_own_kernel():
     assert [[t.id for t in p] for p in seen] == [[1, 2]]
 
 
+def test_a_domain_with_one_listed_shape_confirms_that_shapes_fastest_kernel():
+    """With op.domain the best configuration is ranked over the tuning grid, so the listed
+    shape's fastest trial may be another one: the goal is checked on it."""
+    cpu = load_spec(ROOT / "pipelines" / "rmsnorm-range-cpu.yaml")
+    spec = dataclasses.replace(cpu, goal=dataclasses.replace(cpu.goal, metric="speedup", at_least=3.0))
+    assert spec.op.named == 1 and len(spec.op.shapes) > 1
+    base = [30e-6] * len(spec.op.shapes)
+
+    def ranged(i, times):
+        return Trial(params={"ACC": i}, status="ok", times=times, id=i, kept=True, objective=figures.geomean(times),
+                     metric=figures.metric(spec, figures.per_shape(spec, times, base)))
+
+    rest = len(spec.op.shapes) - 1
+    a = ranged(1, [12e-6] + [5e-6] * rest)  # the best over the grid, 2.5x on the listed shape
+    b = ranged(2, [9e-6] + [20e-6] * rest)  # 3.3x on the listed shape, slow elsewhere
+    assert not spec.goal.met(a.metric) and spec.goal.met(b.metric)
+    assert [[t.id for t in p] for p in _goal_picks(spec, [a, b], a, base)] == [[2]]
+    assert _goal_picks(spec, [a], a, base) == []  # nothing meets it: nothing to confirm
+    c = ranged(3, [8e-6] + [4e-6] * rest)  # the best everywhere: one pick, not the same one twice
+    assert [[t.id for t in p] for p in _goal_picks(spec, [a, b, c], c, base)] == [[3]]
+
+
 class _Rounds:
     """The worker's answer to a paired re-timing: medians[round][job][shape]."""
 

@@ -356,3 +356,26 @@ def test_schema_errors_are_said_in_words_not_schema(tmp_path, edit, says):
     with pytest.raises(SpecError) as e:
         load_spec(tmp_path / "s.yaml")
     assert says in str(e.value) and "minimum of" not in str(e.value) and "^[" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (("at_least: 1.5", "at_least: -2"), "goal.target.at_least: -2 is met by any kernel"),
+    (("at_least: 1.5", "at_least: 0"), "goal.target.at_least: 0 is met by any kernel"),
+    (("{metric: speedup, at_least: 1.5}", "{metric: time_us, at_most: -1}"), "goal.target.at_most: -1 is met"),
+    (("{metric: speedup, at_least: 1.5}", "{metric: limit_fraction, at_least: 1.2}"), "can never be met"),
+    (("{metric: speedup, at_least: 1.5}", "{metric: bandwidth_fraction, at_least: 5}"), "stays at most 1"),
+])
+def test_a_goal_no_kernel_can_miss_or_meet_is_refused(tmp_path, edit, says):
+    """A speedup of at least -2 is met by a kernel fifteen times slower than torch; a fraction of
+    the floor above 1 + limit_slack by none (such a time is refused as impossible)."""
+    text = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
+    assert edit[0] in text
+    text = text.replace(*edit).replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/")
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "s.yaml")
+    assert says in str(e.value) and "s.yaml:" in str(e.value), str(e.value)
+    ok = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text().replace(
+        "{metric: speedup, at_least: 1.5}", "{metric: limit_fraction, at_least: 1.0}")
+    (tmp_path / "ok.yaml").write_text(ok.replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/"))
+    assert load_spec(tmp_path / "ok.yaml").goal.at_least == 1.0  # the floor itself stays a goal

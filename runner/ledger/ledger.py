@@ -180,6 +180,7 @@ class Ledger:
             led.set_meta("spec_hash", spec_hash)
             led.set_meta("spec_name", spec_name)
             led.set_meta("spec_path", spec_path)
+            led.set_meta("spec_abspath", str(Path(spec_path).resolve()))  # for commands run from elsewhere
             led.set_meta("created", str(time.time()))
         elif have != spec_hash:
             try:

@@ -480,7 +480,8 @@ def format_table(doc: dict) -> str:
         m = doc.get("machine", {})
         t = doc["range_table"]
         return (f"{doc['spec']} on {m.get('device', '?')} (torch {m.get('torch', '?')}), {doc['date']}\n"
-                f"dispatch by range ({t['probes']} timing requests):\n{format_ranges(t)}\n\n"
+                f"dispatch by range (built from {t['probes']} timing requests; the check and the curve take "
+                f"more):\n{format_ranges(t)}\n\n"
                 f"at {len(doc['curve'])} secret points of the domain:\n"
                 + format_curve(doc["curve"], t["axes"]))
     m = doc.get("machine", {})
@@ -516,6 +517,9 @@ def format_table(doc: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append("(x, lo-hi): how many times slower than the tuned kernel, and the lowest and highest of that "
                  "ratio over the paired rounds; 'of copy': the copy's time over the tuned kernel's for the same bytes")
+    lines.append("times: the tuned kernel's median over the rounds that did not pick it, an arm's over all its "
+                 "rounds; a ratio is the median of the rounds' own ratios (each round times the two back to back), so "
+                 "on a noisy machine it need not be the quotient of the two times shown")
     if doc.get("batch_axis"):  # op.batch_invariant: each shape's winner, by the judge's check
         from .ranges import invariance_line
 

@@ -56,7 +56,8 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
     try:
         check = guard(run_dir, led, force, "report on it")
         trials = check.trials
-        meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks")}
+        meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks",
+                                             "spec_abspath")}
         intact = check.intact
         try:  # a command agent's confinement, as the run recorded it (search/agents/confine.py)
             agent = confinement(led.replies())
@@ -66,13 +67,13 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         led.close()
     spec = None
     from ..spec.spec import load_spec
-    from .rundata import run_spec
+    from .rundata import recorded_spec_path, run_spec
 
     if spec_path is not None:  # named on the command line: one that cannot be read is an error
         spec = run_spec(spec_path, meta["spec_hash"], run_dir, "report on")
     else:
         try:
-            s = load_spec(meta["spec_path"])
+            s = load_spec(recorded_spec_path(run_dir, meta["spec_path"], meta["spec_abspath"]))
             spec = s if s.hash == meta["spec_hash"] else None
         except Exception:  # the spec moved or changed: the report goes on without floors
             spec = None

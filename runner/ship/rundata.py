@@ -38,7 +38,7 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
     try:
         history = guard(run_dir, led, force, doing).trials
         recorded = led.get_meta("spec_hash")
-        path = spec_path or led.get_meta("spec_path")
+        path = spec_path or recorded_spec_path(run_dir, led.get_meta("spec_path"), led.get_meta("spec_abspath"))
         variants = {k: v["text"] for k, v in led.variants().items()}
         base = led.get_meta("baseline")
     finally:
@@ -48,8 +48,27 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
     return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
 
 
+def recorded_spec_path(run_dir: Path, recorded: str | None, absolute: str | None = None) -> str | None:
+    """Where a run's spec is now, from the path it recorded (relative to the folder the run started
+    in): that path from here, else the absolute path the run recorded beside it, else the recorded
+    path under the run folder's parents (a run PROJECT/runs/NAME started in PROJECT); the recorded
+    path where none is a file. Whoever loads it checks its hash against the run's."""
+    if not recorded or Path(recorded).is_file():
+        return recorded
+    if absolute and Path(absolute).is_file():
+        return absolute
+    if not Path(recorded).is_absolute():
+        for up in Path(run_dir).resolve().parents:
+            if (up / recorded).is_file():
+                return str(up / recorded)
+    return recorded
+
+
 def run_spec(path: str, recorded: str | None, run_dir: Path, doing: str):
     """The spec at `path`, which must hash to what the run in `run_dir` recorded (RunMismatch)."""
+    if path and not Path(path).is_file():
+        raise RunMismatch(f"{path}: the spec the run in {run_dir} recorded is not found from here (a relative "
+                          "path is taken from the folder the run started in): pass the spec with --spec PATH")
     spec = load_spec(path)
     if spec.hash != recorded:
         raise RunMismatch(f"{path}: not the spec of the run in {run_dir}: the spec, its template, profile or "

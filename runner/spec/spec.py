@@ -1504,6 +1504,10 @@ class _Checker:
             self.err(("agent", "options", "connect_ports"),
                      f"expected a list of TCP ports (1 to 65535) or 'any', got {ports!r}")
 
+    # the goal metrics that are a floor over a time: at most 1 + the profile's limit_slack, since
+    # a time further under the floor is refused as impossible
+    FRACTIONS = ("bandwidth_fraction", "flops_fraction", "limit_fraction")
+
     def goal(self, hw, op) -> GoalSpec:
         g = self.d["goal"]
         t = g.get("target", {})
@@ -1516,6 +1520,16 @@ class _Checker:
             self.err(("goal", "target", "at_most"), f"'{metric}' grows as kernels get faster: use at_least")
         if metric == "time_us" and "at_least" in t:
             self.err(("goal", "target", "at_least"), "'time_us' shrinks as kernels get faster: use at_most")
+        for k in ("at_least", "at_most"):  # a bound no kernel's figure can miss is no goal
+            v = t.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+                self.err(("goal", "target", k), f"{v} is met by any kernel: every {metric or 'metric'} is positive")
+        v = t.get("at_least")
+        if metric in self.FRACTIONS and isinstance(v, (int, float)) and hw is not None and v > 1 + hw.limit_slack:
+            self.err(("goal", "target", "at_least"),
+                     f"{metric} {v} can never be met: a time under the physical floor by more than the profile's "
+                     f"limit_slack ({hw.limit_slack:g}) is refused as impossible, so {metric} stays at most "
+                     f"{1 + hw.limit_slack:g}")
         b = g["budget"]
         if not b:
             self.err(("goal", "budget"), "give at least one of trials and minutes")

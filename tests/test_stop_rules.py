@@ -135,3 +135,22 @@ def test_a_met_goal_need_not_stop_the_run():
     h = [a, trial(2, [20e-6, 20e-6]), trial(3, [20e-6, 20e-6])]
     assert _stop_reason(spec, h, a, None, None, 0.0, baseline=BASELINE).startswith("patience")
     assert _stop_reason(spec, h, a, 3, None, 0.0, baseline=BASELINE) == "trial budget spent (3)"
+
+
+def test_a_template_that_never_builds_stops_the_run_with_its_error():
+    """The first BROKEN_AFTER trials failing to compile alike (numbers aside) stop the run with
+    that error; different errors, or one trial that built, leave the parameters to matter."""
+    from runner.search.core import BROKEN_AFTER
+
+    def broken(i, line=44):
+        return dataclasses.replace(trial(i, None, status="compile_error"),
+                                   reason=f"kernel.cpp:{line}:1: error: 'x' unknown")
+
+    h = [broken(i, 40 + i) for i in range(1, BROKEN_AFTER + 1)]
+    why = _stop_reason(SPEC, h, None, None, None, 0.0, baseline=BASELINE)
+    assert why and why.startswith("the template does not build") and "kernel.cpp:41:1: error" in why
+    assert _stop_reason(SPEC, h[:-1], None, None, None, 0.0, baseline=BASELINE) is None  # too few yet
+    other = dataclasses.replace(h[-1], reason="kernel.cpp:9:1: error: 'y' unknown")
+    assert _stop_reason(SPEC, h[:-1] + [other], None, None, None, 0.0, baseline=BASELINE) is None
+    built = trial(9, [20e-6, 20e-6])  # 1.5x: short of the goal
+    assert _stop_reason(SPEC, [built] + h, built, None, None, 0.0, baseline=BASELINE) is None

@@ -391,7 +391,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         while not s.slots:
             stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                 elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
-                                s.ev.baseline, s.confirm_goal)
+                                s.ev.baseline, s.confirm_goal, sweep=not keep_decisions)
             if stop:
                 break
             cand = _next(spec, agent, s)
@@ -535,7 +535,7 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
         if stop is None:
             stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
-                               s.ev.baseline, confirm)
+                               s.ev.baseline, confirm, sweep=not s.keep_decisions)
         while stop is None and pool.free() and (budget_trials is None or
                                                 len(s.history) + len(pool.busy) < budget_trials):
             free = pool.free()

@@ -138,19 +138,20 @@ def test_a_met_goal_need_not_stop_the_run():
 
 
 def test_a_template_that_never_builds_stops_the_run_with_its_error():
-    """The first BROKEN_AFTER trials failing to compile alike (numbers aside) stop the run with
-    that error; different errors, or one trial that built, leave the parameters to matter."""
+    """The first BROKEN_AFTER trials failing to compile with one error, word for word, stop the
+    run with it; different errors (a resource limit's sizes), one trial that built, or a sweep
+    (pipe record judges its whole space) go on."""
     from runner.search.core import BROKEN_AFTER
 
-    def broken(i, line=44):
-        return dataclasses.replace(trial(i, None, status="compile_error"),
-                                   reason=f"kernel.cpp:{line}:1: error: 'x' unknown")
+    def broken(i, why="kernel.cpp:44:1: error: 'x' unknown"):
+        return dataclasses.replace(trial(i, None, status="compile_error"), reason=why)
 
-    h = [broken(i, 40 + i) for i in range(1, BROKEN_AFTER + 1)]
+    h = [broken(i) for i in range(1, BROKEN_AFTER + 1)]
     why = _stop_reason(SPEC, h, None, None, None, 0.0, baseline=BASELINE)
-    assert why and why.startswith("the template does not build") and "kernel.cpp:41:1: error" in why
+    assert why and why.startswith("the template does not build") and "kernel.cpp:44:1: error" in why
+    assert _stop_reason(SPEC, h, None, None, None, 0.0, baseline=BASELINE, sweep=True) is None
     assert _stop_reason(SPEC, h[:-1], None, None, None, 0.0, baseline=BASELINE) is None  # too few yet
-    other = dataclasses.replace(h[-1], reason="kernel.cpp:9:1: error: 'y' unknown")
-    assert _stop_reason(SPEC, h[:-1] + [other], None, None, None, 0.0, baseline=BASELINE) is None
+    sized = [broken(i, f"ptxas error: uses too much shared data (0x{i}c000 bytes)") for i in range(1, BROKEN_AFTER + 1)]
+    assert _stop_reason(SPEC, sized, None, None, None, 0.0, baseline=BASELINE) is None
     built = trial(9, [20e-6, 20e-6])  # 1.5x: short of the goal
     assert _stop_reason(SPEC, [built] + h, built, None, None, 0.0, baseline=BASELINE) is None

@@ -10,7 +10,6 @@ bench (search.replay) both run, so a replay figure predicts a run.
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Iterable
 
 from ..core import figures
@@ -65,13 +64,13 @@ BROKEN_AFTER = 4  # trials, every one failing to build the same way, that show a
 
 
 def broken_reason(history) -> str | None:
-    """The run's first BROKEN_AFTER trials all failed to compile with one error (numbers aside,
-    which a parameter's value may change) and none built: the template does not build whatever
-    the parameters, and the run stops with that error rather than spend its budget on it."""
+    """The run's first BROKEN_AFTER trials all failed to compile with one and the same error,
+    word for word (a resource limit a parameter sets names its own sizes), and none built: the
+    template does not build whatever the parameters, and the run stops with that error rather
+    than spend its budget on it. (A sweep, pipe record, judges its whole space regardless.)"""
     if len(history) < BROKEN_AFTER or any(t.status != "compile_error" for t in history):
         return None  # (one that built, or failed otherwise: the parameters matter)
-    said = {re.sub(r"\d+", "#", t.reason or "") for t in history[:BROKEN_AFTER]}
-    if len(said) != 1:
+    if len({t.reason or "" for t in history[:BROKEN_AFTER]}) != 1:
         return None
     return (f"the template does not build: its first {BROKEN_AFTER} trials failed to compile alike "
             f"({(history[0].reason or '').strip()[:300]}; the source it names: pipe render SPEC --set ...)")
@@ -79,13 +78,13 @@ def broken_reason(history) -> str | None:
 
 def stop_reason(spec, history, best, budget_trials, budget_s, elapsed,
                 call_minutes: float | None = None, call_elapsed: float = 0.0,
-                baseline: list[float] | None = None, confirm=None) -> str | None:
+                baseline: list[float] | None = None, confirm=None, sweep: bool = False) -> str | None:
     """Why the run stops before its next trial, or None: the goal met (where the spec stops
     on it; with `confirm`, only once a paired re-measurement confirms it), a template that never
-    builds (broken_reason), then limit_reason."""
+    builds (broken_reason; not in a `sweep`), then limit_reason."""
     if spec.goal.stop_when_met and goal_met(spec, history, best, baseline, confirm):
         return "goal met"
-    broken = broken_reason(history)
+    broken = None if sweep else broken_reason(history)
     if broken:
         return broken
     return limit_reason(history, best, budget_trials, budget_s, elapsed, call_minutes, call_elapsed,

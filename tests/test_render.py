@@ -4,6 +4,7 @@ import jinja2
 import pytest
 
 from runner.core.errors import PipeError
+from runner.build import render as render_mod
 from runner.build.render import CTYPES, DTYPE_VARS, RenderError, render, source_hash, template_variables, variable_line
 
 KERNEL = """\
@@ -197,3 +198,40 @@ def test_ctypes_tables():
     assert CTYPES["cuda"]["bf16"] == "__nv_bfloat16"
     assert CTYPES["cuda"]["fp16"] == "__half"
     assert CTYPES["cpu"]["fp32"] == "float"
+
+
+def test_a_compilers_line_is_named_in_the_template_where_one_line_alone_renders_it(tmp_path):
+    """A compile error names a line of the rendered source; the template line (through an
+    include, its own file) is added where exactly one template line can have rendered that
+    text, and nothing is claimed where several can."""
+    (tmp_path / "helpers.cuh.j2").write_text("__device__ float twice(float v) { return 2 * v; }\n")
+    (tmp_path / "k.cu.j2").write_text(
+        '{% include "helpers.cuh.j2" %}\n'
+        "{% for i in range(N) %}\n"
+        "float a{{ i }} = 0;\n"
+        "{% endfor %}\n"
+        "extern \"C\" __global__ void k(float* x) {\n"
+        "  x[0] = twice(a{{ N - 1 }}) + undefined_thing;\n"
+        "}\n")
+    text, segs = render_mod.flatten(tmp_path / "k.cu.j2")
+    src = render(text, {"N": 3}, "k.cu.j2", segs)
+    lines = src.splitlines()
+    bad = next(i for i, ln in enumerate(lines, 1) if "undefined_thing" in ln)
+    assert render_mod.source_line(text, src, bad, segs) == f"{tmp_path / 'k.cu.j2'}:6"
+    helper = next(i for i, ln in enumerate(lines, 1) if "twice(float" in ln)
+    assert render_mod.source_line(text, src, helper, segs) == f"{tmp_path / 'helpers.cuh.j2'}:1"
+    a1 = next(i for i, ln in enumerate(lines, 1) if ln.startswith("float a1"))
+    assert render_mod.source_line(text, src, a1, segs) == f"{tmp_path / 'k.cu.j2'}:3"  # a loop's line
+    brace = next(i for i, ln in enumerate(lines, 1) if ln == "}")
+    assert render_mod.source_line(text, src, brace, segs) is None  # too little text to tell
+    nvrtc = f'k.cu({bad}): error: identifier "undefined_thing" is undefined'
+    assert render_mod.compiler_source_line(nvrtc, text, src, segs).endswith(f"[template {tmp_path / 'k.cu.j2'}:6]")
+    gcc = f"kernel.cpp:{bad}:20: error: 'undefined_thing' was not declared in this scope"
+    assert render_mod.compiler_source_line(gcc, text, src, segs, "k").endswith(":6]")
+    assert render_mod.compiler_source_line("ld: cannot find -lfoo", text, src, segs) == "ld: cannot find -lfoo"
+    twice = text.replace("  x[0] = twice(a{{ N - 1 }}) + undefined_thing;\n",
+                         "{% if N > 1 %}\n  x[0] = twice(a{{ N - 1 }}) + undefined_thing;\n{% else %}\n"
+                         "  x[0] = twice(a{{ 0 }}) + undefined_thing;\n{% endif %}\n")
+    src2 = render(twice, {"N": 1}, "k.cu.j2")
+    bad2 = next(i for i, ln in enumerate(src2.splitlines(), 1) if ln.startswith("  x[0]"))
+    assert render_mod.source_line(twice, src2, bad2) is None  # two template lines could have made it

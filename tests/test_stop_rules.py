@@ -155,3 +155,27 @@ def test_a_template_that_never_builds_stops_the_run_with_its_error():
     assert _stop_reason(SPEC, sized, None, None, None, 0.0, baseline=BASELINE) is None
     built = trial(9, [20e-6, 20e-6])  # 1.5x: short of the goal
     assert _stop_reason(SPEC, [built] + h, built, None, None, 0.0, baseline=BASELINE) is None
+
+
+def test_a_run_of_a_template_that_never_builds_names_the_templates_line(tmp_path):
+    """A real CPU run of the example with one line of its template broken: four trials, then the
+    stop with g++'s error on the rendered source and that line of the template."""
+    import json
+    import os
+
+    from .conftest import PIPELINES, pipe_main
+
+    proj = tmp_path / "proj"
+    (proj / "pipelines").mkdir(parents=True)
+    (proj / "kernel_templates").mkdir()
+    os.symlink(ROOT / "hw_profiles", proj / "hw_profiles")
+    lines = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text().splitlines(keepends=True)
+    at = max(i for i, ln in enumerate(lines) if ln.strip() == "}")  # the last brace: a line of the entry
+    lines.insert(at, "  not_a_declared_name;\n")
+    (proj / "kernel_templates" / "rmsnorm.cpp.j2").write_text("".join(lines))
+    (proj / "pipelines" / "b.yaml").write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    r = pipe_main("run", "pipelines/b.yaml", "--run-dir", "run", "-q", cwd=proj)
+    assert r.returncode == 1, r.stderr[-2000:]
+    doc = json.loads((proj / "run" / "run.json").read_text())
+    assert doc["trials"] == 4 and doc["stop"].startswith("the template does not build")
+    assert "not_a_declared_name" in doc["stop"] and f"[template kernel_templates/rmsnorm.cpp.j2:{at + 1}]" in doc["stop"]

@@ -35,6 +35,7 @@ class Build:
     log: str = ""
     ptx: dict | None = None  # the classified PTX instructions of every shape's build (ptx.merge)
     ptx_approved: dict | None = None  # those of the approved template's build, for a variant
+    source: str | None = None  # the rendered source that failed to compile
 
 
 def geometry_key(geometry: list[dict]) -> str:
@@ -185,7 +186,7 @@ class Builder:
         for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
             compile_s += c.seconds
             if not c.ok:
-                return Build(c.status, c.reason, compile_s=compile_s, log=c.log)
+                return Build(c.status, c.reason, compile_s=compile_s, log=c.log, source=src)
             arts[src] = c.artifact
             resources[src] = c.resources
             comp[src] = c

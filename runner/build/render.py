@@ -189,6 +189,49 @@ def locate(segments, line: int) -> tuple[str, int] | None:
     return (seg.path, seg.line + line - seg.start) if seg else None
 
 
+_EXPR_OR_TAG = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+# where a compiler names a line of the rendered source: g++ `kernel.cpp:44:1:`, NVRTC `entry.cu(44):`
+_COMPILER_LINE = re.compile(r"\bkernel\.cpp:(\d+):|\b\w+\.cu\((\d+)\)")
+
+
+def _line_pattern(tline: str) -> re.Pattern | None:
+    """A template line as a pattern of the lines it can render to: its text between the
+    expressions and tags, each expression or tag any text; None for a line with too little text
+    of its own to tell (a tag alone, a brace)."""
+    tline = _COMMENT.sub("", tline)
+    parts = _EXPR_OR_TAG.split(tline)
+    if sum(ch.isalnum() for part in parts for ch in part) < 3:
+        return None
+    lit = [r"\s+".join(map(re.escape, part.split())) for part in parts]
+    return re.compile(r"\s*" + r".*?".join(lit) + r"\s*")
+
+
+def source_line(template: str, rendered: str, line: int, segments=None, name: str = "template") -> str | None:
+    """`file:line` of the template line that rendered line `line` of `rendered` came from, where
+    exactly one template line can have rendered to its text (render.locate names the file of an
+    include); None where none or several can (a compiler's line is then the rendered source's
+    alone: `pipe render` shows it)."""
+    lines = rendered.splitlines()
+    if not 1 <= line <= len(lines) or not lines[line - 1].strip():
+        return None
+    text = lines[line - 1]
+    found = [i for i, t in enumerate(template.splitlines(), 1) if (pat := _line_pattern(t)) and pat.fullmatch(text)]
+    if len(found) != 1:
+        return None
+    where = locate(segments, found[0])
+    return f"{where[0]}:{where[1]}" if where else f"{name}:{found[0]}"
+
+
+def compiler_source_line(reason: str, template: str, rendered: str, segments=None, name: str = "template") -> str:
+    """A compiler's message about a rendered source, with the template line it names where one
+    alone can have rendered that line (source_line): `... [the template's file:line]`."""
+    m = _COMPILER_LINE.search(reason or "")
+    if not m:
+        return reason
+    where = source_line(template, rendered, int(m.group(1) or m.group(2)), segments, name)
+    return f"{reason} [template {where}]" if where else reason
+
+
 def _template_line(e: BaseException) -> int | None:
     """The template line an error was raised at while rendering: Jinja rewrites the
     traceback so that a template's frames carry the file name '<template>' and its line."""

@@ -127,6 +127,10 @@ class Evaluator:
         if b.resources is None:  # forbidden, or a compile failure
             if b.log:
                 trial.details["compile_log"] = b.log[-4000:]
+            if b.source is not None and b.status == "compile_error":  # the compiler's line, in the template
+                text, name = self.builder.template(variant)
+                segs = sp.kernel.template_segments if variant is None else None
+                return done(b.status, render.compiler_source_line(b.reason, text, b.source, segs, name))
             return done(b.status, b.reason)
         trial.details["compile_s"] = round(b.compile_s, 4)
         trial.details["resources"] = b.resources[sources[0]]

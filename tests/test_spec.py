@@ -84,7 +84,10 @@ def test_template_and_space_must_match_naming_both_files(project, capsys):
     rc, err = validate(capsys, write(project, d))
     assert rc == 2
     assert_diagnostics(err)
-    assert re.search(r"t\.cpp\.j2:\d+:1: template uses 'UNROLLL'.*s\.yaml", err)
+    text = tpl.read_text()
+    at = text.index("UNROLLL")  # the name's own line and column, where the user looks
+    line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    assert re.search(rf"t\.cpp\.j2:{line}:{col}: template uses 'UNROLLL'.*s\.yaml", err), err
     assert re.search(r"s\.yaml:\d+:\d+: search\.params\.EXTRA: parameter 'EXTRA' is not used by template .*t\.cpp\.j2", err)
     assert re.search(r"search\.params\.UNROLL: parameter 'UNROLL' is not used", err)
 

@@ -107,14 +107,20 @@ def syntax_hint(text: str, lineno: int) -> str | None:
     return None
 
 
-def variable_line(text: str, name: str) -> int:
-    """First line where a name appears inside a Jinja expression or statement."""
+def variable_position(text: str, name: str) -> tuple[int, int]:
+    """(line, column), 1-based, where a name first appears inside a Jinja expression or statement."""
     rx = re.compile(r"\b" + re.escape(name) + r"\b")
     for m in re.finditer(r"\{\{.*?\}\}|\{%.*?%\}", text, re.S):
         hit = rx.search(m.group(0))
         if hit:
-            return text.count("\n", 0, m.start() + hit.start()) + 1
-    return 1
+            at = m.start() + hit.start()
+            return text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+    return 1, 1
+
+
+def variable_line(text: str, name: str) -> int:
+    """First line where a name appears inside a Jinja expression or statement."""
+    return variable_position(text, name)[0]
 
 
 class Segment(NamedTuple):

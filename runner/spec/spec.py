@@ -1192,9 +1192,10 @@ class _Checker:
         available = set(params) | declared | symbols | set(render.DTYPE_VARS) | {n for n, _ in derive}
         # (with the op's own errors its shape symbols are unknown: their use is no error of the template)
         for v in sorted(used - available) if op is not None else ():
-            where = render.locate(segments, render.variable_line(text, v)) or (str(tpath), 1)
+            line, col = render.variable_position(text, v)
+            where = render.locate(segments, line) or (str(tpath), 1)
             self.diags.append(Diagnostic(
-                where[0], where[1], 1, "",
+                where[0], where[1], col, "",
                 f"template uses '{v}', which is no search parameter, shape symbol or dtype variable "
                 f"of {self.loc.file}"))
         via_derive = {n for _, e in derive for n in e.names} if (used & {n for n, _ in derive}) else set()

@@ -431,7 +431,8 @@ def cmd_show(a) -> int:
                 print(f"  shape {i}: not served by this configuration (kernel.serves)")
                 continue
             line = f"  shape {i}: {d['time_s'] * 1e6:.3f} us{sp}, {d['bytes_per_s'] / 1e9:.1f} GB/s, " \
-                   f"{d['limit_fraction']:.3f} of the limit"
+                   f"{d['limit_fraction']:.3f} of the limit" + \
+                   ("" if s.get("limit_measured", True) else " (the profile's upper bound, not measured)")
             if "speedup" in d:
                 line += f", {d['speedup']:.2f}x the baseline"
             clocks = b.get("clocks") or []

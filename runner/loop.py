@@ -350,6 +350,8 @@ class Session:
                                                  self.ev.baseline if self.ev is not None else None), check=check,
                             goal_check=self.goal_check)
         summary["ledger_head"] = self.ledger.head()
+        # a limit from a profile's upper bound (the host CPU's), not a measurement: pipe show says so
+        summary["limit_measured"] = bool(spec.hw.bandwidth_measured)
         write_atomic(self.run_dir / "run.json", json.dumps(summary, indent=2, default=str) + "\n")
         self._summary = summary
 

@@ -3,7 +3,7 @@ run's spec from any folder: the path the run recorded is relative to the folder 
 so they also try the absolute path recorded beside it and the recorded path under the run
 folder's parents; where none is found, the error says to name the spec with --spec. A new
 `pipe record` does not replace a dataset recorded earlier. `pipe eval` on a finished run leaves
-its status as the run ended it."""
+its status as the run ended it. `pipe show` says when the limit is a profile's bound, not measured."""
 
 import json
 import os
@@ -96,3 +96,8 @@ def test_eval_on_a_finished_run_keeps_its_status(tmp_path):
     r = pipe_main("eval", "pipelines/rmsnorm-cpu.yaml", "--params", '{"ACC": 4, "THREADS": 1, "UNROLL": 1}',
                   "--run-dir", "runs/new", cwd=tmp_path / "proj")
     assert r.returncode == 0 and json.loads((run.parent / "new" / "run.json").read_text())["status"] == "eval"
+    # the host CPU's limit is an upper bound of its profile, not a measurement: pipe show says so
+    r = pipe_main("show", "runs/new", cwd=tmp_path / "proj")
+    assert r.returncode == 0 and "of the limit (the profile's upper bound, not measured)" in r.stdout, r.stdout
+    r = pipe_main("show", str(ROOT / "tests" / "data" / "softmax-h200-run"), cwd=ROOT)  # an H200's, measured
+    assert r.returncode == 0 and "of the limit" in r.stdout and "not measured" not in r.stdout, r.stdout

@@ -124,9 +124,12 @@ def read_summary(run_dir: Path) -> dict:
         # a ledger whose meta table is lost still names its spec through run.json
         meta = ({"spec_name": last.get("spec"), "spec_path": last.get("spec_path"), "spec_hash": last.get("spec_hash")}
                 if led.damaged else {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash")})
-        return summarize(meta["spec_name"], meta["spec_path"], meta["spec_hash"],
-                         led, check.trials, status, last.get("stop"), last.get("goal"),
-                         last.get("table_metric") if check.intact else None, check=check)
+        out = summarize(meta["spec_name"], meta["spec_path"], meta["spec_hash"],
+                        led, check.trials, status, last.get("stop"), last.get("goal"),
+                        last.get("table_metric") if check.intact else None, check=check)
+        if "limit_measured" in last:  # (a run written before it was kept: unsaid)
+            out["limit_measured"] = bool(last["limit_measured"])
+        return out
     except PipeError:
         raise
     except Exception as e:  # a damaged ledger is bad input here, not a crash

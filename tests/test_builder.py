@@ -27,3 +27,22 @@ def test_source_rules_run_once_a_source_and_keep_their_verdict(monkeypatch):
     assert first is not None and first.rule == "fast_math"
     assert b.source_rules(bad) == first and len(calls) == len(sources) + 1
     assert b.build([bad], [{}]).status == "forbidden"
+
+
+def test_a_fractional_launch_dimension_is_an_error_not_a_cut_grid():
+    """`/` is true division in a spec expression: a grid of M / 2 at M = 3 is 1.5 blocks, which
+    int() would cut to 1 and leave rows undone; the builder says so instead."""
+    import dataclasses
+
+    import pytest
+
+    from runner.core.errors import ExprError
+    from runner.core.expr import compile_expr
+
+    spec = shipped_spec(ROOT / "pipelines" / "softmax-h200.yaml")
+    k = dataclasses.replace(spec.kernel, grid=(compile_expr("M / 2"),))
+    b = Builder(dataclasses.replace(spec, kernel=k))
+    params = dict(spec.start)
+    assert b.geometry(params, [{"M": 4, "N": 1024}])[0]["grid"] == [2]  # whole: fine
+    with pytest.raises(ExprError, match=r"kernel.grid 'M / 2' is 1.5 .*whole number; use ceil_div"):
+        b.geometry(params, [{"M": 3, "N": 1024}])

@@ -115,10 +115,18 @@ class Builder:
         for shape in (self.spec.op.all_shapes if shapes is None else shapes):
             env = {**shape, **params}
             env.update(k.derived(env))
-            geo = {"grid": [int(e(env)) for e in k.grid], "block": [int(e(env)) for e in k.block],
-                   "shared_mem": int(k.shared_mem(env)) if k.shared_mem else 0}
+
+            def whole(e, what):  # a launch dimension is a whole number: '/' gives a float, never cut
+                v = e(env)
+                if isinstance(v, float) and not v.is_integer():
+                    raise ExprError(f"kernel.{what} '{e.text}' is {v:g} at {shape} with {params}: a launch "
+                                    "dimension must be a whole number; use ceil_div(a, b) or a // b")
+                return int(v)
+
+            geo = {"grid": [whole(e, "grid") for e in k.grid], "block": [whole(e, "block") for e in k.block],
+                   "shared_mem": whole(k.shared_mem, "shared_mem") if k.shared_mem else 0}
             if k.cluster:
-                geo["cluster"] = [int(e(env)) for e in k.cluster]
+                geo["cluster"] = [whole(e, "cluster") for e in k.cluster]
             if k.scratch:  # the runner's workspaces: part of the launch (and of the binary key)
                 geo["scratch"] = k.scratch_shapes(env)
             if k.tensor_maps:  # each TMA descriptor's box: part of the launch too

@@ -142,7 +142,14 @@ def flatten(path: Path, shown: Callable[[Path], str] = str, _stack: tuple = ()) 
     cycle, or an include, import, from or extends tag that is not a whole `{% include "NAME" %}`
     line (those would read files at render time, past the digest)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes().count(b"\n", 0, e.start) + 1
+        raise RenderError(f"{shown(path)}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                          f"{e.start}); save the template as UTF-8") from None
+    except OSError as e:
+        raise RenderError(f"{shown(path)}: cannot read ({e.strerror})") from None
     comments = [c.span() for c in _COMMENT.finditer(text)]  # Jinja comments render to nothing
 
     def commented(i: int) -> bool:

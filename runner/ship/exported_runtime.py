@@ -496,10 +496,17 @@ class Op:
         entry e's kernel on a shape."""
         geo = self._launch_exprs(e)[1]
         full = self._full(e, env) if full is None else full
-        return {"grid": [int(f(full)) for f in geo["grid"]],
-                "block": [int(f(full)) for f in geo["block"]],
-                "cluster": [int(f(full)) for f in geo.get("cluster", [])],
-                "shared_mem": int(geo["shared_mem"][0](full)) if geo.get("shared_mem") else 0}
+
+        def whole(f, what):  # as the judge's builder: a fractional launch dimension is never cut
+            v = f(full)
+            if isinstance(v, float) and not v.is_integer():
+                raise RuntimeError(f"{self.t['op']}: the launch's {what} is {v:g} at {env}: not a whole number")
+            return int(v)
+
+        return {"grid": [whole(f, "grid") for f in geo["grid"]],
+                "block": [whole(f, "block") for f in geo["block"]],
+                "cluster": [whole(f, "cluster") for f in geo.get("cluster", [])],
+                "shared_mem": whole(geo["shared_mem"][0], "shared_mem") if geo.get("shared_mem") else 0}
 
     def _launch_exprs(self, e: dict):
         """(derived values, geometry, scratch buffers) expressions of an entry: its own launch

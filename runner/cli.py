@@ -72,7 +72,11 @@ def cmd_render(a) -> int:
     if not a.compile:
         sys.stdout.write(source)
         return EXIT_OK
-    ok, message = render.compile_check(spec, source, label)
+    try:
+        ok, message = render.compile_check(spec, source, label, params, render.pick_shape(spec.op, a.shape)[1])
+    except PipeError as e:  # ExprError from the launch's sizes at this shape
+        print(str(e), file=sys.stderr)
+        return EXIT_INPUT
     print(message, file=sys.stdout if ok else sys.stderr)
     return EXIT_OK if ok else EXIT_BUDGET
 

@@ -35,7 +35,8 @@ from .ledger.rundir import BUSY, guard, lock_held, take_lock
 from .ledger.summary import goal_check_line, summarize
 from .progress import Reporter
 from .search.agents import Proposal, Seen, make_agent
-from .search.core import AHEAD, DEEP, ahead_plan, goal_met, next_proposal, stop_reason, untried
+from .search.core import (AHEAD, DEEP, ahead_plan, broken_reason, goal_met, next_proposal, stop_reason,
+                          untried)
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 BASELINE_SPREAD = 0.10  # a baseline whose interquartile spread is above this on a shape is timed again
@@ -393,7 +394,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
         while not s.slots:
             stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                 elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
-                                s.ev.baseline, s.confirm_goal, sweep=not keep_decisions)
+                                s.ev.baseline, s.confirm_goal)
             if stop:
                 break
             cand = _next(spec, agent, s)
@@ -402,6 +403,7 @@ def run(spec, run_dir: Path, max_trials: int | None = None, minutes: float | Non
                 break
             t = s.judge(cand, agent.name)
             reporter.trial(t, s.best, len(s.history))
+            _warn_broken(s, reporter)
         met = goal_met(spec, s.history, s.best, s.ev.baseline, confirm)
         s.write_outputs("goal met" if met else stop, stop)
         s.log.info("run.end", stop=stop, trials=len(s.history), best_id=s.best.id if s.best else None,
@@ -475,6 +477,18 @@ def _next(spec, agent, s: Session) -> Proposal | None:
 BUILT_WAIT_S = 0.25
 
 
+def _warn_broken(s: Session, reporter) -> None:
+    """Once a run, when its first trials all failed to compile alike (search.core.broken_reason):
+    a warning line, and the run goes on (a sweep, pipe record, says nothing)."""
+    if not s.keep_decisions or getattr(s, "broken_warned", False):
+        return
+    why = broken_reason(s.history)
+    if why:
+        s.broken_warned = True
+        reporter.line(f"warning: {why}")
+        s.log.warning("template.may_not_build", reason=why)
+
+
 def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_minutes, session_t0,
               elapsed_before) -> tuple[str, object]:
     """The loop over several slots (runner.scale): the free slots are filled with the agent's
@@ -523,6 +537,7 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
         t = s.record_trial(t)
         s.inflight.pop(key, None)
         reporter.trial(t, s.best, len(s.history))
+        _warn_broken(s, reporter)
 
     def decide(t: Trial, key: str, slot) -> None:
         best = s.best
@@ -537,7 +552,7 @@ def _run_pool(spec, agent, s: Session, reporter, budget_trials, budget_s, call_m
         if stop is None:
             stop = stop_reason(spec, s.history, s.best, budget_trials, budget_s,
                                elapsed_before + time.time() - session_t0, call_minutes, time.time() - session_t0,
-                               s.ev.baseline, confirm, sweep=not s.keep_decisions)
+                               s.ev.baseline, confirm)
         while stop is None and pool.free() and (budget_trials is None or
                                                 len(s.history) + len(pool.busy) < budget_trials):
             free = pool.free()

@@ -34,7 +34,7 @@ def test_torch_and_compiled_step_agree_and_lengths_matter(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     res = json.loads(out.read_text())
     arms = res["arms"]
-    assert set(arms) == {"torch", "torch.compile"} and all(a["ok"] for a in arms.values())
+    assert set(arms) == {"torch", "torch.compile"} and all(a["ok"] and a["basis"] for a in arms.values())
     tol = res["tolerance"]
     assert arms["torch"]["max_abs_diff_hidden"] == 0 and arms["torch"]["max_abs_diff_probs"] == 0
     assert arms["torch.compile"]["max_abs_diff_hidden"] <= tol["hidden"]

@@ -235,3 +235,8 @@ def test_a_compilers_line_is_named_in_the_template_where_one_line_alone_renders_
     src2 = render(twice, {"N": 1}, "k.cu.j2")
     bad2 = next(i for i, ln in enumerate(src2.splitlines(), 1) if ln.startswith("  x[0]"))
     assert render_mod.source_line(twice, src2, bad2) is None  # two template lines could have made it
+    inline = "int a;\n  s += {% if F %}fast(x){% else %}slow(x){% endif %} * y;\n  s += slow(x) * y;\n"
+    src3 = render(inline, {"F": False})
+    assert src3.splitlines()[1] == src3.splitlines()[2] == "  s += slow(x) * y;"
+    assert render_mod.source_line(inline, src3, 2) is None  # an inline branch's line could have made it too
+    assert render_mod.source_line(inline.replace("  s += slow(x) * y;\n", ""), src3, 2) == "template:2"

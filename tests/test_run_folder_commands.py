@@ -57,6 +57,20 @@ def test_the_spec_is_found_from_another_folder(tmp_path, monkeypatch):
     assert open_run(run, None, "compare times").spec.name == "rmsnorm-cpu"
 
 
+def test_of_several_files_at_the_recorded_path_the_runs_own_spec_is_taken(tmp_path, monkeypatch):
+    """Another project's file of the same relative path (an edited spec) is no reason to refuse:
+    the absolute path the run recorded holds the spec whose hash the run has."""
+    run = project(tmp_path / "proj")
+    other = tmp_path / "other" / "pipelines"
+    other.mkdir(parents=True)
+    (other / "rmsnorm-cpu.yaml").write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text().replace(
+        "patience: 16", "patience: 17"))  # another hash
+    monkeypatch.chdir(tmp_path / "other")
+    assert open_run(run, None, "compare times").spec.goal.patience == 16
+    with pytest.raises(RunMismatch, match="--spec nowhere.yaml: no such file"):
+        open_run(run, "nowhere.yaml", "compare times")
+
+
 def test_a_spec_found_nowhere_asks_for_spec(tmp_path, monkeypatch):
     run = project(tmp_path / "proj")
     forget_absolute(run)

@@ -209,7 +209,28 @@ def test_render_compile_reports_a_forbidden_action(user, capsys):
     t = user / "layernorm.cpp.j2"
     t.write_text(t.read_text().replace("#include <thread>", "#include <thread>\n#pragma omp parallel for"))
     assert cli.main(["render", str(user / "spec.yaml"), "--compile"]) == 1
-    assert capsys.readouterr().err.startswith("forbidden: ")
+    err = capsys.readouterr().err
+    at = next(i for i, ln in enumerate(t.read_text().splitlines(), 1) if "omp parallel" in ln)
+    assert err.startswith("forbidden: ") and err.rstrip().endswith(f"layernorm.cpp.j2:{at}]"), err
+
+
+def test_render_compile_judges_as_a_trial_does(user, capsys):
+    """--compile refuses what a trial's build would: a parameter rule of the spec, a launch over
+    the profile's limits, a compile error named at the template's line."""
+    import yaml
+
+    spec = user / "spec.yaml"
+    d = yaml.safe_load(spec.read_text())
+    d["forbidden"] = list(d.get("forbidden") or []) + [{"rule": "ACC == 2", "reason": "two never pay"}]
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    assert cli.main(["render", str(spec), "--compile", "--set", "ACC=2"]) == 1
+    assert "rule 'ACC == 2': two never pay" in capsys.readouterr().err
+    t = user / "layernorm.cpp.j2"
+    t.write_text(t.read_text().replace("return s;", "return s"))
+    assert cli.main(["render", str(spec), "--compile"]) == 1
+    at = next(i for i, ln in enumerate(t.read_text().splitlines(), 1) if "return s" in ln)
+    err = capsys.readouterr().err
+    assert "[template " in err and f"layernorm.cpp.j2:{at}" in err, err
 
 
 # -- 6. derived values evaluated by pipe validate ------------------------------------

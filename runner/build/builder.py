@@ -35,7 +35,7 @@ class Build:
     log: str = ""
     ptx: dict | None = None  # the classified PTX instructions of every shape's build (ptx.merge)
     ptx_approved: dict | None = None  # those of the approved template's build, for a variant
-    source: str | None = None  # the rendered source that failed to compile
+    source: str | None = None  # the rendered source that failed to compile or broke a source rule
 
 
 def geometry_key(geometry: list[dict]) -> str:
@@ -189,7 +189,7 @@ class Builder:
         for src in unique:
             v = self.source_rules(src)
             if v:
-                return Build("forbidden", str(v))
+                return Build("forbidden", str(v), source=src)
         arts, resources, compile_s, comp = {}, {}, 0.0, {}
         for src, c in zip(unique, self._compile_all(unique)):  # a failure in shape order is reported
             compile_s += c.seconds

@@ -202,21 +202,31 @@ def locate(segments, line: int) -> tuple[str, int] | None:
     return (seg.path, seg.line + line - seg.start) if seg else None
 
 
-_EXPR_OR_TAG = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
-# where a compiler names a line of the rendered source: g++ `kernel.cpp:44:1:`, NVRTC `entry.cu(44):`
-_COMPILER_LINE = re.compile(r"\bkernel\.cpp:(\d+):|\b\w+\.cu\((\d+)\)")
+_EXPR = re.compile(r"\{\{.*?\}\}", re.S)
+_TAG = re.compile(r"\{%.*?%\}", re.S)
+# where a compiler names a line of the rendered source: g++ `kernel.cpp:44:1:`, NVRTC `entry.cu(44):`,
+# and the source rules `... at line 44` (not `at line 44 after the preprocessor`: another text's line)
+_COMPILER_LINE = re.compile(r"\bkernel\.cpp:(\d+):|\b\w+\.cu\((\d+)\)|\bat line (\d+)\b(?! after the preprocessor)")
 
 
 def _line_pattern(tline: str) -> re.Pattern | None:
-    """A template line as a pattern of the lines it can render to: its text between the
-    expressions and tags, each expression or tag any text; None for a line with too little text
-    of its own to tell (a tag alone, a brace)."""
+    """A template line as a pattern of every line it can render to (never fewer): each expression
+    any text, and where the line holds tags (an inline `{% if %}A{% else %}B{% endif %}`), each
+    piece of text between them optional, and the tags nothing; None for a line with too little
+    text of its own to tell (a tag alone, a brace)."""
     tline = _COMMENT.sub("", tline)
-    parts = _EXPR_OR_TAG.split(tline)
-    if sum(ch.isalnum() for part in parts for ch in part) < 3:
+    pieces = _TAG.split(tline)
+    if sum(ch.isalnum() for piece in pieces for part in _EXPR.split(piece) for ch in part) < 3:
         return None
-    lit = [r"\s+".join(map(re.escape, part.split())) for part in parts]
-    return re.compile(r"\s*" + r".*?".join(lit) + r"\s*")
+
+    def text(piece: str) -> str:  # literal text with its expressions as any text
+        return r".*?".join(r"\s*".join(map(re.escape, part.split())) for part in _EXPR.split(piece))
+
+    if len(pieces) == 1:
+        body = text(pieces[0])
+    else:  # the text before the first tag and after the last may be inside a branch too
+        body = r"\s*".join(f"(?:{text(piece)})?" for piece in pieces if piece.strip())
+    return re.compile(r"\s*" + body + r"\s*")
 
 
 def source_line(template: str, rendered: str, line: int, segments=None, name: str = "template") -> str | None:
@@ -241,7 +251,7 @@ def compiler_source_line(reason: str, template: str, rendered: str, segments=Non
     m = _COMPILER_LINE.search(reason or "")
     if not m:
         return reason
-    where = source_line(template, rendered, int(m.group(1) or m.group(2)), segments, name)
+    where = source_line(template, rendered, int(m.group(1) or m.group(2) or m.group(3)), segments, name)
     return f"{reason} [template {where}]" if where else reason
 
 
@@ -304,11 +314,15 @@ def render_shape(spec, params: dict, choice: str) -> tuple[str, str]:
                          spec.kernel.template_segments)
 
 
-def compile_check(spec, source: str, label: str) -> tuple[bool, str]:
-    """`pipe render --compile`: the spec's forbidden actions, then the backend's own compiler
-    (g++ for cpu, NVRTC for cuda; neither needs a GPU) on one rendered source. Returns
-    (compiled, a message: the compiler's diagnostics when it did not)."""
+def compile_check(spec, source: str, label: str, params: dict | None = None,
+                  shape: dict | None = None) -> tuple[bool, str]:
+    """`pipe render --compile`: what the judge's build makes of one rendered source, without a
+    GPU: the spec's parameter rules (with `params`), its forbidden actions, the backend's own
+    compiler (g++ for cpu, NVRTC for cuda) and, with `shape`, the limits a trial is pruned by
+    (register spills where forbidden, shared memory, the launch's sizes). Returns (it would
+    build, a message: the reason, with the template's line where one alone made the compiler's)."""
     from . import backends, forbid
+    from .builder import Builder
 
     k = spec.kernel
     be = backends.get(k.backend)
@@ -317,12 +331,31 @@ def compile_check(spec, source: str, label: str) -> tuple[bool, str]:
     except Exception as e:  # no compiler here
         tool = f"unavailable ({type(e).__name__})"
     what = f"{Path(k.template_path).name} for {label}"
+
+    def said(reason: str) -> str:
+        return compiler_source_line(reason, k.template, source, k.template_segments, Path(k.template_path).name)
+
+    if params is not None:
+        rule = forbid.check_params(params, spec.forbidden.rules, spec.op.all_shapes)
+        if rule:
+            return False, f"forbidden: {what}: {rule}"
+    if shape is not None and params is not None:
+        b = Builder(spec).build([source], Builder(spec).geometry(params, [shape]))
+        if b.status != "ok":
+            log = (b.log or "").strip()
+            why = b.reason.removeprefix("shape 0: ")  # (the builder's one shape: the label names it)
+            return False, (f"{b.status}: {what} with {k.backend} ({tool}): {said(why)}"
+                           + (f"\n{log[-4000:]}" if log else ""))
+        res = b.resources[source] if b.resources else None
+        res = f"; {', '.join(f'{n} {v}' for n, v in res.items())}" if res else ""
+        return True, f"compiles: {what} with {k.backend} ({tool}), within the profile's limits{res}"
     bad = forbid.check_source(source, k.options, k.backend, spec.forbidden.named, spec.forbidden.patterns)
     if bad:
-        return False, f"forbidden: {what}: {bad}"
+        return False, f"forbidden: {what}: {said(str(bad))}"
     c = be.compile(source, k.entry, k.options, spec.hw)
     if not c.ok:
         log = (c.log or "").strip()
-        return False, f"{c.status}: {what} with {k.backend} ({tool}): {c.reason}" + (f"\n{log[-4000:]}" if log else "")
+        return False, (f"{c.status}: {what} with {k.backend} ({tool}): {said(c.reason)}"
+                       + (f"\n{log[-4000:]}" if log else ""))
     res = f"; {', '.join(f'{n} {v}' for n, v in c.resources.items())}" if c.resources else ""
     return True, f"compiles: {what} with {k.backend} ({tool}){' (cached)' if c.cached else ''}{res}"

@@ -127,10 +127,17 @@ class Evaluator:
         if b.resources is None:  # forbidden, or a compile failure
             if b.log:
                 trial.details["compile_log"] = b.log[-4000:]
-            if b.source is not None and b.status == "compile_error":  # the compiler's line, in the template
+            if b.source is not None and b.status in ("compile_error", "forbidden"):  # its line, in the template
                 text, name = self.builder.template(variant)
                 segs = sp.kernel.template_segments if variant is None else None
-                return done(b.status, render.compiler_source_line(b.reason, text, b.source, segs, name))
+                why = render.compiler_source_line(b.reason, text, b.source, segs, name)
+                if len(unique) > 1 and b.source in sources:  # shapes render apart: which one's source
+                    i = sources.index(b.source)
+                    n = len(sp.op.shapes)
+                    label = "" if shapes_built is not None else \
+                        f" (pipe render --shape {i if i < n else f'extra:{i - n}'})"
+                    why = f"at {(shapes_built or sp.op.all_shapes)[i]}{label}: {why}"
+                return done(b.status, why)
             return done(b.status, b.reason)
         trial.details["compile_s"] = round(b.compile_s, 4)
         trial.details["resources"] = b.resources[sources[0]]

@@ -10,6 +10,7 @@ bench (search.replay) both run, so a replay figure predicts a run.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterable
 
 from ..core import figures
@@ -60,33 +61,31 @@ def untried(p: Proposal, tried: set[str], space) -> bool:
     return _key(p) not in tried and space.contains(dict(p.params)) is None
 
 
-BROKEN_AFTER = 4  # trials, every one failing to build the same way, that show a template never builds
+BROKEN_AFTER = 4  # trials, every one failing to build the same way, after which a run warns
 
 
 def broken_reason(history) -> str | None:
-    """The run's first BROKEN_AFTER trials all failed to compile with one and the same error,
-    word for word (a resource limit a parameter sets names its own sizes), and none built: the
-    template does not build whatever the parameters, and the run stops with that error rather
-    than spend its budget on it. (A sweep, pipe record, judges its whole space regardless.)"""
+    """A warning, once a run's first BROKEN_AFTER trials all failed to compile with one and the
+    same error, word for word, and none built: the template may not build at any parameters. Only
+    a warning: a parameter-dependent static_assert fails alike at every value it refuses."""
     if len(history) < BROKEN_AFTER or any(t.status != "compile_error" for t in history):
         return None  # (one that built, or failed otherwise: the parameters matter)
     if len({t.reason or "" for t in history[:BROKEN_AFTER]}) != 1:
         return None
-    return (f"the template does not build: its first {BROKEN_AFTER} trials failed to compile alike "
-            f"({(history[0].reason or '').strip()[:300]}; the source it names: pipe render SPEC --set ...)")
+    why = (history[0].reason or "").strip()
+    shape = re.match(r"at \{[^}]*\} \(pipe render (--shape \S+)\)", why)
+    at = f" {shape.group(1)}" if shape else ""
+    return (f"the first {len(history)} trials failed to compile alike ({why[:300]}): the template may not build "
+            f"at any parameters; check it with pipe render SPEC --compile --set ...{at} (the run goes on)")
 
 
 def stop_reason(spec, history, best, budget_trials, budget_s, elapsed,
                 call_minutes: float | None = None, call_elapsed: float = 0.0,
-                baseline: list[float] | None = None, confirm=None, sweep: bool = False) -> str | None:
+                baseline: list[float] | None = None, confirm=None) -> str | None:
     """Why the run stops before its next trial, or None: the goal met (where the spec stops
-    on it; with `confirm`, only once a paired re-measurement confirms it), a template that never
-    builds (broken_reason; not in a `sweep`), then limit_reason."""
+    on it; with `confirm`, only once a paired re-measurement confirms it), then limit_reason."""
     if spec.goal.stop_when_met and goal_met(spec, history, best, baseline, confirm):
         return "goal met"
-    broken = None if sweep else broken_reason(history)
-    if broken:
-        return broken
     return limit_reason(history, best, budget_trials, budget_s, elapsed, call_minutes, call_elapsed,
                         spec.goal.patience)
 
@@ -143,7 +142,8 @@ def goal_picks(spec, history, best, baseline) -> list[list[Trial]]:
         return []
     n = spec.op.named if spec.op.domain else len(spec.op.shapes)  # with op.domain: the listed shapes
     picks = [[best] * n] if spec.goal.met(best.metric) else []
-    # one listed shape has a table of its own too where the best is ranked over a domain's grid
+    # the table is confirmed too where it is other kernels than the best (a domain ranks the best over
+    # its grid, so even one listed shape may have a faster kernel of its own)
     if best.times and spec.goal.met(figures.table_metric(spec, history, baseline)):
         by_id = {t.id: t for t in history}
         table = [by_id[r["trial"]] for r in figures.per_shape_best(history, n)]

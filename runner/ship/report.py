@@ -70,10 +70,14 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
     from .rundata import recorded_spec_path, run_spec
 
     if spec_path is not None:  # named on the command line: one that cannot be read is an error
+        if not Path(spec_path).is_file():
+            from .rundata import RunMismatch
+
+            raise RunMismatch(f"--spec {spec_path}: no such file")
         spec = run_spec(spec_path, meta["spec_hash"], run_dir, "report on")
     else:
         try:
-            s = load_spec(recorded_spec_path(run_dir, meta["spec_path"], meta["spec_abspath"]))
+            s = load_spec(recorded_spec_path(run_dir, meta["spec_path"], meta["spec_abspath"], meta["spec_hash"]))
             spec = s if s.hash == meta["spec_hash"] else None
         except Exception:  # the spec moved or changed: the report goes on without floors
             spec = None

@@ -38,30 +38,40 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
     try:
         history = guard(run_dir, led, force, doing).trials
         recorded = led.get_meta("spec_hash")
-        path = spec_path or recorded_spec_path(run_dir, led.get_meta("spec_path"), led.get_meta("spec_abspath"))
+        path = spec_path or recorded_spec_path(run_dir, led.get_meta("spec_path"), led.get_meta("spec_abspath"),
+                                               recorded)
         variants = {k: v["text"] for k, v in led.variants().items()}
         base = led.get_meta("baseline")
     finally:
         led.close()
+    if spec_path and not Path(spec_path).is_file():
+        raise RunMismatch(f"--spec {spec_path}: no such file")
     spec = run_spec(path, recorded, run_dir, doing)
     compare = read_compare_json(run_dir, None if spec.op.domain else len(spec.op.shapes)) if read_compare else None
     return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
 
 
-def recorded_spec_path(run_dir: Path, recorded: str | None, absolute: str | None = None) -> str | None:
+def recorded_spec_path(run_dir: Path, recorded: str | None, absolute: str | None = None,
+                       spec_hash: str | None = None) -> str | None:
     """Where a run's spec is now, from the path it recorded (relative to the folder the run started
-    in): that path from here, else the absolute path the run recorded beside it, else the recorded
-    path under the run folder's parents (a run PROJECT/runs/NAME started in PROJECT); the recorded
-    path where none is a file. Whoever loads it checks its hash against the run's."""
-    if not recorded or Path(recorded).is_file():
+    in): of that path from here, the absolute path the run recorded beside it and the recorded path
+    under the run folder's parents (a run PROJECT/runs/NAME started in PROJECT), the first file
+    whose spec hashes to `spec_hash` (the run's), else the first file found, else the recorded
+    path. Whoever loads it checks its hash against the run's."""
+    if not recorded:
         return recorded
-    if absolute and Path(absolute).is_file():
-        return absolute
+    tries = [Path(recorded)] + ([Path(absolute)] if absolute else [])
     if not Path(recorded).is_absolute():
-        for up in Path(run_dir).resolve().parents:
-            if (up / recorded).is_file():
-                return str(up / recorded)
-    return recorded
+        tries += [up / recorded for up in Path(run_dir).resolve().parents]
+    found = list(dict.fromkeys(str(t) for t in tries if t.is_file()))
+    if spec_hash and len(found) > 1:
+        for f in found:
+            try:
+                if load_spec(f).hash == spec_hash:
+                    return f
+            except Exception:  # a file of that name that is no spec of this run: the next one
+                continue
+    return found[0] if found else recorded
 
 
 def run_spec(path: str, recorded: str | None, run_dir: Path, doing: str):

@@ -1505,8 +1505,8 @@ class _Checker:
             self.err(("agent", "options", "connect_ports"),
                      f"expected a list of TCP ports (1 to 65535) or 'any', got {ports!r}")
 
-    # the goal metrics that are a floor over a time: at most 1 + the profile's limit_slack, since
-    # a time further under the floor is refused as impossible
+    # the goal metrics that are a floor over a time: at most 1 / (1 - the profile's limit_slack),
+    # since a time further under the floor is refused as impossible (figures.below_floor)
     FRACTIONS = ("bandwidth_fraction", "flops_fraction", "limit_fraction")
 
     def goal(self, hw, op) -> GoalSpec:
@@ -1521,16 +1521,20 @@ class _Checker:
             self.err(("goal", "target", "at_most"), f"'{metric}' grows as kernels get faster: use at_least")
         if metric == "time_us" and "at_least" in t:
             self.err(("goal", "target", "at_least"), "'time_us' shrinks as kernels get faster: use at_most")
-        for k in ("at_least", "at_most"):  # a bound no kernel's figure can miss is no goal
-            v = t.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
-                self.err(("goal", "target", k), f"{v} is met by any kernel: every {metric or 'metric'} is positive")
         v = t.get("at_least")
-        if metric in self.FRACTIONS and isinstance(v, (int, float)) and hw is not None and v > 1 + hw.limit_slack:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:  # no kernel's figure misses it
+            self.err(("goal", "target", "at_least"),
+                     f"{v} is met by any kernel: every {metric or 'metric'} is positive")
+        w = t.get("at_most")
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and w <= 0:
+            self.err(("goal", "target", "at_most"), f"{w} can never be met: every {metric or 'metric'} is positive")
+        slack = hw.limit_slack if hw is not None else None
+        if (metric in self.FRACTIONS and isinstance(v, (int, float)) and slack is not None and slack < 1
+                and v > 1 / (1 - slack)):
             self.err(("goal", "target", "at_least"),
                      f"{metric} {v} can never be met: a time under the physical floor by more than the profile's "
-                     f"limit_slack ({hw.limit_slack:g}) is refused as impossible, so {metric} stays at most "
-                     f"{1 + hw.limit_slack:g}")
+                     f"limit_slack ({slack:g}) is refused as impossible, so {metric} stays at most "
+                     f"{1 / (1 - slack):.4g}")
         b = g["budget"]
         if not b:
             self.err(("goal", "budget"), "give at least one of trials and minutes")

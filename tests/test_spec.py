@@ -382,3 +382,18 @@ def test_a_goal_no_kernel_can_miss_or_meet_is_refused(tmp_path, edit, says):
         "{metric: speedup, at_least: 1.5}", "{metric: limit_fraction, at_least: 1.0}")
     (tmp_path / "ok.yaml").write_text(ok.replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/"))
     assert load_spec(tmp_path / "ok.yaml").goal.at_least == 1.0  # the floor itself stays a goal
+
+
+def test_an_error_in_op_is_not_reported_again_in_the_kernels_expressions(tmp_path):
+    """An unknown name in op.bytes leaves the op unbuilt; the kernel's geometry, which names the
+    shape symbols, is not also reported for naming them (they are read from the spec's text)."""
+    text = (ROOT / "pipelines" / "softmax-h200.yaml").read_text()
+    old = next(ln for ln in text.splitlines() if ln.startswith("  bytes: "))
+    text = text.replace(old, '  bytes: "elem * (2 * M * K)"')
+    for d in ("kernel_templates/", "hw_profile"):
+        text = text.replace(f"template: {d}", f"template: {ROOT}/{d}")
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "s.yaml")
+    msg = str(e.value)
+    assert "op.bytes" in msg and "unknown name K" in msg and "kernel." not in msg, msg

@@ -582,11 +582,27 @@ class _Checker:
             self.err(path, str(e))
             return None
 
+    def written_symbols(self) -> set[str]:
+        """The shape symbols the spec's op names, read from its text alone (op.shapes' keys,
+        op.domain's), for checking the rest of a spec whose op has errors of its own."""
+        o = self.d.get("op") if isinstance(self.d, dict) else None
+        if not isinstance(o, dict):
+            return set()
+        out = set()
+        for sh in o.get("shapes") or []:
+            if isinstance(sh, dict):
+                out |= {k for k in sh if isinstance(k, str)}
+        if isinstance(o.get("domain"), dict):
+            out |= {k for k in o["domain"] if isinstance(k, str)}
+        return out
+
     def build(self) -> Spec | None:
         d = self.d
         hw = self.hardware()
         op = self.op()
-        symbols = set(op.shapes[0]) if op else set()
+        # with an error in op (its bytes, say), the shape symbols as written, so that the kernel's
+        # expressions are not also reported for naming them
+        symbols = set(op.shapes[0]) if op else self.written_symbols()
         params, space = self.space(symbols, op)
         kernel = self.kernel(hw, op, params, symbols, space)
         runtime = self.runtime()

@@ -345,6 +345,15 @@ def test_read_traffic_floors_use_the_read_bandwidth():
     assert g["t_bw"] == pytest.approx(g["bytes"] / copy_)
 
 
+def _example_edited(tmp_path, edit, name="s.yaml"):
+    """The CPU example with `edit` (old, new) made, written to tmp_path/name, its template found."""
+    text = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
+    assert edit[0] in text
+    text = text.replace(*edit).replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/")
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
 @pytest.mark.parametrize("edit, says", [
     (("at_least: 1.5", "at_least: 1.5, at_most: 3"), "goal.target: give at_least or at_most, not both"),
     (("minutes: 1", "minutes: 0"), "goal.budget.minutes: must be greater than 0, got 0"),
@@ -352,12 +361,8 @@ def test_read_traffic_floors_use_the_read_bandwidth():
 ])
 def test_schema_errors_are_said_in_words_not_schema(tmp_path, edit, says):
     """A user reads what to write, not the JSON schema's own terms or a regex."""
-    text = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
-    assert edit[0] in text
-    text = text.replace(*edit).replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/")
-    (tmp_path / "s.yaml").write_text(text)
     with pytest.raises(SpecError) as e:
-        load_spec(tmp_path / "s.yaml")
+        load_spec(_example_edited(tmp_path, edit))
     assert says in str(e.value) and "minimum of" not in str(e.value) and "^[" not in str(e.value), str(e.value)
 
 
@@ -371,17 +376,12 @@ def test_schema_errors_are_said_in_words_not_schema(tmp_path, edit, says):
 def test_a_goal_no_kernel_can_miss_or_meet_is_refused(tmp_path, edit, says):
     """A speedup of at least -2 is met by a kernel fifteen times slower than torch; a fraction of
     the floor above 1 / (1 - limit_slack) by none (such a time is refused as impossible)."""
-    text = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text()
-    assert edit[0] in text
-    text = text.replace(*edit).replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/")
-    (tmp_path / "s.yaml").write_text(text)
     with pytest.raises(SpecError) as e:
-        load_spec(tmp_path / "s.yaml")
+        load_spec(_example_edited(tmp_path, edit))
     assert says in str(e.value) and "s.yaml:" in str(e.value), str(e.value)
-    ok = (ROOT / "pipelines" / "rmsnorm-cpu.yaml").read_text().replace(
-        "{metric: speedup, at_least: 1.5}", "{metric: limit_fraction, at_least: 1.0}")
-    (tmp_path / "ok.yaml").write_text(ok.replace("template: kernel_templates/", f"template: {ROOT}/kernel_templates/"))
-    assert load_spec(tmp_path / "ok.yaml").goal.at_least == 1.0  # the floor itself stays a goal
+    ok = _example_edited(tmp_path, ("{metric: speedup, at_least: 1.5}", "{metric: limit_fraction, at_least: 1.0}"),
+                         "ok.yaml")
+    assert load_spec(ok).goal.at_least == 1.0  # the floor itself stays a goal
 
 
 def test_an_error_in_op_is_not_reported_again_in_the_kernels_expressions(tmp_path):

@@ -397,3 +397,22 @@ def test_an_error_in_op_is_not_reported_again_in_the_kernels_expressions(tmp_pat
         load_spec(tmp_path / "s.yaml")
     msg = str(e.value)
     assert "op.bytes" in msg and "unknown name K" in msg and "kernel." not in msg, msg
+
+
+def test_a_parameter_the_launch_alone_reads_is_used(tmp_path):
+    """A parameter read only by the launch (here a grid of WAVES times the rows' blocks) changes
+    what runs, so it is used; one read by nothing, or by kernel.serves alone, is not."""
+    import yaml
+
+    d = yaml.safe_load((ROOT / "pipelines" / "softmax-h200.yaml").read_text())
+    d["kernel"]["template"] = str(ROOT / "kernel_templates" / Path(d["kernel"]["template"]).name)
+    d["search"]["params"]["WAVES"] = [1, 2]
+    for st in d["search"]["start"]:
+        st["WAVES"] = 1
+    d["kernel"]["grid"] = f"({d['kernel']['grid']}) * WAVES"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    assert load_spec(tmp_path / "s.yaml").space is not None
+    d["kernel"]["grid"] = d["kernel"]["grid"].replace(" * WAVES", "")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    with pytest.raises(SpecError, match="parameter 'WAVES' is not used by template .* nor by the launch"):
+        load_spec(tmp_path / "s.yaml")

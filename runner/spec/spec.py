@@ -1214,9 +1214,6 @@ class _Checker:
                 where[0], where[1], col, "",
                 f"template uses '{v}', which is no search parameter, shape symbol or dtype variable "
                 f"of {self.loc.file}"))
-        via_derive = {n for _, e in derive for n in e.names} if (used & {n for n, _ in derive}) else set()
-        for p in sorted(set(params) - used - via_derive):
-            self.err(("search", "params", p), f"parameter '{p}' is not used by template {tpath}", prefer_key=True)
         if not re.search(r"\b" + re.escape(k["entry"]) + r"\b", text):
             self.err(("kernel", "entry"), f"entry '{k['entry']}' does not appear in template {tpath}")
         if op is not None:
@@ -1251,6 +1248,19 @@ class _Checker:
             self.err(("kernel", "cluster"), "thread-block clusters need the cuda backend")
         smem = self.expr(("kernel", "shared_mem"), k["shared_mem"], scope) if "shared_mem" in k else None
         serves = self.expr(("kernel", "serves"), k["serves"], scope) if "serves" in k else None
+        # a parameter is used where the template reads it, or the launch (grid, block, cluster,
+        # shared memory, scratch and tensor map sizes), each directly or through derived values;
+        # kernel.serves alone is no use
+        # (it picks sizes, the kernel is the same)
+        launch = [*geo["grid"], *geo["block"], *geo["cluster"], smem, *(d for sc in scratch for d in sc.shape),
+                  *(d for m in tmaps for d in (*m.box, m.when))]  # the workspaces' and maps' sizes too
+        reads = set(used) | {n for e in launch if e is not None for n in e.names}
+        for name, e in reversed(derive):  # a derived value read makes its own names read
+            if name in reads:
+                reads |= set(e.names)
+        for p in sorted(set(params) - reads):
+            self.err(("search", "params", p), f"parameter '{p}' is not used by template {tpath} nor by the launch "
+                                              "(kernel.grid, block, cluster, shared_mem)", prefer_key=True)
         if op is not None and op.domain:
             for s, chain in render.read_symbols(used, op.symbols, derive).items():
                 if s in op.domain:

@@ -46,3 +46,29 @@ def test_a_fractional_launch_dimension_is_an_error_not_a_cut_grid():
     assert b.geometry(params, [{"M": 4, "N": 1024}])[0]["grid"] == [2]  # whole: fine
     with pytest.raises(ExprError, match=r"kernel.grid 'M / 2' is 1.5 .*whole number; use ceil_div"):
         b.geometry(params, [{"M": 3, "N": 1024}])
+
+
+def test_kernel_args_are_checked_against_the_entrys_parameters_without_a_gpu():
+    """A kernel.args list that does not match the entry's parameters (one too many, a scalar of
+    the wrong size) is found from the build's PTX, as the GPU's load would find it; the shipped
+    specs' own lists, tensor maps included, pass."""
+    import dataclasses
+
+    from runner.build.backends import cuda
+
+    assert cuda.entry_param_sizes(".visible .entry k(\n .param .u64 k_p0,\n .param .align 64 .b8 k_p1[128],\n"
+                                  " .param .u32 k_p2\n)\n{", "k") == [8, 128, 4]
+    assert cuda.entry_param_sizes(".visible .entry other(\n)", "k") is None
+    assert cuda.params_problem("k", [8, 128, 4], ["ptr", "tmap", "auto"]) is None
+    why = cuda.params_problem("k", [8, 128, 4], ["ptr", "tmap", "auto", "f32"])
+    assert "takes 3 parameters, the spec passes 4" in why
+    assert "is 4 bytes, the spec passes f64" in cuda.params_problem("k", [8, 4], ["ptr", "f64"])
+
+    spec = shipped_spec(ROOT / "pipelines" / "softmax-h200.yaml")
+    b = Builder(spec)
+    params = dict(spec.start)
+    sources = b.render_all(params)[:1]
+    assert b.build(sources, b.geometry(params)[:1]).status == "ok"
+    extra = dataclasses.replace(spec, kernel=dataclasses.replace(spec.kernel, args=(*spec.kernel.args, "N")))
+    got = Builder(extra).build(sources, b.geometry(params)[:1])
+    assert got.status == "compile_error" and "takes 3 parameters, the spec passes 4 (kernel.args)" in got.reason

@@ -56,6 +56,16 @@ def _refusal(action: str, why: str, shape: int, other: str, base_ok: bool) -> st
             + ("" if base_ok else " (the approved template does not compile at these parameters)"))
 
 
+def arg_kinds(spec, symbol_type: str) -> list[str]:
+    """What each of kernel.args passes: a tensor map by value (tmap), a pointer to a tensor or
+    scratch buffer (ptr), a scalar of its type, else a shape symbol (`symbol_type`, the backend
+    runtime's: auto on CUDA, sized from the kernel's parameter)."""
+    tensors = {t.name for t in (*spec.op.inputs, *spec.op.outputs)} | {s.name for s in spec.kernel.scratch}
+    maps = {m.name for m in spec.kernel.tensor_maps}
+    scalars = {s.name: s.type for s in spec.op.scalars}
+    return ["tmap" if a in maps else "ptr" if a in tensors else scalars.get(a, symbol_type) for a in spec.kernel.args]
+
+
 class Builder:
     """Renders, derives the geometry, compiles and keys binaries for one spec; `variants`
     holds the template variants by id."""
@@ -195,6 +205,9 @@ class Builder:
             compile_s += c.seconds
             if not c.ok:
                 return Build(c.status, c.reason, compile_s=compile_s, log=c.log, source=src)
+            why = self._params_problem(c)
+            if why:  # kernel.args against the entry's parameters, as the GPU's load would find them
+                return Build("compile_error", why, compile_s=compile_s, source=src)
             arts[src] = c.artifact
             resources[src] = c.resources
             comp[src] = c
@@ -214,6 +227,22 @@ class Builder:
                                  ptx=mine, ptx_approved=theirs)
         return Build("ok", artifacts=[arts[s] for s in sources], resources=resources, compile_s=compile_s,
                      ptx=mine, ptx_approved=theirs)
+
+    def _params_problem(self, c) -> str | None:
+        """CUDA: what is wrong between kernel.args and the entry's parameters in the build's PTX
+        (backends.cuda.params_problem), or None (none, or no PTX to read them from)."""
+        if self.spec.kernel.backend != "cuda" or not c.artifact:
+            return None
+        from .backends import cuda
+
+        try:
+            text = Path(c.artifact).with_suffix(".ptx").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        sizes = cuda.entry_param_sizes(text, self.spec.kernel.entry)
+        if sizes is None:
+            return None
+        return cuda.params_problem(self.spec.kernel.entry, sizes, arg_kinds(self.spec, cuda.Runtime.symbol_type))
 
     def _judge_compiled(self, sources: list[str], comp: dict, approved: list[str] | None):
         """(why it is forbidden or "", the candidate's PTX counts, the approved build's) from

@@ -26,6 +26,7 @@ import traceback
 from typing import Any
 
 from ..build.backends.cpu_host import HostDied, exit_text
+from ..build.builder import arg_kinds
 
 READY_TIMEOUT_S = 180.0
 
@@ -52,10 +53,9 @@ class Judge:
 
         self.reference = load_callable(spec.op.reference, spec.home)
         self.scalars = {s.name: s.value for s in spec.op.scalars}
-        self.tensor_names = {t.name for t in (*spec.op.inputs, *spec.op.outputs)}
         self.scratch_names = {s.name for s in spec.kernel.scratch}  # kernel.scratch: pointers too
         self.tensor_maps = {m.name: m for m in spec.kernel.tensor_maps}  # TMA descriptors, by value
-        self.kinds = [self._kind(a) for a in spec.kernel.args]
+        self.kinds = arg_kinds(spec, self.rt.symbol_type)
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
         self._decoy_last: tuple | None = None  # (key, decoys) of the last held-out shape (pipe compare)
@@ -84,16 +84,6 @@ class Judge:
         if self.census is not None:
             self.torch.ones(1 << 20).add_(1)
             self.census.rebase()
-
-    def _kind(self, name: str) -> str:
-        if name in self.tensor_maps:
-            return "tmap"
-        if name in self.tensor_names or name in self.scratch_names:
-            return "ptr"
-        for s in self.op.scalars:
-            if s.name == name:
-                return s.type
-        return self.rt.symbol_type
 
     # -- helpers ---------------------------------------------------------------
     def _mode(self, shape: dict) -> str | None:

@@ -555,6 +555,53 @@ def _same(v):
     return v
 
 
+def params_problem(entry: str, sizes: list[int], kinds: list[str]) -> str | None:
+    """What is wrong between the entry's parameters (their sizes in bytes) and what the spec's
+    kernel.args pass (`kinds`: ptr, tmap, i32, i64, f32, f64, or auto for a shape symbol), or
+    None: at load on the GPU, and from the PTX at build time (entry_param_sizes), so a wrong
+    kernel.args is found without one."""
+    if len(sizes) != len(kinds):
+        return f"kernel '{entry}' takes {len(sizes)} parameters, the spec passes {len(kinds)} (kernel.args)"
+    for i, (k, size) in enumerate(zip(kinds, sizes)):
+        if k == "tmap":
+            if size != 128:
+                return (f"parameter {i} of '{entry}' is {size} bytes, the spec passes a tensor map "
+                        "(a 128-byte CUtensorMap, `const __grid_constant__ CUtensorMap`)")
+        elif k == "auto":
+            if size not in (4, 8):
+                return f"parameter {i} of '{entry}' is {size} bytes; shape symbols need int or long"
+        else:
+            want = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "f64": 8}.get(k)
+            if want != size:
+                return f"parameter {i} of '{entry}' is {size} bytes, the spec passes {k} ({want} bytes)"
+    return None
+
+
+_PARAM_SIZE = {"8": 1, "16": 2, "32": 4, "64": 8}
+
+
+def entry_param_sizes(ptx_text: str, entry: str) -> list[int] | None:
+    """The sizes in bytes of `entry`'s parameters as its PTX declares them (`.param .u64 p0`,
+    `.param .align 64 .b8 p1[128]`), or None where the PTX has no such entry or a parameter it
+    cannot read (then only the GPU's load checks them)."""
+    m = re.search(r"\.entry\s+" + re.escape(entry) + r"\s*\((.*?)\)", ptx_text, re.S)
+    if m is None:
+        return None
+    sizes = []
+    for decl in (d.strip() for d in m.group(1).split(",")):
+        if not decl:
+            continue
+        arr = re.search(r"\.b8\s+\w+\[(\d+)\]", decl)
+        if arr:
+            sizes.append(int(arr.group(1)))
+            continue
+        t = re.search(r"\.[usbf](8|16|32|64)\b", decl)
+        if t is None:
+            return None
+        sizes.append(_PARAM_SIZE[t.group(1)])
+    return sizes
+
+
 class Runtime:
     """Worker side: load cubins, launch on torch's stream, time with events."""
 
@@ -611,25 +658,17 @@ class Runtime:
             mod = self._mods[artifact] = ObjectCode.from_cubin(artifact)
         kernel = mod.get_kernel(entry)
         sizes = [p.size for p in kernel.arguments_info]
-        if len(sizes) != len(kinds):
-            raise LaunchError(f"kernel '{entry}' takes {len(sizes)} parameters, the spec passes {len(kinds)}")
+        why = params_problem(entry, sizes, kinds)
+        if why:
+            raise LaunchError(why)
         casts = []
-        for i, (k, size) in enumerate(zip(kinds, sizes)):
+        for k, size in zip(kinds, sizes):
             if k == "tmap":  # a TMA descriptor, by value: `const __grid_constant__ CUtensorMap`
-                if size != 128:
-                    raise LaunchError(f"parameter {i} of '{entry}' is {size} bytes, the spec passes a tensor map "
-                                      "(a 128-byte CUtensorMap, `const __grid_constant__ CUtensorMap`)")
                 casts.append(_same)
-                continue
-            want = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "f64": 8}.get(k)
-            if k == "auto":
-                if size not in (4, 8):
-                    raise LaunchError(f"parameter {i} of '{entry}' is {size} bytes; shape symbols need int or long")
+            elif k == "auto":
                 casts.append(np.int32 if size == 4 else np.int64)
-                continue
-            if want != size:
-                raise LaunchError(f"parameter {i} of '{entry}' is {size} bytes, the spec passes {k} ({want} bytes)")
-            casts.append({"ptr": int, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}[k])
+            else:
+                casts.append({"ptr": int, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}[k])
         return kernel, casts
 
     def prepare(self, fn, values: list, geometry: dict | None, mode: str | None = None):

@@ -53,13 +53,18 @@ def cmd_render(a) -> int:
     from .spec.spec import parse_value
 
     spec = _load(a.spec)
-    params = dict(spec.start or {})
+    given = {}
     for item in a.set or []:
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
             print(f"--set {item}: expected NAME=VALUE", file=sys.stderr)
             return EXIT_INPUT
-        params[name.strip()] = parse_value(value.strip())
+        given[name.strip()] = parse_value(value.strip())
+    if spec.start:
+        params = {**spec.start, **given}
+    else:  # a spec with no search.start: the space's first configuration that has the values given
+        params = next((dict(c) for c in spec.space if all(c.get(k) == v for k, v in given.items())), None)
+        params = params or {**dict(next(iter(spec.space), {})), **given}  # (none has them: contains says why)
     why = spec.space.contains(params)
     if why:
         print(f"{a.spec}: these parameters are not a point of the space: {why}", file=sys.stderr)

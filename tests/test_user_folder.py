@@ -273,3 +273,13 @@ def test_large_space_is_probed_one_parameter_at_a_time(user, capsys):
         _derive(d, "N // (THREADS - 77)")
     rc, err = validate(capsys, edit(user, f))
     assert rc == 2 and "fails for ACC=4, THREADS=77" in err
+
+
+def test_render_of_a_spec_with_no_start_takes_the_spaces_first_configuration(capsys):
+    """The range specs give no search.start: pipe render takes the space's first configuration
+    that has the values --set names, and names a value that is none of the space's."""
+    spec = str(ROOT / "pipelines" / "softmax-range-h200.yaml")
+    assert cli.main(["render", spec, "--set", "PF=3"]) == 0
+    assert "softmax" in capsys.readouterr().out
+    assert cli.main(["render", spec, "--set", "PF=99"]) == 2
+    assert "PF=99 is not one of" in capsys.readouterr().err

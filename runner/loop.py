@@ -35,8 +35,8 @@ from .ledger.rundir import BUSY, guard, lock_held, take_lock
 from .ledger.summary import goal_check_line, summarize
 from .progress import Reporter
 from .search.agents import Proposal, Seen, make_agent
-from .search.core import (AHEAD, DEEP, ahead_plan, broken_reason, goal_met, next_proposal, stop_reason,
-                          untried)
+from .search.core import (AHEAD, BROKEN_AFTER, DEEP, ahead_plan, broken_reason, goal_met, next_proposal,
+                          stop_reason, untried)
 
 EXIT_GOAL, EXIT_BUDGET, EXIT_INPUT = 0, 1, 2
 BASELINE_SPREAD = 0.10  # a baseline whose interquartile spread is above this on a shape is timed again
@@ -478,13 +478,11 @@ BUILT_WAIT_S = 0.25
 
 
 def _warn_broken(s: Session, reporter) -> None:
-    """Once a run, when its first trials all failed to compile alike (search.core.broken_reason):
-    a warning line, and the run goes on (a sweep, pipe record, says nothing)."""
-    if not s.keep_decisions or getattr(s, "broken_warned", False):
-        return
-    why = broken_reason(s.history)
+    """Once, as the BROKEN_AFTER-th trial is recorded, if the first ones all failed to compile
+    alike (search.core.broken_reason): a warning line, and the run goes on (a sweep, pipe
+    record, says nothing)."""
+    why = broken_reason(s.history) if s.keep_decisions and len(s.history) == BROKEN_AFTER else None
     if why:
-        s.broken_warned = True
         reporter.line(f"warning: {why}")
         s.log.warning("template.may_not_build", reason=why)
 

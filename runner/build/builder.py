@@ -56,6 +56,15 @@ def _refusal(action: str, why: str, shape: int, other: str, base_ok: bool) -> st
             + ("" if base_ok else " (the approved template does not compile at these parameters)"))
 
 
+def _whole(e, what: str, env: dict, shape: dict, params: dict) -> int:
+    """A launch dimension's value: a whole number ('/' gives a float, which is never cut)."""
+    v = e(env)
+    if isinstance(v, float) and not v.is_integer():
+        raise ExprError(f"kernel.{what} '{e.text}' is {v:g} at {shape} with {params}: a launch "
+                        "dimension must be a whole number; use ceil_div(a, b) or a // b")
+    return int(v)
+
+
 def arg_kinds(spec, symbol_type: str) -> list[str]:
     """What each of kernel.args passes: a tensor map by value (tmap), a pointer to a tensor or
     scratch buffer (ptr), a scalar of its type, else a shape symbol (`symbol_type`, the backend
@@ -76,6 +85,7 @@ class Builder:
         self.ctype = render.CTYPES[spec.kernel.backend][spec.op.dtype]
         self.variants: dict[str, str] = {}  # variant id -> template text
         self._digests: dict[str, str] = {}  # artifact path -> content digest
+        self._params: dict[str, str | None] = {}  # artifact path -> _params_problem's answer
         # the source rules' verdict per rendered source (sha256 of the text): a build ahead
         # checks a guess's sources, and its trial, when it comes, reads the verdict here (the
         # rules take about 8 ms a softmax source, most of a trial's own time beside the judge)
@@ -125,18 +135,12 @@ class Builder:
         for shape in (self.spec.op.all_shapes if shapes is None else shapes):
             env = {**shape, **params}
             env.update(k.derived(env))
-
-            def whole(e, what):  # a launch dimension is a whole number: '/' gives a float, never cut
-                v = e(env)
-                if isinstance(v, float) and not v.is_integer():
-                    raise ExprError(f"kernel.{what} '{e.text}' is {v:g} at {shape} with {params}: a launch "
-                                    "dimension must be a whole number; use ceil_div(a, b) or a // b")
-                return int(v)
-
-            geo = {"grid": [whole(e, "grid") for e in k.grid], "block": [whole(e, "block") for e in k.block],
-                   "shared_mem": whole(k.shared_mem, "shared_mem") if k.shared_mem else 0}
+            at = (env, shape, params)
+            geo = {"grid": [_whole(e, "grid", *at) for e in k.grid],
+                   "block": [_whole(e, "block", *at) for e in k.block],
+                   "shared_mem": _whole(k.shared_mem, "shared_mem", *at) if k.shared_mem else 0}
             if k.cluster:
-                geo["cluster"] = [whole(e, "cluster") for e in k.cluster]
+                geo["cluster"] = [_whole(e, "cluster", *at) for e in k.cluster]
             if k.scratch:  # the runner's workspaces: part of the launch (and of the binary key)
                 geo["scratch"] = k.scratch_shapes(env)
             if k.tensor_maps:  # each TMA descriptor's box: part of the launch too
@@ -233,16 +237,17 @@ class Builder:
         (backends.cuda.params_problem), or None (none, or no PTX to read them from)."""
         if self.spec.kernel.backend != "cuda" or not c.artifact:
             return None
-        from .backends import cuda
+        if c.artifact not in self._params:  # (an artifact is named by its content: read once)
+            from .backends import cuda
 
-        try:
-            text = Path(c.artifact).with_suffix(".ptx").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-        sizes = cuda.entry_param_sizes(text, self.spec.kernel.entry)
-        if sizes is None:
-            return None
-        return cuda.params_problem(self.spec.kernel.entry, sizes, arg_kinds(self.spec, cuda.Runtime.symbol_type))
+            try:
+                text = Path(c.artifact).with_suffix(".ptx").read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return None
+            sizes = cuda.entry_param_sizes(text, self.spec.kernel.entry)
+            self._params[c.artifact] = None if sizes is None else cuda.params_problem(
+                self.spec.kernel.entry, sizes, arg_kinds(self.spec, cuda.Runtime.symbol_type))
+        return self._params[c.artifact]
 
     def _judge_compiled(self, sources: list[str], comp: dict, approved: list[str] | None):
         """(why it is forbidden or "", the candidate's PTX counts, the approved build's) from

@@ -314,48 +314,31 @@ def render_shape(spec, params: dict, choice: str) -> tuple[str, str]:
                          spec.kernel.template_segments)
 
 
-def compile_check(spec, source: str, label: str, params: dict | None = None,
-                  shape: dict | None = None) -> tuple[bool, str]:
-    """`pipe render --compile`: what the judge's build makes of one rendered source, without a
-    GPU: the spec's parameter rules (with `params`), its forbidden actions, the backend's own
-    compiler (g++ for cpu, NVRTC for cuda) and, with `shape`, the limits a trial is pruned by
-    (register spills where forbidden, shared memory, the launch's sizes). Returns (it would
-    build, a message: the reason, with the template's line where one alone made the compiler's)."""
+def compile_check(spec, source: str, label: str, params: dict, shape: dict) -> tuple[bool, str]:
+    """`pipe render --compile`: what a trial's build makes of one rendered source (at `params`
+    and `shape`), without a GPU: the spec's parameter rules, its forbidden actions, the backend's
+    own compiler (g++ for cpu, NVRTC for cuda) and the limits a trial is pruned by (register
+    spills where forbidden, shared memory, the launch's sizes). Returns (it would build, a
+    message: the reason, with the template's line where one alone made the compiler's)."""
     from . import backends, forbid
     from .builder import Builder
 
     k = spec.kernel
-    be = backends.get(k.backend)
     try:
-        tool = be.toolchain()
+        tool = backends.get(k.backend).toolchain()
     except Exception as e:  # no compiler here
         tool = f"unavailable ({type(e).__name__})"
     what = f"{Path(k.template_path).name} for {label}"
-
-    def said(reason: str) -> str:
-        return compiler_source_line(reason, k.template, source, k.template_segments, Path(k.template_path).name)
-
-    if params is not None:
-        rule = forbid.check_params(params, spec.forbidden.rules, spec.op.all_shapes)
-        if rule:
-            return False, f"forbidden: {what}: {rule}"
-    if shape is not None and params is not None:
-        b = Builder(spec).build([source], Builder(spec).geometry(params, [shape]))
-        if b.status != "ok":
-            log = (b.log or "").strip()
-            why = b.reason.removeprefix("shape 0: ")  # (the builder's one shape: the label names it)
-            return False, (f"{b.status}: {what} with {k.backend} ({tool}): {said(why)}"
-                           + (f"\n{log[-4000:]}" if log else ""))
-        res = b.resources[source] if b.resources else None
-        res = f"; {', '.join(f'{n} {v}' for n, v in res.items())}" if res else ""
-        return True, f"compiles: {what} with {k.backend} ({tool}), within the profile's limits{res}"
-    bad = forbid.check_source(source, k.options, k.backend, spec.forbidden.named, spec.forbidden.patterns)
-    if bad:
-        return False, f"forbidden: {what}: {said(str(bad))}"
-    c = be.compile(source, k.entry, k.options, spec.hw)
-    if not c.ok:
-        log = (c.log or "").strip()
-        return False, (f"{c.status}: {what} with {k.backend} ({tool}): {said(c.reason)}"
-                       + (f"\n{log[-4000:]}" if log else ""))
-    res = f"; {', '.join(f'{n} {v}' for n, v in c.resources.items())}" if c.resources else ""
-    return True, f"compiles: {what} with {k.backend} ({tool}){' (cached)' if c.cached else ''}{res}"
+    rule = forbid.check_params(params, spec.forbidden.rules, spec.op.all_shapes)
+    if rule:
+        return False, f"forbidden: {what}: {rule}"
+    builder = Builder(spec)
+    b = builder.build([source], builder.geometry(params, [shape]))
+    if b.status != "ok":
+        log = (b.log or "").strip()
+        why = b.reason.removeprefix("shape 0: ")  # (the builder's one shape: the label names it)
+        why = compiler_source_line(why, k.template, source, k.template_segments, Path(k.template_path).name)
+        return False, f"{b.status}: {what} with {k.backend} ({tool}): {why}" + (f"\n{log[-4000:]}" if log else "")
+    res = b.resources[source] if b.resources else None
+    res = f"; {', '.join(f'{n} {v}' for n, v in res.items())}" if res else ""
+    return True, f"compiles: {what} with {k.backend} ({tool}), within the profile's limits{res}"

@@ -293,10 +293,10 @@ def cmd_record(a) -> int:
               file=sys.stderr)
         return EXIT_INPUT
     dest = Path(a.out) if a.out else Path("datasets") / f"{spec.name}.json"
-    if not a.out and dest.exists() and not (run_dir / "ledger.db").exists():
-        # a new sweep would replace a dataset recorded earlier (the replay bench reads datasets/);
-        # a sweep resumed from its run folder rewrites its own
-        print(f"pipe record: {dest} exists, recorded earlier (pipe replay reads datasets/); a new sweep does "
+    if not a.out and dest.exists() and loop.recorded_to(run_dir) != dest.resolve():
+        # a sweep would replace a dataset recorded earlier (the replay bench reads datasets/); one
+        # resumed from the run folder that wrote that very file rewrites its own
+        print(f"pipe record: {dest} exists, recorded earlier (pipe replay reads datasets/); this sweep does "
               "not replace it: name its dataset with --out FILE, or remove that file first", file=sys.stderr)
         return EXIT_INPUT
     writable(dest)

@@ -774,6 +774,17 @@ def eval_one(spec, run_dir: Path, params: dict, variant: str | None, force: bool
     return t, old is not None
 
 
+RECORDED_TO = "dataset.path"  # in a sweep's run folder: the dataset file it writes (pipe record)
+
+
+def recorded_to(run_dir: Path) -> Path | None:
+    """The dataset file a sweep's run folder wrote last, or None."""
+    try:
+        return Path((run_dir / RECORDED_TO).read_text(encoding="utf-8").strip())
+    except OSError:
+        return None
+
+
 def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minutes: float | None = None,
            quiet: bool = False, force: bool = False, on_reuse=None, scale: dict | None = None) -> dict:
     """pipe record: sweep the whole space (spec.spec.sweep) in `run_dir`, taking the verdicts
@@ -799,6 +810,7 @@ def record(spec, run_dir: Path, dest: Path, reuse_from: Path | None = None, minu
         led.close()
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(dataset.dumps(data))
+    write_atomic(run_dir / RECORDED_TO, str(dest.resolve()) + "\n")  # whose dataset a resumed sweep rewrites
     by: dict[str, int] = {}
     for t in data["trials"]:
         by[t["status"]] = by.get(t["status"], 0) + 1

@@ -95,6 +95,18 @@ def test_a_new_sweep_does_not_replace_a_recorded_dataset(tmp_path):
     r = pipe_main("record", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "runs/sweep", cwd=proj)
     assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
     assert kept.read_text() == '{"recorded": "earlier"}' and not (proj / "runs" / "sweep").exists()
+    one = ["--only", "ACC=1", "--only", "UNROLL=1", "-q"]
+    r = pipe_main("record", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "runs/sweep", "--out", "mine.json", *one,
+                  cwd=proj)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # that run folder resumed with no --out: it wrote mine.json, not the default, which stays
+    r = pipe_main("record", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "runs/sweep", *one, cwd=proj)
+    assert r.returncode == 2 and kept.read_text() == '{"recorded": "earlier"}'
+    kept.unlink()  # a sweep that wrote the default itself rewrites it when resumed
+    r = pipe_main("record", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "runs/own", *one, cwd=proj)
+    assert r.returncode == 0 and kept.exists()
+    r = pipe_main("record", "pipelines/rmsnorm-cpu.yaml", "--run-dir", "runs/own", *one, cwd=proj)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_eval_on_a_finished_run_keeps_its_status(tmp_path):

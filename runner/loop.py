@@ -292,6 +292,11 @@ class Session:
     def _baseline(self) -> list[float] | None:
         spec = self.spec
         if spec.baseline == "none":
+            if not self.ledger.get_meta("reference_checked"):
+                got = self.worker.request(("check_reference",), spec.runtime.timeout_s * 10)
+                if got["status"] != "ok":
+                    raise self._reference_failed(f"op.reference {spec.op.reference}", got)
+                self.ledger.set_meta("reference_checked", "1")
             return None
         have = self.ledger.get_meta("baseline")
         if have:
@@ -307,8 +312,7 @@ class Session:
                 # the reference (or its compiled form) fails on the spec's own shapes: every trial
                 # is verified against it, so no trial could pass; stop here and say so
                 what = f"op.reference {spec.op.reference}" + (" under torch.compile" if spec.baseline == "compile" else "")
-                raise PipeError(f"{spec.path}: {what} failed on the spec's shapes before any trial "
-                                f"({got.get('status')}): {str(got.get('reason', ''))[:500]}")
+                raise self._reference_failed(what, got)
             worst = max(s["spread"] for s in got["shapes"])
             if r is None or worst < max(s["spread"] for s in r["shapes"]):
                 r = got
@@ -319,6 +323,20 @@ class Session:
                                                      "timings": tries, **({"heap": r["heap"]} if r.get("heap") else {})}))
         self.log.info("baseline.done", mode=spec.baseline, times_us=[round(t * 1e6, 3) for t in times])
         return times
+
+    def _reference_failed(self, what: str, got: dict) -> PipeError:
+        """The error for a reference that fails on the spec's own shapes (every trial is verified
+        against it, so none could pass), at op.reference's line of the spec."""
+        where = self.spec.path
+        try:
+            from .spec import yamlsrc
+
+            line, col = yamlsrc.load_file(self.spec.path).pos(("op", "reference"))
+            where = f"{where}:{line}:{col}"
+        except (PipeError, OSError):  # the file changed or went since the run loaded it
+            pass
+        return PipeError(f"{where}: {what} failed on the spec's shapes before any trial "
+                         f"({got.get('status')}): {str(got.get('reason', ''))[:500]}")
 
     def write_best(self) -> None:
         best, d = self.best, self.run_dir / "best"

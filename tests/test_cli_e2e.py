@@ -249,21 +249,29 @@ def test_other_commands_and_exit_codes(project, tmp_path):
     assert "run.start" in events and "run.end" in events
 
 
-@pytest.mark.parametrize("module, body, needle", [
-    ("badref", "    raise RuntimeError('boom')\n", "boom"),
+@pytest.mark.parametrize("module, body, needle, baseline", [
+    ("badref", "    raise RuntimeError('boom')\n", "boom", "reference"),
     # a reference of the wrong shape: every kernel would be judged wrong against it
-    ("badshape", "    return x[:1]\n", "has shape (1, "),
+    ("badshape", "    return x[:1]\n", "has shape (1, ", "reference"),
+    # with no baseline to time, the reference is still called before the first trial
+    ("nobase", "    return (x * x)[None]\n", "has shape (1, ", "none"),
+    ("nobaseraise", "    raise KeyError('eps2')\n", "it raised KeyError: 'eps2' at {", "none"),
 ])
-def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path, module, body, needle):
+def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path, module, body, needle, baseline):
     (project / "pipelines" / f"{module}.py").write_text("def rmsnorm(x, w, eps):\n" + body)
     d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
     d["op"]["reference"] = f"{module}:rmsnorm"
     d["op"]["shapes"] = FEW_ROWS
+    d["baseline"] = baseline
+    if baseline == "none":
+        d["goal"]["target"] = {"metric": "time_us", "at_most": 1.0e6}
     spec = project / "pipelines" / "r.yaml"
     spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    line = next(i for i, ln in enumerate(spec.read_text().splitlines(), 1) if ln.lstrip().startswith("reference:"))
     run_dir = tmp_path / "run"
     r = pipe_main("run", str(spec), "--run-dir", str(run_dir), cwd=project)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{spec}:{line}:" in r.stderr, r.stderr  # at op.reference's line
     assert f"op.reference {module}:rmsnorm failed on the spec's shapes before any trial" in r.stderr
     assert needle in r.stderr, r.stderr
     assert rows(run_dir) == []  # no trial spent on a reference nothing could pass

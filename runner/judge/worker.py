@@ -813,6 +813,26 @@ class Judge:
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out, **({"heap": self.heap} if self.heap else {})}
 
+    def check_reference(self) -> dict:
+        """The float64 reference, called as verification calls it, at every listed shape: a run
+        with no baseline (whose timing would have shown a broken reference first) stops before
+        its first trial if it raises or returns outputs other than op.outputs."""
+        for si, shape in enumerate(self.op.shapes):
+            inputs = self._inputs(shape, _seed("reference", si), si)
+            private = {k: (v.to(self.torch.float64) if v.dtype.is_floating_point else v)
+                       for k, v in inputs.items()}
+            extra = {"parts": True} if self.op.gemm_k is not None else {}
+            try:
+                got = self.reference(**private, **self.scalars, **extra)
+            except Exception as e:  # the user's function: its error is the answer
+                return {"status": "error", "reason": f"it raised {type(e).__name__}: {e} at {shape}"}
+            if not extra:
+                why = self._reference_shapes(got, shape)
+                if why:
+                    return {"status": "error", "reason": why}
+            del got, private, inputs
+        return {"status": "ok"}
+
     def _reference_shapes(self, got, shape: dict) -> str:
         """Why what the reference returned at a shape is not the spec's op.outputs (their number
         and shapes), or ""."""

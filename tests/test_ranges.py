@@ -101,6 +101,8 @@ def test_template_that_reads_a_range_symbol_is_refused(project, capsys):
     (lambda d: d["op"]["domain"]["M"].update(tune="M * 2"), "tune"),
     (lambda d: d["op"]["domain"]["N"].update(typical=[10]), "10 is outside [64, 16384]"),
     (lambda d: d["op"]["domain"].update(K={"min": 1, "max": 2}), "'K' is no shape symbol"),
+    # every configuration's row bucket above the domain's longest row: every trial pruned
+    (lambda d: d["kernel"].update(serves="N >= 32768 * ACC"), "no configuration of the space serves any"),
 ])
 def test_domain_mistakes_are_spec_errors(project, capsys, change, message):
     d = copy.deepcopy(BASE)

@@ -1310,12 +1310,33 @@ class _Checker:
                               lambda env, tm=tm, used=used: tensor_map_strides([d(env) for d in tm.dims], tm)
                               if used(env) else None))
             self.evaluate_over_space(space, op, exprs)
-        return KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
-                          entry=k["entry"],
-                          args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
-                          shared_mem=smem,
-                          options=tuple(k.get("options", [])), derive=tuple(derive), serves=serves,
-                          scratch=tuple(scratch), tensor_maps=tuple(tmaps))
+        ks = KernelSpec(backend=backend, template_path=str(tpath), template=text, template_segments=tuple(segments),
+                        entry=k["entry"],
+                        args=tuple(k["args"]), grid=geo["grid"], block=geo["block"], cluster=geo["cluster"],
+                        shared_mem=smem,
+                        options=tuple(k.get("options", [])), derive=tuple(derive), serves=serves,
+                        scratch=tuple(scratch), tensor_maps=tuple(tmaps))
+        if serves is not None and op is not None and op.domain and space is not None:
+            self.served_somewhere(ks, op, space)
+        return ks
+
+    def served_somewhere(self, ks: "KernelSpec", op, space: Space) -> None:
+        """kernel.serves that no configuration of the space meets at any timed shape (the
+        listed sizes and the tuning points) prunes every trial a run makes: an error here."""
+        import random
+
+        elem = op.shape_env({})["elem"]
+        if space.size <= 200_000:
+            configs = iter(space)
+        else:  # as the constraints' check: a sample of a space too large to walk
+            rng = random.Random(0)
+            configs = (c for c in (space.sample(rng, 1000) for _ in range(2000)) if c is not None)
+        for cfg in configs:
+            if any(ks.serves_shape(dict(cfg), shape, elem) for shape in op.shapes):
+                return
+        self.err(("kernel", "serves"), f"no configuration of the space serves any of the {len(op.shapes)} "
+                                       f"timed shapes (the listed sizes and the tuning points of op.domain): "
+                                       "every trial would be pruned")
 
     def scratch(self, k: dict, op, params, symbols, derive) -> list[ScratchSpec]:
         """kernel.scratch: each buffer's name (no other name of the spec), its place in

@@ -12,6 +12,8 @@ import time
 
 from runner.spec.spec import load_spec
 from runner.build.builder import Builder
+from runner.build.render import RenderError
+from runner.core.errors import ExprError
 
 
 def main(path: str) -> int:
@@ -19,18 +21,28 @@ def main(path: str) -> int:
     builder = Builder(spec)
     groups: dict[str, int] = {}
     statuses: dict[str, int] = {}
+    first: dict[str, str] = {}  # status -> the first configuration's reason, for a space none of which builds
     t0 = time.time()
     for n, cfg in enumerate(spec.space, 1):
-        sources, geometry = builder.render_all(cfg), builder.geometry(cfg)
-        b = builder.build(sources, geometry)
-        statuses[b.status] = statuses.get(b.status, 0) + 1
-        if b.status == "ok":
+        try:
+            sources, geometry = builder.render_all(cfg), builder.geometry(cfg)
+            b = builder.build(sources, geometry)
+            status, reason = b.status, b.reason
+        except (RenderError, ExprError) as e:  # as a trial: this configuration fails, the count goes on
+            status, reason = "render_error", str(e)
+        statuses[status] = statuses.get(status, 0) + 1
+        first.setdefault(status, f"{dict(cfg)}: {reason}")
+        if status == "ok":
             key = builder.binary_key(b.artifacts, geometry)
             groups[key] = groups.get(key, 0) + 1
         if n % 100 == 0:
             print(f"{n} configurations, {len(groups)} distinct kernels, {time.time() - t0:.0f} s", file=sys.stderr)
     print(json.dumps({"spec": spec.name, "configurations": sum(statuses.values()), "builds": statuses,
                       "distinct_kernels": len(groups), "seconds": round(time.time() - t0)}))
+    if not groups:  # nothing a sweep could time: say why, and fail
+        for status, why in first.items():
+            print(f"count_kernels: {status}, first at {why[:800]}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -213,8 +213,9 @@ def test_a_spec_as_deep_as_allowed_passes_every_check(project):
 # ---------------------------------------------------------------- syntax errors
 
 @pytest.mark.parametrize("text, line", [
-    ("a: 1\nb: [1, 2\nc: 3\n", 3),
-    ("a: 1\nb: 'open\n", 3),
+    ("a: 1\nb: [1, 2\nc: 3\n", 2),  # where the `[` left open is, not the next key's line
+    ("a: 1\nb: {x: 1, y: [1, 2]\nc: 3\n", 2),
+    ("a: 1\nb: 'open\n", 2),
     ("a: 1\nb: c: d\n", 2),
     ("a:\n  b: 1\n c: 2\n", 3),
     ("a: 1\nx:\n\t- 1\n", 3),
@@ -226,6 +227,10 @@ def test_syntax_error_diagnostic_line(text, line):
     assert d.col >= 1
     assert d.message.startswith("YAML syntax error")
     assert str(d).startswith(f"syn.yaml:{line}:")
+    opened = next((ch for ch in "{['" if ch in text), None)
+    if opened:  # at the mark left open
+        assert d.col == text.splitlines()[1].index(opened) + 1
+        assert "opened here is not closed: at line 3" in d.message, d.message
 
 
 def test_two_documents_are_refused():

@@ -150,6 +150,10 @@ def _too_deep(file: str, e: _TooDeep) -> SpecError:
                                  "(a spec needs a handful)")])
 
 
+# contexts of a syntax error whose cause is an opening mark never closed
+_UNCLOSED = ("while parsing a flow", "while scanning a quoted scalar")
+
+
 def load(text: str, file: str) -> Located:
     """Parse one YAML document; raise SpecError with positions on any problem."""
     try:
@@ -160,8 +164,16 @@ def load(text: str, file: str) -> Located:
         raise SpecError([Diagnostic(file, 1, 1, "", "document nested too deeply")]) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         msg = " ".join(x for x in (e.context, e.problem) if x) or str(e)
+        c = e.context_mark
+        if c and e.problem_mark and c.line < e.problem_mark.line and str(e.context).startswith(_UNCLOSED):
+            # a `{`, `[` or quote left open: the parser stops lines later, at the next key; the
+            # mistake is on the line that opened it (where its closing mark belongs)
+            p = e.problem_mark
+            msg = (f"{str(e.context).removeprefix('while parsing ').removeprefix('while scanning ')} opened here "
+                   f"is not closed: at line {p.line + 1}, column {p.column + 1}, {e.problem}")
+            mark = c
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise SpecError([Diagnostic(file, line, col, "", f"YAML syntax error: {msg}")]) from None
     except yaml.YAMLError as e:
         raise SpecError([Diagnostic(file, 1, 1, "", f"YAML error: {e}")]) from None

@@ -96,6 +96,22 @@ def test_snippet_in_block_comment_is_not_caught(name, backend):
     assert check_source(src, [], backend, [name], []) is None
 
 
+@pytest.mark.parametrize("src", [
+    "#include <cuda/../thrust/reduce.h>\n",  # session 44's red team: the library under another path
+    "#include <thrust/reduce.h>\n",
+    '#include "cutlass/gemm/device/gemm.h"\n',
+    "namespace th = thrust;\nfloat s = th::reduce(th::seq, x, x + n);\n",  # an alias of its namespace
+])
+def test_a_library_is_found_in_any_include_path_and_through_an_alias(src):
+    v = check_source(src, [], "cuda", ["library_calls"], [])
+    assert v is not None and v.rule == "library_calls", src
+
+
+def test_names_near_a_library_are_not_one():
+    assert check_source("#include <cuda/barrier>\n#include <cuda_bf16.h>\nint cuteness = 0;\n", [], "cuda",
+                        ["library_calls"], []) is None
+
+
 def test_line_number_counts_lines_of_stripped_block_comments():
     src = "/* one\ntwo\nthree */\nint x;\nfloat y = __expf(x);\n"
     v = check_source(src, [], "cuda", ["fast_math"], [])

@@ -263,13 +263,19 @@ def test_asm_string_from_a_macro_in_a_compiler_only_branch(small):
     forbidden_as(b, "fast_math", "ex2.approx.ftz.f32", "after the preprocessor")
 
 
-def test_asm_in_a_branch_the_preprocessor_does_not_take_is_caught_in_the_ptx(small):
-    """The same, behind a macro NVRTC defines that the preprocessor is not told of: the
-    preprocessed source differs from what NVRTC compiled, and the PTX check refuses it."""
+def test_asm_in_a_branch_the_preprocessor_does_not_take_is_caught_in_the_ptx(small, monkeypatch):
+    """The same, behind a macro NVRTC defines that the preprocessor is not told of: refused
+    before the compile (the compiler says it defines the macro), and, were that question
+    answered wrongly, the PTX check still refuses what the preprocessed source did not show."""
+    from runner.build.backends import cuda
+
     text = APPROVED.replace("#define L2E", '#ifdef __CUDACC_VER_BUILD__\n#define EX2 "ex2.approx.ftz.f32 %0, %0;"\n'
                                            '#else\n#define EX2 ""\n#endif\n#define L2E').replace(
         EX_LINE, '  float r;\n  asm("mov.f32 %0, %1;" EX2 : "=f"(r) : "f"((v - m) * L2E));\n  return r;')
-    b = build(small, text)
+    forbidden_as(build(small, text), "preprocessor", "__CUDACC_VER_BUILD__", "the compiler defines it")
+    monkeypatch.setattr(cuda, "compiler_defines", lambda *a: set())  # the question answered wrongly
+    monkeypatch.setattr(cuda, "expand", lambda src, options, hw: cuda._expand(src, options, hw.arch or "sm_90"))
+    b = build(small, text.replace("%0, %1;", "%0, %1; "))  # (a source the builds so far have not cached)
     forbidden_as(b, "fast_math", "ex2.approx.ftz.f32", "inline asm", "0 in the approved")
 
 
@@ -342,6 +348,13 @@ def test_device_side_launch_and_external_functions_in_the_ptx():
     ("sad.u32", None), ("sad.u16", "lower_precision"), ("vmax.s32.s32.s32", "unjudged"),
     ("cvt.rn.satfinite.e2m1x4.f32", "lower_precision"),
     ("multimem.st.relaxed.gpu.global.f32", "unjudged"), ("tensormap.replace.tile.global_address.b1024.b64", "unjudged"),
+    # session 44's red team: rounding toward zero or an infinity (`__fmul_rz`, `__fadd_rd`,
+    # `__float2bfloat16_rz`) and a float quantised to 8-bit integers passed as allowed
+    ("mul.rz.f32", "fast_math"), ("add.rm.f32", "fast_math"), ("rcp.rz.f32", "fast_math"), ("fma.rp.f64", "fast_math"),
+    ("cvt.rz.f32.f64", "fast_math"), ("cvt.rz.bf16.f32", "lower_precision"), ("cvt.rz.bf16x2.f32", "lower_precision"),
+    ("cvt.rs.f16x2.f32", "lower_precision"), ("cvt.rni.sat.s8.f32", "lower_precision"),
+    ("cvt.rzi.s8.f32", "lower_precision"),
+    ("cvt.rzi.s32.f32", None), ("cvt.rmi.f32.f32", None), ("cvt.rn.f32.f64", None),  # integer rounding; nearest
 ])
 def test_classify(op, action):
     assert ptx.classify(op) == action
@@ -361,6 +374,27 @@ def test_the_library_waiver_holds_what_accurate_functions_compile_to(small):
     assert {"ex2.approx.f32", "ex2.approx.ftz.f32", "rsqrt.approx.f32"} <= waived
     assert not any(op.startswith(("sin.approx", "cos.approx", "tanh.approx", "sqrt.approx", "div.full")) for op in waived)
     assert all(ptx.classify(op) == "fast_math" for op in waived)
+
+
+def test_a_macro_the_compiler_defines_and_the_reading_does_not_hides_no_branch():
+    """Session 44's red team: a header of fast intrinsics included under `#ifdef __STDC__`,
+    which NVRTC defines and the judge's preprocessor did not: the rules read the other branch,
+    and the variant passed. A conditional on a name the reading does not know is now asked of
+    the compiler (after the source's own includes): defined there, the source is refused; a
+    name the compiler leaves undefined too (a template's own flag) reads as before."""
+    from runner.build.backends import cuda
+
+    for name in ("__STDC__", "CUDART_VERSION"):  # the compiler's, and a toolchain header's
+        src = ("#include <cuda_runtime.h>\n"
+               f"#ifdef {name}\n__device__ float f(float a, float b) {{ return __fdividef(a, b); }}\n#endif\n"
+               'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n')
+        text, why = cuda._expand(src, (), "sm_90")
+        assert text is None and f"tests {name}" in why and "the compiler defines it" in why, why
+    own = src.replace("CUDART_VERSION", "PIPE_OWN_FLAG")
+    text, why = cuda._expand(own, (), "sm_90")
+    assert not why and "__fdividef" not in text  # undefined for both: the branch is skipped by both
+    text, why = cuda._expand(own.replace("#include <cuda_runtime.h>", '#include "no/such/header.h"'), (), "sm_90")
+    assert text is None and "could not be told" in why  # fails closed
 
 
 def test_the_preprocessor_takes_the_branches_of_the_options_architecture():

@@ -67,8 +67,10 @@ NAMED: dict[str, Named] = {
         "calling a library (BLAS, cuDNN, CUTLASS, torch) or the system instead of the kernel's own code",
         {"cpu": (r"\bcblas_", r"\bmkl_", r"\bdlopen\s*\(", r"\bdlsym\s*\(", r"\bsystem\s*\(", r"\bpopen\s*\(",
                  r"\bexec[lv]p?e?\s*\(", r"#\s*include\s*[<\"](cblas|mkl|torch|ATen|dlfcn)"),
-         "cuda": (r"\bcublas", r"\bcudnn", r"\bcutlass::", r"\bcute::", r"\bthrust::", r"\bcub::Device",
-                  r"#\s*include\s*[<\"](cublas|cudnn|cutlass|cute|thrust|torch|ATen)")}),
+         # the library's name as a word (a namespace alias, `namespace th = thrust;`, reaches it
+         # too) and anywhere in an include's path (`<cuda/../thrust/reduce.h>`: session 44's red team)
+         "cuda": (r"\bcublas", r"\bcudnn", r"\bcutlass\b", r"\bcute\b", r"\bthrust\b", r"\bcub::Device",
+                  r"#\s*include\s*[<\"][^>\"\n]*(?<![\w.])(cublas|cudnn|cutlass|cute|thrust|torch|ATen)(?!\w)")}),
     "side_streams": Named(
         "work on another stream or left running after the call returns",
         {"cpu": (r"\.detach\s*\(", r"\bstd::async\b", r"\bpthread_detach\b"),
@@ -283,11 +285,15 @@ class PreprocessError(Exception):
     pass
 
 
-def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Sequence[str] = ()) -> str:
+def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Sequence[str] = (),
+               compiler_defines=None) -> str:
     """The source with its own macros expanded and its own conditionals taken (pcpp, a C99
     preprocessor in Python): `#include`s are left in place unread (their macros stay
     unexpanded), `macros` (name -> value, NVRTC's) and `defines` (-D options) are defined
-    first. Comments are removed. Raises PreprocessError on malformed input."""
+    first. Comments are removed. Raises PreprocessError on malformed input, and where a
+    conditional tests an identifier that neither the source nor `macros` define, unless
+    `compiler_defines` (names -> those of them the compiler does define, or None where it
+    cannot tell) says the compiler leaves every one of them undefined too."""
     import io
 
     from pcpp import Preprocessor
@@ -311,6 +317,22 @@ def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Se
         def on_comment(self, tok):
             return None
 
+        # an identifier a conditional tests that neither the source nor NVRTC's known macros
+        # define: the compiler may define it (`__STDC__`, a header's `CUDART_VERSION`) and take the
+        # branch this reading skips, so code there would reach the compiler unread by any rule
+        def on_unknown_macro_in_defined_expr(self, tok):
+            unknown.setdefault(tok.value, getattr(tok, "lineno", 0))
+            return False
+
+        def on_unknown_macro_in_expr(self, ident):
+            unknown.setdefault(str(getattr(ident, "value", ident)), getattr(ident, "lineno", 0))
+            return 0
+
+        def on_unknown_macro_function_in_expr(self, ident):
+            unknown.setdefault(str(getattr(ident, "value", ident)), getattr(ident, "lineno", 0))
+            return lambda *_: 0
+
+    unknown: dict[str, int] = {}
     p = _P()
     p.line_directive = None
     p.compress = 0
@@ -327,6 +349,16 @@ def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Se
         raise PreprocessError(f"{type(e).__name__}: {e}") from None
     if errors:
         raise PreprocessError("; ".join(errors[:3]))
+    if unknown:
+        told = compiler_defines(sorted(unknown)) if compiler_defines is not None else None
+        bad = {k: v for k, v in unknown.items() if told is None or k in told}
+        if bad:
+            names = ", ".join(f"{k}" + (f" (line {v})" if v else "") for k, v in list(bad.items())[:4])
+            how = ("the compiler defines it" if told is not None else
+                   "whether the compiler defines it could not be told")
+            raise PreprocessError(f"a conditional tests {names}, which this reading left undefined where {how}: "
+                                  "the rules could not read the branch the compiler takes (define it in the "
+                                  "source, or test a macro the judge knows: forbid.nvrtc_macros)")
     return strip_comments(out.getvalue())
 
 

@@ -71,7 +71,15 @@ DEVICE_STATE = ("state that outlives a call: module-scope device data (a __devic
 _NARROW = {"e4m3", "e5m2", "e4m3x2", "e5m2x2", "e4m3x4", "e5m2x4", "e2m1", "e2m1x2", "e2m1x4", "e3m2", "e3m2x2",
            "e3m2x4", "e2m3", "e2m3x2", "e2m3x4", "s8", "u8", "s4", "u4", "b1", "ue8m0", "ue8m0x2"}
 _NARROW_FLOAT = {t for t in _NARROW if t[0] == "e" or t.startswith("ue")}  # fp8, fp6, fp4 and the scale type
+_NARROW_INT = {"s8", "u8", "s4", "u4", "b1"}
+# rounding modifiers other than to nearest (`.rn`, `.rna`): toward zero, minus and plus infinity,
+# stochastic; the integer roundings of a float (`.rzi`, `.rmi`) are other words and stay allowed
+_DIRECTED = {"rz", "rm", "rp", "rs"}
 _REDUCE = {"atom", "red"}  # read-modify-write arithmetic in memory
+
+
+def _is_float(t: str) -> bool:
+    return t[0] == "f" or t.startswith(("bf16", "e", "ue", "tf32"))
 _WIDE = {"f32", "f64", "u32", "s32", "u64", "s64", "b32", "b64", "acc::f32"}
 # SIMD and dot-product arithmetic on 8- and 16-bit integers (`__vadd4`, `__dp4a`, ...)
 _INT_SIMD = {"dp4a", "dp2a", "vadd2", "vadd4", "vsub2", "vsub4", "vabsdiff2", "vabsdiff4", "vavrg2", "vavrg4",
@@ -113,12 +121,20 @@ def classify(opcode: str) -> str | None:
         types = [p for p in mods if p in _TYPES or p in _NARROW]
         if types and types[0] in _NARROW_FLOAT:  # the destination comes first: a float rounded to fp8, fp6, fp4
             return "lower_precision"
+        if len(types) > 1 and types[0] in _NARROW_INT and _is_float(types[1]):
+            return "lower_precision"  # a float quantised to an 8-bit (or narrower) integer
+        if ms & _DIRECTED and types and _is_float(types[0]):
+            # a float rounded toward zero or an infinity (or stochastically) to a float: a bias the
+            # rounding to nearest the op's types imply does not have (`__float2bfloat16_rz`)
+            return "lower_precision" if types[0] in _HALF else "fast_math"
     if (base in _REDUCE or (base == "cp" and "reduce" in ms)) and "add" in ms and ms & _HALF:
         return "lower_precision"  # sums accumulated in f16/bf16 in memory (atomics, bulk reductions)
     if base in _ARITH and ms & _HALF and base not in _EXACT_HALF:
         return "lower_precision"
     if base in _APPROX_BASES and ("approx" in ms or (base == "div" and "full" in ms)):
         return "fast_math"
+    if base in _ARITH and ms & _DIRECTED and ms & {"f32", "f64"}:
+        return "fast_math"  # float arithmetic rounded toward zero or an infinity (`__fmul_rz`, `__fadd_rd`)
     if "ftz" in ms and base in _ARITH | {"setp", "testp", "set", "slct", "selp"}:
         return "fast_math"
     return None

@@ -55,6 +55,11 @@ _NARROW_MMA = {"IMMA", "IGMMA", "QMMA", "QGMMA", "OMMA", "OGMMA", "BMMA", "BGMMA
 _FLOAT_MMA = {"HMMA", "HGMMA", "UTCHMMA"}
 _INT_SIMD = {"IDP", "VABSDIFF4"}
 _MEMORY_RMW = {"ATOM", "ATOMG", "ATOMS", "RED", "REDG", "REDAS"}
+# float arithmetic and conversions that name a rounding other than to nearest (`.RZ`, `.RM`, `.RP`):
+# CUDA's correctly rounded division and square root use them in their slow paths (the math library
+# waiver holds those, machine_library), a variant's own `__fmul_rz` is counted
+_FLOAT_ARITH = {"FADD", "FMUL", "FFMA", "DADD", "DMUL", "DFMA", "FADD32I", "FMUL32I", "FFMA32I"}
+_DIRECTED = {"RZ", "RM", "RP"}
 _ZERO = {"RZ", "-RZ", "URZ", "-URZ"}
 
 
@@ -128,6 +133,10 @@ def classify(op: str, operands: list[str] = ()) -> str | None:
         return "narrowing" if mods & _HALF_TYPES else None  # 16-bit operands, f32 accumulators
     if base in ("F2FP", "F2F") and mods & _NARROW:
         return "lower_precision"
+    if base in ("F2FP", "F2F") and mods & _DIRECTED:  # a float rounded toward zero or an infinity
+        return "lower_precision" if base == "F2FP" or mods & _HALF_TYPES else "fast_math"
+    if base in _FLOAT_ARITH and mods & _DIRECTED:  # `__fmul_rz`, `__fadd_rd`: biased float arithmetic
+        return "fast_math"
     if base == "F2FP" or (base == "F2F" and mods & {"F16", "BF16"} and parts[1].upper() in ("F16", "BF16")):
         return "narrowing"  # a float rounded to 16 bits: what storing a bf16 output is
     if base in _MEMORY_RMW and mods & {"ADD", "MIN", "MAX", "FADD"} and mods & _HALF_TYPES:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -165,6 +166,7 @@ def _rules_digest() -> str:
     h = hashlib.sha256()
     for mod in (ptx, sass, machine, forbid):
         h.update(Path(mod.__file__).read_bytes())
+    h.update(inspect.getsource(compiler_defines).encode())  # (the expansion's question to the compiler)
     try:
         h.update(metadata.version("pcpp").encode())
     except metadata.PackageNotFoundError:
@@ -191,9 +193,37 @@ def _expand(source: str, options: tuple[str, ...], arch: str) -> tuple[str | Non
     arch = option_arch(options, arch)
     defines = [o[2:] for o in options if o.startswith("-D")]
     try:
-        return forbid.preprocess(source, forbid.nvrtc_macros(arch, nvrtc_version()), defines), ""
+        return forbid.preprocess(source, forbid.nvrtc_macros(arch, nvrtc_version()), defines,
+                                 lambda names: compiler_defines(names, source, options, arch)), ""
     except Exception as e:  # forbid.PreprocessError, or pcpp's own
         return None, str(e)[:500] or type(e).__name__
+
+
+_INCLUDE_LINE = re.compile(r"^[ \t]*#[ \t]*include\b[^\n]*", re.M)
+_PROBE_END = "pipe-probe-end"
+
+
+def compiler_defines(names: list[str], source: str, options: tuple[str, ...], arch: str) -> set[str] | None:
+    """Which of `names` NVRTC defines for this source: after its every `#include` (a toolchain
+    header pcpp leaves unread defines its own macros), or None where it cannot be told (an
+    include that stops the compiler first). Each name is asked with `#ifdef` and a failing assertion."""
+    from cuda.core import Program
+
+    probe = "\n".join(m.group(0) for m in _INCLUDE_LINE.finditer(source)) + "\n"
+    # (static_assert, not #error: NVRTC stops at an #error, and goes on after a failed assertion)
+    probe += "".join(f'#ifdef {n}\nstatic_assert(false, "pipe-defined:{n}:");\n#endif\n'
+                     for n in names if n.isidentifier())
+    probe += f'static_assert(false, "{_PROBE_END}");\n'
+    with _IMPORT_LOCK:
+        opts = _options(options, arch, "pipe_macro_probe.cu")
+    try:
+        Program(probe, "c++", opts).compile("cubin", logs=io.StringIO())
+        return None  # (the last assertion always fails it)
+    except Exception as e:  # NVRTCError: the log is its message
+        log = str(e)
+    if _PROBE_END not in log:
+        return None
+    return set(re.findall(r"pipe-defined:(\w+):", log))
 
 
 def _ptx_text(program) -> str:

@@ -69,8 +69,16 @@ def cmd_render(a) -> int:
     if why:
         print(f"{a.spec}: these parameters are not a point of the space: {why}", file=sys.stderr)
         return EXIT_INPUT
+    variant = None
+    if a.variant:
+        try:
+            variant = Path(a.variant).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"--variant {a.variant}: {e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}",
+                  file=sys.stderr)
+            return EXIT_INPUT
     try:
-        label, source = render.render_shape(spec, params, a.shape)
+        label, source = render.render_shape(spec, params, a.shape, variant)
     except (render.RenderError, PipeError) as e:  # PipeError: ExprError from a derived value
         print(str(e), file=sys.stderr)
         return EXIT_INPUT
@@ -78,7 +86,8 @@ def cmd_render(a) -> int:
         sys.stdout.write(source)
         return EXIT_OK
     try:
-        ok, message = render.compile_check(spec, source, label, params, render.pick_shape(spec.op, a.shape)[1])
+        ok, message = render.compile_check(spec, source, label, params, render.pick_shape(spec.op, a.shape)[1],
+                                           variant)
     except PipeError as e:  # ExprError from the launch's sizes at this shape
         print(str(e), file=sys.stderr)
         return EXIT_INPUT
@@ -605,6 +614,9 @@ def parser() -> argparse.ArgumentParser:
                    "(op.extra_shapes[I]) or held:I (op.held_out_shapes[I]); default 0")
     x.add_argument("--compile", action="store_true", help="compile the rendered source with the backend's "
                    "compiler instead of printing it (no GPU needed): exit 0 if it compiles, 1 if not")
+    x.add_argument("--variant", metavar="FILE", help="render a template variant (the whole template text, as "
+                   "pipe eval --variant takes it) instead of the spec's template; with --compile it is judged "
+                   "as a variant's trial is, against the approved template's build")
     x.set_defaults(fn=cmd_render)
     ev = sub.add_parser("eval", help="judge one candidate, append it to the run's ledger, print the verdict")
     ev.add_argument("spec")

@@ -725,3 +725,27 @@ def test_an_instruction_sorted_into_no_action_is_refused_beyond_the_approved_bui
                                   "extern": {}, "data": {}}, [])
     assert action == "unjudged_ptx" and "2 in the candidate's PTX vs 1" in why
     assert ptx.compare(a, {"code": {}, "asm": dict(a["asm"]), "extern": {}, "data": {}}, []) is None
+
+
+def test_pipe_render_judges_a_variant_as_its_trial_is(tmp_path, capsys):
+    """`pipe render SPEC --variant FILE --compile` holds the variant to the approved template's
+    build, as a variant's trial is (session 44's red team judged copies of a spec, whose template
+    was then its own baseline, and every variant passed that way)."""
+    from runner import cli
+
+    approved(tmp_path, NAMED)
+    spec = str(tmp_path / "spec.yaml")
+    honest = tmp_path / "honest.cu.j2"
+    honest.write_text(APPROVED.replace(EX_LINE, "  return expf(v - m);"))
+    assert cli.main(["render", spec, "--variant", str(honest), "--compile", "--set", "UNROLL=1"]) == 0
+    assert capsys.readouterr().out.startswith("compiles: the variant of soft.cu.j2")
+    rz = tmp_path / "rz.cu.j2"
+    rz.write_text(APPROVED.replace(STORE_LINE, "    yr[c] = __float2bfloat16(__fmul_rz(e, inv));"))
+    assert cli.main(["render", spec, "--variant", str(rz), "--compile", "--set", "UNROLL=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("forbidden: the variant of soft.cu.j2") and "mul.rz.f32" in err, err
+    # the same text as the spec's own template is its own baseline: it builds
+    (tmp_path / "soft.cu.j2").write_text(rz.read_text())
+    assert cli.main(["render", spec, "--compile", "--set", "UNROLL=1"]) == 0
+    assert cli.main(["render", spec, "--variant", str(tmp_path / "none.cu.j2"), "--compile"]) == 2
+    assert "--variant" in capsys.readouterr().err

@@ -26,7 +26,7 @@ import jinja2
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..core.errors import PipeError
+from ..core.errors import ExprError, PipeError
 
 # Values the runner provides to every template besides parameters and shape symbols.
 DTYPE_VARS = ("dtype", "ctype")
@@ -304,22 +304,36 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def render_shape(spec, params: dict, choice: str) -> tuple[str, str]:
+VARIANT = "render"  # the id `pipe render --variant` gives its variant in a Builder
+
+
+def render_shape(spec, params: dict, choice: str, variant: str | None = None) -> tuple[str, str]:
     """`pipe render`: (label, source) of the spec's template at `params` for the shape
-    `choice` names (pick_shape). RenderError, or ExprError from a derived value."""
+    `choice` names (pick_shape), or of `variant` (a template variant's text) as a trial renders
+    it. RenderError, or ExprError from a derived value."""
     label, shape = pick_shape(spec.op, choice)
+    if variant is not None:
+        from .builder import Builder
+
+        b = Builder(spec)
+        b.variants[VARIANT] = variant
+        return label, b.render_all(params, VARIANT, [shape])[0]
     ctx = {**params, **shape, **spec.kernel.derived({**shape, **params}), "dtype": spec.op.dtype,
            "ctype": CTYPES[spec.kernel.backend][spec.op.dtype]}
     return label, render(spec.kernel.template, ctx, Path(spec.kernel.template_path).name,
                          spec.kernel.template_segments)
 
 
-def compile_check(spec, source: str, label: str, params: dict, shape: dict) -> tuple[bool, str]:
+def compile_check(spec, source: str, label: str, params: dict, shape: dict,
+                  variant: str | None = None) -> tuple[bool, str]:
     """`pipe render --compile`: what a trial's build makes of one rendered source (at `params`
     and `shape`), without a GPU: the spec's parameter rules, its forbidden actions, the backend's
     own compiler (g++ for cpu, NVRTC for cuda) and the limits a trial is pruned by (register
-    spills where forbidden, shared memory, the launch's sizes). Returns (it would build, a
-    message: the reason, with the template's line where one alone made the compiler's)."""
+    spills where forbidden, shared memory, the launch's sizes). With `variant` (the text the
+    source was rendered from), the source is judged as a variant's trial is: its preprocessed
+    source and compiled code against the approved template's build at the same parameters and
+    shape. Returns (it would build, a message: the reason, with the template's line where one
+    alone made the compiler's)."""
     from . import backends, forbid
     from .builder import Builder
 
@@ -333,11 +347,21 @@ def compile_check(spec, source: str, label: str, params: dict, shape: dict) -> t
     if rule:
         return False, f"forbidden: {what}: {rule}"
     builder = Builder(spec)
-    b = builder.build([source], builder.geometry(params, [shape]))
+    approved = None
+    if variant is not None:
+        try:  # the approved template at the same parameters and shape: the build a variant is held to
+            approved = builder.render_all(params, None, [shape])
+        except (RenderError, ExprError):
+            approved = None
+        what = f"the variant of {Path(k.template_path).name} for {label}"
+    b = builder.build([source], builder.geometry(params, [shape]), approved)
     if b.status != "ok":
         log = (b.log or "").strip()
         why = b.reason.removeprefix("shape 0: ")  # (the builder's one shape: the label names it)
-        why = compiler_source_line(why, k.template, source, k.template_segments, Path(k.template_path).name)
+        if variant is None:
+            why = compiler_source_line(why, k.template, source, k.template_segments, Path(k.template_path).name)
+        else:
+            why = compiler_source_line(why, variant, source, None, "variant")
         return False, f"{b.status}: {what} with {k.backend} ({tool}): {why}" + (f"\n{log[-4000:]}" if log else "")
     res = b.resources[source] if b.resources else None
     res = f"; {', '.join(f'{n} {v}' for n, v in res.items())}" if res else ""

@@ -365,18 +365,23 @@ def test_a_parameter_the_kernel_ignores_is_not_judged_twice(project):
     assert "(the same kernels as #1)" in r.stdout
 
 
+def _count_kernels(project, name: str, tail: str, params: dict):
+    """tools/count_kernels.py on rmsnorm-cpu with `tail` added to its template and `params` its space."""
+    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + tail
+    (project / "pipelines" / f"rmsnorm_{name}.cpp.j2").write_text(tpl)
+    d["kernel"]["template"] = f"rmsnorm_{name}.cpp.j2"
+    d["search"]["params"] = params
+    d["search"]["start"] = {k: v[0] for k, v in params.items()}
+    spec = project / "pipelines" / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "count_kernels.py"), str(spec)], cwd=project,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_count_kernels_fails_when_no_configuration_builds(project):
     """A space none of whose configurations builds is no count: exit 1, with the first reason."""
-    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + "\nint broken = ;\n"
-    (project / "pipelines" / "rmsnorm_broken.cpp.j2").write_text(tpl)
-    d["kernel"]["template"] = "rmsnorm_broken.cpp.j2"
-    d["search"]["params"] = {"ACC": [1, 2], "THREADS": [1], "UNROLL": [1]}
-    d["search"]["start"] = {"ACC": 1, "THREADS": 1, "UNROLL": 1}
-    spec = project / "pipelines" / "broken.yaml"
-    spec.write_text(yaml.safe_dump(d, sort_keys=False))
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "count_kernels.py"), str(spec)], cwd=project,
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = _count_kernels(project, "broken", "\nint broken = ;\n", {"ACC": [1, 2], "THREADS": [1], "UNROLL": [1]})
     assert r.returncode == 1, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["distinct_kernels"] == 0 and out["builds"] == {"compile_error": 2}, out
@@ -384,16 +389,8 @@ def test_count_kernels_fails_when_no_configuration_builds(project):
 
 
 def test_count_kernels_counts_identical_binaries_once(project):
-    d = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text() + "\n// note {{ NOTE }}\n"
-    (project / "pipelines" / "rmsnorm_note.cpp.j2").write_text(tpl)
-    d["kernel"]["template"] = "rmsnorm_note.cpp.j2"
-    d["search"]["params"] = {"ACC": [1, 2], "THREADS": [1], "UNROLL": [1], "NOTE": [1, 2]}
-    d["search"]["start"] = {"ACC": 1, "THREADS": 1, "UNROLL": 1, "NOTE": 1}
-    spec = project / "pipelines" / "note.yaml"
-    spec.write_text(yaml.safe_dump(d, sort_keys=False))
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "count_kernels.py"), str(spec)], cwd=project,
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = _count_kernels(project, "note", "\n// note {{ NOTE }}\n",
+                       {"ACC": [1, 2], "THREADS": [1], "UNROLL": [1], "NOTE": [1, 2]})
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["configurations"] == 4 and out["builds"] == {"ok": 4} and out["distinct_kernels"] == 2

@@ -331,13 +331,29 @@ def test_rules_hold_on_every_shape():
 
 
 def test_splices_digraphs_and_trigraphs_cannot_hide_a_pattern():
-    for src in ('#pragma GCC opti\\\nmize("fast-math")\nint k;',
-                '%:pragma GCC optimize("fast-math")\nint k;',
-                '??=pragma GCC optimize("fast-math")\nint k;'):
-        v = check_source(src, (), "cpu", ["fast_math"], [])
+    for src, options in (('#pragma GCC opti\\\nmize("fast-math")\nint k;', ()),
+                         ('%:pragma GCC optimize("fast-math")\nint k;', ()),
+                         ('??=pragma GCC optimize("fast-math")\nint k;', ("-std=c++14",))):
+        v = check_source(src, options, "cpu", ["fast_math"], [])
         assert v is not None and v.rule == "fast_math", src
     v = check_source("float f(float x) { return __ex\\\npf(x); }", (), "cuda", ["fast_math"], [])
     assert v is not None and v.rule == "fast_math"
+
+
+@pytest.mark.parametrize("src", [
+    # C++17 has no trigraphs: `??/` is no backslash, so the next line is code, not a comment's
+    "// note ??/\nfloat y = __expf(x);\n",
+    'const char* s = "??/";\nfloat y = __expf(x);\nconst char* t = "";\n',
+    # a digit separator is no quote: nothing here opens a character literal, a string or a comment
+    'static_assert(1\'0 == 10, "\'/*");\nfloat y = __expf(x);\nconst char* s = "*/";\n',
+])
+def test_the_rules_read_cpp17_tokens_as_the_compiler_does(src):
+    """Session 44's second red team hid `__fdividef` from every rule behind a trigraph (which
+    the rules replaced and C++17 does not) and a digit separator (read as a quote)."""
+    v = check_source(src, (), "cuda", ["fast_math"], [])
+    assert v is not None and v.rule == "fast_math", src
+    if "??/" in src.split("\n")[0] and src.startswith("//"):  # under C++14 the splice is real: a comment
+        assert check_source(src, ("-std=c++14",), "cuda", ["fast_math"], []) is None
 
 
 def test_token_pasting_is_refused_while_rules_are_on():

@@ -265,15 +265,15 @@ def test_asm_string_from_a_macro_in_a_compiler_only_branch(small):
 
 def test_asm_in_a_branch_the_preprocessor_does_not_take_is_caught_in_the_ptx(small, monkeypatch):
     """The same, behind a macro NVRTC defines that the preprocessor is not told of: refused
-    before the compile (the compiler says it defines the macro), and, were that question
+    before the compile (the two take different branches there), and, were that question
     answered wrongly, the PTX check still refuses what the preprocessed source did not show."""
     from runner.build.backends import cuda
 
     text = APPROVED.replace("#define L2E", '#ifdef __CUDACC_VER_BUILD__\n#define EX2 "ex2.approx.ftz.f32 %0, %0;"\n'
                                            '#else\n#define EX2 ""\n#endif\n#define L2E').replace(
         EX_LINE, '  float r;\n  asm("mov.f32 %0, %1;" EX2 : "=f"(r) : "f"((v - m) * L2E));\n  return r;')
-    forbidden_as(build(small, text), "preprocessor", "__CUDACC_VER_BUILD__", "the compiler defines it")
-    monkeypatch.setattr(cuda, "compiler_defines", lambda *a: set())  # the question answered wrongly
+    forbidden_as(build(small, text), "preprocessor", "different branches")
+    monkeypatch.setattr(cuda, "_branches_differ", lambda *a: "")  # the question answered wrongly
     monkeypatch.setattr(cuda, "expand", lambda src, options, hw: cuda._expand(src, options, hw.arch or "sm_90"))
     b = build(small, text.replace("%0, %1;", "%0, %1; "))  # (a source the builds so far have not cached)
     forbidden_as(b, "fast_math", "ex2.approx.ftz.f32", "inline asm", "0 in the approved")
@@ -376,25 +376,43 @@ def test_the_library_waiver_holds_what_accurate_functions_compile_to(small):
     assert all(ptx.classify(op) == "fast_math" for op in waived)
 
 
-def test_a_macro_the_compiler_defines_and_the_reading_does_not_hides_no_branch():
-    """Session 44's red team: a header of fast intrinsics included under `#ifdef __STDC__`,
-    which NVRTC defines and the judge's preprocessor did not: the rules read the other branch,
-    and the variant passed. A conditional on a name the reading does not know is now asked of
-    the compiler (after the source's own includes): defined there, the source is refused; a
-    name the compiler leaves undefined too (a template's own flag) reads as before."""
+@pytest.mark.parametrize("cond", [
+    "#ifdef __STDC__",  # NVRTC defines it; the rules' preprocessor did not (session 44's red team)
+    "#include <cuda_runtime.h>\n#ifdef CUDART_VERSION",  # a toolchain header's macro, the header unread
+    "#ifdef __PCPP__",  # the rules' preprocessor defines it; NVRTC does not (the second red team)
+    "#if -0x8000000000000000 < 0",  # an unsigned literal, read as signed
+    "#if '\\377' < 0",  # a char constant's sign
+    "#if __CUDA_ARCH_HAS_FEATURE__(SM100_ALL)",  # a function-like macro told the wrong way
+    "#if true",  # a keyword in C++, an unknown 0 to a C preprocessor
+])
+def test_a_branch_the_compiler_takes_and_the_rules_skip_is_refused(cond):
+    """Every conditional directive gets a mark, and the branches the rules' preprocessor keeps
+    must be those NVRTC compiles: a variant whose condition the two read differently (so the
+    rules read a branch the compiler skips, or skip one it compiles) is refused; the conditions
+    of honest templates (their own flags, __CUDA_ARCH__, include guards, splices) read alike."""
     from runner.build.backends import cuda
 
-    for name in ("__STDC__", "CUDART_VERSION"):  # the compiler's, and a toolchain header's
-        src = ("#include <cuda_runtime.h>\n"
-               f"#ifdef {name}\n__device__ float f(float a, float b) {{ return __fdividef(a, b); }}\n#endif\n"
-               'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n')
-        text, why = cuda._expand(src, (), "sm_90")
-        assert text is None and f"tests {name}" in why and "the compiler defines it" in why, why
-    own = src.replace("CUDART_VERSION", "PIPE_OWN_FLAG")
-    text, why = cuda._expand(own, (), "sm_90")
-    assert not why and "__fdividef" not in text  # undefined for both: the branch is skipped by both
-    text, why = cuda._expand(own.replace("#include <cuda_runtime.h>", '#include "no/such/header.h"'), (), "sm_90")
-    assert text is None and "could not be told" in why  # fails closed
+    body = "__device__ float f(float a, float b) { return __fdividef(a, b); }"
+    k = 'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n'
+    for taken in (f"{cond}\n{body}\n#endif\n", f"{cond}\n#else\n{body}\n#endif\n"):
+        text, why = cuda._expand("#include <cuda_bf16.h>\n" + taken + k, (), "sm_90")
+        assert text is None and "different branches" in why, (cond, why)
+    honest = ("#define LEAN 0\n#if LEAN\n__device__ int q;\n#else\n__device__ int r;\n#endif\n"
+              "#if PIPE_OWN_FLAG\n__device__ int s;\n#endif\n#ifdef __CUDA_ARCH__\n__device__ int t;\n#endif\n"
+              "#ifndef GUARD_H\n#define GUARD_H\n#endif\n#if 0 \\\n  || 1\n__device__ int u;\n#endif\n")
+    text, why = cuda._expand("#include <cuda_bf16.h>\n" + honest + k, (), "sm_90")
+    assert not why and "int r;" in text and "int q;" not in text and "int u;" in text, why
+    text, why = cuda._expand('#include "no/such/header.h"\n#if 1\nint a;\n#endif\n' + k, (), "sm_90")
+    assert text is None and "could not be told" in why  # the compiler stopped first: fails closed
+
+
+def test_a_variant_includes_no_file_outside_the_toolchain():
+    approved = '#include <cuda_bf16.h>\n#include "mine.cuh"\n'
+    for inc in ('#include "/tmp/fast.cuh"', "#include </tmp/fast.cuh>", "#include <cuda/../../fast.cuh>",
+                '#define H "/tmp/fast.cuh"\n#include H', '#include "other.cuh"'):
+        assert "a variant includes only" in forbid.foreign_include(approved + inc + "\n", approved), inc
+    for ok in ("#include <cuda/pipeline>", '#include "mine.cuh"', '// #include "/tmp/fast.cuh"'):
+        assert forbid.foreign_include(approved + ok + "\n", approved) is None, ok
 
 
 def test_the_preprocessor_takes_the_branches_of_the_options_architecture():
@@ -740,12 +758,11 @@ def test_pipe_render_judges_a_variant_as_its_trial_is(tmp_path, capsys):
     assert cli.main(["render", spec, "--variant", str(honest), "--compile", "--set", "UNROLL=1"]) == 0
     assert capsys.readouterr().out.startswith("compiles: the variant of soft.cu.j2")
     rz = tmp_path / "rz.cu.j2"
-    rz.write_text(APPROVED.replace(STORE_LINE, "    yr[c] = __float2bfloat16(__fmul_rz(e, inv));"))
+    rz.write_text(APPROVED.replace(STORE_LINE, '    float t; asm("mul.rz.f32 %0, %1, %2;" : "=f"(t) : "f"(e), "f"(inv));\n'
+                                               "    yr[c] = __float2bfloat16(t);"))
     assert cli.main(["render", spec, "--variant", str(rz), "--compile", "--set", "UNROLL=1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("forbidden: the variant of soft.cu.j2") and "mul.rz.f32" in err, err
-    # the same text as the spec's own template is its own baseline: it builds
-    (tmp_path / "soft.cu.j2").write_text(rz.read_text())
-    assert cli.main(["render", spec, "--compile", "--set", "UNROLL=1"]) == 0
+    assert cli.main(["render", spec, "--compile", "--set", "UNROLL=1"]) == 0  # the spec's own template builds
     assert cli.main(["render", spec, "--variant", str(tmp_path / "none.cu.j2"), "--compile"]) == 2
     assert "--variant" in capsys.readouterr().err

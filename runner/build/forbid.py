@@ -55,13 +55,18 @@ NAMED: dict[str, Named] = {
                  r"\b_(fx|x)rstors?(64)?\b"),
          "cuda": (r"\b__(expf|exp10f|logf|log2f|log10f|powf|sinf|cosf|tanf|sincosf|fdividef|tanhf)\b",
                   r"\b__nv_fast_\w+", r"\b__nvvm_\w*(approx|ftz)\w*", r"#\s*pragma\s+nv_fast_math",
-                  r"\b__(USE_FAST_MATH|FAST_MATH|FTZ)__\b", r"\basm\b[^;]*\.approx")},
+                  r"\b__(USE_FAST_MATH|FAST_MATH|FTZ)__\b", r"\basm\b[^;]*\.approx",
+                  # float arithmetic rounded toward zero or an infinity (`__fmul_rz`, `__fmaf_rd`)
+                  r"\b__(fadd|fsub|fmul|fmaf?|fdiv|frcp|fsqrt|dadd|dsub|dmul|ddiv|drcp|dsqrt)\w*_r[zdu]\b",
+                  r"\b__nvvm_(?![fd]2u?(i|ll)_)\w*_r[zmp](_\w+)?\b")},  # (NVVM's builtins: `__nvvm_add_rz_f`, `__nvvm_fma_rm_f`)
         _FAST_MATH_OPTS),
     "lower_precision": Named(
         "arithmetic in a narrower type than the op's declared math (half/bf16 math, TF32)",
         {"cpu": (r"\b_Float16\b", r"\b__bf16\b"),
          "cuda": (r"\b__h(add|sub|mul|fma|div|max|min)2?(_rn|_sat|_relu)?\s*\(", r"\bh2?(exp|log|sqrt|rsqrt|rcp)2?\s*\(",
-                  r"\bwmma::precision::tf32\b", r"\.tf32\b", r"\b__nvvm_\w*(f16|bf16|tf32)\w*")},
+                  r"\bwmma::precision::tf32\b", r"\.tf32\b", r"\b__nvvm_\w*(f16|bf16|tf32)\w*",
+                  # a float rounded to a half type other than to nearest (`__float2bfloat16_rz`)
+                  r"\b__\w*2(bfloat16|half)2?\w*_r[zdu]\b")},
         judge_enforced="TF32 and reduced-precision reductions are switched off and checked after each trial"),
     "library_calls": Named(
         "calling a library (BLAS, cuDNN, CUTLASS, torch) or the system instead of the kernel's own code",
@@ -131,10 +136,25 @@ _TRIGRAPHS = {"??=": "#", "??/": "\\", "??'": "^", "??(": "[", "??)": "]", "??!"
 _DIGRAPHS = (("%:%:", "##"), ("%:", "#"), ("<:", "["), (":>", "]"), ("<%", "{"), ("%>", "}"))
 
 
-def normalize(source: str) -> str:
-    """What the compiler sees before it reads tokens: trigraphs and digraphs spelled out,
-    backslash-newline splices joined (line count kept, so reported lines stay right)."""
-    for k, v in _TRIGRAPHS.items():
+# a pp-number (C++14): a digit, optionally after a dot, then digits, letters, dots, exponent signs
+# and digit separators (`1'000`); a separator read as a quote opened a "character literal" that hid
+# the code after it from every rule (session 44's second red team)
+_PP_NUMBER = re.compile(r"(?<![\w.'])\.?\d(?:[\w.]|'(?=\w)|[eEpP][+-])*")
+_OLD_STD = re.compile(r"^--?std=(?:c|gnu)\+\+(?:98|03|0x|11|1y|14)$")
+
+
+def trigraphs(options: Sequence[str]) -> bool:
+    """Whether the compiler replaces trigraphs: in C++14 and before (`-std=c++14`); C++17, the
+    default of both backends, has none (`??/` is three characters there, not a backslash)."""
+    return any(_OLD_STD.match(o) for o in options)
+
+
+def normalize(source: str, with_trigraphs: bool = False) -> str:
+    """What the compiler sees before it reads tokens: digit separators dropped from numbers,
+    trigraphs (where the standard has them) and digraphs spelled out, backslash-newline splices
+    joined (line count kept, so reported lines stay right)."""
+    source = _PP_NUMBER.sub(lambda m: m.group(0).replace("'", ""), source)
+    for k, v in _TRIGRAPHS.items() if with_trigraphs else ():
         source = source.replace(k, v)
     for k, v in _DIGRAPHS:
         source = source.replace(k, v)
@@ -151,11 +171,11 @@ def normalize(source: str) -> str:
     return "".join(out)
 
 
-def strip_comments(source: str) -> str:
+def strip_comments(source: str, with_trigraphs: bool = False) -> str:
     def repl(m: re.Match) -> str:
         t = m.group(0)
         return t if t[0] in "\"'" or _RAW_START.match(t) else "\n" * t.count("\n")
-    return _TOKENS.sub(repl, normalize(source))
+    return _TOKENS.sub(repl, normalize(source, with_trigraphs))
 
 
 def check_params(params: Mapping[str, Any], rules: Sequence[Rule],
@@ -170,7 +190,7 @@ def check_params(params: Mapping[str, Any], rules: Sequence[Rule],
 
 def check_source(source: str, options: Sequence[str], backend: str, named: Sequence[str],
                  patterns: Sequence[Pattern]) -> Violation | None:
-    code = strip_comments(source)
+    code = strip_comments(source, trigraphs(options))
     if named:
         m = re.search(r"##", code)
         if m:
@@ -285,15 +305,66 @@ class PreprocessError(Exception):
     pass
 
 
-def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Sequence[str] = (),
-               compiler_defines=None) -> str:
+_CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif|elifdef|elifndef|else)\b")
+_MARK = re.compile(r'^[ \t]*#[ \t]*pragma[ \t]+message[ \t]*\([ \t]*"pipe-branch:(\w+)"[ \t]*\)', re.M)
+BRANCH_END = "end"
+
+
+def mark_branches(source: str, with_trigraphs: bool = False) -> str:
+    """The source with a `#pragma message("pipe-branch:N")` after the conditional directive of
+    line N (after its continuation lines), and one at the end: which of them a preprocessor
+    keeps tells which branches it took (`branch_marks`), as NVRTC's log tells the compiler's."""
+    code = strip_comments(source, with_trigraphs).split("\n")  # (the lines the directives are found on)
+    lines = source.split("\n")
+    after: dict[int, int] = {}  # the last physical line of a directive -> its first line
+    for i, text in enumerate(code):
+        if _CONDITIONAL.match(text):
+            j = i
+            while j < len(lines) - 1 and lines[j].endswith("\\"):
+                j += 1
+            after[j] = i + 1
+    out = []
+    for j, line in enumerate(lines):
+        out.append(line)
+        if j in after:
+            out.append(f'#pragma message("pipe-branch:{after[j]}")')
+    out.append(f'#pragma message("pipe-branch:{BRANCH_END}")')
+    return "\n".join(out) + "\n"
+
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include\b[ \t]*(?:([<"])([^>"\n]*)[>"]|([^\n]*))', re.M)
+
+
+def foreign_include(source: str, approved: str) -> str | None:
+    """Why a variant's `#include` reaches a file outside the toolchain's headers, or None: a
+    quoted, absolute or `..` path that the approved template's source does not include itself.
+    The file is no part of the variant's text: the judge's preprocessor would read it while the
+    compiler reads its own copy, its conditionals unchecked (mark_branches marks the source's),
+    and the artifact's key would not change with it."""
+    mine = strip_comments(source)
+    theirs = {m.group(0).strip() for m in _INCLUDE.finditer(strip_comments(approved))}
+    for m in _INCLUDE.finditer(mine):
+        quote, path = m.group(1) or "", (m.group(2) if m.group(1) else m.group(3)).strip()
+        # (an include of a macro names a file nobody reads here: refused too)
+        if (quote != "<" or path.startswith("/") or ".." in path.split("/")) and m.group(0).strip() not in theirs:
+            line = mine.count("\n", 0, m.start()) + 1
+            return (f"#include {quote}{path}{'>' if quote == '<' else quote} at line {line}: a variant includes only "
+                    "the toolchain's headers (<name.h>) and those the approved template includes; write the text "
+                    "into the variant")
+    return None
+
+
+def branch_marks(text: str) -> set[str]:
+    """The marks (`mark_branches`) a preprocessed text kept."""
+    return set(_MARK.findall(text))
+
+
+def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Sequence[str] = ()) -> str:
     """The source with its own macros expanded and its own conditionals taken (pcpp, a C99
     preprocessor in Python): `#include`s are left in place unread (their macros stay
     unexpanded), `macros` (name -> value, NVRTC's) and `defines` (-D options) are defined
-    first. Comments are removed. Raises PreprocessError on malformed input, and where a
-    conditional tests an identifier that neither the source nor `macros` define, unless
-    `compiler_defines` (names -> those of them the compiler does define, or None where it
-    cannot tell) says the compiler leaves every one of them undefined too."""
+    first. Comments are removed. Raises PreprocessError on malformed input. Whether its
+    conditionals took the compiler's branches is for the caller to ask (`mark_branches`)."""
     import io
 
     from pcpp import Preprocessor
@@ -317,22 +388,6 @@ def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Se
         def on_comment(self, tok):
             return None
 
-        # an identifier a conditional tests that neither the source nor NVRTC's known macros
-        # define: the compiler may define it (`__STDC__`, a header's `CUDART_VERSION`) and take the
-        # branch this reading skips, so code there would reach the compiler unread by any rule
-        def on_unknown_macro_in_defined_expr(self, tok):
-            unknown.setdefault(tok.value, getattr(tok, "lineno", 0))
-            return False
-
-        def on_unknown_macro_in_expr(self, ident):
-            unknown.setdefault(str(getattr(ident, "value", ident)), getattr(ident, "lineno", 0))
-            return 0
-
-        def on_unknown_macro_function_in_expr(self, ident):
-            unknown.setdefault(str(getattr(ident, "value", ident)), getattr(ident, "lineno", 0))
-            return lambda *_: 0
-
-    unknown: dict[str, int] = {}
     p = _P()
     p.line_directive = None
     p.compress = 0
@@ -349,16 +404,6 @@ def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Se
         raise PreprocessError(f"{type(e).__name__}: {e}") from None
     if errors:
         raise PreprocessError("; ".join(errors[:3]))
-    if unknown:
-        told = compiler_defines(sorted(unknown)) if compiler_defines is not None else None
-        bad = {k: v for k, v in unknown.items() if told is None or k in told}
-        if bad:
-            names = ", ".join(f"{k}" + (f" (line {v})" if v else "") for k, v in list(bad.items())[:4])
-            how = ("the compiler defines it" if told is not None else
-                   "whether the compiler defines it could not be told")
-            raise PreprocessError(f"a conditional tests {names}, which this reading left undefined where {how}: "
-                                  "the rules could not read the branch the compiler takes (define it in the "
-                                  "source, or test a macro the judge knows: forbid.nvrtc_macros)")
     return strip_comments(out.getvalue())
 
 

@@ -477,5 +477,7 @@ extern "C" __global__ void pipe_library_probe(float* y, const float* x, double* 
 
 
 def library_opcodes(ptx: str) -> frozenset:
-    """The fast_math-class opcodes of the probe's PTX (its compiler code, not inline asm)."""
+    """The fast_math-class opcodes of the probe's PTX (its compiler code, not inline asm). The
+    accurate `expf` reduces its argument with `fma.rm.f32` and `add.rz.f32`, so those are waived
+    too: a variant's own `__fadd_rz` is refused by its name in the preprocessed source."""
     return frozenset(op for op in analyze(ptx)["code"] if classify(op) == "fast_math")

@@ -70,10 +70,10 @@ def compiler_version() -> str:
 toolchain = compiler_version  # the compiler a verdict depends on (pipe record --reuse compares it)
 
 
-def integrity_violation(source: str, entry: str = "") -> str | None:
-    from ..forbid import strip_comments
+def integrity_violation(source: str, entry: str = "", options: tuple[str, ...] = ()) -> str | None:
+    from ..forbid import strip_comments, trigraphs
 
-    code = strip_comments(source)
+    code = strip_comments(source, trigraphs(options))
 
     def at(m: re.Match) -> str:
         return f"'{m.group(0).strip()}' at line {code.count(chr(10), 0, m.start()) + 1}"
@@ -440,7 +440,7 @@ def _judge_library(lib: str, options: tuple[str, ...] = ()) -> str | None:
 
 def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
     t0 = time.perf_counter()
-    bad = integrity_violation(source, entry)
+    bad = integrity_violation(source, entry, tuple(options))
     if bad:
         return Compiled(False, None, bad, 0.0, status="forbidden", reason=bad)
     text, why = preprocessed(source, tuple(options))

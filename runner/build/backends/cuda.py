@@ -166,7 +166,7 @@ def _rules_digest() -> str:
     h = hashlib.sha256()
     for mod in (ptx, sass, machine, forbid):
         h.update(Path(mod.__file__).read_bytes())
-    h.update(inspect.getsource(compiler_defines).encode())  # (the expansion's question to the compiler)
+    h.update(inspect.getsource(_branches_differ).encode())  # (the expansion's question to the compiler)
     try:
         h.update(metadata.version("pcpp").encode())
     except metadata.PackageNotFoundError:
@@ -192,38 +192,49 @@ def _expand(source: str, options: tuple[str, ...], arch: str) -> tuple[str | Non
 
     arch = option_arch(options, arch)
     defines = [o[2:] for o in options if o.startswith("-D")]
+    macros = forbid.nvrtc_macros(arch, nvrtc_version())
     try:
-        return forbid.preprocess(source, forbid.nvrtc_macros(arch, nvrtc_version()), defines,
-                                 lambda names: compiler_defines(names, source, options, arch)), ""
+        text = forbid.preprocess(source, macros, defines)
+        why = _branches_differ(source, options, arch, macros, defines)
     except Exception as e:  # forbid.PreprocessError, or pcpp's own
         return None, str(e)[:500] or type(e).__name__
+    return (None, why) if why else (text, "")
 
 
-_INCLUDE_LINE = re.compile(r"^[ \t]*#[ \t]*include\b[^\n]*", re.M)
-_PROBE_END = "pipe-probe-end"
-
-
-def compiler_defines(names: list[str], source: str, options: tuple[str, ...], arch: str) -> set[str] | None:
-    """Which of `names` NVRTC defines for this source: after its every `#include` (a toolchain
-    header pcpp leaves unread defines its own macros), or None where it cannot be told (an
-    include that stops the compiler first). Each name is asked with `#ifdef` and a failing assertion."""
+def _branches_differ(source: str, options: tuple[str, ...], arch: str, macros: dict, defines: list) -> str:
+    """Why the preprocessor's reading cannot stand for the compiler's, or "": every conditional
+    directive gets a mark (`forbid.mark_branches`), and the branches pcpp kept must be those
+    NVRTC kept (its `#pragma message` remarks). pcpp's own predefined macros, its arithmetic
+    (`#if -0x8000000000000000 < 0`, `'\\377' > 0`), a function-like macro it is told differently
+    and `true` in a condition each made it read another branch than the compiler compiled
+    (session 44's second red team)."""
     from cuda.core import Program
 
-    probe = "\n".join(m.group(0) for m in _INCLUDE_LINE.finditer(source)) + "\n"
-    # (static_assert, not #error: NVRTC stops at an #error, and goes on after a failed assertion)
-    probe += "".join(f'#ifdef {n}\nstatic_assert(false, "pipe-defined:{n}:");\n#endif\n'
-                     for n in names if n.isidentifier())
-    probe += f'static_assert(false, "{_PROBE_END}");\n'
+    from .. import forbid
+
+    tri = forbid.trigraphs(options)
+    marked = forbid.mark_branches(source, tri)
+    if marked.count("pipe-branch:") == 1:  # no conditional: nothing to tell apart
+        return ""
+    kept = forbid.branch_marks(forbid.preprocess(marked, macros, defines))
+    buf = io.StringIO()
     with _IMPORT_LOCK:
-        opts = _options(options, arch, "pipe_macro_probe.cu")
+        opts = _options(options, arch, "pipe_branch_probe.cu")
     try:
-        Program(probe, "c++", opts).compile("cubin", logs=io.StringIO())
-        return None  # (the last assertion always fails it)
-    except Exception as e:  # NVRTCError: the log is its message
+        Program(marked, "c++", opts).compile("cubin", logs=buf)
+        log = buf.getvalue()
+    except Exception as e:  # NVRTCError: a source that does not compile still reports its remarks
         log = str(e)
-    if _PROBE_END not in log:
-        return None
-    return set(re.findall(r"pipe-defined:(\w+):", log))
+    compiled = set(re.findall(r'#pragma message: "pipe-branch:(\w+)"', log))
+    if forbid.BRANCH_END not in compiled:
+        return ("preprocessor: which branches the compiler takes could not be told (it stopped before the "
+                "end of the source)")
+    if kept != compiled:
+        first = min((int(n) for n in kept ^ compiled), default=0)
+        return (f"preprocessor: at line {first} the rules' preprocessor and the compiler take different branches "
+                f"of a conditional: the rules would read code the compiler does not compile, or miss code it "
+                f"does (write the condition so that both agree: a macro the source defines, plain arithmetic)")
+    return ""
 
 
 def _ptx_text(program) -> str:

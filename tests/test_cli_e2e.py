@@ -256,6 +256,11 @@ def test_other_commands_and_exit_codes(project, tmp_path):
     # with no baseline to time, the reference is still called before the first trial
     ("nobase", "    return (x * x)[None]\n", "has shape (1, ", "none"),
     ("nobaseraise", "    raise KeyError('eps2')\n", "it raised KeyError: 'eps2' at {", "none"),
+    # broken only at an extra shape (verified on every trial, timed by no baseline), with and without one
+    ("oddrows", "    if x.shape[0] == 7:\n        raise ValueError('odd rows')\n"
+                "    from runner.ops.reference import rmsnorm as r\n    return r(x, w, eps)\n", "odd rows", "none"),
+    ("oddrowsb", "    if x.shape[0] == 7:\n        raise ValueError('odd rows')\n"
+                 "    from runner.ops.reference import rmsnorm as r\n    return r(x, w, eps)\n", "odd rows", "reference"),
 ])
 def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path, module, body, needle, baseline):
     (project / "pipelines" / f"{module}.py").write_text("def rmsnorm(x, w, eps):\n" + body)

@@ -107,9 +107,12 @@ def test_a_library_is_found_in_any_include_path_and_through_an_alias(src):
     assert v is not None and v.rule == "library_calls", src
 
 
-def test_names_near_a_library_are_not_one():
-    assert check_source("#include <cuda/barrier>\n#include <cuda_bf16.h>\nint cuteness = 0;\n", [], "cuda",
-                        ["library_calls"], []) is None
+@pytest.mark.parametrize("src", [
+    "#include <cuda/barrier>\n#include <cuda_bf16.h>\nint cuteness = 0;\n",
+    'static_assert(1, "no thrust or cute here");\n', "float thrust = 1.0f;\n", "struct P { float cute; };\n",
+])
+def test_names_near_a_library_are_not_one(src):
+    assert check_source(src, [], "cuda", ["library_calls"], []) is None
 
 
 def test_line_number_counts_lines_of_stripped_block_comments():

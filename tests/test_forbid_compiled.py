@@ -118,12 +118,14 @@ def test_small_approved_template_builds_and_records_its_ptx(small):
 @pytest.mark.parametrize("unroll", [1, 2, 4])
 def test_honest_variants_still_build(small, unroll):
     """Different but exact code: another unroll, expf in place of exp2f, a second exp2f call,
-    a harmless inline asm, bf16 only converted and stored."""
+    a harmless inline asm, bf16 only converted and stored, a double `round`."""
     for text in (APPROVED.replace("#pragma unroll {{ UNROLL }}", "#pragma unroll 8"),
                  APPROVED.replace(EX_LINE, "  return expf(v - m);"),
                  APPROVED.replace(EX_LINE, "  return 0.5f * exp2f((v - m) * L2E) + 0.5f * exp2f((v - m) * L2E);"),
                  APPROVED.replace(STORE_LINE, '    float t; asm("mov.b32 %0, %1;" : "=f"(t) : "f"(e * inv));\n'
-                                              "    yr[c] = __float2bfloat16_rn(t);")):
+                                              "    yr[c] = __float2bfloat16_rn(t);"),
+                 # exact double functions that compile to a directed rounding (`round`: add.rz.f64)
+                 APPROVED.replace(EX_LINE, "  return exp2f((v - m) * L2E) + 0.f * (float)round((double)v);")):
         b = build(small, text, {"UNROLL": unroll})
         assert b.status == "ok", b.reason
         assert b.ptx_approved is not None

@@ -72,9 +72,11 @@ NAMED: dict[str, Named] = {
         "calling a library (BLAS, cuDNN, CUTLASS, torch) or the system instead of the kernel's own code",
         {"cpu": (r"\bcblas_", r"\bmkl_", r"\bdlopen\s*\(", r"\bdlsym\s*\(", r"\bsystem\s*\(", r"\bpopen\s*\(",
                  r"\bexec[lv]p?e?\s*\(", r"#\s*include\s*[<\"](cblas|mkl|torch|ATen|dlfcn)"),
-         # the library's name as a word (a namespace alias, `namespace th = thrust;`, reaches it
-         # too) and anywhere in an include's path (`<cuda/../thrust/reduce.h>`: session 44's red team)
-         "cuda": (r"\bcublas", r"\bcudnn", r"\bcutlass\b", r"\bcute\b", r"\bthrust\b", r"\bcub::Device",
+         # the library's namespace in use, through an alias too (`namespace th = thrust;`), and
+         # anywhere in an include's path (`<cuda/../thrust/reduce.h>`: session 44's red team)
+         "cuda": (r"\bcublas", r"\bcudnn", r"\b(cutlass|cute|thrust)\s*::",
+                  r"\bnamespace\s+\w+\s*=\s*(::\s*)?(cutlass|cute|thrust)\b",
+                  r"\busing\s+namespace\s+(::\s*)?(cutlass|cute|thrust)\b", r"\bcub::Device",
                   r"#\s*include\s*[<\"][^>\"\n]*(?<![\w.])(cublas|cudnn|cutlass|cute|thrust|torch|ATen)(?!\w)")}),
     "side_streams": Named(
         "work on another stream or left running after the call returns",

@@ -471,7 +471,11 @@ extern "C" __global__ void pipe_library_probe(float* y, const float* x, double* 
        + cbrtf(a) + rcbrtf(a) + hypotf(a, b) + erff(a) + erfcf(a) + erfinvf(a) + normcdff(a) + lgammaf(a)
        + tgammaf(a) + fmodf(a, b) + remainderf(a, b) + 1.f / a + a / b;
   d[i] = exp(d[i]) + exp2(d[i + 1]) + log(d[i + 2]) + sin(d[i + 3]) + tanh(d[i + 4]) + sqrt(d[i + 5])
-       + rsqrt(d[i + 6]) + pow(d[i + 7], d[i + 8]) + 1.0 / d[i + 9] + d[i + 10] / d[i + 11];
+       + rsqrt(d[i + 6]) + pow(d[i + 7], d[i + 8]) + 1.0 / d[i + 9] + d[i + 10] / d[i + 11]
+       + round(d[i + 12]) + (double)lround(d[i + 13]) + (double)llround(d[i + 14]) + hypot(d[i + 15], d[i + 16])
+       + sinpi(d[i + 17]) + cospi(d[i + 18]) + asin(d[i + 19]) + acos(d[i + 20]) + acosh(d[i + 21])
+       + asinh(d[i + 22]) + atanh(d[i + 23]) + cbrt(d[i + 24]) + erf(d[i + 25]) + expm1(d[i + 26])
+       + log1p(d[i + 27]) + atan2(d[i + 28], d[i + 29]) + fmod(d[i + 30], d[i + 31]);
 }
 """
 

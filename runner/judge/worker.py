@@ -813,11 +813,12 @@ class Judge:
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out, **({"heap": self.heap} if self.heap else {})}
 
-    def check_reference(self) -> dict:
-        """The float64 reference, called as verification calls it, at every listed shape: a run
-        with no baseline (whose timing would have shown a broken reference first) stops before
+    def check_reference(self, extra_only: bool = False) -> dict:
+        """The float64 reference, called as verification calls it, at every listed and extra shape
+        (`extra_only`: the extra ones, where a timed baseline has shown the listed): a run with no baseline (whose timing would have shown a broken reference first) stops before
         its first trial if it raises or returns outputs other than op.outputs."""
-        for si, shape in enumerate(self.op.shapes):
+        shapes = self.op.extra_shapes if extra_only else self.op.all_shapes  # (extra shapes: verified every trial)
+        for si, shape in enumerate(shapes):
             inputs = self._inputs(shape, _seed("reference", si), si)
             private = {k: (v.to(self.torch.float64) if v.dtype.is_floating_point else v)
                        for k, v in inputs.items()}

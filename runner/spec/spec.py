@@ -1322,21 +1322,29 @@ class _Checker:
 
     def served_somewhere(self, ks: "KernelSpec", op, space: Space) -> None:
         """kernel.serves that no configuration of the space meets at any timed shape (the
-        listed sizes and the tuning points) prunes every trial a run makes: an error here."""
-        import random
-
+        listed sizes and the tuning points) prunes every trial a run makes: an error here. A
+        space too large to walk (over 200k configurations before its constraints) is not
+        judged: a sample could miss the few that serve."""
+        if space.size > 200_000:
+            return
         elem = op.shape_env({})["elem"]
-        if space.size <= 200_000:
-            configs = iter(space)
-        else:  # as the constraints' check: a sample of a space too large to walk
-            rng = random.Random(0)
-            configs = (c for c in (space.sample(rng, 1000) for _ in range(2000)) if c is not None)
-        for cfg in configs:
-            if any(ks.serves_shape(dict(cfg), shape, elem) for shape in op.shapes):
-                return
+        failure = None
+        try:
+            for cfg in space:
+                for shape in op.shapes:
+                    env = {**shape, **dict(cfg), "elem": elem}
+                    try:
+                        env.update(ks.derived(env))
+                        if ks.serves(env):
+                            return
+                    except ExprError as e:  # (serves_shape reads this as "does not serve")
+                        failure = failure or e
+        except ExprError:  # a constraint that fails at some configuration: the constraints' own check says so
+            return
+        why = f"; evaluating it failed: {failure}" if failure else ""
         self.err(("kernel", "serves"), f"no configuration of the space serves any of the {len(op.shapes)} "
                                        f"timed shapes (the listed sizes and the tuning points of op.domain): "
-                                       "every trial would be pruned")
+                                       f"every trial would be pruned{why}")
 
     def scratch(self, k: dict, op, params, symbols, derive) -> list[ScratchSpec]:
         """kernel.scratch: each buffer's name (no other name of the spec), its place in

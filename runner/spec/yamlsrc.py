@@ -154,6 +154,21 @@ def _too_deep(file: str, e: _TooDeep) -> SpecError:
 _UNCLOSED = ("while parsing a flow", "while scanning a quoted scalar")
 
 
+def _at_next_key(text: str, opened, stopped) -> bool:
+    """Whether a syntax error inside a flow collection or quote stopped on a block's next key
+    or at the end of the file: on a line indented no deeper than the opening line, or past the
+    last character (a collection closed but missing a comma inside stops at its own next item,
+    on a line indented deeper than that)."""
+    lines = text.split("\n")
+    if stopped.line >= len(lines) or not text[stopped.index:].strip():
+        return True
+
+    def indent(line: str) -> int:
+        return len(line) - len(line.lstrip())
+
+    return indent(lines[stopped.line]) <= indent(lines[opened.line])
+
+
 def load(text: str, file: str) -> Located:
     """Parse one YAML document; raise SpecError with positions on any problem."""
     try:
@@ -165,11 +180,10 @@ def load(text: str, file: str) -> Located:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         msg = " ".join(x for x in (e.context, e.problem) if x) or str(e)
-        c = e.context_mark
-        if c and e.problem_mark and c.line < e.problem_mark.line and str(e.context).startswith(_UNCLOSED):
-            # a `{`, `[` or quote left open: the parser stops lines later, at the next key; the
-            # mistake is on the line that opened it (where its closing mark belongs)
-            p = e.problem_mark
+        c, p = e.context_mark, e.problem_mark
+        if c and p and c.line < p.line and str(e.context).startswith(_UNCLOSED) and _at_next_key(text, c, p):
+            # a `{`, `[` or quote left open: the parser stops lines later, at the next key (or the
+            # end); the mistake is on the line that opened it (where its closing mark belongs)
             msg = (f"{str(e.context).removeprefix('while parsing ').removeprefix('while scanning ')} opened here "
                    f"is not closed: at line {p.line + 1}, column {p.column + 1}, {e.problem}")
             mark = c

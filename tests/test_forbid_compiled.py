@@ -408,6 +408,23 @@ def test_a_branch_the_compiler_takes_and_the_rules_skip_is_refused(cond):
     assert text is None and "could not be told" in why  # the compiler stopped first: fails closed
 
 
+def test_marks_a_source_writes_itself_do_not_count(monkeypatch):
+    """The branch marks carry a tag drawn for each check: a source that writes the marks of the
+    branches it hides into the branches the other side takes cannot make the sets agree, as it
+    could if it knew the tag."""
+    from runner.build.backends import cuda
+
+    src = ("#include <cuda_bf16.h>\n#if -0x8000000000000000 < 0\n"  # (pcpp: true; NVRTC: false)
+           '#pragma message("pipe-branch:feedface:4")\n#else\n#pragma message("pipe-branch:feedface:2")\n'
+           "__device__ float f(float a, float b) { return __fdividef(a, b); }\n#endif\n"
+           'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n')
+    text, why = cuda._expand(src, (), "sm_90")
+    assert text is None and "different branches" in why, why
+    monkeypatch.setattr(cuda.secrets, "token_hex", lambda n=8: "feedface")  # the tag known: the forgery works
+    text, why = cuda._expand(src, (), "sm_90")
+    assert not why and "__fdividef" not in text
+
+
 def test_a_variant_includes_no_file_outside_the_toolchain():
     approved = '#include <cuda_bf16.h>\n#include "mine.cuh"\n'
     for inc in ('#include "/tmp/fast.cuh"', "#include </tmp/fast.cuh>", "#include <cuda/../../fast.cuh>",

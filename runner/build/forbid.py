@@ -308,14 +308,15 @@ class PreprocessError(Exception):
 
 
 _CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif|elifdef|elifndef|else)\b")
-_MARK = re.compile(r'^[ \t]*#[ \t]*pragma[ \t]+message[ \t]*\([ \t]*"pipe-branch:(\w+)"[ \t]*\)', re.M)
 BRANCH_END = "end"
 
 
-def mark_branches(source: str, with_trigraphs: bool = False) -> str:
-    """The source with a `#pragma message("pipe-branch:N")` after the conditional directive of
-    line N (after its continuation lines), and one at the end: which of them a preprocessor
-    keeps tells which branches it took (`branch_marks`), as NVRTC's log tells the compiler's."""
+def mark_branches(source: str, tag: str, with_trigraphs: bool = False) -> str:
+    """The source with a `#pragma message("pipe-branch:TAG:N")` after the conditional directive
+    of line N (after its continuation lines), and one at the end: which of them a preprocessor
+    keeps tells which branches it took (`branch_marks`), as NVRTC's log tells the compiler's.
+    `tag` is drawn afresh for every check (`secrets`): a source that wrote marks of its own into
+    the branches, to make the two sets look alike, cannot know it."""
     code = strip_comments(source, with_trigraphs).split("\n")  # (the lines the directives are found on)
     lines = source.split("\n")
     after: dict[int, int] = {}  # the last physical line of a directive -> its first line
@@ -329,8 +330,8 @@ def mark_branches(source: str, with_trigraphs: bool = False) -> str:
     for j, line in enumerate(lines):
         out.append(line)
         if j in after:
-            out.append(f'#pragma message("pipe-branch:{after[j]}")')
-    out.append(f'#pragma message("pipe-branch:{BRANCH_END}")')
+            out.append(f'#pragma message("pipe-branch:{tag}:{after[j]}")')
+    out.append(f'#pragma message("pipe-branch:{tag}:{BRANCH_END}")')
     return "\n".join(out) + "\n"
 
 
@@ -356,9 +357,10 @@ def foreign_include(source: str, approved: str) -> str | None:
     return None
 
 
-def branch_marks(text: str) -> set[str]:
-    """The marks (`mark_branches`) a preprocessed text kept."""
-    return set(_MARK.findall(text))
+def branch_marks(text: str, tag: str) -> set[str]:
+    """The marks (`mark_branches`, this `tag`) a preprocessed text kept as directives."""
+    rx = r'^[ \t]*#[ \t]*pragma[ \t]+message[ \t]*\([ \t]*"pipe-branch:' + re.escape(tag) + r':(\w+)"[ \t]*\)'
+    return set(re.findall(rx, text, re.M))
 
 
 def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Sequence[str] = ()) -> str:

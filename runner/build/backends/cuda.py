@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import secrets
 import threading
 import time
 from functools import lru_cache
@@ -213,10 +214,11 @@ def _branches_differ(source: str, options: tuple[str, ...], arch: str, macros: d
     from .. import forbid
 
     tri = forbid.trigraphs(options)
-    marked = forbid.mark_branches(source, tri)
-    if marked.count("pipe-branch:") == 1:  # no conditional: nothing to tell apart
+    tag = secrets.token_hex(8)
+    marked = forbid.mark_branches(source, tag, tri)
+    if marked.count(f"pipe-branch:{tag}:") == 1:  # no conditional: nothing to tell apart
         return ""
-    kept = forbid.branch_marks(forbid.preprocess(marked, macros, defines))
+    kept = forbid.branch_marks(forbid.preprocess(marked, macros, defines), tag)
     buf = io.StringIO()
     with _IMPORT_LOCK:
         opts = _options(options, arch, "pipe_branch_probe.cu")
@@ -225,7 +227,7 @@ def _branches_differ(source: str, options: tuple[str, ...], arch: str, macros: d
         log = buf.getvalue()
     except Exception as e:  # NVRTCError: a source that does not compile still reports its remarks
         log = str(e)
-    compiled = set(re.findall(r'#pragma message: "pipe-branch:(\w+)"', log))
+    compiled = set(re.findall(r'#pragma message: "pipe-branch:' + tag + r':(\w+)"', log))
     if forbid.BRANCH_END not in compiled:
         return ("preprocessor: which branches the compiler takes could not be told (it stopped before the "
                 "end of the source)")

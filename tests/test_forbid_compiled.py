@@ -425,6 +425,25 @@ def test_marks_a_source_writes_itself_do_not_count(monkeypatch):
     assert not why and "__fdividef" not in text
 
 
+@pytest.mark.parametrize("spelling", [
+    '#\finclude "{h}"',  # a form feed: whitespace to the compiler, not to the rules or pcpp
+    '#\vinclude "{h}"',
+    '#/*\n*/include "{h}"',  # one directive to the compiler, none to a line-based reading
+    "#ifdef PIPE_FLAG /*\n*/\n#endif",  # the mark after the directive's line would sit in the comment
+])
+def test_a_layout_the_rules_and_the_compiler_read_apart_is_refused(small, spelling, tmp_path):
+    """Session 44's third red team included a header past the include rule and hid a branch from
+    the marks with each spelling; honest layouts (a comment on its own lines, one closed on its
+    directive's line, CRLF line ends) build."""
+    (tmp_path / "fast.cuh").write_text("// a header the variant brings\n")
+    b = build(small, APPROVED.replace("#define L2E", spelling.replace("{h}", str(tmp_path / "fast.cuh"))
+                                      + "\n#define L2E"))
+    forbidden_as(b, "preprocessor")
+    for ok in ("/* a note\n   over lines */", "#if 1 /* closed here */\n#endif"):
+        assert build(small, APPROVED.replace("#define L2E", ok + "\n#define L2E")).status == "ok", ok
+    assert build(small, APPROVED.replace("\n", "\r\n")).status == "ok"
+
+
 def test_a_variant_includes_no_file_outside_the_toolchain():
     approved = '#include <cuda_bf16.h>\n#include "mine.cuh"\n'
     for inc in ('#include "/tmp/fast.cuh"', "#include </tmp/fast.cuh>", "#include <cuda/../../fast.cuh>",

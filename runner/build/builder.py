@@ -264,6 +264,9 @@ class Builder:
         expand = getattr(self.backend, "expand", None)  # the CPU backend's rules run in its compile
         if expand is not None and sp.kernel.backend == "cuda":  # (the CPU backend judges what g++ includes)
             for src, asrc in dict.fromkeys(zip(sources, approved)):
+                why = forbid.odd_layout(src)
+                if why:
+                    return f"preprocessor: {why}", mine, None
                 why = forbid.foreign_include(src, asrc)
                 if why:
                     return f"foreign_include: {why}", mine, None

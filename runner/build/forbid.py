@@ -338,6 +338,36 @@ def mark_branches(source: str, tag: str, with_trigraphs: bool = False) -> str:
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include\b[ \t]*(?:([<"])([^>"\n]*)[>"]|([^\n]*))', re.M)
 
 
+_BLOCK_OPEN = re.compile(r"/\*")
+
+
+def odd_layout(source: str) -> str | None:
+    """Why a variant's layout could place a directive where the rules' lexer and the compiler's
+    disagree, or None: a form feed, vertical tab or lone carriage return (whitespace to the
+    compiler, not to the rules' patterns or to pcpp), or a block comment that opens on a
+    directive's line and closes on a later one (`#/*` newline `*/include`: the compiler reads
+    one directive, the rules' line-based reading none). Session 44's third red team included a
+    header and hid a branch from the branch marks with each."""
+    for ch, name in (("\f", "a form feed"), ("\v", "a vertical tab")):
+        if ch in source:
+            return f"{name} at line {source.count(chr(10), 0, source.index(ch)) + 1}: write plain spaces"
+    m = re.search(r"\r(?!\n)", source)
+    if m:
+        return f"a carriage return alone at line {source.count(chr(10), 0, m.start()) + 1}: end lines with \\n"
+    text = normalize(source)
+    for m in _TOKENS.finditer(text):
+        t = m.group(0)
+        if not t.startswith("/*") or "\n" not in t:
+            continue
+        start = text.rfind("\n", 0, m.start()) + 1
+        before = _TOKENS.sub(" ", text[start:m.start()])
+        if before.lstrip().startswith("#"):
+            line = text.count("\n", 0, m.start()) + 1
+            return (f"a block comment opens on the directive of line {line} and closes on a later line: "
+                    "close it on the same line, or put it on a line of its own")
+    return None
+
+
 def foreign_include(source: str, approved: str) -> str | None:
     """Why a variant's `#include` reaches a file outside the toolchain's headers, or None: a
     quoted, absolute or `..` path that the approved template's source does not include itself.

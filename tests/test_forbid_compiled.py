@@ -444,6 +444,19 @@ def test_a_layout_the_rules_and_the_compiler_read_apart_is_refused(small, spelli
     assert build(small, APPROVED.replace("\n", "\r\n")).status == "ok"
 
 
+@pytest.mark.parametrize("opener", [
+    'static_assert(sizeof(R""(/*)"") == 3, "");',  # a quote in a raw string's delimiter
+    'static_assert(sizeof(R"[()<:" /* )[") == 9, "");',  # a digraph inside a raw string
+    "static_assert(sizeof(R\"10()1'0\" /* )10\") == 10, \"\");",  # a digit separator inside one
+])
+def test_a_name_hidden_in_what_a_lexer_takes_for_a_comment_is_found(small, opener):
+    """Session 44's fourth red team: a literal the rules' lexer and pcpp end elsewhere than C++17
+    does opens a "comment" to both that the compiler compiles, and `__fdividef` in it reached the
+    waived `div.approx.f32`. A variant's text is searched for the names whole, comments kept."""
+    text = APPROVED.replace(EX_LINE, f"  {opener}\n  return __fdividef(1.f, __expf(m - v));\n  // */")
+    forbidden_as(build(small, text), "fast_math", "__fdividef", "comments included")
+
+
 def test_a_variant_includes_no_file_outside_the_toolchain():
     approved = '#include <cuda_bf16.h>\n#include "mine.cuh"\n'
     for inc in ('#include "/tmp/fast.cuh"', "#include </tmp/fast.cuh>", "#include <cuda/../../fast.cuh>",

@@ -264,6 +264,9 @@ class Builder:
         expand = getattr(self.backend, "expand", None)  # the CPU backend's rules run in its compile
         if expand is not None and sp.kernel.backend == "cuda":  # (the CPU backend judges what g++ includes)
             for src, asrc in dict.fromkeys(zip(sources, approved)):
+                v = forbid.check_names_anywhere(src, sp.kernel.options, sp.kernel.backend, named)
+                if v:
+                    return str(v), mine, None
                 why = forbid.odd_layout(src)
                 if why:
                     return f"preprocessor: {why}", mine, None

@@ -58,7 +58,8 @@ NAMED: dict[str, Named] = {
                   r"\b__(USE_FAST_MATH|FAST_MATH|FTZ)__\b", r"\basm\b[^;]*\.approx",
                   # float arithmetic rounded toward zero or an infinity (`__fmul_rz`, `__fmaf_rd`)
                   r"\b__(fadd|fsub|fmul|fmaf?|fdiv|frcp|fsqrt|dadd|dsub|dmul|ddiv|drcp|dsqrt)\w*_r[zdu]\b",
-                  r"\b__nvvm_(?![fd]2u?(i|ll)_)\w*_r[zmp](_\w+)?\b")},  # (NVVM's builtins: `__nvvm_add_rz_f`, `__nvvm_fma_rm_f`)
+                  # (NVVM's builtins: `__nvvm_add_rz_f`, `__nvvm_fma_rm_f`)
+                  r"\b__nvvm_(?![fd]2u?(i|ll)_)\w*_r[zmp](_\w+)?\b")},
         _FAST_MATH_OPTS),
     "lower_precision": Named(
         "arithmetic in a narrower type than the op's declared math (half/bf16 math, TF32)",
@@ -439,6 +440,17 @@ def preprocess(source: str, macros: Mapping[str, str] | None = None, defines: Se
     if errors:
         raise PreprocessError("; ".join(errors[:3]))
     return strip_comments(out.getvalue())
+
+
+def check_names_anywhere(source: str, options: Sequence[str], backend: str, named: Sequence[str]) -> Violation | None:
+    """A variant's named-action patterns over its whole text, comments kept: whatever a lexer
+    (the rules' own or pcpp's) takes for a comment, a forbidden name written anywhere in the
+    text is refused. Session 44's fourth red team hid `__fdividef` in "comments" the compiler
+    reads as code, by five disagreements inside literals (a raw string whose delimiter holds a
+    quote, digraphs and digit separators inside literals, a character literal with a suffix);
+    a variant that names an intrinsic in prose says it another way."""
+    return _check_code(normalize(source, trigraphs(options)), backend, named, (),
+                       " (in the variant's text, comments included)")
 
 
 def check_expanded(expanded: str, backend: str, named: Sequence[str],

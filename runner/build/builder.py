@@ -262,8 +262,10 @@ class Builder:
         if approved is None or (not named and not sp.forbidden.patterns):
             return "", mine, None  # the approved template: its own build is what is allowed
         expand = getattr(self.backend, "expand", None)  # the CPU backend's rules run in its compile
-        if expand is not None and sp.kernel.backend == "cuda":  # (the CPU backend judges what g++ includes)
-            for src, asrc in dict.fromkeys(zip(sources, approved)):
+        # a variant: the rules after the preprocessor (the CPU backend's run in its compile, which
+        # also judges what g++ includes; CUDA's read the whole text and the layout first)
+        for src, asrc in dict.fromkeys(zip(sources, approved)) if expand is not None else ():
+            if sp.kernel.backend == "cuda":
                 v = forbid.check_names_anywhere(src, sp.kernel.options, sp.kernel.backend, named)
                 if v:
                     return str(v), mine, None
@@ -273,7 +275,6 @@ class Builder:
                 why = forbid.foreign_include(src, asrc)
                 if why:
                     return f"foreign_include: {why}", mine, None
-        for src in dict.fromkeys(sources) if expand is not None else ():  # a variant: the rules after the preprocessor
             expanded, why = expand(src, sp.kernel.options, sp.hw)
             if expanded is None:
                 if named:

@@ -339,9 +339,6 @@ def mark_branches(source: str, tag: str, with_trigraphs: bool = False) -> str:
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include\b[ \t]*(?:([<"])([^>"\n]*)[>"]|([^\n]*))', re.M)
 
 
-_BLOCK_OPEN = re.compile(r"/\*")
-
-
 def odd_layout(source: str) -> str | None:
     """Why a variant's layout could place a directive where the rules' lexer and the compiler's
     disagree, or None: a form feed, vertical tab or lone carriage return (whitespace to the

@@ -76,10 +76,6 @@ _NARROW_INT = {"s8", "u8", "s4", "u4", "b1"}
 # stochastic; the integer roundings of a float (`.rzi`, `.rmi`) are other words and stay allowed
 _DIRECTED = {"rz", "rm", "rp", "rs"}
 _REDUCE = {"atom", "red"}  # read-modify-write arithmetic in memory
-
-
-def _is_float(t: str) -> bool:
-    return t[0] == "f" or t.startswith(("bf16", "e", "ue", "tf32"))
 _WIDE = {"f32", "f64", "u32", "s32", "u64", "s64", "b32", "b64", "acc::f32"}
 # SIMD and dot-product arithmetic on 8- and 16-bit integers (`__vadd4`, `__dp4a`, ...)
 _INT_SIMD = {"dp4a", "dp2a", "vadd2", "vadd4", "vsub2", "vsub4", "vabsdiff2", "vabsdiff4", "vavrg2", "vavrg4",
@@ -91,6 +87,10 @@ _INT_SIMD = {"dp4a", "dp2a", "vadd2", "vadd4", "vsub2", "vsub4", "vabsdiff2", "v
 _UNJUDGED = {"multimem", "tensormap", "tcgen05", "alloca", "stacksave", "stackrestore", "brkpt", "pmevent",
              "suld", "sust", "sured", "suq", "clusterlaunchcontrol", "istypeof",
              "vadd", "vsub", "vabsdiff", "vmin", "vmax", "vshl", "vshr", "vmad", "vset"}
+
+
+def _is_float(t: str) -> bool:
+    return t[0] == "f" or t.startswith(("bf16", "e", "ue", "tf32"))
 
 
 def classify(opcode: str) -> str | None:

@@ -815,8 +815,8 @@ class Judge:
 
     def check_reference(self, extra_only: bool = False) -> dict:
         """The float64 reference, called as verification calls it, at every listed and extra shape
-        (`extra_only`: the extra ones, where a timed baseline has shown the listed): a run with no baseline (whose timing would have shown a broken reference first) stops before
-        its first trial if it raises or returns outputs other than op.outputs."""
+        (`extra_only`: the extra ones, where a timed baseline has shown the listed): a run stops
+        before its first trial if it raises or returns outputs other than op.outputs."""
         shapes = self.op.extra_shapes if extra_only else self.op.all_shapes  # (extra shapes: verified every trial)
         for si, shape in enumerate(shapes):
             inputs = self._inputs(shape, _seed("reference", si), si)

@@ -428,14 +428,18 @@ class KernelSpec:
     def serves_shape(self, params: dict, shape: dict, elem: int) -> bool:
         """Whether a configuration serves a shape (kernel.serves; every shape without one).
         A derived value that cannot be worked out for the shape means it does not."""
+        try:
+            return self.serves_or_raise(params, shape, elem)
+        except ExprError:
+            return False
+
+    def serves_or_raise(self, params: dict, shape: dict, elem: int) -> bool:
+        """serves_shape, with the ExprError of a value that cannot be worked out raised."""
         if self.serves is None:
             return True
         env = {**shape, **params, "elem": elem}
-        try:
-            env.update(self.derived(env))
-            return bool(self.serves(env))
-        except ExprError:
-            return False
+        env.update(self.derived(env))
+        return bool(self.serves(env))
 
 
 @dataclass(frozen=True)
@@ -1332,10 +1336,8 @@ class _Checker:
         try:
             for cfg in space:
                 for shape in op.shapes:
-                    env = {**shape, **dict(cfg), "elem": elem}
                     try:
-                        env.update(ks.derived(env))
-                        if ks.serves(env):
+                        if ks.serves_or_raise(dict(cfg), shape, elem):
                             return
                     except ExprError as e:  # (serves_shape reads this as "does not serve")
                         failure = failure or e

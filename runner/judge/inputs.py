@@ -262,4 +262,20 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
         out[t.name] = make_tensor(v, env, dist, gen, device)
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
+        if v.argmax is not None:
+            out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     return out
+
+
+def _argmaxed(x: torch.Tensor, src: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
+    """`x` with a share (`t.argmax`'s fraction) of its elements, at secret places, set to the
+    index of the largest value of `src`'s last dimension at the same leading index (a target the
+    model predicts; the first of equal maxima); elements equal to `special`'s value are kept.
+    From a generator of its own, as the witness rows', so the other draws are unchanged."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * 0x2545F491 + 0x4F6CDD1D * (which + 1)) & ((1 << 62) - 1))
+    pick = (torch.rand(x.shape, generator=g) < t.argmax[1]).to(x.device)
+    if t.special is not None:
+        pick &= x != int(t.special[0])
+    top = src.argmax(dim=-1).to(x.dtype) if src.numel() else torch.zeros_like(x)
+    return torch.where(pick, top, x)

@@ -39,6 +39,9 @@ TENSOR = _obj({
     "high": EXPR,
     "special": _obj({"value": NUM, "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
                     ["value", "fraction"]),
+    # an integer input: a share of its elements the index of an earlier input's row maximum (spec.py)
+    "argmax": _obj({"of": NAME, "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+                   ["of", "fraction"]),
     # a routing dist's offsets input: the rows routed (an expression: R = tokens x topk) and the
     # experts each token picks (spec.py checks them)
     "rows": EXPR,

@@ -64,6 +64,10 @@ class TensorSpec:
     # expression over the shape symbols (R = tokens x topk), and the experts a token picks
     rows: Expr | None = None
     topk: int | None = None
+    # (input, fraction): that share of the elements set to the index of the largest value of the
+    # named input's last dimension at the same leading index (targets a model predicts: a
+    # cross-entropy loss near 0, where an absolute error shows); `special` elements are kept
+    argmax: tuple[str, float] | None = None
 
     def drawn(self, timed: bool = False) -> "TensorSpec":
         """The tensor as its values are drawn: for timed calls (`timed`) or for verification."""
@@ -690,7 +694,9 @@ class _Checker:
                 if tdtype in INT_DTYPES and sp_["value"] != int(sp_["value"]):
                     self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
             rows, topk = self.routing_keys(kind, base, t, tdtype, dims, scope)
-            spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special, rows=rows, topk=topk)
+            argmax = self.argmax_key(kind, base, t, tdtype, dims)
+            spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special, rows=rows, topk=topk,
+                               argmax=argmax)
             if "timed" in t:
                 spec_ = timed_override(kind, base, t, spec_)
             return spec_
@@ -719,7 +725,12 @@ class _Checker:
                 self.err(path, "dist 'randint' needs low and high (here or beside dist)")
             return dataclasses.replace(main, timed=dataclasses.replace(main, dists=dists, low=low, high=high))
 
-        inputs = tuple(tensor("inputs", n, t) for n, t in o["inputs"].items())
+        self._inputs_so_far: dict[str, TensorSpec] = {}
+        for n, t in o["inputs"].items():
+            spec_ = tensor("inputs", n, t)
+            if spec_ is not None:
+                self._inputs_so_far[n] = spec_
+        inputs = tuple(self._inputs_so_far.get(n) for n in o["inputs"])
         outputs = tuple(tensor("outputs", n, t) for n, t in o["outputs"].items())
         dup = set(o["inputs"]) & set(o["outputs"])
         for n in dup:
@@ -790,6 +801,35 @@ class _Checker:
                            "give it an integer dtype (int32, int64)")
         elif tdtype == "bool" and "perm" in dists:
             self.err(path, "dist 'perm' (a permutation of 0 .. n - 1) cannot be bool")
+
+    def argmax_key(self, kind: str, base: tuple, t: dict, tdtype: str, dims: list) -> tuple[str, float] | None:
+        """`argmax: {of, fraction}`: an integer input, some of whose elements are the index of the
+        largest value along the last dimension of an input listed before it, whose other
+        dimensions are this input's own (the same expressions)."""
+        if "argmax" not in t:
+            return None
+        a = t["argmax"]
+        path = base + ("argmax",)
+        if kind != "inputs":
+            self.err(path, "`argmax` draws an input's values; an output has none", prefer_key=True)
+            return None
+        if tdtype not in INT_DTYPES or tdtype == "bool":
+            self.err(path, f"`argmax` sets indices: an integer input, not {tdtype}", prefer_key=True)
+            return None
+        src = self._inputs_so_far.get(a["of"])
+        if src is None:
+            before = ", ".join(self._inputs_so_far) or "none"
+            self.err(path + ("of",), f"'{a['of']}' is not an input listed before '{base[-1]}' (before it: {before})")
+            return None
+        if src.dtype in INT_DTYPES:
+            self.err(path + ("of",), f"'{a['of']}' is {src.dtype}: `argmax` takes the largest of a floating input")
+            return None
+        want = [e.text for e in src.shape[:-1]]
+        if len(src.shape) < 2 or [e.text for e in dims] != want:
+            self.err(path + ("of",), f"'{a['of']}' has shape [{', '.join(e.text for e in src.shape)}]: "
+                                     f"'{base[-1]}' must have its leading dimensions, [{', '.join(want)}]")
+            return None
+        return a["of"], float(a["fraction"])
 
     def routing_keys(self, kind: str, base: tuple, t: dict, tdtype: str, dims: list,
                      scope: set) -> tuple[Expr | None, int | None]:

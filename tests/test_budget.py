@@ -64,3 +64,15 @@ def test_typical_magnitude_ignores_non_finite_references():
     assert b.a == pytest.approx(1.0)
     b = verify.Budget(ref[:2], 10.0, 0.0, torch.float32, floor=1.0)
     assert b.a == pytest.approx(2.0)
+
+
+def test_an_infinite_floor_keeps_atol_at_every_size():
+    """`floor: .inf` (a loss in nats): atol stands whatever the output's magnitude; the default
+    floor caps it at 2^-7 of the output's mean magnitude, so one tiny value gets a tiny atol."""
+    ref = torch.tensor([1e-12], dtype=torch.float64)
+    assert verify.Budget(ref, 1e-5, 2e-4, torch.float32).a < 1e-13
+    assert verify.Budget(ref, 1e-5, 2e-4, torch.float32, floor=float("inf")).a == 1e-5
+    zero = torch.zeros(4, dtype=torch.float64)  # a mean magnitude of 0 (inf x 0 would be NaN)
+    assert verify.Budget(zero, 1e-5, 2e-4, torch.float32, floor=float("inf")).a == 1e-5
+    assert verify.compare(torch.tensor([0.0]), ref.float(), 1e-5, 2e-4,
+                          bound=verify.Budget(ref, 1e-5, 2e-4, torch.float32, floor=float("inf")))[0]

@@ -207,8 +207,11 @@ class Budget:
         self.out_dtype = out_dtype or ref.dtype
         self.leans: list = []  # the Lean of every output checked against it (lean_problem)
         p, tiny = FLOAT_INFO.get(self.out_dtype, (52, 2.0 ** -1074))
-        typical = _mean_abs(self.ref)
-        self.a = max(min(atol, floor * typical), ulps * tiny)
+        # floor inf (a spec's `floor: .inf`): atol is absolute at every size, for an output whose
+        # values are absolute quantities (a loss in nats), where one row's tiny value says nothing
+        # of the scale its error is measured on
+        cap = atol if math.isinf(floor) else min(atol, floor * _mean_abs(self.ref))
+        self.a = max(cap, ulps * tiny)
         self.c = rtol + ulps * 2.0 ** -p
 
     def tensor(self) -> torch.Tensor:

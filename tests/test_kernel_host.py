@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import platform
 import subprocess
 import time
@@ -35,6 +36,10 @@ LIB = r"""
 #include <thread>
 #include <sys/mman.h>
 #include <sys/personality.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <cstring>
 
 static void work(int64_t n, float* x) {  // CPU work, not wall time: the same under preemption
   volatile float a = x[0];
@@ -53,6 +58,42 @@ static double now_ms() {
 static void spin_ms(double ms) {
   const double t0 = now_ms();
   while (now_ms() - t0 < ms) {}
+}
+
+// the first descriptor of a kind (S_IFSOCK: the host's census socket; S_IFDIR: its task directory)
+static int first_fd(unsigned kind) {
+  struct stat st;
+  for (int fd = 3; fd < 1024; ++fd)
+    if (fstat(fd, &st) == 0 && (st.st_mode & S_IFMT) == kind) return fd;
+  return -1;
+}
+
+// a thread alive when the call returns, which ends the moment the host's main thread is asleep
+// again (its state in /proc): before the judge, which looks only once the host sleeps, can list it
+static void outlive_the_call() {
+  std::thread([] {
+    char path[64] = "/proc/self/task/";
+    int len = 16;
+    char digits[16]; int d = 0; for (pid_t v = getpid(); v; v /= 10) digits[d++] = '0' + v % 10;
+    while (d) path[len++] = digits[--d];
+    std::strcpy(path + len, "/stat");
+    for (;;) {
+      char b[512];
+      const int fd = open(path, O_RDONLY);
+      const ssize_t n = fd < 0 ? -1 : read(fd, b, sizeof b - 1);
+      if (fd >= 0) close(fd);
+      if (n <= 0) continue;
+      b[n] = 0;
+      const char* p = std::strrchr(b, ')');
+      if (p && p[2] == 'S') return;
+    }
+  }).detach();
+}
+
+// a census record of its own for this command (its sequence number, no threads), as the host writes them
+static int64_t forge(const uint32_t* ctl) {
+  const uint32_t rec[2] = {ctl[0], 0};
+  return write(first_fd(S_IFSOCK), rec, sizeof rec);
 }
 
 // mode 0: honest (adds 1 to x); 1: writes the host's `done` itself, then works 8 ms;
@@ -115,7 +156,35 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     __asm__ volatile("fldcw %0" :: "m"(cw));
     return;
   }
-  if (mode == 21) { out[0] = (int64_t)__rdtsc(); return; }  // the time-stamp counter (off: a fault)
+  if (mode == 21) { out[0] = (int64_t)__rdtsc(); return; }
+  if (mode == 24) { outlive_the_call(); return; }
+  if (mode == 25) { out[0] = forge(ctl); return; }  // an extra record: "nothing ran"
+  if (mode == 26) {  // the census socket and directory closed, replaced or shut down: each refused (errno)
+    const int sock = first_fd(S_IFSOCK), dir = first_fd(S_IFDIR);
+    out[0] = close(sock) == -1 ? errno : 0;
+    out[1] = dup2(0, sock) == -1 ? errno : 0;
+    out[2] = dup3(0, dir, 0) == -1 ? errno : 0;
+    out[3] = shutdown(sock, SHUT_WR) == -1 ? errno : 0;
+    if (syscall(436, 3, ~0u, 0) == -1 && errno == EPERM) out[3] += 1000;  // close_range(3, ~0): refused
+    return;
+  }
+  if (mode == 27) { forge(ctl); outlive_the_call(); return; }  // "nothing ran" first, then a thread that did
+  if (mode == 29) {  // a thread working on, and the host left no descriptor to look at it with
+    std::thread([] { spin_ms(20); }).detach();
+    struct rlimit r;
+    getrlimit(RLIMIT_NOFILE, &r);
+    r.rlim_cur = 0;
+    out[0] = setrlimit(RLIMIT_NOFILE, &r) == -1 ? errno : 0;
+    return;
+  }
+  if (mode == 28) {  // the host's record crowded out: its socket's buffer filled by one long message
+    const int sock = first_fd(S_IFSOCK), one = 1;
+    setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &one, sizeof one);
+    static char junk[4000];
+    std::memcpy(junk, ctl, 4);  // (starts as a record of this command would)
+    out[0] = write(sock, junk, sizeof junk);
+    return;
+  }  // the time-stamp counter (off: a fault)
   if (mode == 23) {  // a mapping grown or moved in place keeps its protection: refused after LOAD
     void* q = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     void* r = mremap(q, 4096, 8192, MREMAP_MAYMOVE);
@@ -399,7 +468,7 @@ def test_the_control_block_layout_fits():
     assert platform.machine() in ("x86_64", "AMD64")
 
 
-def test_a_host_working_while_another_is_called_is_caught(lib, rig):
+def test_a_host_working_while_another_is_called_is_caught(lib, rig, monkeypatch):
     """Host A writes `done` and sleeps, so the judge sees it asleep and moves on to host B; A
     then works while B's calls are timed (for B, or in its gaps). Every host is watched at every
     post and after every call, not only the one being called."""
@@ -409,9 +478,12 @@ def test_a_host_working_while_another_is_called_is_caught(lib, rig):
     try:
         b = host.HostCall(other, [0, x.data_ptr(), x.numel(), 0, out.data_ptr()])
         # A asleep inside its kernel, its call "done": seen asleep outside the host's loop
-        # (test_work_resumed_on_the_next_command_is_caught); here as if it slept exactly
-        # where the loop does, so that only the watch of every host can see what follows
+        # (test_work_resumed_on_the_next_command_is_caught), and no census record from it
+        # (test_a_census_record_missing_or_forged_is_caught); here as if it slept exactly
+        # where the loop does and had reported, so that only the watch of every host can see
+        # what follows
         h.loop_where = None
+        monkeypatch.setattr(h, "_reported", lambda: None)
         for _ in range(5):
             t = call(5).timed()
             assert census.take() is None
@@ -580,3 +652,69 @@ def test_cpu_between_commands_is_forgiven_once_and_small(rig):
     h.blipped = False
     h.cpu_after -= 2 * host.IDLE_BLIP_S  # more than a blip, the first time
     assert "ran between calls" in (h.idle_problem() or "")
+
+
+def _alone_again(h) -> None:
+    """Until the host runs its main thread alone again: the threads of `outlive_the_call` end when
+    they see it asleep, which between two quick commands on a loaded machine they can miss."""
+    t0 = time.monotonic()
+    while len(os.listdir(f"/proc/{h.pid}/task")) > 1 and time.monotonic() - t0 < 10:
+        time.sleep(0.001)
+
+
+def test_a_thread_that_outlives_its_call_by_moments_is_caught(rig):
+    """A thread of the kernel's alive when its call returns, which ends as soon as the host is
+    asleep again: the judge lists the host's threads only once it is asleep, and never saw it
+    (the `deferred_thread` red-team kernel passed so on an idle machine, session 44). The host
+    counts its own threads at once after the call, before it can sleep, and reports the count on
+    a socket only the judge reads."""
+    h, census, x, out, call = rig
+    for _ in range(3):
+        call(24)()
+        census.check("the call")  # the judge's own listing too, as after every call
+        why = census.take()
+        assert why is not None and "still running after the call returned" in why, why
+        assert "work outside the timed call" in why
+        _alone_again(h)
+    call(0)()  # the control: the threads are gone, the host's census clean again
+    census.check("the call")
+    assert census.take() is None
+
+
+def test_a_census_record_missing_or_forged_is_caught(rig):
+    """The census socket is in the kernel's process: the kernel can add records to it, not take one
+    back, nor close, replace or shut down the host's end of it (the filter). Exactly one record a
+    command, for that command: an extra one, or the host's crowded out, is a finding; a forged
+    "none" ahead of the host's count hides no thread."""
+    h, census, x, out, call = rig
+    call(26)()
+    assert [int(v) for v in out] == [errno.EPERM] * 3 + [errno.EPERM + 1000], out
+    assert census.take() is None  # the host's own record came, as every command's does
+    call(25)()
+    assert int(out[0]) == 8  # a record of its own, written
+    why = census.take()
+    assert why is not None and "did not report its thread census once" in why and "2 records" in why, why
+    call(27)()
+    why = census.take()
+    assert why is not None and "still running after the call returned" in why, why
+    _alone_again(h)
+    call(28)()
+    why = census.take()
+    assert why is not None and "did not report its thread census once" in why and "0 records" in why, why
+    call(0)()
+    assert census.take() is None
+
+
+def test_a_thread_the_host_cannot_look_at_counts(rig):
+    """The host's census opens a descriptor to list its threads: a kernel that leaves it none (its
+    limit lowered to 0) while a thread of its works on makes that thread count, not vanish."""
+    h, census, x, out, call = rig
+    call(29)()
+    assert int(out[0]) == 0  # the limit lowered
+    why = census.take()
+    assert why is not None and "still running after the call returned" in why, why
+    _alone_again(h)
+    call(0)()  # (the thread's CPU between the calls is found too: work outside the call)
+    census.take()
+    call(0)()  # one thread again: counted without a descriptor
+    assert census.take() is None

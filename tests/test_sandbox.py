@@ -47,13 +47,15 @@ def test_filter_refuses_files_processes_and_sockets(tmp_path):
     assert not target.exists()
 
 
-@pytest.mark.parametrize("own_pid", [None, 4321])
-def test_filter_program_is_well_formed(own_pid):
+@pytest.mark.parametrize("own_pid, keep_fds", [(None, ()), (4321, ()), (4321, (1000, 1003))])
+def test_filter_program_is_well_formed(own_pid, keep_fds):
     from runner.judge import sandbox
 
-    prog = sandbox._program(own_pid)
+    prog = sandbox._program(own_pid, keep_fds)
     if own_pid is not None:  # each call that names a process: 0 or the host's own pid, else EPERM
         assert sum(1 for r in prog if r == (sandbox.JEQ_K, 1, 0, own_pid)) == len(sandbox.PID_ARGS)
+    for fd in keep_fds:  # close, dup2 and dup3 onto it: EPERM
+        assert sum(1 for r in prog if r == (sandbox.JEQ_K, 0, 1, fd)) == len(sandbox.FD_ARGS)
     for i, (code, jt, jf, k) in enumerate(prog):
         if code in (sandbox.JEQ_K, sandbox.JSET_K, sandbox.JGE_K):
             assert i + 1 + max(jt, jf) < len(prog), f"row {i} jumps past the end"

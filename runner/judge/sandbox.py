@@ -18,11 +18,14 @@ JIT need them; a kernel host stacks a second filter once its library is loaded
 (`no_new_code`), after which no new executable memory can be made.
 
 What it cannot stop is a kernel writing to the descriptors its process already
-has. A kernel host holds none but stdout and stderr (the worker's capped log); where the
-worker itself runs the kernel, its pipe to the runner is one: replies therefore carry a
-per-request nonce, and the runner checks that exactly one reply came (`worker.Worker`).
-In a kernel host the calls that name a process by an argument (PID_ARGS) may name only the
-host itself.
+has. A kernel host holds stdout and stderr (the worker's capped log), the socket it reports
+its own thread census on and the directory it counts its threads in (build/backends/
+kernel_host.py): the judge takes exactly one report a command from that socket, and in a host
+no call may close or replace those two (`keep_fds`: close, dup2 and dup3 on them, shutdown and
+close_range at all, are refused). Where the worker itself runs the kernel, its pipe to the
+runner is one: replies therefore carry a per-request nonce, and the runner checks that exactly
+one reply came (`worker.Worker`). In a kernel host the calls that name a process by an argument
+(PID_ARGS) may name only the host itself.
 
 x86-64 Linux only; elsewhere `install` returns False and the static rules stand alone.
 """
@@ -96,11 +99,19 @@ WHICH_ARGS = {141: (0, 0), 251: (0, 1)}
 # its host is not in a call (a CPU-time timer fires while the host spins on `go`: session 31's
 # third red-team pass precomputed the call's answer there)
 HOST_DENY = {13: "rt_sigaction", 38: "setitimer", 37: "alarm", 222: "timer_create", 223: "timer_settime",
-             282: "signalfd", 289: "signalfd4"}
+             282: "signalfd", 289: "signalfd4",
+             # the host's census channel (`keep_fds` below): shut down, or closed in a range
+             48: "shutdown", 436: "close_range"}
+# in a kernel host, the calls that would close or replace one of its own descriptors (the
+# socket it reports its thread census on, the directory it counts its threads in: `keep_fds`),
+# by the argument that names the descriptor replaced: close(fd), dup2(old, fd), dup3(old, fd, flags)
+CLOSE, DUP2, DUP3 = 3, 33, 292
+FD_ARGS = {CLOSE: 0, DUP2: 1, DUP3: 1}
 
 
-def _program(own_pid: int | None = None) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k) rows; jumps are relative to the next row."""
+def _program(own_pid: int | None = None, keep_fds: tuple[int, ...] = ()) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) rows; jumps are relative to the next row. `keep_fds`: the
+    descriptors no call may close or replace (FD_ARGS)."""
     deny = sorted(set(DENY) | (set(HOST_DENY) if own_pid is not None else set()))
     p: list[tuple[int, int, int, int]] = []
     p.append((LD_W_ABS, 0, 0, 4))  # arch
@@ -127,6 +138,15 @@ def _program(own_pid: int | None = None) -> list[tuple[int, int, int, int]]:
             p.append((LD_W_ABS, 0, 0, 16 + 8 * arg))
             p.append((JEQ_K, 2, 0, 0))
             p.append((JEQ_K, 1, 0, own_pid & 0xFFFFFFFF))
+            p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
+            p.append((LD_W_ABS, 0, 0, 0))
+    for fd in keep_fds:
+        for nr, arg in sorted(FD_ARGS.items()):
+            # nr? load the argument's low word (the kernel reads an unsigned int): fd -> EPERM;
+            # anything else -> reload the number and go on (not nr: jump past the reload)
+            p.append((JEQ_K, 0, 4, nr))
+            p.append((LD_W_ABS, 0, 0, 16 + 8 * arg))
+            p.append((JEQ_K, 0, 1, fd & 0xFFFFFFFF))
             p.append((RET_K, 0, 0, RET_ERRNO | EPERM))
             p.append((LD_W_ABS, 0, 0, 0))
     # clone3 -> ENOSYS, so that glibc falls back to clone (checked below)
@@ -203,12 +223,13 @@ def no_new_code() -> bool:
     return _load(_no_exec_program())
 
 
-def install(own_pid: int | None = None) -> bool:
+def install(own_pid: int | None = None, keep_fds: tuple[int, ...] = ()) -> bool:
     """Install the filter on every thread of this process; True if it is in force. With
-    `own_pid` (the kernel host's), the syscalls of PID_ARGS may name only the caller."""
+    `own_pid` (the kernel host's), the syscalls of PID_ARGS may name only the caller; no call
+    may close or replace a descriptor of `keep_fds` (FD_ARGS)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
-    return _load(_program(own_pid))
+    return _load(_program(own_pid, tuple(keep_fds)))

@@ -19,18 +19,43 @@ already exiting is a thread of the kernel still alive after the call: the verdic
 A joined thread may still be listed for a few microseconds after the join returns (the
 kernel clears its thread id, which wakes the joiner, before it finishes exiting): the
 kernel marks it PF_EXITING before that, and such a thread runs no more user code, so it
-is let through. What a listing cannot see is a thread that does its last work in the
-microseconds between the return and the listing and has exited by then: the work moved
-out of the timed region is at most that gap (`gap_s`, a few microseconds), and the
-thread had to be started inside the call to do it (tens of microseconds of the timed
-call). A thread kept between calls is always listed.
+is let through. A thread kept between calls is always listed.
+
+What a listing cannot see is a thread that has ended by the time the listing runs. Where the
+kernel runs in a kernel host (build/backends/cpu_host.py, the CPU backend on x86-64 Linux),
+the judge's listing (`cpu_host.HostCensus`) comes only once the host is asleep again, tens
+of microseconds after the return, and a thread handed the rows that finished by then was
+never seen (the `deferred_thread` red-team kernel passed 4 runs of 4 alone on an idle
+machine, session 44). So the host takes a census of its own threads first, at once after the
+call returns, with nothing of its own before it but `done` (kernel_host._Census): the link
+count of /proc/self/task, opened before the filter (2 and the threads, an exiting one
+included; about 1 us), and only with more than the main thread a listing and each thread's
+flags, as here. It writes one record a command (the command's number, the threads alive but
+the main one and not exiting) to a socket whose other end only the judge holds, and the
+judge takes exactly one record for each command (Host._reported): a count above none is a
+thread that outlived its call, however soon it ended after; a missing record, a second one
+or a message of another size is the channel tampered with. The kernel can add records but
+never take one back, and the filter keeps it from closing, replacing or shutting down the
+host's end (judge/sandbox.py, `keep_fds`), so a forged "none" hides nothing. Left: a thread
+that ends within the microseconds the host takes to see it (the return through ctypes,
+`done`, the fstat, and, as it is there, the listing and the opening of its flags: about 10
+us in all), whose CPU time is charged to the call (the host's CPU beyond its own path's,
+shared over its cores); and a kernel that rewrites the host's own code or data (the
+interpreter's memory is its to write) so that the census is not taken or lies, which is a
+different class (tampering with the host) from work left running. Where the worker runs the
+kernel itself, this listing right after the return is the census: the thread that it misses
+is one that does its last work in the few microseconds between the return and the listing
+and has exited by then (and had to be started inside the call, tens of microseconds of the
+timed call).
 """
 
 from __future__ import annotations
 
 import os
 
-from ..build.backends.cpu_host import PF_EXITING, exiting  # noqa: F401 (PF_EXITING: its home was here)
+from ..build.backends.cpu_host import PF_EXITING, exiting
+
+__all__ = ["Census", "PF_EXITING", "TASK"]  # (PF_EXITING: its home was here)
 
 TASK = "/proc/self/task"
 

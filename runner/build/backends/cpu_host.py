@@ -25,8 +25,11 @@ them from memory (audit gap 13; the red team got a do-nothing kernel recorded at
 - **What a host does between commands: nothing.** The host's CPU time (its process clock, which
   counts threads that have exited too) is read as each command ends and before the next is
   posted; more than IDLE_CPU_S between them (beyond one blip of up to IDLE_BLIP_S in the host's
-  life) is work outside the timed call, and the verdict is `wrong`. After every call of candidate code the host's threads are listed, as the worker's
-  were (judge/threads.py): a kernel's thread still alive after its call is `wrong` too.
+  life) is work outside the timed call, and the verdict is `wrong`. After every call of candidate
+  code the host counts its own threads at once, before anything else of its own runs, and
+  reports the count on a socket only the judge reads (kernel_host._Census, Host._reported); the
+  judge lists them too once the host is asleep (judge/threads.py): a kernel's thread still alive
+  after its call is `wrong`.
 - **A kernel that crashes** kills its host, not the worker: the trial's verdict is `fault`
   with the signal, and the worker goes on.
 
@@ -42,6 +45,7 @@ import random
 import mmap
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -254,10 +258,22 @@ class Host:
         self._libc.syscall.restype = ctypes.c_long
         sandbox_py = str(Path(__file__).resolve().parents[2] / "judge" / "sandbox.py")
         self.seq = self.u32[kh.SEQ // 4] = 1  # the host answers it with `done` once it is set up
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", kh.__file__, str(arena.fd), str(arena.size), str(self.ctl_off),
-             str(os.getpid()), sandbox_py],
-            stdin=subprocess.DEVNULL, pass_fds=(arena.fd,), close_fds=True)
+        # the census socket: the host writes a record after every command (kh.REPORT), and only
+        # this end reads them; a datagram a record (SEQPACKET), so no write of the kernel's can
+        # run into the host's, and nonblocking at both ends (a host never waits on it)
+        self._report, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._report.setblocking(False)
+        theirs.setblocking(False)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", kh.__file__, str(arena.fd), str(arena.size), str(self.ctl_off),
+                 str(os.getpid()), sandbox_py, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL, pass_fds=(arena.fd, theirs.fileno()), close_fds=True)
+        except BaseException:
+            self._report.close()
+            raise
+        finally:
+            theirs.close()
         self.pid = self.proc.pid
         self._stat = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -365,8 +381,46 @@ class Host:
             self.census.note(f"the kernel's process was asleep inside its call (system call "
                              f"{where[0] if where else 'none'}) when "
                              "the call said it was done: its work could go on with the next command, untimed")
+        self._reported()
         self.census.watch(skip=self)  # the others slept through this one's call
         return t
+
+    def _reported(self) -> None:
+        """The host's own census of the command just settled (kernel_host._Census: its threads
+        but the main one, alive and not exiting, counted at once after a call returned): exactly
+        one record, for this command, with none. The host is asleep in its loop by now, so its
+        record was written; the kernel can add records (forged ones: more than one), not take
+        one away, and cannot close or replace the host's end. A count above none is a thread of
+        the kernel's that outlived its call, however soon it ended after; any other tally, the
+        channel written to or broken by the kernel."""
+        recs, closed = [], False
+        while True:
+            try:
+                b = os.read(self._report.fileno(), 64)  # (a longer datagram comes back cut: not a record)
+            except BlockingIOError:
+                break
+            except OSError:
+                closed = True
+                break
+            if not b:
+                closed = True  # every write end gone (or shut down)
+                break
+            recs.append(b)
+        if not closed and len(recs) == 1 and recs[0] == kh.REPORT.pack(self.seq, 0):
+            return
+        if self.proc.poll() is not None:
+            return  # died: the death is the finding (HostDied at the next wait)
+        ours = [c for q, c in (kh.REPORT.unpack(b) for b in recs if len(b) == kh.REPORT.size) if q == self.seq]
+        if max(ours, default=0):
+            self.census.convicted.add(f"{self.pid}/census")
+            self.census.note(f"{max(ours)} thread(s) the kernel started were still running after the call returned "
+                             "(its process counted them at once): work outside the timed call (a kernel must join "
+                             "its threads before it returns)")
+        else:
+            self.census.note(f"the kernel's process did not report its thread census once for the command "
+                             f"({len(ours)} records of it, {len(recs)} messages in all"
+                             f"{', its channel closed' if closed else ''}): the kernel wrote to or broke the channel, "
+                             "so a thread of its could have outlived the call unseen (work outside the timed call)")
 
     def _alone(self) -> bool:
         """No thread in the host but its main one, or one that is not exiting (the census's to
@@ -498,11 +552,12 @@ class Host:
         t_go = time.perf_counter()
         u32[kh.GO // 4] = s
         t_done = self._wait(s)
+        t_sleep = self._settle()
+        # (the host reads it after `done`: asleep again now, it has written STATUS)
         if u32[kh.STATUS // 4] == kh.FENV_CHANGED:
             self.census.note("fast_math: the kernel left the floating-point control state changed when its call "
                              "returned (MXCSR's flush-to-zero, denormals-are-zero or rounding bits, or the x87 "
                              "control word), by whatever route it set it")
-        t_sleep = self._settle()
         return t_go, t_done, t_sleep, self.cpu_after - c0, self._main_cpu() - m0
 
     def _asleep_on_go(self) -> tuple[float, float]:
@@ -624,6 +679,7 @@ class Host:
         return self.proc.poll() is None
 
     def close(self) -> None:
+        self._report.close()
         if self._stat is not None:
             os.close(self._stat)
             self._stat = None
@@ -679,7 +735,9 @@ class HostCall:
 
 class HostCensus:
     """The thread census of judge/threads.py over the live hosts: after each call of candidate
-    code no host may run a thread but its main one; and the hosts' idle-CPU findings."""
+    code no host may run a thread but its main one (each host's own count, taken at once after
+    the call and read by Host._reported, and this listing once the host is asleep again); and
+    the hosts' other findings."""
 
     enabled = True
     per_request = True  # the hosts end with each request (Runtime.release), their threads with them

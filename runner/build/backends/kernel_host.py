@@ -1,12 +1,12 @@
 """The kernel host: the process a CPU candidate's library runs in (the judge's side: cpu_host.py).
 
 Started by the judge's worker as `python -I -S kernel_host.py ARENA_FD ARENA_BYTES CTL_OFFSET PPID
-SANDBOX_PY`, with the shared arena's descriptor its only one besides stdout and stderr. It maps
-the arena (the inputs, outputs and scratch buffers of the calls, and this host's control block),
-takes away its own capabilities and goes under the seccomp filter (judge/sandbox.py, with the
-checks that need its own pid), and only then loads the candidate's library: the library's
-load-time code already runs confined. From then on it does what the control block says and
-nothing else, sleeping on a futex between commands:
+SANDBOX_PY REPORT_FD`, with the shared arena's descriptor and its end of the census socket its
+only ones besides stdout and stderr. It maps the arena (the inputs, outputs and scratch buffers of
+the calls, and this host's control block), takes away its own capabilities and goes under the
+seccomp filter (judge/sandbox.py, with the checks that need its own pid), and only then loads the
+candidate's library: the library's load-time code already runs confined. From then on it does what
+the control block says and nothing else, sleeping on a futex between commands:
 
 - LOAD: the library and its entry (once);
 - PRIME, every call's, timed or not: the stack scrubbed (all of the stack a call can reach below
@@ -15,18 +15,25 @@ nothing else, sleeping on a futex between commands:
   floating-point environment and the control block's unused words reset, `ack`, then asleep on
   `go` (the judge reads this process's CPU time then, exact while it sleeps) until `go` says
   WAKE, `started`, a spin on `go` (the judge starts its clock as it writes it), the entry,
-  `done`; `go` with ABORT calls it off. The
+  `done`, at once this process's census of its own threads (`_Census`), the floating-point
+  check; `go` with ABORT calls it off. The
   judge waits for `ack`, and for this process asleep on `go` where this loop sleeps, before it
   refreshes the inputs and flushes, so the host's wake-up is never timed; the CPU this process
   spent from its last command to that sleep, beyond its own path's, is charged to the call. `done` is the kernel's to write too (it is in this process's memory): the judge
   takes the call's time as at least the CPU this process spent from its sleep on `go` to its
   sleep on the next command, beyond the host's own (cpu_host.Host.timed).
 
+After every command, a record of the census (`REPORT`: the command's sequence number, the
+threads alive but the main one and not exiting) goes to the census socket, whose other end only
+the worker holds: the kernel can add records there (the judge then finds more than one) but
+never take one back, and the filter keeps it from closing or replacing the descriptor.
+
 Nothing the judge decides with lives here: the timer, the references, the value sets and the
 sampled positions stay in the worker. Whatever the candidate does to this process (its memory,
 the control block, `done`) is seen by the judge only as what it checks anyway: the outputs, the
-time between `go` and `done` on its own clock, this process's threads after every call, and its
-CPU time between commands (none may be spent while the host should be asleep).
+time between `go` and `done` on its own clock, this process's threads after every call (its own
+census's report, and its own listing), and its CPU time between commands (none may be spent while
+the host should be asleep).
 
 Only the standard library: this file runs with no site packages and no project imports.
 """
@@ -53,6 +60,10 @@ PRIME, LOAD, STAND_IN = 2, 4, 8
 ABORT = 0x80000000  # `go` as seq ^ ABORT: a primed call called off (the judge primed other arguments)
 WAKE = 0x40000000  # `go` as seq ^ WAKE: up from the sleep after `ack`, to spin on `go`
 KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
+# the census's record after every command: its sequence number, the threads found alive in this
+# process but its main one and not exiting (one datagram of exactly this size)
+REPORT = struct.Struct("<II")
+PF_EXITING = 0x4  # (cpu_host.PF_EXITING: set as a thread starts to exit, before a join returns)
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
 SYS_CAPSET = 126
@@ -152,8 +163,71 @@ class _Stack:
             self.memset(ctypes.c_void_p(bottom), 0, ctypes.c_size_t(top - bottom))
 
 
+class _Census:
+    """This process's threads, counted by its main thread at once after a call returns: a thread
+    of the kernel's still alive then outlived its call, however soon it ends after.
+
+    The judge's own listing (cpu_host.HostCensus) comes after the host is asleep again, and a thread
+    that ends in between (tens of microseconds) was never seen: the `deferred_thread` red-team
+    kernel, which hands its rows to a thread and returns, passed so on an idle machine. Counted
+    here, with nothing of the host's before it but `done`, it has to have ended by the time the
+    host looks: the return through ctypes and the fstat below, and with other threads there the
+    listing and the opening of their flags (about 10 us in all; what it did meanwhile is in the
+    process's CPU time, charged to the call). The directory /proc/self/task, opened once (before
+    the filter, which keeps it open and in place): its link count is 2 and the number of threads
+    (a thread is counted from its start until it is gone, exiting or not), read with fstat
+    (about 1 us); only where there is more than the main thread are they listed and each one's
+    flags read: one already exiting (PF_EXITING, set before its join returns; it runs no more
+    code of the kernel's) is let through, as the judge's listing does."""
+
+    def __init__(self):
+        self.fd = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.me = str(os.getpid())
+
+    def strays(self) -> int:
+        """The threads alive now but the main one and not exiting."""
+        fd = self.fd
+        others = os.fstat(fd).st_nlink - 3
+        if others <= 0:
+            return 0
+        # a thread that cannot be looked at counts: only a kernel leaves the host without a
+        # descriptor to look with (its table full, or its limit lowered: EMFILE)
+        try:
+            tids = os.listdir(fd)
+        except OSError:
+            return others
+        n = 0
+        for t in tids:
+            if t == self.me:
+                continue
+            try:
+                f = os.open(t + "/stat", os.O_RDONLY, dir_fd=fd)
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # gone since the listing
+            except OSError:
+                n += 1
+                continue
+            try:
+                stat = os.read(f, 1024)
+            except ProcessLookupError:
+                stat = b""  # gone since it was opened
+            except OSError:
+                stat = None
+            finally:
+                os.close(f)
+            if stat is None:
+                n += 1
+            elif b")" in stat:
+                # after the command (which may hold spaces and parentheses): state is field 3, flags 9
+                rest = stat[stat.rindex(b")") + 2:].split()
+                if rest[0] not in (b"Z", b"X") and not int(rest[6]) & PF_EXITING:
+                    n += 1
+        return n
+
+
 def main(argv: list[str]) -> int:
     fd, size, ctl_at, parent, sandbox_py = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+    report_fd = int(argv[6])
     libc = _libc()
     libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the worker gone: this process too
     if os.getppid() != parent:
@@ -191,14 +265,27 @@ def main(argv: list[str]) -> int:
         cw, mx = struct.unpack_from("<H", env.raw, 0)[0], struct.unpack_from("<I", env.raw, 28)[0]
         return (cw & _X87_CONTROL) != _X87_DEFAULT or (mx & _MXCSR_CONTROL) != _MXCSR_DEFAULT
     struct_f, struct_d = struct.Struct("<f"), struct.Struct("<d")
+    census = _Census()
+    strays = census.strays
+    pack, write = REPORT.pack, os.write
+
+    def report(s: int, n: int) -> None:
+        """The census of command `s` to the judge (a full or broken socket: no record, which the
+        judge takes for what it is)."""
+        try:
+            write(report_fd, pack(s, n))
+        except OSError:
+            pass
     if os.geteuid() == 0:
         _drop_capabilities(libc)
-    confined = sandbox.install(own_pid=os.getpid())
+    # the census's socket and directory stay what they are: no call closes or replaces them
+    confined = sandbox.install(own_pid=os.getpid(), keep_fds=(report_fd, census.fd))
     u64[ARGS_AT // 8] = base  # the arena's address here, for the judge's pointer translation
     u32[STATUS // 4] = 1 if confined else 2
-    u32[DONE // 4] = u32[SEQ // 4]
+    u32[DONE // 4] = s = u32[SEQ // 4]
+    report(s, strays())
 
-    fn, kinds, calibrating = None, [], None
+    fn, kinds, callee = None, [], None  # what a call calls: the kernel's entry once loaded, before it a stand-in
     types = {1: ctypes.c_int32, 2: ctypes.c_int64, 3: ctypes.c_float, 4: ctypes.c_double, 5: ctypes.c_void_p}
     last = u32[SEQ // 4]
     while True:
@@ -237,16 +324,19 @@ def main(argv: list[str]) -> int:
             u32[STARTED // 4] = s
             while (go := u32[GO // 4]) not in (s, s ^ ABORT):
                 sched_yield()
-            if go == s:
-                if fn is not None:
-                    fn(*args)
-                    # read before `done`, after the kernel returned: its control state as it left it
-                    if fenv_changed():
-                        u32[STATUS // 4] = FENV_CHANGED
-                        fesetenv(FE_DFL_ENV)
-                elif calibrating is not None:  # (before LOAD: the judge's calibration)
-                    calibrating(*args)
-                    fenv_changed()  # the same read as after a kernel's call, so that it is calibrated out
+            if go == s and callee is not None:
+                # (before LOAD, the stand-in: the judge's calibration takes the same path after
+                # it as a kernel's call, so that the path's own time is calibrated out)
+                callee(*args)
+                u32[DONE // 4] = s  # the judge's clock stops
+                n = strays()  # at once: a thread of the kernel's alive now outlived its call
+                # after the kernel returned: its control state as it left it (the judge reads
+                # STATUS once the host is asleep again)
+                if fenv_changed() and fn is not None:
+                    u32[STATUS // 4] = FENV_CHANGED
+                    fesetenv(FE_DFL_ENV)
+                report(s, n)
+                continue
         elif cmd == STAND_IN and fn is None:
             # before LOAD, for the judge's calibration: the arguments' kinds (as LOAD reads them)
             # and a C function that ignores them (getppid), so that a calibrating call converts
@@ -257,7 +347,7 @@ def main(argv: list[str]) -> int:
             stand_in = libc.getppid
             stand_in.restype = ctypes.c_int
             stand_in.argtypes = [types[k] for k in kinds]
-            calibrating = stand_in
+            callee = stand_in
         elif cmd == LOAD:
             text = bytes((ctypes.c_char * TEXT_BYTES).from_address(ctl + TEXT_AT)).split(b"\0")
             path, entry = text[0].decode(), text[1].decode()
@@ -272,6 +362,7 @@ def main(argv: list[str]) -> int:
                 fn = getattr(ctypes.CDLL(path), entry)  # (the library's load-time code runs confined)
                 fn.restype = None
                 fn.argtypes = [types[k] for k in kinds]
+                callee = fn
                 # loaded: no executable memory is made from here on (code written at run time is
                 # code no reader of the compiled code saw)
                 sandbox.no_new_code()
@@ -280,7 +371,8 @@ def main(argv: list[str]) -> int:
                 msg = f"{type(e).__name__}: {e}".encode()[:TEXT_BYTES - 1]
                 ctypes.memmove(ctl + TEXT_AT, msg + b"\0", len(msg) + 1)
                 u32[STATUS // 4] = 4
-        u32[DONE // 4] = s  # the judge spins on it (no wake-up: nothing more runs here after it)
+        u32[DONE // 4] = s  # the judge spins on it (no wake-up), then waits for this process asleep
+        report(s, strays())
 
 
 if __name__ == "__main__":

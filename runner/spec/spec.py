@@ -694,7 +694,7 @@ class _Checker:
                 if tdtype in INT_DTYPES and sp_["value"] != int(sp_["value"]):
                     self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
             rows, topk = self.routing_keys(kind, base, t, tdtype, dims, scope)
-            argmax = self.argmax_key(kind, base, t, tdtype, dims)
+            argmax = self.argmax_key(kind, base, t, tdtype, dims, earlier)
             spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special, rows=rows, topk=topk,
                                argmax=argmax)
             if "timed" in t:
@@ -725,12 +725,12 @@ class _Checker:
                 self.err(path, "dist 'randint' needs low and high (here or beside dist)")
             return dataclasses.replace(main, timed=dataclasses.replace(main, dists=dists, low=low, high=high))
 
-        self._inputs_so_far: dict[str, TensorSpec] = {}
+        earlier: dict[str, TensorSpec] = {}  # the inputs built so far (an `argmax` names one of them)
         for n, t in o["inputs"].items():
             spec_ = tensor("inputs", n, t)
             if spec_ is not None:
-                self._inputs_so_far[n] = spec_
-        inputs = tuple(self._inputs_so_far.get(n) for n in o["inputs"])
+                earlier[n] = spec_
+        inputs = tuple(earlier.get(n) for n in o["inputs"])
         outputs = tuple(tensor("outputs", n, t) for n, t in o["outputs"].items())
         dup = set(o["inputs"]) & set(o["outputs"])
         for n in dup:
@@ -802,10 +802,11 @@ class _Checker:
         elif tdtype == "bool" and "perm" in dists:
             self.err(path, "dist 'perm' (a permutation of 0 .. n - 1) cannot be bool")
 
-    def argmax_key(self, kind: str, base: tuple, t: dict, tdtype: str, dims: list) -> tuple[str, float] | None:
+    def argmax_key(self, kind: str, base: tuple, t: dict, tdtype: str, dims: list,
+                   earlier: dict) -> tuple[str, float] | None:
         """`argmax: {of, fraction}`: an integer input, some of whose elements are the index of the
-        largest value along the last dimension of an input listed before it, whose other
-        dimensions are this input's own (the same expressions)."""
+        largest value along the last dimension of an input listed before it (`earlier`, by name),
+        whose other dimensions are this input's own (the same expressions)."""
         if "argmax" not in t:
             return None
         a = t["argmax"]
@@ -816,9 +817,9 @@ class _Checker:
         if tdtype not in INT_DTYPES or tdtype == "bool":
             self.err(path, f"`argmax` sets indices: an integer input, not {tdtype}", prefer_key=True)
             return None
-        src = self._inputs_so_far.get(a["of"])
+        src = earlier.get(a["of"])
         if src is None:
-            before = ", ".join(self._inputs_so_far) or "none"
+            before = ", ".join(earlier) or "none"
             self.err(path + ("of",), f"'{a['of']}' is not an input listed before '{base[-1]}' (before it: {before})")
             return None
         if src.dtype in INT_DTYPES:

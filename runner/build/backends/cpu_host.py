@@ -58,7 +58,7 @@ from . import kernel_host as kh
 
 PAGE = 4096
 HUGE = 2 << 20  # a shared-memory huge page, where the kernel may back the arena with them
-PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join can return
+PF_EXITING = kh.PF_EXITING  # set by the kernel as a thread starts to exit, before a join can return
 SCRUB_BYTES = 1 << 20  # of the host's stack below the call, before every call (Runtime.SCRUB_BYTES)
 ARENA_BYTES = 1 << 36  # virtual: the file is sparse, pages exist while a block holds them
 IDLE_CPU_S = 10e-6  # CPU a host may spend between commands (0 in 1500 honest ones: asleep, it spends none)
@@ -821,9 +821,7 @@ def exiting(tid: str, task: str) -> bool:
             stat = f.read()
     except OSError:
         return True  # gone between the listing and now
-    # fields after the command (which may hold spaces and parentheses): state is field 3, flags 9
-    rest = stat[stat.rindex(b")") + 2:].split()
-    return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & PF_EXITING)
+    return kh.stat_exiting(stat)
 
 
 def not_dumpable() -> None:

@@ -63,7 +63,15 @@ KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
 # the census's record after every command: its sequence number, the threads found alive in this
 # process but its main one and not exiting (one datagram of exactly this size)
 REPORT = struct.Struct("<II")
-PF_EXITING = 0x4  # (cpu_host.PF_EXITING: set as a thread starts to exit, before a join returns)
+PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join can return
+
+
+def stat_exiting(stat: bytes) -> bool:
+    """A thread's /proc stat line says it is exiting or gone (it runs no more user code): the
+    judge's listing (cpu_host.exiting) and this host's census (_Census) read it alike."""
+    # fields after the command (which may hold spaces and parentheses): state is field 3, flags 9
+    rest = stat[stat.rindex(b")") + 2:].split()
+    return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & PF_EXITING)
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
 SYS_CAPSET = 126
@@ -217,11 +225,8 @@ class _Census:
                 os.close(f)
             if stat is None:
                 n += 1
-            elif b")" in stat:
-                # after the command (which may hold spaces and parentheses): state is field 3, flags 9
-                rest = stat[stat.rindex(b")") + 2:].split()
-                if rest[0] not in (b"Z", b"X") and not int(rest[6]) & PF_EXITING:
-                    n += 1
+            elif b")" in stat and not stat_exiting(stat):
+                n += 1
         return n
 
 

@@ -207,6 +207,14 @@ FLOATING_DISTS = ("normal", "uniform", "outliers", "positive", "large", "masked"
                   "tiny", "scaled")
 
 
+def _side_generator(seed: int, which: int, mul: int, add: int) -> torch.Generator:
+    """A CPU generator of a draw's own, seeded from the value set's seed and the input's place
+    (`which`), so that the value set's other draws are the same with that draw or without."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * mul + add * (which + 1)) & ((1 << 62) - 1))
+    return g
+
+
 def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, device: str) -> torch.Tensor:
     """`x` (drawn from `main`) with a secret 1/WITNESS_SHARE of its rows (its leading index)
     drawn again from the input's other floating distributions, each row's own chosen at random.
@@ -216,8 +224,7 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     rows = x.shape[0] if x.dim() >= 2 else 0
     if main not in FLOATING_DISTS or not others or rows < WITNESS_SHARE:
         return x
-    g = torch.Generator(device="cpu")
-    g.manual_seed((seed * 0x9E3779B1 + 0x632BE5AB * (which + 1)) & ((1 << 62) - 1))
+    g = _side_generator(seed, which, 0x9E3779B1, 0x632BE5AB)
     k = rows // WITNESS_SHARE
     where = torch.randperm(rows, generator=g)[:k]
     pick = torch.randint(0, len(others), (k,), generator=g)
@@ -272,8 +279,7 @@ def _argmaxed(x: torch.Tensor, src: torch.Tensor, t, seed: int, which: int) -> t
     index of the largest value of `src`'s last dimension at the same leading index (a target the
     model predicts; the first of equal maxima); elements equal to `special`'s value are kept.
     From a generator of its own, as the witness rows', so the other draws are unchanged."""
-    g = torch.Generator(device="cpu")
-    g.manual_seed((seed * 0x2545F491 + 0x4F6CDD1D * (which + 1)) & ((1 << 62) - 1))
+    g = _side_generator(seed, which, 0x2545F491, 0x4F6CDD1D)
     pick = (torch.rand(x.shape, generator=g) < t.argmax[1]).to(x.device)
     if t.special is not None:
         pick &= x != int(t.special[0])

@@ -461,6 +461,10 @@ def cmd_show(a) -> int:
             ln = b["lean"]
             print(f"  verification's widest lean {ln['mean']:+.4f} units of the output's rounding "
                   f"(standard error {ln['se']:.4f}, {ln['n']} elements; refused beyond +-1/8)")
+        if b.get("precision"):  # a variant's: its mean |error| against the approved build's, same inputs
+            pr = b["precision"]
+            print(f"  a variant's mean error {pr['mine']:.4f} units of the output's rounding against the approved "
+                  f"build's {pr['approved']:.4f} on the same inputs ({pr['n']} elements)")
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line
 

@@ -191,6 +191,22 @@ class Builder:
         except (render.RenderError, ExprError):
             return None
 
+    def approved_artifacts(self, params: dict, variant: str | None, shapes=None) -> tuple[list[str] | None, str]:
+        """For a variant: (the approved template's build at the same parameters, an artifact per
+        shape, ""), which the judge runs on the variant's inputs to hold the variant's error to its
+        own (worker `evaluate`, verify.paired_error); (None, why) where it does not render or
+        build there. For the approved template itself (or the earlier run's): (None, "")."""
+        if variant is None or variant == OLD_TEMPLATE:
+            return None, ""
+        try:
+            sources = self.render_all(params, None, shapes)
+        except (render.RenderError, ExprError) as e:
+            return None, f"the approved template does not render at these parameters: {e}"
+        arts, bad = self.compiled(sources)
+        if arts is None:
+            return None, f"the approved template does not compile at these parameters: {bad.status}: {bad.reason}"
+        return arts, ""
+
     def build(self, sources: list[str], geometry: list[dict], approved: list[str] | None = None) -> "Build":
         """Forbidden rules, compiles (distinct sources side by side) and the profile's limits
         for per-shape sources and launches; the first failure in that order is the verdict.

@@ -161,11 +161,19 @@ class Evaluator:
             trial.objective, trial.metric = same.objective, same.metric
             self.sources[trial.key], self.artifacts[trial.key] = sources, artifacts
             return done("ok")
+        # a variant's error is held to the approved template's at the same parameters, run by the
+        # worker on the same inputs (verify.paired_error): without that build, nothing holds it
+        approved, why = self.builder.approved_artifacts(params, variant, shapes_built)
+        if why:
+            return done("forbidden", f"unjudged_precision: {why}; a variant is judged only where the approved "
+                                     "template builds, since its error is held to that build's on the same inputs")
         if on_built is not None:
             on_built()
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
         trial.details["seed"] = seed = secrets.randbits(48)
         job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
+        if approved is not None:
+            job["approved"] = approved if plan is None else [approved[0]] * len(sp.op.all_shapes)
         if plan is not None:
             # the listed and tuning shapes it serves, timed; its extra shapes and shapes drawn
             # from the domain in secret (after the build), verified
@@ -179,6 +187,8 @@ class Evaluator:
                 return done("render_error", f"launch geometry at a domain shape: {e}")
             job.update(shapes=shapes_job + draws, n_timed=len(timed_idx), geometry=geometry,
                        artifacts=[artifacts[0]] * (len(shapes_job) + len(draws)))
+            if approved is not None:
+                job["approved"] = [approved[0]] * (len(shapes_job) + len(draws))
             trial.details["served"] = timed_idx
             trial.details["domain_checks"] = draws
         if sp.op.batch_axis:
@@ -192,6 +202,8 @@ class Evaluator:
             trial.details["judge_phases"] = verdict["phases"]
         if verdict.get("lean"):  # verification's widest lean of the error (verify.lean)
             trial.details["lean"] = verdict["lean"]
+        if verdict.get("precision"):  # a variant's error against the approved build's (verify.paired_error)
+            trial.details["precision"] = verdict["precision"]
         if verdict.get("log_capped"):  # the kernel printed past the worker log's cap; the rest was dropped
             trial.details["log_capped"] = verdict["log_capped"]
             trial.details["log_cap_bytes"] = verdict.get("log_cap_bytes")

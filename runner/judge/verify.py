@@ -436,6 +436,90 @@ def widest_lean(leans) -> Lean | None:
     return max(leans, key=lambda x: abs(x.mean)) if leans else None
 
 
+# A variant's error against the approved template's build at the same parameters, on the
+# same inputs (`paired_error`): the mean over the same elements of |error| in units of the
+# output's rounding, the variant's less the approved build's (`less_precise`). An approximation or a precision
+# cut done in exact integer instructions (a hand-made exp, bf16 packed by shifts) reads as
+# nothing to the compiled-code rules, and may stay inside a budget sized for torch's own
+# rounding; it cannot stay as precise as the build it replaces.
+# The variant's mean |error| may exceed the approved build's by PRECISION_MARGIN units of the
+# output's rounding plus PRECISION_SHARE of the approved build's own, and must exceed it by
+# PRECISION_SIGMAS standard errors of the paired difference to count. An output rounded to
+# nearest from fp32 work is rn(ref) but near a rounding boundary: about 0.007 units on
+# moe-swiglu-cpu; a reordered fp32 sum moves that by far less than the margin, a degree-3
+# exp (8e-4 relative) adds 0.012, a degree-2 one (9e-3) 0.15.
+PRECISION_MARGIN = 0.005
+PRECISION_SHARE = 0.5
+PRECISION_SIGMAS = 6.0
+
+
+class Paired(NamedTuple):
+    """Sums over elements paired by position (`paired_error`): their count, the variant's
+    |error| and the approved build's (units of the output's rounding, clipped to +-LEAN_CLIP),
+    and the squares of their difference."""
+    n: int
+    mine: float
+    theirs: float
+    sq: float
+
+    def __add__(self, o: "Paired") -> "Paired":  # type: ignore[override]
+        return Paired(self.n + o.n, self.mine + o.mine, self.theirs + o.theirs, self.sq + o.sq)
+
+
+NO_PAIRS = Paired(0, 0.0, 0.0, 0.0)
+
+
+def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Paired:
+    """`out` (a variant's) and `approved` (the approved build's, on the same inputs) against
+    the reference rounded to nearest, element by element at the same up to LEAN_SAMPLE positions
+    drawn from `secrets`: |out - rn(ref)| and |approved - rn(ref)| in units of the output's
+    spacing at rn(ref), clipped to LEAN_CLIP (the units `lean` takes). Elements where either
+    output or the reference is not finite, or the reference is below the dtype's normal range,
+    are left out. NO_PAIRS for an output dtype wider than 16 bits (its own rounding no longer
+    dominates an honest error: a reordered fp32 sum moves it by units)."""
+    if out_dtype not in NORMAL_MIN or not out.is_floating_point():
+        return NO_PAIRS
+    p = FLOAT_INFO[out_dtype][0]
+    o, a, r = (t.detach().reshape(-1) for t in (out, approved, ref))
+    if not o.numel() == a.numel() == r.numel():
+        return NO_PAIRS
+    if o.numel() > LEAN_SAMPLE:
+        g = torch.Generator().manual_seed(secrets.randbits(63))
+        idx = torch.randint(0, o.numel(), (LEAN_SAMPLE,), generator=g).to(o.device)
+        o, a, r = o.index_select(0, idx), a.index_select(0, idx), r.index_select(0, idx)
+    rn = r.to(out_dtype).to(torch.float64)
+    o, a = o.to(torch.float64), a.to(torch.float64)
+    keep = torch.isfinite(o) & torch.isfinite(a) & torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
+    rn, o, a = rn[keep], o[keep], a[keep]
+    n = rn.numel()
+    if n == 0:
+        return NO_PAIRS
+    _, e = torch.frexp(rn)
+    unit = torch.ldexp(torch.ones_like(rn), e - 1 - p)
+    dm = (o - rn).abs_().div_(unit).clamp_(max=LEAN_CLIP)
+    da = (a - rn).abs_().div_(unit).clamp_(max=LEAN_CLIP)
+    return Paired(n, float(dm.sum()), float(da.sum()), float((dm - da).square_().sum()))
+
+
+def less_precise(got: Paired) -> str | None:
+    """The verdict on a variant's paired error: why it is less precise than the approved
+    build (its mean |error| above the approved build's by more than PRECISION_MARGIN units plus
+    PRECISION_SHARE of the approved build's, and by more than PRECISION_SIGMAS standard errors
+    of the paired difference, over LEAN_MIN elements or more), or None."""
+    if got.n < LEAN_MIN:
+        return None
+    diff = (got.mine - got.theirs) / got.n
+    var = max(got.sq / got.n - diff * diff, 0.0)
+    se = math.sqrt(var / got.n)
+    if diff <= PRECISION_MARGIN + PRECISION_SHARE * got.theirs / got.n or diff <= PRECISION_SIGMAS * se:
+        return None
+    return (f"less precise than the approved template's build at the same parameters, on the same inputs: "
+            f"its mean error is {got.mine / got.n:.3f} units of the output's rounding against the approved "
+            f"build's {got.theirs / got.n:.3f} (difference {diff:+.3f}, standard error {se:.3f}, over {got.n} "
+            f"elements paired by position); a variant may change how the work is done, not how exactly (an "
+            f"approximation or a narrowed intermediate, in any instructions)")
+
+
 def _rms(t: torch.Tensor) -> float:
     if t.numel() == 0:
         return 0.0

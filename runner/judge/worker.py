@@ -395,10 +395,11 @@ class Judge:
         the inputs made again from their seed, compared with the ones the kernel saw, and the
         reference computed from them."""
         from .timing import stats
-        from .verify import lean_text, leans_too_far, pooled_lean, widest_lean
+        from .verify import NO_PAIRS, lean_text, leans_too_far, less_precise, pooled_lean, widest_lean
 
         shapes_out = []
         pool: list = []  # the leans of verification's outputs (verify.lean), for the record
+        pairs = NO_PAIRS  # a variant's error against the approved build's (verify.paired_error)
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -420,6 +421,8 @@ class Judge:
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
+            approved = job.get("approved")
+            fn_approved = self.rt.load(approved[si], self.spec.kernel.entry, self.kinds) if approved else None
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
             outs = self._outputs(shape)
@@ -476,6 +479,8 @@ class Judge:
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
+                if fn_approved is not None:
+                    pairs = pairs + self._paired(fn_approved, shape, pristine, geometry, mode, taken[0], refs)
                 mine = [x for _, b in refs for x in getattr(b, "leans", ())]
                 pool.extend(mine)
                 shape_pool.extend(mine)
@@ -493,6 +498,9 @@ class Judge:
             if leans_too_far(pooled):
                 return {"status": "wrong", "reason": f"{label}, its outputs over {checks} check rounds taken "
                         "together: " + lean_text(pooled, "their error")}
+            why = less_precise(pairs)  # over every shape verified so far
+            if why:
+                return {"status": "wrong", "reason": f"verification up to {label}: {why}"}
             t1 = clock()
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
@@ -511,6 +519,9 @@ class Judge:
             out["lean"] = {"mean": round(leaned.mean, 4), "se": round(leaned.se, 4), "n": leaned.n,
                            "off": round(leaned.off, 4), "pooled": round(pooled.mean, 4),
                            "pooled_n": pooled.n, "pooled_off": round(pooled.off, 4)}
+        if pairs.n:  # mean |error| in units of the output's rounding, the variant's and the approved build's
+            out["precision"] = {"mine": round(pairs.mine / pairs.n, 4), "approved": round(pairs.theirs / pairs.n, 4),
+                                "n": pairs.n}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
             out["batch_invariance"] = {
@@ -518,6 +529,24 @@ class Judge:
                 "reason": why, "run_to_run": inv["run_to_run"] is None, "checked": inv["checked"],
                 **({"rows_differing": inv["rows_differing"]} if inv["rows_differing"] else {})}
         return out
+
+    def _paired(self, fn, shape: dict, pristine: dict, geometry, mode, taken: dict, refs: list):
+        """The approved template's build (`fn`, at the variant's parameters) run once on the check
+        round's inputs made again from their seed, in buffers of its own, and each narrow output
+        of the variant's first run (`taken`) paired with it element by element against the
+        reference (verify.paired_error, summed over the outputs)."""
+        from .inputs import TORCH_DTYPES
+        from .verify import NO_PAIRS, paired_error
+
+        inputs = self._shared(pristine)  # (nothing reads them after this: the references are made)
+        outs = self._outputs(shape)
+        ws = self._workspace(geometry)
+        self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)()
+        self.rt.sync()
+        got = NO_PAIRS
+        for t, o, snap, (r, _) in zip(self.op.outputs, outs, taken["snaps"], refs):
+            got = got + paired_error(snap.data, o.view, r, TORCH_DTYPES[t.dtype])
+        return got
 
     def _sub_batches(self, plan: dict, shape: dict, fn, inputs: dict, full: dict, decoys: list, seed: int,
                      si: int, r: int, mode) -> tuple[str | None, list]:

@@ -64,7 +64,9 @@ def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
                  # the SM clock and power over each shape's timing (judge/clocks.py), where sampled
                  **({"clocks": best.details["clocks"]} if best.details.get("clocks") else {}),
                  # the widest lean of its verification's errors (judge/verify.lean), where taken
-                 **({"lean": best.details["lean"]} if best.details.get("lean") else {})} if best else None,
+                 **({"lean": best.details["lean"]} if best.details.get("lean") else {}),
+                 **({"precision": best.details["precision"]} if best.details.get("precision") else {})}
+        if best else None,
         "best_per_shape": figures.per_shape_best(trusted, len(best.times)) if best and best.times else None,
         # the goal's metric for the dispatch table of best_per_shape (a goal met by it stops the run)
         "table_metric": table_metric,

@@ -56,8 +56,8 @@ def check_address(address: str) -> None:
 
 def artifact_paths(msg: tuple) -> list[str]:
     """The artifact files a request names (evaluate's job, retime's jobs)."""
-    if msg[0] == "evaluate":
-        return list(dict.fromkeys(msg[1].get("artifacts") or []))
+    if msg[0] == "evaluate":  # a variant's job names the approved build too
+        return list(dict.fromkeys((msg[1].get("artifacts") or []) + (msg[1].get("approved") or [])))
     if msg[0] == "retime":
         return list(dict.fromkeys(a for j in msg[1] for a in (j.get("artifacts") or [])))
     return []
@@ -66,6 +66,8 @@ def artifact_paths(msg: tuple) -> list[str]:
 def rewrite(msg: tuple, where: dict) -> tuple:
     if msg[0] == "evaluate":
         job = {**msg[1], "artifacts": [where.get(a, a) for a in msg[1]["artifacts"]]}
+        if job.get("approved"):
+            job["approved"] = [where.get(a, a) for a in job["approved"]]
         return (msg[0], job, *msg[2:])
     if msg[0] == "retime":
         jobs = [{**j, "artifacts": [where.get(a, a) for a in j["artifacts"]]} if j.get("artifacts") else j

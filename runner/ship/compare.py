@@ -334,6 +334,12 @@ def _verify_ships(spec, builder, worker, rows: list[dict], baked: list[str], tim
             continue
         job = {"seed": secrets.randbits(48), "artifacts": b.artifacts, "geometry": geos, "shapes": shapes,
                "n_timed": 0, "checks": max(spec.runtime.checks, ndist)}
+        approved, why = builder.approved_artifacts(sh["params"], sh["variant"], shapes)
+        if why:
+            _unship(row, f"nearest #{sh['trial']}: unjudged_precision: {why}"[:300])
+            continue
+        if approved is not None:  # a variant's error held to the approved build's (worker evaluate)
+            job["approved"] = approved
         r = worker.request(("evaluate", job), timeout_s)
         if r.get("status") != "ok":
             _unship(row, f"nearest #{sh['trial']} failed verification: {r.get('status')}: "

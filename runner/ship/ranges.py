@@ -120,6 +120,11 @@ class Prober:
         job = {"seed": secrets.randbits(48), "artifacts": [self.artifact(tid)] * len(shapes),
                "geometry": self.builder.geometry(t.params, shapes), "shapes": shapes, "n_timed": 0,
                "checks": 1}
+        approved, why = self.builder.approved_artifacts(t.params, t.variant, [self.spec.op.shapes[0]])
+        if why:
+            return {"status": "forbidden", "reason": f"unjudged_precision: {why}"}
+        if approved is not None:  # a variant's error held to the approved build's (worker evaluate)
+            job["approved"] = [approved[0]] * len(shapes)
         self.requests += 1
         return self.worker.request(("evaluate", job), self.timeout_s)
 

@@ -1,0 +1,178 @@
+"""A variant's error held to the approved template's build at the same parameters, on the same
+inputs (verify.paired_error, verify.less_precise; the worker runs the approved build in every
+check round of a variant's verification).
+
+The class: a variant that computes less exactly with instructions no rule can name (a
+hand-made exp from integer bit tricks, a polynomial, an intermediate narrowed by shifts), and
+stays inside an error budget sized for torch's own rounding. Session 44's red team got a
+degree-2 exp (9e-3 relative) past moe-swiglu-cpu's budget in every trial; the budget alone
+cannot tell it from an exact kernel, the approved build on the same inputs can."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+import torch
+import yaml
+
+from runner.judge import verify
+from runner.judge.verify import NO_PAIRS, Paired, less_precise, paired_error
+
+from .conftest import PIPELINES, ROOT, pipe_main
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _rounded(ref: torch.Tensor, rel: float, seed: int) -> torch.Tensor:
+    """ref times (1 + e), e uniform in [-rel, rel], rounded once to bf16: a kernel whose work
+    before its output's rounding is off by up to `rel`."""
+    e = (torch.rand(ref.shape, dtype=torch.float64, generator=_gen(seed)) * 2 - 1) * rel
+    return (ref * (1 + e)).to(torch.bfloat16)
+
+
+@pytest.fixture
+def ref() -> torch.Tensor:
+    return torch.randn(200_000, dtype=torch.float64, generator=_gen(1)) * 3
+
+
+def test_an_approximation_inside_the_budget_is_less_precise_and_fp32_noise_is_not(ref):
+    approved = _rounded(ref, 1e-7, 2)  # fp32 work rounded once: rn(ref) but near a boundary
+    for rel, refused in ((1e-7, False), (2e-6, False), (8e-4, True), (9e-3, True)):
+        got = paired_error(_rounded(ref, rel, 3), approved, ref, torch.bfloat16)
+        assert got.n == ref.numel()
+        why = less_precise(got)
+        assert (why is not None) == refused, (rel, got, why)
+    # every element of the degree-3-like variant is within a unit of rn(ref): a budget of a
+    # unit or two passes it element by element
+    worst = (_rounded(ref, 8e-4, 3).double() - ref.to(torch.bfloat16).double()).abs()
+    assert float((worst / ref.to(torch.bfloat16).double().abs()).max()) <= 2 ** -7
+    why = less_precise(paired_error(_rounded(ref, 8e-4, 3), approved, ref, torch.bfloat16))
+    assert "less precise than the approved template's build" in why and "units of the output's rounding" in why
+
+
+def test_a_variant_more_precise_than_the_approved_build_passes(ref):
+    approved = _rounded(ref, 5e-3, 4)
+    got = paired_error(ref.to(torch.bfloat16), approved, ref, torch.bfloat16)
+    assert got.mine < got.theirs and less_precise(got) is None
+
+
+def test_the_margin_grows_with_the_approved_builds_own_error(ref):
+    """An approved build already off by a few tenths of a unit (torch's unfused rounding): a
+    variant as far off again passes, one much farther does not."""
+    approved = _rounded(ref, 2e-3, 5)
+    assert less_precise(paired_error(_rounded(ref, 2e-3, 6), approved, ref, torch.bfloat16)) is None
+    assert less_precise(paired_error(_rounded(ref, 2e-2, 6), approved, ref, torch.bfloat16)) is not None
+
+
+def test_what_the_paired_error_leaves_out(ref):
+    approved = _rounded(ref, 1e-7, 2)
+    bad = _rounded(ref, 9e-3, 3)
+    # wide outputs: an honest reordering moves an fp32 output by units of its own rounding
+    assert paired_error(bad.float(), approved.float(), ref, torch.float32) == NO_PAIRS
+    # too few elements for a verdict
+    small = paired_error(bad[:500], approved[:500], ref[:500], torch.bfloat16)
+    assert small.n == 500 and less_precise(small) is None
+    # non-finite outputs (the budget's to judge) and references below the normal range
+    nan = bad.clone()
+    nan[:1000] = float("nan")
+    assert paired_error(nan, approved, ref, torch.bfloat16).n == ref.numel() - 1000
+    tiny = ref.clone()
+    tiny[:10] = 1e-40
+    assert paired_error(bad, approved, tiny, torch.bfloat16).n == ref.numel() - 10
+    # sums add
+    a = paired_error(bad, approved, ref, torch.bfloat16)
+    assert (a + a) == Paired(2 * a.n, 2 * a.mine, 2 * a.theirs, 2 * a.sq)
+
+
+def test_an_output_larger_than_the_sample_is_paired_at_the_same_positions():
+    ref = torch.randn(verify.LEAN_SAMPLE + 4096, dtype=torch.float64, generator=_gen(7))
+    approved = ref.to(torch.bfloat16)
+    got = paired_error(approved.clone(), approved, ref, torch.bfloat16)
+    assert got.n <= verify.LEAN_SAMPLE and got.mine == got.theirs and got.sq == 0
+
+
+# pipe eval on moe-swiglu-cpu (bf16 output through SwiGLU; about 5 s a call)
+
+SILU = "acc[i][j] = g / (1.0f + std::exp(-g)) * up[i][j];"
+FEXP3 = """
+inline float fexp(float x) {  // exp as 2^n p(f), p of degree 3: about 8e-4 off, no libm call
+  const float x0 = x;
+  x = x < -87.0f ? -87.0f : (x > 87.0f ? 87.0f : x);
+  const float t = x * 1.44269504f;
+  const float n = (t + 12582912.0f) - 12582912.0f;
+  const float f = (t - n) * 0.69314718f;
+  const float p = 1.0f + f * (1.0f + f * (0.5f + f * 0.16666667f));
+  uint32_t u;
+  std::memcpy(&u, &p, sizeof u);
+  u += uint32_t(int32_t(n)) << 23;
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  r = x0 > 88.0f ? (1e38f * 1e38f) : r;
+  r = x0 < -87.0f ? 0.0f : r;
+  return r;
+}
+"""
+PARAMS = json.dumps({"MR": 2, "NR": 8})
+
+
+def _template() -> str:
+    tpl = (ROOT / "kernel_templates" / "moe_gemm.cpp.j2").read_text()
+    assert tpl.count(SILU) == 1 and tpl.count("namespace {\n") == 1 and "<cstring>" in tpl
+    return tpl
+
+
+def _details(run_dir) -> dict:
+    with sqlite3.connect(run_dir / "ledger.db") as c:
+        (row,) = c.execute("select details from trials").fetchall()
+    return json.loads(row[0])
+
+
+@pytest.mark.slow
+def test_a_hand_made_exp_is_refused_and_an_honest_rewrite_is_not(tmp_path, project):
+    spec = PIPELINES / "moe-swiglu-cpu.yaml"
+    tpl = _template()
+    fast = tpl.replace("namespace {\n", "namespace {\n" + FEXP3, 1).replace(SILU, SILU.replace("std::exp", "fexp"))
+    (project / "fexp3.cpp.j2").write_text(fast)
+    r = pipe_main("eval", spec, "--params", PARAMS, "--variant", project / "fexp3.cpp.j2",
+                  "--run-dir", tmp_path / "fexp3", "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "less precise than the approved template's build" in out, out[-3000:]
+    # the same silu in another order (a reciprocal, then a product): an fp32 rounding's difference
+    honest = tpl.replace(SILU, "acc[i][j] = up[i][j] * (g * (1.0f / (1.0f + std::exp(-g))));")
+    (project / "honest.cpp.j2").write_text(honest)
+    r = pipe_main("eval", spec, "--params", PARAMS, "--variant", project / "honest.cpp.j2",
+                  "--run-dir", tmp_path / "honest", "--json", cwd=project)
+    assert r.returncode == 0 and '"ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]
+    pr = _details(tmp_path / "honest")["precision"]
+    assert pr["n"] >= verify.LEAN_MIN and pr["mine"] - pr["approved"] < verify.PRECISION_MARGIN, pr
+    r = pipe_main("show", tmp_path / "honest", cwd=project)
+    assert "a variant's mean error" in r.stdout and "against the approved build's" in r.stdout, r.stdout
+    # the approved template itself: nothing to pair it with
+    r = pipe_main("eval", spec, "--params", PARAMS, "--run-dir", tmp_path / "approved", "--json", cwd=project)
+    assert r.returncode == 0 and '"ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert "precision" not in _details(tmp_path / "approved")
+
+
+@pytest.mark.slow
+def test_a_variant_where_the_approved_template_does_not_build_is_not_judged(tmp_path, project):
+    """No approved build at the variant's parameters: nothing to hold its error to, so the
+    variant is refused there (`unjudged_precision`) rather than judged by the budget alone."""
+    tpl = _template()
+    d = yaml.safe_load((PIPELINES / "moe-swiglu-cpu.yaml").read_text())
+    approved = project / "gap" / "moe_gemm.cpp.j2"  # (project/kernel_templates is the repo's own)
+    approved.parent.mkdir()
+    approved.write_text('{% if MR == 2 %}#error "the approved template stops at MR 2"\n{% endif %}' + tpl)
+    d["kernel"]["template"] = "../gap/moe_gemm.cpp.j2"
+    spec = project / "pipelines" / "moe-swiglu-gap.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    (project / "variant.cpp.j2").write_text(tpl)
+    r = pipe_main("eval", spec, "--params", PARAMS, "--variant", project / "variant.cpp.j2",
+                  "--run-dir", tmp_path / "gap", "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"forbidden"' in out and "unjudged_precision" in out and "does not compile" in out, out[-3000:]
+    r = pipe_main("eval", spec, "--params", json.dumps({"MR": 4, "NR": 8}), "--variant", project / "variant.cpp.j2",
+                  "--run-dir", tmp_path / "fine", "--json", cwd=project)
+    assert r.returncode == 0 and '"ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]

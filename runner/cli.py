@@ -48,6 +48,20 @@ def cmd_validate(a) -> int:
     return EXIT_INPUT if bad else EXIT_OK
 
 
+def cmd_hw(a) -> int:
+    from .spec import measure
+
+    if a.reps < 2:
+        raise PipeError(f"--reps {a.reps}: at least 2 timed calls a figure, for its quartiles")
+    if a.json:
+        writable(Path(a.json))
+    got = measure.measure(a.reps, a.profile)
+    print(measure.report(got))
+    if a.json:
+        Path(a.json).write_text(json.dumps(got, indent=2, default=str) + "\n")
+    return EXIT_OK
+
+
 def cmd_render(a) -> int:
     from .build import render
     from .spec.spec import parse_value
@@ -666,6 +680,13 @@ def parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("runs", help="list run folders with status and best")
     rs.add_argument("--root", default="runs", help="the folder holding run folders (default runs)")
     rs.set_defaults(fn=cmd_runs)
+    hw = sub.add_parser("hw", help="measure this GPU's copy and read bandwidth and bf16 matmul rate, for a "
+                                   "hardware profile (docs/commands.md)")
+    hw.add_argument("--profile", help="compare with this profile (a name under hw_profiles/ or a file; default: "
+                                      "pipe's profile whose device_name this GPU carries)")
+    hw.add_argument("--reps", type=int, default=20, help="timed calls per figure (default 20)")
+    hw.add_argument("--json", help="also write the figures to this file")
+    hw.set_defaults(fn=cmd_hw)
     s = sub.add_parser("show", help="a run's summary")
     s.add_argument("run", help="a run folder")
     s.add_argument("--json", action="store_true", help="the summary as JSON on stdout")

@@ -59,13 +59,16 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 
 def _times(torch, call, reps: int, warmup: int = 3) -> list[float]:
-    """Seconds of each of `reps` calls by CUDA events, after `warmup` untimed ones."""
+    """Seconds of each of `reps` calls by CUDA events, after `warmup` untimed ones; a device
+    spin queued ahead of the start event keeps the host's launch out of the figure (a 1 GiB
+    read takes some 300 us, the launch some 5)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000)
         start.record()
         call()
         end.record()

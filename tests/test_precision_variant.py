@@ -73,8 +73,9 @@ def test_what_the_paired_error_leaves_out(ref):
     # wide outputs: an honest reordering moves an fp32 output by units of its own rounding
     assert paired_error(bad.float(), approved.float(), ref, torch.float32) == NO_PAIRS
     # too few elements for a verdict
-    small = paired_error(bad[:500], approved[:500], ref[:500], torch.bfloat16)
-    assert small.n == 500 and less_precise(small) is None
+    small = paired_error(bad[:200], approved[:200], ref[:200], torch.bfloat16)
+    assert small.n == 200 < verify.PAIRED_MIN and less_precise(small) is None
+    assert less_precise(paired_error(bad[:400], approved[:400], ref[:400], torch.bfloat16)) is not None
     # non-finite outputs (the budget's to judge) and references below the normal range
     nan = bad.clone()
     nan[:1000] = float("nan")
@@ -176,3 +177,66 @@ def test_a_variant_where_the_approved_template_does_not_build_is_not_judged(tmp_
     r = pipe_main("eval", spec, "--params", json.dumps({"MR": 4, "NR": 8}), "--variant", project / "variant.cpp.j2",
                   "--run-dir", tmp_path / "fine", "--json", cwd=project)
     assert r.returncode == 0 and '"ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+RT = ROOT / "datasets" / "judge-redteam" / "s46-precision-rt"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant, where", [
+    # exact when the output holds a decoy (verification), a degree-3 exp when it holds its own
+    # marked output (every timed call): paired on the timed loop's checked calls
+    ("mark_fexp3", "timed calls: its checked calls' outputs: less precise"),
+    # a degree-2 exp at T = 1 only (384 elements a check round): judged on that shape's own rounds
+    ("T1_fexp2", "shape 1 {'T': 1}, its outputs over"),
+    # a degree-4 exp (6e-5 relative): inside the first margin, outside this one
+    ("always_fexp4", "less precise than the approved template's build"),
+])
+def test_the_red_teams_variants_are_refused(tmp_path, project, variant, where):
+    """Session 46's red team of the first version (datasets/judge-redteam/s46-precision-rt,
+    run.sh): each of these was `ok` in every run against it."""
+    r = pipe_main("eval", PIPELINES / "moe-swiglu-cpu.yaml", "--params", json.dumps({"MR": 1, "NR": 4}),
+                  "--variant", RT / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "less precise than the approved template's build" in out, out[-3000:]
+    if variant != "mark_fexp3":  # (its mark alone costs 0.0015, which verification may catch first)
+        assert where in out, out[-3000:]
+    else:
+        assert "timed calls" in out or "check rounds" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_kernel_exact_in_verification_only_is_paired_in_its_timed_calls(tmp_path, monkeypatch):
+    """The timed loop's checked calls are paired with the approved build too: a kernel built past
+    the rules (a call counter in a static) exact for its first shape's verification runs and a
+    degree-2 exp after them is `wrong` in that shape's timed calls, with verification's pairs
+    clean; the approved template itself in its place is `ok`, its timed pairs recorded."""
+    from .conftest import JudgeBench
+
+    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))
+    d = yaml.safe_load((PIPELINES / "moe-swiglu-cpu.yaml").read_text())
+    checks = d["runtime"]["checks"]
+    tpl = _template()
+    fexp2 = FEXP3.replace(" + f * (0.5f + f * 0.16666667f)", " + f * 0.5f")  # degree 2: 9e-3 off
+    assert fexp2 != FEXP3
+    late = (tpl.replace("namespace {\n", "namespace {\n" + fexp2 + "long calls = 0;\nbool late = false;\n", 1)
+            .replace(SILU, "acc[i][j] = g / (1.0f + (late ? fexp(-g) : std::exp(-g))) * up[i][j];"))
+    entry = late.index('extern "C" void moe_gemm_cpu(')
+    body = late.index("{", late.index(")", entry)) + 1
+    late = late[:body] + f"\n  late = ++calls > {2 * checks};" + late[body:]
+    text = "{% set MR = 2 %}{% set NR = 8 %}{% if HACK == 'late' %}" + late + "{% else %}" + tpl + "{% endif %}"
+    d["kernel"]["template"] = str(tmp_path / "moe_hack.cpp.j2")
+    d["search"] = {"params": {"HACK": ["honest", "late"]}}
+    d.pop("agent", None)
+    bench = JudgeBench(tmp_path, "moe_hack.cpp.j2", text, "moe-hack.yaml", yaml.safe_dump(d, sort_keys=False))
+    try:
+        honest = bench.build_unchecked("honest")
+        got = bench.worker.request(("evaluate", {**bench.job("late", 7), "approved": honest}), 120)
+        assert got["status"] == "wrong", got
+        assert "shape 0 {'T': 16}, timed calls: its checked calls' outputs: less precise" in got["reason"], got
+        ok = bench.worker.request(("evaluate", {**bench.job("honest", 7), "approved": honest}), 120)
+        assert ok["status"] == "ok", ok
+        timed = ok["precision"]["timed"]
+        assert timed["n"] >= verify.PAIRED_MIN and timed["mine"] == timed["approved"], ok["precision"]
+    finally:
+        bench.close()

@@ -444,13 +444,16 @@ def widest_lean(leans) -> Lean | None:
 # rounding; it cannot stay as precise as the build it replaces.
 # The variant's mean |error| may exceed the approved build's by PRECISION_MARGIN units of the
 # output's rounding plus PRECISION_SHARE of the approved build's own, and must exceed it by
-# PRECISION_SIGMAS standard errors of the paired difference to count. An output rounded to
-# nearest from fp32 work is rn(ref) but near a rounding boundary: about 0.007 units on
-# moe-swiglu-cpu; a reordered fp32 sum moves that by far less than the margin, a degree-3
-# exp (8e-4 relative) adds 0.012, a degree-2 one (9e-3) 0.15.
-PRECISION_MARGIN = 0.005
-PRECISION_SHARE = 0.5
+# PRECISION_SIGMAS standard errors of the paired difference, over PAIRED_MIN elements or more,
+# to count. An output rounded to nearest from fp32 work is rn(ref) but near a rounding
+# boundary: about 0.007 units on moe-swiglu-cpu, 0.0001 on softmax-h200; an fp32 rounding more
+# or less moves that by some 1e-5, a reordered sum by nothing on average (session 46's honest
+# rewrites: 0.0000 to 0.0001), while a degree-4 exp (6e-5 relative, 500 times expf's error)
+# adds 0.002, a degree-3 one (8e-4) 0.012, a degree-2 one (9e-3) 0.15.
+PRECISION_MARGIN = 0.001
+PRECISION_SHARE = 0.1
 PRECISION_SIGMAS = 6.0
+PAIRED_MIN = 256  # a paired test's spread comes from its own pairs: a shape of one token's rows is enough
 
 
 class Paired(NamedTuple):
@@ -505,8 +508,8 @@ def less_precise(got: Paired) -> str | None:
     """The verdict on a variant's paired error: why it is less precise than the approved
     build (its mean |error| above the approved build's by more than PRECISION_MARGIN units plus
     PRECISION_SHARE of the approved build's, and by more than PRECISION_SIGMAS standard errors
-    of the paired difference, over LEAN_MIN elements or more), or None."""
-    if got.n < LEAN_MIN:
+    of the paired difference, over PAIRED_MIN elements or more), or None."""
+    if got.n < PAIRED_MIN:
         return None
     diff = (got.mine - got.theirs) / got.n
     var = max(got.sq / got.n - diff * diff, 0.0)

@@ -399,7 +399,9 @@ class Judge:
 
         shapes_out = []
         pool: list = []  # the leans of verification's outputs (verify.lean), for the record
-        pairs = NO_PAIRS  # a variant's error against the approved build's (verify.paired_error)
+        # a variant's error against the approved build's (verify.paired_error): verification's
+        # checked runs, and the timed loops' checked calls, each pooled over the shapes so far
+        pairs = timed_pairs = NO_PAIRS
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -432,6 +434,7 @@ class Judge:
             run = None
             mode = self._mode(shape)
             shape_pool: list = []  # the leans of this shape's outputs (verify.lean)
+            shape_pairs = NO_PAIRS  # this shape's verification pairs (verify.paired_error)
             for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them;
                 # verification's values (never an input's `timed` override)
@@ -479,8 +482,10 @@ class Judge:
                     why = self._settle(taken[which], refs, [d[which] for d in decoys])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
-                if fn_approved is not None:
-                    pairs = pairs + self._paired(fn_approved, shape, pristine, geometry, mode, taken[0], refs)
+                if fn_approved is not None:  # both runs: each found a decoy in the output
+                    for t in taken:
+                        shape_pairs = shape_pairs + self._paired(fn_approved, shape, pristine, geometry, mode, t,
+                                                                 refs)
                 mine = [x for _, b in refs for x in getattr(b, "leans", ())]
                 pool.extend(mine)
                 shape_pool.extend(mine)
@@ -498,15 +503,22 @@ class Judge:
             if leans_too_far(pooled):
                 return {"status": "wrong", "reason": f"{label}, its outputs over {checks} check rounds taken "
                         "together: " + lean_text(pooled, "their error")}
-            why = less_precise(pairs)  # over every shape verified so far
+            pairs = pairs + shape_pairs
+            why = less_precise(shape_pairs)
             if why:
-                return {"status": "wrong", "reason": f"verification up to {label}: {why}"}
+                return {"status": "wrong", "reason": f"{label}, its outputs over {checks} check rounds: {why}"}
+            why = less_precise(pairs)
+            if why:
+                return {"status": "wrong", "reason": f"verification up to {label}, every shape's outputs: {why}"}
             t1 = clock()
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
                 continue
-            why, times = self._time_checked(job, si, shape, inputs, run, outs, phases, ws)
+            held_to = None if fn_approved is None else (fn_approved, geometry, mode)
+            why, times, got = self._time_checked(job, si, shape, inputs, run, outs, phases, ws, held_to)
             phases["time_s"] += clock() - t1
+            timed_pairs = timed_pairs + got
+            why = why or less_precise(timed_pairs)
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
@@ -522,6 +534,10 @@ class Judge:
         if pairs.n:  # mean |error| in units of the output's rounding, the variant's and the approved build's
             out["precision"] = {"mine": round(pairs.mine / pairs.n, 4), "approved": round(pairs.theirs / pairs.n, 4),
                                 "n": pairs.n}
+            if timed_pairs.n:  # the same over the timed loops' checked calls
+                out["precision"]["timed"] = {"mine": round(timed_pairs.mine / timed_pairs.n, 4),
+                                             "approved": round(timed_pairs.theirs / timed_pairs.n, 4),
+                                             "n": timed_pairs.n}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
             out["batch_invariance"] = {
@@ -538,7 +554,8 @@ class Judge:
         from .inputs import TORCH_DTYPES
         from .verify import NO_PAIRS, paired_error
 
-        inputs = self._shared(pristine)  # (nothing reads them after this: the references are made)
+        # an in-place op's build writes its inputs: a copy, so the caller's values stay as made
+        inputs = self._shared({k: v.clone() for k, v in pristine.items()} if self.op.in_place else pristine)
         outs = self._outputs(shape)
         ws = self._workspace(geometry)
         self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)()
@@ -631,8 +648,9 @@ class Judge:
                              f"row {f['row']} of the full batch ({f['diff']}); {len(found)} such rows")
         return None
 
-    def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=()):
-        """Time `run` while two value sets take turns in the input buffers.
+    def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=(), held_to=None):
+        """Time `run` while two value sets take turns in the input buffers: (why it failed or
+        None, the times, the checked calls' pairs with the approved build's outputs).
 
         The value sets are the timed calls' (an input's `timed` override: every sequence
         at its full length, say), copied into the buffers verification used; the first
@@ -652,7 +670,26 @@ class Judge:
         The scratch buffers (`ws`) are the verification's, never zeroed again: each checked
         call must leave them zero, and every timed call's scratch is sampled as it returns
         (outside the timed region) at secret positions that must all be zero too.
+
+        A variant's (`held_to`: the approved build's callable, geometry and mode): once its checked
+        calls are right, the approved build runs on each one's inputs made again, and each checked
+        output is paired with its output (verify.paired_error; judged on this shape here, and by
+        the caller over the shapes so far). A checked timed call finds the kernel's own output in
+        the buffer, as every timed call does, where verification's find a decoy: a variant exact
+        only when it finds a decoy is paired here as the timed calls run.
         """
+        from .verify import NO_PAIRS, less_precise
+
+        got = [NO_PAIRS]
+        why, times = self._time_checked_loop(job, si, shape, inputs, run, outs, phases, ws, held_to, got)
+        if not why and got[0].n:
+            why = less_precise(got[0])
+            if why:
+                why = f"its checked calls' outputs: {why}"
+        return why, times, got[0]
+
+    def _time_checked_loop(self, job, si, shape, inputs, run, outs, phases, ws, held_to, got):
+        """_time_checked's loop and checks; the checked calls' pairs are added into got[0]."""
         clock = time.perf_counter
         t0 = clock()
         # the timed calls' values (an input's `timed` override), in verification's buffers
@@ -754,6 +791,12 @@ class Judge:
                         why = f"a checked timed call, its inputs salted (elements replaced at secret positions): {why}"
             if why:
                 break
+            if held_to is not None:  # every reference of set k is made: the approved build's turn
+                fn, geo, mode = held_to
+                for kk, salt, t in taken:
+                    if kk == k:
+                        got[0] = got[0] + self._paired(fn, shape, _salted(pristine, salt), geo, mode, t,
+                                                       of(salt) if salt else refs)
         checking[0] += clock() - c0
         phases["time_check_s"] += checking[0]
         return why, times

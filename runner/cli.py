@@ -478,7 +478,9 @@ def cmd_show(a) -> int:
         if b.get("precision"):  # a variant's: its mean |error| against the approved build's, same inputs
             pr = b["precision"]
             print(f"  a variant's mean error {pr['mine']:.4f} units of the output's rounding against the approved "
-                  f"build's {pr['approved']:.4f} on the same inputs ({pr['n']} elements)")
+                  f"build's {pr['approved']:.4f} on the same inputs ({pr['n']} elements)"
+                  + (f"; in its checked timed calls {pr['timed']['mine']:.4f} against {pr['timed']['approved']:.4f} "
+                     f"({pr['timed']['n']})" if pr.get("timed") else ""))
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line
 

@@ -483,9 +483,7 @@ class Judge:
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
                 if fn_approved is not None:  # both runs: each found a decoy in the output
-                    for t in taken:
-                        shape_pairs = shape_pairs + self._paired(fn_approved, shape, pristine, geometry, mode, t,
-                                                                 refs)
+                    shape_pairs = shape_pairs + self._paired(fn_approved, shape, pristine, geometry, mode, taken, refs)
                 mine = [x for _, b in refs for x in getattr(b, "leans", ())]
                 pool.extend(mine)
                 shape_pool.extend(mine)
@@ -546,11 +544,11 @@ class Judge:
                 **({"rows_differing": inv["rows_differing"]} if inv["rows_differing"] else {})}
         return out
 
-    def _paired(self, fn, shape: dict, pristine: dict, geometry, mode, taken: dict, refs: list):
-        """The approved template's build (`fn`, at the variant's parameters) run once on the check
-        round's inputs made again from their seed, in buffers of its own, and each narrow output
-        of the variant's first run (`taken`) paired with it element by element against the
-        reference (verify.paired_error, summed over the outputs)."""
+    def _paired(self, fn, shape: dict, pristine: dict, geometry, mode, taken: list, refs: list):
+        """The approved template's build (`fn`, at the variant's parameters) run once on one value
+        set's inputs made again from their seed, in buffers of its own, and each narrow output of
+        each of the variant's snapshots on that set (`taken`) paired with it element by element
+        against the reference (verify.paired_error, summed over the outputs and snapshots)."""
         from .inputs import TORCH_DTYPES
         from .verify import NO_PAIRS, paired_error
 
@@ -561,8 +559,9 @@ class Judge:
         self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)()
         self.rt.sync()
         got = NO_PAIRS
-        for t, o, snap, (r, _) in zip(self.op.outputs, outs, taken["snaps"], refs):
-            got = got + paired_error(snap.data, o.view, r, TORCH_DTYPES[t.dtype])
+        for one in taken:
+            for t, o, snap, (r, _) in zip(self.op.outputs, outs, one["snaps"], refs):
+                got = got + paired_error(snap.data, o.view, r, TORCH_DTYPES[t.dtype])
         return got
 
     def _sub_batches(self, plan: dict, shape: dict, fn, inputs: dict, full: dict, decoys: list, seed: int,
@@ -793,10 +792,13 @@ class Judge:
                 break
             if held_to is not None:  # every reference of set k is made: the approved build's turn
                 fn, geo, mode = held_to
+                by_salt: dict = {}  # the checked calls on set k, by their salt: one approved run each
                 for kk, salt, t in taken:
                     if kk == k:
-                        got[0] = got[0] + self._paired(fn, shape, _salted(pristine, salt), geo, mode, t,
-                                                       of(salt) if salt else refs)
+                        by_salt.setdefault(id(salt), (salt, []))[1].append(t)
+                for salt, ts in by_salt.values():
+                    got[0] = got[0] + self._paired(fn, shape, _salted(pristine, salt), geo, mode, ts,
+                                                   of(salt) if salt else refs)
         checking[0] += clock() - c0
         phases["time_check_s"] += checking[0]
         return why, times

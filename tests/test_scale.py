@@ -335,3 +335,17 @@ def test_slots_that_cannot_start_leave_no_stub_run_folder(tmp_path, monkeypatch)
     (mine / "notes.txt").write_text("the user's")
     r = pipe_main("run", "pipelines/rmsnorm-cpu.yaml", "--workers", "2", "--run-dir", str(mine), cwd=ROOT)
     assert r.returncode == 2 and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_a_ray_slot_ships_a_variants_approved_build_with_its_artifacts():
+    """A variant's evaluate job names the approved template's build (`approved`), which the
+    worker runs beside it: a remote slot copies those files too and rewrites both lists."""
+    from runner.scale.ray_slots import artifact_paths, rewrite
+
+    job = {"seed": 1, "artifacts": ["/a/v0.so", "/a/v0.so"], "approved": ["/a/ok.so", "/a/ok.so"], "geometry": []}
+    assert artifact_paths(("evaluate", job)) == ["/a/v0.so", "/a/ok.so"]
+    kind, got = rewrite(("evaluate", job), {"/a/v0.so": "/r/v0.so", "/a/ok.so": "/r/ok.so"})[:2]
+    assert kind == "evaluate" and got["artifacts"] == ["/r/v0.so"] * 2 and got["approved"] == ["/r/ok.so"] * 2
+    plain = {"seed": 1, "artifacts": ["/a/p.so"], "geometry": []}  # the approved template's own trial
+    assert artifact_paths(("evaluate", plain)) == ["/a/p.so"]
+    assert "approved" not in rewrite(("evaluate", plain), {"/a/p.so": "/r/p.so"})[1]

@@ -85,7 +85,7 @@ def test_what_the_paired_error_leaves_out(ref):
     assert paired_error(bad, approved, tiny, torch.bfloat16).n == ref.numel() - 10
     # sums add
     a = paired_error(bad, approved, ref, torch.bfloat16)
-    assert (a + a) == Paired(2 * a.n, 2 * a.mine, 2 * a.theirs, 2 * a.sq)
+    assert (a + a) == Paired(*(2 * x for x in a)) and a.n_near <= a.n
 
 
 def test_an_output_larger_than_the_sample_is_paired_at_the_same_positions():
@@ -240,3 +240,21 @@ def test_a_kernel_exact_in_verification_only_is_paired_in_its_timed_calls(tmp_pa
         assert timed["n"] >= verify.PAIRED_MIN and timed["mine"] == timed["approved"], ok["precision"]
     finally:
         bench.close()
+
+
+def test_credit_from_the_approved_builds_gross_failures_buys_no_approximation(ref):
+    """An approved build grossly off on a share of elements (an overflow to 0 where the reference
+    is normal: 2 units, clipped) and exact elsewhere; a variant that fixes those elements and is
+    off by an approximation everywhere else has a lower mean over all pairs, and is refused over
+    the elements where both are within a unit (session 46's second red team, fixneg_mm3)."""
+    rn = ref.to(torch.bfloat16)
+    approved = rn.clone()
+    approved[::100] = 0  # 1% of the elements: the approved build's overflow
+    variant = _rounded(ref, 2e-4, 8)  # every element off by up to 2e-4 before its rounding
+    got = paired_error(variant, approved, ref, torch.bfloat16)
+    assert got.mine < got.theirs  # the whole pool alone gives the credit
+    assert got.n_near < got.n and got.theirs_near == 0
+    why = less_precise(got)
+    assert why is not None and "where both are within a unit of it" in why
+    # the same fix with an exact rest passes
+    assert less_precise(paired_error(rn.clone(), approved, ref, torch.bfloat16)) is None

@@ -459,14 +459,19 @@ PAIRED_MIN = 256  # a paired test's spread comes from its own pairs: a shape of 
 class Paired(NamedTuple):
     """Sums over elements paired by position (`paired_error`): their count, the variant's
     |error| and the approved build's (units of the output's rounding, clipped to +-LEAN_CLIP),
-    and the squares of their difference."""
+    and the squares of their difference; then the same over the elements where both are within
+    a unit (`near`: where neither build is grossly off)."""
     n: int
     mine: float
     theirs: float
     sq: float
+    n_near: int = 0
+    mine_near: float = 0.0
+    theirs_near: float = 0.0
+    sq_near: float = 0.0
 
     def __add__(self, o: "Paired") -> "Paired":  # type: ignore[override]
-        return Paired(self.n + o.n, self.mine + o.mine, self.theirs + o.theirs, self.sq + o.sq)
+        return Paired(*(a + b for a, b in zip(self, o)))
 
 
 NO_PAIRS = Paired(0, 0.0, 0.0, 0.0)
@@ -501,26 +506,37 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
     unit = torch.ldexp(torch.ones_like(rn), e - 1 - p)
     dm = (o - rn).abs_().div_(unit).clamp_(max=LEAN_CLIP)
     da = (a - rn).abs_().div_(unit).clamp_(max=LEAN_CLIP)
-    return Paired(n, float(dm.sum()), float(da.sum()), float((dm - da).square_().sum()))
+    near = (dm <= 1) & (da <= 1)
+    nm, na = dm[near], da[near]
+    return Paired(n, float(dm.sum()), float(da.sum()), float((dm - da).square_().sum()),
+                  int(nm.numel()), float(nm.sum()), float(na.sum()), float((nm - na).square_().sum()))
 
 
 def less_precise(got: Paired) -> str | None:
     """The verdict on a variant's paired error: why it is less precise than the approved
-    build (its mean |error| above the approved build's by more than PRECISION_MARGIN units plus
-    PRECISION_SHARE of the approved build's, and by more than PRECISION_SIGMAS standard errors
-    of the paired difference, over PAIRED_MIN elements or more), or None."""
-    if got.n < PAIRED_MIN:
-        return None
-    diff = (got.mine - got.theirs) / got.n
-    var = max(got.sq / got.n - diff * diff, 0.0)
-    se = math.sqrt(var / got.n)
-    if diff <= PRECISION_MARGIN + PRECISION_SHARE * got.theirs / got.n or diff <= PRECISION_SIGMAS * se:
-        return None
-    return (f"less precise than the approved template's build at the same parameters, on the same inputs: "
-            f"its mean error is {got.mine / got.n:.3f} units of the output's rounding against the approved "
-            f"build's {got.theirs / got.n:.3f} (difference {diff:+.3f}, standard error {se:.3f}, over {got.n} "
-            f"elements paired by position); a variant may change how the work is done, not how exactly (an "
-            f"approximation or a narrowed intermediate, in any instructions)")
+    build, or None. Less precise: its mean |error| above the approved build's by more than
+    PRECISION_MARGIN units plus PRECISION_SHARE of the approved build's, and by more than
+    PRECISION_SIGMAS standard errors of the paired difference, over PAIRED_MIN elements or
+    more; over all paired elements, or over those where both builds are within a unit. The
+    second takes away the credit of the approved build's gross failures (an overflow to 0 where
+    the reference is normal, clipped at 2 units): a variant that fixes them may not spend what
+    it gains there on an approximation everywhere else (session 46's second red team)."""
+    for n, mine, theirs, sq, what in ((got.n, got.mine, got.theirs, got.sq, ""),
+                                      (got.n_near, got.mine_near, got.theirs_near, got.sq_near,
+                                       " where both are within a unit of it")):
+        if n < PAIRED_MIN:
+            continue
+        diff = (mine - theirs) / n
+        var = max(sq / n - diff * diff, 0.0)
+        se = math.sqrt(var / n)
+        if diff <= PRECISION_MARGIN + PRECISION_SHARE * theirs / n or diff <= PRECISION_SIGMAS * se:
+            continue
+        return (f"less precise than the approved template's build at the same parameters, on the same inputs"
+                f"{what}: its mean error is {mine / n:.4f} units of the output's rounding against the approved "
+                f"build's {theirs / n:.4f} (difference {diff:+.4f}, standard error {se:.4f}, over {n} elements "
+                f"paired by position); a variant may change how the work is done, not how exactly (an "
+                f"approximation or a narrowed intermediate, in any instructions)")
+    return None
 
 
 def _rms(t: torch.Tensor) -> float:

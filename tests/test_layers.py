@@ -15,7 +15,7 @@ LAYERS = [
     ("build", ("runner.build",)),  # render, forbid, ptx, backends, builder
     ("ledger", ("runner.ledger",)),  # ledger, run folder, provenance, summary
     ("judge", ("runner.judge",)),  # inputs, verify, timing, sandbox, worker, evaluator, reuse
-    ("spec", ("runner.spec",)),  # yamlsrc, schema, hw, the spec checker
+    ("spec", ("runner.spec",)),  # yamlsrc, schema, hw, the spec checker, measure (pipe hw)
     ("ship", ("runner.ship",)),  # compare, dispatch, export, report, rundata
     ("scale", ("runner.scale",)),  # slots (judge workers on cores, GPUs, Ray actors), the pool
     ("top", ("runner.loop", "runner.progress", "runner.cli", "runner.__main__")),
@@ -100,7 +100,7 @@ def test_cli_only_parses_and_dispatches():
     few modules."""
     path = PACKAGE / "cli.py"
     targets = {t for _, t in imports(path, "runner.cli")}
-    assert len(targets) <= 13, sorted(targets)
+    assert len(targets) <= 14, sorted(targets)  # 14 with spec.measure, `pipe hw`'s room function
 
 
 def test_the_architecture_page_names_every_room():

@@ -258,3 +258,33 @@ def test_credit_from_the_approved_builds_gross_failures_buys_no_approximation(re
     assert why is not None and "where both are within a unit of it" in why
     # the same fix with an exact rest passes
     assert less_precise(paired_error(rn.clone(), approved, ref, torch.bfloat16)) is None
+
+
+SUMS = """      for (int64_t j = 0; j < {{ NR }}; ++j) acc[i][j] += a[i] * b[j];
+  }
+}"""
+
+
+@pytest.mark.slow
+def test_partial_sums_narrowed_by_integers_are_refused_on_the_plain_gemm(tmp_path, project):
+    """moe-cpu (the GEMM budget, no SwiGLU): the fp32 partial sums cut to 14 mantissa bits every 16
+    steps of K, to nearest, by integer arithmetic (no conversion for the compiled-code readers, no
+    lean): inside the GEMM budget, and less precise than the approved build on the same inputs."""
+    tpl = (ROOT / "kernel_templates" / "moe_gemm.cpp.j2").read_text()
+    assert tpl.count(SUMS) == 1
+    cut = tpl.replace(SUMS, SUMS.replace("  }\n}", """    if ((k & 15) == 15)
+      for (int64_t i = 0; i < {{ MR }}; ++i)
+        for (int64_t j = 0; j < {{ NR }}; ++j) {
+          uint32_t u;
+          std::memcpy(&u, &acc[i][j], 4);
+          u = (u + 0x100u) & ~0x1ffu;
+          std::memcpy(&acc[i][j], &u, 4);
+        }
+  }
+}"""))
+    assert cut != tpl
+    (project / "cut.cpp.j2").write_text(cut)
+    r = pipe_main("eval", PIPELINES / "moe-cpu.yaml", "--params", PARAMS, "--variant", project / "cut.cpp.j2",
+                  "--run-dir", tmp_path / "cut", "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "less precise than the approved template's build" in out, out[-3000:]

@@ -7,6 +7,8 @@
 #   py:SCRIPT[:ARGS]        python3 SCRIPT ARGS, output appended to $OUT/NAME.txt (NAME: the script's; ARGS as for run;
 #                           the text "OUT/" in ARGS becomes the results folder)
 #   suite                   the whole test suite
+#   hw[:ARGS]               pipe hw ARGS (commas for spaces): the GPU's copy, read and bf16 figures beside its
+#                           profile's, into $OUT/hw/hw.txt and hw.json
 #   run:SPEC[:ARGS[:TAG]]   pipe run SPEC into /tmp/runs/NAME (NAME: the spec's, plus TAG; ARGS: extra pipe run options,
 #                           commas for spaces and + for commas, e.g. run:pipelines/softmax-h200.yaml:--max-trials,40
 #                           or record:pipelines/softmax-h200.yaml:--only,EPT=16+32:-small)
@@ -84,6 +86,9 @@ for w in "$@"; do
       "$NCU" -i "$OUT/$n.ncu-rep" --page details >> "$OUT/ncu-$n.txt" 2>&1
       "$NCU" -i "$OUT/$n.ncu-rep" --print-nvtx-rename kernel --print-summary per-kernel >> "$OUT/ncu-$n.txt" 2>&1 ;;
     suite) python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/suite.log" ;;
+    # pipe hw: this GPU's copy, read and bf16 figures beside its profile's (hw[:ARGS], e.g. hw:--reps,30)
+    hw) mkdir -p "$OUT/hw"; args=${arg//,/ }; args=${args//+/,}
+        python3 -m runner.cli hw $args --json "$OUT/hw/hw.json" 2>&1 | tee "$OUT/hw/hw.txt" ;;
     run|record)
       name=$(basename "$arg" .yaml)$tag; d="$OUT/$name"; mkdir -p "$d"; RUN=/tmp/runs/$name
       if [ "$kind" = run ]; then

@@ -21,6 +21,11 @@ from runner.judge.verify import NO_PAIRS, Paired, less_precise, paired_error
 
 from .conftest import PIPELINES, ROOT, pipe_main
 
+# The pipe eval tests below run two kernel hosts a trial and g++ builds: on the xdist worker that
+# runs test_judge_cpu's timing tests (its module's group), after them or before them, never beside
+# them on a two-core machine, where they made the slowed kernel's figures flake
+SERIAL = pytest.mark.xdist_group("tests.test_judge_cpu")
+
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -132,6 +137,7 @@ def _details(run_dir) -> dict:
 
 
 @pytest.mark.slow
+@SERIAL
 def test_a_hand_made_exp_is_refused_and_an_honest_rewrite_is_not(tmp_path, project):
     spec = PIPELINES / "moe-swiglu-cpu.yaml"
     tpl = _template()
@@ -158,6 +164,7 @@ def test_a_hand_made_exp_is_refused_and_an_honest_rewrite_is_not(tmp_path, proje
 
 
 @pytest.mark.slow
+@SERIAL
 def test_a_variant_where_the_approved_template_does_not_build_is_not_judged(tmp_path, project):
     """No approved build at the variant's parameters: nothing to hold its error to, so the
     variant is refused there (`unjudged_precision`) rather than judged by the budget alone."""
@@ -183,6 +190,7 @@ RT = ROOT / "datasets" / "judge-redteam" / "s46-precision-rt"
 
 
 @pytest.mark.slow
+@SERIAL
 @pytest.mark.parametrize("variant, where", [
     # exact when the output holds a decoy (verification), a degree-3 exp when it holds its own
     # marked output (every timed call): paired on the timed loop's checked calls
@@ -206,6 +214,7 @@ def test_the_red_teams_variants_are_refused(tmp_path, project, variant, where):
 
 
 @pytest.mark.slow
+@SERIAL
 def test_a_kernel_exact_in_verification_only_is_paired_in_its_timed_calls(tmp_path, monkeypatch):
     """The timed loop's checked calls are paired with the approved build too: a kernel built past
     the rules (a call counter in a static) exact for its first shape's verification runs and a
@@ -266,6 +275,7 @@ SUMS = """      for (int64_t j = 0; j < {{ NR }}; ++j) acc[i][j] += a[i] * b[j];
 
 
 @pytest.mark.slow
+@SERIAL
 def test_partial_sums_narrowed_by_integers_are_refused_on_the_plain_gemm(tmp_path, project):
     """moe-cpu (the GEMM budget, no SwiGLU): the fp32 partial sums cut to 14 mantissa bits every 16
     steps of K, to nearest, by integer arithmetic (no conversion for the compiled-code readers, no

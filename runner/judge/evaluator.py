@@ -172,8 +172,6 @@ class Evaluator:
         # Fresh, unpredictable input seeds for every trial (recorded, so a verdict can be replayed).
         trial.details["seed"] = seed = secrets.randbits(48)
         job = {"seed": seed, "artifacts": artifacts, "geometry": geometry}
-        if approved is not None:
-            job["approved"] = approved if plan is None else [approved[0]] * len(sp.op.all_shapes)
         if plan is not None:
             # the listed and tuning shapes it serves, timed; its extra shapes and shapes drawn
             # from the domain in secret (after the build), verified
@@ -187,10 +185,10 @@ class Evaluator:
                 return done("render_error", f"launch geometry at a domain shape: {e}")
             job.update(shapes=shapes_job + draws, n_timed=len(timed_idx), geometry=geometry,
                        artifacts=[artifacts[0]] * (len(shapes_job) + len(draws)))
-            if approved is not None:
-                job["approved"] = [approved[0]] * (len(shapes_job) + len(draws))
             trial.details["served"] = timed_idx
             trial.details["domain_checks"] = draws
+        if approved is not None:  # with op.domain one binary serves every shape, the approved one too
+            job["approved"] = approved if plan is None else [approved[0]] * len(job["artifacts"])
         if sp.op.batch_axis:
             why = self._invariance(trial, params, job)
             if why:

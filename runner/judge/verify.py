@@ -365,30 +365,45 @@ def lean(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Lean |
     readers to count). Against rn(ref), and not ref, rows of one repeated value (whose outputs
     share one rounding error, a fraction of a unit either way) lean by nothing. The clip bounds
     what elements with heavy cancellation add (many units of a small answer, either way)."""
-    if out_dtype not in NORMAL_MIN or not out.is_floating_point():
+    got = _against_rn(out_dtype, ref, out)
+    if got is None:
         return None
-    p = FLOAT_INFO[out_dtype][0]
-    o, r = out.detach().reshape(-1), ref.detach().reshape(-1)
-    if o.numel() != r.numel():
-        return None
-    if o.numel() > LEAN_SAMPLE:
-        g = torch.Generator().manual_seed(secrets.randbits(63))
-        idx = torch.randint(0, o.numel(), (LEAN_SAMPLE,), generator=g).to(o.device)
-        o, r = o.index_select(0, idx), r.index_select(0, idx)
-    rn = r.to(out_dtype).to(torch.float64)
-    o = o.to(torch.float64)
-    keep = torch.isfinite(o) & torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
-    r, rn, o = r[keep], rn[keep], o[keep]
+    r, rn, unit, (o,) = got
     n = rn.numel()
-    if n == 0:
-        return None
-    _, e = torch.frexp(rn)  # rn = m 2^e, 1/2 <= |m| < 1: the output's spacing there is 2^(e - 1 - p)
     d = o.sub_(rn)
     off = float(torch.count_nonzero(d)) / n
-    d = d.mul_(torch.sign(r.to(torch.float64))).div_(torch.ldexp(torch.ones_like(rn), e - 1 - p))
+    d = d.mul_(torch.sign(r.to(torch.float64))).div_(unit)
     d = d.clamp_(-LEAN_CLIP, LEAN_CLIP)
     se = float(d.std()) / math.sqrt(n) if n > 1 else float("inf")
     return Lean(float(d.mean()), se, n, off)
+
+
+def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
+    """(ref, rn(ref), the output's spacing at rn(ref), each of `outs`), flat, the outputs and
+    rn(ref) in float64, at the same up to LEAN_SAMPLE positions drawn from `secrets`, where every
+    output and rn(ref) is finite and rn(ref) of normal size: what `lean` and `paired_error` judge.
+    None for an output dtype wider than 16 bits, sizes that differ, or no element left."""
+    if out_dtype not in NORMAL_MIN or not all(o.is_floating_point() for o in outs):
+        return None
+    p = FLOAT_INFO[out_dtype][0]
+    r = ref.detach().reshape(-1)
+    flat = [o.detach().reshape(-1) for o in outs]
+    if any(o.numel() != r.numel() for o in flat):
+        return None
+    if r.numel() > LEAN_SAMPLE:
+        g = torch.Generator().manual_seed(secrets.randbits(63))
+        idx = torch.randint(0, r.numel(), (LEAN_SAMPLE,), generator=g).to(r.device)
+        r, flat = r.index_select(0, idx), [o.index_select(0, idx) for o in flat]
+    rn = r.to(out_dtype).to(torch.float64)
+    flat = [o.to(torch.float64) for o in flat]
+    keep = torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
+    for o in flat:
+        keep &= torch.isfinite(o)
+    r, rn, flat = r[keep], rn[keep], [o[keep] for o in flat]
+    if rn.numel() == 0:
+        return None
+    _, e = torch.frexp(rn)  # rn = m 2^e, 1/2 <= |m| < 1: the output's spacing there is 2^(e - 1 - p)
+    return r, rn, torch.ldexp(torch.ones_like(rn), e - 1 - p), flat
 
 
 def leans_too_far(got: Lean | None) -> bool:
@@ -485,25 +500,11 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
     output or the reference is not finite, or the reference is below the dtype's normal range,
     are left out. NO_PAIRS for an output dtype wider than 16 bits (its own rounding no longer
     dominates an honest error: a reordered fp32 sum moves it by units)."""
-    if out_dtype not in NORMAL_MIN or not out.is_floating_point():
+    got = _against_rn(out_dtype, ref, out, approved)
+    if got is None:
         return NO_PAIRS
-    p = FLOAT_INFO[out_dtype][0]
-    o, a, r = (t.detach().reshape(-1) for t in (out, approved, ref))
-    if not o.numel() == a.numel() == r.numel():
-        return NO_PAIRS
-    if o.numel() > LEAN_SAMPLE:
-        g = torch.Generator().manual_seed(secrets.randbits(63))
-        idx = torch.randint(0, o.numel(), (LEAN_SAMPLE,), generator=g).to(o.device)
-        o, a, r = o.index_select(0, idx), a.index_select(0, idx), r.index_select(0, idx)
-    rn = r.to(out_dtype).to(torch.float64)
-    o, a = o.to(torch.float64), a.to(torch.float64)
-    keep = torch.isfinite(o) & torch.isfinite(a) & torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
-    rn, o, a = rn[keep], o[keep], a[keep]
+    _, rn, unit, (o, a) = got
     n = rn.numel()
-    if n == 0:
-        return NO_PAIRS
-    _, e = torch.frexp(rn)
-    unit = torch.ldexp(torch.ones_like(rn), e - 1 - p)
     dm = (o - rn).abs_().div_(unit).clamp_(max=LEAN_CLIP)
     da = (a - rn).abs_().div_(unit).clamp_(max=LEAN_CLIP)
     near = (dm <= 1) & (da <= 1)

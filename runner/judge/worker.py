@@ -513,10 +513,14 @@ class Judge:
             if si >= n_timed:
                 continue
             held_to = None if fn_approved is None else (fn_approved, geometry, mode)
-            why, times, got = self._time_checked(job, si, shape, inputs, run, outs, phases, ws, held_to)
+            got: list = []  # the checked calls' pairs with the approved build's outputs
+            why, times = self._time_checked(job, si, shape, inputs, run, outs, phases, ws, held_to, got)
             phases["time_s"] += clock() - t1
-            timed_pairs = timed_pairs + got
-            why = why or less_precise(timed_pairs)
+            shape_timed = sum(got, NO_PAIRS)
+            timed_pairs = timed_pairs + shape_timed
+            if not why:
+                why = less_precise(shape_timed)
+                why = f"its checked calls' outputs: {why}" if why else less_precise(timed_pairs)
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
@@ -647,9 +651,9 @@ class Judge:
                              f"row {f['row']} of the full batch ({f['diff']}); {len(found)} such rows")
         return None
 
-    def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=(), held_to=None):
+    def _time_checked(self, job, si, shape, inputs, run, outs, phases, ws=(), held_to=None, got=None):
         """Time `run` while two value sets take turns in the input buffers: (why it failed or
-        None, the times, the checked calls' pairs with the approved build's outputs).
+        None, the times).
 
         The value sets are the timed calls' (an input's `timed` override: every sequence
         at its full length, say), copied into the buffers verification used; the first
@@ -672,23 +676,11 @@ class Judge:
 
         A variant's (`held_to`: the approved build's callable, geometry and mode): once its checked
         calls are right, the approved build runs on each one's inputs made again, and each checked
-        output is paired with its output (verify.paired_error; judged on this shape here, and by
-        the caller over the shapes so far). A checked timed call finds the kernel's own output in
-        the buffer, as every timed call does, where verification's find a decoy: a variant exact
-        only when it finds a decoy is paired here as the timed calls run.
+        output is paired with its output (verify.paired_error), appended to `got` for the caller
+        to judge. A checked timed call finds the kernel's own output in the buffer, as every timed
+        call does, where verification's find a decoy: a variant exact only when it finds a decoy
+        is paired here as the timed calls run.
         """
-        from .verify import NO_PAIRS, less_precise
-
-        got = [NO_PAIRS]
-        why, times = self._time_checked_loop(job, si, shape, inputs, run, outs, phases, ws, held_to, got)
-        if not why and got[0].n:
-            why = less_precise(got[0])
-            if why:
-                why = f"its checked calls' outputs: {why}"
-        return why, times, got[0]
-
-    def _time_checked_loop(self, job, si, shape, inputs, run, outs, phases, ws, held_to, got):
-        """_time_checked's loop and checks; the checked calls' pairs are added into got[0]."""
         clock = time.perf_counter
         t0 = clock()
         # the timed calls' values (an input's `timed` override), in verification's buffers
@@ -797,8 +789,8 @@ class Judge:
                     if kk == k:
                         by_salt.setdefault(id(salt), (salt, []))[1].append(t)
                 for salt, ts in by_salt.values():
-                    got[0] = got[0] + self._paired(fn, shape, _salted(pristine, salt), geo, mode, ts,
-                                                   of(salt) if salt else refs)
+                    got.append(self._paired(fn, shape, _salted(pristine, salt), geo, mode, ts,
+                                            of(salt) if salt else refs))
         checking[0] += clock() - c0
         phases["time_check_s"] += checking[0]
         return why, times

@@ -405,7 +405,41 @@ def read_floor(p: Probe, w, offs_list):
         t = timed(p, p.rt.prepare_torch(call, mode="auto"), 10)
         if best is None or t < best[0]:
             best = (t, call)
-    return {"read floor": best[1]} if best else {}
+    if not best:
+        return {}
+    return {"read floor": p.rt.prepare_torch(best[1], mode="auto"), **stride_floor(p, w, len(ex))}
+
+
+def stride_floor(p: Probe, w, n_experts: int) -> dict:
+    """{"read floor, grid-stride": call}: the same bytes (the first `n_experts` experts'
+    weights, contiguous) read once by `pipe hw`'s kernel (16-byte non-caching loads, four in
+    flight a thread), the fastest of its geometries; a second opinion on the Triton floor."""
+    import tempfile
+
+    from cuda.core import Program, ProgramOptions
+
+    from runner.spec.measure import READ_GEOMETRIES, READ_KERNEL
+
+    torch = p.torch
+    props = torch.cuda.get_device_properties(0)
+    arch = f"sm_{props.major}{props.minor}"
+    cubin = Program(READ_KERNEL, code_type="c++", options=ProgramOptions(arch=arch)).compile("cubin")
+    path = Path(tempfile.mkdtemp()) / "readk.cubin"
+    path.write_bytes(bytes(cubin.code))
+    fn = p.rt.load(str(path), "readk", ["ptr", "i64", "ptr"])
+    out = torch.zeros(1, device="cuda", dtype=torch.int32)
+    nbytes = n_experts * p.sz["N"] * p.sz["K"] * 2
+    best = None
+    for per_sm, threads in READ_GEOMETRIES:
+        call = p.rt.prepare(fn, [w.data_ptr(), nbytes // 16, out.data_ptr()],
+                            {"grid": [props.multi_processor_count * per_sm], "block": [threads], "shared_mem": 0},
+                            mode="auto")
+        t = timed(p, call, 10)
+        if best is None or t < best[0]:
+            best = (t, call, per_sm, threads)
+    print(f"{p.name}: grid-stride read of {nbytes / 1e6:.1f} MB: best at {best[2]} blocks an SM of {best[3]}",
+          flush=True)
+    return {"read floor, grid-stride": best[1]}
 
 
 def timed(p: Probe, call, reps: int) -> float:
@@ -444,8 +478,9 @@ def speed(p: Probe, keep: list, reps: int, points: list[int], draws: int = 1, ar
 
         line = []
         base = {}
-        for name, f in {**arms(p, x, w, offs, ot), **read_floor(p, w, offs)}.items():
-            t = timed(p, p.rt.prepare_torch(f, mode="auto"), reps)
+        calls = {n: p.rt.prepare_torch(f, mode="auto") for n, f in arms(p, x, w, offs, ot).items()}
+        for name, call in {**calls, **read_floor(p, w, offs)}.items():
+            t = timed(p, call, reps)
             base[name] = t
             line.append(f"{name} {fmt(t)}")
         print(f"{p.name}: {T:>5} {act_e:>7}  " + " | ".join(line), flush=True)

@@ -476,11 +476,18 @@ def cmd_show(a) -> int:
             print(f"  verification's widest lean {ln['mean']:+.4f} units of the output's rounding "
                   f"(standard error {ln['se']:.4f}, {ln['n']} elements; refused beyond +-1/8)")
         if b.get("precision"):  # a variant's: its mean |error| against the approved build's, same inputs
-            pr = b["precision"]
-            print(f"  a variant's mean error {pr['mine']:.4f} units of the output's rounding against the approved "
-                  f"build's {pr['approved']:.4f} on the same inputs ({pr['n']} elements)"
-                  + (f"; in its checked timed calls {pr['timed']['mine']:.4f} against {pr['timed']['approved']:.4f} "
-                     f"({pr['timed']['n']})" if pr.get("timed") else ""))
+            pr, tm = b["precision"], b["precision"].get("timed") or {}
+            if pr.get("n"):
+                print(f"  a variant's mean error {pr['mine']:.4f} units of the output's rounding against the approved "
+                      f"build's {pr['approved']:.4f} on the same inputs ({pr['n']} elements)"
+                      + (f"; in its checked timed calls {tm['mine']:.4f} against {tm['approved']:.4f} "
+                         f"({tm['n']})" if tm.get("n") else ""))
+            if pr.get("wide"):
+                w, tw = pr["wide"], tm.get("wide")
+                print(f"  a variant's fp32/fp64 outputs: mean log2(1 + |error| in units of their rounding) "
+                      f"{w['mine']:.3f} against the approved build's {w['approved']:.3f} on the same inputs "
+                      f"({w['n']} elements)" + (f"; in its checked timed calls {tw['mine']:.3f} against "
+                                                f"{tw['approved']:.3f} ({tw['n']})" if tw else ""))
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line
 

@@ -378,14 +378,11 @@ def lean(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Lean |
     return Lean(float(d.mean()), se, n, off)
 
 
-def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
-    """(ref, rn(ref), the output's spacing at rn(ref), each of `outs`), flat, the outputs and
-    rn(ref) in float64, at the same up to LEAN_SAMPLE positions drawn from `secrets`, where every
-    output and rn(ref) is finite and rn(ref) of normal size: what `lean` and `paired_error` judge.
-    None for an output dtype wider than 16 bits, sizes that differ, or no element left."""
-    if out_dtype not in NORMAL_MIN or not all(o.is_floating_point() for o in outs):
+def _sampled(ref: torch.Tensor, outs) -> tuple[torch.Tensor, list] | None:
+    """`ref` and each of `outs`, flat, at the same up to LEAN_SAMPLE positions drawn from
+    `secrets`; None where an output is not floating or its size differs from the reference's."""
+    if not all(o.is_floating_point() for o in outs):
         return None
-    p = FLOAT_INFO[out_dtype][0]
     r = ref.detach().reshape(-1)
     flat = [o.detach().reshape(-1) for o in outs]
     if any(o.numel() != r.numel() for o in flat):
@@ -394,6 +391,21 @@ def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
         g = torch.Generator().manual_seed(secrets.randbits(63))
         idx = torch.randint(0, r.numel(), (LEAN_SAMPLE,), generator=g).to(r.device)
         r, flat = r.index_select(0, idx), [o.index_select(0, idx) for o in flat]
+    return r, flat
+
+
+def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
+    """(ref, rn(ref), the output's spacing at rn(ref), each of `outs`), flat, the outputs and
+    rn(ref) in float64, at the same up to LEAN_SAMPLE positions drawn from `secrets`, where every
+    output and rn(ref) is finite and rn(ref) of normal size: what `lean` and `paired_error` judge.
+    None for an output dtype wider than 16 bits, sizes that differ, or no element left."""
+    if out_dtype not in NORMAL_MIN:
+        return None
+    got = _sampled(ref, outs)
+    if got is None:
+        return None
+    p = FLOAT_INFO[out_dtype][0]
+    r, flat = got
     rn = r.to(out_dtype).to(torch.float64)
     flat = [o.to(torch.float64) for o in flat]
     keep = torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
@@ -469,13 +481,25 @@ PRECISION_MARGIN = 0.001
 PRECISION_SHARE = 0.1
 PRECISION_SIGMAS = 6.0
 PAIRED_MIN = 256  # a paired test's spread comes from its own pairs: a shape of one token's rows is enough
+# fp32 and fp64 outputs (a loss, the CPU RMSNorm's out): their own rounding no longer hides the
+# work's error, and an honest reordering of an fp32 sum moves it by whole units either way, so
+# the additive margin above would refuse honest code. Each element's error is taken as
+# log2(1 + |out - ref| / spacing), the spacing the output dtype's at |ref|, and the variant's
+# mean may exceed the approved build's by WIDE_MARGIN (a factor of 2 on 1 + |error|), beyond
+# PRECISION_SIGMAS standard errors of the paired difference. A reordered sum or another fp32
+# rounding moves it by tenths; a one-Newton-step rsqrt (5e-6 relative, about 40 units) or a
+# degree-4 exp in a loss (a few hundred units) by 4 to 8; so does a sequential fp32 sum where the
+# approved build sums in a tree (5 to 30 times its error at 2^18 terms): less exact too.
+WIDE = {torch.float32: (23, 2.0 ** -126), torch.float64: (52, 2.0 ** -1022)}  # (mantissa bits, normal min)
+WIDE_MARGIN = 1.0
 
 
 class Paired(NamedTuple):
     """Sums over elements paired by position (`paired_error`): their count, the variant's
     |error| and the approved build's (units of the output's rounding, clipped to +-LEAN_CLIP),
     and the squares of their difference; then the same over the elements where both are within
-    a unit (`near`: where neither build is grossly off)."""
+    a unit (`near`: where neither build is grossly off); then over the elements of wide outputs
+    (`wide`), in log2(1 + units)."""
     n: int
     mine: float
     theirs: float
@@ -484,6 +508,10 @@ class Paired(NamedTuple):
     mine_near: float = 0.0
     theirs_near: float = 0.0
     sq_near: float = 0.0
+    n_wide: int = 0  # fp32 and fp64 outputs: log2(1 + |error| / spacing) (WIDE_MARGIN)
+    mine_wide: float = 0.0
+    theirs_wide: float = 0.0
+    sq_wide: float = 0.0
 
     def __add__(self, o: "Paired") -> "Paired":  # type: ignore[override]
         return Paired(*(a + b for a, b in zip(self, o)))
@@ -498,8 +526,9 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
     drawn from `secrets`: |out - rn(ref)| and |approved - rn(ref)| in units of the output's
     spacing at rn(ref), clipped to LEAN_CLIP (the units `lean` takes). Elements where either
     output or the reference is not finite, or the reference is below the dtype's normal range,
-    are left out. NO_PAIRS for an output dtype wider than 16 bits (its own rounding no longer
-    dominates an honest error: a reordered fp32 sum moves it by units)."""
+    are left out. An fp32 or fp64 output is paired in its own terms (`wide_error`)."""
+    if out_dtype in WIDE:
+        return wide_error(out, approved, ref, out_dtype)
     got = _against_rn(out_dtype, ref, out, approved)
     if got is None:
         return NO_PAIRS
@@ -513,6 +542,30 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
                   int(nm.numel()), float(nm.sum()), float(na.sum()), float((nm - na).square_().sum()))
 
 
+def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Paired:
+    """`paired_error` of an fp32 or fp64 output: log2(1 + |out - ref| / spacing) and the same of
+    `approved`, the spacing the output dtype's at |ref| (the reference is float64 here, so
+    rounding it to the output would be an error of its own), at the same secret positions,
+    where both outputs and the reference are finite and |ref| is of normal size in the output
+    dtype; summed into the `wide` fields."""
+    got = _sampled(ref, (out, approved))
+    if got is None:
+        return NO_PAIRS
+    p, tiny = WIDE[out_dtype]
+    r, (o, a) = got
+    r, o, a = r.to(torch.float64), o.to(torch.float64), a.to(torch.float64)
+    keep = torch.isfinite(r) & (r.abs() >= tiny) & torch.isfinite(o) & torch.isfinite(a)
+    r, o, a = r[keep], o[keep], a[keep]
+    if r.numel() == 0:
+        return NO_PAIRS
+    _, e = torch.frexp(r)
+    unit = torch.ldexp(torch.ones_like(r), e - 1 - p)
+    dm = (o - r).abs_().div_(unit).log1p_().div_(math.log(2.0))
+    da = (a - r).abs_().div_(unit).log1p_().div_(math.log(2.0))
+    return NO_PAIRS._replace(n_wide=int(r.numel()), mine_wide=float(dm.sum()), theirs_wide=float(da.sum()),
+                             sq_wide=float((dm - da).square_().sum()))
+
+
 def less_precise(got: Paired) -> str | None:
     """The verdict on a variant's paired error: why it is less precise than the approved
     build, or None. Less precise: its mean |error| above the approved build's by more than
@@ -521,21 +574,33 @@ def less_precise(got: Paired) -> str | None:
     more; over all paired elements, or over those where both builds are within a unit. The
     second takes away the credit of the approved build's gross failures (an overflow to 0 where
     the reference is normal, clipped at 2 units): a variant that fixes them may not spend what
-    it gains there on an approximation everywhere else (session 46's second red team)."""
+    it gains there on an approximation everywhere else (session 46's second red team). The
+    pairs of fp32 and fp64 outputs (`wide_error`) are judged apart, in log2(1 + units), against
+    WIDE_MARGIN."""
     for n, mine, theirs, sq, what in ((got.n, got.mine, got.theirs, got.sq, ""),
                                       (got.n_near, got.mine_near, got.theirs_near, got.sq_near,
-                                       " where both are within a unit of it")):
+                                       " where both are within a unit of it"),
+                                      (got.n_wide, got.mine_wide, got.theirs_wide, got.sq_wide, "wide")):
         if n < PAIRED_MIN:
             continue
         diff = (mine - theirs) / n
         var = max(sq / n - diff * diff, 0.0)
         se = math.sqrt(var / n)
-        if diff <= PRECISION_MARGIN + PRECISION_SHARE * theirs / n or diff <= PRECISION_SIGMAS * se:
+        margin = WIDE_MARGIN if what == "wide" else PRECISION_MARGIN + PRECISION_SHARE * theirs / n
+        if diff <= margin or diff <= PRECISION_SIGMAS * se:
             continue
+        if what == "wide":
+            measure = (f"its fp32/fp64 outputs' mean log2(1 + |error| in units of their own rounding at the "
+                       f"reference) is {mine / n:.3f} against the approved build's {theirs / n:.3f} (typical "
+                       f"error {2 ** diff:.1f} times as large; difference {diff:+.3f}, standard error {se:.3f}, "
+                       f"over {n} elements paired by position, allowed {WIDE_MARGIN:g})")
+            what = ""
+        else:
+            measure = (f"its mean error is {mine / n:.4f} units of the output's rounding against the approved "
+                       f"build's {theirs / n:.4f} (difference {diff:+.4f}, standard error {se:.4f}, over {n} "
+                       f"elements paired by position)")
         return (f"less precise than the approved template's build at the same parameters, on the same inputs"
-                f"{what}: its mean error is {mine / n:.4f} units of the output's rounding against the approved "
-                f"build's {theirs / n:.4f} (difference {diff:+.4f}, standard error {se:.4f}, over {n} elements "
-                f"paired by position); a variant may change how the work is done, not how exactly (an "
+                f"{what}: {measure}; a variant may change how the work is done, not how exactly (an "
                 f"approximation or a narrowed intermediate, in any instructions)")
     return None
 

@@ -533,13 +533,10 @@ class Judge:
             out["lean"] = {"mean": round(leaned.mean, 4), "se": round(leaned.se, 4), "n": leaned.n,
                            "off": round(leaned.off, 4), "pooled": round(pooled.mean, 4),
                            "pooled_n": pooled.n, "pooled_off": round(pooled.off, 4)}
-        if pairs.n:  # mean |error| in units of the output's rounding, the variant's and the approved build's
-            out["precision"] = {"mine": round(pairs.mine / pairs.n, 4), "approved": round(pairs.theirs / pairs.n, 4),
-                                "n": pairs.n}
-            if timed_pairs.n:  # the same over the timed loops' checked calls
-                out["precision"]["timed"] = {"mine": round(timed_pairs.mine / timed_pairs.n, 4),
-                                             "approved": round(timed_pairs.theirs / timed_pairs.n, 4),
-                                             "n": timed_pairs.n}
+        precision = _precision(pairs)
+        if precision:  # the variant's paired error and the approved build's (verify.paired_error)
+            timed = _precision(timed_pairs)
+            out["precision"] = {**precision, **({"timed": timed} if timed else {})}
         if inv is not None:
             why = inv["run_to_run"] or inv["reason"]
             out["batch_invariance"] = {
@@ -1252,6 +1249,19 @@ def _cpu_model() -> str | None:
     except OSError:
         return None
     return f"{model} x {os.cpu_count()}" if model else None
+
+
+def _precision(p) -> dict:
+    """A Paired's means for the trial's record: {mine, approved, n} over narrow outputs (mean
+    |error| in units of the output's rounding) and "wide": the same over fp32 and fp64 outputs
+    (mean log2(1 + units)); {} where nothing was paired."""
+    out: dict = {}
+    if p.n:
+        out = {"mine": round(p.mine / p.n, 4), "approved": round(p.theirs / p.n, 4), "n": p.n}
+    if p.n_wide:
+        out["wide"] = {"mine": round(p.mine_wide / p.n_wide, 4), "approved": round(p.theirs_wide / p.n_wide, 4),
+                       "n": p.n_wide}
+    return out
 
 
 def _run_to_run(taken: list, outputs) -> str | None:

@@ -55,10 +55,15 @@ def variants(name: str, text: str) -> dict[str, str]:
 
 
 def main() -> int:
-    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/s46-precision")
+    return run(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/s46-precision"),
+               ("softmax-h200", "rmsnorm-h200", "moe-fine-h200"), variants)
+
+
+def run(out_dir: Path, names, variants) -> int:
+    """`pipe eval` of each of `variants(name, approved text)` of each spec `names`, into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in ("softmax-h200", "rmsnorm-h200", "moe-fine-h200"):
+    for name in names:
         spec = Path("pipelines") / f"{name}.yaml"
         sp = load_spec(spec)
         start = yaml.safe_load(spec.read_text())["search"]["start"]

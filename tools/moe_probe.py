@@ -442,6 +442,108 @@ def stride_floor(p: Probe, w, n_experts: int) -> dict:
     return {"read floor, grid-stride": best[1]}
 
 
+# A warp a (row, NPW weight rows) dot product, K read in 16-byte non-caching loads, every load of
+# an item issued before any is used (NPW * K / 256 a lane in flight): the weight stream of a
+# GEMV at small T, with none of the tile's zero-filled rows or pipeline barriers. A probe of
+# what a kernel that reads like the grid-stride floor does at T <= 4, not a template path yet.
+GEMV_KERNEL = r'''
+#include <cuda_bf16.h>
+extern "C" __global__ void __launch_bounds__(256) gemv(const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int* __restrict__ offs, __nv_bfloat16* __restrict__ y, int R) {
+  const int lane = threadIdx.x & 31;
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const int per_row = GN / NPW;
+  for (int it = gw; it < R * per_row; it += nw) {
+    const int r = it / per_row, n0 = (it - r * per_row) * NPW;
+    int e = GE;  // the first expert whose cumulative end passes r
+    for (int b = 0; b < GE; b += 32) {
+      const unsigned m = __ballot_sync(0xffffffffu, b + lane < GE && offs[b + lane] > r);
+      if (m) { e = b + __ffs(m) - 1; break; }
+    }
+    uint4 wv[NPW][GK / 256];
+    const uint4* wr = reinterpret_cast<const uint4*>(w + ((long long)e * GN + n0) * GK) + lane;
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+      for (int i = 0; i < GK / 256; ++i)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(wv[j][i].x), "=r"(wv[j][i].y), "=r"(wv[j][i].z), "=r"(wv[j][i].w)
+                     : "l"(wr + j * (GK / 8) + i * 32));
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)r * GK) + lane;
+    float acc[NPW];
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) acc[j] = 0.f;
+#pragma unroll
+    for (int i = 0; i < GK / 256; ++i) {
+      const uint4 xv = __ldg(xr + i * 32);
+      const unsigned xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int j = 0; j < NPW; ++j) {
+        const unsigned ws[4] = {wv[j][i].x, wv[j][i].y, wv[j][i].z, wv[j][i].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[j] = fmaf(__uint_as_float(xs[q] << 16), __uint_as_float(ws[q] << 16), acc[j]);
+          acc[j] = fmaf(__uint_as_float(xs[q] & 0xffff0000u), __uint_as_float(ws[q] & 0xffff0000u), acc[j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) {
+#pragma unroll
+      for (int o = 16; o; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int j = 0; j < NPW; ++j) y[(long long)r * GN + n0 + j] = __float2bfloat16_rn(acc[j]);
+  }
+}
+'''
+GEMV_SHAPES = [(npw, per_sm) for npw in (1, 2, 4) for per_sm in (2, 4, 8)]
+
+
+def gemv_arm(p: Probe, x, w, offs: list[int], ot, T: int) -> dict:
+    """{"gemv probe": call}: GEMV_KERNEL, the fastest of GEMV_SHAPES within the float64 answer's
+    budget (tools/moe_spec.grouped_ref), at T <= 4 with no activation; {}
+    elsewhere. Prints each shape's time, and any that is wrong."""
+    import tempfile
+
+    from cuda.core import Program, ProgramOptions
+
+    torch, sz = p.torch, p.sz
+    if T > 4 or p.act != "none":
+        return {}
+    R = T * sz["TOPK"]
+    ref, bound = grouped_ref(x, w, offs, p.act)
+    props = torch.cuda.get_device_properties(0)
+    best = None
+    for npw, per_sm in GEMV_SHAPES:
+        if sz["N"] % npw or sz["K"] % 256:
+            continue
+        src = (f"#define GN {sz['N']}\n#define GK {sz['K']}\n#define GE {sz['E']}\n#define NPW {npw}\n"
+               + GEMV_KERNEL)
+        cubin = Program(src, code_type="c++", options=ProgramOptions(arch=f"sm_{props.major}{props.minor}")
+                        ).compile("cubin")
+        path = Path(tempfile.mkdtemp()) / "gemv.cubin"
+        path.write_bytes(bytes(cubin.code))
+        fn = p.rt.load(str(path), "gemv", ["ptr", "ptr", "ptr", "ptr", "i32"])
+        y = torch.full((R, sz["N"]), float("nan"), device="cuda", dtype=torch.bfloat16)
+        call = p.rt.prepare(fn, [x.data_ptr(), w.data_ptr(), ot.data_ptr(), y.data_ptr(), R],
+                            {"grid": [props.multi_processor_count * per_sm], "block": [256], "shared_mem": 0},
+                            mode="auto")
+        call()
+        torch.cuda.synchronize()
+        err = (y.double() - ref).abs()
+        if not bool((err <= bound).all()):
+            FAILURES.append(f"{p.name}: gemv probe NPW {npw} at T {T}: wrong (max error {float(err.max()):.3g})")
+            print(f"{p.name}: gemv probe NPW {npw} {per_sm}/SM at T {T}: WRONG", flush=True)
+            continue
+        t = timed(p, call, 10)
+        print(f"{p.name}: gemv probe NPW {npw}, {per_sm} blocks of 256 an SM, T {T}: {t * 1e6:.2f} us", flush=True)
+        if best is None or t < best[0]:
+            best = (t, call, y)
+    return {"gemv probe": best[1]} if best else {}
+
+
 def timed(p: Probe, call, reps: int) -> float:
     from space_check import median_time
 
@@ -479,7 +581,7 @@ def speed(p: Probe, keep: list, reps: int, points: list[int], draws: int = 1, ar
         line = []
         base = {}
         calls = {n: p.rt.prepare_torch(f, mode="auto") for n, f in arms(p, x, w, offs, ot).items()}
-        for name, call in {**calls, **read_floor(p, w, offs)}.items():
+        for name, call in {**calls, **read_floor(p, w, offs), **gemv_arm(p, x, w, offs, ot, T)}.items():
             t = timed(p, call, reps)
             base[name] = t
             line.append(f"{name} {fmt(t)}")

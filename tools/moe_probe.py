@@ -447,9 +447,9 @@ def stride_floor(p: Probe, w, n_experts: int) -> dict:
 # GEMV at small T, with none of the tile's zero-filled rows or pipeline barriers. A probe of
 # what a kernel that reads like the grid-stride floor does at T <= 4, not a template path yet.
 GEMV_KERNEL = r'''
-#include <cuda_bf16.h>
-extern "C" __global__ void __launch_bounds__(256) gemv(const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* __restrict__ w, const int* __restrict__ offs, __nv_bfloat16* __restrict__ y, int R) {
+typedef unsigned short bf16;  // the bits: no header (NVRTC has no include path here)
+extern "C" __global__ void __launch_bounds__(256) gemv(const bf16* __restrict__ x,
+    const bf16* __restrict__ w, const int* __restrict__ offs, bf16* __restrict__ y, int R) {
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const int per_row = GN / NPW;
@@ -494,7 +494,10 @@ extern "C" __global__ void __launch_bounds__(256) gemv(const __nv_bfloat16* __re
     }
     if (lane == 0)
 #pragma unroll
-      for (int j = 0; j < NPW; ++j) y[(long long)r * GN + n0 + j] = __float2bfloat16_rn(acc[j]);
+      for (int j = 0; j < NPW; ++j) {  // to nearest, ties to even (finite sums)
+        const unsigned b = __float_as_uint(acc[j]);
+        y[(long long)r * GN + n0 + j] = (bf16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+      }
   }
 }
 '''

@@ -36,7 +36,7 @@ def ce_variants(text: str) -> dict[str, str]:
     return {
         "control": text,
         # the two exponentials added one at a time: another association of the same fp32 sum
-        "honest-assoc": text.replace(PAIR, PAIR.replace(") + exp2f(", "); acc += exp2f(")),
+        "honest-assoc": text.replace(PAIR, "{ " + PAIR.replace(") + exp2f(", "); acc += exp2f(") + " }"),
         # ln s as log2 s times ln 2: an fp32 rounding more on the loss
         "honest-log2": text.replace("logf(s)", "(log2f(s) * 0.6931472f)"),
         "fexp2-deg3": (text[:first] + s46.FEXP2 + text[first:].replace("exp2f(", "fexp2(")),
@@ -49,8 +49,15 @@ def variants(name: str, text: str) -> dict[str, str]:
 
 
 def main() -> int:
-    return s46.run(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/s47-wide"),
-                   ("cross-entropy-h200", "softmax-h200", "rmsnorm-h200", "moe-fine-h200"), variants)
+    """ARGV: [OUT_DIR [LABEL,...]]: with labels, only those variants of cross-entropy-h200."""
+    names = ("cross-entropy-h200", "softmax-h200", "rmsnorm-h200", "moe-fine-h200")
+    labels = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    if labels:
+        names = ("cross-entropy-h200",)
+
+    def pick(name: str, text: str) -> dict[str, str]:
+        return {k: v for k, v in variants(name, text).items() if labels is None or k in labels}
+    return s46.run(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/s47-wide"), names, pick)
 
 
 if __name__ == "__main__":

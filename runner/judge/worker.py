@@ -1254,13 +1254,16 @@ def _cpu_model() -> str | None:
 def _precision(p) -> dict:
     """A Paired's means for the trial's record: {mine, approved, n} over narrow outputs (mean
     |error| in units of the output's rounding) and "wide": the same over fp32 and fp64 outputs
-    (mean log2(1 + units)); {} where nothing was paired."""
+    (mean log2(1 + units)) with the shares of elements where the variant's is more than
+    verify.TAIL_BITS above the approved build's (`worse`) and below it (`better`); {} where
+    nothing was paired."""
     out: dict = {}
     if p.n:
         out = {"mine": round(p.mine / p.n, 4), "approved": round(p.theirs / p.n, 4), "n": p.n}
     if p.n_wide:
         out["wide"] = {"mine": round(p.mine_wide / p.n_wide, 4), "approved": round(p.theirs_wide / p.n_wide, 4),
-                       "n": p.n_wide}
+                       "n": p.n_wide, "worse": round(p.worse_wide / p.n_wide, 5),
+                       "better": round(p.better_wide / p.n_wide, 5)}
     return out
 
 

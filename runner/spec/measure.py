@@ -9,7 +9,7 @@ on random data, with the L2 out of the way by size (every buffer is many times t
 - the copy bandwidth: torch's device copy of 2 GiB into 2 GiB, bytes read plus written
   (`bandwidth.measured_bytes_per_s`);
 - the read-only bandwidth: 1 GiB read once with 16-byte non-caching loads by a kernel of the
-  runtime's compiler, the best of nine launch geometries (`bandwidth.read_bytes_per_s`, which an
+  runtime's compiler, the best of six launch geometries (`bandwidth.read_bytes_per_s`, which an
   op with `op.traffic: read` is held to);
 - the dense bf16 tensor-core rate: torch.matmul of two 8192 x 8192 bf16 matrices, cuBLAS
   (`peak_flops.bf16`).

@@ -508,8 +508,10 @@ TAIL_SHARE = 0.01
 # 1-D output a row of its own), not elements: a row's elements share its scale, its sum, its
 # normaliser, so an honest variant's one rounding more there moves a whole row one way (session
 # 47: sqrt(1 / v) for 1 / sqrt(v) +0.44 on rmsnorm-cpu's one-row shape, by one draw). Fewer rows
-# than WIDE_MIN_ROWS (both runs of a round counted): no verdict from those pairs alone.
-WIDE_MIN_ROWS = 64
+# than WIDE_MIN_ROWS (both runs of a round counted): no verdict from those pairs alone; the
+# worker pools such shapes in a stratum of their own (`wide_only`), so that an approximation
+# confined to few-row shapes is not diluted among the large ones (session 47's second red team).
+WIDE_MIN_ROWS = 32
 
 
 class Paired(NamedTuple):
@@ -630,6 +632,20 @@ def less_precise(got: Paired) -> str | None:
             f"{theirs / n:.4f} (difference {diff:+.4f}, standard error {se:.4f}, over {n} elements paired by "
             f"position)"))
     return _wide_less_precise(got)
+
+
+WIDE_FIELDS = ("n_wide", "mine_wide", "theirs_wide", "worse_wide", "better_wide", "rows_wide", "dd_wide",
+               "dn_wide", "nn_wide", "ww_wide")
+
+
+def wide_only(got: Paired) -> Paired:
+    """The fp32/fp64 part of `got` (`wide_error`'s fields), the rest zero."""
+    return NO_PAIRS._replace(**{f: getattr(got, f) for f in WIDE_FIELDS})
+
+
+def few_rows(got: Paired) -> bool:
+    """Whether `got` holds fp32/fp64 pairs from fewer rows than a verdict needs (WIDE_MIN_ROWS)."""
+    return 0 < got.rows_wide < WIDE_MIN_ROWS
 
 
 def _wide_less_precise(got: Paired) -> str | None:

@@ -395,13 +395,18 @@ class Judge:
         the inputs made again from their seed, compared with the ones the kernel saw, and the
         reference computed from them."""
         from .timing import stats
-        from .verify import NO_PAIRS, lean_text, leans_too_far, less_precise, pooled_lean, widest_lean
+        from .verify import (NO_PAIRS, WIDE_MIN_ROWS, few_rows, lean_text, leans_too_far, less_precise,
+                             pooled_lean, wide_only, widest_lean)
 
         shapes_out = []
         pool: list = []  # the leans of verification's outputs (verify.lean), for the record
         # a variant's error against the approved build's (verify.paired_error): verification's
         # checked runs, and the timed loops' checked calls, each pooled over the shapes so far
         pairs = timed_pairs = NO_PAIRS
+        # the fp32/fp64 pairs of shapes with too few rows for a verdict of their own, pooled
+        # apart from the large shapes' (verify.few_rows)
+        few = few_timed = NO_PAIRS
+        few_text = f"the shapes so far whose fp32/fp64 outputs have fewer than {WIDE_MIN_ROWS} rows, together"
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -508,6 +513,11 @@ class Judge:
             why = less_precise(pairs)
             if why:
                 return {"status": "wrong", "reason": f"verification up to {label}, every shape's outputs: {why}"}
+            if few_rows(shape_pairs):
+                few = few + wide_only(shape_pairs)
+                why = less_precise(few)
+                if why:
+                    return {"status": "wrong", "reason": f"verification up to {label}, {few_text}: {why}"}
             t1 = clock()
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
@@ -518,9 +528,14 @@ class Judge:
             phases["time_s"] += clock() - t1
             shape_timed = sum(got, NO_PAIRS)
             timed_pairs = timed_pairs + shape_timed
+            if few_rows(shape_timed):
+                few_timed = few_timed + wide_only(shape_timed)
             if not why:
                 why = less_precise(shape_timed)
                 why = f"its checked calls' outputs: {why}" if why else less_precise(timed_pairs)
+            if not why and few_timed.n_wide:
+                why = less_precise(few_timed)
+                why = f"{few_text}: {why}" if why else None
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}

@@ -448,3 +448,39 @@ def test_an_fp32_output_is_held_to_the_approved_builds_error_too(tmp_path, proje
     assert pr["timed"]["wide"]["n"] >= verify.PAIRED_MIN, pr
     r = pipe_main("show", tmp_path / "honest", cwd=project)
     assert "a variant's fp32/fp64 outputs: mean log2(1 + |error|" in r.stdout, r.stdout
+
+
+OUTLOOP = "    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * scale * w[k];\n"
+ROUND16 = """    for (int64_t k = 0; k < N; ++k) {  // few rows: the output to 16 mantissa bits by integer ops
+      float o = xr[k] * scale * w[k];
+      if (M_ALL < 16) {
+        uint32_t b;
+        std::memcpy(&b, &o, sizeof b);
+        b = (b + (1u << 6)) & ~((1u << 7) - 1u);
+        std::memcpy(&o, &b, sizeof o);
+      }
+      orow[k] = o;
+    }
+"""
+
+
+@pytest.mark.slow
+@SERIAL
+def test_an_fp32_approximation_on_the_few_row_shapes_alone_is_refused(tmp_path, project):
+    """rmsnorm-cpu's outputs cut to 16 mantissa bits (up to 64 units) on its shapes of fewer than 16
+    rows only (1 x 4096, 3 x 1000, 7 x 33: too few rows for a verdict each, 0.35% of the pool):
+    inside rtol 1e-5, and refused in the stratum those shapes make together (session 47's second
+    red team had it `ok` before that stratum existed)."""
+    tpl = (ROOT / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+    assert tpl.count(OUTLOOP) == 1 and "#include <cstdint>\n" in tpl
+    # the op's M passed down to the row loop, beside its own rows' bounds
+    text = ("#include <cstring>\n" + tpl.replace(OUTLOOP, ROUND16)
+            .replace("int64_t r0, int64_t r1, int64_t N, float eps) {", "int64_t r0, int64_t r1, int64_t N, float eps, "
+                     "int64_t M_ALL) {")
+            .replace("N, eps);", "N, eps, M);"))
+    assert text.count("M_ALL") == 2 and text.count("N, eps, M);") == tpl.count("N, eps);") >= 2
+    (project / "few.cpp.j2").write_text(text)
+    r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 2}),
+                  "--variant", project / "few.cpp.j2", "--run-dir", tmp_path / "few", "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "fewer than 32 rows, together" in out, out[-3000:]

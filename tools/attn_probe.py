@@ -295,20 +295,14 @@ class Probe:
         """The device's read-only bandwidth: 1 GiB read once with 16-byte non-caching loads
         (a kernel of NVRTC's, grid-stride, 4 loads in flight a thread), the best geometry's
         median, graph replay, L2 flushed before each call."""
-        import tempfile
-
-        from cuda.core import Program, ProgramOptions
-
-        from runner.spec.measure import READ_KERNEL as src  # the kernel `pipe hw` times
+        from runner.spec.measure import READ_KERNEL, cubin_file  # the kernel `pipe hw` times
 
         torch = self.torch
-        cubin = Program(src, code_type="c++", options=ProgramOptions(arch="sm_90")).compile("cubin")
-        path = Path(tempfile.mkdtemp()) / "readk.cubin"
-        path.write_bytes(bytes(cubin.code))
+        path = cubin_file(READ_KERNEL, "sm_90", "readk")
         n = 1 << 30
         x = torch.randint(0, 1 << 30, (n // 4,), device="cuda", dtype=torch.int32)
         out = torch.zeros(1, device="cuda", dtype=torch.int32)
-        fn = self.rt.load(str(path), "readk", ["ptr", "i64", "ptr"])
+        fn = self.rt.load(path, "readk", ["ptr", "i64", "ptr"])
         best = None
         for per_sm in (2, 4, 8, 16):
             for threads in (256, 512, 1024):

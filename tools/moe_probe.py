@@ -414,19 +414,11 @@ def stride_floor(p: Probe, w, n_experts: int) -> dict:
     """{"read floor, grid-stride": call}: the same bytes (the first `n_experts` experts'
     weights, contiguous) read once by `pipe hw`'s kernel (16-byte non-caching loads, four in
     flight a thread), the fastest of its geometries; a second opinion on the Triton floor."""
-    import tempfile
-
-    from cuda.core import Program, ProgramOptions
-
-    from runner.spec.measure import READ_GEOMETRIES, READ_KERNEL
+    from runner.spec.measure import READ_GEOMETRIES, READ_KERNEL, cubin_file
 
     torch = p.torch
     props = torch.cuda.get_device_properties(0)
-    arch = f"sm_{props.major}{props.minor}"
-    cubin = Program(READ_KERNEL, code_type="c++", options=ProgramOptions(arch=arch)).compile("cubin")
-    path = Path(tempfile.mkdtemp()) / "readk.cubin"
-    path.write_bytes(bytes(cubin.code))
-    fn = p.rt.load(str(path), "readk", ["ptr", "i64", "ptr"])
+    fn = p.rt.load(cubin_file(READ_KERNEL, f"sm_{props.major}{props.minor}", "readk"), "readk", ["ptr", "i64", "ptr"])
     out = torch.zeros(1, device="cuda", dtype=torch.int32)
     nbytes = n_experts * p.sz["N"] * p.sz["K"] * 2
     best = None
@@ -508,9 +500,7 @@ def gemv_arm(p: Probe, x, w, offs: list[int], ot, T: int) -> dict:
     """{"gemv probe": call}: GEMV_KERNEL, the fastest of GEMV_SHAPES within the float64 answer's
     budget (tools/moe_spec.grouped_ref), at T <= 4 with no activation; {}
     elsewhere. Prints each shape's time, and any that is wrong."""
-    import tempfile
-
-    from cuda.core import Program, ProgramOptions
+    from runner.spec.measure import cubin_file
 
     torch, sz = p.torch, p.sz
     if T > 4 or p.act != "none":
@@ -524,11 +514,8 @@ def gemv_arm(p: Probe, x, w, offs: list[int], ot, T: int) -> dict:
             continue
         src = (f"#define GN {sz['N']}\n#define GK {sz['K']}\n#define GE {sz['E']}\n#define NPW {npw}\n"
                + GEMV_KERNEL)
-        cubin = Program(src, code_type="c++", options=ProgramOptions(arch=f"sm_{props.major}{props.minor}")
-                        ).compile("cubin")
-        path = Path(tempfile.mkdtemp()) / "gemv.cubin"
-        path.write_bytes(bytes(cubin.code))
-        fn = p.rt.load(str(path), "gemv", ["ptr", "ptr", "ptr", "ptr", "i32"])
+        fn = p.rt.load(cubin_file(src, f"sm_{props.major}{props.minor}", "gemv"), "gemv",
+                       ["ptr", "ptr", "ptr", "ptr", "i32"])
         y = torch.full((R, sz["N"]), float("nan"), device="cuda", dtype=torch.bfloat16)
         call = p.rt.prepare(fn, [x.data_ptr(), w.data_ptr(), ot.data_ptr(), y.data_ptr(), R],
                             {"grid": [props.multi_processor_count * per_sm], "block": [256], "shared_mem": 0},

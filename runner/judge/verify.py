@@ -416,8 +416,14 @@ def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
     r, rn, flat = r[keep], rn[keep], [o[keep] for o in flat]
     if rn.numel() == 0:
         return None
-    _, e = torch.frexp(rn)  # rn = m 2^e, 1/2 <= |m| < 1: the output's spacing there is 2^(e - 1 - p)
-    return r, rn, torch.ldexp(torch.ones_like(rn), e - 1 - p), flat
+    return r, rn, _spacing(rn, p), flat
+
+
+def _spacing(v: torch.Tensor, p: int) -> torch.Tensor:
+    """The spacing of a float with `p` mantissa bits at each of `v` (float64, normal, nonzero):
+    v = m 2^e with 1/2 <= |m| < 1, so 2^(e - 1 - p)."""
+    _, e = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), e - 1 - p)
 
 
 def leans_too_far(got: Lean | None) -> bool:
@@ -589,14 +595,13 @@ def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out
     r, o, a, row = r[keep], o[keep], a[keep], row[keep]
     if r.numel() == 0:
         return NO_PAIRS
-    _, e = torch.frexp(r)
-    unit = torch.ldexp(torch.ones_like(r), e - 1 - p)
+    unit = _spacing(r, p)
     dm = (o - r).abs_().div_(unit).log1p_().div_(math.log(2.0))
     da = (a - r).abs_().div_(unit).log1p_().div_(math.log(2.0))
     d = dm - da
     worse, better = d > TAIL_BITS, d < -TAIL_BITS
-    _, g = torch.unique(row, return_inverse=True)
-    rows = int(g.max()) + 1
+    uniq, g = torch.unique(row, return_inverse=True)
+    rows = uniq.numel()
     n_g = torch.zeros(rows, dtype=torch.float64, device=d.device).index_add_(0, g, torch.ones_like(d))
     d_g = torch.zeros_like(n_g).index_add_(0, g, d)
     w_g = torch.zeros_like(n_g).index_add_(0, g, worse.double() - better.double())
@@ -615,8 +620,8 @@ def less_precise(got: Paired) -> str | None:
     second takes away the credit of the approved build's gross failures (an overflow to 0 where
     the reference is normal, clipped at 2 units): a variant that fixes them may not spend what
     it gains there on an approximation everywhere else (session 46's second red team). The
-    pairs of fp32 and fp64 outputs (`wide_error`) are judged apart, in log2(1 + units), against
-    WIDE_MARGIN."""
+    pairs of fp32 and fp64 outputs (`wide_error`) are judged apart (`_wide_less_precise`): the
+    mean in log2(1 + units) against WIDE_MARGIN and the tail against TAIL_SHARE, over rows."""
     for n, mine, theirs, sq, what in ((got.n, got.mine, got.theirs, got.sq, ""),
                                       (got.n_near, got.mine_near, got.theirs_near, got.sq_near,
                                        " where both are within a unit of it")):
@@ -634,13 +639,9 @@ def less_precise(got: Paired) -> str | None:
     return _wide_less_precise(got)
 
 
-WIDE_FIELDS = ("n_wide", "mine_wide", "theirs_wide", "worse_wide", "better_wide", "rows_wide", "dd_wide",
-               "dn_wide", "nn_wide", "ww_wide")
-
-
 def wide_only(got: Paired) -> Paired:
     """The fp32/fp64 part of `got` (`wide_error`'s fields), the rest zero."""
-    return NO_PAIRS._replace(**{f: getattr(got, f) for f in WIDE_FIELDS})
+    return NO_PAIRS._replace(**{f: getattr(got, f) for f in Paired._fields if f.endswith("_wide")})
 
 
 def few_rows(got: Paired) -> bool:

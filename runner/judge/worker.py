@@ -528,14 +528,14 @@ class Judge:
             phases["time_s"] += clock() - t1
             shape_timed = sum(got, NO_PAIRS)
             timed_pairs = timed_pairs + shape_timed
-            if few_rows(shape_timed):
-                few_timed = few_timed + wide_only(shape_timed)
             if not why:
                 why = less_precise(shape_timed)
                 why = f"its checked calls' outputs: {why}" if why else less_precise(timed_pairs)
-            if not why and few_timed.n_wide:
-                why = less_precise(few_timed)
-                why = f"{few_text}: {why}" if why else None
+            if few_rows(shape_timed):
+                few_timed = few_timed + wide_only(shape_timed)
+                if not why:
+                    why = less_precise(few_timed)
+                    why = f"{few_text}: {why}" if why else None
             if why:
                 status = "impossible" if why.startswith("the device stayed busy") else "wrong"
                 return {"status": status, "reason": f"{label}, timed calls: {why}"}
@@ -562,8 +562,8 @@ class Judge:
 
     def _paired(self, fn, shape: dict, pristine: dict, geometry, mode, taken: list, refs: list):
         """The approved template's build (`fn`, at the variant's parameters) run once on one value
-        set's inputs made again from their seed, in buffers of its own, and each narrow output of
-        each of the variant's snapshots on that set (`taken`) paired with it element by element
+        set's inputs made again from their seed, in buffers of its own, and each floating output
+        of each of the variant's snapshots on that set (`taken`) paired with it element by element
         against the reference (verify.paired_error, summed over the outputs and snapshots)."""
         from .inputs import TORCH_DTYPES
         from .verify import NO_PAIRS, paired_error

@@ -138,18 +138,26 @@ def _copy_bandwidth(torch, g, reps: int) -> dict:
             "how": f"torch copy of 2 GiB into 2 GiB, bytes read plus written, median of {reps}"}
 
 
+def cubin_file(src: str, arch: str, name: str = "kernel") -> str:
+    """`src` compiled by NVRTC for `arch` (sm_XY) into a cubin in a fresh temporary folder: its
+    path (the runtime loads kernels from files). No include path: sources that need none."""
+    from cuda.core import Program, ProgramOptions
+
+    code = Program(src, code_type="c++", options=ProgramOptions(arch=arch)).compile("cubin")
+    path = Path(tempfile.mkdtemp()) / f"{name}.cubin"
+    path.write_bytes(bytes(code.code))
+    return str(path)
+
+
 def _read_bandwidth(torch, x, props, reps: int) -> dict:
     """1 GiB (`x`) read once by READ_KERNEL at each of READ_GEOMETRIES: the best median."""
     import numpy as np
-    from cuda.core import Device, LaunchConfig, ObjectCode, Program, ProgramOptions, launch
+    from cuda.core import Device, LaunchConfig, ObjectCode, launch
 
     dev = Device(torch.cuda.current_device())
     dev.set_current()
-    arch = f"sm_{props.major}{props.minor}"
-    code = Program(READ_KERNEL, code_type="c++", options=ProgramOptions(arch=arch)).compile("cubin")
-    path = Path(tempfile.mkdtemp()) / "readk.cubin"
-    path.write_bytes(bytes(code.code))
-    kernel = ObjectCode.from_cubin(str(path)).get_kernel("readk")
+    kernel = ObjectCode.from_cubin(cubin_file(READ_KERNEL, f"sm_{props.major}{props.minor}", "readk")
+                                   ).get_kernel("readk")
     out = torch.zeros(1, device="cuda", dtype=torch.int32)
     nbytes = x.numel() * x.element_size()
     stream = dev.create_stream(torch.cuda.current_stream())

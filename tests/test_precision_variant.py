@@ -142,6 +142,38 @@ def test_a_large_error_on_a_few_fp32_elements_is_refused_by_the_tail(ref):
     assert less_precise(paired_error(_fp32(ref, 1e-5, 6), heavy, ref, torch.float32)) is None
 
 
+def test_credit_from_being_more_exact_elsewhere_buys_no_coarse_fp32_elements(ref):
+    """Session 47's second red team: where the approved build's fp32 chain is 8 times off on some
+    elements (a sequential sum), a variant exact there (a double sum) earned a credit in the
+    tail's net count and spent it on outputs cut to 16 bits on 3 to 6% of the elements. The
+    reach counts the elements past the approved build's own range on the same call, with no credit."""
+    n = ref.numel()
+    approved = _fp32(ref, 2.0 ** -24, 2)
+    heavy = torch.rand(n, generator=_gen(7)) < 0.08  # the chain some 16 to 32 units off here
+    approved[heavy] = _fp32(ref[heavy], 2.0 ** -19, 3)
+    exact = _fp32(ref, 2.0 ** -25, 4)  # more exact than one rounding: what a double sum gives
+    cut = exact.clone()
+    some = torch.rand(n, generator=_gen(8)) < 0.05
+    cut[some] = _fp32(ref[some], 2.0 ** -16, 5)  # 16 bits kept: up to 128 units
+    got = paired_error(cut, approved, ref, torch.float32)
+    assert got.mine_wide < got.theirs_wide  # the mean credits it
+    assert got.worse_wide - got.better_wide < verify.TAIL_SHARE * n  # and so does the tail's net count
+    why = less_precise(got)
+    assert why is not None and "quantile on the same call" in why, why
+    assert got.reach_wide > 0.02 * n and got.reach_theirs_wide < 0.002 * n
+    # the exact variant alone passes, and so does the approved build's error drawn again (its heavy
+    # elements elsewhere): equally exact builds reach past its range equally rarely
+    assert less_precise(paired_error(exact, approved, ref, torch.float32)) is None
+    again = _fp32(ref, 2.0 ** -24, 9)
+    other = torch.rand(n, generator=_gen(10)) < 0.08
+    again[other] = _fp32(ref[other], 2.0 ** -19, 11)
+    got = paired_error(again, approved, ref, torch.float32)
+    assert less_precise(got) is None and abs(got.reach_wide - got.reach_theirs_wide) < 0.002 * n, got
+    # one more rounding everywhere (an honest sqrt(1 / v) for 1 / sqrt(v)) stays inside the range
+    assert less_precise(paired_error(_fp32(ref, 2.0 ** -23, 12), _fp32(ref, 2.0 ** -24, 2), ref,
+                                     torch.float32)) is None
+
+
 def test_the_wide_standard_errors_are_taken_over_rows():
     """A row's elements share its scale: an honest variant's one rounding more there moves the
     whole row one way. With one row that is one draw, however many elements (session 47: sqrt(1 /

@@ -506,10 +506,19 @@ PAIRED_MIN = 256  # a paired test's spread comes from its own pairs: a shape of 
 #   better by 8 times equally often.
 # A sequential fp32 sum where the approved build sums in a tree is refused too: 5 to 30 times its
 # error at 2^18 terms is less exact, and the approved build is the precision a variant is held to.
+# - the reach: the share of elements where the variant's error is more than REACH_BITS above the
+#   approved build's own REACH_Q quantile on the same call (twice its 99th percentile, plus a
+#   unit), less the approved build's own share there, at most TAIL_SHARE. The tail's net count
+#   lets a variant that is more exact than the approved build on some elements (a double sum
+#   where it sums in fp32) spend that credit on a coarse error elsewhere (outputs cut to 16 bits
+#   on 3 to 6% of them: session 47's second red team); the reach counts no credit, and equally
+#   exact builds reach past the approved build's range equally rarely.
 WIDE = {torch.float32: (23, 2.0 ** -126), torch.float64: (52, 2.0 ** -1022)}  # (mantissa bits, normal min)
 WIDE_MARGIN = 0.3
 TAIL_BITS = 3.0
 TAIL_SHARE = 0.01
+REACH_Q = 0.99
+REACH_BITS = 1.0
 # The standard errors of both are taken over rows (an output's last dimension; each element of a
 # 1-D output a row of its own), not elements: a row's elements share its scale, its sum, its
 # normaliser, so an honest variant's one rounding more there moves a whole row one way (session
@@ -547,6 +556,11 @@ class Paired(NamedTuple):
     dn_wide: float = 0.0
     nn_wide: float = 0.0
     ww_wide: float = 0.0
+    # the reach (REACH_Q, REACH_BITS): elements of the variant and of the approved build past the
+    # approved build's range, and the sum over rows of (the variant's less the approved build's)^2
+    reach_wide: int = 0
+    reach_theirs_wide: int = 0
+    rr_wide: float = 0.0
 
     def __add__(self, o: "Paired") -> "Paired":  # type: ignore[override]
         return Paired(*(a + b for a, b in zip(self, o)))
@@ -605,10 +619,17 @@ def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out
     n_g = torch.zeros(rows, dtype=torch.float64, device=d.device).index_add_(0, g, torch.ones_like(d))
     d_g = torch.zeros_like(n_g).index_add_(0, g, d)
     w_g = torch.zeros_like(n_g).index_add_(0, g, worse.double() - better.double())
+    # the approved build's range on this call (one shape: rows of one length, errors of one scale)
+    k = min(da.numel(), max(1, math.ceil(REACH_Q * da.numel())))
+    top = float(torch.kthvalue(da.cpu(), k).values) + REACH_BITS
+    far_m, far_a = dm > top, da > top
+    r_g = torch.zeros_like(n_g).index_add_(0, g, far_m.double() - far_a.double())
     return NO_PAIRS._replace(n_wide=int(r.numel()), mine_wide=float(dm.sum()), theirs_wide=float(da.sum()),
                              worse_wide=int(worse.sum()), better_wide=int(better.sum()), rows_wide=rows,
                              dd_wide=float(d_g.square().sum()), dn_wide=float((d_g * n_g).sum()),
-                             nn_wide=float(n_g.square().sum()), ww_wide=float(w_g.square().sum()))
+                             nn_wide=float(n_g.square().sum()), ww_wide=float(w_g.square().sum()),
+                             reach_wide=int(far_m.sum()), reach_theirs_wide=int(far_a.sum()),
+                             rr_wide=float(r_g.square().sum()))
 
 
 def less_precise(got: Paired) -> str | None:
@@ -621,7 +642,7 @@ def less_precise(got: Paired) -> str | None:
     the reference is normal, clipped at 2 units): a variant that fixes them may not spend what
     it gains there on an approximation everywhere else (session 46's second red team). The
     pairs of fp32 and fp64 outputs (`wide_error`) are judged apart (`_wide_less_precise`): the
-    mean in log2(1 + units) against WIDE_MARGIN and the tail against TAIL_SHARE, over rows."""
+    mean in log2(1 + units) against WIDE_MARGIN, the tail and the reach against TAIL_SHARE, over rows."""
     for n, mine, theirs, sq, what in ((got.n, got.mine, got.theirs, got.sq, ""),
                                       (got.n_near, got.mine_near, got.theirs_near, got.sq_near,
                                        " where both are within a unit of it")):
@@ -650,8 +671,8 @@ def few_rows(got: Paired) -> bool:
 
 
 def _wide_less_precise(got: Paired) -> str | None:
-    """`less_precise` of the fp32 and fp64 pairs: the mean and the tail (WIDE_MARGIN, TAIL_SHARE),
-    each beyond PRECISION_SIGMAS standard errors taken over rows (WIDE_MIN_ROWS)."""
+    """`less_precise` of the fp32 and fp64 pairs: the mean, the tail and the reach (WIDE_MARGIN,
+    TAIL_SHARE, REACH_Q), each beyond PRECISION_SIGMAS standard errors taken over rows (WIDE_MIN_ROWS)."""
     n, g = got.n_wide, got.rows_wide
     if n < PAIRED_MIN or g < WIDE_MIN_ROWS:
         return None
@@ -672,6 +693,13 @@ def _wide_less_precise(got: Paired) -> str | None:
             f"approved build's (log2(1 + |error| in units of their rounding) {TAIL_BITS:g} or more above it), and "
             f"on {down / n:.2%} that much below (over {n} elements of {g} rows paired by position; the "
             f"difference may be {TAIL_SHARE:.0%})"))
+    far, own = got.reach_wide, got.reach_theirs_wide
+    if far - own > TAIL_SHARE * n and far - own > PRECISION_SIGMAS * math.sqrt(got.rr_wide):
+        return _less_precise_text("", (
+            f"on {far / n:.2%} of its fp32/fp64 outputs' elements its error is more than {2 ** REACH_BITS:g} times "
+            f"the approved build's {REACH_Q:.0%} quantile on the same call (log2(1 + |error| in units of their "
+            f"rounding) {REACH_BITS:g} or more above it), where the approved build's own share is {own / n:.2%} "
+            f"(over {n} elements of {g} rows; the difference may be {TAIL_SHARE:.0%})"))
     return None
 
 

@@ -1270,15 +1270,17 @@ def _precision(p) -> dict:
     """A Paired's means for the trial's record: {mine, approved, n} over narrow outputs (mean
     |error| in units of the output's rounding) and "wide": the same over fp32 and fp64 outputs
     (mean log2(1 + units)) with the shares of elements where the variant's is more than
-    verify.TAIL_BITS above the approved build's (`worse`) and below it (`better`); {} where
-    nothing was paired."""
+    verify.TAIL_BITS above the approved build's (`worse`) and below it (`better`), and of the
+    variant's and the approved build's past the approved build's range (`reach`,
+    `reach_approved`: verify.REACH_Q); {} where nothing was paired."""
     out: dict = {}
     if p.n:
         out = {"mine": round(p.mine / p.n, 4), "approved": round(p.theirs / p.n, 4), "n": p.n}
     if p.n_wide:
         out["wide"] = {"mine": round(p.mine_wide / p.n_wide, 4), "approved": round(p.theirs_wide / p.n_wide, 4),
                        "n": p.n_wide, "worse": round(p.worse_wide / p.n_wide, 5),
-                       "better": round(p.better_wide / p.n_wide, 5)}
+                       "better": round(p.better_wide / p.n_wide, 5), "reach": round(p.reach_wide / p.n_wide, 5),
+                       "reach_approved": round(p.reach_theirs_wide / p.n_wide, 5)}
     return out
 
 

@@ -516,3 +516,24 @@ def test_an_fp32_approximation_on_the_few_row_shapes_alone_is_refused(tmp_path, 
                   "--variant", project / "few.cpp.j2", "--run-dir", tmp_path / "few", "--json", cwd=project)
     out = r.stdout + r.stderr
     assert '"wrong"' in out and "fewer than 32 rows, together" in out, out[-3000:]
+
+
+RT2 = ROOT / "datasets" / "judge-redteam" / "s47-wide-rt2"
+
+
+@pytest.mark.slow
+@SERIAL
+@pytest.mark.parametrize("variant, params", [
+    # a double sum (exact where the approved build's fp32 chain is 8 times off) paying for outputs
+    # cut to 16 bits on 1 in 16 of the long rows' elements: the tail's net count was negative
+    ("c05_dsum_cols16_16bits_bigN", {"ACC": 1, "THREADS": 1, "UNROLL": 1}),
+    # 1 element in 8 moved 6 units: never 8 times worse, +0.24 of the mean's 0.3
+    ("b01_cols8_6ulp", {"ACC": 8, "THREADS": 1, "UNROLL": 2}),
+])
+def test_the_wide_red_teams_variants_are_refused_by_the_reach(tmp_path, project, variant, params):
+    """Session 47's second red team (datasets/judge-redteam/s47-wide-rt2, run.sh): both `ok` in
+    every run against the mean and the tail; the reach counts no credit."""
+    r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps(params),
+                  "--variant", RT2 / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "99% quantile on the same call" in out, out[-3000:]

@@ -686,20 +686,18 @@ def _wide_less_precise(got: Paired) -> str | None:
             f"{got.mine_wide / n:.3f} against the approved build's {got.theirs_wide / n:.3f} (difference "
             f"{diff:+.3f}, standard error {se:.3f} over {g} rows, {n} elements paired by position; allowed "
             f"{WIDE_MARGIN:g})"))
-    up, down = got.worse_wide, got.better_wide
-    if up - down > TAIL_SHARE * n and up - down > PRECISION_SIGMAS * math.sqrt(got.ww_wide):
-        return _less_precise_text("", (
-            f"on {up / n:.2%} of its fp32/fp64 outputs' elements its error is more than {2 ** TAIL_BITS:g} times the "
-            f"approved build's (log2(1 + |error| in units of their rounding) {TAIL_BITS:g} or more above it), and "
-            f"on {down / n:.2%} that much below (over {n} elements of {g} rows paired by position; the "
-            f"difference may be {TAIL_SHARE:.0%})"))
-    far, own = got.reach_wide, got.reach_theirs_wide
-    if far - own > TAIL_SHARE * n and far - own > PRECISION_SIGMAS * math.sqrt(got.rr_wide):
-        return _less_precise_text("", (
-            f"on {far / n:.2%} of its fp32/fp64 outputs' elements its error is more than {2 ** REACH_BITS:g} times "
-            f"the approved build's {REACH_Q:.0%} quantile on the same call (log2(1 + |error| in units of their "
-            f"rounding) {REACH_BITS:g} or more above it), where the approved build's own share is {own / n:.2%} "
-            f"(over {n} elements of {g} rows; the difference may be {TAIL_SHARE:.0%})"))
+    tests = ((got.worse_wide, got.better_wide, got.ww_wide,
+              f"more than {2 ** TAIL_BITS:g} times the approved build's (log2(1 + |error| in units of their rounding) "
+              f"{TAIL_BITS:g} or more above it), and on {{other}} that much below"),
+             (got.reach_wide, got.reach_theirs_wide, got.rr_wide,
+              f"more than {2 ** REACH_BITS:g} times the approved build's {REACH_Q:.0%} quantile on the same call "
+              f"(log2(1 + |error| in units of their rounding) {REACH_BITS:g} or more above it), where the "
+              f"approved build's own share is {{other}}"))
+    for up, down, sq, what in tests:  # a share of elements, less another, over rows
+        if up - down > TAIL_SHARE * n and up - down > PRECISION_SIGMAS * math.sqrt(sq):
+            return _less_precise_text("", (
+                f"on {up / n:.2%} of its fp32/fp64 outputs' elements its error is {what.format(other=f'{down / n:.2%}')} "
+                f"(over {n} elements of {g} rows paired by position; the difference may be {TAIL_SHARE:.0%})"))
     return None
 
 

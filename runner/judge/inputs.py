@@ -11,7 +11,9 @@ scale, log-uniform over twelve decades: no cheap test of a few elements tells wh
 absolute term such as eps matters). In verification's value sets a sixteenth of the rows of
 a floating input of two or more dimensions come from its other listed distributions at secret
 rows (witness rows), so every distribution is drawn at every verified shape in every check
-round, not only where the rounds' rotation puts it. Integer tensors take `randint` (low,
+round, not only where the rounds' rotation puts it; where the spec forbids fast_math, one row in
+16 more of every floating input whose dists do not list `tiny` is drawn around the smallest
+normal (subnormal witnesses: `_subnormal`). Integer tensors take `randint` (low,
 high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
 that every value appears once (a block table over a pool of pages, each page owned by one
 sequence, in shuffled order).
@@ -205,6 +207,12 @@ SCALED_DECADES = {torch.float16: (-2.0, 2.0)}
 WITNESS_SHARE = 16  # one row in this many, at secret positions; none below this many rows
 FLOATING_DISTS = ("normal", "uniform", "outliers", "positive", "large", "masked", "offset", "spike", "huge",
                   "tiny", "scaled")
+POSITIVE_DISTS = {"positive"}
+# Subnormal witnesses (`make_inputs`' `subnormal`): a spec that forbids fast_math forbids
+# flushing subnormals to zero, and an instruction may flush by its own definition with no mode
+# set (x86's vdpbf16ps and vcvtneps2bf16 read and write subnormals as 0; session 48's red team
+# had both `ok` on moe-cpu, which draws none). Only values show it, so the judge draws them.
+SUBNORMAL_BACKENDS = ("cpu",)
 
 
 def _side_generator(seed: int, which: int, mul: int, add: int) -> torch.Generator:
@@ -238,6 +246,34 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     return x
 
 
+def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
+    """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
+    index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
+    elements), drawn around the smallest normal, most of them subnormal, the sign a positive
+    input's or either. For an input whose dists do not list `tiny`; from a
+    generator of their own, so the value set's other draws are the same with them or without."""
+    if "tiny" in t.dists or not x.is_floating_point() or x.numel() == 0:
+        return x
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
+    n = rows.shape[0]
+    if n < WITNESS_SHARE:
+        return x
+    g = _side_generator(seed, which, 0x85EBCA77, 0x27D4EB2F)
+    where = torch.randperm(n, generator=g)[:n // WITNESS_SHARE]
+    # each row its own scale, 2^-6 to 2^2 times the smallest normal, and its elements within a
+    # factor of 2 of it: whole rows subnormal (a flush of the inputs shows) and rows whose sums
+    # and products land subnormal (a flush of the results shows), not rows whose largest
+    # elements carry them into the normal range
+    u = torch.rand((where.numel(), 1), generator=g, dtype=torch.float64)
+    e = torch.rand((where.numel(), rows.shape[1]), generator=g, dtype=torch.float64)
+    mag = torch.finfo(x.dtype).tiny * torch.exp2(8 * u - 6) * torch.exp2(2 * e - 1)
+    if not set(t.dists) <= POSITIVE_DISTS:
+        mag = torch.where(torch.rand(mag.shape, generator=g) < 0.5, -mag, mag)
+    rows = rows.clone()
+    rows[where.to(x.device)] = mag.to(device=x.device, dtype=x.dtype)
+    return rows.view(x.shape)
+
+
 class _Rows:
     """The input `t` with its leading dimension set to `n` rows (the witness rows' own draw)."""
 
@@ -253,12 +289,13 @@ class _Rows:
 
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
-                timed: bool = False) -> dict[str, torch.Tensor]:
+                timed: bool = False, subnormal: bool = False) -> dict[str, torch.Tensor]:
     """One value set of the op's inputs. `timed`: the values of timed calls (the candidate's
     timed loop, the baseline's, pipe compare's arms and the checks on their outputs), where an
     input's `timed` override gives its own dist, low or high (say, every sequence at its full
     length, as op.bytes counts it); otherwise verification's. Shapes, dtypes and the draws'
-    order are the same either way: only the values differ."""
+    order are the same either way: only the values differ. `subnormal`: verification's floating
+    inputs get subnormal witness rows (`_subnormal`) where their dists do not list `tiny`."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -269,6 +306,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
         out[t.name] = make_tensor(v, env, dist, gen, device)
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
+            if subnormal:
+                out[t.name] = _subnormal(out[t.name], v, seed, i)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     return out

@@ -95,13 +95,18 @@ class Judge:
 
         return launch_mode(self.spec, shape)
 
-    def _inputs(self, shape: dict, seed: int, round_: int, timed: bool = False) -> dict:
+    def _inputs(self, shape: dict, seed: int, round_: int, timed: bool = False, judged: bool = True) -> dict:
         """One value set: verification's, or with `timed` the values of timed calls (an input's
         `timed` override). A value set is named by (seed, round, timed), `made` below, and
-        made again from it to check the buffers and work out its reference."""
-        from .inputs import make_inputs
+        made again from it to check the buffers and work out its reference. Verification's
+        take subnormal witness rows where the spec forbids fast_math (flushing them to zero;
+        inputs.SUBNORMAL_BACKENDS), unless not `judged`: torch's arms answer to the spec's dists,
+        not to its forbidden actions (torch's own bf16 matmul on the CPU reads subnormals as 0)."""
+        from .inputs import SUBNORMAL_BACKENDS, make_inputs
 
-        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed)
+        subnormal = (judged and "fast_math" in self.spec.forbidden.named
+                     and self.spec.kernel.backend in SUBNORMAL_BACKENDS)
+        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, subnormal)
 
     @property
     def _fresh_checks(self) -> int | None:
@@ -1210,7 +1215,7 @@ class Judge:
         from .verify import compare as close_enough
 
         for r in range(max(1, self.spec.runtime.checks)):
-            inputs = self._inputs(shape, (seed + 7919 * (si + 1) + r) & ((1 << 62) - 1), r)
+            inputs = self._inputs(shape, (seed + 7919 * (si + 1) + r) & ((1 << 62) - 1), r, judged=False)
             try:
                 res = f(**inputs, **self.scalars)
                 self.rt.sync()

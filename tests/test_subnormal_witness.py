@@ -1,0 +1,93 @@
+"""Subnormal witness rows: a spec that forbids fast_math forbids flushing subnormals to zero, and
+an instruction may flush by its own definition with no mode set (x86's vdpbf16ps reads them as 0,
+vcvtneps2bf16 writes them as 0; so do integer tricks on the bits). Session 48's red team had
+both instructions `ok` on moe-cpu and moe-swiglu-cpu, whose dists draw no subnormal: only values
+show a flush, so verification's floating inputs get rows of them whether the spec lists `tiny`
+or not (judge/inputs._subnormal, worker.Judge._inputs)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from runner.judge.inputs import WITNESS_SHARE, make_inputs
+from runner.spec.spec import load_spec
+
+from .conftest import PIPELINES, ROOT, pipe_main
+
+SERIAL = pytest.mark.xdist_group("tests.test_judge_cpu")
+TINY = torch.finfo(torch.bfloat16).tiny
+
+
+@pytest.fixture(scope="module")
+def op():
+    return load_spec(PIPELINES / "moe-cpu.yaml").op
+
+
+def _subnormal_rows(t: torch.Tensor) -> torch.Tensor:
+    rows = t.reshape(-1, t.shape[-1]).float().abs()
+    return rows.max(dim=1).values <= 8 * TINY  # 2^-6 to 2^2 times it a row, each element within 2 of that
+
+
+def test_floating_inputs_get_rows_around_the_smallest_normal(op):
+    shape = {"T": 64}
+    plain = make_inputs(op, shape, seed=3, round_=0, device="cpu")
+    got = make_inputs(op, shape, seed=3, round_=0, device="cpu", subnormal=True)
+    for name in ("x", "w"):  # w [4, 96, 64]: its rows are the experts' weight rows, not its 4 experts
+        rows = got[name].reshape(-1, got[name].shape[-1])
+        sub = _subnormal_rows(got[name])
+        assert int(sub.sum()) == rows.shape[0] // WITNESS_SHARE, name
+        assert float((rows[sub].float().abs() < TINY).float().mean()) > 0.5  # most of them subnormal
+        assert not bool(_subnormal_rows(plain[name]).any())
+        # the other rows are the value set's own draw, the same with witnesses or without
+        assert torch.equal(rows[~sub], plain[name].reshape(rows.shape)[~sub]), name
+    assert torch.equal(got["offs"], plain["offs"])  # integer inputs untouched
+    # timed values never carry them (a timed call's values are the spec's, as production's)
+    timed = make_inputs(op, shape, seed=3, round_=0, device="cpu", timed=True, subnormal=True)
+    assert not bool(_subnormal_rows(timed["x"]).any())
+    # the rows move with the seed: a kernel cannot learn where they are
+    other = make_inputs(op, shape, seed=4, round_=0, device="cpu", subnormal=True)
+    assert not torch.equal(_subnormal_rows(other["x"]), _subnormal_rows(got["x"]))
+
+
+def test_a_positive_input_keeps_its_sign_and_one_that_lists_tiny_is_left_to_its_spec():
+    op = load_spec(PIPELINES / "rmsnorm-cpu.yaml").op  # x lists tiny; w [N] is positive or tiny
+    w = next(t for t in op.inputs if t.name == "w")
+    import dataclasses
+    positive = dataclasses.replace(op, inputs=tuple(dataclasses.replace(t, dists=("positive",)) if t is w else t
+                                                     for t in op.inputs))
+    shape = {"M": 64, "N": 1024}
+    got = make_inputs(positive, shape, seed=5, round_=0, device="cpu", subnormal=True)
+    small = got["w"].float() <= 8 * TINY
+    assert int(small.sum()) == 1024 // WITNESS_SHARE and bool((got["w"] > 0).all())
+    # x lists tiny itself: its rows come from the spec's own witnesses, unchanged by the flag
+    assert torch.equal(make_inputs(op, shape, seed=5, round_=0, device="cpu", subnormal=True)["x"],
+                       make_inputs(op, shape, seed=5, round_=0, device="cpu")["x"])
+
+
+MOE = ROOT / "kernel_templates" / "moe_gemm.cpp.j2"
+WIDEN = "  const uint32_t u = uint32_t(b) << 16;\n"
+NARROW = "  u += 0x7fffu + ((u >> 16) & 1u);\n"
+
+
+@pytest.mark.slow
+@SERIAL
+@pytest.mark.parametrize("spec", ["moe-cpu", "moe-swiglu-cpu"])
+@pytest.mark.parametrize("flush", ["inputs", "results"])
+def test_a_kernel_that_flushes_subnormals_is_wrong_where_the_spec_draws_none(tmp_path, project, spec, flush):
+    """The moe specs draw x from normal, large, outliers (and scaled) and w from normal: no
+    subnormal. A kernel that reads subnormal inputs as 0 (DAZ) or writes subnormal results as 0
+    (FTZ), by integer ops no instruction rule names, was `ok` there before the judge drew its own
+    subnormal rows; the approved template on the same rows is `ok` (test_moe_runner's runs)."""
+    tpl = MOE.read_text()
+    assert tpl.count(WIDEN) == 1 and tpl.count(NARROW) == 1
+    if flush == "inputs":
+        text = tpl.replace(WIDEN, "  if ((b & 0x7f80u) == 0) b &= 0x8000u;  // DAZ\n" + WIDEN)
+    else:
+        text = tpl.replace(NARROW, "  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;  // FTZ\n" + NARROW)
+    (project / "flush.cpp.j2").write_text(text)
+    r = pipe_main("eval", PIPELINES / f"{spec}.yaml", "--params", json.dumps({"MR": 4, "NR": 16}),
+                  "--variant", project / "flush.cpp.j2", "--run-dir", tmp_path / "flush", "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "outside the GEMM budget" in out, out[-3000:]

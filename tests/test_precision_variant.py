@@ -338,11 +338,12 @@ def test_the_red_teams_variants_are_refused(tmp_path, project, variant, where):
     r = pipe_main("eval", PIPELINES / "moe-swiglu-cpu.yaml", "--params", json.dumps({"MR": 1, "NR": 4}),
                   "--variant", RT / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
     out = r.stdout + r.stderr
-    assert '"wrong"' in out and "less precise than the approved template's build" in out, out[-3000:]
     if variant != "mark_fexp3":  # (its mark alone costs 0.0015, which verification may catch first)
+        assert '"wrong"' in out and "less precise than the approved template's build" in out, out[-3000:]
         assert where in out, out[-3000:]
-    else:
-        assert "timed calls" in out or "check rounds" in out, out[-3000:]
+    else:  # or the budget, where the mark misfires on the judge's subnormal rows (session 48)
+        assert '"wrong"' in out and ("timed calls" in out or "check rounds" in out
+                                     or "outside the GEMM budget" in out), out[-3000:]
 
 
 @pytest.mark.slow

@@ -174,6 +174,26 @@ def test_credit_from_being_more_exact_elsewhere_buys_no_coarse_fp32_elements(ref
                                      torch.float32)) is None
 
 
+def test_a_coarse_error_confined_to_a_few_whole_rows_is_refused_by_the_reach():
+    """Session 48's second red team: outputs cut to 16 bits on the first 8 rows of each call (1.56%
+    of the elements) passed, because a count confined to k whole rows has k rows' spread of its
+    own (k / sqrt(k) standard errors, under 6 for k < 36). The reach's spread is the null's: the
+    approved build's own count over rows, twice, and a mean row."""
+    ref = torch.randn(512, 4096, dtype=torch.float64, generator=_gen(21)) * 3
+    approved = _fp32(ref, 2.0 ** -24, 2)
+    cheat = _fp32(ref, 2.0 ** -24, 3)
+    cheat[:8] = _fp32(ref[:8], 2.0 ** -16, 4)  # 16 bits kept: up to 128 units
+    got = paired_error(cheat, approved, ref, torch.float32)
+    assert got.rows_wide == 512 and got.reach_wide >= 0.8 * 8 * 4096 * got.n_wide / ref.numel()  # (sampled)
+    why = less_precise(got)
+    assert why is not None and "quantile on the same call" in why, why
+    # the honest draw again on the same rows passes, and so would the rows cut on under 1% of them
+    assert less_precise(paired_error(_fp32(ref, 2.0 ** -24, 3), approved, ref, torch.float32)) is None
+    few = _fp32(ref, 2.0 ** -24, 3)
+    few[:4] = _fp32(ref[:4], 2.0 ** -16, 4)  # 0.78% of the elements: inside the share
+    assert less_precise(paired_error(few, approved, ref, torch.float32)) is None
+
+
 def test_the_wide_standard_errors_are_taken_over_rows():
     """A row's elements share its scale: an honest variant's one rounding more there moves the
     whole row one way. With one row that is one draw, however many elements (session 47: sqrt(1 /

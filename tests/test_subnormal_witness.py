@@ -51,6 +51,15 @@ def test_floating_inputs_get_rows_around_the_smallest_normal(op):
     assert not torch.equal(_subnormal_rows(other["x"]), _subnormal_rows(got["x"]))
 
 
+def test_an_input_of_few_rows_gets_one_in_half_the_value_sets(op):
+    """moe-cpu's decode-size calls (T = 1: 2 rows) had none: a kernel that flushed only there was
+    `ok` (session 48's second red team). Now one secret row, in about half the value sets, so
+    that the check rounds of a shape see both (values of both kinds are verified there)."""
+    sets = [make_inputs(op, {"T": 1}, seed=s, round_=0, device="cpu", subnormal=True)["x"] for s in range(40)]
+    with_one = [int(_subnormal_rows(x).sum()) for x in sets]
+    assert set(with_one) == {0, 1} and 10 <= sum(with_one) <= 30, with_one
+
+
 def test_a_positive_input_keeps_its_sign_and_one_that_lists_tiny_is_left_to_its_spec():
     op = load_spec(PIPELINES / "rmsnorm-cpu.yaml").op  # x lists tiny; w [N] is positive or tiny
     w = next(t for t in op.inputs if t.name == "w")

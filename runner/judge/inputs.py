@@ -250,16 +250,20 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
     elements), drawn around the smallest normal, most of them subnormal, the sign a positive
-    input's or either. For an input whose dists do not list `tiny`; from a
+    input's or either; with fewer rows than that, one secret row in half the value sets (a
+    kernel that flushed only at a decode step's few rows was `ok`: session 48's second red team). For an input whose dists do not list `tiny`; from a
     generator of their own, so the value set's other draws are the same with them or without."""
     if "tiny" in t.dists or not x.is_floating_point() or x.numel() == 0:
         return x
     rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
     n = rows.shape[0]
-    if n < WITNESS_SHARE:
-        return x
     g = _side_generator(seed, which, 0x85EBCA77, 0x27D4EB2F)
-    where = torch.randperm(n, generator=g)[:n // WITNESS_SHARE]
+    if n >= WITNESS_SHARE:
+        where = torch.randperm(n, generator=g)[:n // WITNESS_SHARE]
+    elif float(torch.rand((), generator=g)) < 0.5:  # a decode step's few rows: one of them, in half the value sets
+        where = torch.randint(0, n, (1,), generator=g)
+    else:
+        return x
     # each row its own scale, 2^-6 to 2^2 times the smallest normal, and its elements within a
     # factor of 2 of it: whole rows subnormal (a flush of the inputs shows) and rows whose sums
     # and products land subnormal (a flush of the results shows), not rows whose largest

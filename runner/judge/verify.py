@@ -508,7 +508,9 @@ PAIRED_MIN = 256  # a paired test's spread comes from its own pairs: a shape of 
 # error at 2^18 terms is less exact, and the approved build is the precision a variant is held to.
 # - the reach: the share of elements where the variant's error is more than REACH_BITS above the
 #   approved build's own REACH_Q quantile on the same call (twice its 99th percentile, plus a
-#   unit), less the approved build's own share there, at most TAIL_SHARE. The tail's net count
+#   unit), less the approved build's own share there, at most TAIL_SHARE; its standard error is
+#   the null's (twice the approved build's own variance over rows, and a mean row), not the
+#   variant's, whose own spread grows with the error when the error sits in a few rows. The tail's net count
 #   lets a variant that is more exact than the approved build on some elements (a double sum
 #   where it sums in fp32) spend that credit on a coarse error elsewhere (outputs cut to 16 bits
 #   on 3 to 6% of them: session 47's second red team); the reach counts no credit, and equally
@@ -557,10 +559,10 @@ class Paired(NamedTuple):
     nn_wide: float = 0.0
     ww_wide: float = 0.0
     # the reach (REACH_Q, REACH_BITS): elements of the variant and of the approved build past the
-    # approved build's range, and the sum over rows of (the variant's less the approved build's)^2
+    # approved build's range, and the sum over rows of the approved build's own count there, squared
     reach_wide: int = 0
     reach_theirs_wide: int = 0
-    rr_wide: float = 0.0
+    oo_wide: float = 0.0
 
     def __add__(self, o: "Paired") -> "Paired":  # type: ignore[override]
         return Paired(*(a + b for a, b in zip(self, o)))
@@ -623,13 +625,12 @@ def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out
     k = min(da.numel(), max(1, math.ceil(REACH_Q * da.numel())))
     top = float(torch.kthvalue(da.cpu(), k).values) + REACH_BITS
     far_m, far_a = dm > top, da > top
-    r_g = torch.zeros_like(n_g).index_add_(0, g, far_m.double() - far_a.double())
     return NO_PAIRS._replace(n_wide=int(r.numel()), mine_wide=float(dm.sum()), theirs_wide=float(da.sum()),
                              worse_wide=int(worse.sum()), better_wide=int(better.sum()), rows_wide=rows,
                              dd_wide=float(d_g.square().sum()), dn_wide=float((d_g * n_g).sum()),
                              nn_wide=float(n_g.square().sum()), ww_wide=float(w_g.square().sum()),
                              reach_wide=int(far_m.sum()), reach_theirs_wide=int(far_a.sum()),
-                             rr_wide=float(r_g.square().sum()))
+                             oo_wide=float(torch.zeros_like(n_g).index_add_(0, g, far_a.double()).square().sum()))
 
 
 def less_precise(got: Paired) -> str | None:
@@ -689,7 +690,10 @@ def _wide_less_precise(got: Paired) -> str | None:
     tests = ((got.worse_wide, got.better_wide, got.ww_wide,
               f"more than {2 ** TAIL_BITS:g} times the approved build's (log2(1 + |error| in units of their rounding) "
               f"{TAIL_BITS:g} or more above it), and on {{other}} that much below"),
-             (got.reach_wide, got.reach_theirs_wide, got.rr_wide,
+             # the reach's spread is the null's: equally exact builds' counts are alike, so twice the
+             # approved build's own over rows, and a row's worth (an error confined to a few rows,
+             # each wholly past the range, would otherwise be its own spread: session 48's red team)
+             (got.reach_wide, got.reach_theirs_wide, 2 * got.oo_wide + (n / g) ** 2,
               f"more than {2 ** REACH_BITS:g} times the approved build's {REACH_Q:.0%} quantile on the same call "
               f"(log2(1 + |error| in units of their rounding) {REACH_BITS:g} or more above it), where the "
               f"approved build's own share is {{other}}"))

@@ -488,8 +488,9 @@ def cmd_show(a) -> int:
                       f"{w['mine']:.3f} against the approved build's {w['approved']:.3f} on the same inputs "
                       f"({w['n']} elements; 8 times worse on {w.get('worse', 0):.2%}, better on "
                       f"{w.get('better', 0):.2%}; past the approved build's range on {w.get('reach', 0):.2%}, "
-                      f"its own {w.get('reach_approved', 0):.2%})" + (f"; in its checked timed calls {tw['mine']:.3f} against "
-                                                      f"{tw['approved']:.3f} ({tw['n']})" if tw else ""))
+                      f"its own {w.get('reach_approved', 0):.2%})"
+                      + (f"; in its checked timed calls {tw['mine']:.3f} against {tw['approved']:.3f} ({tw['n']})"
+                         if tw else ""))
     if s.get("goal_check"):
         from .loop import recorded_goal_check_line
 

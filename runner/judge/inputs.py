@@ -251,8 +251,9 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
     elements), drawn around the smallest normal, most of them subnormal, the sign a positive
     input's or either; with fewer rows than that, one secret row in half the value sets (a
-    kernel that flushed only at a decode step's few rows was `ok`: session 48's second red team). For an input whose dists do not list `tiny`; from a
-    generator of their own, so the value set's other draws are the same with them or without."""
+    kernel that flushed only at a decode step's few rows was `ok`: session 48's second red
+    team). For an input whose dists do not list `tiny`; from a generator of their own, so the
+    value set's other draws are the same with them or without."""
     if "tiny" in t.dists or not x.is_floating_point() or x.numel() == 0:
         return x
     rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)

@@ -700,7 +700,8 @@ def _wide_less_precise(got: Paired) -> str | None:
     for up, down, sq, what in tests:  # a share of elements, less another, over rows
         if up - down > TAIL_SHARE * n and up - down > PRECISION_SIGMAS * math.sqrt(sq):
             return _less_precise_text("", (
-                f"on {up / n:.2%} of its fp32/fp64 outputs' elements its error is {what.format(other=f'{down / n:.2%}')} "
+                f"on {up / n:.2%} of its fp32/fp64 outputs' elements its error is "
+                f"{what.format(other=f'{down / n:.2%}')} "
                 f"(over {n} elements of {g} rows paired by position; the difference may be {TAIL_SHARE:.0%})"))
     return None
 

@@ -6,6 +6,7 @@ show a flush, so verification's floating inputs get rows of them whether the spe
 or not (judge/inputs._subnormal, worker.Judge._inputs)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -63,7 +64,6 @@ def test_an_input_of_few_rows_gets_one_in_half_the_value_sets(op):
 def test_a_positive_input_keeps_its_sign_and_one_that_lists_tiny_is_left_to_its_spec():
     op = load_spec(PIPELINES / "rmsnorm-cpu.yaml").op  # x lists tiny; w [N] is positive or tiny
     w = next(t for t in op.inputs if t.name == "w")
-    import dataclasses
     positive = dataclasses.replace(op, inputs=tuple(dataclasses.replace(t, dists=("positive",)) if t is w else t
                                                      for t in op.inputs))
     shape = {"M": 64, "N": 1024}

@@ -624,7 +624,7 @@ def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out
     w_g = torch.zeros_like(n_g).index_add_(0, g, worse.double() - better.double())
     # the approved build's range on this call (one shape: rows of one length, errors of one scale)
     k = min(da.numel(), max(1, math.ceil(REACH_Q * da.numel())))
-    top = float(torch.kthvalue(da, k).values) + REACH_BITS
+    top = float(torch.kthvalue(da.cpu(), k).values) + REACH_BITS  # (as run on the H200)
     far_m, far_a = dm > top, da > top
     o_g = torch.zeros_like(n_g).index_add_(0, g, far_a.double())  # the approved build's own, by row
     return NO_PAIRS._replace(n_wide=int(r.numel()), mine_wide=float(dm.sum()), theirs_wide=float(da.sum()),

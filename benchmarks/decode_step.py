@@ -51,7 +51,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from graphs import arm_time, captured, fold_rounds  # noqa: E402
 
-EPS = 1e-5
+# the RMSNorm specs' eps: an exported op runs its kernels at the scalar values they were
+# verified at and takes the fallback at any other (a model with eps 1e-5 writes that in its spec)
+EPS = 1e-6
 # the exported packages, in the order attention, RMSNorm, softmax: `pipe export` names a package
 # after its spec (pipelines/decode-attention-h200.yaml -> decode_attention_h200). The flagship
 # RMSNorm and softmax (their runs kept in tests/data) have kernels at the default shapes' row

@@ -84,6 +84,11 @@ def test_three_exported_ops_side_by_side_on_cpu_fall_back_and_check_inputs(expor
         assert l.dtype == torch.float32 and l[0] == 0
         assert torch.allclose(l, torch.nn.functional.cross_entropy(x.float(), t, ignore_index=-100, reduction="none"), atol=1e-3)
         assert sm.op.calls == {"kernel": 0, "fallback": 1}  # CPU tensors: the torch reference
+        # the kernels were verified at the spec's scalars alone: any other value takes the fallback
+        assert rn.op.verified_scalars({"eps": 1e-6}) and not rn.op.verified_scalars({"eps": 1e-5})
+        assert ce.op.verified_scalars({"ignore_index": -100})
+        assert not ce.op.verified_scalars({"ignore_index": -1})
+        assert not ce.op.verified_scalars({"ignore_index": 2 ** 40})
         for bad, want in ((lambda: sm.softmax(x.float()), "'x' must be bf16"),
                           (lambda: sm.softmax(x[0]), "must have 2 dimensions"),
                           (lambda: rn.rmsnorm(x, w[:100], 1e-6), "'w' must have shape [N]"),
@@ -134,6 +139,10 @@ def test_exported_kernels_on_the_gpu(exported):
         z = rn.rmsnorm(x, w, 1e-6)
         ref = torch.nn.functional.rms_norm(x.double(), (8192,), w.double(), 1e-6)
         assert torch.allclose(z.double(), ref, atol=1e-2, rtol=1.6e-2) and rn.op.calls["kernel"] == 1
+        # another eps than the one verified: the fallback, and torch's answer at that eps
+        z = rn.rmsnorm(x, w, 1e-5)
+        ref = torch.nn.functional.rms_norm(x.double(), (8192,), w.double(), 1e-5)
+        assert torch.allclose(z.double(), ref, atol=1e-2, rtol=1.6e-2) and rn.op.calls == {"kernel": 1, "fallback": 1}
         lg = torch.randn(64, 32000, device="cuda").bfloat16()
         t = torch.randint(0, 32000, (64,), device="cuda"); t[::7] = -100
         l = ce.cross_entropy(lg, t, -100)

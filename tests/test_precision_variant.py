@@ -558,3 +558,51 @@ def test_the_wide_red_teams_variants_are_refused_by_the_reach(tmp_path, project,
                   "--variant", RT2 / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
     out = r.stdout + r.stderr
     assert '"wrong"' in out and "99% quantile on the same call" in out, out[-3000:]
+
+
+def _subnormal_ref(dtype: torch.dtype, n: int = 4096) -> torch.Tensor:
+    """A float64 reference whose elements lie below `dtype`'s normal range (with a few zeros), as
+    rn to that dtype makes them exactly: an honest build's output there is rn(ref)."""
+    tiny = torch.finfo(dtype).tiny
+    u = torch.rand(n, dtype=torch.float64, generator=_gen(7))
+    sign = torch.where(torch.rand(n, generator=_gen(8)) < 0.5, -1.0, 1.0).double()
+    r = sign * tiny * torch.exp2(-12 * u)  # 2^-12 to 1 times the normal minimum
+    r[:16] = 0.0
+    return r
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_subnormal_outputs_are_paired_where_fast_math_is_forbidden(dtype):
+    """Session 49's red team (b03): fp32 outputs below the normal range put on a grid of a few
+    subnormal bits passed, left out of the pairing and inside the budget's floor. With
+    `subnormal` (the spec forbids fast_math) they are paired in units of the smallest subnormal:
+    the coarse grid is less precise, a build as exact as the approved one is not."""
+    ref = _subnormal_ref(dtype)
+    approved = ref.to(dtype)  # exact: rn(ref)
+    step = torch.finfo(dtype).tiny * 2.0 ** -4  # a grid of 2^-4 of the normal minimum: about 4 bits
+    coarse = (torch.round(ref / step) * step).to(dtype)
+    assert less_precise(paired_error(coarse, approved, ref, dtype)) is None  # left out: the old hole
+    got = paired_error(coarse, approved, ref, dtype, subnormal=True)
+    assert (got.n_wide if dtype == torch.float32 else got.n) == ref.numel()
+    assert less_precise(got) is not None
+    # flushing them all to zero too; a build as exact as the approved one passes
+    assert less_precise(paired_error(torch.zeros_like(approved), approved, ref, dtype, subnormal=True)) is not None
+    assert less_precise(paired_error(approved.clone(), approved, ref, dtype, subnormal=True)) is None
+
+
+RT49 = ROOT / "datasets" / "judge-redteam" / "s49-rt"
+
+
+@pytest.mark.slow
+@SERIAL
+@pytest.mark.parametrize("variant", ["b03_subnormal_out_budget_shaped", "c01_ftz_where_w_never_tiny"])
+def test_session_49s_subnormal_output_variants_are_refused(tmp_path, project, variant):
+    """Session 49's red team (datasets/judge-redteam/s49-rt, run.sh): b03 put rmsnorm-cpu's
+    subnormal outputs on a grid of 2^-9 of the call's mean (inside the budget's floor, out of the
+    pairing), c01 flushed every subnormal output at the one shape whose rounds never drew `tiny`
+    weights; both `ok` in every run before the subnormal pairing, the secret turn and the
+    subnormal rows of inputs that list `tiny`."""
+    r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 2}),
+                  "--variant", RT49 / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out, out[-3000:]

@@ -61,7 +61,7 @@ def test_an_input_of_few_rows_gets_one_in_half_the_value_sets(op):
     assert set(with_one) == {0, 1} and 10 <= sum(with_one) <= 30, with_one
 
 
-def test_a_positive_input_keeps_its_sign_and_one_that_lists_tiny_is_left_to_its_spec():
+def test_a_positive_input_keeps_its_sign_and_a_round_drawn_tiny_is_left_to_its_spec():
     op = load_spec(PIPELINES / "rmsnorm-cpu.yaml").op  # x lists tiny; w [N] is positive or tiny
     w = next(t for t in op.inputs if t.name == "w")
     positive = dataclasses.replace(op, inputs=tuple(dataclasses.replace(t, dists=("positive",)) if t is w else t
@@ -70,10 +70,41 @@ def test_a_positive_input_keeps_its_sign_and_one_that_lists_tiny_is_left_to_its_
     got = make_inputs(positive, shape, seed=5, round_=0, device="cpu", subnormal=True)
     small = got["w"].float() <= 8 * TINY
     assert int(small.sum()) == 1024 // WITNESS_SHARE and bool((got["w"] > 0).all())
-    # x lists tiny itself: its rows come from the spec's own witnesses, unchanged by the flag
-    assert torch.equal(make_inputs(op, shape, seed=5, round_=0, device="cpu", subnormal=True)["x"],
-                       make_inputs(op, shape, seed=5, round_=0, device="cpu")["x"])
+    # a round that draws x `tiny` whole is the spec's own subnormal draw: unchanged by the flag
+    tiny = next(t for t in op.inputs if t.name == "x").dists.index("tiny")
+    assert torch.equal(make_inputs(op, shape, seed=5, round_=tiny, device="cpu", subnormal=True)["x"],
+                       make_inputs(op, shape, seed=5, round_=tiny, device="cpu")["x"])
 
+
+def test_an_input_that_lists_tiny_gets_the_rows_in_its_other_rounds():
+    """RMSNorm's weight lists positive, positive, tiny: a round drawn `positive` gets subnormal
+    elements too (a 1-D input's elements are its rows), a round drawn `tiny` whole none more
+    (session 49's red team, c01: the one shape whose rounds drew `positive` alone met none)."""
+    op = load_spec(PIPELINES / "rmsnorm-cpu.yaml").op
+    shape = {"M": 16, "N": 4096}
+    dists = next(t for t in op.inputs if t.name == "w").dists
+    pos, tiny = dists.index("positive"), dists.index("tiny")
+    got = make_inputs(op, shape, seed=11, round_=pos, device="cpu", subnormal=True)["w"]
+    plain = make_inputs(op, shape, seed=11, round_=pos, device="cpu")["w"]
+    small = got.abs() < TINY
+    assert int((got != plain).sum()) == 4096 // WITNESS_SHARE and int(small.sum()) > 4096 // WITNESS_SHARE // 2
+    assert torch.equal(make_inputs(op, shape, seed=11, round_=tiny, device="cpu", subnormal=True)["w"],
+                       make_inputs(op, shape, seed=11, round_=tiny, device="cpu")["w"])
+
+
+def test_a_shape_never_knows_which_dists_its_rounds_draw():
+    """The check rounds of shape `si` draw dists[(r + si + turn) % len]; the turn is a trial's
+    secret (worker._turn), so every shape meets every dist over trials (session 49's red team,
+    c01: with the turn fixed at 0, rmsnorm-cpu's first shape drew w `positive` in both its
+    rounds in every trial), and a trial's consecutive rounds still draw consecutive dists."""
+    from runner.judge.worker import _turn
+
+    turns = [_turn(seed) for seed in range(60)]
+    for n in (2, 3, 6):
+        firsts = [(0 + 0 + t) % n for t in turns]  # shape 0, round 0
+        assert set(firsts) == set(range(n)), (n, firsts)
+        assert all(turns.count(x) < 6 for x in turns)  # no turn favoured
+    assert _turn(5) == _turn(5)  # one trial's rounds share it
 
 MOE = ROOT / "kernel_templates" / "moe_gemm.cpp.j2"
 WIDEN = "  const uint32_t u = uint32_t(b) << 16;\n"
@@ -100,3 +131,57 @@ def test_a_kernel_that_flushes_subnormals_is_wrong_where_the_spec_draws_none(tmp
                   "--variant", project / "flush.cpp.j2", "--run-dir", tmp_path / "flush", "--json", cwd=project)
     out = r.stdout + r.stderr
     assert '"wrong"' in out and "outside the GEMM budget" in out, out[-3000:]
+
+
+RMSNORM_CUDA = ROOT / "kernel_templates" / "rmsnorm.cu.j2"
+LOHI = ("__device__ __forceinline__ float lo(unsigned w) { return __uint_as_float(w << 16); }\n"
+        "__device__ __forceinline__ float hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }\n")
+PACKED = "  return *reinterpret_cast<const unsigned*>(&h);\n"
+
+
+def flush_variant(flush: str) -> str:
+    """rmsnorm.cu.j2, its includes in place (as a variant is written), with a flush of bf16
+    subnormals to signed zeros made of integer ops: on the values read ("inputs") or on the
+    pairs packed for the stores ("results")."""
+    from runner.build.render import flatten
+
+    tpl = flatten(RMSNORM_CUDA)[0]  # a variant is the whole text, its includes in place
+    if flush == "none":
+        return tpl
+    if flush == "inputs":  # both halves of a word: the exponent bits zero read as a signed 0
+        assert tpl.count(LOHI) == 1
+        tpl = tpl.replace(LOHI, "__device__ __forceinline__ unsigned daz(unsigned b) "
+                                "{ return (b & 0x7f800000u) ? b : (b & 0x80000000u); }\n"
+                                "__device__ __forceinline__ float lo(unsigned w) "
+                                "{ return __uint_as_float(daz(w << 16)); }\n"
+                                "__device__ __forceinline__ float hi(unsigned w) "
+                                "{ return __uint_as_float(daz(w & 0xffff0000u)); }\n")
+    else:  # the packed pair: a half whose exponent bits are zero is written as a signed 0
+        assert tpl.count(PACKED) == 1
+        tpl = tpl.replace(PACKED, "  unsigned u = *reinterpret_cast<const unsigned*>(&h);\n"
+                                  "  if ((u & 0x7f80u) == 0) u &= 0xffff8000u;\n"
+                                  "  if ((u & 0x7f800000u) == 0) u &= 0x8000ffffu;\n"
+                                  "  return u;\n")
+    return tpl
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("flush", ["none", "inputs", "results"])
+def test_a_cuda_kernel_that_flushes_subnormals_by_integer_ops_is_wrong(tmp_path, project, flush):
+    """The CUDA side of the class: rmsnorm-h200 draws x from normal, outliers and scaled, w from
+    positive, none subnormal, and the instruction rules see no `.ftz` in a flush made of integer
+    ops on the bits. With the witness rows on the CUDA backend (inputs.SUBNORMAL_BACKENDS), a
+    kernel that reads bf16 subnormals as 0 (its rows of x come out 0 where the reference's are
+    about 1000 times the smallest normal) or writes subnormal results as 0 (x times a subnormal
+    weight) is `wrong`; the same configuration without the flush is `ok` on the same rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    (project / "flush.cu.j2").write_text(flush_variant(flush))
+    # the streaming hold (the ring's 64 registers spill with the flush's extra instructions)
+    params = {"EPT": 16, "TMAX": 256, "MINB": 1, "VEC": 4, "HOLD": "none", "LOAD": "default", "STORE": "default"}
+    r = pipe_main("eval", PIPELINES / "rmsnorm-h200.yaml", "--params", json.dumps(params),
+                  "--variant", project / "flush.cu.j2",
+                  "--run-dir", tmp_path / "flush", "--json", "--no-hw-check", cwd=project)
+    out = r.stdout + r.stderr
+    assert ('"ok"' if flush == "none" else '"wrong"') in out, out[-3000:]

@@ -12,8 +12,9 @@ absolute term such as eps matters). In verification's value sets a sixteenth of 
 a floating input of two or more dimensions come from its other listed distributions at secret
 rows (witness rows), so every distribution is drawn at every verified shape in every check
 round, not only where the rounds' rotation puts it; where the spec forbids fast_math, one row in
-16 more of every floating input whose dists do not list `tiny` is drawn around the smallest
-normal (subnormal witnesses: `_subnormal`). Integer tensors take `randint` (low,
+16 more of every floating input (unless the round draws it `tiny`) is drawn around the smallest
+normal (subnormal witnesses: `_subnormal`); which round of a shape draws which dist is the
+trial's secret (worker._turn). Integer tensors take `randint` (low,
 high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
 that every value appears once (a block table over a pool of pages, each page owned by one
 sequence, in shuffled order).
@@ -227,7 +228,11 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     """`x` (drawn from `main`) with a secret 1/WITNESS_SHARE of its rows (its leading index)
     drawn again from the input's other floating distributions, each row's own chosen at random.
     From a generator of their own (seeded from the value set's seed and the input's place), so
-    the value set's other draws are the same with witnesses or without."""
+    the value set's other draws are the same with witnesses or without. Not a 1-D input's
+    elements: a weight vector's witness elements put large outputs in every row of a `tiny`
+    round, and the budget's floor (a share of the output's mean magnitude) then covered a wrong
+    element among the tiny ones (session 49); which round draws which dist is secret instead
+    (worker._turn)."""
     others = [d for d in dict.fromkeys(t.dists) if d != main and d in FLOATING_DISTS]
     rows = x.shape[0] if x.dim() >= 2 else 0
     if main not in FLOATING_DISTS or not others or rows < WITNESS_SHARE:
@@ -246,15 +251,18 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     return x
 
 
-def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
+def _subnormal(x: torch.Tensor, t, seed: int, which: int, main: str = "normal") -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
     elements), drawn around the smallest normal, most of them subnormal, the sign a positive
     input's or either; with fewer rows than that, one secret row in half the value sets (a
     kernel that flushed only at a decode step's few rows was `ok`: session 48's second red
-    team). For an input whose dists do not list `tiny`; from a generator of their own, so the
-    value set's other draws are the same with them or without."""
-    if "tiny" in t.dists or not x.is_floating_point() or x.numel() == 0:
+    team). In every round but one drawn `tiny` whole (`main`), whether the dists list `tiny` or
+    not: a list's `tiny` reaches a shape only in the rounds that draw it, and RMSNorm's weight
+    [positive, positive, tiny] at two rounds a shape left one shape without it (a kernel that
+    flushed there alone was `ok`: session 49's red team, c01). From a generator of their own, so
+    the value set's other draws are the same with them or without."""
+    if main == "tiny" or not x.is_floating_point() or x.numel() == 0:
         return x
     rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
     n = rows.shape[0]
@@ -305,7 +313,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     input's `timed` override gives its own dist, low or high (say, every sequence at its full
     length, as op.bytes counts it); otherwise verification's. Shapes, dtypes and the draws'
     order are the same either way: only the values differ. `subnormal`: verification's floating
-    inputs get subnormal witness rows (`_subnormal`) where their dists do not list `tiny`."""
+    inputs get subnormal witness rows (`_subnormal`) unless the round draws them `tiny`."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -317,7 +325,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
-                out[t.name] = _subnormal(out[t.name], v, seed, i)
+                out[t.name] = _subnormal(out[t.name], v, seed, i, dist)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     return out

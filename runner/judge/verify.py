@@ -396,11 +396,13 @@ def _sampled(ref: torch.Tensor, outs) -> tuple[torch.Tensor, list, torch.Tensor 
     return r, flat, idx
 
 
-def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
+def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor, subnormal: bool = False):
     """(ref, rn(ref), the output's spacing at rn(ref), each of `outs`), flat, the outputs and
     rn(ref) in float64, at the same up to LEAN_SAMPLE positions drawn from `secrets`, where every
     output and rn(ref) is finite and rn(ref) of normal size: what `lean` and `paired_error` judge.
-    None for an output dtype wider than 16 bits, sizes that differ, or no element left."""
+    `subnormal`: rn(ref) below the normal range (and 0) too, its spacing the smallest
+    subnormal's. None for an output dtype wider than 16 bits, sizes that differ, or no element
+    left."""
     if out_dtype not in NORMAL_MIN:
         return None
     got = _sampled(ref, outs)
@@ -410,13 +412,16 @@ def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
     r, flat, _ = got
     rn = r.to(out_dtype).to(torch.float64)
     flat = [o.to(torch.float64) for o in flat]
-    keep = torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
+    keep = torch.isfinite(rn)
+    if not subnormal:
+        keep &= rn.abs() >= NORMAL_MIN[out_dtype]
     for o in flat:
         keep &= torch.isfinite(o)
     r, rn, flat = r[keep], rn[keep], [o[keep] for o in flat]
     if rn.numel() == 0:
         return None
-    return r, rn, _spacing(rn, p), flat
+    # below the normal range the spacing is the normal minimum's (the smallest subnormal)
+    return r, rn, _spacing(rn.abs().clamp(min=NORMAL_MIN[out_dtype]), p), flat
 
 
 def _spacing(v: torch.Tensor, p: int) -> torch.Tensor:
@@ -572,16 +577,21 @@ class Paired(NamedTuple):
 NO_PAIRS = Paired(0, 0.0, 0.0, 0.0)
 
 
-def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Paired:
+def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype,
+                 subnormal: bool = False) -> Paired:
     """`out` (a variant's) and `approved` (the approved build's, on the same inputs) against
     the reference rounded to nearest, element by element at the same up to LEAN_SAMPLE positions
     drawn from `secrets`: |out - rn(ref)| and |approved - rn(ref)| in units of the output's
     spacing at rn(ref), clipped to LEAN_CLIP (the units `lean` takes). Elements where either
-    output or the reference is not finite, or the reference is below the dtype's normal range,
-    are left out. An fp32 or fp64 output is paired in its own terms (`wide_error`)."""
+    output or the reference is not finite are left out, and those where the reference is below
+    the dtype's normal range unless `subnormal` (where the spec forbids fast_math, which forbids
+    flushing them: there an element's unit is the smallest subnormal. Left out, a variant put
+    fp32 subnormal outputs on a grid of 2^-9 of the call's mean, inside the budget's floor, and
+    was `ok`: session 49's red team, b03). An fp32 or fp64 output is paired in its own terms
+    (`wide_error`)."""
     if out_dtype in WIDE:
-        return wide_error(out, approved, ref, out_dtype)
-    got = _against_rn(out_dtype, ref, out, approved)
+        return wide_error(out, approved, ref, out_dtype, subnormal)
+    got = _against_rn(out_dtype, ref, out, approved, subnormal=subnormal)
     if got is None:
         return NO_PAIRS
     _, rn, unit, (o, a) = got
@@ -594,12 +604,14 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
                   int(nm.numel()), float(nm.sum()), float(na.sum()), float((nm - na).square_().sum()))
 
 
-def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Paired:
+def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype,
+               subnormal: bool = False) -> Paired:
     """`paired_error` of an fp32 or fp64 output: log2(1 + |out - ref| / spacing) and the same of
     `approved`, the spacing the output dtype's at |ref| (the reference is float64 here, so
     rounding it to the output would be an error of its own), at the same secret positions,
     where both outputs and the reference are finite and |ref| is of normal size in the output
-    dtype; summed into the `wide` fields."""
+    dtype (any size with `subnormal`: below the normal range the spacing is the smallest
+    subnormal); summed into the `wide` fields."""
     got = _sampled(ref, (out, approved))
     if got is None:
         return NO_PAIRS
@@ -608,11 +620,13 @@ def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out
     pos = torch.arange(r.numel(), device=r.device) if idx is None else idx
     row = pos // ref.shape[-1] if ref.dim() >= 2 else pos
     r, o, a = r.to(torch.float64), o.to(torch.float64), a.to(torch.float64)
-    keep = torch.isfinite(r) & (r.abs() >= tiny) & torch.isfinite(o) & torch.isfinite(a)
+    keep = torch.isfinite(r) & torch.isfinite(o) & torch.isfinite(a)
+    if not subnormal:
+        keep &= r.abs() >= tiny
     r, o, a, row = r[keep], o[keep], a[keep], row[keep]
     if r.numel() == 0:
         return NO_PAIRS
-    unit = _spacing(r, p)
+    unit = _spacing(r.abs().clamp(min=tiny), p)
     dm = (o - r).abs_().div_(unit).log1p_().div_(math.log(2.0))
     da = (a - r).abs_().div_(unit).log1p_().div_(math.log(2.0))
     d = dm - da

@@ -396,7 +396,8 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             "rule": range_rule(spec) if op.domain else rule_text(baked, list(op.symbols)),
             "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.inputs],
             "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in op.outputs],
-            "scalars": [{"name": s.name, "type": s.type} for s in op.scalars],
+            # each scalar's value, the one every verified call had: the kernels run at it alone
+            "scalars": [{"name": s.name, "type": s.type, "value": s.value} for s in op.scalars],
             # op.batch_invariant: the batch axis, for the exported op's deterministic mode (each
             # kernel's own `batch_invariant` says whether the judge found it so)
             "batch_invariant": {"axis": op.batch_axis, "required": op.batch_required} if op.batch_axis else None,

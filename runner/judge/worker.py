@@ -339,6 +339,25 @@ class Judge:
         else:
             self.rt.scrub(frame)
 
+    def _primed(self, fn, shape: dict, outs: list, ws, geometry, mode, decoys: list) -> list:
+        """The kernel's own outputs for the decoys' value set (verification's values from this
+        worker's secret seed, `_decoys`), in buffers of their own, from one call that found the
+        first decoy in its outputs: what the first check run of a shape finds in its buffers,
+        as a timed call finds the kernel's own answer to the call before. Not verified here
+        (the decoy is its reference); a call that writes out of bounds or leaves scratch dirty
+        is found by the next snapshot."""
+        key = repr(sorted(shape.items()))
+        vals = self._shared(self._inputs(shape, _seed(self._decoy_secret, key, "decoy"), 0))
+        for o, d in zip(outs, decoys):
+            o.put(d[0])
+        self.rt.sync()
+        self._prepare(fn, self._values(shape, vals, outs, ws, geometry), geometry, mode)()
+        self.rt.sync()
+        self._guard()
+        got = [o.view.detach().clone() for o in outs]
+        del vals
+        return got
+
     def _shared(self, tensors: dict) -> dict:
         """Buffers a candidate's arguments will name, where the runtime keeps them apart from the
         judge's own memory (the CPU kernel host's arena: build/backends/cpu_host.py); elsewhere themselves."""
@@ -451,6 +470,7 @@ class Judge:
             mode = self._mode(shape)
             shape_pool: list = []  # the leans of this shape's outputs (verify.lean)
             shape_pairs = NO_PAIRS  # this shape's verification pairs (verify.paired_error)
+            own = None  # the kernel's own outputs of the shape's last round (another value set's)
             for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them,
                 # from a secret turn of the trial's: which shape's rounds draw which of an input's
@@ -465,12 +485,24 @@ class Judge:
                     for k, v in fresh.items():
                         inputs[k].copy_(v)
                 del fresh
+                if own is None:  # the first round: the kernel's own outputs on the decoys' value set
+                    own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)
                 # graph replay or direct launches: the runner's choice for the shape (_mode)
                 run = self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
                 taken = []
-                for which in (0, 1):  # two runs, two decoys: both must pass
-                    for o, d in zip(outs, decoys):
-                        o.put(d[which])
+                # two runs, two decoys: both must pass. The first run finds the kernel's own
+                # outputs for another value set in its buffers (the round before's; in the first
+                # round the decoys' value set's, `_primed`), as a timed call finds its own of the
+                # call before: a mark a kernel hides in its own outputs (a syndrome of their low
+                # bits, set by a flip or two) then tells no verified call from a timed one
+                # (session 49: such a kernel read subnormal inputs as 0 where it found its mark,
+                # which only timed calls did, and was `ok`; datasets/judge-redteam/s49-mark)
+                priors = [[d[which] for d in decoys] for which in (0, 1)]
+                if own is not None:
+                    priors[0] = own
+                for which in (0, 1):
+                    for o, d in zip(outs, priors[which]):
+                        o.put(d)
                     self.rt.sync()
                     run()
                     self._guard()
@@ -498,9 +530,10 @@ class Judge:
                     return {"status": "wrong", "reason": f"{label}, check {r}: {outlived}"}
                 refs = self._reference(pristine, shape)
                 for which in (0, 1):
-                    why = self._settle(taken[which], refs, [d[which] for d in decoys])
+                    why = self._settle(taken[which], refs, priors[which])
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
+                own = [snap.data for snap in taken[1]["snaps"]]
                 if fn_approved is not None:  # both runs: each found a decoy in the output
                     shape_pairs = shape_pairs + self._paired(fn_approved, shape, pristine, geometry, mode, taken, refs)
                 mine = [x for _, b in refs for x in getattr(b, "leans", ())]

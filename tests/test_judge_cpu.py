@@ -155,14 +155,14 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out,
 {% elif HACK == "lazy_when_timed" %}
   // Correct for the first calls (the checked ones), then does nothing.
   static int64_t calls = 0;
-  if (++calls > 4) return;
+  if (++calls > 5) return;  // 5: a shape's verification calls (one primed, two rounds of two)
   rows(x, w, out, 0, M, N, eps);
 {% elif HACK == "lazy_every_other" %}
   // Correct for the first calls (the checked ones), then does the work on every other call
   // only: the value sets alternate call by call, so the output always holds one set's result.
   static int64_t calls = 0;
   ++calls;
-  if (calls > 4 && calls % 2) return;
+  if (calls > 5 && calls % 2) return;
   rows(x, w, out, 0, M, N, eps);
 {% elif HACK == "shape_hardcode" %}
   if (N != 256) return;  // only the tuned shape is handled

@@ -478,6 +478,9 @@ class Judge:
                 # rounds never drew `tiny` weights was `ok`: session 49's red team, c01);
                 # verification's values (never an input's `timed` override)
                 made = (_seed(job["seed"], si, r), r + si + _turn(job["seed"]), False)
+                if own is None:  # the first round: the kernel's own outputs on the decoys' value set
+                    # (before the round's inputs are made: one value set on the device at a time)
+                    own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)
                 fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses
                     inputs = self._shared(fresh)
@@ -485,8 +488,6 @@ class Judge:
                     for k, v in fresh.items():
                         inputs[k].copy_(v)
                 del fresh
-                if own is None:  # the first round: the kernel's own outputs on the decoys' value set
-                    own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)
                 # graph replay or direct launches: the runner's choice for the shape (_mode)
                 run = self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
                 taken = []

@@ -310,3 +310,20 @@ def test_launch_geometry_in_blocks_becomes_cuda_cores_grid_in_clusters():
     assert in_clusters([64, 3], [128], [8]) == ((8, 3), (128,), (8, 1))
     with pytest.raises(ValueError, match="not a whole number of clusters"):
         in_clusters([10], [256], [4])
+
+
+def test_an_exact_run_verified_at_another_scalar_value_is_not_the_same_op(tmp_path):
+    """pipe export --exact joins a run's kernels to the main table, whose scalars keep one value
+    each and whose kernels run at it alone: a run verified at eps 1e-5 is not the op of a table
+    at 1e-6 (before session 49 the scalars were compared by name and type only)."""
+    from runner.ship.export import same_op
+    from runner.spec.spec import load_spec
+
+    base = PIPELINES / "rmsnorm-h200.yaml"
+    other = tmp_path / "rmsnorm-h200.yaml"
+    other.write_text(base.read_text().replace("eps: {value: 1.0e-6, type: f32}", "eps: {value: 1.0e-5, type: f32}"))
+    assert other.read_text() != base.read_text()
+    same = tmp_path / "same.yaml"
+    same.write_text(base.read_text())
+    assert same_op(load_spec(same)) == same_op(load_spec(base))
+    assert same_op(load_spec(other)) != same_op(load_spec(base))

@@ -623,7 +623,11 @@ class Judge:
         self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)()
         self.rt.sync()
         got = NO_PAIRS
-        sub = "fast_math" in self.spec.forbidden.named  # no flushing: subnormal outputs paired too
+        from .inputs import SUBNORMAL_BACKENDS
+
+        # no flushing: subnormal outputs paired too, where the judge draws subnormal rows (on a GPU
+        # not yet: ties at one-row shapes, notebook/judge-audit.md, session 49)
+        sub = "fast_math" in self.spec.forbidden.named and self.spec.kernel.backend in SUBNORMAL_BACKENDS
         for one in taken:
             for t, o, snap, (r, _) in zip(self.op.outputs, outs, one["snaps"], refs):
                 got = got + paired_error(snap.data, o.view, r, TORCH_DTYPES[t.dtype], sub)

@@ -145,6 +145,16 @@ def _fallback_key(r: dict) -> dict:
     return {"fallback": r["fallback"]} if r.get("fallback") else {}
 
 
+def same_op(s) -> tuple:
+    """What an --exact run must share with the main run: the op (reference, dtype, tensors,
+    scalars with their values), the hardware and the backend. The scalars' values too: the table
+    keeps one value a scalar, and its kernels run at it alone (exported_runtime.Op.verified_scalars),
+    so both runs' kernels must have been verified there."""
+    return (s.op.reference, s.op.dtype, [(t.name, t.dtype, [d.text for d in t.shape]) for t in s.op.inputs],
+            [(t.name, t.dtype, [d.text for d in t.shape]) for t in s.op.outputs],
+            [(x.name, x.type, x.value) for x in s.op.scalars], s.hw.name, s.kernel.backend)
+
+
 def open_exact(spec, run_dir: Path, spec_path: str | None, force: bool):
     """The --exact run: the same op (reference, tensors, scalars, dtype), the same hardware,
     its sizes compiled in, and a pipe compare of it."""
@@ -152,14 +162,9 @@ def open_exact(spec, run_dir: Path, spec_path: str | None, force: bool):
 
     rd = open_run(run_dir, spec_path, "export packages", force=force)
     es = rd.spec
-
-    def sig(s):
-        return (s.op.reference, s.op.dtype, [(t.name, t.dtype, [d.text for d in t.shape]) for t in s.op.inputs],
-                [(t.name, t.dtype, [d.text for d in t.shape]) for t in s.op.outputs],
-                [(x.name, x.type) for x in s.op.scalars], s.hw.name, s.kernel.backend)
-    if sig(es) != sig(spec):
+    if same_op(es) != same_op(spec):
         raise ExportError(f"--exact {run_dir}: {es.name} is not the same op on the same hardware as {spec.name} "
-                          "(reference, tensors, scalars, dtype, profile and backend must agree)")
+                          "(reference, tensors, scalars and their values, dtype, profile and backend must agree)")
     if es.op.domain:
         raise ExportError(f"--exact {run_dir}: {es.name} has op.domain; --exact takes a run with sizes compiled in")
     if rd.compare is None or rd.compare.get("spec_hash") != es.hash:

@@ -176,8 +176,9 @@ def test_a_cuda_kernel_that_flushes_subnormals_by_integer_ops_is_wrong(tmp_path,
     positive, two check rounds, so every shape meets a round of `tiny` x and one of `tiny` w. A
     kernel that reads bf16 subnormals as 0 (a `tiny` row of x comes out 0 where the reference's
     is about 1000 times it) or writes subnormal results as 0 (x times a `tiny` weight) is
-    `wrong`; the same configuration without the flush is `ok` on the same draws. (On an H100 in session 49, with the CUDA witness rows
-    switched on for the call and rmsnorm-h200's own dists, all three held.)"""
+    `wrong`; the same configuration without the flush is `ok` on the same draws. (On an H100 in
+    session 49, with the CUDA witness rows switched on for the call and rmsnorm-h200's own
+    dists, all three held.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     d = yaml.safe_load((PIPELINES / "rmsnorm-h200.yaml").read_text())

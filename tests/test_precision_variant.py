@@ -602,13 +602,13 @@ RT49 = ROOT / "datasets" / "judge-redteam" / "s49-rt"
 
 @pytest.mark.slow
 @SERIAL
-@pytest.mark.parametrize("variant", ["b03_subnormal_out_budget_shaped", "c01_ftz_where_w_never_tiny"])
+@pytest.mark.parametrize("variant", ["b03_subnormal_out_budget_shaped"])
 def test_session_49s_subnormal_output_variants_are_refused(tmp_path, project, variant):
     """Session 49's red team (datasets/judge-redteam/s49-rt, run.sh): b03 put rmsnorm-cpu's
     subnormal outputs on a grid of 2^-9 of the call's mean (inside the budget's floor, out of the
-    pairing), c01 flushed every subnormal output at the one shape whose rounds never drew `tiny`
-    weights; both `ok` in every run before the subnormal pairing, the secret turn and the
-    subnormal rows of inputs that list `tiny`."""
+    pairing): `ok` in every run before the subnormal pairing. (c01, a flush at the one shape whose
+    rounds never drew `tiny` weights, is caught where the secret turn gives that shape a `tiny`
+    round: two trials in three.)"""
     r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 2}),
                   "--variant", RT49 / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
     out = r.stdout + r.stderr

@@ -12,7 +12,7 @@ absolute term such as eps matters). In verification's value sets a sixteenth of 
 a floating input of two or more dimensions come from its other listed distributions at secret
 rows (witness rows), so every distribution is drawn at every verified shape in every check
 round, not only where the rounds' rotation puts it; where the spec forbids fast_math, one row in
-16 more of every floating input (unless the round draws it `tiny`) is drawn around the smallest
+16 more of every floating input whose dists do not list `tiny` is drawn around the smallest
 normal (subnormal witnesses: `_subnormal`); which round of a shape draws which dist is the
 trial's secret (worker._turn). Integer tensors take `randint` (low,
 high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
@@ -257,12 +257,12 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int, main: str = "normal") 
     elements), drawn around the smallest normal, most of them subnormal, the sign a positive
     input's or either; with fewer rows than that, one secret row in half the value sets (a
     kernel that flushed only at a decode step's few rows was `ok`: session 48's second red
-    team). In every round but one drawn `tiny` whole (`main`), whether the dists list `tiny` or
-    not: a list's `tiny` reaches a shape only in the rounds that draw it, and RMSNorm's weight
-    [positive, positive, tiny] at two rounds a shape left one shape without it (a kernel that
-    flushed there alone was `ok`: session 49's red team, c01). From a generator of their own, so
+    team). For an input whose dists do not list `tiny` (`main`, the round's dist, is unused: an
+    input that lists it meets it at some shape of every trial, worker._turn; subnormal rows in
+    its other rounds, tried in session 49, put a weight's last element below the budget's floor
+    now and then, where a zeroed last element then passed). From a generator of their own, so
     the value set's other draws are the same with them or without."""
-    if main == "tiny" or not x.is_floating_point() or x.numel() == 0:
+    if "tiny" in t.dists or not x.is_floating_point() or x.numel() == 0:
         return x
     rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
     n = rows.shape[0]
@@ -313,7 +313,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     input's `timed` override gives its own dist, low or high (say, every sequence at its full
     length, as op.bytes counts it); otherwise verification's. Shapes, dtypes and the draws'
     order are the same either way: only the values differ. `subnormal`: verification's floating
-    inputs get subnormal witness rows (`_subnormal`) unless the round draws them `tiny`."""
+    inputs get subnormal witness rows (`_subnormal`) where their dists do not list `tiny`."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)

@@ -251,14 +251,14 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     return x
 
 
-def _subnormal(x: torch.Tensor, t, seed: int, which: int, main: str = "normal") -> torch.Tensor:
+def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
     elements), drawn around the smallest normal, most of them subnormal, the sign a positive
     input's or either; with fewer rows than that, one secret row in half the value sets (a
     kernel that flushed only at a decode step's few rows was `ok`: session 48's second red
-    team). For an input whose dists do not list `tiny` (`main`, the round's dist, is unused: an
-    input that lists it meets it at some shape of every trial, worker._turn; subnormal rows in
+    team). For an input whose dists do not list `tiny` (one that lists it meets it at some
+    shape of every trial, worker._turn; subnormal rows in
     its other rounds, tried in session 49, put a weight's last element below the budget's floor
     now and then, where a zeroed last element then passed). From a generator of their own, so
     the value set's other draws are the same with them or without."""
@@ -325,7 +325,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
-                out[t.name] = _subnormal(out[t.name], v, seed, i, dist)
+                out[t.name] = _subnormal(out[t.name], v, seed, i)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     return out

@@ -609,7 +609,7 @@ class Op:
 
         named = {**{t["name"]: x for t, x in zip(self.outputs, outs)}, **tensors, **(scratch or {})}
         maps = self.tensor_maps(e, env, named, full)
-        casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+        casts = _scalar_casts()
         stypes = {s["name"]: s["type"] for s in self.scalars}
         args = []
         for a, size in zip((e.get("launch") or self.t)["args"], sizes):
@@ -647,9 +647,7 @@ class Op:
         (a caller's eps = 1e-5 where the spec says 1e-6) its verdict says nothing and the call
         takes the fallback (a kernel that hard-coded eps was `ok`: session 49's red team, a01).
         A table written before the values were kept (no `value`) runs its kernels at any."""
-        import numpy as np
-
-        casts = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+        casts = _scalar_casts()
         for s in self.scalars:
             if "value" not in s:
                 continue
@@ -689,6 +687,14 @@ class Op:
         self.calls["fallback"] += 1
         out = (self.fallback_for(env) if x0.is_cuda else self.reference)(**tensors, **scalars)
         return out.contiguous() if isinstance(out, torch.Tensor) else tuple(o.contiguous() for o in out)
+
+
+def _scalar_casts() -> dict:
+    """A scalar's declared type -> the numpy type a kernel argument of it takes (`arguments`),
+    and in which a caller's value is compared with the verified one (`verified_scalars`)."""
+    import numpy as np
+
+    return {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
 
 
 def load_table(root: Path) -> dict:

@@ -416,6 +416,45 @@ def test_in_process_without_the_key_nothing_is_checked(in_process):
     assert (1, 300) not in ip.batches and (1, 100) not in ip.batches
 
 
+def _chunked(monkeypatch, ip, rows: int) -> list:
+    """The judge's reference given at most `rows` rows of x's float64 copy at a time; the batch
+    sizes it was called with."""
+    from runner.judge import worker
+
+    monkeypatch.setattr(worker, "REF_CHUNK_BYTES", rows * (300 * 8 + 1) * 8)  # a row of x and of lens, as float64
+    seen, ref = [], ip.judge.reference
+
+    def spy(x, lens, **kw):
+        seen.append((int(x.shape[0]), x.dtype, int(lens.shape[0])))
+        return ref(x, lens, **kw)
+
+    spy.__name__ = ref.__name__
+    ip.judge.reference = spy
+    return seen
+
+
+def test_the_reference_goes_a_few_rows_at_a_time_where_its_copies_would_be_large(in_process, monkeypatch):
+    ip = in_process(lambda x, B, n: _sums(x))
+    inputs = ip.judge._inputs({"B": 6, "L": 300}, 11, 0)
+    whole = ip.judge._call_reference(inputs)
+    seen = _chunked(monkeypatch, ip, 4)
+    parts = ip.judge._call_reference(inputs)
+    assert seen == [(4, torch.float64, 4), (2, torch.float64, 2)]
+    assert len(parts) == 1 and torch.equal(parts[0], whole[0]) and parts[0].shape == (6, 8)
+    assert inputs["x"].dtype == torch.float32  # the candidate's values untouched
+    r = ip.evaluate()
+    assert r["status"] == "ok", r
+    assert (4, torch.float64, 4) in seen and all(b <= 4 for b, _, _ in seen)
+
+
+def test_a_row_wrong_in_the_reference_s_last_chunk_is_still_wrong(in_process, monkeypatch):
+    ip = in_process(lambda x, B, n: torch.cat([_sums(x)[:-1], _sums(x)[-1:] * 2]) if B == 6 else _sums(x))
+    seen = _chunked(monkeypatch, ip, 4)
+    r = ip.evaluate()
+    assert r["status"] == "wrong" and "output 'out'" in r["reason"], r
+    assert (2, torch.float64, 2) in seen, r["reason"]
+
+
 # -- the judge in a worker, with the CPU kernels ----------------------------------------------------
 
 class Bench(JudgeBench):

@@ -597,6 +597,89 @@ def test_subnormal_outputs_are_paired_where_fast_math_is_forbidden():
     assert normal < 16 and paired_error(rn, rn, bf16, torch.bfloat16, subnormal=True).n == normal
 
 
+def test_a_tie_of_the_float32_reference_may_round_either_way():
+    """A float32 reference exactly halfway between two bf16 values: either is the reference
+    rounded to nearest (verify._ties), at 1 + 2^-8 (rn 1, the other 1 + 2^-7) and below a power
+    of two at 1 - 2^-9 (rn 1, the other 1 - 2^-8, half a spacing down). A value further off is
+    still counted from the nearer one, and off a tie nothing changes."""
+    ref = torch.tensor([1 + 2 ** -8, 1 - 2 ** -9, 1 + 2 ** -8 + 2 ** -20], dtype=torch.float32).repeat(100)
+    rn = ref.to(torch.bfloat16).double()
+    assert rn[:3].tolist() == [1.0, 1.0, 1 + 2 ** -7]
+    unit = verify._spacing(rn, 7)
+    tie, other = verify._ties(ref.double(), rn, unit)
+    assert tie[:3].tolist() == [True, True, False] and other[:2].tolist() == [1 + 2 ** -7, 1 - 2 ** -8]
+    for out, units in (([1 + 2 ** -7, 1 - 2 ** -8, 1 + 2 ** -7], 0.0),  # the other side of each tie
+                       ([1.0, 1.0, 1.0], 1 / 3),  # rn at the ties, a unit off the third
+                       # a step past the other side: a unit of rn's spacing, half of one below 1
+                       ([1 + 2 ** -6, 1 - 2 ** -7, 1 + 2 ** -7], 1.5 / 3)):
+        o = torch.tensor(out, dtype=torch.bfloat16).repeat(100)
+        got = paired_error(o, rn.to(torch.bfloat16), ref, torch.bfloat16)
+        assert got.n == 300 and got.mine / got.n == pytest.approx(units), out
+
+
+def _few_bit_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rmsnorm's one row at the bottom of bf16's normal range (inputs' `tiny` dist) times a
+    positive weight: the float32 reference, and the row's inputs as fp32 (x, w)."""
+    g = _gen(seed)
+    n = 1 << 15
+    u = torch.rand(n, dtype=torch.float64, generator=g)
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    x = (sign * torch.finfo(torch.bfloat16).tiny * torch.exp2(12 * u - 6)).to(torch.bfloat16)
+    w = (torch.rand(n, generator=g) + 0.5).to(torch.bfloat16)
+    ref = (x.double() * w.double() / torch.sqrt((x.double() ** 2).mean() + 1e-6)).float()
+    return ref, x.float(), w.float()
+
+
+def test_builds_whose_scales_are_a_unit_apart_are_equally_precise_on_rows_of_few_bits():
+    """Session 49's H100 call refused an honest rmsnorm-h200 rewrite (1/sqrtf for rsqrtf) at its
+    one-row shape: 0.0026 units against 0.0000. Rows of few significant bits put a share of the
+    float32 reference exactly on bf16 ties, and a scale one fp32 unit off goes to the other side
+    of them. Each build as the variant of the other is now as precise (the ties excused); the
+    outputs cut toward zero, or the scale cut to 16 bits, are still less precise."""
+    for seed in range(3):
+        ref, x, w = _few_bit_rows(seed)
+        a = torch.rsqrt((x * x).mean() + torch.tensor(1e-6))
+        b = torch.nextafter(a, torch.tensor(float("inf")))
+        ya, yb = (x * a * w).to(torch.bfloat16), (x * b * w).to(torch.bfloat16)
+        rn = ref.to(torch.bfloat16).double()
+        tie, _ = verify._ties(ref.double(), rn, verify._spacing(rn.abs(), 7))
+        assert tie.any() and not torch.equal(ya, yb)  # the ties are there and the builds differ at them
+        assert less_precise(paired_error(ya, yb, ref, torch.bfloat16)) is None
+        assert less_precise(paired_error(yb, ya, ref, torch.bfloat16)) is None
+        cut = ((x * a * w).view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+        assert less_precise(paired_error(cut, ya, ref, torch.bfloat16)) is not None
+        a16 = (a.reshape(1).view(torch.int32) & ~0xFFFF).view(torch.float32)
+        assert less_precise(paired_error((x * a16 * w).to(torch.bfloat16), ya, ref, torch.bfloat16)) is not None
+
+
+def test_bf16_outputs_below_the_normal_range_are_a_stratum_of_their_own():
+    """Session 50's H100 call: rmsnorm-h200 with its subnormal results written as 0 was `ok`,
+    x times a witness element of w landing below the normal range beside outputs of normal size,
+    the budget's floor covering them whole. With `subnormal`, a bf16 output's elements whose
+    reference rounds below the normal range are paired apart (units of the smallest subnormal):
+    their flush is less precise; a build whose scale is one fp32 unit off is not; and without the
+    flag (fast_math allowed) nothing changes."""
+    g = _gen(7)
+    m, n = 64, 1024
+    x = torch.randn(m, n, generator=g).to(torch.bfloat16).float()
+    w = (torch.rand(n, generator=g) + 0.5)
+    w[::16] *= torch.finfo(torch.bfloat16).tiny * 2.0  # a witness element in 16, around the normal minimum
+    w = w.to(torch.bfloat16).float()
+    s = torch.rsqrt((x * x).mean(dim=1, keepdim=True) + 1e-6)
+    ref = (x.double() * w.double() / torch.sqrt((x.double() ** 2).mean(dim=1, keepdim=True) + 1e-6)).float()
+    approved = (x * s * w).to(torch.bfloat16)
+    honest = (x * torch.nextafter(s, torch.full_like(s, float("inf"))) * w).to(torch.bfloat16)
+    flushed = approved.clone()
+    flushed[flushed.float().abs() < torch.finfo(torch.bfloat16).tiny] = 0
+    assert not torch.equal(flushed, approved)
+    got = paired_error(flushed, approved, ref, torch.bfloat16, subnormal=True)
+    assert got.n_sub > 256 and got.mine_sub / got.n_sub > 1 and got.theirs_sub == 0
+    assert "where the reference rounds below the normal range" in less_precise(got)
+    assert less_precise(paired_error(flushed, approved, ref, torch.bfloat16)) is None  # fast_math allowed
+    for a, b in ((honest, approved), (approved, honest)):
+        assert less_precise(paired_error(a, b, ref, torch.bfloat16, subnormal=True)) is None
+
+
 RT49 = ROOT / "datasets" / "judge-redteam" / "s49-rt"
 
 

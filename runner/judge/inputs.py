@@ -213,7 +213,10 @@ POSITIVE_DISTS = {"positive"}
 # flushing subnormals to zero, and an instruction may flush by its own definition with no mode
 # set (x86's vdpbf16ps and vcvtneps2bf16 read and write subnormals as 0; session 48's red team
 # had both `ok` on moe-cpu, which draws none). Only values show it, so the judge draws them.
-SUBNORMAL_BACKENDS = ("cpu",)
+# The CUDA backend too since session 50: what refused an honest rmsnorm-h200 rewrite with the
+# rows on (session 49) was ties of the float32 reference, which the paired error now excuses
+# (verify._ties).
+SUBNORMAL_BACKENDS = ("cpu", "cuda")
 
 
 def _side_generator(seed: int, which: int, mul: int, add: int) -> torch.Generator:

@@ -1,0 +1,65 @@
+"""The bf16 paired error (verify.paired_error) of two honest RMSNorm builds whose one-row fp32
+scale is one unit apart, on rows of few significant bits (the subnormal witness rows, the `tiny`
+dist) and on normal rows, with the reference kept as the judge keeps it (float32), and of two
+cheats beside them (the first two columns: each honest build as the variant, the other as the
+approved one): the outputs cut toward zero to bf16, and a scale cut to 16 bits. Prints
+each build's mean error in units of bf16 rounding, the paired verdict (verify.less_precise) and
+the share of elements on an exact tie of the float32 reference.
+
+    python3 datasets/judge-redteam/s50-ties/paired.py      (CPU, seconds)
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from runner.judge import verify  # noqa: E402
+
+torch.manual_seed(0)
+N = 65536
+TINY = torch.finfo(torch.bfloat16).tiny
+
+
+def subnormal_row(n):  # inputs._subnormal's row: a scale 2^-6..2^2 times the normal minimum, each element within 2
+    u, e = torch.rand(1, dtype=torch.float64), torch.rand(n, dtype=torch.float64)
+    s = torch.where(torch.rand(n) < 0.5, -1.0, 1.0).double()
+    return (s * TINY * torch.exp2(8 * u - 6) * torch.exp2(2 * e - 1)).to(torch.bfloat16)
+
+
+def tiny_row(n):  # the `tiny` dist: 2^-6..2^6 times the normal minimum
+    u, s = torch.rand(n, dtype=torch.float64), torch.where(torch.rand(n) < 0.5, -1.0, 1.0).double()
+    return (s * TINY * torch.exp2(12 * u - 6)).to(torch.bfloat16)
+
+
+def normal_row(n):
+    return torch.randn(n).to(torch.bfloat16)
+
+
+def toward_zero(y):  # fp32 to bf16 by dropping the low 16 bits
+    return (y.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+
+
+w = (torch.rand(N) + 0.5).to(torch.bfloat16)
+for name, make in (("subnormal witness row", subnormal_row), ("tiny dist", tiny_row), ("normal", normal_row)):
+    for trial in range(3):
+        x = make(N)
+        xf = x.float()
+        a = torch.rsqrt((xf * xf).sum() / N + torch.tensor(1e-6))
+        ref = (x.double() * w.double() / torch.sqrt((x.double() ** 2).mean() + 1e-6)).float()
+        rn = ref.to(torch.bfloat16).double()
+        tie, _ = getattr(verify, "_ties", lambda *a: (torch.zeros(1), 0))(ref.double(), rn, verify._spacing(rn.abs().clamp(min=TINY), 7))
+        builds = {
+            "approved": (xf * a * w.float()).to(torch.bfloat16),
+            "scale+1": (xf * torch.nextafter(a, torch.tensor(float("inf"))) * w.float()).to(torch.bfloat16),
+            "toward-0": toward_zero(xf * a * w.float()),
+            "scale16": (xf * toward_zero(a.reshape(1)).float() * w.float()).to(torch.bfloat16),
+        }
+        row = []
+        for k, base in (("scale+1", "approved"), ("approved", "scale+1"), ("toward-0", "approved"),
+                        ("scale16", "approved")):
+            p = verify.paired_error(builds[k], builds[base], ref, torch.bfloat16)
+            why = verify.less_precise(p)
+            row.append(f"{k if base == 'approved' else 'against scale+1'} {p.mine / max(p.n, 1):.4f}/{p.theirs / max(p.n, 1):.4f} "
+                       f"{'REFUSED' if why else 'ok'}")
+        print(f"{name:>22} #{trial}: ties {float(tie.double().mean()):.4f} | " + " | ".join(row))

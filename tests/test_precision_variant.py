@@ -537,7 +537,7 @@ def test_an_fp32_approximation_on_the_few_row_shapes_alone_is_refused(tmp_path, 
     r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 2}),
                   "--variant", project / "few.cpp.j2", "--run-dir", tmp_path / "few", "--json", cwd=project)
     out = r.stdout + r.stderr
-    assert '"wrong"' in out and "fewer than 32 rows, together" in out, out[-3000:]
+    assert '"wrong"' in out and "fewer than 32 rows" in out and "), together: " in out, out[-3000:]
 
 
 RT2 = ROOT / "datasets" / "judge-redteam" / "s47-wide-rt2"
@@ -606,8 +606,15 @@ def test_a_tie_of_the_float32_reference_may_round_either_way():
     rn = ref.to(torch.bfloat16).double()
     assert rn[:3].tolist() == [1.0, 1.0, 1 + 2 ** -7]
     unit = verify._spacing(rn, 7)
-    tie, other = verify._ties(ref.double(), rn, unit)
+    tie, other = verify._ties(ref.double(), rn, unit, 2.0 ** -126)
     assert tie[:3].tolist() == [True, True, False] and other[:2].tolist() == [1 + 2 ** -7, 1 - 2 ** -8]
+    # at the normal minimum the subnormals below keep its spacing (2^-133): the tie just below
+    # it is half of that away (session 50's red team), not a quarter
+    low = torch.tensor([2.0 ** -126 - 2.0 ** -134, 2.0 ** -126 - 2.0 ** -135], dtype=torch.float64)
+    rl = low.float().to(torch.bfloat16).double()
+    assert rl.tolist() == [2.0 ** -126] * 2
+    tie, other = verify._ties(low, rl, verify._spacing(rl, 7), 2.0 ** -126)
+    assert tie.tolist() == [True, False] and other[0] == 2.0 ** -126 - 2.0 ** -133
     for out, units in (([1 + 2 ** -7, 1 - 2 ** -8, 1 + 2 ** -7], 0.0),  # the other side of each tie
                        ([1.0, 1.0, 1.0], 1 / 3),  # rn at the ties, a unit off the third
                        # a step past the other side: a unit of rn's spacing, half of one below 1
@@ -642,7 +649,7 @@ def test_builds_whose_scales_are_a_unit_apart_are_equally_precise_on_rows_of_few
         b = torch.nextafter(a, torch.tensor(float("inf")))
         ya, yb = (x * a * w).to(torch.bfloat16), (x * b * w).to(torch.bfloat16)
         rn = ref.to(torch.bfloat16).double()
-        tie, _ = verify._ties(ref.double(), rn, verify._spacing(rn.abs(), 7))
+        tie, _ = verify._ties(ref.double(), rn, verify._spacing(rn.abs(), 7), 2.0 ** -126)
         assert tie.any() and not torch.equal(ya, yb)  # the ties are there and the builds differ at them
         assert less_precise(paired_error(ya, yb, ref, torch.bfloat16)) is None
         assert less_precise(paired_error(yb, ya, ref, torch.bfloat16)) is None
@@ -678,6 +685,46 @@ def test_bf16_outputs_below_the_normal_range_are_a_stratum_of_their_own():
     assert less_precise(paired_error(flushed, approved, ref, torch.bfloat16)) is None  # fast_math allowed
     for a, b in ((honest, approved), (approved, honest)):
         assert less_precise(paired_error(a, b, ref, torch.bfloat16, subnormal=True)) is None
+
+
+def test_the_subnormal_stratum_gives_no_credit_for_the_approved_build_s_gross_errors():
+    """Session 50's red team: moe-swiglu-cpu's approved build writes 0 where exp(-g) overflows,
+    2 units (clipped) off a subnormal reference, and a variant exact there spent that credit on
+    cuts elsewhere. The stratum now takes only the elements where the approved build is within a
+    unit: there a variant one unit off on 2 of 5 elements is refused, though its mean over all of
+    them equals the approved build's."""
+    g = _gen(11)
+    n = 5000
+    tiny = torch.finfo(torch.bfloat16).tiny
+    ref = (tiny * torch.exp2(-1 - 4 * torch.rand(n, generator=g, dtype=torch.float64))).float()  # 2^-5..2^-1 of it
+    rn = ref.to(torch.bfloat16)
+    step = 2.0 ** -133
+    approved = rn.clone()
+    approved[:1000] = 0  # grossly off on a fifth: 2 units each, clipped
+    cut = rn.double()
+    cut[1000:3000] -= step  # the variant: exact on that fifth, a unit off on 2 in 5 of the rest
+    variant = cut.to(torch.bfloat16)
+    got = paired_error(variant, approved, ref, torch.bfloat16, subnormal=True)
+    assert got.n_sub == 4000 and got.theirs_sub == 0 and got.mine_sub / got.n_sub == pytest.approx(0.5)
+    assert "below the normal range" in less_precise(got)
+    exact = rn.clone()
+    assert less_precise(paired_error(exact, approved, ref, torch.bfloat16, subnormal=True)) is None
+
+
+def test_thin_strata_are_pooled_apart():
+    """verify.thin: a shape's subnormal stratum of fewer than PAIRED_MIN pairs, and fp32/fp64 pairs
+    of fewer than WIDE_MIN_ROWS rows, go to the worker's pool of thin shapes (session 50's red
+    team cut every subnormal output at moe-cpu's T = 1 alone: a few hundred pairs, diluted among
+    the large shapes'); a stratum large enough for its own verdict does not."""
+    small = NO_PAIRS._replace(n_sub=100, mine_sub=50.0, theirs_sub=0.0, sq_sub=50.0)
+    assert verify.thin(small) == small
+    assert verify.thin(small._replace(n_sub=verify.PAIRED_MIN)) == NO_PAIRS
+    mixed = Paired(1000, 1.0, 1.0, 0.0)._replace(n_wide=40, rows_wide=4, mine_wide=3.0, n_sub=10, mine_sub=5.0)
+    t = verify.thin(mixed)
+    assert (t.n, t.n_wide, t.rows_wide, t.n_sub, t.mine_sub) == (0, 40, 4, 10, 5.0)
+    # three thin shapes of 100 pairs each, cut by a unit on half: no verdict alone, refused together
+    pool = small + small + small
+    assert less_precise(small) is None and less_precise(pool) is not None
 
 
 RT49 = ROOT / "datasets" / "judge-redteam" / "s49-rt"

@@ -459,18 +459,20 @@ class Judge:
         the inputs made again from their seed, compared with the ones the kernel saw, and the
         reference computed from them."""
         from .timing import stats
-        from .verify import (NO_PAIRS, WIDE_MIN_ROWS, few_rows, lean_text, leans_too_far, less_precise,
-                             pooled_lean, wide_only, widest_lean)
+        from .verify import (NO_PAIRS, PAIRED_MIN, WIDE_MIN_ROWS, lean_text, leans_too_far, less_precise,
+                             pooled_lean, thin, widest_lean)
 
         shapes_out = []
         pool: list = []  # the leans of verification's outputs (verify.lean), for the record
         # a variant's error against the approved build's (verify.paired_error): verification's
         # checked runs, and the timed loops' checked calls, each pooled over the shapes so far
         pairs = timed_pairs = NO_PAIRS
-        # the fp32/fp64 pairs of shapes with too few rows for a verdict of their own, pooled
-        # apart from the large shapes' (verify.few_rows)
+        # the pairs of shapes too thin for a verdict of their own (fp32/fp64 outputs of few rows,
+        # a subnormal stratum of few pairs), pooled apart from the large shapes' (verify.thin)
         few = few_timed = NO_PAIRS
-        few_text = f"the shapes so far whose fp32/fp64 outputs have fewer than {WIDE_MIN_ROWS} rows, together"
+        few_text = (f"the shapes so far too thin for a verdict of their own (fp32/fp64 outputs of fewer than "
+                    f"{WIDE_MIN_ROWS} rows, or fewer than {PAIRED_MIN} elements paired below the normal range), "
+                    "together")
         all_shapes = job.get("shapes") or self.op.all_shapes
         n_timed = job.get("n_timed", len(self.op.shapes))
         checks = job.get("checks", self.spec.runtime.checks)
@@ -595,8 +597,8 @@ class Judge:
             why = less_precise(pairs)
             if why:
                 return {"status": "wrong", "reason": f"verification up to {label}, every shape's outputs: {why}"}
-            if few_rows(shape_pairs):
-                few = few + wide_only(shape_pairs)
+            if thin(shape_pairs) != NO_PAIRS:
+                few = few + thin(shape_pairs)
                 why = less_precise(few)
                 if why:
                     return {"status": "wrong", "reason": f"verification up to {label}, {few_text}: {why}"}
@@ -613,8 +615,8 @@ class Judge:
             if not why:
                 why = less_precise(shape_timed)
                 why = f"its checked calls' outputs: {why}" if why else less_precise(timed_pairs)
-            if few_rows(shape_timed):
-                few_timed = few_timed + wide_only(shape_timed)
+            if thin(shape_timed) != NO_PAIRS:
+                few_timed = few_timed + thin(shape_timed)
                 if not why:
                     why = less_precise(few_timed)
                     why = f"{few_text}: {why}" if why else None
@@ -1361,10 +1363,14 @@ def _precision(p) -> dict:
     (mean log2(1 + units)) with the shares of elements where the variant's is more than
     verify.TAIL_BITS above the approved build's (`worse`) and below it (`better`), and of the
     variant's and the approved build's past the approved build's range (`reach`,
-    `reach_approved`: verify.REACH_Q); {} where nothing was paired."""
+    `reach_approved`: verify.REACH_Q), and "sub": {mine, approved, n} over 16-bit outputs'
+    elements below the normal range (verify._subnormal_pairs); {} where nothing was paired."""
     out: dict = {}
     if p.n:
         out = {"mine": round(p.mine / p.n, 4), "approved": round(p.theirs / p.n, 4), "n": p.n}
+    if p.n_sub:  # a 16-bit output's elements below the normal range (verify._subnormal_pairs)
+        out["sub"] = {"mine": round(p.mine_sub / p.n_sub, 4), "approved": round(p.theirs_sub / p.n_sub, 4),
+                      "n": p.n_sub}
     if p.n_wide:
         out["wide"] = {"mine": round(p.mine_wide / p.n_wide, 4), "approved": round(p.theirs_wide / p.n_wide, 4),
                        "n": p.n_wide, "worse": round(p.worse_wide / p.n_wide, 5),

@@ -48,7 +48,8 @@ for name, make in (("subnormal witness row", subnormal_row), ("tiny dist", tiny_
         a = torch.rsqrt((xf * xf).sum() / N + torch.tensor(1e-6))
         ref = (x.double() * w.double() / torch.sqrt((x.double() ** 2).mean() + 1e-6)).float()
         rn = ref.to(torch.bfloat16).double()
-        tie, _ = getattr(verify, "_ties", lambda *a: (torch.zeros(1), 0))(ref.double(), rn, verify._spacing(rn.abs().clamp(min=TINY), 7))
+        ties = getattr(verify, "_ties", lambda *a: (torch.zeros(1), 0))  # (none before session 50)
+        tie, _ = ties(ref.double(), rn, verify._spacing(rn.abs().clamp(min=TINY), 7), TINY)
         builds = {
             "approved": (xf * a * w.float()).to(torch.bfloat16),
             "scale+1": (xf * torch.nextafter(a, torch.tensor(float("inf"))) * w.float()).to(torch.bfloat16),
@@ -60,6 +61,7 @@ for name, make in (("subnormal witness row", subnormal_row), ("tiny dist", tiny_
                         ("scale16", "approved")):
             p = verify.paired_error(builds[k], builds[base], ref, torch.bfloat16)
             why = verify.less_precise(p)
-            row.append(f"{k if base == 'approved' else 'against scale+1'} {p.mine / max(p.n, 1):.4f}/{p.theirs / max(p.n, 1):.4f} "
+            label = k if base == "approved" else "against scale+1"
+            row.append(f"{label} {p.mine / max(p.n, 1):.4f}/{p.theirs / max(p.n, 1):.4f} "
                        f"{'REFUSED' if why else 'ok'}")
         print(f"{name:>22} #{trial}: ties {float(tie.double().mean()):.4f} | " + " | ".join(row))

@@ -640,7 +640,7 @@ def _subnormal_pairs(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tenso
     # only where the approved build is within a unit: where it is grossly off (moe-swiglu-cpu's
     # silu writes 0 where exp(-g) overflows, 2 units, clipped) a variant exact there had credit
     # to spend on cuts elsewhere (session 50's red team, c08 and c09 `ok` 2 times in 5 and in 3)
-    ok = da <= 1
+    ok = da <= 1  # (elsewhere the budget alone judges the variant, as before the stratum)
     dm, da = dm[ok], da[ok]
     return NO_PAIRS._replace(n_sub=int(dm.numel()), mine_sub=float(dm.sum()), theirs_sub=float(da.sum()),
                              sq_sub=float((dm - da).square_().sum()))

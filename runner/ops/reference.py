@@ -48,24 +48,15 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: to
         o = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask, enable_gqa=True)
         return o[:, :, 0, :]
-    # a few sequences at a time: at most about 2^18 tokens of float64 K and V (4 GiB at 8 heads
-    # of 128) beside the inputs. Whole, the domain's largest point (B * L = 2^21) took 32 GiB
-    # more and did not fit an 80 GB card beside the judge's buffers (session 50).
-    step = max(1, (1 << 18) // max(1, L))
     g = HQ // HKV
-    out = torch.empty((B, HQ, D), dtype=torch.float64, device=q.device)
-    for b0 in range(0, B, step):
-        b1 = min(B, b0 + step)
-        qf = q[b0:b1].to(torch.float64).view(b1 - b0, HKV, g, D)
-        kf = k[b0:b1].to(torch.float64)
-        s = torch.einsum("bhgd,blhd->bhgl", qf, kf) / math.sqrt(D)  # [b, HKV, G, L]
-        del kf
-        s = s.masked_fill(~keep[b0:b1, None, None, :], float("-inf"))
-        p = torch.softmax(s, dim=-1)
-        del s
-        vf = v[b0:b1].to(torch.float64)
-        out[b0:b1] = torch.einsum("bhgl,blhd->bhgd", p, vf).reshape(b1 - b0, HQ, D)
-    return out
+    qf = q.to(torch.float64).view(B, HKV, g, D)
+    kf = k.to(torch.float64)
+    vf = v.to(torch.float64)
+    s = torch.einsum("bhgd,blhd->bhgl", qf, kf) / math.sqrt(D)  # [B, HKV, G, L]
+    s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = torch.einsum("bhgl,blhd->bhgd", p, vf)
+    return o.reshape(B, HQ, D)
 
 
 # Paged KV (issue 21, item 2), the layout of vLLM's and FlashInfer's "NHD" caches: a pool of

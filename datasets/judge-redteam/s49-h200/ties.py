@@ -34,17 +34,22 @@ def units(y, rn):
     return (y - rn).abs() / torch.ldexp(torch.ones_like(rn), e - 8)
 
 
-w = (torch.rand(N) + 0.5).to(torch.bfloat16)
-for name, make in (("subnormal witness row", subnormal_row), ("tiny dist", tiny_row), ("normal", normal_row)):
-    out = []
-    for _ in range(4):
-        x = make(N)
-        xf = x.float()
-        a = torch.rsqrt((xf * xf).sum() / N + torch.tensor(1e-6))
-        b = torch.nextafter(a, torch.tensor(float("inf")))  # the same scale one unit up
-        ref = x.double() * w.double() / torch.sqrt((x.double() ** 2).mean() + 1e-6)
-        rn = ref.to(torch.bfloat16).double()
-        ya, yb = [(xf * s * w.float()).to(torch.bfloat16).double() for s in (a, b)]
-        out.append(f"{float(units(ya, rn).mean()):.4f}/{float(units(yb, rn).mean()):.4f} "
-                   f"differ {float((ya != yb).double().mean()):.4f}")
-    print(f"{name:>22}: " + " | ".join(out))
+def main():
+    w = (torch.rand(N) + 0.5).to(torch.bfloat16)
+    for name, make in (("subnormal witness row", subnormal_row), ("tiny dist", tiny_row), ("normal", normal_row)):
+        out = []
+        for _ in range(4):
+            x = make(N)
+            xf = x.float()
+            a = torch.rsqrt((xf * xf).sum() / N + torch.tensor(1e-6))
+            b = torch.nextafter(a, torch.tensor(float("inf")))  # the same scale one unit up
+            ref = x.double() * w.double() / torch.sqrt((x.double() ** 2).mean() + 1e-6)
+            rn = ref.to(torch.bfloat16).double()
+            ya, yb = [(xf * s * w.float()).to(torch.bfloat16).double() for s in (a, b)]
+            out.append(f"{float(units(ya, rn).mean()):.4f}/{float(units(yb, rn).mean()):.4f} "
+                       f"differ {float((ya != yb).double().mean()):.4f}")
+        print(f"{name:>22}: " + " | ".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ the share of elements on an exact tie of the float32 reference.
 
     python3 datasets/judge-redteam/s50-ties/paired.py      (CPU, seconds)
 """
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,24 +17,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from runner.judge import verify  # noqa: E402
 
+# session 49's rows (datasets/judge-redteam/s49-h200/ties.py): the witness rows, `tiny`, normal
+_s = importlib.util.spec_from_file_location("ties49", Path(__file__).resolve().parents[1] / "s49-h200" / "ties.py")
+ties49 = importlib.util.module_from_spec(_s)
+_s.loader.exec_module(ties49)
+N, TINY = ties49.N, ties49.TINY
+subnormal_row, tiny_row, normal_row = ties49.subnormal_row, ties49.tiny_row, ties49.normal_row
 torch.manual_seed(0)
-N = 65536
-TINY = torch.finfo(torch.bfloat16).tiny
-
-
-def subnormal_row(n):  # inputs._subnormal's row: a scale 2^-6..2^2 times the normal minimum, each element within 2
-    u, e = torch.rand(1, dtype=torch.float64), torch.rand(n, dtype=torch.float64)
-    s = torch.where(torch.rand(n) < 0.5, -1.0, 1.0).double()
-    return (s * TINY * torch.exp2(8 * u - 6) * torch.exp2(2 * e - 1)).to(torch.bfloat16)
-
-
-def tiny_row(n):  # the `tiny` dist: 2^-6..2^6 times the normal minimum
-    u, s = torch.rand(n, dtype=torch.float64), torch.where(torch.rand(n) < 0.5, -1.0, 1.0).double()
-    return (s * TINY * torch.exp2(12 * u - 6)).to(torch.bfloat16)
-
-
-def normal_row(n):
-    return torch.randn(n).to(torch.bfloat16)
 
 
 def toward_zero(y):  # fp32 to bf16 by dropping the low 16 bits

@@ -396,27 +396,36 @@ def _sampled(ref: torch.Tensor, outs) -> tuple[torch.Tensor, list, torch.Tensor 
     return r, flat, idx
 
 
-def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor):
-    """(ref, rn(ref), the output's spacing at rn(ref), each of `outs`), flat, the outputs and
-    rn(ref) in float64, at the same up to LEAN_SAMPLE positions drawn from `secrets`, where every
-    output and rn(ref) is finite and rn(ref) of normal size: what `lean` and `paired_error` judge.
-    None for an output dtype wider than 16 bits, sizes that differ, or no element left."""
+def _rn_sampled(out_dtype: torch.dtype, ref: torch.Tensor, outs) -> tuple | None:
+    """(ref, rn(ref), each of `outs`), flat, rn(ref) and the outputs in float64, at the same up to
+    LEAN_SAMPLE positions drawn from `secrets`; None for an output dtype wider than 16 bits or
+    sizes that differ. Taken once a pairing, for its normal and its subnormal strata."""
     if out_dtype not in NORMAL_MIN:
         return None
     got = _sampled(ref, outs)
     if got is None:
         return None
-    p = FLOAT_INFO[out_dtype][0]
     r, flat, _ = got
-    rn = r.to(out_dtype).to(torch.float64)
-    flat = [o.to(torch.float64) for o in flat]
+    return r, r.to(out_dtype).to(torch.float64), [o.to(torch.float64) for o in flat]
+
+
+def _against_rn(out_dtype: torch.dtype, ref: torch.Tensor, *outs: torch.Tensor, sampled: tuple | None = None):
+    """(ref, rn(ref), the output's spacing at rn(ref), each of `outs`), flat, the outputs and
+    rn(ref) in float64, at the same up to LEAN_SAMPLE positions drawn from `secrets` (or those of
+    `sampled`, `_rn_sampled`'s), where every output and rn(ref) is finite and rn(ref) of normal
+    size: what `lean` and `paired_error` judge. None for an output dtype wider than 16 bits,
+    sizes that differ, or no element left."""
+    got = sampled if sampled is not None else _rn_sampled(out_dtype, ref, outs)
+    if got is None:
+        return None
+    r, rn, flat = got
     keep = torch.isfinite(rn) & (rn.abs() >= NORMAL_MIN[out_dtype])
     for o in flat:
         keep &= torch.isfinite(o)
     r, rn, flat = r[keep], rn[keep], [o[keep] for o in flat]
     if rn.numel() == 0:
         return None
-    return r, rn, _spacing(rn, p), flat
+    return r, rn, _spacing(rn, FLOAT_INFO[out_dtype][0]), flat
 
 
 def _spacing(v: torch.Tensor, p: int) -> torch.Tensor:
@@ -595,8 +604,11 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
     # (the narrow pairs keep to normal references: subnormal ones, where both builds are mostly
     # exact, diluted the mean and let a degree-4 exp on moe-swiglu-cpu pass 2 times in 12; with
     # `subnormal` they are a stratum of their own, `_subnormal_pairs`)
-    below = _subnormal_pairs(out, approved, ref, out_dtype) if subnormal else NO_PAIRS
-    got = _against_rn(out_dtype, ref, out, approved)
+    sampled = _rn_sampled(out_dtype, ref, (out, approved))
+    if sampled is None:
+        return NO_PAIRS
+    below = _subnormal_pairs(sampled, out_dtype) if subnormal else NO_PAIRS
+    got = _against_rn(out_dtype, ref, sampled=sampled)
     if got is None:
         return below
     r, rn, unit, (o, a) = got
@@ -610,31 +622,23 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
                           int(nm.numel()), float(nm.sum()), float(na.sum()), float((nm - na).square_().sum()))
 
 
-def _subnormal_pairs(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> Paired:
-    """The `sub` stratum of a 16-bit output's pairs: the sampled elements whose reference rounds
-    to a nonzero value below the normal range, |error| against rn(ref) in units of the smallest
-    subnormal (the spacing there), clipped to LEAN_CLIP, ties of the float32 reference either
-    way. A stratum of its own, so that these elements, mostly exact in both builds, do not dilute
-    the normal ones' mean. Left out, a bf16 kernel that wrote subnormal results as 0 was `ok` on
-    rmsnorm-h200, where x times a witness element of w lands below the normal range beside
-    outputs of normal size, and the budget's floor (2^-7 of the call's mean output) covers
-    them whole (session 50's H100 call)."""
-    if out_dtype not in NORMAL_MIN:
-        return NO_PAIRS
-    got = _sampled(ref, (out, approved))
-    if got is None:
-        return NO_PAIRS
-    r, (o, a), _ = got
-    rn = r.to(out_dtype).to(torch.float64)
-    o, a = o.to(torch.float64), a.to(torch.float64)
+def _subnormal_pairs(sampled: tuple, out_dtype: torch.dtype) -> Paired:
+    """The `sub` stratum of a 16-bit output's pairs (`sampled`: `_rn_sampled`'s, the variant's
+    and the approved build's outputs): the elements whose reference rounds to a nonzero value
+    below the normal range, |error| against rn(ref) in units of the smallest subnormal (the
+    spacing there), clipped to LEAN_CLIP, ties of the float32 reference either way. A stratum of
+    its own, so that these elements, mostly exact in both builds, do not dilute the normal ones'
+    mean. Left out, a bf16 kernel that wrote subnormal results as 0 was `ok` on rmsnorm-h200,
+    where x times a witness element of w lands below the normal range beside outputs of normal
+    size, and the budget's floor (2^-7 of the call's mean output) covers them whole (session
+    50's H100 call)."""
+    r, rn, (o, a) = sampled
     keep = (rn != 0) & (rn.abs() < NORMAL_MIN[out_dtype]) & torch.isfinite(o) & torch.isfinite(a)
-    r, rn, o, a = r[keep].to(torch.float64), rn[keep], o[keep], a[keep]
+    r, rn, o, a = r[keep], rn[keep], o[keep], a[keep]
     if rn.numel() == 0:
         return NO_PAIRS
-    unit = FLOAT_INFO[out_dtype][1]
-    d = r - rn
-    tie = (d != 0) & (d.abs() * 2 == unit)  # the spacing is one below the normal range
-    other = rn + d.sign() * unit
+    unit = FLOAT_INFO[out_dtype][1]  # the spacing is one below the normal range
+    tie, other = _ties(r, rn, torch.full_like(rn, unit), NORMAL_MIN[out_dtype])
     dm = _tie_error(o, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP)
     da = _tie_error(a, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP)
     # only where the approved build is within a unit: where it is grossly off (moe-swiglu-cpu's
@@ -746,9 +750,14 @@ def less_precise(got: Paired) -> str | None:
     return _wide_less_precise(got)
 
 
+def _only(got: Paired, suffix: str) -> Paired:
+    """The fields of `got` whose names end with `suffix`, the rest zero."""
+    return NO_PAIRS._replace(**{f: getattr(got, f) for f in Paired._fields if f.endswith(suffix)})
+
+
 def wide_only(got: Paired) -> Paired:
     """The fp32/fp64 part of `got` (`wide_error`'s fields), the rest zero."""
-    return NO_PAIRS._replace(**{f: getattr(got, f) for f in Paired._fields if f.endswith("_wide")})
+    return _only(got, "_wide")
 
 
 def few_rows(got: Paired) -> bool:
@@ -763,9 +772,7 @@ def thin(got: Paired) -> Paired:
     (session 50's red team: every subnormal output cut toward zero at moe-cpu's T = 1 alone,
     a few hundred pairs, was diluted among the large shapes'). NO_PAIRS where neither."""
     out = wide_only(got) if few_rows(got) else NO_PAIRS
-    if 0 < got.n_sub < PAIRED_MIN:
-        out = out._replace(n_sub=got.n_sub, mine_sub=got.mine_sub, theirs_sub=got.theirs_sub, sq_sub=got.sq_sub)
-    return out
+    return out + _only(got, "_sub") if 0 < got.n_sub < PAIRED_MIN else out
 
 
 def _wide_less_precise(got: Paired) -> str | None:

@@ -111,11 +111,18 @@ class Judge:
         take subnormal witness rows where the spec forbids fast_math (flushing them to zero;
         inputs.SUBNORMAL_BACKENDS), unless not `judged`: torch's arms answer to the spec's dists,
         not to its forbidden actions (torch's own bf16 matmul on the CPU reads subnormals as 0)."""
-        from .inputs import SUBNORMAL_BACKENDS, make_inputs
+        from .inputs import make_inputs
 
-        subnormal = (judged and "fast_math" in self.spec.forbidden.named
-                     and self.spec.kernel.backend in SUBNORMAL_BACKENDS)
-        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, subnormal)
+        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, judged and self._no_flush)
+
+    @property
+    def _no_flush(self) -> bool:
+        """Whether the judge draws subnormal witness rows and pairs subnormal outputs: the spec
+        forbids fast_math (which forbids flushing them), on a backend that draws them
+        (inputs.SUBNORMAL_BACKENDS)."""
+        from .inputs import SUBNORMAL_BACKENDS
+
+        return "fast_math" in self.spec.forbidden.named and self.spec.kernel.backend in SUBNORMAL_BACKENDS
 
     @property
     def _fresh_checks(self) -> int | None:
@@ -157,17 +164,13 @@ class Judge:
         With op.tolerance.gemm_k the reference gives the GEMM's parts (`parts=True`) and the
         budget is the GEMM's (verify.GemmBudget, over the reduction length at `shape`, which
         it then needs)."""
-        torch = self.torch
         from .inputs import TORCH_DTYPES
         from .verify import Budget, GemmBudget, reference_dtype
 
         if self.op.gemm_k is not None:
             if shape is None:
                 raise ValueError("op.tolerance.gemm_k: the reference's budget needs the shape (its K)")
-            private = {k: (v.to(torch.float64) if v.dtype.is_floating_point else v.clone())
-                       for k, v in inputs.items()}
-            parts = self.reference(**private, **self.scalars, parts=True)
-            del private
+            parts = self._call_reference(inputs, whole=True, parts=True)
             (t,) = self.op.outputs
             budget = GemmBudget(parts, self.op.gemm_k_at(shape), TORCH_DTYPES[t.dtype])
             del parts
@@ -182,14 +185,15 @@ class Judge:
             refs.append((o, Budget(o, self.op.atol, self.op.rtol, dt, self.op.ulps, self.op.floor)))
         return refs
 
-    def _call_reference(self, inputs: dict, whole: bool = False):
+    def _call_reference(self, inputs: dict, whole: bool = False, parts: bool = False):
         """The reference on private float64 copies of `inputs` (other dtypes cloned): its outputs
-        as a list, or, with `whole`, as it returned them (check_reference looks at that). Where
-        the op has a batch axis (op.batch_invariant: each row's output depends on that row's
-        inputs alone) and the copies would pass REF_CHUNK_BYTES, a few rows at a time, each chunk
-        copied as it is used, the outputs joined along the axis: decode attention's largest
-        point (B * L = 2^21) took 32 GiB of float64 K and V at once and did not fit an 80 GB
-        card beside the judge's buffers (session 50)."""
+        as a list, or, with `whole`, as it returned them (check_reference looks at that); with
+        `parts`, called with parts=True (op.tolerance.gemm_k), whole. Where the op has a batch
+        axis (op.batch_invariant: each row's output depends on that row's inputs alone) and the
+        copies would pass REF_CHUNK_BYTES, a few rows at a time, each chunk copied as it is used,
+        the outputs joined along the axis: decode attention's largest point (B * L = 2^21) took
+        32 GiB of float64 K and V at once and did not fit an 80 GB card beside the judge's
+        buffers (session 50)."""
         torch = self.torch
 
         def private(vals: dict) -> dict:
@@ -197,23 +201,22 @@ class Judge:
 
         axis = self.op.batch_axis
         with_axis = {t.name for t in self.op.inputs if axis and any(axis in d.names for d in t.shape)}
-        rows = {int(inputs[n].shape[0]) for n in with_axis}
-        per_row = sum(v.shape[1:].numel() * 8 for n, v in inputs.items() if n in with_axis) if len(rows) == 1 else 0
-        total = per_row * (next(iter(rows)) if rows else 0)
-        if not per_row or total <= REF_CHUNK_BYTES:
-            out = self.reference(**private(inputs), **self.scalars)
+        rows = {int(inputs[k].shape[0]) for k in with_axis}
+        n = rows.pop() if len(rows) == 1 else 0
+        per_row = sum(inputs[k].shape[1:].numel() * 8 for k in with_axis)
+        if parts or n * per_row <= REF_CHUNK_BYTES:
+            out = self.reference(**private(inputs), **self.scalars, **({"parts": True} if parts else {}))
             return out if whole else (list(out) if isinstance(out, (tuple, list)) else [out])
-        (n,) = rows
         step = max(1, REF_CHUNK_BYTES // per_row)
         common = private({k: v for k, v in inputs.items() if k not in with_axis})
-        parts, many = [], False
+        chunks, many = [], False
         for r0 in range(0, n, step):
             got = self.reference(**common, **private({k: inputs[k][r0:r0 + step] for k in with_axis}),
                                  **self.scalars)
             many = isinstance(got, (tuple, list))
-            parts.append(list(got) if many else [got])
+            chunks.append(list(got) if many else [got])
             del got
-        outs = [torch.cat(col) for col in zip(*parts)]
+        outs = [torch.cat(col) for col in zip(*chunks)]
         return (tuple(outs) if many else outs[0]) if whole else outs
 
     def _decoys(self, shape: dict) -> list:
@@ -229,7 +232,7 @@ class Judge:
             return self._decoy_cache[key]
         if self._decoy_last is not None and self._decoy_last[0] == key:  # its candidates, one after another
             return self._decoy_last[1]
-        vals = self._inputs(shape, _seed(self._decoy_secret, key, "decoy"), 0)  # verification's values
+        vals = self._decoy_values(shape)
         out = self._call_reference(vals)
         del vals
         made = [decoys(o.detach().to(TORCH_DTYPES[t.dtype])) for t, o in zip(self.op.outputs, out)]
@@ -373,6 +376,10 @@ class Judge:
         else:
             self.rt.scrub(frame)
 
+    def _decoy_values(self, shape: dict) -> dict:
+        """The decoys' value set at `shape`: verification's values, from this worker's secret seed."""
+        return self._inputs(shape, _seed(self._decoy_secret, repr(sorted(shape.items())), "decoy"), 0)
+
     def _primed(self, fn, shape: dict, outs: list, ws, geometry, mode, decoys: list) -> list:
         """The kernel's own outputs for the decoys' value set (verification's values from this
         worker's secret seed, `_decoys`), in buffers of their own, from one call that found the
@@ -380,8 +387,7 @@ class Judge:
         as a timed call finds the kernel's own answer to the call before. Not verified here
         (the decoy is its reference); a call that writes out of bounds or leaves scratch dirty
         is found by the next snapshot."""
-        key = repr(sorted(shape.items()))
-        vals = self._shared(self._inputs(shape, _seed(self._decoy_secret, key, "decoy"), 0))
+        vals = self._shared(self._decoy_values(shape))
         for o, d in zip(outs, decoys):
             o.put(d[0])
         self.rt.sync()
@@ -661,11 +667,7 @@ class Judge:
         self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)()
         self.rt.sync()
         got = NO_PAIRS
-        from .inputs import SUBNORMAL_BACKENDS
-
-        # no flushing: subnormal outputs paired too, where the judge draws subnormal rows (the CPU
-        # and CUDA backends, inputs.SUBNORMAL_BACKENDS)
-        sub = "fast_math" in self.spec.forbidden.named and self.spec.kernel.backend in SUBNORMAL_BACKENDS
+        sub = self._no_flush  # no flushing: subnormal outputs paired too
         for one in taken:
             for t, o, snap, (r, _) in zip(self.op.outputs, outs, one["snaps"], refs):
                 got = got + paired_error(snap.data, o.view, r, TORCH_DTYPES[t.dtype], sub)
@@ -991,11 +993,7 @@ class Judge:
             inputs = self._inputs(shape, _seed("reference", si), si)
             gemm = self.op.gemm_k is not None
             try:
-                if gemm:
-                    got = self.reference(**{k: (v.to(self.torch.float64) if v.dtype.is_floating_point else v)
-                                            for k, v in inputs.items()}, **self.scalars, parts=True)
-                else:
-                    got = self._call_reference(inputs, whole=True)
+                got = self._call_reference(inputs, whole=True, parts=gemm)
             except Exception as e:  # the user's function: its error is the answer
                 return {"status": "error", "reason": f"it raised {type(e).__name__}: {e} at {shape}"}
             if not gemm:

@@ -447,6 +447,30 @@ def test_the_reference_goes_a_few_rows_at_a_time_where_its_copies_would_be_large
     assert (4, torch.float64, 4) in seen and all(b <= 4 for b, _, _ in seen)
 
 
+def test_inputs_a_reference_widens_itself_reach_it_as_private_copies_in_their_own_dtype(in_process):
+    """A reference's `widens` names inputs it makes float64 itself (the paged decode caches):
+    the judge clones those in their own dtype, and still hands the others over as float64."""
+    ip = in_process(lambda x, B, n: _sums(x))
+    inputs = ip.judge._inputs({"B": 6, "L": 300}, 11, 0)
+    whole = ip.judge._call_reference(inputs)
+    seen, ref = [], ip.judge.reference
+
+    def spy(x, lens, **kw):
+        seen.append((x.dtype, x.data_ptr() == inputs["x"].data_ptr(), torch.equal(x, inputs["x"])))
+        got = ref(x.to(torch.float64), lens, **kw)
+        x.fill_(0)  # the copy is the reference's to spoil
+        return got
+
+    ip.judge.reference = spy
+    spy.widens = ("x",)
+    got = ip.judge._call_reference(inputs)
+    assert seen == [(torch.float32, False, True)]
+    assert torch.equal(got[0], whole[0]) and inputs["x"].abs().sum() > 0
+    del spy.widens
+    ip.judge._call_reference(inputs)
+    assert seen[1][0] == torch.float64
+
+
 def test_a_row_wrong_in_the_reference_s_last_chunk_is_still_wrong(in_process, monkeypatch):
     ip = in_process(lambda x, B, n: torch.cat([_sums(x)[:-1], _sums(x)[-1:] * 2]) if B == 6 else _sums(x))
     seen = _chunked(monkeypatch, ip, 4)

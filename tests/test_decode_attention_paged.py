@@ -97,6 +97,19 @@ def test_paged_reference_gathers_a_few_sequences_at_a_time():
     torch.testing.assert_close(out, decode_attention(q, k, v, lens), rtol=1e-12, atol=1e-12)
 
 
+def test_paged_reference_widens_caches_given_in_their_own_dtype():
+    """The judge hands the caches over in bf16 (`widens`: their float64 copies were 32 GiB at the
+    domain's largest point): the float64 path widens each gathered part, the same answer."""
+    q, k, v, lens, kc, vc, table = _paged_inputs(3, 5, 16, seed=9)
+    kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    assert set(decode_attention_paged.widens) == {"k_cache", "v_cache"}
+    out = decode_attention_paged(q, kb, vb, table, lens)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, decode_attention_paged(q, kb.double(), vb.double(), table, lens),
+                               rtol=0, atol=0)
+    assert (out - decode_attention(q, k, v, lens)).abs().max() > 1e-6  # the caches' bf16 rounding reached it
+
+
 def test_paged_baseline_path_gathers_on_the_device():
     """The bf16 path (the timed baseline: gather, then the masked SDPA): close to float64."""
     q, k, v, lens, kc, vc, table = _paged_inputs(3, 4, 16, seed=8)

@@ -193,11 +193,17 @@ class Judge:
         copies would pass REF_CHUNK_BYTES, a few rows at a time, each chunk copied as it is used,
         the outputs joined along the axis: decode attention's largest point (B * L = 2^21) took
         32 GiB of float64 K and V at once and did not fit an 80 GB card beside the judge's
-        buffers (session 50)."""
+        buffers (session 50). A reference may name inputs it widens itself (`widens`)."""
         torch = self.torch
+        # inputs the reference widens to float64 itself, a part at a time (its `widens`
+        # attribute): cloned in their own dtype, whose values float64 holds exactly. The paged
+        # decode caches have no batch axis to chunk over, and their float64 copies were 32 GiB
+        # at the domain's largest point (session 51: out of memory on an 80 GB card).
+        widens = set(getattr(self.reference, "widens", ()))
 
         def private(vals: dict) -> dict:
-            return {k: (v.to(torch.float64) if v.dtype.is_floating_point else v.clone()) for k, v in vals.items()}
+            return {k: (v.to(torch.float64) if v.dtype.is_floating_point and k not in widens else v.clone())
+                    for k, v in vals.items()}
 
         axis = self.op.batch_axis
         with_axis = {t.name for t in self.op.inputs if axis and any(axis in d.names for d in t.shape)}

@@ -539,11 +539,14 @@ def cmd_compare(a) -> int:
     if a.points is not None and a.points < 1:
         print(f"--points: {a.points} is not a positive number of points", file=sys.stderr)
         return EXIT_INPUT
+    if a.verify_sizes is not None and a.verify_sizes < 1:
+        print(f"--verify-sizes: {a.verify_sizes} is not a positive number of sizes", file=sys.stderr)
+        return EXIT_INPUT
     if a.json:
         writable(Path(a.json))
     doc = compare_and_write(Path(a.run), Path(a.json) if a.json else None, a.spec, top=a.top, rounds=a.rounds,
                             torch_compile=not a.no_compile, triton=not a.no_triton, force=a.force,
-                            points=a.points, arms=not a.no_arms, progress=progress)
+                            points=a.points, arms=not a.no_arms, progress=progress, verify=a.verify_sizes)
     print(format_table(doc))
     return EXIT_OK
 
@@ -610,6 +613,9 @@ def parser() -> argparse.ArgumentParser:
                    "each shape's winner, the odd ones give its time (default 4)")
     c.add_argument("--points", type=int, help="with op.domain: secret points of the curve across the domain "
                    "(default 24)")
+    c.add_argument("--verify-sizes", type=int, metavar="N", help="with op.domain: the sizes each kernel of the "
+                   "range table is verified at over each range it is listed for (default 48; fewer where the "
+                   "table is large, never fewer than 8 but by this option)")
     c.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     c.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel (op.triton)")
     c.add_argument("--no-arms", action="store_true", help="leave out the spec's named arms (op.arms)")

@@ -560,7 +560,8 @@ def test_the_cpu_pipeline_runs_compares_and_catches_a_wrong_routing(tmp_path, pr
     assert r.returncode in (0, 1), r.stderr[-3000:]
     r = pipe_main("show", run, cwd=project)
     assert r.returncode == 0 and " ok " in r.stdout, r.stdout[-2000:]
-    r = pipe_main("compare", run, "--rounds", "2", "--top", "1", "--no-compile", cwd=project)
+    r = pipe_main("compare", run, "--rounds", "2", "--top", "1", "--no-compile", "--points", "4", "--verify-sizes", "8",
+                  cwd=project)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((run / "compare.json").read_text())
     points = doc.get("curve") or doc["shapes"]
@@ -703,7 +704,8 @@ def test_fallback_arms_are_verified_on_the_judges_inputs_and_chosen_by_the_table
     run = tmp_path / "run"
     r = pipe_main("run", spec, "--run-dir", run, "--max-trials", "2", "-q", cwd=project)
     assert r.returncode in (0, 1), r.stderr[-3000:]
-    r = pipe_main("compare", run, "--rounds", "2", "--top", "1", "--no-compile", "--points", "2", cwd=project)
+    r = pipe_main("compare", run, "--rounds", "2", "--top", "1", "--no-compile", "--points", "2", "--verify-sizes", "8",
+                  cwd=project)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((run / "compare.json").read_text())
     t = doc["range_table"]

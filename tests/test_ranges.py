@@ -24,6 +24,11 @@ from .conftest import PIPELINES
 
 RANGE_CPU = PIPELINES / "rmsnorm-range-cpu.yaml"
 BASE = yaml.safe_load(RANGE_CPU.read_text())
+# the sizes each table kernel is verified at over a range in the compares below (pipe compare
+# --verify-sizes; 48 by default): what these tests check is the table, not that sweep
+# (test_table_verify.py), and 48 a range took most of their set-up's minute and a half
+VERIFY = 8
+POINTS = 6  # the curve's secret points in ranged_run's compare
 
 
 def spec_from(project, data, name="r.yaml"):
@@ -206,11 +211,19 @@ def ranged_run(tmp_path_factory):
     run = path.parents[1] / "run"
     rc = cli.main(["run", str(path), "--run-dir", str(run), "--max-trials", "5", "-q"])
     assert rc in (0, 1)
-    from runner.ship.compare import compare_and_write
+    import contextlib
+    import io
 
-    # torch.compile left out: Inductor's C++ builds would double this set-up (the GPU test has it)
-    doc = compare_and_write(run, rounds=2, top=2, points=6, torch_compile=False)
-    return run, doc
+    # torch.compile left out: Inductor's C++ builds would double this set-up (the GPU test has it).
+    # The command's own stdout and stderr are kept beside the run for the progress test below.
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["compare", str(run), "--no-compile", "--rounds", "2", "--top", "2", "--points", str(POINTS),
+                       "--verify-sizes", str(VERIFY)])
+    assert rc == 0, err.getvalue()[-3000:]
+    (run.parent / "compare.stdout").write_text(out.getvalue())
+    (run.parent / "compare.stderr").write_text(err.getvalue())
+    return run, json.loads((run / "compare.json").read_text())
 
 
 def test_trials_are_timed_where_they_serve_and_verified_on_drawn_shapes(ranged_run):
@@ -347,7 +360,7 @@ def bucketed_run(tmp_path_factory):
     assert rc in (0, 1)
     from runner.ship.compare import compare_and_write
 
-    doc = compare_and_write(run, rounds=2, top=2, points=4, torch_compile=False)
+    doc = compare_and_write(run, rounds=2, top=2, points=4, torch_compile=False, verify=VERIFY)
     return load_spec(path), doc["range_table"]
 
 
@@ -715,21 +728,26 @@ def test_the_curve_draws_inside_ranges_the_uniform_points_missed():
 def test_compare_says_each_stage_and_timing_request_on_stderr(ranged_run, tmp_path, capsys):
     """A range compare runs for minutes on a GPU: its stages and each timing request (with its
     time) go to stderr as they happen, the table alone to stdout; -q leaves them out."""
-    run, _ = ranged_run
+    run, doc = ranged_run
+    stdout, err = (run.parent / "compare.stdout").read_text(), (run.parent / "compare.stderr").read_text()
+    lines = err.splitlines()
+    assert all(re.match(r"\[ *\d+\.\d s\] ", line) for line in lines), lines
+    assert "the range table from" in lines[0]
+    starts = [line for line in lines if re.search(r"timing request \d+: ", line)]
+    ends = [line for line in lines if re.search(r"timing request \d+ done in \d+\.\d s", line)]
+    assert starts and len(starts) == len(ends)
+    curve = next(i for i, line in enumerate(lines) if f"the curve: the table at {POINTS} secret points" in line)
+    assert "with every arm" in lines[curve + 1] and "with every arm" not in " ".join(lines[:curve])
+    assert "dispatch by range" in stdout and "dispatch by range" not in err
+    assert doc["curve"] and doc["range_table"]["verified"]["per"] == VERIFY
+    assert f"(up to {VERIFY} a range)" in err
     dup = tmp_path / "run"
     shutil.copytree(run, dup)
-    args = ["compare", str(dup), "--no-compile", "--rounds", "2", "--points", "2", "--top", "1"]
-    assert cli.main(args) == 0
-    out = capsys.readouterr()
-    err = out.err.splitlines()
-    assert all(re.match(r"\[ *\d+\.\d s\] ", line) for line in err), err
-    assert "the range table from" in err[0]
-    starts = [line for line in err if re.search(r"timing request \d+: ", line)]
-    ends = [line for line in err if re.search(r"timing request \d+ done in \d+\.\d s", line)]
-    assert starts and len(starts) == len(ends)
-    curve = next(i for i, line in enumerate(err) if "the curve: the table at 2 secret points" in line)
-    assert "with every arm" in err[curve + 1] and "with every arm" not in " ".join(err[:curve])
-    assert "dispatch by range" in out.out and "dispatch by range" not in out.err
-    assert json.loads((dup / "compare.json").read_text())["curve"]
+    args = ["compare", str(dup), "--no-compile", "--rounds", "2", "--points", "2", "--top", "1",
+            "--verify-sizes", str(VERIFY)]
+    capsys.readouterr()
     assert cli.main([*args, "-q"]) == 0
-    assert capsys.readouterr().err == ""
+    out = capsys.readouterr()
+    assert out.err == "" and "dispatch by range" in out.out
+    assert cli.main([*args[:-1], "0"]) == cli.EXIT_INPUT
+    assert capsys.readouterr().err == "--verify-sizes: 0 is not a positive number of sizes\n"

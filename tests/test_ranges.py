@@ -14,7 +14,6 @@ import yaml
 
 from runner import cli
 from runner.core import figures
-from runner.core.errors import SpecError
 from runner.judge import domain
 from runner.ship import ranges
 from runner.ship.exported_runtime import Op

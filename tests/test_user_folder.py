@@ -116,6 +116,25 @@ def test_a_local_module_cannot_stand_in_for_another(user, capsys, name):
     assert sys.modules[name].__file__ != str(user / f"{name}.py")  # and it did not get in
 
 
+@pytest.mark.parametrize("widens, ok", [(("x",), True), (("x", "w"), True), (("nope",), False), ("x", False)])
+def test_a_references_widens_names_floating_inputs(user, capsys, widens, ok):
+    """op.reference's `widens` (inputs the reference makes float64 itself: the judge's private
+    copies of them keep their dtype) must name floating inputs: a typo would leave a copy
+    float64, or an input the reference never widens."""
+    text = (user / "layernorm_ref.py").read_text()
+    (user / f"wide_ref_{len(widens)}_{ok}.py").write_text(
+        text + f"\n\ndef wide(x, w, b, eps):\n    return layernorm(x.double(), w.double(), b.double(), eps)\n\n\n"
+               f"wide.widens = {widens!r}\n")
+    p = edit(user, lambda d: d["op"].update(reference=f"wide_ref_{len(widens)}_{ok}:wide"))
+    rc, err = validate(capsys, p)
+    if ok:
+        assert rc == 0, err
+        return
+    assert rc == 2
+    assert_diagnostics(err)
+    assert "op.reference" in err and ".widens must name floating inputs of the op (b, w, x)" in err, err
+
+
 def test_two_folders_with_a_module_of_the_same_name_each_get_their_own(user, capsys, tmp_path):
     other = tmp_path / "theirs"
     shutil.copytree(user, other)

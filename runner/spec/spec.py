@@ -757,7 +757,7 @@ class _Checker:
                     except ExprError as ex:
                         self.err(path, f"shape {i}: {ex}")
         ref = o["reference"]
-        self.reference(ref)
+        self.reference(ref, inputs)
         for name in o.get("arms") or {}:
             if name in RESERVED_ARMS:
                 self.err(("op", "arms", name), f"arm name '{name}' is taken by a built-in arm of pipe compare "
@@ -1154,11 +1154,21 @@ class _Checker:
         listed = [dict(sh) for sh in shapes]
         return dom, listed + [g for g in grid if g not in listed], where
 
-    def reference(self, ref: str) -> None:
+    def reference(self, ref: str, inputs: list) -> None:
         try:  # from the spec's folder first (no PYTHONPATH needed), then sys.path
-            userpath.load_callable(ref, self.near)
+            fn = userpath.load_callable(ref, self.near)
         except userpath.ModuleLookupError as e:  # an import error in user code is a spec problem here
             self.err(("op", "reference"), str(e))
+            return
+        # `widens`: floating inputs the reference makes float64 itself (the judge's copies of them
+        # keep their dtype): a name that is not one would leave a copy float64 or an input unwidened
+        widens = getattr(fn, "widens", ())
+        floating = {t.name for t in inputs if t is not None and t.dtype not in INT_DTYPES}
+        names = list(widens) if isinstance(widens, (tuple, list, set, frozenset)) else None
+        bad = [w for w in names or () if w not in floating]
+        if names is None or bad or not all(isinstance(w, str) for w in names):
+            self.err(("op", "reference"), f"{ref}.widens must name floating inputs of the op "
+                                          f"({', '.join(sorted(floating)) or 'none'}); it is {widens!r}")
 
     def space(self, symbols: set[str], op: OpSpec | None) -> tuple[dict, Space | None]:
         s = self.d["search"]

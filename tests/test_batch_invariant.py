@@ -471,6 +471,27 @@ def test_inputs_a_reference_widens_itself_reach_it_as_private_copies_in_their_ow
     assert seen[1][0] == torch.float64
 
 
+@pytest.mark.parametrize("rows", [None, 4])  # the whole call, and a few rows at a time
+def test_a_reference_that_widens_nothing_it_names_stops_the_run(in_process, monkeypatch, rows):
+    """`widens` hands inputs over in their own dtype for the reference to widen: one that
+    computes in that dtype instead would make a float32 verdict. The judge refuses its answer
+    (check_reference: before the run's first trial)."""
+    ip = in_process(lambda x, B, n: _sums(x))
+    if rows:
+        _chunked(monkeypatch, ip, rows)
+    ref = ip.judge.reference
+
+    def lazy(x, lens, **kw):
+        return ref(x, lens, **kw)  # float32 x in, float32 sums out
+
+    lazy.widens = ("x",)
+    ip.judge.reference = lazy
+    r = ip.judge.check_reference()
+    assert r["status"] == "error" and "must widen them itself and return float64 outputs" in r["reason"], r
+    lazy.widens = ()
+    assert ip.judge.check_reference()["status"] == "ok"
+
+
 def test_a_row_wrong_in_the_reference_s_last_chunk_is_still_wrong(in_process, monkeypatch):
     ip = in_process(lambda x, B, n: torch.cat([_sums(x)[:-1], _sums(x)[-1:] * 2]) if B == 6 else _sums(x))
     seen = _chunked(monkeypatch, ip, 4)

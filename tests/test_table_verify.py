@@ -226,6 +226,12 @@ def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, t
     t3["ranges"][0]["hi"]["N"] = 4096
     ranges.verify_table(spec, t3, other, seed=6, per=20)
     assert other.requests == 2
+    # at another number of sizes a range (pipe compare --verify-sizes), verified afresh too
+    fewer = ranges.Prober(spec, pr.builder, pr.worker, pr.by_id, rounds=2, timeout_s=120)
+    fewer.parts_dir = first.parts_dir
+    t4 = table()
+    got = ranges.verify_table(spec, t4, fewer, seed=7, per=8)
+    assert fewer.requests == 2 and got["per"] == 8
 
 
 def test_a_table_of_many_ranges_shares_the_budget_and_goes_in_chunks(bench):

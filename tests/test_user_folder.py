@@ -116,16 +116,18 @@ def test_a_local_module_cannot_stand_in_for_another(user, capsys, name):
     assert sys.modules[name].__file__ != str(user / f"{name}.py")  # and it did not get in
 
 
-@pytest.mark.parametrize("widens, ok", [(("x",), True), (("x", "w"), True), (("nope",), False), ("x", False)])
+@pytest.mark.parametrize("widens, ok", [(("x",), True), (["x", "w"], True), ({"b"}, True), (("nope",), False),
+                                         ("x", False), ((["x"],), False), (("x", 3), False)])
 def test_a_references_widens_names_floating_inputs(user, capsys, widens, ok):
     """op.reference's `widens` (inputs the reference makes float64 itself: the judge's private
     copies of them keep their dtype) must name floating inputs: a typo would leave a copy
     float64, or an input the reference never widens."""
     text = (user / "layernorm_ref.py").read_text()
-    (user / f"wide_ref_{len(widens)}_{ok}.py").write_text(
+    name = f"wide_ref_{abs(hash(repr(widens)))}"
+    (user / f"{name}.py").write_text(
         text + f"\n\ndef wide(x, w, b, eps):\n    return layernorm(x.double(), w.double(), b.double(), eps)\n\n\n"
                f"wide.widens = {widens!r}\n")
-    p = edit(user, lambda d: d["op"].update(reference=f"wide_ref_{len(widens)}_{ok}:wide"))
+    p = edit(user, lambda d: d["op"].update(reference=f"{name}:wide"))
     rc, err = validate(capsys, p)
     if ok:
         assert rc == 0, err

@@ -157,7 +157,8 @@ class Judge:
         return frozenset(t.name for t in self.op.inputs if t.rows is not None or "perm" in t.dists)
 
     def _reference(self, inputs: dict, shape: dict | None = None) -> list:
-        """[(float64 reference, error budget)] per output, on private float64 copies. The judge
+        """[(float64 reference, error budget)] per output, on private float64 copies (`widens`:
+        _call_reference). The judge
         computes it only once the candidate will never again be called on these values (after
         the runs of a check round, after a timed loop), from inputs made afresh from their seed
         (`_pristine`): no answer sits in memory the candidate could copy from while it runs.
@@ -186,7 +187,8 @@ class Judge:
         return refs
 
     def _call_reference(self, inputs: dict, whole: bool = False, parts: bool = False):
-        """The reference on private float64 copies of `inputs` (other dtypes cloned): its outputs
+        """The reference on private float64 copies of `inputs` (other dtypes cloned, and those
+        its `widens` names, which it must answer in float64 all the same): its outputs
         as a list, or, with `whole`, as it returned them (check_reference looks at that); with
         `parts`, called with parts=True (op.tolerance.gemm_k), whole. Where the op has a batch
         axis (op.batch_invariant: each row's output depends on that row's inputs alone) and the
@@ -210,15 +212,22 @@ class Judge:
         rows = {int(inputs[k].shape[0]) for k in with_axis}
         n = rows.pop() if len(rows) == 1 else 0
         per_row = sum(inputs[k].shape[1:].numel() * 8 for k in with_axis)
+        def widened(out):  # a reference given inputs in their own dtype still answers in float64
+            for o in (out if isinstance(out, (tuple, list)) else [out]) if widens and not parts else ():
+                if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != torch.float64:
+                    raise ValueError(f"a reference with `widens` ({', '.join(sorted(widens))}) must widen them "
+                                     f"itself and return float64 outputs; it returned {o.dtype}")
+            return out
+
         if parts or n * per_row <= REF_CHUNK_BYTES:
-            out = self.reference(**private(inputs), **self.scalars, **({"parts": True} if parts else {}))
+            out = widened(self.reference(**private(inputs), **self.scalars, **({"parts": True} if parts else {})))
             return out if whole else (list(out) if isinstance(out, (tuple, list)) else [out])
         step = max(1, REF_CHUNK_BYTES // per_row)
         common = private({k: v for k, v in inputs.items() if k not in with_axis})
         chunks, many = [], False
         for r0 in range(0, n, step):
-            got = self.reference(**common, **private({k: inputs[k][r0:r0 + step] for k in with_axis}),
-                                 **self.scalars)
+            got = widened(self.reference(**common, **private({k: inputs[k][r0:r0 + step] for k in with_axis}),
+                                         **self.scalars))
             many = isinstance(got, (tuple, list))
             chunks.append(list(got) if many else [got])
             del got

@@ -1,7 +1,8 @@
 """Reference implementations: what production torch calls for each op.
 
 Each is called twice by the judge: on float64 copies of the inputs for the
-verdict (so the whole computation runs in float64), and on the op's own dtype
+verdict (so the whole computation runs in float64; a function's `widens` names
+inputs it gets in their own dtype and widens itself), and on the op's own dtype
 for the baseline timing (so it is the kernel a user would otherwise run).
 """
 

@@ -1165,8 +1165,7 @@ class _Checker:
         widens = getattr(fn, "widens", ())
         floating = {t.name for t in inputs if t is not None and t.dtype not in INT_DTYPES}
         names = list(widens) if isinstance(widens, (tuple, list, set, frozenset)) else None
-        bad = [w for w in names or () if w not in floating]
-        if names is None or bad or not all(isinstance(w, str) for w in names):
+        if names is None or any(not isinstance(w, str) or w not in floating for w in names):
             self.err(("op", "reference"), f"{ref}.widens must name floating inputs of the op "
                                           f"({', '.join(sorted(floating)) or 'none'}); it is {widens!r}")
 

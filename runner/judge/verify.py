@@ -613,9 +613,7 @@ def paired_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, o
         return below
     r, rn, unit, (o, a) = got
     n = rn.numel()
-    tie, other = _ties(r, rn, unit, NORMAL_MIN[out_dtype])
-    dm = _tie_error(o, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP)
-    da = _tie_error(a, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP)
+    dm, da = _units(r, rn, unit, NORMAL_MIN[out_dtype], o, a)
     near = (dm <= 1) & (da <= 1)
     nm, na = dm[near], da[near]
     return below + Paired(n, float(dm.sum()), float(da.sum()), float((dm - da).square_().sum()),
@@ -638,9 +636,7 @@ def _subnormal_pairs(sampled: tuple, out_dtype: torch.dtype) -> Paired:
     if rn.numel() == 0:
         return NO_PAIRS
     unit = FLOAT_INFO[out_dtype][1]  # the spacing is one below the normal range
-    tie, other = _ties(r, rn, torch.full_like(rn, unit), NORMAL_MIN[out_dtype])
-    dm = _tie_error(o, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP)
-    da = _tie_error(a, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP)
+    dm, da = _units(r, rn, torch.full_like(rn, unit), NORMAL_MIN[out_dtype], o, a)
     # only where the approved build is within a unit: where it is grossly off (moe-swiglu-cpu's
     # silu writes 0 where exp(-g) overflows, 2 units, clipped) a variant exact there had credit
     # to spend on cuts elsewhere (session 50's red team, c08 and c09 `ok` 2 times in 5 and in 3)
@@ -673,6 +669,14 @@ def _tie_error(o: torch.Tensor, rn: torch.Tensor, other: torch.Tensor, tie: torc
     """|o - rn|, or at a tie the distance to the nearer of rn and `other` (`_ties`)."""
     e = (o - rn).abs()
     return torch.where(tie, torch.minimum(e, (o - other).abs()), e)
+
+
+def _units(r: torch.Tensor, rn: torch.Tensor, unit: torch.Tensor, normal_min: float,
+           *outs: torch.Tensor) -> list[torch.Tensor]:
+    """Each of `outs`' |error| against rn(r) in `unit`s, ties either way (`_ties`), clipped to
+    LEAN_CLIP: the paired strata's measure."""
+    tie, other = _ties(r, rn, unit, normal_min)
+    return [_tie_error(o, rn, other, tie).div_(unit).clamp_(max=LEAN_CLIP) for o in outs]
 
 
 def wide_error(out: torch.Tensor, approved: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype,

@@ -157,10 +157,10 @@ class Judge:
         return frozenset(t.name for t in self.op.inputs if t.rows is not None or "perm" in t.dists)
 
     def _reference(self, inputs: dict, shape: dict | None = None) -> list:
-        """[(float64 reference, error budget)] per output, on private float64 copies (`widens`:
-        _call_reference). The judge
-        computes it only once the candidate will never again be called on these values (after
-        the runs of a check round, after a timed loop), from inputs made afresh from their seed
+        """[(float64 reference, error budget)] per output, on private float64 copies (but those
+        the reference's `widens` names: _call_reference). The judge computes it only once the
+        candidate will never again be called on these values (after the runs of a check round,
+        after a timed loop), from inputs made afresh from their seed
         (`_pristine`): no answer sits in memory the candidate could copy from while it runs.
         With op.tolerance.gemm_k the reference gives the GEMM's parts (`parts=True`) and the
         budget is the GEMM's (verify.GemmBudget, over the reduction length at `shape`, which
@@ -207,18 +207,19 @@ class Judge:
             return {k: (v.to(torch.float64) if v.dtype.is_floating_point and k not in widens else v.clone())
                     for k, v in vals.items()}
 
+        def widened(out):  # a reference given inputs in their own dtype still answers in float64
+            if widens and not parts:
+                for o in out if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != torch.float64:
+                        raise ValueError(f"a reference with `widens` ({', '.join(sorted(widens))}) must widen "
+                                         f"them itself and return float64 outputs; it returned {o.dtype}")
+            return out
+
         axis = self.op.batch_axis
         with_axis = {t.name for t in self.op.inputs if axis and any(axis in d.names for d in t.shape)}
         rows = {int(inputs[k].shape[0]) for k in with_axis}
         n = rows.pop() if len(rows) == 1 else 0
         per_row = sum(inputs[k].shape[1:].numel() * 8 for k in with_axis)
-        def widened(out):  # a reference given inputs in their own dtype still answers in float64
-            for o in (out if isinstance(out, (tuple, list)) else [out]) if widens and not parts else ():
-                if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != torch.float64:
-                    raise ValueError(f"a reference with `widens` ({', '.join(sorted(widens))}) must widen them "
-                                     f"itself and return float64 outputs; it returned {o.dtype}")
-            return out
-
         if parts or n * per_row <= REF_CHUNK_BYTES:
             out = widened(self.reference(**private(inputs), **self.scalars, **({"parts": True} if parts else {})))
             return out if whole else (list(out) if isinstance(out, (tuple, list)) else [out])

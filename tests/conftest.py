@@ -142,9 +142,11 @@ def pipe_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "runner.cli"]
 
 
-def tune_compare_export(spec, run, pkgs, trials: int, points: int = 6) -> None:
+def tune_compare_export(spec, run, pkgs, trials: int, points: int = 6, verify_sizes: int = 4) -> None:
     """A short GPU run of SPEC into RUN (`pipe run --max-trials TRIALS`), its `pipe compare`
-    (POINTS secret points, 2 rounds, the top 2) and its `pipe export` into PKGS, each asserted
+    (POINTS secret points, 2 rounds, the top 2, each table kernel verified at VERIFY_SIZES sizes
+    a range: the sweep itself is tested on the CPU, in tests/test_table_verify.py) and its
+    `pipe export` into PKGS, each asserted
     to end as it should: the set-up of the range and attention GPU tests. Each stage's wall
     time is printed (pytest's -rA shows it), so that a set-up that outgrows a device call
     says which stage grew."""
@@ -159,7 +161,8 @@ def tune_compare_export(spec, run, pkgs, trials: int, points: int = 6) -> None:
     any_gpu = ["--no-hw-check"] if os.environ.get("PIPE_TESTS_ANY_GPU") == "1" else []
     r = pipe("run", str(spec), "--run-dir", str(run), "--max-trials", str(trials), "-q", *any_gpu)
     assert r.returncode in (0, 1), r.stderr[-3000:]
-    r = pipe("compare", str(run), "--points", str(points), "--rounds", "2", "--top", "2")
+    r = pipe("compare", str(run), "--points", str(points), "--rounds", "2", "--top", "2",
+             "--verify-sizes", str(verify_sizes))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "worst regret" in r.stdout
     r = pipe("export", str(run), "--out", str(pkgs))

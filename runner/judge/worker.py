@@ -32,6 +32,34 @@ READY_TIMEOUT_S = 180.0
 # the most bytes of float64 input copies the reference is given at once, where the op's batch
 # axis lets it go a few rows at a time (Judge._call_reference)
 REF_CHUNK_BYTES = 4 << 30
+# what a worker keeps of the decoys it made for the spec's own shapes (Judge._decoys)
+DECOY_CACHE_BYTES = 2 << 30
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is torch's device allocator out of memory (torch.OutOfMemoryError): what a
+    request's own buffers may meet beside what the worker keeps, and nothing sticky."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(e, getattr(torch, "OutOfMemoryError", ()))
+
+
+def _serve(judge, kind: str, args) -> dict:
+    """The judge's answer to one request. Where the device's allocator runs out of memory and
+    the context is sound, the request is served once more from the start with nothing kept
+    (Judge.free_memory): the judge's own buffers at the domain's largest size (a float64
+    reference of 2^30 elements) may find no room beside the decoys and the allocator's cached
+    blocks. A second failure is the request's error."""
+    try:
+        return getattr(judge, kind)(*args)
+    except Exception as e:
+        if not _out_of_memory(e) or not judge.rt.healthy():
+            raise
+        print(f"pipe worker: {kind} ran out of device memory ({str(e)[:160]}); served again with nothing kept")
+    judge.free_memory()  # outside the handler: the failed attempt's frames are gone by now
+    return getattr(judge, kind)(*args)
 
 
 def _seed(*parts: Any) -> int:
@@ -67,6 +95,7 @@ class Judge:
         self.kinds = arg_kinds(spec, self.rt.symbol_type)
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
+        self._decoy_bytes = 0  # what _decoy_cache holds (at most DECOY_CACHE_BYTES)
         self._decoy_last: tuple | None = None  # (key, decoys) of the last held-out shape (pipe compare)
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
         # (in a kernel host's process where the runtime has one: build/backends/cpu_host.py)
@@ -252,11 +281,29 @@ class Judge:
         out = self._call_reference(vals)
         del vals
         made = [decoys(o.detach().to(TORCH_DTYPES[t.dtype])) for t, o in zip(self.op.outputs, out)]
-        if shape in self.op.all_shapes:  # a bounded set; held-out shapes (pipe compare) are not kept
+        size = sum(d.numel() * d.element_size() for pair in made for d in pair)
+        # a bounded set, and bounded in bytes: a range spec's tuning points together came to
+        # 18 GB of decoys on the GPU, and a verification at the domain's largest size then
+        # found no memory (held-out shapes, pipe compare's, are never kept)
+        if shape in self.op.all_shapes and self._decoy_bytes + size <= DECOY_CACHE_BYTES:
             self._decoy_cache[key] = made
+            self._decoy_bytes += size
         else:  # only the last one, for the other candidates at the same shape
             self._decoy_last = (key, made)
         return made
+
+    def free_memory(self) -> None:
+        """Drop what this worker keeps between requests to save work (the decoys) and hand
+        the allocator's free blocks back: before a request that ran out of device memory is
+        served again (serve's retry)."""
+        import gc
+
+        self._decoy_cache.clear()
+        self._decoy_bytes = 0
+        self._decoy_last = None
+        gc.collect()
+        if self.rt.device == "cuda":
+            self.torch.cuda.empty_cache()
 
     def _outputs(self, shape: dict, decoy: bool = False) -> list:
         """Each output inside its guard bands (verify.poisoned). With `decoy`, the output itself
@@ -2081,7 +2128,7 @@ def worker_main(conn, spec, log_path: str) -> None:
             if prof is not None:
                 prof.enable()
             try:
-                result = getattr(judge, kind)(*args)
+                result = _serve(judge, kind, args)
             finally:
                 if prof is not None:
                     prof.disable()

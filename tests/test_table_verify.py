@@ -202,6 +202,11 @@ def test_a_kernel_that_serves_no_size_the_sweep_can_draw_is_dropped_and_a_worker
     assert got["dropped"] == [1] and "unverified" in t["dropped"]["1"] and t["ranges"][0]["use"] == [2]
     with pytest.raises(CompareError, match="verifying #2 over its ranges failed: the worker did not start"):
         ranges.verify_table(spec, table(), Stand({"status": "error", "reason": "the worker did not start"}), seed=1)
+    # out of device memory (the worker already tried again with nothing kept): what to do about it
+    oom = {"status": "error", "reason": "OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"}
+    with pytest.raises(CompareError) as e:
+        ranges.verify_table(spec, table(), Stand(oom), seed=1)
+    assert "OutOfMemoryError" in str(e.value) and "Give the rows a max in op.domain" in str(e.value)
 
 
 def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, tmp_path):

@@ -574,7 +574,13 @@ def verify_table(spec, table: dict, prober: Prober, seed: int, per: int | None =
                 if r.get("status") == "error":  # the worker's failure, not the kernel's: no verdict
                     from .compare import CompareError
 
-                    raise CompareError(f"verifying #{tid} over its ranges failed: {r.get('reason', '')}"[:600])
+                    why = f"verifying #{tid} over its ranges failed: {r.get('reason', '')}"[:600]
+                    if "OutOfMemoryError" in why:  # the judge worker already tried again with nothing kept
+                        why += (f"\n(a table kernel is verified at sizes across what it serves, up to {ROWS_CAP} "
+                                "times the tuning rows where op.domain gives the rows no max, against a float64 "
+                                "reference: more device memory than is free here. Give the rows a max in "
+                                "op.domain, or compare on a GPU with more memory)")
+                    raise CompareError(why)
                 if key and r.get("status") in ("ok", "wrong"):
                     prober._keep(key, [{k: r.get(k) for k in ("status", "reason")}])
             if r.get("status") != "ok":

@@ -198,6 +198,8 @@ class Evaluator:
         trial.details["judge_wall_s"] = round(time.perf_counter() - t_judge, 4)
         if verdict.get("phases"):
             trial.details["judge_phases"] = verdict["phases"]
+        if verdict.get("retried"):  # served a second time after the device ran out of memory (worker._serve)
+            trial.details["judge_retried"] = verdict["retried"]
         if verdict.get("lean"):  # verification's widest lean of the error (verify.lean)
             trial.details["lean"] = verdict["lean"]
         if verdict.get("precision"):  # a variant's error against the approved build's (verify.paired_error)

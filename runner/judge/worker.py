@@ -34,6 +34,9 @@ READY_TIMEOUT_S = 180.0
 REF_CHUNK_BYTES = 4 << 30
 # what a worker keeps of the decoys it made for the spec's own shapes (Judge._decoys)
 DECOY_CACHE_BYTES = 2 << 30
+# a request out of device memory is served again only if its first attempt took at most this
+# share of its time limit (_serve)
+RETRY_SHARE = 0.4
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -46,20 +49,32 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, getattr(torch, "OutOfMemoryError", ()))
 
 
-def _serve(judge, kind: str, args) -> dict:
+def _serve(judge, kind: str, args, limit: float | None = None) -> dict:
     """The judge's answer to one request. Where the device's allocator runs out of memory and
     the context is sound, the request is served once more from the start with nothing kept
     (Judge.free_memory): the judge's own buffers at the domain's largest size (a float64
     reference of 2^30 elements) may find no room beside the decoys and the allocator's cached
-    blocks. A second failure is the request's error."""
+    blocks. Not where the first attempt took more than RETRY_SHARE of the request's time limit
+    (`limit`, seconds): a second that ran out of time would be recorded as the kernel's hang.
+    On the second attempt an arm out of memory is that arm's error (Judge._not_the_arms), and
+    any other failure the request's, as before."""
+    t0 = time.monotonic()
     try:
         return getattr(judge, kind)(*args)
     except Exception as e:
-        if not _out_of_memory(e) or not judge.rt.healthy():
+        spent = time.monotonic() - t0
+        if not _out_of_memory(e) or not judge.rt.healthy() or (limit is not None and spent > RETRY_SHARE * limit):
             raise
-        print(f"pipe worker: {kind} ran out of device memory ({str(e)[:160]}); served again with nothing kept")
+        why = f"{kind} ran out of device memory after {spent:.1f} s ({str(e)[:160]}); served again with nothing kept"
+        print(f"pipe worker: {why}")
     judge.free_memory()  # outside the handler: the failed attempt's frames are gone by now
-    return getattr(judge, kind)(*args)
+    judge._retry = True
+    try:
+        result = getattr(judge, kind)(*args)
+    finally:
+        judge._retry = False
+    # the reply says so: its phases are the second attempt's, the runner's wall time both's
+    return {**result, "retried": why} if isinstance(result, dict) else result
 
 
 def _seed(*parts: Any) -> int:
@@ -96,6 +111,7 @@ class Judge:
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
         self._decoy_bytes = 0  # what _decoy_cache holds (at most DECOY_CACHE_BYTES)
+        self._retry = False  # serving a request again after it ran out of device memory (_serve)
         self._decoy_last: tuple | None = None  # (key, decoys) of the last held-out shape (pipe compare)
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
         # (in a kernel host's process where the runtime has one: build/backends/cpu_host.py)
@@ -291,6 +307,14 @@ class Judge:
         else:  # only the last one, for the other candidates at the same shape
             self._decoy_last = (key, made)
         return made
+
+    def _not_the_arms(self, e: BaseException) -> bool:
+        """Whether an error raised while one arm of a request is set up, called or checked is
+        the request's rather than that arm's: a sticky device error (the worker is lost), or,
+        on a request's first attempt, the device's memory running out (served again with
+        nothing kept, `_serve`; on the second, it is the arm's, as a kernel whose workspace
+        does not fit is)."""
+        return not self.rt.healthy() or (_out_of_memory(e) and not self._retry)
 
     def free_memory(self) -> None:
         """Drop what this worker keeps between requests to save work (the decoys) and hand
@@ -1058,6 +1082,8 @@ class Judge:
             try:
                 got = self._call_reference(inputs, whole=True, parts=gemm)
             except Exception as e:  # the user's function: its error is the answer
+                if _out_of_memory(e) and not self._retry:
+                    raise  # the device's memory, not the function's: served again (_serve)
                 return {"status": "error", "reason": f"it raised {type(e).__name__}: {e} at {shape}"}
             if not gemm:
                 why = self._reference_shapes(got, shape)
@@ -1241,8 +1267,8 @@ class Judge:
                     self._guard()
                     taken.append((name, "", state["cur"], state["salt"], self._snap(outs, ws=ws)))
                 except Exception as e:
-                    if not self.rt.healthy():
-                        raise  # a sticky device error: the worker is lost, the runner says so
+                    if self._not_the_arms(e):
+                        raise  # a sticky device error (the worker is lost), or the judge's memory: not the arm's
                     errors[name] = f"{type(e).__name__}: {e}"[:400]
                     continue
                 errors[name] = self._outlived()  # None unless its threads outlived the call
@@ -1262,7 +1288,7 @@ class Judge:
                     calls[name] = self.rt.prepare_torch(lambda f=f, inputs=inputs: f(**inputs, **self.scalars),
                                                         "direct" if forced else mode)
                 except Exception as e:  # say, an SDPA backend this device lacks: no time, the reason shown
-                    if not self.rt.healthy():
+                    if self._not_the_arms(e):
                         raise
                     errors[name] = f"unavailable: {type(e).__name__}: {e}"[:400]
             if self.census is not None:
@@ -1317,7 +1343,7 @@ class Judge:
                                         for ok, w, _ in [close_enough(o, r, self.op.atol, self.op.rtol, b)]
                                         if not ok), None)
                     except Exception as e:
-                        if not self.rt.healthy():
+                        if self._not_the_arms(e):
                             raise
                         why = f"checking its answer: {type(e).__name__}: {e}"[:400]
                 errors[name] = why
@@ -1369,7 +1395,7 @@ class Judge:
                 res = f(**inputs, **self.scalars)
                 self.rt.sync()
             except Exception as e:
-                if not self.rt.healthy():
+                if self._not_the_arms(e):
                     raise
                 return f"round {r}: {type(e).__name__}: {e}"[:400]
             res = list(res) if isinstance(res, (tuple, list)) else [res]
@@ -2100,9 +2126,10 @@ def worker_main(conn, spec, log_path: str) -> None:
             msg = conn.recv()
         except EOFError:
             return
-        kind, nonce, args = msg[0], msg[1], msg[2:]
+        kind, nonce = msg[0], msg[1]
         if kind == "stop":
             return
+        limit, args = msg[2], msg[3:]  # the runner's time limit for this request (Worker.request), then its own
         if kind in ("evaluate", "retime", "compare") and spec.kernel.backend == "cpu" and not sandboxed \
                 and getattr(judge.rt, "hosted", False):
             sandboxed = True  # candidates run in kernel hosts, each under the filter (build/backends/cpu_host.py)
@@ -2128,7 +2155,7 @@ def worker_main(conn, spec, log_path: str) -> None:
             if prof is not None:
                 prof.enable()
             try:
-                result = _serve(judge, kind, args)
+                result = _serve(judge, kind, args, limit)
             finally:
                 if prof is not None:
                     prof.disable()
@@ -2218,7 +2245,7 @@ class Worker:
                 return err
         nonce = secrets.token_hex(16)
         try:
-            self.conn.send((msg[0], nonce, *msg[1:]))
+            self.conn.send((msg[0], nonce, float(timeout), *msg[1:]))
         except (BrokenPipeError, OSError):
             return self._died("before the request")
         t0 = time.monotonic()

@@ -7,7 +7,8 @@ import pytest
 
 from runner.spec import hw
 from runner.core.errors import SpecError
-from runner.spec.hw import HwProfile, check_device, check_present_device, find_profile, load_profile
+from runner.spec.hw import (HwProfile, check_device, check_present_device, find_profile, load_profile,
+                            matching_profiles, mismatch_text)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "hw_profiles").glob("*.yaml"))
@@ -259,6 +260,24 @@ def test_check_device_profile_without_device_fields(tmp_path):
     p = tmp_path / "bare.yaml"
     p.write_text(MINIMAL.format(name="bare"), encoding="utf-8")
     assert check_device(load_profile(p), H100_PROPS) == []
+
+
+def test_a_mismatch_names_the_profiles_that_describe_this_gpu(tmp_path):
+    h200 = load_profile(ROOT / "hw_profiles" / "h200.yaml")
+    found = matching_profiles(H100_PROPS, tmp_path)
+    assert [p.stem for p in found] == ["h100"]  # not b200, not host-cpu, not h200
+    text = mismatch_text(h200, check_device(h200, H100_PROPS), found)
+    assert "'h100'" in text and "`hardware`" in text and "--no-hw-check" in text
+    # a project's own profile of this GPU is found first, beside pipe's
+    (tmp_path / "hw_profiles").mkdir()
+    mine = (ROOT / "hw_profiles" / "h100.yaml").read_text().replace("name: h100", "name: lab-h100")
+    (tmp_path / "hw_profiles" / "lab-h100.yaml").write_text(mine)
+    assert [p.stem for p in matching_profiles(H100_PROPS, tmp_path)] == ["lab-h100", "h100"]
+    # no profile of this GPU: the old advice alone
+    odd = types.SimpleNamespace(**{**vars(H100_PROPS), "name": "NVIDIA A100-SXM4-80GB", "major": 8, "minor": 0,
+                                   "multi_processor_count": 108})
+    assert matching_profiles(odd, tmp_path) == []
+    assert mismatch_text(h200, check_device(h200, odd), []).endswith("(pass --no-hw-check to run anyway)")
 
 
 def test_check_present_device_skips_cpu_profiles():

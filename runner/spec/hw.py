@@ -130,9 +130,40 @@ def check_present_device(profile: HwProfile, match: bool = True) -> None:
                              + ("" if match else " (--no-hw-check skips the match with the profile, not the GPU)"))
     if not match:
         return
-    bad = check_device(profile, torch.cuda.get_device_properties(0))
+    props = torch.cuda.get_device_properties(0)
+    bad = check_device(profile, props)
     if bad:
-        raise DeviceMismatch(
-            f"hardware profile {profile.path} does not match this GPU: " + "; ".join(bad)
-            + " (pass --no-hw-check to run anyway)")
+        raise DeviceMismatch(mismatch_text(profile, bad, matching_profiles(props, Path(profile.path).parent.parent)))
+
+
+def matching_profiles(props: Any, near: Path) -> list[Path]:
+    """The CUDA profiles that name a device and match `props` (check_device), from the
+    hw_profiles folders find_profile searches (`near` and the folders above it, then pipe's
+    own), the first of each name."""
+    out: dict[str, Path] = {}
+    for d in [near, *near.parents, PACKAGE_ROOT]:
+        folder = d / "hw_profiles"
+        if not folder.is_dir():
+            continue
+        for p in sorted(folder.glob("*.yaml")):
+            if p.stem in out:
+                continue
+            try:
+                prof = load_profile(p)
+            except (SpecError, OSError):
+                continue
+            if prof.kind == "cuda" and prof.get("device_name") and not check_device(prof, props):
+                out[p.stem] = p
+    return list(out.values())
+
+
+def mismatch_text(profile: HwProfile, bad: list[str], matching: list[Path]) -> str:
+    """What a run refused for a GPU its profile does not describe is told: every mismatch, and
+    the profiles that do describe this GPU."""
+    text = f"hardware profile {profile.path} does not match this GPU: " + "; ".join(bad)
+    if matching:
+        names = " or ".join(f"'{p.stem}' ({p})" for p in matching)
+        return (text + f". This GPU matches the profile {names}: name it in the spec's `hardware` to judge "
+                "against its figures, or pass --no-hw-check to run against this profile's")
+    return text + " (pass --no-hw-check to run anyway)"
 

@@ -167,11 +167,14 @@ def cmd_run(a) -> int:
     if b is not None:
         from .progress import fmt_params, fmt_time
 
+        from .ledger.summary import goal_by_text
+
         ms = (b.details or {}).get("metric_spread")
+        by = goal_by_text(out.goal_check, b.id)
         print(f"{out.stop}: {_trials(out.trials)}; best #{b.id} {fmt_params(b.params)} "
               f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
               + (f" ±{ms:.0%}" if b.metric is not None and ms is not None else "")
-              + f"; run folder {run_dir}")
+              + (f"; {by}" if by else "") + f"; run folder {run_dir}")
         if out.goal_check is not None and not out.goal_check_shown:  # (else the progress printed it)
             print(loop.goal_check_line(spec, out.goal_check))
     else:

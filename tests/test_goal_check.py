@@ -205,3 +205,29 @@ def test_a_retiming_below_the_physical_floor_is_impossible():
     assert cand.status == "ok" and cand.kept
     c, _ = _confirm([[[f / 10 for f in floor], [33e-6, 33e-6]]] * 7)
     assert not c["met"] and c["error"].startswith("impossible")
+
+
+def test_the_runs_last_line_names_the_kernels_that_met_the_goal(tmp_path, monkeypatch, capsys):
+    """The paired keep decisions may keep one configuration as the best while each shape's
+    fastest trial (what pipe export ships) is another, and the goal check confirms those: the
+    README's first run once ended "goal check of #3: speedup 2.839 ... met", then "goal met: 3
+    trials; best #2 ... metric 1.42", a best below the goal, as if it had met it."""
+    from runner import cli, loop
+    from runner.ledger.summary import goal_by_text
+
+    best = trial(2, [9e-6, 9e-6])
+    check = {"kernels": [3, 3], "met": True, "metric": 2.839, "low": 2.52, "high": 2.96, "rounds": 7}
+    assert goal_by_text(check, 2) == "the goal was met by #3 on every shape, which pipe export ships"
+    assert "dispatch table (#3, #4)" in goal_by_text({**check, "kernels": [3, 4]}, 2)
+    assert goal_by_text({**check, "kernels": [2, 2]}, 2) is None  # the best met it: nothing to add
+    assert goal_by_text({**check, "met": False}, 2) is None
+    assert goal_by_text(None, 2) is None
+
+    def fake_run(spec, run_dir, *a, **k):
+        return loop.Outcome(0, "goal met", best, 3, goal_check=check, goal_check_shown=True)
+
+    monkeypatch.setattr(loop, "run", fake_run)
+    assert cli.main(["run", str(ROOT / "pipelines" / "rmsnorm-cpu.yaml"), "--run-dir", str(tmp_path / "r")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("goal met: 3 trials; best #2 ") and "the goal was met by #3 on every shape" in last
+    assert last.endswith(f"run folder {tmp_path / 'r'}")

@@ -26,6 +26,20 @@ def goal_check_line(spec, c: dict) -> str:
             f"({goal}, judged on the {on})")
 
 
+def goal_by_text(c: dict | None, best_id: int) -> str | None:
+    """Where a met goal check's kernels are not the best configuration alone (the goal was met
+    by each shape's fastest trial, what pipe export ships, while the paired keep decisions kept
+    another as the best): which kernels met it, for the run's last line; else None. The best's
+    own recorded figure may then lie below the goal, and the line must not read as if it met it."""
+    if not c or not c.get("met") or c.get("error"):
+        return None
+    ids = list(dict.fromkeys(c.get("kernels", [])))
+    if not ids or ids == [best_id]:
+        return None
+    what = f"#{ids[0]} on every shape" if len(ids) == 1 else "the dispatch table (" + ", ".join(f"#{i}" for i in ids) + ")"
+    return f"the goal was met by {what}, which pipe export ships"
+
+
 def summarize(name, path, spec_hash, ledger, history, status, stop, goal,
               table_metric: float | None = None, check=None, goal_check: dict | None = None) -> dict:
     """run.json's and pipe show's summary. The best, the first correct trial and each shape's

@@ -167,10 +167,8 @@ def cmd_run(a) -> int:
     if b is not None:
         from .progress import fmt_params, fmt_time
 
-        from .ledger.summary import goal_by_text
-
         ms = (b.details or {}).get("metric_spread")
-        by = goal_by_text(out.goal_check, b.id)
+        by = out.goal_by()
         print(f"{out.stop}: {_trials(out.trials)}; best #{b.id} {fmt_params(b.params)} "
               f"{fmt_time(b.objective)}" + (f", metric {b.metric:.4g}" if b.metric is not None else "")
               + (f" ±{ms:.0%}" if b.metric is not None and ms is not None else "")

@@ -32,7 +32,7 @@ from .ledger.ledger import Ledger, tsv, write_atomic
 from .ledger.provenance import run_parts
 from .core.errors import PipeError, RunDirError
 from .ledger.rundir import BUSY, guard, lock_held, take_lock
-from .ledger.summary import goal_check_line, summarize
+from .ledger.summary import goal_by_text, goal_check_line, summarize
 from .progress import Reporter
 from .search.agents import Proposal, Seen, make_agent
 from .search.core import (AHEAD, BROKEN_AFTER, DEEP, ahead_plan, broken_reason, goal_met, next_proposal,
@@ -51,6 +51,10 @@ class Outcome:
     trials: int
     goal_check: dict | None = None  # the paired re-measurement behind a met goal (Session.confirm_goal)
     goal_check_shown: bool = False  # its line was printed as it was made (not so for one a resume read)
+
+    def goal_by(self) -> str | None:
+        """Which kernels met the goal, where they are not the best alone (summary.goal_by_text)."""
+        return goal_by_text(self.goal_check, self.best.id) if self.best is not None else None
 
 
 class Session:

@@ -502,7 +502,8 @@ def cmd_show(a) -> int:
         if gone:
             print(f"  (the goal check's trials {', '.join(f'#{k}' for k in gone)} are at or after the ledger's first bad row)")
     per = s.get("best_per_shape") or []
-    if per and len({p["trial"] for p in per if p}) > 1:
+    # each shape's fastest (what pipe export ships), where that is not the best alone
+    if per and {p["trial"] for p in per if p} - ({b["trial"]} if b else set()):
         print("best per shape (recorded times; pipe compare re-times them side by side):")
         for i, p in enumerate(per):
             if p:

@@ -231,3 +231,23 @@ def test_the_runs_last_line_names_the_kernels_that_met_the_goal(tmp_path, monkey
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("goal met: 3 trials; best #2 ") and "the goal was met by #3 on every shape" in last
     assert last.endswith(f"run folder {tmp_path / 'r'}")
+
+
+def test_show_lists_each_shapes_fastest_where_it_is_not_the_best(monkeypatch, capsys):
+    """pipe show: each shape's fastest trial (what pipe export ships) is listed where any of
+    them is not the best, also where one trial is the fastest on every shape."""
+    from runner import cli
+
+    def summary(per):
+        return {"ledger": {"intact": True, "note": None}, "first_ok": None, "spec": "m", "spec_path": "m.yaml",
+                "status": "done", "trials": 3, "by_status": {"ok": 3}, "baseline": None, "goal_check": None,
+                "best": {"trial": 2, "params": {"ACC": 32}, "objective_s": 4.2e-4, "metric": 1.42},
+                "best_per_shape": [{"trial": t, "params": {"ACC": 32}, "time_s": 3.5e-4} for t in per]}
+
+    for per, listed in [([3, 3], True), ([2, 3], True), ([2, 2], False)]:
+        monkeypatch.setattr(cli, "_summary", lambda run, per=per: summary(per))
+        assert cli.main(["show", "some-run"]) == 0
+        out = capsys.readouterr().out
+        assert ("best per shape" in out) == listed, (per, out)
+        if listed:
+            assert f"shape 1: trial #{per[1]} " in out

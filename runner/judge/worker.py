@@ -42,11 +42,9 @@ RETRY_SHARE = 0.4
 def _out_of_memory(e: BaseException) -> bool:
     """Whether `e` is torch's device allocator out of memory (torch.OutOfMemoryError): what a
     request's own buffers may meet beside what the worker keeps, and nothing sticky."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return isinstance(e, getattr(torch, "OutOfMemoryError", ()))
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError)
 
 
 def _serve(judge, kind: str, args, limit: float | None = None) -> dict:
@@ -75,6 +73,11 @@ def _serve(judge, kind: str, args, limit: float | None = None) -> dict:
         judge._retry = False
     # the reply says so: its phases are the second attempt's, the runner's wall time both's
     return {**result, "retried": why} if isinstance(result, dict) else result
+
+
+def _nbytes(made: list) -> int:
+    """The bytes of one shape's decoys (Judge._decoys: a pair a output)."""
+    return sum(d.numel() * d.element_size() for pair in made for d in pair)
 
 
 def _seed(*parts: Any) -> int:
@@ -110,7 +113,6 @@ class Judge:
         self.kinds = arg_kinds(spec, self.rt.symbol_type)
         self._decoy_secret = secrets.randbits(64)
         self._decoy_cache: dict = {}
-        self._decoy_bytes = 0  # what _decoy_cache holds (at most DECOY_CACHE_BYTES)
         self._retry = False  # serving a request again after it ran out of device memory (_serve)
         self._decoy_last: tuple | None = None  # (key, decoys) of the last held-out shape (pipe compare)
         # CPU: no thread of a kernel may outlive its call (judge/threads.py)
@@ -297,24 +299,31 @@ class Judge:
         out = self._call_reference(vals)
         del vals
         made = [decoys(o.detach().to(TORCH_DTYPES[t.dtype])) for t, o in zip(self.op.outputs, out)]
-        size = sum(d.numel() * d.element_size() for pair in made for d in pair)
         # a bounded set, and bounded in bytes: a range spec's tuning points together came to
         # 18 GB of decoys on the GPU, and a verification at the domain's largest size then
         # found no memory (held-out shapes, pipe compare's, are never kept)
-        if shape in self.op.all_shapes and self._decoy_bytes + size <= DECOY_CACHE_BYTES:
+        if shape in self.op.all_shapes and self._decoy_bytes + _nbytes(made) <= DECOY_CACHE_BYTES:
             self._decoy_cache[key] = made
-            self._decoy_bytes += size
         else:  # only the last one, for the other candidates at the same shape
             self._decoy_last = (key, made)
         return made
 
+    @property
+    def _decoy_bytes(self) -> int:
+        """What _decoy_cache holds (at most DECOY_CACHE_BYTES)."""
+        return sum(_nbytes(made) for made in self._decoy_cache.values())
+
+    def _memory_first(self, e: BaseException) -> bool:
+        """Whether `e` is the device's memory running out on a request's first attempt: the
+        request's, served again with nothing kept (`_serve`); on the second it is the arm's (or
+        the function's), as a kernel whose workspace does not fit is."""
+        return _out_of_memory(e) and not self._retry
+
     def _not_the_arms(self, e: BaseException) -> bool:
         """Whether an error raised while one arm of a request is set up, called or checked is
-        the request's rather than that arm's: a sticky device error (the worker is lost), or,
-        on a request's first attempt, the device's memory running out (served again with
-        nothing kept, `_serve`; on the second, it is the arm's, as a kernel whose workspace
-        does not fit is)."""
-        return not self.rt.healthy() or (_out_of_memory(e) and not self._retry)
+        the request's rather than that arm's: a sticky device error (the worker is lost), or
+        the memory of a first attempt (`_memory_first`)."""
+        return not self.rt.healthy() or self._memory_first(e)
 
     def free_memory(self) -> None:
         """Drop what this worker keeps between requests to save work (the decoys) and hand
@@ -323,7 +332,6 @@ class Judge:
         import gc
 
         self._decoy_cache.clear()
-        self._decoy_bytes = 0
         self._decoy_last = None
         gc.collect()
         if self.rt.device == "cuda":
@@ -1082,7 +1090,7 @@ class Judge:
             try:
                 got = self._call_reference(inputs, whole=True, parts=gemm)
             except Exception as e:  # the user's function: its error is the answer
-                if _out_of_memory(e) and not self._retry:
+                if self._memory_first(e):
                     raise  # the device's memory, not the function's: served again (_serve)
                 return {"status": "error", "reason": f"it raised {type(e).__name__}: {e} at {shape}"}
             if not gemm:

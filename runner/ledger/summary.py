@@ -8,12 +8,16 @@ import sqlite3
 from ..core import figures
 
 
+def _kernels_text(ids: list) -> str:
+    """A goal check's kernels: '#3', or 'the dispatch table (#3, #5)'."""
+    return f"#{ids[0]}" if len(ids) == 1 else "the dispatch table (" + ", ".join(f"#{i}" for i in ids) + ")"
+
+
 def goal_check_line(spec, c: dict) -> str:
     """One line for a goal check: the figure, its spread over paired rounds, the verdict.
     `spec` may be None: a check carries its goal's words (checks recorded before they did
     need the spec)."""
-    ids = list(dict.fromkeys(c.get("kernels", [])))
-    what = f"#{ids[0]}" if len(ids) == 1 else "the dispatch table (" + ", ".join(f"#{i}" for i in ids) + ")"
+    what = _kernels_text(list(dict.fromkeys(c.get("kernels", []))))
     if c.get("error"):
         return f"goal check of {what}: not confirmed: {c['error']}"
     against = f" against {'torch eager' if c['against'] == 'reference' else 'torch.compile'}" if c.get("against") else ""
@@ -36,8 +40,8 @@ def goal_by_text(c: dict | None, best_id: int) -> str | None:
     ids = list(dict.fromkeys(c.get("kernels", [])))
     if not ids or ids == [best_id]:
         return None
-    what = f"#{ids[0]} on every shape" if len(ids) == 1 else "the dispatch table (" + ", ".join(f"#{i}" for i in ids) + ")"
-    return f"the goal was met by {what}, which pipe export ships"
+    where = " on every shape" if len(ids) == 1 else ""
+    return f"the goal was met by {_kernels_text(ids)}{where}, which pipe export ships"
 
 
 def summarize(name, path, spec_hash, ledger, history, status, stop, goal,

@@ -74,10 +74,15 @@ class HwProfile:
         return float(self.data.get("limit_slack", 0.05))
 
 
+def _profile_dirs(near: Path) -> list[Path]:
+    """The hw_profiles folders looked in, in order: `near`'s, every folder's above it, pipe's own."""
+    return [d / "hw_profiles" for d in [near, *near.parents, PACKAGE_ROOT]]
+
+
 def find_profile(name: str, near: Path) -> Path | None:
     """hw_profiles/NAME.yaml in the spec's folder or any folder above it, then pipe's own."""
-    for d in [near, *near.parents, PACKAGE_ROOT]:
-        p = d / "hw_profiles" / f"{name}.yaml"
+    for d in _profile_dirs(near):
+        p = d / f"{name}.yaml"
         if p.is_file():
             return p
     return None
@@ -141,11 +146,8 @@ def matching_profiles(props: Any, near: Path) -> list[Path]:
     hw_profiles folders find_profile searches (`near` and the folders above it, then pipe's
     own), the first of each name."""
     out: dict[str, Path] = {}
-    for d in [near, *near.parents, PACKAGE_ROOT]:
-        folder = d / "hw_profiles"
-        if not folder.is_dir():
-            continue
-        for p in sorted(folder.glob("*.yaml")):
+    for folder in _profile_dirs(near):
+        for p in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
             if p.stem in out:
                 continue
             try:

@@ -30,12 +30,16 @@ def geos():
 def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
     assert 10 <= len(geos) <= 45
     r = geos[0][0]
-    assert len(r.configs) == 331  # with the fill buckets (ITEMS 5 and 7) and the rows read twice (PF 4)
+    assert len(r.configs) == 343  # with LAG (PF 3), the fill buckets (ITEMS 5 and 7) and the rows read twice (PF 4)
     # every PF = 3 geometry with plain and with bulk stores; line-aligned copies (ALIGN = 1) are
     # the template's, out of the space (no gain measured in sessions 21 and 22)
-    pf3 = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["PF"] == 3]
+    pf3 = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["PF"] == 3 and not c["LAG"]]
     assert len(pf3) == 30 and len({p[:3] for p in pf3}) == 15
     assert set(pf3) == {p[:3] + (s,) for p in pf3 for s in ("default", "bulk")}
+    # LAG: every geometry of a cluster once, with plain stores; nothing else takes it
+    lag = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["LAG"]]
+    assert sorted(lag) == sorted((t, i, cl, "default") for t, i, cl in {p[:3] for p in pf3} if cl > 1)
+    assert all(c["PF"] == 3 for c in r.configs if c["LAG"])
     assert all(c["ALIGN"] == 0 for c in r.configs)
     caps = sorted({g[-1] for g in geos})
     assert caps[0] >= 16384 and caps[-1] == 262144
@@ -123,11 +127,16 @@ def small_sizes(tpr, items, cl, rng):
     return out
 
 
-@pytest.mark.parametrize("bulk, align", [(False, False), (True, False), (False, True)],
-                         ids=["plain", "bulk", "aligned"])
+@pytest.mark.parametrize("bulk, align, lag", [(False, False, False), (True, False, False), (False, True, False),
+                                              (False, False, True)],
+                         ids=["plain", "bulk", "aligned", "lag"])
 @pytest.mark.parametrize("geo", SMALL, ids=lambda g: "T{}-I{}-CL{}-S{}x{}".format(*g))
-def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, align):
+def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, align, lag):
     tpr, items, cl, slot, nslot = geo
+    if lag and cl == 1:
+        with pytest.raises(bulk_model.BulkError, match="LAG takes a cluster"):
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, tpr * items * 8, 1, lag=True)
+        return
     rng = random.Random(tpr * 7 + items * 3 + cl)
     ns = small_sizes(tpr, items, cl, rng)
     assert len(ns) >= 6
@@ -135,14 +144,14 @@ def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, al
         _, sub = bulk_model.cut_of(n, cl, slot // 16)
         wrap = 2 * (nslot // max(sub, 1) + 2) + 1  # rows enough to wrap the ring twice a cluster
         for m, G, seed in ((1, 2, n), (3, 2, n + 1), (wrap, 2, n + 2), (wrap + 2, 3, n + 3)):
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed, align=align)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed, align=align, lag=lag)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_ring_is_correct_under_many_schedules(seed):
     # rows at every offset within a chunk (N odd), the ring wrapping several times
-    for bulk in (False, True):
-        bulk_model.check(64, 8, 2, 2048, 8, bulk, 8185 - 2 * seed, 23, G=2, seed=seed)
+    for bulk, lag in ((False, False), (True, False), (False, True)):
+        bulk_model.check(64, 8, 2, 2048, 8, bulk, 8185 - 2 * seed, 23, G=2, seed=seed, lag=lag)
 
 
 @pytest.mark.parametrize("broken, bulk, why", [
@@ -152,9 +161,13 @@ def test_ring_is_correct_under_many_schedules(seed):
     (("partial_bulk",), True, "bulk store of slot|y written"),  # the row's partial last chunk in bulk
     (("parity",), False, "holds|deadlock|lapped"),      # a full wait one phase off
     (("no_mask",), False, "seen"),                      # the neighbours' elements kept
+    ((), "lag", None),
+    (("lag_release_early",), "lag", "holds"),           # LAG: slots back before the part's second read
 ])
 def test_the_model_catches_a_protocol_out_of_step(broken, bulk, why):
     kw = dict(broken=frozenset(broken))
+    if bulk == "lag":
+        bulk, kw["lag"] = False, True
     if bulk == "aligned":  # full parts (N = 4089: 256 chunks a block) start anywhere in a line
         bulk, kw["align"] = False, True
         for seed in range(3):  # the same without the mistake passes
@@ -192,16 +205,17 @@ def test_ring_on_the_specs_own_geometries(geos):
     rng = random.Random(3)
     done = set()
     for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
-        align = cfg["ALIGN"] == 1
-        if cl == 8 and (tpr, items, bulk, align) in done:
+        align, lag = cfg["ALIGN"] == 1, cfg["LAG"] == 1
+        if cl == 8 and (tpr, items, bulk, align, lag) in done:
             continue  # the largest clusters are slow to model: one each
-        done.add((tpr, items, bulk, align))
+        done.add((tpr, items, bulk, align, lag))
         lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
         ns = [n for n in (hi, hi - 7, lo, rng.randint(lo, hi) | 1) if r.serves(cfg, n)]
         for n in ns:
             _, sub = bulk_model.cut_of(n, cl, slot // 16)
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n, align=align)
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n + 1, align=align)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n, align=align, lag=lag)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n + 1, align=align,
+                             lag=lag)
 
 
 # -- the arithmetic of a row ---------------------------------------------------------------------

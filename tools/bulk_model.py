@@ -163,16 +163,21 @@ class Barrier:
 
 
 def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
-             seed: int = 0, broken: frozenset = frozenset(), align: bool = False) -> np.ndarray:
+             seed: int = 0, broken: frozenset = frozenset(), align: bool = False, lag: bool = False) -> np.ndarray:
     """Runs clusters 0 ... G - 1 of a persistent grid over m rows of n; returns how many times
     each element of y (its 16-byte chunks' elements) was written. `broken` names mistakes the
     tests make on purpose: "release_early" (the bulk path gives a row's slots back as soon as
     it is read), "parity" (the full wait one phase off), "partial_bulk" (the bulk store takes
     the row's partial last chunk), "no_mask" (the neighbours' elements not masked), "no_spill"
     (ALIGN: the last piece does not carry the shift's spill). `align`: ALIGN = 1, each part's
-    stream starting at the 128-byte line of its first chunk (plain stores only)."""
+    stream starting at the 128-byte line of its first chunk (plain stores only). `lag`: LAG = 1
+    (a cluster, plain stores, ALIGN = 0): each row's slots read twice, its pairs received and
+    its output stored after the next row's first read; "lag_release_early" gives the slots
+    back after the first read."""
     if align and bulk:
         raise BulkError("ALIGN takes plain stores")
+    if lag and (bulk or align or cl == 1):
+        raise BulkError("LAG takes a cluster, plain stores and ALIGN = 0")
     sc = slot // 16
     if slot % (tpr * 16) or tpr % 32:
         raise BulkError("SLOT must be a whole multiple of the block's chunks")
@@ -239,9 +244,133 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                         sim.events.append(land)
                     nn += 1
 
-        def warp(rank: int, w: int):
+        def wait_full(rank: int, n0: int, s0: int):
+            """bulk_wait: every piece of the part from n0 (slot s0) landed."""
+            for i in range(sub):
+                sl = bulk_slot(s0, i)
+                ph = (n0 + i) // nslot
+                par = (ph & 1) ^ (1 if "parity" in broken else 0)
+                b = full[rank][sl]
+                yield (lambda b=b, par=par, ph=ph: b.passed(par, ph) if "parity" not in broken
+                       else (b.phase & 1) != par)
+
+        def read(rank: int, w: int, k: int, s0: int, seen: bool) -> list:
+            """The warp's chunks of row k's part from its slots (each checked against x); with
+            `seen`, the row's elements counted as taken (once a row: LAG reads the part twice)."""
+            a, t = rank * P, w * 32 + lanes
+            row = cid + k * G
+            base, off, nv = span_of(row, n)
+            pc = part_len(nv, a, P)
+            sh = shift(base, a, pc)
+            held = []
+            for it in range(items):
+                q = it * tpr + t
+                on = q < pc
+                if align:  # bulk_at: the place in the stream, past the last piece's SC its spill
+                    p = q + sh
+                    pi = np.minimum(p // sc, sub - 1)
+                    sl = np.array([bulk_slot(s0, int(i)) for i in pi])
+                    pos = p - pi * sc
+                    if np.any(pos >= rings[rank].shape[1]):
+                        raise BulkError(f"N={n} row {row}: a read past the slot's {rings[rank].shape[1]} chunks")
+                else:
+                    sl = np.full(32, bulk_slot(s0, it * tpr // sc))
+                    pos = it * tpr % sc + t
+                got = rings[rank][sl, pos]
+                want = base + a + q + 1
+                if np.any(on & (got != want)):
+                    bad = int(np.argmax(on & (got != want)))
+                    raise BulkError(f"N={n} row {row} block {rank} warp {w}: slot {sl[bad]} position {pos[bad]} "
+                                    f"holds {got[bad]}, not x chunk {want[bad] - 1}")
+                held.append((it, q[on], sl[on], pos[on]))
+                # the row's elements of these chunks, the neighbours' masked by index
+                qq = a + q[on]
+                e = 8 * qq[:, None] - off + np.arange(8)[None, :]
+                inrow = (e >= 0) & (e < n)
+                whole = (qq * 8 >= off) & (qq * 8 + 8 <= off + n)
+                if np.any(whole != inrow.all(axis=1)):
+                    raise BulkError("whole() disagrees with the mask")
+                if "no_mask" in broken:
+                    inrow = (e >= -8) & (e < n + 8)
+                    e = np.clip(e, 0, n - 1)
+                if seen:
+                    np.add.at(seen_all, row * n + e[inrow], 1)
+            return held
+
+        def release(rank: int, s0: int) -> None:
+            """bulk_release: this warp is done with the part's slots."""
+            for i in range(sub):
+                empty[rank][bulk_slot(s0, i)].arrive(1)
+
+        def send(rank: int, w: int, jc: int, row: int, expect: bool) -> None:
+            """cluster_send: threads b < CL (warp 0) send the block's pair of `row` to block b;
+            `expect`: thread 0's arrive.expect_tx here (cluster_pair), else in recv (LAG)."""
+            if w:
+                return
+            for dst in range(cl):
+                def deliver(dst=dst, rank=rank, jc=jc, row=row):
+                    clv[dst][jc & 1, rank] = row
+                    clb[dst][jc & 1].complete(8)
+                sim.events.append(deliver)
+            if expect:
+                clb[rank][jc & 1].expect_arrive(cl * 8)
+
+        def recv(rank: int, w: int, jc: int, row: int, expect: bool):
+            """cluster_recv: the CL pairs of reduction jc arrived, all of `row`."""
+            if expect and w == 0:
+                clb[rank][jc & 1].expect_arrive(cl * 8)
+            cb = clb[rank][jc & 1]
+            yield (lambda cb=cb, jc=jc: cb.passed((jc >> 1) & 1, jc >> 1))
+            if np.any(clv[rank][jc & 1] != row):
+                raise BulkError(f"row {row} block {rank}: merged the pairs of rows {clv[rank][jc & 1]}")
+
+        def output(rank: int, k: int, held: list) -> None:
+            """The row's plain and partial stores (STORE bulk: its whole chunks put back into
+            their slots for the bulk store)."""
             a = rank * P
-            t = w * 32 + lanes
+            base, off, nv = span_of(cid + k * G, n)
+            for it, q, sl, pos in held:
+                qq = a + q
+                whole = (qq * 8 >= off) & (qq * 8 + 8 <= off + n)
+                e = 8 * qq[:, None] - off + np.arange(8)[None, :]
+                inrow = (e >= 0) & (e < n)
+                ge = (base + qq)[:, None] * 8 + np.arange(8)[None, :]
+                np.add.at(written, ge[~whole[:, None] & inrow], 1)  # store_part
+                if bulk:
+                    rings[rank][sl[whole], pos[whole]] = -(base + qq[whole] + 1)  # y's chunk c as -(c + 1)
+                else:
+                    np.add.at(written, ge[whole].ravel(), 1)
+
+        def warp_lag(rank: int, w: int):
+            """LAG: row k's pairs received, and row k's output stored, only after row k + 1's
+            first read of its slots and block max; its second read computes the exponentials."""
+            n0 = s0 = 0
+            held = []
+            for k in range(mine + 1):
+                if k < mine:
+                    yield from wait_full(rank, n0, s0)
+                    read(rank, w, k, s0, seen=False)  # the block max, straight from the slots
+                    if "lag_release_early" in broken:
+                        release(rank, s0)
+                    yield bars[rank].sync()
+                if k > 0:
+                    yield from recv(rank, w, k - 1, cid + (k - 1) * G, expect=True)
+                    output(rank, k - 1, held)
+                if k == mine:
+                    break
+                held = read(rank, w, k, s0, seen=True)  # the exponentials, held
+                if "lag_release_early" not in broken:
+                    release(rank, s0)
+                yield bars[rank].sync()
+                send(rank, w, k, cid + k * G, expect=False)
+                n0 += sub
+                s0 = bulk_slot(s0, sub)
+
+        def warp(rank: int, w: int):
+            if lag:
+                yield from warp_lag(rank, w)
+                return
+            a = rank * P
             n0 = s0 = 0
             pend = -1
             jc = 0
@@ -249,77 +378,18 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                 row = cid + k * G
                 base, off, nv = span_of(row, n)
                 pc = part_len(nv, a, P)
-                sh = shift(base, a, pc)
-                for i in range(sub):
-                    sl = bulk_slot(s0, i)
-                    ph = (n0 + i) // nslot
-                    par = (ph & 1) ^ (1 if "parity" in broken else 0)
-                    b = full[rank][sl]
-                    yield (lambda b=b, par=par, ph=ph: b.passed(par, ph) if "parity" not in broken
-                           else (b.phase & 1) != par)
-                held = []
-                for it in range(items):
-                    q = it * tpr + t
-                    on = q < pc
-                    if align:  # bulk_at: the place in the stream, past the last piece's SC its spill
-                        p = q + sh
-                        pi = np.minimum(p // sc, sub - 1)
-                        sl = np.array([bulk_slot(s0, int(i)) for i in pi])
-                        pos = p - pi * sc
-                        if np.any(pos >= rings[rank].shape[1]):
-                            raise BulkError(f"N={n} row {row}: a read past the slot's {rings[rank].shape[1]} chunks")
-                    else:
-                        sl = np.full(32, bulk_slot(s0, it * tpr // sc))
-                        pos = it * tpr % sc + t
-                    got = rings[rank][sl, pos]
-                    want = base + a + q + 1
-                    if np.any(on & (got != want)):
-                        bad = int(np.argmax(on & (got != want)))
-                        raise BulkError(f"N={n} row {row} block {rank} warp {w}: slot {sl[bad]} position {pos[bad]} "
-                                        f"holds {got[bad]}, not x chunk {want[bad] - 1}")
-                    held.append((it, q[on], sl[on], pos[on]))
-                    # the row's elements of these chunks, the neighbours' masked by index
-                    qq = a + q[on]
-                    e = 8 * qq[:, None] - off + np.arange(8)[None, :]
-                    inrow = (e >= 0) & (e < n)
-                    whole = (qq * 8 >= off) & (qq * 8 + 8 <= off + n)
-                    if np.any(whole != inrow.all(axis=1)):
-                        raise BulkError("whole() disagrees with the mask")
-                    if "no_mask" in broken:
-                        inrow = (e >= -8) & (e < n + 8)
-                        e = np.clip(e, 0, n - 1)
-                    np.add.at(seen_all, row * n + e[inrow], 1)
+                yield from wait_full(rank, n0, s0)
+                held = read(rank, w, k, s0, seen=True)
                 if not bulk or "release_early" in broken:
-                    for i in range(sub):
-                        empty[rank][bulk_slot(s0, i)].arrive(1)
+                    release(rank, s0)
                 # block_reduce twice: two named barriers
                 yield bars[rank].sync()
                 yield bars[rank].sync()
                 if cl > 1:
-                    if w == 0:  # threads b < CL send the block's pair to block b
-                        for dst in range(cl):
-                            def deliver(dst=dst, rank=rank, jc=jc, row=row):
-                                clv[dst][jc & 1, rank] = row
-                                clb[dst][jc & 1].complete(8)
-                            sim.events.append(deliver)
-                        clb[rank][jc & 1].expect_arrive(cl * 8)
-                    cb = clb[rank][jc & 1]
-                    yield (lambda cb=cb, jc=jc: cb.passed((jc >> 1) & 1, jc >> 1))
-                    if np.any(clv[rank][jc & 1] != row):
-                        raise BulkError(f"row {row} block {rank}: merged the pairs of rows {clv[rank][jc & 1]}")
+                    send(rank, w, jc, row, expect=True)
+                    yield from recv(rank, w, jc, row, expect=False)
                     jc += 1
-                # the output
-                for it, q, sl, pos in held:
-                    qq = a + q
-                    whole = (qq * 8 >= off) & (qq * 8 + 8 <= off + n)
-                    e = 8 * qq[:, None] - off + np.arange(8)[None, :]
-                    inrow = (e >= 0) & (e < n)
-                    ge = (base + qq)[:, None] * 8 + np.arange(8)[None, :]
-                    np.add.at(written, ge[~whole[:, None] & inrow], 1)  # store_part
-                    if bulk:
-                        rings[rank][sl[whole], pos[whole]] = -(base + qq[whole] + 1)  # y's chunk c as -(c + 1)
-                    else:
-                        np.add.at(written, ge[whole].ravel(), 1)
+                output(rank, k, held)
                 if bulk:
                     yield bars[rank].sync()
                     if w == 0:
@@ -337,7 +407,7 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                         grp = {"read": False}
                         groups[rank].append(grp)
 
-                        def read(rank=rank, copies=copies, grp=grp, base=base, row=row):
+                        def store_read(rank=rank, copies=copies, grp=grp, base=base, row=row):
                             for sl, p0, lo, hi in copies:
                                 got = rings[rank][sl, p0:p0 + hi - lo]
                                 if np.any(got != -(base + np.arange(lo, hi) + 1)):
@@ -346,7 +416,7 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                                 ge = (base + np.arange(lo, hi))[:, None] * 8 + np.arange(8)[None, :]
                                 np.add.at(written, ge.ravel(), 1)
                             grp["read"] = True
-                        sim.events.append(read)
+                        sim.events.append(store_read)
                         # cp.async.bulk.wait_group.read 1: every group but the newest has read
                         yield (lambda rank=rank: all(g["read"] for g in groups[rank][:-1]))
                         if pend >= 0 and "release_early" not in broken:
@@ -370,8 +440,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
 
 
 def check(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
-          seed: int = 0, broken: frozenset = frozenset(), align: bool = False) -> None:
-    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken, align)
+          seed: int = 0, broken: frozenset = frozenset(), align: bool = False, lag: bool = False) -> None:
+    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken, align, lag)
     if np.any(w[: m * n] != 1) or np.any(w[m * n:] != 0):
         bad = int(np.argmax(w[: m * n] != 1)) if np.any(w[: m * n] != 1) else m * n
         raise BulkError(f"TPR={tpr} ITEMS={items} CL={cl} N={n} M={m}: y written {w[: m * n].min()}.."

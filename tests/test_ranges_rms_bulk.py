@@ -30,8 +30,12 @@ def launch(r):
 
 def test_pf3_configurations_and_their_launch(rms):
     pf3 = [c for c in rms.configs if c["PF"] == 3]
-    assert len(rms.configs) == 439 and len(pf3) == 34
+    assert len(rms.configs) == 451 and len(pf3) == 46
     assert {c["ALIGN"] for c in pf3} == {0, 1} and all(c["ALIGN"] == 0 for c in rms.configs if c["PF"] != 3)
+    # LAG: each geometry of a cluster once, streaming stores from the part's first chunk
+    lag = [c for c in rms.configs if c["LAG"]]
+    assert len(lag) == 12 and all(c["PF"] == 3 and c["CL"] > 1 and c["STORE"] == "cs" and not c["ALIGN"] for c in lag)
+    assert len({(c["TPR"], c["ITEMS"], c["CL"]) for c in lag}) == 12
     # line-aligned copies with streaming stores only; bulk stores only on PF = 3, where the ring
     # holds three parts (TPR 512 ITEMS 6)
     assert all(c["STORE"] == "cs" for c in pf3 if c["ALIGN"])
@@ -72,15 +76,23 @@ def test_pf3_sources_carry_the_ring_the_sums_and_the_weight(rms):
 
     b = Builder(rms.spec)
     pf3 = [c for c in rms.configs if c["PF"] == 3]
-    for c in pf3[::4] + [c for c in pf3 if c["STORE"] == "bulk"][::2]:
+    for c in pf3[::4] + [c for c in pf3 if c["STORE"] == "bulk"][::2] + [c for c in pf3 if c["LAG"]][::5]:
         cap = rms.cap(c)
         s = b.render_all(c, shapes=[rms.shape(cap, 1)])[0]
         assert "{{" not in s and "{%" not in s
         assert "cp.async.bulk.shared::cluster.global" in s and "bar.sync 1" in s
         assert f"#define ALIGN {c['ALIGN']}" in s and f"#define BULK {int(c['STORE'] == 'bulk')}" in s
-        assert "block_reduce<RSUM>(unused, ss" in s and "rsqrtf(ss / (float)N + eps)" in s
-        # the cluster's exchange of the sums, compiled where CL > 1
-        assert f"#define CL {c['CL']}" in s and "#if CL > 1\n    cluster_pair<RSUM>(unused, ss" in s
+        assert "rsqrtf(ss / (float)N + eps)" in s and f"#define LAG {c['LAG']}" in s
+        # the cluster's exchange of the sums, compiled where CL > 1; LAG: sent once every warp
+        # received the row before's, and received a row later
+        assert f"#define CL {c['CL']}" in s
+        if c["LAG"]:
+            assert "block_reduce<RSUM>(unused, s1" in s and "cluster_pair<RSUM>(unused, ss" not in s
+            assert "compute_sync();\n    ss = s1;\n    cluster_send(unused, ss" in s
+            assert "cluster_recv<RSUM>(unused, ss, clv, clb, jc++)" in s
+        else:
+            assert "block_reduce<RSUM>(unused, ss" in s and "#if CL > 1\n    cluster_pair<RSUM>(unused, ss" in s
+            assert "cluster_send(" not in s.split("rmsnorm_bf16(")[1]
         # the weight's columns from shared memory, after the ring, shifted on unaligned rows
         assert "ring + NSLOT * SSTRIDE" in s and "w_shift(as_pack(ws[q]), as_pack(ws[q + 1]), wsh)" in s
         assert ("__stcs(" in s) == (c["STORE"] == "cs") and "bulk_store_part(y, ring" in s
@@ -114,15 +126,16 @@ def test_pf3_ring_protocol_on_the_specs_own_geometries():
 
     rng = random.Random(5)
     geos = bulk_model.bulk_geometries("rmsnorm")
-    assert len(geos) == 34 and any(g[7] for g in geos)
+    assert len(geos) == 46 and any(g[7] for g in geos)
     done = set()
     for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
-        align = cfg["ALIGN"] == 1
-        if cl >= 4 or (tpr, items, bulk, align) in done:
+        align, lag = cfg["ALIGN"] == 1, cfg["LAG"] == 1
+        if cl >= 4 or (tpr, items, bulk, align, lag) in done:
             continue  # clusters of 4 and 8 are slow to model: the geometry once at CL 1 or 2
-        done.add((tpr, items, bulk, align))
+        done.add((tpr, items, bulk, align, lag))
         lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
         for n in [n for n in (hi, hi - 7, rng.randint(lo, hi) | 1) if r.serves(cfg, n)]:
             _, sub = bulk_model.cut_of(n, cl, slot // 16)
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n, align=align)
-    assert len(done) >= 6
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n, align=align,
+                             lag=lag)
+    assert len(done) >= 6 and any(d[-1] for d in done)

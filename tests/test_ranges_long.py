@@ -163,6 +163,7 @@ def test_ring_is_correct_under_many_schedules(seed):
     (("no_mask",), False, "seen"),                      # the neighbours' elements kept
     ((), "lag", None),
     (("lag_release_early",), "lag", "holds"),           # LAG: slots back before the part's second read
+    (("lag_send_early",), "lag", "merged the pairs"),   # LAG: a pair sent before every warp read the last
 ])
 def test_the_model_catches_a_protocol_out_of_step(broken, bulk, why):
     kw = dict(broken=frozenset(broken))
@@ -289,7 +290,18 @@ def test_pf3_sources_render_and_earlier_paths_do_not_carry_it(geos):
         assert "bulk_store_part(y" in s and "#if BULK" in s  # STORE = bulk: BULK 1 picks the slots' store
         # one source serves every N of the bucket: the launch's sizes are arguments
         assert s == b.render_all(cfg, shapes=[r.shape(cap // 4 + 1, 37)])[0]
-    others = [c for c in r.configs if c["PF"] != 3][::25]
+    # LAG: a row's pair goes out only after the barrier of its sum's block reduction, which
+    # every warp reaches after reading the row before's pairs (the host model's order)
+    lag = [g for g in geos if g[1]["LAG"]]
+    assert lag
+    for _, cfg, *_, cap in lag[::3]:
+        s = b.render_all(cfg, shapes=[r.shape(cap, 1)])[0]
+        body = s.split("softmax_bf16(")[1]
+        assert "cluster_pair<RPAIR>" not in body
+        i_recv = body.index("cluster_recv<RPAIR>(m, s, clv, clb, jc++)")
+        i_red = body.index("block_reduce<RSUM>(m, s, red, jb++);\n    cluster_send(m, s, clv, clb, rank, jc);")
+        assert body.index("block_reduce<RMAX>(m1, unused, red, jb++)") < i_recv < i_red
+        others = [c for c in r.configs if c["PF"] != 3][::25]
     for cfg in others:
         s = b.render_all(cfg, shapes=[r.shape(r.lo, 1)])[0]
         assert "PF = 3" not in s and "mbarrier" not in s and "bulk" not in s.lower()

@@ -173,7 +173,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
     stream starting at the 128-byte line of its first chunk (plain stores only). `lag`: LAG = 1
     (a cluster, plain stores, ALIGN = 0): each row's slots read twice, its pairs received and
     its output stored after the next row's first read; "lag_release_early" gives the slots
-    back after the first read."""
+    back after the first read, "lag_send_early" sends a row's pair with no barrier after the
+    block's reads of the row before's pairs."""
     if align and bulk:
         raise BulkError("ALIGN takes plain stores")
     if lag and (bulk or align or cl == 1):
@@ -361,7 +362,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
                 held = read(rank, w, k, s0, seen=True)  # the exponentials, held
                 if "lag_release_early" not in broken:
                     release(rank, s0)
-                yield bars[rank].sync()
+                if "lag_send_early" not in broken:
+                    yield bars[rank].sync()
                 send(rank, w, k, cid + k * G, expect=False)
                 n0 += sub
                 s0 = bulk_slot(s0, sub)
@@ -564,17 +566,18 @@ def main() -> int:
                 P, sub = cut_of(n, cl, slot // 16)
                 rows = 2 * (nslot // max(sub, 1) + 2) + 1  # the ring wraps twice in a cluster
                 for m in (1, rows):
-                    check(tpr, items, cl, slot, nslot, bulk, n, m, G=2, seed=n + m, align=cfg.get("ALIGN") == 1)
+                    check(tpr, items, cl, slot, nslot, bulk, n, m, G=2, seed=n + m, align=cfg.get("ALIGN") == 1,
+                          lag=cfg.get("LAG") == 1)
             if a.every:
                 lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
                 ns_all = np.arange(lo, hi + 1, dtype=np.int64)
                 nv = (ns_all + 8 - np.minimum(8, ns_all & -ns_all) + 7) // 8
                 check_fit(tpr, items, cl, ns_all[(nv <= cap // 8) & (4 * ns_all > cap)])
             print(f"ok   TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} ALIGN={cfg.get('ALIGN', 0)} "
-                  f"(CAP {cap}, NSLOT {nslot}): N {ns}")
+                  f"LAG={cfg.get('LAG', 0)} (CAP {cap}, NSLOT {nslot}): N {ns}")
         except BulkError as e:
             fails += 1
-            print(f"FAIL TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']}: {e}")
+            print(f"FAIL TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} LAG={cfg.get('LAG', 0)}: {e}")
     return 1 if fails else 0
 
 

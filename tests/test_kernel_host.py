@@ -157,6 +157,13 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     return;
   }
   if (mode == 21) { out[0] = (int64_t)__rdtsc(); return; }
+  if (mode == 30) {  // the GS base the last call left (by the system call: no FSGSBASE needed), then a mark
+    unsigned long g = 1;
+    out[1] = syscall(SYS_arch_prctl, 0x1004 /* ARCH_GET_GS */, &g);
+    out[0] = (int64_t)g;
+    out[2] = syscall(SYS_arch_prctl, 0x1001 /* ARCH_SET_GS */, 0x5a5a0000UL);
+    return;
+  }
   if (mode == 24) { outlive_the_call(); return; }
   if (mode == 25) { out[0] = forge(ctl); return; }  // an extra record: "nothing ran"
   if (mode == 26) {  // the census socket and directory closed, replaced or shut down: each refused (errno)
@@ -602,6 +609,18 @@ def test_no_floating_point_mode_or_control_word_outlives_a_call(rig):
     c()
     c()
     assert int(out[0]) == 0 and int(out[1]) == 0, (hex(int(out[0])), hex(int(out[1])))
+
+
+def test_no_gs_base_outlives_a_call(rig):
+    """The GS segment's base is a register a call can write (`wrgsbase`, or the system call) and
+    read back on the next call, holding a mark or a call count outside memory (session 53's CPU
+    red team): the host sets it to zero before every call."""
+    h, census, x, out, call = rig
+    c = call(30)
+    c()
+    assert int(out[1]) == 0 and int(out[2]) == 0, out  # both system calls went through
+    c()
+    assert int(out[0]) == 0 and int(out[1]) == 0, hex(int(out[0]))  # the last call's mark is gone
 
 
 def test_a_call_that_leaves_the_floating_point_control_state_changed_is_fast_math(rig):

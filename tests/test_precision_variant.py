@@ -554,11 +554,16 @@ RT2 = ROOT / "datasets" / "judge-redteam" / "s47-wide-rt2"
 ])
 def test_the_wide_red_teams_variants_are_refused_by_the_reach(tmp_path, project, variant, params):
     """Session 47's second red team (datasets/judge-redteam/s47-wide-rt2, run.sh): both `ok` in
-    every run against the mean and the tail; the reach counts no credit."""
+    every run against the mean and the tail; the reach counts no credit. On the judge's secret
+    inputs the tail's net count now and then refuses c05 first (session 53: 4.52% of the elements
+    8 times worse, 1.33% that much better), which is a refusal as good; that the reach alone
+    refuses such a variant is pinned on fixed data by
+    test_credit_from_being_more_exact_elsewhere_buys_no_coarse_fp32_elements above."""
     r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps(params),
                   "--variant", RT2 / f"{variant}.cpp.j2", "--run-dir", tmp_path / variant, "--json", cwd=project)
     out = r.stdout + r.stderr
-    assert '"wrong"' in out and "99% quantile on the same call" in out, out[-3000:]
+    by_reach, by_tail = "99% quantile on the same call" in out, "times the approved build's (log2" in out
+    assert '"wrong"' in out and (by_reach or by_tail), out[-3000:]
 
 
 def _subnormal_ref(dtype: torch.dtype, n: int = 4096) -> torch.Tensor:

@@ -27,12 +27,6 @@ def geos():
 
 # -- the spec ----------------------------------------------------------------------------------
 
-def lagged(geos):
-    """The geometries that may take LAG = 1 (a cluster, plain stores), with it: the template's,
-    out of the space since session 53."""
-    return [(g[0], dict(g[1], LAG=1)) + tuple(g[2:]) for g in geos if g[4] > 1 and g[1]["STORE"] == "default"]
-
-
 def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
     assert 10 <= len(geos) <= 45
     r = geos[0][0]
@@ -209,7 +203,7 @@ def test_a_row_longer_than_the_parts_is_refused_as_the_kernel_traps():
 def test_ring_on_the_specs_own_geometries(geos):
     rng = random.Random(3)
     done = set()
-    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos + lagged(geos):
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos + bulk_model.lagged(geos):
         align, lag = cfg["ALIGN"] == 1, cfg["LAG"] == 1
         if cl == 8 and (tpr, items, bulk, align, lag) in done:
             continue  # the largest clusters are slow to model: one each
@@ -297,7 +291,7 @@ def test_pf3_sources_render_and_earlier_paths_do_not_carry_it(geos):
     # LAG (out of the space, the template's): a row's pair goes out only after the barrier of its
     # sum's block reduction, which every warp reaches after reading the row before's pairs (the
     # host model's order)
-    for _, cfg, *_, cap in lagged(geos)[::3]:
+    for _, cfg, *_, cap in bulk_model.lagged(geos)[::3]:
         s = b.render_all(cfg, shapes=[r.shape(cap, 1)])[0]
         body = s.split("softmax_bf16(")[1]
         assert "#define LAG 1" in s and "cluster_pair<RPAIR>" not in body
@@ -316,7 +310,7 @@ def test_pf3_sources_compile_without_spills(geos):
 
     r = geos[0][0]
     b = Builder(r.spec)
-    pick = [g for g in geos + lagged(geos) if (g[2], g[3], g[4]) in {(256, 8, 8), (512, 8, 8), (512, 6, 1)}]
+    pick = [g for g in geos + bulk_model.lagged(geos) if (g[2], g[3], g[4]) in {(256, 8, 8), (512, 8, 8), (512, 6, 1)}]
     srcs = [b.render_all(g[1], shapes=[r.shape(g[-1], 1)])[0] for g in pick]
     for g, c in zip(pick, b._compile_all(srcs)):
         assert c.ok, (g[1], c.reason)

@@ -14,18 +14,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
+import bulk_model  # noqa: E402
 from range_check import Range  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def rms():
     return Range("rmsnorm", ROOT / "pipelines/rmsnorm-range-h200.yaml")
-
-
-def lagged(configs):
-    """The configurations that may take LAG = 1 (a cluster, streaming stores, ALIGN 0), with it:
-    the template's, out of the space since session 53."""
-    return [dict(c, LAG=1) for c in configs if c["PF"] == 3 and c["CL"] > 1 and c["STORE"] == "cs" and not c["ALIGN"]]
 
 
 def launch(r):
@@ -79,7 +74,7 @@ def test_pf3_sources_carry_the_ring_the_sums_and_the_weight(rms):
 
     b = Builder(rms.spec)
     pf3 = [c for c in rms.configs if c["PF"] == 3]
-    for c in pf3[::4] + [c for c in pf3 if c["STORE"] == "bulk"][::2] + lagged(pf3)[::5]:
+    for c in pf3[::4] + [c for c in pf3 if c["STORE"] == "bulk"][::2] + bulk_model.with_lag(pf3)[::5]:
         cap = rms.cap(c)
         s = b.render_all(c, shapes=[rms.shape(cap, 1)])[0]
         assert "{{" not in s and "{%" not in s
@@ -111,7 +106,7 @@ def test_pf3_sources_compile_without_spills(rms):
     from runner.build.builder import Builder
 
     b = Builder(rms.spec)
-    pick = [c for c in rms.configs + lagged(rms.configs) if c["PF"] == 3 and (c["CL"] in (1, 8))]
+    pick = [c for c in rms.configs + bulk_model.with_lag(rms.configs) if c["PF"] == 3 and (c["CL"] in (1, 8))]
     srcs = [b.render_all(c, shapes=[rms.shape(rms.cap(c), 1)])[0] for c in pick]
     for cfg, res in zip(pick, b._compile_all(srcs)):
         assert res.ok, (cfg, res.reason)
@@ -125,12 +120,10 @@ def test_pf3_ring_protocol_on_the_specs_own_geometries():
     of the shared memory): every element of y written once, no slot overwritten while read."""
     import random
 
-    import bulk_model
-
     rng = random.Random(5)
     geos = bulk_model.bulk_geometries("rmsnorm")
     assert len(geos) == 34 and any(g[7] for g in geos)
-    geos += [(g[0], dict(g[1], LAG=1)) + tuple(g[2:]) for g in geos if dict(g[1], LAG=1) in lagged([g[1]])]
+    geos += bulk_model.lagged(geos)
     done = set()
     for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
         align, lag = cfg["ALIGN"] == 1, cfg["LAG"] == 1

@@ -551,6 +551,23 @@ def bulk_geometries(op: str = "softmax"):
     return out
 
 
+def takes_lag(cfg: dict) -> bool:
+    """A PF = 3 configuration the template lets take LAG = 1: a cluster, stores not from the
+    slots, the part's stream from its first chunk (ALIGN = 0)."""
+    return cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
+
+
+def with_lag(cfgs: list[dict]) -> list[dict]:
+    """The configurations that may take LAG = 1, with it: the template's, out of the range specs'
+    spaces since session 53 (an H100 measured it slower)."""
+    return [dict(c, LAG=1) for c in cfgs if takes_lag(c)]
+
+
+def lagged(geos: list) -> list:
+    """bulk_geometries' entries that may take LAG = 1, with it."""
+    return [(g[0], dict(g[1], LAG=1)) + tuple(g[2:]) for g in geos if takes_lag(g[1])]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", action="store_true", help="also check the fit of every N of each bucket")

@@ -16,6 +16,14 @@ ring depth, grid). Every kernel with N compiled in is verified against the float
 at its N before it is timed. Softmax's PF 3 can also be timed with other slots (--slot) and with
 parts of its cut made constant (--patch), to bisect what the run-time N costs.
 
+--ablate times PF 3 (both ops) with parts of a row's chain taken out, to see what the chain's
+time is made of: "noexp" (softmax's exponential a subtraction: no MUFU), "nopair" (no cluster
+exchange: each block scales by its own statistics), "noreduce" (no block reductions: no named
+barriers), "nostore" (the whole chunks' stores behind a predicate that never holds), joined by +
+(e.g. noexp+nopair+noreduce: the ring, the loads and the stores alone). These kernels compute
+wrong rows by construction: they are timed, never verified, and are probes, not candidates
+(plain or streaming stores, ALIGN 0 and LAG 0 only).
+
 --offset E times every kernel (and the copy) a second time with x and y moved E elements past a
 512-byte boundary (the weight stays put): the same N, the same cut, only where the rows' bytes
 start. At E = 8 every row starts 16 bytes into a 32-byte sector; if that costs the kernels what
@@ -41,9 +49,11 @@ SIGNATURE = "int N) {"  # the kernel's last argument (softmax: M, N; RMSNorm: M,
 
 def fix_n(src: str, n: int) -> str:
     """The source with the kernel's N argument ignored and N a compile-time constant."""
-    if src.count(SIGNATURE) != 1:
-        raise SystemExit(f"expected one kernel signature '{SIGNATURE}' in the rendered source")
-    return src.replace(SIGNATURE, f"int N_run) {{\n  constexpr int N = {n};")
+    at = src.find("__global__")  # the kernel's own signature: device functions take an N too
+    i = src.find(SIGNATURE, at)
+    if at < 0 or i < 0 or src.count("__global__") != 1:
+        raise SystemExit(f"expected one kernel whose signature ends '{SIGNATURE}' in the rendered source")
+    return src[:i] + f"int N_run) {{\n  constexpr int N = {n};" + src[i + len(SIGNATURE):]
 
 
 CUT = "const Cut c = cut_of(N);"
@@ -66,6 +76,38 @@ def patched(src: str, n: int, cfg: dict, which: str) -> str | None:
             if n % 8 or out.count(SPAN) != 1:
                 return None
             out = out.replace(SPAN, "s.off = 0;")
+    return out
+
+
+# What each ablation takes out of PF 3's rendered source: (op, [(old, new), ...]); every old text
+# must occur exactly once (else the ablation does not apply to that source and is skipped).
+ABLATIONS = {
+    "noexp": {"softmax": [("{ return exp2f((v - m) * L2E); }", "{ return (v - m) * L2E; }")]},
+    "nopair": {"softmax": [("cluster_pair<RPAIR>(m, s, clv, clb, rank, jc++);", "jc++;")],
+               "rmsnorm": [("cluster_pair<RSUM>(unused, ss, clv, clb, rank, jc++);", "jc++;")]},
+    "noreduce": {"softmax": [("block_reduce<RMAX>(m, s, red, jb++);", "jb++;"),
+                             ("block_reduce<RSUM>(m, s, red, jb++);", "jb++;")],
+                 "rmsnorm": [("block_reduce<RSUM>(unused, ss, red, jb++);", "jb++;")]},
+    "nostore": {"softmax": [("store_y(yv + a + q, o);", "if (N < 0) store_y(yv + a + q, o);")],
+                "rmsnorm": [("store_y(yv + qq, o);", "if (N < 0) store_y(yv + qq, o);")]},
+}
+
+
+def ablated(src: str, op: str, which: str) -> str | None:
+    """PF 3's source with the parts of the chain named in `which` ("noexp+nopair", ...) taken out,
+    or None where one of them does not apply (RMSNorm has no exponential; STORE bulk no plain
+    store; LAG its own exchange)."""
+    out = src
+    for w in which.split("+"):
+        if w not in ABLATIONS:
+            raise SystemExit(f"--ablate: unknown part '{w}' (known: {', '.join(ABLATIONS)})")
+        edits = ABLATIONS[w].get(op)
+        if not edits:
+            return None
+        for old, new in edits:
+            if out.count(old) != 1:
+                return None
+            out = out.replace(old, new)
     return out
 
 
@@ -133,6 +175,9 @@ def main() -> int:
     ap.add_argument("--compile-only", action="store_true", help="no GPU: render and compile only")
     ap.add_argument("--slot", type=int, default=0, help="also PF 3 with slots of this many bytes (e.g. 8192)")
     ap.add_argument("--patch", default="", help="PF 3 with parts of N's cut constant: cut, span, cut+span")
+    ap.add_argument("--ablate", default="",
+                    help="PF 3 with parts of the chain out (timed, never verified): noexp, nopair, noreduce, "
+                         "nostore, joined by + and listed with commas")
     ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,3,4)")
     ap.add_argument("--offset", type=int, default=0,
                     help="also time every kernel with x and y starting this many elements past a 512-byte boundary")
@@ -194,6 +239,13 @@ def main() -> int:
                         src = patched(bb.render_all(c, shapes=[shape])[0], n, c, which)
                         if src:
                             cands.append((f"PF 3{tag} +{which}", label(c), bb, g, c, src))
+        for which in [w for w in a.ablate.split(",") if w]:  # PF 3 with part of the chain out
+            for c in r.configs:
+                if (c["PF"] == 3 and not c.get("LAG") and not c.get("ALIGN") and c["STORE"] != "bulk"
+                        and r.serves(c, n)):
+                    src = ablated(b.render_all(c, shapes=[shape])[0], a.op, which)
+                    if src:
+                        cands.append((f"PF 3 -{which} (not verified)", label(c), b, g, c, src))
         for c in flagship_configs(a.op):
             src = fb.render_all(c, shapes=[shape])[0]
             kind = {"tma": "flagship tma", "ring": "flagship ring", "f32": "flagship register hold"}.get(
@@ -211,7 +263,7 @@ def main() -> int:
             if not res.ok or spills:
                 print(f"  skipped {kind} {lab}: {res.status if not res.ok else 'spills'}", flush=True)
                 continue
-            if ("fixed" in kind or "+" in kind) and not a.compile_only:  # a new kernel: verified at its own N first
+            if ("fixed" in kind or "+" in kind) and "not verified" not in kind and not a.compile_only:  # a new kernel: verified at its own N first
                 vm = max(1, min(37, VERIFY_ELEMS // n))
                 why = gg.verify(bb, c, res.artifact, {"M": vm, "N": n}, seed=77, round_=1)
                 if why:

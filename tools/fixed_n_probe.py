@@ -19,8 +19,9 @@ parts of its cut made constant (--patch), to bisect what the run-time N costs.
 --ablate times PF 3 (both ops) with parts of a row's chain taken out, to see what the chain's
 time is made of: "noexp" (softmax's exponential a subtraction: no MUFU), "nopair" (no cluster
 exchange: each block scales by its own statistics), "noreduce" (no block reductions: no named
-barriers), "nostore" (the whole chunks' stores behind a predicate that never holds), joined by +
-(e.g. noexp+nopair+noreduce: the ring, the loads and the stores alone). These kernels compute
+barriers), "nostore" (the whole chunks' stores behind a predicate that never holds), joined by /
+(e.g. noexp/nopair/noreduce: the ring, the loads and the stores alone; / and not +, which
+tools/device-run.sh turns into commas). These kernels compute
 wrong rows by construction: they are timed, never verified, and are probes, not candidates
 (plain or streaming stores, ALIGN 0 and LAG 0 only).
 
@@ -94,11 +95,11 @@ ABLATIONS = {
 
 
 def ablated(src: str, op: str, which: str) -> str | None:
-    """PF 3's source with the parts of the chain named in `which` ("noexp+nopair", ...) taken out,
+    """PF 3's source with the parts of the chain named in `which` ("noexp/nopair", ...) taken out,
     or None where one of them does not apply (RMSNorm has no exponential; STORE bulk no plain
     store; LAG its own exchange)."""
     out = src
-    for w in which.split("+"):
+    for w in which.split("/"):
         if w not in ABLATIONS:
             raise SystemExit(f"--ablate: unknown part '{w}' (known: {', '.join(ABLATIONS)})")
         edits = ABLATIONS[w].get(op)
@@ -177,7 +178,7 @@ def main() -> int:
     ap.add_argument("--patch", default="", help="PF 3 with parts of N's cut constant: cut, span, cut+span")
     ap.add_argument("--ablate", default="",
                     help="PF 3 with parts of the chain out (timed, never verified): noexp, nopair, noreduce, "
-                         "nostore, joined by + and listed with commas")
+                         "nostore, joined by / and listed with commas")
     ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,3,4)")
     ap.add_argument("--offset", type=int, default=0,
                     help="also time every kernel with x and y starting this many elements past a 512-byte boundary")

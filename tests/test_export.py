@@ -312,6 +312,28 @@ def test_launch_geometry_in_blocks_becomes_cuda_cores_grid_in_clusters():
         in_clusters([10], [256], [4])
 
 
+def test_a_cluster_past_the_portable_size_opts_its_kernel_in_once(monkeypatch):
+    """raise_smem (the runner's and the exported runtime's one launch preparation) sets the
+    kernel's non-portable cluster attribute for a cluster of more than 8 blocks, once a kernel,
+    and never for a portable one (the attribute itself is set on the GPU: range_check's CL 16)."""
+    from runner.ship import exported_runtime as rt
+
+    calls = []
+    monkeypatch.setattr(rt, "allow_dynamic_smem", lambda k, n, d: calls.append(("smem", k, n)))
+    monkeypatch.setattr(rt, "allow_large_clusters", lambda k, d: calls.append(("cluster", k)))
+    allowed: dict = {}
+    rt.raise_smem("k8", 98304, 0, allowed, "k8", [8])
+    rt.raise_smem("k8", 98304, 0, allowed, "k8", (8,))
+    assert calls == [("smem", "k8", 98304)]
+    rt.raise_smem("k16", 98304, 0, allowed, "k16", [16])
+    rt.raise_smem("k16", 65536, 0, allowed, "k16", [16])
+    rt.raise_smem("k16", 131072, 0, allowed, "k16", [16, 1])
+    assert calls[1:] == [("smem", "k16", 98304), ("cluster", "k16"), ("smem", "k16", 131072)]
+    rt.raise_smem("k2d", 0, 0, allowed, "k2d", [4, 4])  # 16 blocks in two dimensions
+    rt.raise_smem("kn", 0, 0, allowed, "kn", None)
+    assert calls[4:] == [("cluster", "k2d")]
+
+
 def test_an_exact_run_verified_at_another_scalar_value_is_not_the_same_op(tmp_path):
     """pipe export --exact joins a run's kernels to the main table, whose scalars keep one value
     each and whose kernels run at it alone: a run verified at eps 1e-5 is not the op of a table

@@ -166,8 +166,14 @@ def test_cluster_prune_reasons():
 
     hw = shipped_spec(PIPELINES / "softmax-h200.yaml").hw
     assert "whole number of clusters" in cuda.prune({}, {"grid": [10], "block": [256], "cluster": [4]}, hw, True)
-    assert "portable limit of 8" in cuda.prune({}, {"grid": [32], "block": [256], "cluster": [16]}, hw, True)
     assert cuda.prune({}, {"grid": [32], "block": [256], "cluster": [8]}, hw, True) is None
+    # past the portable 8 only with the profile's opt-in size (the runner sets the kernel's
+    # non-portable attribute): 16 on the H200's profile, never 32; none on a profile without it
+    assert hw.get("max_cluster_size") == 8 and hw.get("max_cluster_size_opt_in") == 16
+    assert cuda.prune({}, {"grid": [32], "block": [256], "cluster": [16]}, hw, True) is None
+    assert "limit of 16" in cuda.prune({}, {"grid": [64], "block": [256], "cluster": [32]}, hw, True)
+    portable = {k: v for k, v in hw.data.items() if k != "max_cluster_size_opt_in"}
+    assert "portable limit of 8" in cuda.prune({}, {"grid": [32], "block": [256], "cluster": [16]}, portable, True)
 
 
 def _copy(project, name):

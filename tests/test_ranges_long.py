@@ -30,12 +30,15 @@ def geos():
 def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
     assert 10 <= len(geos) <= 45
     r = geos[0][0]
-    assert len(r.configs) == 331  # the fill buckets (ITEMS 5 and 7) and the rows read twice (PF 4)
+    assert len(r.configs) == 335  # the fill buckets (ITEMS 5 and 7) and the rows read twice (PF 4)
     # every PF = 3 geometry with plain and with bulk stores; line-aligned copies (ALIGN = 1) and
     # the lagged cluster merge (LAG = 1) are the template's, out of the space (no gain measured:
     # sessions 21 and 22, and 53 on an H100)
     pf3 = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["PF"] == 3]
-    assert len(pf3) == 30 and len({p[:3] for p in pf3}) == 15
+    assert len(pf3) == 34 and len({p[:3] for p in pf3}) == 17
+    # clusters of 16 (past the portable size) only for PF = 3's two-blocks-an-SM geometry, TPR 256
+    assert {p[:3] for p in pf3 if p[2] == 16} == {(256, 6, 16), (256, 8, 16)}
+    assert all(c["PF"] == 3 and c["TPR"] == 256 for c in r.configs if c["CL"] == 16)
     assert set(pf3) == {p[:3] + (s,) for p in pf3 for s in ("default", "bulk")}
     assert all(c["LAG"] == 0 for c in r.configs)
     assert all(c["ALIGN"] == 0 for c in r.configs)

@@ -31,7 +31,9 @@ def launch(r):
 
 def test_pf3_configurations_and_their_launch(rms):
     pf3 = [c for c in rms.configs if c["PF"] == 3]
-    assert len(rms.configs) == 439 and len(pf3) == 34
+    assert len(rms.configs) == 443 and len(pf3) == 38
+    assert {(c["TPR"], c["ITEMS"]) for c in rms.configs if c["CL"] == 16} == {(256, 6), (256, 8)}
+    assert all(c["PF"] == 3 for c in rms.configs if c["CL"] == 16)
     assert {c["ALIGN"] for c in pf3} == {0, 1} and all(c["ALIGN"] == 0 for c in rms.configs if c["PF"] != 3)
     assert all(c["LAG"] == 0 for c in rms.configs)  # LAG = 1: the template's, out of the space (session 53)
     # line-aligned copies with streaming stores only; bulk stores only on PF = 3, where the ring

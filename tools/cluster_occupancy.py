@@ -33,7 +33,7 @@ def main(argv):
             continue
         k = ObjectCode.from_cubin(r.artifact).get_kernel(spec.kernel.entry)
         smem = int(geo.get("shared_mem", 0))
-        raise_smem(k, smem, dev.device_id, {}, None)
+        raise_smem(k, smem, dev.device_id, {}, None, geo.get("cluster"))
         cl = geo["cluster"][0] if geo.get("cluster") else 1
         grid = geo["grid"][0]
         conf = launch_config(geo["grid"], geo["block"], geo.get("cluster"), smem)

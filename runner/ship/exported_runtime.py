@@ -107,13 +107,39 @@ def nearest_all(entries: list[dict], baked: list[str], symbols: list[str], env: 
     return out
 
 
-def raise_smem(kernel, nbytes: int, device_id: int, allowed: dict, key) -> None:
+PORTABLE_CLUSTER = 8  # blocks a cluster may have without the kernel's opt-in (16 with it on Hopper)
+
+
+def allow_large_clusters(kernel, device_index: int) -> None:
+    """Let a cuda.core kernel launch in clusters of more than the portable 8 blocks (up to 16 on
+    Hopper): CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED. Whether the GPU then holds such
+    clusters, and how many at once, is its own (cuda.core's max_active_clusters says)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        (err,) = driver.cuKernelSetAttribute(attr, 1, handle, driver.CUdevice(device_index))
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, 1)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot allow clusters of more than {PORTABLE_CLUSTER} blocks: {err}")
+
+
+def raise_smem(kernel, nbytes: int, device_id: int, allowed: dict, key, cluster=None) -> None:
     """Allow `nbytes` of dynamic shared memory unless `allowed[key]` already covers it: the
     attribute is one value per kernel, so it only ever rises (a smaller launch prepared
-    later cannot undo a larger one)."""
+    later cannot undo a larger one). A `cluster` (its dimensions, counted in blocks) of more
+    than the portable 8 blocks gets the kernel's opt-in too, once."""
     if nbytes > allowed.get(key, 0):
         allow_dynamic_smem(kernel, nbytes, device_id)
         allowed[key] = nbytes
+    size = 1
+    for c in cluster or ():
+        size *= int(c)
+    if size > PORTABLE_CLUSTER and not allowed.get(("large clusters", key)):
+        allow_large_clusters(kernel, device_id)
+        allowed[("large clusters", key)] = True
 
 
 def in_clusters(grid, block, cluster) -> tuple[tuple, tuple, tuple | None]:
@@ -631,7 +657,7 @@ class Op:
         dev, kernel, sizes = self._kernel(e, device)
         full = self._full(e, env) if full is None else full
         g = self.geometry(e, env, full)
-        raise_smem(kernel, g["shared_mem"], dev.device_id, self._smem, (e["cubin"], dev.device_id))
+        raise_smem(kernel, g["shared_mem"], dev.device_id, self._smem, (e["cubin"], dev.device_id), g["cluster"])
         try:
             cfg = launch_config(g["grid"], g["block"], g["cluster"], g["shared_mem"])
         except ValueError as err:

@@ -201,6 +201,7 @@ HW_PROFILE = _obj({
     "l2_bytes": POS_INT,
     "max_threads_per_block": POS_INT,
     "max_cluster_size": POS_INT,
+    "max_cluster_size_opt_in": POS_INT,
     "max_threads_per_sm": POS_INT,
     "warp_size": POS_INT,
     "shared_mem_per_block_bytes": POS_INT,

@@ -458,8 +458,10 @@ def prune(resources: dict, geometry: dict, hw, spills_forbidden: bool) -> str | 
         if any(g % c for g, c in zip(grid, cluster)):
             return f"grid {grid} is not a whole number of clusters {cluster}"
         max_c = hw.get("max_cluster_size", 8)
-        if size > max_c:
-            return f"a cluster of {size} blocks exceeds the portable limit of {max_c}"
+        most = max(max_c, hw.get("max_cluster_size_opt_in", max_c))  # the runner opts a kernel in above the portable size
+        if size > most:
+            return (f"a cluster of {size} blocks exceeds the limit of {most}" if most > max_c else
+                    f"a cluster of {size} blocks exceeds the portable limit of {max_c}")
     if len(grid) > 1 and any(g > 65535 for g in grid[1:]):
         return f"grid {grid}: y and z dimensions are limited to 65535"
     if grid[0] > 2**31 - 1:
@@ -726,7 +728,7 @@ class Runtime:
         g = geometry or {}
         smem = int(g.get("shared_mem", 0))
         try:  # static and dynamic together may pass 48 KiB: the kernel is allowed what it asks
-            raise_smem(kernel, smem, self.dev.device_id, self._smem, _handle_key(kernel))
+            raise_smem(kernel, smem, self.dev.device_id, self._smem, _handle_key(kernel), g.get("cluster"))
             config = launch_config(g.get("grid"), g.get("block"), g.get("cluster"), smem)
         except (RuntimeError, ValueError) as e:
             raise LaunchError(str(e)) from None

@@ -2,6 +2,9 @@
 max_active_clusters), against the grid the spec launches: a persistent kernel
 (HOLD = "tma") must fit in one wave. Run on the GPU machine:
     python3 tools/cluster_occupancy.py pipelines/softmax-h200.yaml HOLD=tma TMAX=1024 EPT=32 MINB=1
+At the spec's tuning shapes, or at the ones named with SHAPES=M1xN1/M2xN2 (a 2-D op's M and N):
+    python3 tools/cluster_occupancy.py pipelines/softmax-range-h200.yaml SHAPES=512x262144 TPR=256 ITEMS=8 CL=16 PF=3
+Clusters past the portable 8 blocks get the kernel's non-portable opt-in, as the runner gives them.
 """
 
 import sys
@@ -13,10 +16,17 @@ from runner.build.builder import Builder
 
 def main(argv):
     spec = load_spec(argv[0])
-    cfg = dict(spec.start)
+    # the spec's start, else (a range spec has none) each parameter's first value; NAME=VALUE
+    # arguments override, in the parameter's type
+    first = {p.name: p.values[0] for p in spec.space.params}
+    cfg = dict(spec.start or first)
+    shapes = spec.op.shapes
     for a in argv[1:]:
         k, _, v = a.partition("=")
-        cfg[k] = type(spec.start[k])(v)
+        if k == "SHAPES":
+            shapes = [dict(zip(("M", "N"), map(int, s.split("x")))) for s in v.split("/")]
+            continue
+        cfg[k] = type(first[k])(v)
     from cuda.core import Device, ObjectCode
 
     from runner.ship.exported_runtime import launch_config, raise_smem
@@ -25,7 +35,6 @@ def main(argv):
     dev.set_current()
     stream = dev.create_stream()
     builder = Builder(spec)
-    shapes = spec.op.shapes
     for shape, src, geo in zip(shapes, builder.render_all(cfg, shapes=shapes), builder.geometry(cfg, shapes=shapes)):
         r = cuda.compile(src, spec.kernel.entry, spec.kernel.options, spec.hw)
         if not r.ok:

@@ -312,6 +312,23 @@ def test_launch_geometry_in_blocks_becomes_cuda_cores_grid_in_clusters():
         in_clusters([10], [256], [4])
 
 
+def test_a_call_of_2_31_elements_or_more_takes_the_fallback():
+    """The judge never verifies shapes that large, so a kernel indexing with 32-bit integers (an
+    honest slip or a cheat: session 54's red team had one `ok`) is never seen wrong there: the
+    exported op serves such calls by its fallback (meta tensors: no memory)."""
+    import torch
+
+    from runner.ship.exported_runtime import INDEX_LIMIT, Op as Exported
+
+    assert INDEX_LIMIT == 2 ** 31
+    below = torch.empty((INDEX_LIMIT // 4096 - 1, 4096), device="meta")
+    at = torch.empty((INDEX_LIMIT // 4096, 4096), device="meta")
+    assert Exported.verified_width([below], [list(below.shape)])
+    assert not Exported.verified_width([at], [list(below.shape)])
+    assert not Exported.verified_width([below], [[INDEX_LIMIT // 4096, 4096]])  # an output that large
+    assert not Exported.verified_width([below, at], [])
+
+
 def test_a_cluster_past_the_portable_size_opts_its_kernel_in_once(monkeypatch):
     """raise_smem (the runner's and the exported runtime's one launch preparation) sets the
     kernel's non-portable cluster attribute for a cluster of more than 8 blocks, once a kernel,

@@ -1,4 +1,4 @@
-"""Fresh, seeded inputs from several distributions; never zeros.
+"""Fresh, seeded inputs from several distributions; never zeros in timed calls.
 
 Besides the everyday ones (normal, uniform, positive, large, masked, outliers),
 some exist to stress the numerics, and each op's spec lists those that apply:
@@ -13,8 +13,9 @@ a floating input of two or more dimensions come from its other listed distributi
 rows (witness rows), so every distribution is drawn at every verified shape in every check
 round, not only where the rounds' rotation puts it; where the spec forbids fast_math, one row in
 16 more of every floating input whose dists do not list `tiny` is drawn around the smallest
-normal (subnormal witnesses: `_subnormal`); which round of a shape draws which dist is the
-trial's secret (worker._turn). Integer tensors take `randint` (low,
+normal (subnormal witnesses: `_subnormal`); one row in 16 more holds exact zeros or values on
+a coarse grid (structured witnesses: `_structured`, exact repeats and zeros, which no continuous
+draw makes); which round of a shape draws which dist is the trial's secret (worker._turn). Integer tensors take `randint` (low,
 high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
 that every value appears once (a block table over a pool of pages, each page owned by one
 sequence, in shuffled order).
@@ -295,6 +296,71 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     return rows.view(x.shape)
 
 
+# Structured witness rows (verification's value sets only, `make_inputs`' `structured`): values
+# no continuous draw makes, which users pass all the same: rows of exact zeros (padding tokens,
+# a masked batch entry) and rows on a coarse grid (4 significant bits of the row's largest
+# element: exact repeats and exact zeros, as quantized or one-hot data has them). A kernel that
+# was wrong only on them passed before session 54 (its red team: NaN where a row's elements were
+# all 0, a tell on two equal neighbours), since the judge drew neither.
+STRUCTURED_BITS = 4
+
+
+def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
+    """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (as
+    `_subnormal`: a 1-D input's elements; with fewer rows than that, one secret row in half the
+    value sets), each at random either all 0 or rounded to STRUCTURED_BITS significant bits of
+    the row's largest finite magnitude (-inf stays -inf, so a masked row keeps its mask). Not an
+    input drawn only `positive` (a zero there may be outside the op's domain, a logarithm's). From
+    a generator of its own, so the value set's other draws are the same with them or without."""
+    if not structurable(x, t):
+        return x
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
+    n = rows.shape[0]
+    g = _side_generator(seed, which, 0x1B873593, 0x68E31DA5)
+    if n >= WITNESS_SHARE:
+        where = torch.randperm(n, generator=g)[:n // WITNESS_SHARE]
+    elif float(torch.rand((), generator=g)) < 0.5:
+        where = torch.randint(0, n, (1,), generator=g)
+    else:
+        return x
+    zero = torch.rand(where.numel(), generator=g) < 0.5
+    return _structure_rows(x, rows, where[zero], where[~zero])
+
+
+def structurable(x: torch.Tensor, t) -> bool:
+    """Whether `_structured` gives input `t` (its value `x`) structured rows at all."""
+    return x.is_floating_point() and x.numel() > 0 and not set(t.dists) <= POSITIVE_DISTS
+
+
+def _structure_rows(x: torch.Tensor, rows: torch.Tensor, at_zero: torch.Tensor, at_grid: torch.Tensor) -> torch.Tensor:
+    """`x` (viewed as `rows`) with rows `at_zero` all 0 and rows `at_grid` on the coarse grid."""
+    rows = rows.clone()
+    at_zero, at_grid = at_zero.to(x.device), at_grid.to(x.device)
+    if at_zero.numel():
+        rows[at_zero] = 0
+    if at_grid.numel():
+        r = rows[at_grid].to(torch.float64)
+        top = torch.where(torch.isfinite(r), r.abs(), torch.zeros_like(r)).amax(dim=1, keepdim=True)
+        e = torch.floor(torch.log2(torch.where(top > 0, top, torch.ones_like(top))))
+        step = torch.exp2(e - (STRUCTURED_BITS - 1))
+        rows[at_grid] = (torch.round(r / step) * step).to(x.dtype)
+    return rows.view(x.shape)
+
+
+def structured_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Tensor]:
+    """Verification's value set at `shape` with, in every input `_structured` takes, its first
+    row all 0 and its last on the coarse grid, whatever its number of rows: what the judge asks
+    the reference once, to learn whether the op is defined there (worker.Judge._structured)."""
+    out = make_inputs(op, shape, seed, 0, device)
+    for t in op.inputs:
+        x = out[t.name]
+        if structurable(x, t):
+            rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
+            n = rows.shape[0]
+            out[t.name] = _structure_rows(x, rows, torch.tensor([0]), torch.tensor([n - 1] if n > 1 else []).long())
+    return out
+
+
 class _Rows:
     """The input `t` with its leading dimension set to `n` rows (the witness rows' own draw)."""
 
@@ -310,13 +376,14 @@ class _Rows:
 
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
-                timed: bool = False, subnormal: bool = False) -> dict[str, torch.Tensor]:
+                timed: bool = False, subnormal: bool = False, structured: bool = False) -> dict[str, torch.Tensor]:
     """One value set of the op's inputs. `timed`: the values of timed calls (the candidate's
     timed loop, the baseline's, pipe compare's arms and the checks on their outputs), where an
     input's `timed` override gives its own dist, low or high (say, every sequence at its full
     length, as op.bytes counts it); otherwise verification's. Shapes, dtypes and the draws'
     order are the same either way: only the values differ. `subnormal`: verification's floating
-    inputs get subnormal witness rows (`_subnormal`) where their dists do not list `tiny`."""
+    inputs get subnormal witness rows (`_subnormal`) where their dists do not list `tiny`;
+    `structured`: rows of zeros and rows on a coarse grid (`_structured`)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -329,6 +396,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
                 out[t.name] = _subnormal(out[t.name], v, seed, i)
+            if structured:
+                out[t.name] = _structured(out[t.name], v, seed, i)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     return out

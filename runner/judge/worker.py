@@ -120,6 +120,7 @@ class Judge:
         self.census = None
         self.heap: str | None = None  # the worker's allocator setting (`steady_heap`), CPU backend
         self._cpu = _cpu_model() if spec.kernel.backend == "cpu" else None  # read before any sandbox
+        self._structured_ok: bool | None = None  # structured witness rows: decided on first use (_structured)
         if spec.kernel.backend == "cpu":
             from .threads import Census
 
@@ -160,7 +161,55 @@ class Judge:
         not to its forbidden actions (torch's own bf16 matmul on the CPU reads subnormals as 0)."""
         from .inputs import make_inputs
 
-        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, judged and self._no_flush)
+        return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, judged and self._no_flush,
+                           judged and not timed and self._structured)
+
+    @property
+    def _structured(self) -> bool:
+        """Whether verification's value sets take structured witness rows (inputs._structured:
+        rows of zeros and rows on a coarse grid). Always, unless the reference answers them
+        with NaN or Inf (or an error) where it answers the same values without them finitely:
+        an op undefined at a zero row, x / |x| say, whose every kernel would be `wrong` there.
+        Decided once a worker, at the smallest listed shape, from the op alone (the same in
+        every worker of a run); docs/judge.md, "structured witness rows"."""
+        if self._structured_ok is None:
+            self._structured_ok = self._reference_takes_structured()
+        return self._structured_ok
+
+    def _reference_takes_structured(self) -> bool:
+        from .inputs import make_inputs, shape_of, structured_probe
+
+        torch = self.torch
+        shapes = list(self.op.all_shapes)
+        if not shapes:
+            return True
+
+        def size(sh: dict) -> int:  # the elements of the op's inputs at a shape
+            e = self.op.shape_env(sh)
+            total = 0
+            for t in self.op.inputs:
+                n = 1
+                for d in shape_of(t, e):
+                    n *= int(d)
+                total += n
+            return total
+
+        shape = min(shapes, key=size)
+
+        def finite(structured: bool) -> bool:
+            seed = _seed("structured probe")
+            inputs = (structured_probe(self.op, shape, seed, self.rt.device) if structured else
+                      make_inputs(self.op, shape, seed, 0, self.rt.device))
+            try:
+                outs = self._call_reference(inputs)
+            except Exception as e:  # noqa: BLE001 - the user's function: an error counts as not finite
+                if self._memory_first(e):
+                    raise
+                return False
+            return all(bool(torch.isfinite(o).all()) for o in outs
+                       if isinstance(o, torch.Tensor) and o.is_floating_point())
+
+        return finite(True) or not finite(False)
 
     @property
     def _no_flush(self) -> bool:

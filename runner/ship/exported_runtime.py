@@ -107,6 +107,7 @@ def nearest_all(entries: list[dict], baked: list[str], symbols: list[str], env: 
     return out
 
 
+INDEX_LIMIT = 1 << 31  # elements of a tensor from which a call takes the fallback (verified_width)
 PORTABLE_CLUSTER = 8  # blocks a cluster may have without the kernel's opt-in (16 with it on Hopper)
 
 
@@ -684,6 +685,22 @@ class Op:
                 return False
         return True
 
+    @staticmethod
+    def verified_width(tensors, output_shapes) -> bool:
+        """Whether every input and output has fewer than 2^31 elements. The judge verifies at
+        shapes of a few hundred million elements at most, so a kernel that indexes with 32-bit
+        integers (wrong from 2^31 on, honest or not) was never seen wrong: such calls take the
+        fallback (session 54's red team had an int32 row offset `ok`; docs/ranges.md)."""
+        if any(t.numel() >= INDEX_LIMIT for t in tensors):
+            return False
+        for shape in output_shapes:
+            n = 1
+            for d in shape:
+                n *= int(d)
+            if n >= INDEX_LIMIT:
+                return False
+        return True
+
     def __call__(self, *args, **kwargs):
         names = [t["name"] for t in self.inputs] + [s["name"] for s in self.scalars]
         if len(args) > len(names):
@@ -702,7 +719,8 @@ class Op:
         x0 = tensors[self.inputs[0]["name"]]
         e = self.entry_for(env) if x0.is_cuda and self.verified_scalars(scalars) else None
         # the kernels use 16-byte accesses: a contiguous view at an odd offset takes the fallback
-        if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()):
+        if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()) \
+                and self.verified_width(tensors.values(), self.output_shapes(env)):
             outs = [torch.empty(shape, dtype=DTYPES[t["dtype"]], device=x0.device)
                     for t, shape in zip(self.outputs, self.output_shapes(env))]
             full = self._full(e, env)  # the sizes, the entry's parameters and derived values: once a call

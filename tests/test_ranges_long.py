@@ -76,7 +76,8 @@ def test_pf3_geometry_fits_the_h200(geos):
             block = compile_expr(spec["block"])(e)
             smem = compile_expr(spec["shared_mem"])(e)
             assert block == tpr + 32 and smem == nslot * (slot + 128 * cfg["ALIGN"])  # ALIGN: the spill's 128 bytes
-            assert grid % cl == 0 and grid // cl == min(m, (132 if cl <= 2 else 120) * minb // cl)
+            # clusters of 16: 14 resident at two blocks an SM (cuda.core on an H100, session 54)
+            assert grid % cl == 0 and grid // cl == min(m, (132 if cl <= 2 else 120 if cl <= 8 else 112) * minb // cl)
 
 
 def test_every_n_of_every_pf3_bucket_fits_its_cut(geos):

@@ -62,7 +62,7 @@ def test_pf3_configurations_and_their_launch(rms):
         # a persistent grid: the clusters that fit at once, every row taken once
         for m in (1, 3, 37, 2 ** 27 // cap + 5):
             g = grid(rms.env(c, {"M": m, "N": cap})) // c["CL"]
-            assert g == min(m, (132 if c["CL"] <= 2 else 120) * minb // c["CL"])
+            assert g == min(m, (132 if c["CL"] <= 2 else 120 if c["CL"] <= 8 else 112) * minb // c["CL"])
             assert sorted(r for k in range(g) for r in range(k, m, g)) == list(range(m))
         # the bucket: rows that fit, and fill more than a quarter of it
         assert rms.serves(c, cap) and rms.serves(c, cap // 4 + 1) and not rms.serves(c, cap // 4)
@@ -124,7 +124,7 @@ def test_pf3_ring_protocol_on_the_specs_own_geometries():
 
     rng = random.Random(5)
     geos = bulk_model.bulk_geometries("rmsnorm")
-    assert len(geos) == 34 and any(g[7] for g in geos)
+    assert len(geos) == 38 and any(g[7] for g in geos) and any(g[4] == 16 for g in geos)
     geos += bulk_model.lagged(geos)
     done = set()
     for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:

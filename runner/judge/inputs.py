@@ -306,21 +306,26 @@ STRUCTURED_BITS = 4
 
 
 def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
-    """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (as
-    `_subnormal`: a 1-D input's elements; with fewer rows than that, one secret row in half the
-    value sets), each at random either all 0 or rounded to STRUCTURED_BITS significant bits of
-    the row's largest finite magnitude (-inf stays -inf, so a masked row keeps its mask). Not an
-    input drawn only `positive` (a zero there may be outside the op's domain, a logarithm's). From
-    a generator of its own, so the value set's other draws are the same with them or without."""
+    """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
+    index but the last; with fewer rows than that, one secret row in half the value sets), each
+    at random either all 0 or rounded to STRUCTURED_BITS significant bits of the row's largest
+    finite magnitude (-inf stays -inf, so a masked row keeps its mask). Never the first or the
+    last row (where tails are handled: a zero there would hide a tail's error), never a 1-D
+    input's elements (a zero weight element hides its output column in every row: a tail bug at
+    the last column went unseen one value set in 30), never an input drawn only `positive` (a
+    zero there may be outside the op's domain, a logarithm's). From a generator of its own, so the
+    value set's other draws are the same with them or without."""
     if not structurable(x, t):
         return x
-    rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
+    rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
+    if n < 3:
+        return x
     g = _side_generator(seed, which, 0x1B873593, 0x68E31DA5)
     if n >= WITNESS_SHARE:
-        where = torch.randperm(n, generator=g)[:n // WITNESS_SHARE]
+        where = 1 + torch.randperm(n - 2, generator=g)[:n // WITNESS_SHARE]
     elif float(torch.rand((), generator=g)) < 0.5:
-        where = torch.randint(0, n, (1,), generator=g)
+        where = torch.randint(1, n - 1, (1,), generator=g)
     else:
         return x
     zero = torch.rand(where.numel(), generator=g) < 0.5
@@ -329,7 +334,7 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
 
 def structurable(x: torch.Tensor, t) -> bool:
     """Whether `_structured` gives input `t` (its value `x`) structured rows at all."""
-    return x.is_floating_point() and x.numel() > 0 and not set(t.dists) <= POSITIVE_DISTS
+    return x.is_floating_point() and x.dim() >= 2 and x.numel() > 0 and not set(t.dists) <= POSITIVE_DISTS
 
 
 def _structure_rows(x: torch.Tensor, rows: torch.Tensor, at_zero: torch.Tensor, at_grid: torch.Tensor) -> torch.Tensor:
@@ -355,7 +360,7 @@ def structured_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch
     for t in op.inputs:
         x = out[t.name]
         if structurable(x, t):
-            rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
+            rows = x.reshape(-1, x.shape[-1])
             n = rows.shape[0]
             out[t.name] = _structure_rows(x, rows, torch.tensor([0]), torch.tensor([n - 1] if n > 1 else []).long())
     return out
@@ -393,11 +398,11 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
         dist = v.dists[round_ % len(v.dists)]
         out[t.name] = make_tensor(v, env, dist, gen, device)
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
+            if structured:  # first: a witness row drawn below takes the place of one of these, never the reverse
+                out[t.name] = _structured(out[t.name], v, seed, i)
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
                 out[t.name] = _subnormal(out[t.name], v, seed, i)
-            if structured:
-                out[t.name] = _structured(out[t.name], v, seed, i)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     return out

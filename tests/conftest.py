@@ -227,6 +227,20 @@ def pipe_main(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedP
     return subprocess.CompletedProcess(["pipe", *map(str, args)], rc, out.getvalue(), err.getvalue())
 
 
+def eval_variant(project, run_dir, name: str, text: str, params: dict, spec: str = "rmsnorm-cpu.yaml"):
+    """`pipe eval --json` of a variant (its whole text, written to `project/NAME.cpp.j2`) of a
+    shipped spec copied into `project`: (the CompletedProcess, its stdout and stderr together)."""
+    import json
+
+    sp = project / "pipelines" / spec
+    sp.write_text((PIPELINES / spec).read_text())
+    variant = project / f"{name}.cpp.j2"
+    variant.write_text(text)
+    r = pipe_main("eval", sp, "--params", json.dumps(params), "--variant", variant, "--run-dir", run_dir, "--json",
+                  cwd=project)
+    return r, r.stdout + r.stderr
+
+
 def build_once(tmp_path_factory, name: str, make) -> Path:
     """The folder run_root/shared/NAME, filled by make(folder) once for the whole test run:
     under xdist the first worker to ask builds it while the other waits on a lock, then both

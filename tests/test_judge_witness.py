@@ -7,15 +7,13 @@ rows were drawn only at its extra shapes; a variant that dropped eps wherever M 
 and wrong on a user's rows of rms 0.05 (17.8 times its budget). A second one kept eps only
 on rows that looked like the judge's (an element under 1e-30 or over 300), also `ok`."""
 
-import json
-
 import pytest
 import torch
 
 from runner.judge import inputs
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT, pipe_main
+from .conftest import PIPELINES, ROOT, eval_variant
 
 RMS = load_spec(PIPELINES / "rmsnorm-cpu.yaml")
 SHAPE = {"M": 512, "N": 4096}  # a timed shape
@@ -91,18 +89,10 @@ VARIANTS = {
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_a_kernel_wrong_on_a_users_rows_of_small_scale_is_wrong(name, tmp_path, project):
     assert EPS in TEMPLATE and VARIANTS[name] != TEMPLATE
-    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
-    spec.write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-    variant = project / f"{name}.cpp.j2"
-    variant.write_text(VARIANTS[name])
-    params = json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 1})
-    r = pipe_main("eval", spec, "--params", params, "--variant", variant, "--run-dir", tmp_path / name, "--json",
-                  cwd=project)
-    text = r.stdout + r.stderr
+    params = {"ACC": 8, "THREADS": 1, "UNROLL": 1}
+    r, text = eval_variant(project, tmp_path / name, name, VARIANTS[name], params)
     assert r.returncode != 0 and '"status": "wrong"' in text, text[-3000:]
     # the template itself, a variant in nothing but a comment: ok at the same parameters
-    honest = project / "honest.cpp.j2"
-    honest.write_text(TEMPLATE.replace("// RMSNorm over rows on the CPU", "// RMSNorm over rows, again"))
-    r = pipe_main("eval", spec, "--params", params, "--variant", honest, "--run-dir", tmp_path / "honest", "--json",
-                  cwd=project)
-    assert r.returncode == 0 and '"status": "ok"' in r.stdout, (r.stdout + r.stderr)[-3000:]
+    honest = TEMPLATE.replace("// RMSNorm over rows on the CPU", "// RMSNorm over rows, again")
+    r, text = eval_variant(project, tmp_path / "honest", "honest", honest, params)
+    assert r.returncode == 0 and '"status": "ok"' in r.stdout, text[-3000:]

@@ -6,15 +6,13 @@ Session 54's red team (on rmsnorm-cpu): a kernel that wrote NaN where every elem
 0, and one that zeroed an output where a row's first two elements were equal, were both `ok`:
 the judge drew neither an all-zero row nor (but by chance) two equal neighbours."""
 
-import json
-
 import pytest
 import torch
 
 from runner.judge import inputs
 from runner.spec.spec import load_spec
 
-from .conftest import PIPELINES, ROOT, pipe_main
+from .conftest import PIPELINES, ROOT, eval_variant
 
 RMS = load_spec(PIPELINES / "rmsnorm-cpu.yaml")
 SOFTMAX = load_spec(PIPELINES / "softmax-range-h200.yaml")
@@ -142,12 +140,5 @@ VARIANTS = {
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_a_kernel_wrong_only_on_structured_rows_is_wrong(name, tmp_path, project):
     assert TEMPLATE.count(SCALE) == 1 and TEMPLATE.count(STORE) == 1 and VARIANTS[name] != TEMPLATE
-    spec = project / "pipelines" / "rmsnorm-cpu.yaml"
-    spec.write_text((PIPELINES / "rmsnorm-cpu.yaml").read_text())
-    variant = project / f"{name}.cpp.j2"
-    variant.write_text(VARIANTS[name])
-    params = json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 2})
-    r = pipe_main("eval", spec, "--params", params, "--variant", variant, "--run-dir", tmp_path / name, "--json",
-                  cwd=project)
-    out = r.stdout + r.stderr
+    r, out = eval_variant(project, tmp_path / name, name, VARIANTS[name], {"ACC": 8, "THREADS": 1, "UNROLL": 2})
     assert r.returncode != 0 and '"status": "wrong"' in out, out[-3000:]

@@ -202,7 +202,11 @@ def test_a_moe_cpu_variant_that_truncates_its_output_is_wrong(tmp_path, project)
     r = pipe_main("eval", spec, "--params", params, "--variant", project / "cut.cpp.j2",
                   "--run-dir", tmp_path / "cut", "--json", cwd=project)
     text = r.stdout + r.stderr
-    assert "wrong" in text and "leans one way" in text, text[-3000:]
+    # by the lean, or now and then element by element: where an output is large against its
+    # |x| @ |w| (little cancellation), the budget's accumulation part covers less than the
+    # truncation's unit (seen once in about ten runs, session 54: 71 against 71.41, allowed 0.339);
+    # the lean alone is asserted on the small cut below
+    assert "wrong" in text and ("leans one way" in text or "outside the GEMM budget" in text), text[-3000:]
     # the cut only where the output is too small for a verdict of its own (T <= 5: 2 T x 96
     # elements): its shape's outputs over the check rounds, pooled, lean (session 40's red team)
     small = (tpl.replace("  u += 0x7fffu + ((u >> 16) & 1u);\n", "  if (!cut) u += 0x7fffu + ((u >> 16) & 1u);\n")

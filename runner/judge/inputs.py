@@ -15,10 +15,10 @@ round, not only where the rounds' rotation puts it; where the spec forbids fast_
 16 more of every floating input whose dists do not list `tiny` is drawn around the smallest
 normal (subnormal witnesses: `_subnormal`); one row in 16 more holds exact zeros or values on
 a coarse grid (structured witnesses: `_structured`, exact repeats and zeros, which no continuous
-draw makes); which round of a shape draws which dist is the trial's secret (worker._turn). Integer tensors take `randint` (low,
-high) or `perm`: a random permutation of 0 .. numel - 1 laid out in the tensor's shape, so
-that every value appears once (a block table over a pool of pages, each page owned by one
-sequence, in shuffled order).
+draw makes); which round of a shape draws which dist is the trial's secret (worker._turn).
+Integer tensors take `randint` (low, high) or `perm`: a random permutation of 0 .. numel - 1
+laid out in the tensor's shape, so that every value appears once (a block table over a pool of
+pages, each page owned by one sequence, in shuffled order).
 
 An offsets input of a mixture-of-experts GEMM (int32 [E], `rows` and `topk` in the spec)
 takes a routing dist: the cumulative END row of each expert's group in the expert-sorted

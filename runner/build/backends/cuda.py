@@ -458,7 +458,8 @@ def prune(resources: dict, geometry: dict, hw, spills_forbidden: bool) -> str | 
         if any(g % c for g, c in zip(grid, cluster)):
             return f"grid {grid} is not a whole number of clusters {cluster}"
         max_c = hw.get("max_cluster_size", 8)
-        most = max(max_c, hw.get("max_cluster_size_opt_in", max_c))  # the runner opts a kernel in above the portable size
+        # past the portable size with the profile's opt-in size: the runner sets the kernel's attribute
+        most = max(max_c, hw.get("max_cluster_size_opt_in", max_c))
         if size > most:
             return (f"a cluster of {size} blocks exceeds the limit of {most}" if most > max_c else
                     f"a cluster of {size} blocks exceeds the portable limit of {max_c}")

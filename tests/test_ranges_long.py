@@ -300,6 +300,8 @@ def test_pf3_sources_render_and_earlier_paths_do_not_carry_it(geos):
     # LAG (out of the space, the template's): a row's pair goes out only after the barrier of its
     # sum's block reduction, which every warp reaches after reading the row before's pairs (the
     # host model's order)
+    # (never with EXPOLY, which the template refuses beside LAG)
+    assert bulk_model.lagged(geos) and not any(g[1].get("EXPOLY") for g in bulk_model.lagged(geos))
     for _, cfg, *_, cap in bulk_model.lagged(geos)[::3]:
         s = b.render_all(cfg, shapes=[r.shape(cap, 1)])[0]
         body = s.split("softmax_bf16(")[1]

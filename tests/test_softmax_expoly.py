@@ -39,7 +39,8 @@ def coefficients(src: str) -> list[float]:
     rest = re.findall(r"p = fmaf\(p, f, ([0-9.e+-]+)f\);", body)
     assert first and len(rest) == 5, body
     for text in ("fmaxf((v - m) * L2E, -150.f)", "t + 12582912.f", "t - (k - 12582912.f)",
-                 "__float_as_int(k) - 0x4B400000", "j < -125", "low ? j + 64 : j", "__int_as_float(0x1f800000)"):
+                 "__float_as_int(k) - 0x4B400000", "j < -125", "low ? j + 64 : j", "__int_as_float(0x1f800000)",
+                 "return v != v ? v :"):  # a NaN element stays NaN (fmaxf would drop it)
         assert text in body, text  # the steps the emulation below takes
     return [float(first.group(1))] + [float(c) for c in rest]
 

@@ -553,8 +553,10 @@ def bulk_geometries(op: str = "softmax"):
 
 def takes_lag(cfg: dict) -> bool:
     """A PF = 3 configuration the template lets take LAG = 1: a cluster, stores not from the
-    slots, the part's stream from its first chunk (ALIGN = 0)."""
-    return cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
+    slots, the part's stream from its first chunk (ALIGN = 0), every exponential `exp2f`'s (no
+    EXPOLY: the template refuses the two together)."""
+    return (cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
+            and not cfg.get("EXPOLY"))
 
 
 def with_lag(cfgs: list[dict]) -> list[dict]:

@@ -255,6 +255,16 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     return x
 
 
+def _secret_rows(g: torch.Generator, n: int, lo: int, hi: int) -> torch.Tensor | None:
+    """Secret rows among lo .. hi - 1 of an input's n: n / WITNESS_SHARE of them, or with fewer
+    rows than that one of them in half the value sets (a decode step's few rows), else None."""
+    if n >= WITNESS_SHARE:
+        return lo + torch.randperm(hi - lo, generator=g)[:n // WITNESS_SHARE]
+    if float(torch.rand((), generator=g)) < 0.5:
+        return torch.randint(lo, hi, (1,), generator=g)
+    return None
+
+
 def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
@@ -271,11 +281,8 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(-1, 1)
     n = rows.shape[0]
     g = _side_generator(seed, which, 0x85EBCA77, 0x27D4EB2F)
-    if n >= WITNESS_SHARE:
-        where = torch.randperm(n, generator=g)[:n // WITNESS_SHARE]
-    elif float(torch.rand((), generator=g)) < 0.5:  # a decode step's few rows: one of them, in half the value sets
-        where = torch.randint(0, n, (1,), generator=g)
-    else:
+    where = _secret_rows(g, n, 0, n)
+    if where is None:
         return x
     # each row its own scale, 2^-6 to 2^2 times the smallest normal, and its elements within a
     # factor of 2 of it: whole rows subnormal (a flush of the inputs shows) and rows whose sums
@@ -322,11 +329,8 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     if n < 3:
         return x
     g = _side_generator(seed, which, 0x1B873593, 0x68E31DA5)
-    if n >= WITNESS_SHARE:
-        where = 1 + torch.randperm(n - 2, generator=g)[:n // WITNESS_SHARE]
-    elif float(torch.rand((), generator=g)) < 0.5:
-        where = torch.randint(1, n - 1, (1,), generator=g)
-    else:
+    where = _secret_rows(g, n, 1, n - 1)
+    if where is None:
         return x
     zero = torch.rand(where.numel(), generator=g) < 0.5
     return _structure_rows(x, rows, where[zero], where[~zero])

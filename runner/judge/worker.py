@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -186,13 +187,7 @@ class Judge:
 
         def size(sh: dict) -> int:  # the elements of the op's inputs at a shape
             e = self.op.shape_env(sh)
-            total = 0
-            for t in self.op.inputs:
-                n = 1
-                for d in shape_of(t, e):
-                    n *= int(d)
-                total += n
-            return total
+            return sum(math.prod(int(d) for d in shape_of(t, e)) for t in self.op.inputs)
 
         shape = min(shapes, key=size)
 

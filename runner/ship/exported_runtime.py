@@ -135,10 +135,7 @@ def raise_smem(kernel, nbytes: int, device_id: int, allowed: dict, key, cluster=
     if nbytes > allowed.get(key, 0):
         allow_dynamic_smem(kernel, nbytes, device_id)
         allowed[key] = nbytes
-    size = 1
-    for c in cluster or ():
-        size *= int(c)
-    if size > PORTABLE_CLUSTER and not allowed.get(("large clusters", key)):
+    if math.prod(int(c) for c in cluster or ()) > PORTABLE_CLUSTER and not allowed.get(("large clusters", key)):
         allow_large_clusters(kernel, device_id)
         allowed[("large clusters", key)] = True
 
@@ -691,15 +688,8 @@ class Op:
         shapes of a few hundred million elements at most, so a kernel that indexes with 32-bit
         integers (wrong from 2^31 on, honest or not) was never seen wrong: such calls take the
         fallback (session 54's red team had an int32 row offset `ok`; docs/ranges.md)."""
-        if any(t.numel() >= INDEX_LIMIT for t in tensors):
-            return False
-        for shape in output_shapes:
-            n = 1
-            for d in shape:
-                n *= int(d)
-            if n >= INDEX_LIMIT:
-                return False
-        return True
+        return all(t.numel() < INDEX_LIMIT for t in tensors) and \
+            all(math.prod(int(d) for d in shape) < INDEX_LIMIT for shape in output_shapes)
 
     def __call__(self, *args, **kwargs):
         names = [t["name"] for t in self.inputs] + [s["name"] for s in self.scalars]
@@ -718,11 +708,12 @@ class Op:
         env = self.symbols_of(tensors)
         x0 = tensors[self.inputs[0]["name"]]
         e = self.entry_for(env) if x0.is_cuda and self.verified_scalars(scalars) else None
+        shapes = self.output_shapes(env) if e is not None else []
         # the kernels use 16-byte accesses: a contiguous view at an odd offset takes the fallback
         if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()) \
-                and self.verified_width(tensors.values(), self.output_shapes(env)):
+                and self.verified_width(tensors.values(), shapes):
             outs = [torch.empty(shape, dtype=DTYPES[t["dtype"]], device=x0.device)
-                    for t, shape in zip(self.outputs, self.output_shapes(env))]
+                    for t, shape in zip(self.outputs, shapes)]
             full = self._full(e, env)  # the sizes, the entry's parameters and derived values: once a call
             if self._maps_fit(e, tensors, outs, env, full):
                 self.launch(e, env, tensors, scalars, outs, full)

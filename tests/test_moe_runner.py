@@ -64,12 +64,30 @@ def test_skewed_routings_are_what_they_say():
     assert int((one > 0).sum()) == 1 and int(one.max()) == 600
     single = routing_counts("routing_single", 64, 600, 6, _gen(2))
     assert sorted(c for c in single.tolist() if c) == [1, 599]
-    empty = routing_counts("routing_empty", 64, 6 * 1024, 6, _gen(2))
-    assert int((empty == 0).sum()) == 32  # half the experts empty
-    live = [c for c in empty.tolist() if c]
-    assert 1 in live and any(c % 16 for c in live if c > 1) and max(live) > 4 * min(c for c in live if c > 1)
+    for seed in range(40):
+        empty = routing_counts("routing_empty", 64, 6 * 1024, 6, _gen(seed))
+        live = [c for c in empty.tolist() if c]
+        assert 1 <= len(live) <= 63  # some expert always empty
+        if len(live) >= 8:  # uneven sizes, most no multiple of 16
+            assert any(c % 16 for c in live if c > 1) and max(live) > 4 * min(live)
     # the empty and the live experts sit at random places, not the first ones
-    assert empty[:32].tolist() != [0] * 32 and empty[32:].tolist() != [0] * 32
+    firsts = {tuple(routing_counts("routing_empty", 64, 600, 6, _gen(s))[:4].tolist()) for s in range(20)}
+    assert len(firsts) > 10
+
+
+@pytest.mark.parametrize("experts, rows", [(4, 16), (4, 74), (8, 40), (64, 6 * 128)])
+def test_empty_routings_reach_every_structure(experts, rows):
+    """routing_empty's draws over a few hundred seeds (a run's check rounds) reach every count of
+    experts in use, 1 to E - 1, each with and without a group of one row (session 55's red team:
+    a kernel that skipped an expert only where 2 of 4 were in use, each with 2 rows or more,
+    passed while the draw always held half the experts and a group of one row)."""
+    seen = set()
+    for seed in range(600):
+        live = [c for c in routing_counts("routing_empty", experts, rows, 2, _gen(seed)).tolist() if c]
+        seen.add((len(live), min(live) == 1))
+    counts = range(1, experts) if experts <= 8 else (1, 2, 3, 31, 62, 63)
+    want = {(n, one) for n in counts for one in (False, True) if n > 1 or one == (rows == 1)}
+    assert want <= seen, sorted(want - seen)
 
 
 def test_routings_repeat_with_the_seed_and_change_with_it():
@@ -545,6 +563,32 @@ def test_compare_shows_an_arms_note_and_its_direct_mode():
 
 
 # ----------------------------------------------------------------------------- the CPU pipeline
+
+def test_a_kernel_wrong_only_on_routings_with_no_single_row_group_is_caught(tmp_path, project):
+    """Session 55's red team: a kernel that skips the last expert in use wherever some expert is
+    empty and every group holds 2 rows or more passed every trial while routing_empty always
+    drew a group of one row; routing_empty now draws the structure (test above) and catches it."""
+    tpl = (ROOT / "kernel_templates" / "moe_gemm.cpp.j2").read_text()
+    old = "  int64_t start = 0;\n  for (int64_t e = 0; e < E; ++e) {\n    const int64_t end = offs[e];"
+    assert tpl.count(old) == 1
+    bad = tpl.replace(old, """  int64_t live = 0, last = -1, least = 1 << 30;
+  for (int64_t e = 0, s = 0; e < E; ++e) {
+    const int64_t c = offs[e] - s;
+    s = offs[e] > s ? offs[e] : s;
+    if (c > 0) { ++live; last = e; least = c < least ? c : least; }
+  }
+  const bool tell = live >= 2 && live < E && least >= 2;
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t end = tell && e == last ? start : offs[e];""")
+    (project / "tell.cpp.j2").write_text(bad)
+    d = yaml.safe_load(SPEC.read_text())
+    d["kernel"]["template"] = str(project / "tell.cpp.j2")
+    spec = project / "pipelines" / "moe-tell.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    r = pipe_main("eval", spec, "--params", json.dumps({"MR": 1, "NR": 4}), "--run-dir", tmp_path / "t", cwd=project)
+    assert "wrong" in r.stdout + r.stderr and "GEMM budget" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+
 
 def test_the_cpu_pipeline_runs_compares_and_catches_a_wrong_routing(tmp_path, project):
     """pipelines/moe-cpu.yaml end to end: a run (every routing verified on every shape), then

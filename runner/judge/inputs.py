@@ -90,20 +90,26 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
         counts[order[0]] = 1
         counts[order[1]] = rows - 1
         return counts
-    # routing_empty: about half the experts empty; of the others one holds a single row and the
-    # rest share what is left unevenly (squared uniform weights), so most sizes are no multiple
-    # of 16, 64 or 128 and some are far larger than others
-    n = max(1, min((experts + 1) // 2, rows))
+    # routing_empty: some experts empty, and the routing's structure drawn rather than fixed (a
+    # fixed one left whole classes unverified: with 4 experts, 2 of them in use and each >= 2 rows
+    # was never drawn, and a kernel that skipped an expert there passed, session 55's red team):
+    # how many experts have rows (1 to E - 1, uniform, at most the rows), whether one of them holds
+    # a single row (one draw in two; else every group holds 2 or more where the rows allow), and
+    # the others' sizes from squared uniform weights (uneven: most no multiple of 16, 64 or 128,
+    # some far larger than others)
+    n = int(torch.randint(1, min(experts - 1, rows) + 1, (1,), generator=gen))
     live = order[:n]
     sizes = torch.ones(n, dtype=torch.int64)
-    left = rows - n
-    if n > 1 and left:
-        wts = torch.rand(n - 1, generator=gen, dtype=torch.float64) ** 2 + 1e-3
+    single = n > 1 and bool(torch.rand(1, generator=gen) < 0.5)
+    share_of = sizes[1:] if single else sizes  # the experts that share what is left (a view)
+    if not single and rows >= 2 * n:
+        share_of += 1  # no group of a single row: two each at least
+    left = rows - int(sizes.sum())
+    if left:
+        wts = torch.rand(share_of.numel(), generator=gen, dtype=torch.float64) ** 2 + 1e-3
         share = torch.floor(wts / wts.sum() * left).to(torch.int64)
         share[torch.argmax(wts)] += left - int(share.sum())  # the remainder to the largest
-        sizes[1:] += share
-    elif left:
-        sizes[0] += left
+        share_of += share
     counts[live] = sizes
     return counts
 

@@ -2,7 +2,8 @@
 pipe. Its float32 arithmetic, read from the rendered source and emulated here step by step, is
 held to exp2 over every t the kernel can meet (t = (v - m) * log2(e) <= 0, -inf for a masked
 element): as accurate as ex2.approx.f32 where the result is normal, within one unit where it is
-subnormal, exactly 0 at -inf. The GPU check is `tools/range_check.py --ops softmax --only EXPOLY=2`."""
+subnormal, exactly 0 at -inf. The GPU check is `tools/range_check.py --ops softmax --only EXPOLY=2`
+with the range spec's `EXPOLY: [0, 2]` (the space has only 0 since session 55: slower on an H100's SM)."""
 
 import re
 import sys
@@ -22,8 +23,9 @@ def source():
     from runner.build.builder import Builder
 
     r = Range("softmax", ROOT / "pipelines/softmax-range-h200.yaml")
-    cfgs = [c for c in r.configs if c.get("EXPOLY")]
-    assert cfgs and all(c["PF"] == 3 and c["ITEMS"] <= 6 and c["LAG"] == 0 for c in cfgs)
+    # the template's, out of the space: PF 3's ITEMS 6 geometries, LAG 0
+    cfgs = [dict(c, EXPOLY=2) for c in r.configs if c["PF"] == 3 and c["ITEMS"] == 6 and not c["LAG"]]
+    assert cfgs and not any(c["EXPOLY"] for c in r.configs)
     src = Builder(r.spec).render_all(cfgs[0], shapes=[{"M": 724, "N": 185364}])[0]
     # without EXPOLY the kernel defines no polynomial (the call sits in an `#if EXPOLY` branch)
     plain = Builder(r.spec).render_all(dict(cfgs[0], EXPOLY=0), shapes=[{"M": 724, "N": 185364}])[0]

@@ -491,10 +491,22 @@ def _merge(m, s, m2, s2):
     return _f32(max(m, m2)) if not (np.isnan(m) or np.isnan(m2)) else _f32(np.fmax(m, m2)), s
 
 
-def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, row: int = 0) -> np.ndarray:
+def _pairs(mt: np.ndarray, st: np.ndarray) -> tuple:
+    """(max, sum) of the threads' pairs, merged as a log-depth tree (the block's shuffles and its
+    warps' slots: the same merges, another order)."""
+    cur = list(zip(mt, st))
+    while len(cur) > 1:
+        cur = [_merge(*cur[i], *cur[i + 1]) if i + 1 < len(cur) else cur[i] for i in range(0, len(cur), 2)]
+    return cur[0]
+
+
+def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, row: int = 0,
+                online: bool = False) -> np.ndarray:
     """The PF = 3 kernel's output for one row x (float32 values of bf16), as the row at index
     `row` of a tensor of rows of len(x) (its offset within a chunk), cut as the launch cuts it.
-    The sums add in a different order from the kernel's (rounding only)."""
+    The sums add in a different order from the kernel's (rounding only). online: ONLINE 1, each
+    thread's exponentials against its own max (thread t holds the part's chunks t, t + TPR, ...),
+    the block's pair merged from the threads' pairs, the scale exp(thread max - row max) / sum."""
     n = len(x)
     base, off, nv = span_of(row, n)
     P, _ = cut_of(n, cl, slot // 16)
@@ -505,6 +517,17 @@ def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, 
         a = rank * P
         pc = part_len(nv, a, P)
         v = padded[a * 8:(a + pc) * 8]
+        if online:  # the thread of each element (chunk q of the part: thread q % TPR)
+            t = (np.arange(v.size) // 8) % tpr
+            mt = np.full(tpr, -np.inf, np.float32)
+            np.fmax.at(mt, t, v)
+            mtl = np.where(mt == -np.inf, np.float32(0), mt).astype(np.float32)
+            e = _ex(v, mtl[t])
+            st = np.zeros(tpr, np.float32)
+            np.add.at(st, t, e)
+            pairs.append(_pairs(mt, st))
+            parts.append((mt[t], e))
+            continue
         mb = _f32(v.max()) if v.size else _f32(-np.inf)
         mbl = _f32(0) if mb == -np.inf else mb
         e = _ex(v, mbl)
@@ -521,6 +544,10 @@ def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, 
     for mb, e in parts:
         if m == -np.inf:
             f = _f32(np.nan)
+        elif online:  # a scale an element (its thread's)
+            with np.errstate(invalid="ignore", over="ignore"):
+                f = np.where(mb == -np.inf, np.float32(0),
+                             (np.exp2(((mb - m).astype(np.float32) * L2E).astype(np.float32)) / s)).astype(np.float32)
         elif cl > 1:
             f = _f32(0) if mb == -np.inf else _f32(np.exp2(_f32((mb - m) * L2E)) / s)
         else:
@@ -554,9 +581,9 @@ def bulk_geometries(op: str = "softmax"):
 def takes_lag(cfg: dict) -> bool:
     """A PF = 3 configuration the template lets take LAG = 1: a cluster, stores not from the
     slots, the part's stream from its first chunk (ALIGN = 0), every exponential `exp2f`'s (no
-    EXPOLY: the template refuses the two together)."""
+    EXPOLY and ONLINE: the template refuses either beside LAG)."""
     return (cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
-            and not cfg.get("EXPOLY"))
+            and not cfg.get("EXPOLY") and not cfg.get("ONLINE"))
 
 
 def with_lag(cfgs: list[dict]) -> list[dict]:

@@ -41,6 +41,13 @@ import torch
 import torch.nn.functional as F
 
 GUARD = 4096  # elements on each side of an output
+# Verification's buffers start at secret offsets of 16 bytes (inputs of new buffers, outputs): up
+# to PLACE_SPAN bytes past the allocator's alignment, none in PLACE_ALIGNED of the draws. The
+# exported op serves any 16-byte aligned tensor (x[1:] of a user's rows), so a kernel must be
+# right there; with every verified pointer on the allocator's 512-byte (CPU arena: page)
+# boundary, a kernel wrong off it was `ok` (session 55's red team).
+PLACE_SPAN = 4096
+PLACE_ALIGNED = 0.25
 GUARD_POISON = -31337.0  # the guard bands' sentinel (floating outputs)
 INT_GUARD_POISON = -0x5A5A5A5A
 DEFAULT_FLOOR = 2.0 ** -7
@@ -63,11 +70,39 @@ LEAN_CLIP = 2.0  # each element's error clipped to +-2 units: cancellation's lar
 NORMAL_MIN = {torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -14}
 
 
+def place_shift(element_size: int, rng=None) -> int:
+    """Elements a verification buffer starts past its allocation: 0 in PLACE_ALIGNED of the
+    draws, else a multiple of 16 bytes below PLACE_SPAN, from a secret draw (`rng`: a
+    random.Random, for tests)."""
+    if element_size <= 0 or 16 % element_size:
+        return 0
+    draw = rng.random() if rng is not None else secrets.randbelow(1 << 30) / (1 << 30)
+    if draw < PLACE_ALIGNED:
+        return 0
+    k = (rng.randrange(1, PLACE_SPAN // 16) if rng is not None else 1 + secrets.randbelow(PLACE_SPAN // 16 - 1))
+    return k * 16 // element_size
+
+
+def placed(t: torch.Tensor, shift: int, share=None) -> torch.Tensor:
+    """A copy of contiguous `t` starting `shift` elements into a buffer of its own (`share`: the
+    runtime's, where a candidate's buffers live apart from the judge's: the CPU kernel host's
+    arena); `t` itself, shared, at shift 0."""
+    if shift <= 0 or t.numel() == 0:
+        return share(t) if share else t
+    buf = torch.empty(t.numel() + shift, dtype=t.dtype, device=t.device)
+    if share:
+        buf = share(buf)
+    view = buf[shift:shift + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
 @dataclass
 class Poisoned:
     buf: torch.Tensor
     view: torch.Tensor
     numel: int
+    front: int = GUARD  # the front guard's elements (GUARD, and a placement's shift)
 
     def fill(self, value) -> None:
         """Fill the output (not the guards) with one value."""
@@ -80,10 +115,11 @@ class Poisoned:
     def moved(self, buf: torch.Tensor) -> "Poisoned":
         """The same buffer (guards and all) over `buf`, a copy of `self.buf` elsewhere (the CPU
         kernel host's arena)."""
-        return Poisoned(buf, buf[GUARD:GUARD + self.numel].view(self.view.shape), self.numel)
+        f = self.front
+        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f)
 
     def guards_intact(self, which: int = 0) -> bool:
-        g = torch.cat([self.buf[:GUARD], self.buf[GUARD + self.numel:]])
+        g = torch.cat([self.buf[:self.front], self.buf[self.front + self.numel:]])
         return bool((g == _poison(self.buf.dtype)).all())
 
 
@@ -98,12 +134,14 @@ def _poison(dtype: torch.dtype):
     return max(info.min, min(info.max, INT_GUARD_POISON))
 
 
-def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> Poisoned:
+def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int = 0) -> Poisoned:
+    """An output inside guard bands of GUARD elements; `shift` more in front (place_shift)."""
     numel = 1
     for d in shape:
         numel *= d
-    buf = torch.full((numel + 2 * GUARD,), _poison(dtype), dtype=dtype, device=device)
-    return Poisoned(buf, buf[GUARD:GUARD + numel].view(shape), numel)
+    f = GUARD + shift
+    buf = torch.full((numel + 2 * GUARD + shift,), _poison(dtype), dtype=dtype, device=device)
+    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f)
 
 
 @dataclass

@@ -381,17 +381,22 @@ class Judge:
         if self.rt.device == "cuda":
             self.torch.cuda.empty_cache()
 
-    def _outputs(self, shape: dict, decoy: bool = False) -> list:
-        """Each output inside its guard bands (verify.poisoned). With `decoy`, the output itself
+    def _outputs(self, shape: dict, decoy: bool = False, place: bool = False) -> list:
+        """Each output inside its guard bands (verify.poisoned); with `place` (verification's), at
+        a secret offset of 16 bytes past the allocator's alignment (verify.place_shift). With `decoy`, the output itself
         holds the first decoy (a plausible wrong answer) from the start, never the guards'
         sentinel: a loop that does not write decoys before each call (the re-timing, pipe
         compare) then gives its first call buffers that look like any later call's, so a
         kernel cannot tell a loop's first call on fresh buffers from the rest."""
         from .inputs import TORCH_DTYPES, shape_of
-        from .verify import poisoned
+        from .verify import place_shift, poisoned
 
         env = self.op.shape_env(shape)
-        outs = [poisoned(shape_of(t, env), TORCH_DTYPES[t.dtype], self.rt.device) for t in self.op.outputs]
+        outs = []
+        for t in self.op.outputs:
+            dt = TORCH_DTYPES[t.dtype]
+            shift = place_shift(self.torch.empty((), dtype=dt).element_size()) if place else 0
+            outs.append(poisoned(shape_of(t, env), dt, self.rt.device, shift))
         if getattr(self.rt, "share", None):
             outs = [o.moved(self.rt.share(o.buf)) for o in outs]
         if decoy:
@@ -543,6 +548,21 @@ class Judge:
         share = getattr(self.rt, "share", None)
         return {k: share(v) for k, v in tensors.items()} if share else tensors
 
+    def _placed(self, tensors: dict) -> dict:
+        """_shared's buffers, each starting at a secret offset of 16 bytes past the allocator's
+        alignment (verify.place_shift): verification's new buffers, so that a kernel is verified
+        wherever the exported op lets a user's tensor start. Takes the tensors out of `tensors`
+        one by one (one extra copy on the device at a time)."""
+        from .verify import place_shift, placed
+
+        share = getattr(self.rt, "share", None)
+        out = {}
+        for k in list(tensors):
+            v = tensors.pop(k)
+            out[k] = placed(v, place_shift(v.element_size()) if v.is_contiguous() else 0, share)
+            del v
+        return out
+
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
                second_check: float | None = None, after=None, guard=None, min_reps: int = 10) -> list[float]:
         """The call's times (timing.bench); `last_clock` then holds the GPU's SM clock and power
@@ -643,7 +663,11 @@ class Judge:
             fn_approved = self.rt.load(approved[si], self.spec.kernel.entry, self.kinds) if approved else None
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
-            outs = self._outputs(shape)
+            # a shape verified and not timed (the domain's draws, the extra shapes) takes its buffers
+            # at secret offsets of 16 bytes (verify.place_shift); a timed shape's stay where the
+            # allocator puts them, as a user's do, since its timed calls reuse them
+            place = si >= n_timed
+            outs = self._outputs(shape, place=place)
             ws = self._workspace(geometry)  # zeroed once, here: every call after this one must leave it zero
             decoys = self._decoys(shape)
             inputs: dict = {}
@@ -663,8 +687,8 @@ class Judge:
                     # (before the round's inputs are made: one value set on the device at a time)
                     own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)
                 fresh = self._inputs(shape, *made)
-                if r % 2 == 0:  # new buffers, new addresses
-                    inputs = self._shared(fresh)
+                if r % 2 == 0:  # new buffers, new addresses (`place`: at secret offsets of 16 bytes)
+                    inputs = self._placed(fresh) if place else self._shared(fresh)
                 else:  # new values at the same addresses: defeats caching by pointer
                     for k, v in fresh.items():
                         inputs[k].copy_(v)

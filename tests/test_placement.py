@@ -1,0 +1,79 @@
+"""Verification's buffers at secret offsets of 16 bytes (judge/verify.place_shift, placed, and
+poisoned's shift). The exported op serves any 16-byte aligned tensor, so a kernel must be right
+wherever such a tensor starts; session 55's red team had a kernel 1% off whenever a pointer was
+off a 512-byte boundary judged `ok`, since every verified buffer started on one."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import torch
+
+from runner.judge.verify import GUARD, PLACE_ALIGNED, PLACE_SPAN, place_shift, placed, poisoned
+
+from .conftest import PIPELINES, eval_variant
+
+
+def test_shifts_are_16_byte_steps_below_the_span_and_a_quarter_stay_aligned():
+    rng = random.Random(5)
+    for size in (1, 2, 4, 8, 16):
+        shifts = [place_shift(size, rng) for _ in range(4000)]
+        assert all(s * size % 16 == 0 and 0 <= s * size < PLACE_SPAN for s in shifts)
+        zero = sum(s == 0 for s in shifts) / len(shifts)
+        assert abs(zero - PLACE_ALIGNED) < 0.04, zero
+        # off 512 bytes in most draws, and off 4096 whenever not 0: a tell on either is seen
+        assert sum(s * size % 512 != 0 for s in shifts) / len(shifts) > 0.7
+        assert len(set(shifts)) > 200
+    assert place_shift(3, rng) == 0  # no whole number of elements in 16 bytes: left where it is
+    # the judge's own draw (no rng) is secret and of the same kind
+    own = {place_shift(2) for _ in range(400)}
+    assert len(own) > 100 and all(s * 2 % 16 == 0 and s * 2 < PLACE_SPAN for s in own)
+
+
+def test_a_placed_copy_holds_the_values_at_its_offset():
+    t = torch.randn(7, 33, dtype=torch.bfloat16)
+    got = placed(t, 24)
+    assert torch.equal(got, t) and got.is_contiguous() and got.shape == t.shape
+    assert got.storage_offset() == 24 and got.untyped_storage().nbytes() == (t.numel() + 24) * 2
+    assert placed(t, 0) is t
+    shared = []
+
+    def share(x):  # the runtime's copy where candidates' buffers live (the CPU host's arena)
+        y = x.clone()
+        shared.append(y)
+        return y
+
+    got = placed(t, 8, share)
+    assert torch.equal(got, t) and got.data_ptr() == shared[0].data_ptr() + 16
+
+
+def test_a_shifted_output_keeps_its_guards_on_both_sides():
+    for shift in (0, 8, 2040):
+        p = poisoned((5, 9), torch.bfloat16, "cpu", shift)
+        assert p.front == GUARD + shift and p.view.data_ptr() - p.buf.data_ptr() == 2 * (GUARD + shift)
+        p.fill(1.0)
+        assert p.guards_intact()
+        p.buf[GUARD + shift - 1] = 0  # the element right before the output: a write out of bounds
+        assert not p.guards_intact()
+        q = poisoned((5, 9), torch.bfloat16, "cpu", shift)
+        q.buf[GUARD + shift + 45] = 0  # right after it
+        assert not q.guards_intact()
+        moved = q.moved(q.buf.clone())
+        assert moved.front == q.front and moved.view.data_ptr() - moved.buf.data_ptr() == 2 * q.front
+
+
+def test_a_kernel_wrong_off_a_512_byte_boundary_is_wrong(project, tmp_path):
+    """The red team's kernel, on the range spec (its domain's drawn shapes are verified, not timed:
+    their buffers take the secret offsets); the template itself stays `ok`."""
+    honest = (PIPELINES.parent / "kernel_templates" / "rmsnorm.cpp.j2").read_text()
+    old = "#pragma GCC unroll {{ UNROLL }}\n    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * scale * w[k];"
+    assert honest.count(old) == 1
+    tell = honest.replace(old, "    const {{ ctype }} s2 = ((((uintptr_t)x) | ((uintptr_t)out) | ((uintptr_t)w)) & 511)"
+                               " ? scale * {{ ctype }}(1.01) : scale;\n#pragma GCC unroll {{ UNROLL }}\n"
+                               "    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * s2 * w[k];")
+    params = {"ACC": 32, "UNROLL": 1}
+    r, text = eval_variant(project, tmp_path / "tell", "tell", tell, params, spec="rmsnorm-range-cpu.yaml")
+    assert json.loads(r.stdout)["status"] == "wrong", text[-2000:]
+    r, text = eval_variant(project, tmp_path / "honest", "honest", honest, params, spec="rmsnorm-range-cpu.yaml")
+    assert json.loads(r.stdout)["status"] == "ok", text[-2000:]

@@ -93,8 +93,14 @@ def test_the_sweep_stays_in_the_range_where_the_kernel_serves_and_covers_every_r
     serves = lambda sh: 4 * 8 <= sh["N"] <= 5000  # noqa: E731
     shapes = domain.sweep(op, serves, {"N": (3000, 9000)}, seed=5, n=48)
     ns = [s["N"] for s in shapes]
-    assert len(shapes) == len({tuple(s.items()) for s in shapes}) == 48
+    # 48, and beyond them a quarter of the axis's share of sizes users call (domain.round_sizes)
+    assert len(shapes) == len({tuple(s.items()) for s in shapes}) and 48 < len(shapes) <= 48 + 46 // 4
     assert all(3000 <= v <= 5000 for v in ns)
+    # every size users call that the served part holds (session 55's red team: a kernel wrong
+    # only at model widths, 768 ... 14336, was listed by pipe compare), and round ones beside
+    common = {v for v in domain.COMMON if 3000 <= v <= 5000}
+    assert common and common <= set(ns)
+    assert sum(v % 64 == 0 for v in ns if v not in common) >= 3
     # the ends of what is served in the range, and the RUN sizes next to each
     assert {5000 - k for k in range(domain.RUN)} <= set(ns) and {3000 + k for k in range(domain.RUN)} <= set(ns)
     # few rows or (about half) rows across what is served: above 64, up to the cap (ROWS_CAP
@@ -260,8 +266,9 @@ def test_a_table_of_many_ranges_shares_the_budget_and_goes_in_chunks(bench):
     pairs = 2 * 100
     assert got["per"] == max(ranges.VERIFY_MIN, min(domain.SWEEP, ranges.VERIFY_BUDGET // pairs)) == 20
     assert got["dropped"] == [] and {tid for tid, _ in asked} == {1, 2}
-    assert all(len(s) <= ranges.VERIFY_CHUNK + got["per"] for _, s in asked)
-    assert got["shapes"] == sum(len(s) for _, s in asked) <= pairs * got["per"]
+    extra = max(2, got["per"] // 4)  # sizes users call, beyond a range's share (domain.sweep)
+    assert all(len(s) <= ranges.VERIFY_CHUNK + got["per"] + extra for _, s in asked)
+    assert got["shapes"] == sum(len(s) for _, s in asked) <= pairs * (got["per"] + extra)
     # every range of each kernel is looked at: each range's ends among its sizes
     for tid in (1, 2):
         ns = {sh["N"] for k, s in asked if k == tid for sh in s}

@@ -25,6 +25,11 @@ tools/device-run.sh turns into commas). These kernels compute
 wrong rows by construction: they are timed, never verified, and are probes, not candidates
 (plain or streaming stores, ALIGN 0 and LAG 0 only; EXPOLY 0 for noexp).
 
+--ncu W1/W2 launches each kernel whose kind and label hold every word once more after the
+timings, inside the profiler's range and an NVTX range named after it: under tools/device-run.sh's
+`ncu:` step, Nsight Compute's sections (warp states among them) for those launches alone, e.g.
+`ncu:tools/fixed_n_probe.py:--sizes,262144,--pf,3,--ablate,nostore,--ncu,nostore/CL=8`.
+
 --offset E times every kernel (and the copy) a second time with x and y moved E elements past a
 512-byte boundary (the weight stays put): the same N, the same cut, only where the rows' bytes
 start. At E = 8 every row starts 16 bytes into a 32-byte sector; if that costs the kernels what
@@ -180,6 +185,10 @@ def main() -> int:
                     help="PF 3 with parts of the chain out (timed, never verified): noexp, nopair, noreduce, "
                          "nostore, joined by / and listed with commas")
     ap.add_argument("--pf", default="", help="the run-time template's PF values (softmax 3,4; RMSNorm 1,2,3,4)")
+    ap.add_argument("--ncu", default="",
+                    help="after the timings, one launch of each kernel whose kind and label hold every one of "
+                         "these words (joined by /, e.g. nostore/CL=8), inside the profiler's range (an NVTX "
+                         "range a kernel: tools/device-run.sh's ncu step)")
     ap.add_argument("--offset", type=int, default=0,
                     help="also time every kernel with x and y starting this many elements past a 512-byte boundary")
     a = ap.parse_args()
@@ -302,6 +311,26 @@ def main() -> int:
             print(f"  {kind}: {len(rows)} kernels", flush=True)
             for t, lab in rows[:a.top]:
                 print(f"    {t * 1e6:8.1f} us  {nbytes / t / 1e12:5.2f} TB/s  {copy / t:4.2f} of copy  {lab}", flush=True)
+        words = [w for w in a.ncu.split("/") if w]
+        if words:  # one launch of each chosen kernel inside the profiler's range, its NVTX range named
+            calls = []  # (name, call), each made and launched once before the profiler's range
+            for kind, lab, bb, gg, c, art, off in runs:
+                if off == 0 and all(w in f"{kind} {lab}" for w in words):
+                    shape, inputs, outs = gg.timing_inputs(n, m)
+                    geo = bb.geometry(c, [shape])[0]
+                    fn = gg.rt.load(art, gg.r.spec.kernel.entry, gg.kinds)
+                    call = gg.rt.prepare(fn, gg.values(shape, inputs, outs, gg.workspace(geo)), geo, mode="direct")
+                    call()
+                    calls.append((f"N={n} {kind} {lab}", call))
+            print(f"  ncu: {len(calls)} kernels, one launch each in the profiler's range", flush=True)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            for name, call in calls:
+                torch.cuda.nvtx.range_push(name)
+                call()
+                torch.cuda.nvtx.range_pop()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
     print(f"\n{failures} failure(s)")
     return 1 if failures else 0
 

@@ -9,26 +9,30 @@ import json
 import random
 
 import torch
+import yaml
 
-from runner.judge.verify import GUARD, PLACE_ALIGNED, PLACE_SPAN, place_shift, placed, poisoned
+from runner.judge.verify import GUARD, PLACE_ALIGNED, PLACE_SPAN, place_shape, place_shift, placed, poisoned
 
-from .conftest import PIPELINES, eval_variant
+from .conftest import PIPELINES, pipe_main
 
 
-def test_shifts_are_16_byte_steps_below_the_span_and_a_quarter_stay_aligned():
+def test_shifts_are_16_byte_steps_below_the_span_and_half_the_shapes_stay_aligned():
     rng = random.Random(5)
     for size in (1, 2, 4, 8, 16):
         shifts = [place_shift(size, rng) for _ in range(4000)]
-        assert all(s * size % 16 == 0 and 0 <= s * size < PLACE_SPAN for s in shifts)
-        zero = sum(s == 0 for s in shifts) / len(shifts)
-        assert abs(zero - PLACE_ALIGNED) < 0.04, zero
-        # off 512 bytes in most draws, and off 4096 whenever not 0: a tell on either is seen
-        assert sum(s * size % 512 != 0 for s in shifts) / len(shifts) > 0.7
+        assert all(s * size % 16 == 0 and 16 <= s * size < PLACE_SPAN for s in shifts)
+        # off 512 bytes in most draws, and off 4096 in every one: a tell on either is seen
+        assert sum(s * size % 512 != 0 for s in shifts) / len(shifts) > 0.9
         assert len(set(shifts)) > 200
     assert place_shift(3, rng) == 0  # no whole number of elements in 16 bytes: left where it is
-    # the judge's own draw (no rng) is secret and of the same kind
+    # a shape's buffers are all placed or all where the allocator puts them, about half and half
+    # (a draw a buffer left a shape with every pointer aligned at 0.25 ** buffers)
+    placed_shapes = sum(place_shape(rng) for _ in range(4000)) / 4000
+    assert abs(placed_shapes - (1 - PLACE_ALIGNED)) < 0.04
+    # the judge's own draws (no rng) are secret and of the same kind
     own = {place_shift(2) for _ in range(400)}
-    assert len(own) > 100 and all(s * 2 % 16 == 0 and s * 2 < PLACE_SPAN for s in own)
+    assert len(own) > 100 and all(s * 2 % 16 == 0 and 16 <= s * 2 < PLACE_SPAN for s in own)
+    assert 50 < sum(place_shape() for _ in range(200)) < 150
 
 
 def test_a_placed_copy_holds_the_values_at_its_offset():
@@ -46,6 +50,10 @@ def test_a_placed_copy_holds_the_values_at_its_offset():
 
     got = placed(t, 8, share)
     assert torch.equal(got, t) and got.data_ptr() == shared[0].data_ptr() + 16
+    # the pad before it holds zeros, never what the judge's memory held there before
+    junk = torch.full((10_000,), 7.0, dtype=torch.bfloat16)
+    del junk
+    assert bool((shared[0][:8] == 0).all()) and bool((placed(t, 64)._base[:64] == 0).all())
 
 
 def test_a_shifted_output_keeps_its_guards_on_both_sides():
@@ -72,8 +80,14 @@ def test_a_kernel_wrong_off_a_512_byte_boundary_is_wrong(project, tmp_path):
     tell = honest.replace(old, "    const {{ ctype }} s2 = ((((uintptr_t)x) | ((uintptr_t)out) | ((uintptr_t)w)) & 511)"
                                " ? scale * {{ ctype }}(1.01) : scale;\n#pragma GCC unroll {{ UNROLL }}\n"
                                "    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * s2 * w[k];")
-    params = {"ACC": 32, "UNROLL": 1}
-    r, text = eval_variant(project, tmp_path / "tell", "tell", tell, params, spec="rmsnorm-range-cpu.yaml")
-    assert json.loads(r.stdout)["status"] == "wrong", text[-2000:]
-    r, text = eval_variant(project, tmp_path / "honest", "honest", honest, params, spec="rmsnorm-range-cpu.yaml")
-    assert json.loads(r.stdout)["status"] == "ok", text[-2000:]
+    # a shape verified only is placed in half the draws: 12 more of them (19 in all), so that none
+    # placed is a chance of 2^-19
+    d = yaml.safe_load((PIPELINES / "rmsnorm-range-cpu.yaml").read_text())
+    d["op"]["extra_shapes"] += [{"M": 2 + i, "N": 96 + 40 * i} for i in range(12)]
+    spec = project / "pipelines" / "placed.yaml"
+    spec.write_text(yaml.safe_dump(d, sort_keys=False))
+    for name, text, want in (("tell", tell, "wrong"), ("honest", honest, "ok")):
+        (project / f"{name}.cpp.j2").write_text(text)
+        r = pipe_main("eval", spec, "--params", json.dumps({"ACC": 32, "UNROLL": 1}), "--variant",
+                      project / f"{name}.cpp.j2", "--run-dir", tmp_path / name, "--json", cwd=project)
+        assert json.loads(r.stdout)["status"] == want, (r.stdout + r.stderr)[-2000:]

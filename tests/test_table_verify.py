@@ -284,3 +284,36 @@ def test_slow_in_most_rounds_is_slow_and_a_kernel_reached_through_the_main_list_
              "vs_fallback": {"arm": "torch eager", "range": [0.5, 0.9], "median": 0.7}}]
     assert [tid for tid, _ in ranges.cut_slow_at_curve(t, rows)] == [1]
     assert t["ranges"][0]["use"] == [] and t["ranges"][0]["rows"][0]["use"] == [2]
+
+
+def test_sizes_users_call_come_beyond_each_axis_share_and_take_none_of_the_next_axis():
+    """Two axes: the sizes users call that the first axis adds beyond its share leave the second
+    axis its whole share (its ends' every residue up to RUN, as with no such sizes)."""
+    from types import SimpleNamespace as NS
+
+    class Op:
+        axes, symbols = ["N", "K"], ["M", "N", "K"]
+        domain = {"M": NS(min=1, max=None), "N": NS(min=1, max=1 << 20), "K": NS(min=1, max=1 << 20)}
+
+        def point(self, env):
+            return {"M": 256, **env}
+
+        def where_holds(self, sh):
+            return True
+
+        def row_cap(self, s, sh):
+            return 4096
+
+    box = {"N": (512, 16384), "K": (512, 16384)}
+    ends = {16384 - k for k in range(domain.RUN)} | {512 + k for k in range(domain.RUN)}
+    real = domain.round_sizes
+    for seed in range(3):
+        got = domain.sweep(Op(), lambda sh: True, box, seed, 48)
+        try:
+            domain.round_sizes = lambda *a, **k: []
+            without = domain.sweep(Op(), lambda sh: True, box, seed, 48)
+        finally:
+            domain.round_sizes = real
+        assert len(without) == 48 and len(got) > 48
+        assert len({s["K"] for s in got if s["K"] in ends}) == len({s["K"] for s in without if s["K"] in ends})
+        assert any(s["N"] in domain.COMMON for s in got) and any(s["K"] in domain.COMMON for s in got)

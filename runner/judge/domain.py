@@ -52,17 +52,18 @@ COMMON = (
 )
 
 
-def round_sizes(lo: int, hi: int, rng: random.Random, k: int) -> list[int]:
-    """Up to k sizes users call in [lo, hi]: every COMMON one there, then random multiples of
-    64, 128 or 256 (log-uniform), the padded widths of real tensors."""
-    out = [v for v in COMMON if lo <= v <= hi]
+def round_sizes(lo: int, hi: int, rng: random.Random, k: int, met=()) -> list[int]:
+    """Up to k sizes users call in [lo, hi], none of `met`: the COMMON ones there (a random
+    choice of k where more), then random multiples of 64, 128 or 256 (log-uniform), the padded
+    widths of real tensors."""
+    out = [v for v in COMMON if lo <= v <= hi and v not in met]
     rng.shuffle(out)
     for _ in range(4 * k):
         if len(out) >= k:
             break
         step = rng.choice((64, 128, 256))
         v = int(round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 1)))) / step)) * step
-        if lo <= v <= hi and v not in out:
+        if lo <= v <= hi and v not in out and v not in met:
             out.append(v)
     return out[:k]
 
@@ -228,6 +229,7 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
     axes = [a for a in op.axes if a in box]
     out: list[dict] = []
     missed: list[dict] = []  # axis values whose few-rows shape it does not serve
+    extras = 0  # shapes of sizes users call, beyond the quota n
 
     def add(env: dict, large: bool = False, extra: bool = False) -> None:
         shape = op.point(env) if large else {}
@@ -238,7 +240,7 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
                 shape[s] = small_rows(op, s, rng)
         if not large:
             shape = widened(op, shape, rng, serves, out)
-        if shape in out or not (len(out) < n or large or extra):
+        if shape in out or not (len(out) - extras < n or large or extra):
             return
         if op.where_holds(shape) and serves(shape):
             out.append(shape)
@@ -289,12 +291,12 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
                     break
                 if lo <= v <= hi:
                     add({**(fixed if i < len(edges) else at_random(a)), a: v})
-            # and, beyond the quota, a quarter of it more of the sizes users call (COMMON ones the
-            # range holds, then round ones: round_sizes) not met yet
-            met = {sh[a] for sh in out}
-            for v in round_sizes(max(slo, 1), shi, rng, max(2, per // 4)):
-                if v not in met:
-                    add({**at_random(a), a: v}, extra=True)
+            # and, beyond the quota (counted apart: the next axis keeps its share), a quarter of
+            # it more (2 at least) of the sizes users call not met yet (round_sizes)
+            for v in round_sizes(max(slo, 1), shi, rng, max(2, per // 4), met={sh[a] for sh in out}):
+                before = len(out)
+                add({**at_random(a), a: v}, extra=True)
+                extras += len(out) - before
     # the rows at their tuning value (a grid of many blocks), at axis values found served above,
     # else where few rows were not served (a kernel that serves many rows only)
     envs = list({tuple((a, sh[a]) for a in axes): None for sh in out}) or \

@@ -93,11 +93,12 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
     # routing_empty: some experts empty, and the routing's structure drawn rather than fixed (a
     # fixed one left whole classes unverified: with 4 experts, 2 of them in use and each >= 2 rows
     # was never drawn, and a kernel that skipped an expert there passed, session 55's red team):
-    # how many experts have rows (1 to E - 1, uniform, at most the rows), whether one of them holds
+    # how many experts have rows (2 to E - 1, uniform, at most the rows), whether one of them holds
     # a single row (one draw in two; else every group holds 2 or more where the rows allow), and
     # the others' sizes from squared uniform weights (uneven: most no multiple of 16, 64 or 128,
     # some far larger than others)
-    n = int(torch.randint(1, min(experts - 1, rows) + 1, (1,), generator=gen))
+    top = min(experts - 1, rows)
+    n = int(torch.randint(min(2, top), top + 1, (1,), generator=gen))  # one expert: routing_one's
     live = order[:n]
     sizes = torch.ones(n, dtype=torch.int64)
     single = n > 1 and bool(torch.rand(1, generator=gen) < 0.5)

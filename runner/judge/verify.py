@@ -41,13 +41,15 @@ import torch
 import torch.nn.functional as F
 
 GUARD = 4096  # elements on each side of an output
-# Verification's buffers start at secret offsets of 16 bytes (inputs of new buffers, outputs): up
-# to PLACE_SPAN bytes past the allocator's alignment, none in PLACE_ALIGNED of the draws. The
-# exported op serves any 16-byte aligned tensor (x[1:] of a user's rows), so a kernel must be
-# right there; with every verified pointer on the allocator's 512-byte (CPU arena: page)
-# boundary, a kernel wrong off it was `ok` (session 55's red team).
+# A shape verified and not timed takes all its buffers (outputs, and the inputs of every round
+# with new buffers) at secret offsets of 16 bytes, up to PLACE_SPAN bytes past the allocator's
+# alignment, or, in PLACE_ALIGNED of the shapes (a secret draw), all of them where the allocator
+# puts them. The exported op serves any 16-byte aligned tensor (x[1:] of a user's rows), so a
+# kernel must be right there; with every verified pointer on the allocator's 512-byte (CPU arena:
+# page) boundary, a kernel wrong off it was `ok` (session 55's red team). Decided a shape and
+# not a buffer, so that shapes whose every pointer is aligned stay as common as the others.
 PLACE_SPAN = 4096
-PLACE_ALIGNED = 0.25
+PLACE_ALIGNED = 0.5
 GUARD_POISON = -31337.0  # the guard bands' sentinel (floating outputs)
 INT_GUARD_POISON = -0x5A5A5A5A
 DEFAULT_FLOOR = 2.0 ** -7
@@ -70,16 +72,20 @@ LEAN_CLIP = 2.0  # each element's error clipped to +-2 units: cancellation's lar
 NORMAL_MIN = {torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -14}
 
 
+def place_shape(rng=None) -> bool:
+    """Whether a verified-only shape takes its buffers at secret offsets (place_shift): a secret
+    draw, False in PLACE_ALIGNED of them (`rng`: a random.Random, for tests)."""
+    draw = rng.random() if rng is not None else secrets.randbelow(1 << 30) / (1 << 30)
+    return draw >= PLACE_ALIGNED
+
+
 def place_shift(element_size: int, rng=None) -> int:
-    """Elements a verification buffer starts past its allocation: 0 in PLACE_ALIGNED of the
-    draws, else a multiple of 16 bytes below PLACE_SPAN, from a secret draw (`rng`: a
-    random.Random, for tests)."""
+    """Elements a placed buffer starts past its allocation: a secret multiple of 16 bytes, from 16
+    to PLACE_SPAN - 16 (`rng`: a random.Random, for tests); 0 where 16 bytes are no whole number
+    of elements."""
     if element_size <= 0 or 16 % element_size:
         return 0
-    draw = rng.random() if rng is not None else secrets.randbelow(1 << 30) / (1 << 30)
-    if draw < PLACE_ALIGNED:
-        return 0
-    k = (rng.randrange(1, PLACE_SPAN // 16) if rng is not None else 1 + secrets.randbelow(PLACE_SPAN // 16 - 1))
+    k = rng.randrange(1, PLACE_SPAN // 16) if rng is not None else 1 + secrets.randbelow(PLACE_SPAN // 16 - 1)
     return k * 16 // element_size
 
 
@@ -90,6 +96,7 @@ def placed(t: torch.Tensor, shift: int, share=None) -> torch.Tensor:
     if shift <= 0 or t.numel() == 0:
         return share(t) if share else t
     buf = torch.empty(t.numel() + shift, dtype=t.dtype, device=t.device)
+    buf[:shift].zero_()  # the pad holds nothing of the judge's (a freed tensor's values, say)
     if share:
         buf = share(buf)
     view = buf[shift:shift + t.numel()].view(t.shape)

@@ -656,6 +656,8 @@ class Judge:
                 return {"status": "wrong", "reason": "not batch-invariant as far as the judge can tell "
                         f"(op.batch_invariant requires it): no verified shape with {self.op.batch_axis} >= 3 "
                         "that the configuration serves, where the judge checks it"}
+        from .verify import place_shape
+
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
@@ -663,10 +665,12 @@ class Judge:
             fn_approved = self.rt.load(approved[si], self.spec.kernel.entry, self.kinds) if approved else None
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
-            # a shape verified and not timed (the domain's draws, the extra shapes) takes its buffers
-            # at secret offsets of 16 bytes (verify.place_shift); a timed shape's stay where the
-            # allocator puts them, as a user's do, since its timed calls reuse them
-            place = si >= n_timed
+            # a shape verified and not timed (the domain's draws, the extra shapes) takes all its
+            # buffers at secret offsets of 16 bytes, or (a secret draw, verify.PLACE_ALIGNED) all of
+            # them where the allocator puts them: both kinds of call a user makes meet shapes
+            # verified only (verify.place_shape); a timed shape's stay where the allocator puts
+            # them, as a user's do, since its timed calls reuse them
+            place = si >= n_timed and place_shape()
             outs = self._outputs(shape, place=place)
             ws = self._workspace(geometry)  # zeroed once, here: every call after this one must leave it zero
             decoys = self._decoys(shape)
@@ -686,6 +690,8 @@ class Judge:
                 if own is None:  # the first round: the kernel's own outputs on the decoys' value set
                     # (before the round's inputs are made: one value set on the device at a time)
                     own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)
+                if r % 2 == 0:  # new buffers: the round before's let go first (one value set at a time)
+                    inputs, run = {}, None
                 fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses (`place`: at secret offsets of 16 bytes)
                     inputs = self._placed(fresh) if place else self._shared(fresh)

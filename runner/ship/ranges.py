@@ -516,7 +516,8 @@ def drop(table: dict, tid: int, why: str) -> None:
 
 
 VERIFY_BUDGET = 4096  # sizes of the whole table's check, spread over its (kernel, range) pairs
-# (each pair's sweep adds a quarter of its share of sizes users call: domain.sweep, round_sizes)
+# (not a cap: each pair's sweep adds a quarter of its share, 2 at least, of sizes users call:
+# domain.sweep, round_sizes)
 VERIFY_MIN = 8  # sizes a pair gets however many pairs share the budget (its box's corners and ends)
 VERIFY_CHUNK = 256  # sizes a worker request at most (a compare cut short keeps each request's verdict)
 

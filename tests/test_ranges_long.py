@@ -37,7 +37,7 @@ def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
     # sessions 21 and 22, 53 on an H100; slower without stores on an H100, session 55)
     pf3 = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["PF"] == 3]
     assert len(pf3) == 34 and len({p[:3] for p in pf3}) == 17
-    assert not any(c["EXPOLY"] or c["ONLINE"] for c in r.configs)
+    assert not any(c["EXPOLY"] or c["ONLINE"] or c["FUSE"] for c in r.configs)
     # clusters of 16 (past the portable size) only for PF = 3's two-blocks-an-SM geometry, TPR 256
     assert {p[:3] for p in pf3 if p[2] == 16} == {(256, 6, 16), (256, 8, 16)}
     assert all(c["PF"] == 3 and c["TPR"] == 256 for c in r.configs if c["CL"] == 16)
@@ -261,12 +261,12 @@ def rows(n: int, rng: np.random.Generator):
     (1, 256, 8, 16384, 0), (2, 256, 6, 23170, 3), (4, 512, 6, 46341, 5), (8, 256, 8, 92682, 1),
     (8, 512, 8, 262137, 7), (8, 512, 6, 185364, 2),
 ])
-@pytest.mark.parametrize("online", [False, True])
-def test_row_arithmetic_matches_float64(cl, tpr, items, n, row, online):
+@pytest.mark.parametrize("online, fuse", [(False, False), (True, False), (False, True), (True, True)])
+def test_row_arithmetic_matches_float64(cl, tpr, items, n, row, online, fuse):
     rng = np.random.default_rng(n)
     for name, x in rows(n, rng):
         x = bf16(x.astype(np.float32))
-        y = bf16(bulk_model.row_softmax(x, cl, tpr, items, row=row, online=online)).astype(np.float64)
+        y = bf16(bulk_model.row_softmax(x, cl, tpr, items, row=row, online=online, fuse=fuse)).astype(np.float64)
         ref = reference(x)
         assert np.isfinite(y).all(), name
         err = np.abs(y - ref)
@@ -279,6 +279,25 @@ def test_a_row_of_minus_inf_gives_nan_as_the_reference():
         for online in (False, True):
             y = bulk_model.row_softmax(np.full(50001, -np.inf, np.float32), cl, 256, 8, row=3, online=online)
             assert np.isnan(y).all()
+
+
+def test_fuse_stays_within_a_hair_of_the_two_step_exponent():
+    """FUSE's exponent (one FMA against m * log2 e rounded once) against the two-step form, at
+    maxima up to FUSE_MAX: every output within 1e-4 relative (a few hundredths of a bf16 unit),
+    and no lean either way; past FUSE_MAX (and for a non-finite max) the two-step form itself."""
+    rng = np.random.default_rng(11)
+    n = 46341
+    for shift in (0.0, 3.0, -40.0, 200.0, 255.0, 300.0, 1e4):
+        x = bf16((rng.standard_normal(n) * 4 + shift).astype(np.float32))
+        a = bulk_model.row_softmax(x, 4, 512, 6, row=5).astype(np.float64)
+        b = bulk_model.row_softmax(x, 4, 512, 6, row=5, fuse=True).astype(np.float64)
+        big = a > 1e-30
+        rel = (b[big] - a[big]) / a[big]
+        assert np.abs(rel).max() < 1e-4, (shift, np.abs(rel).max())
+        if abs(shift) >= 300:
+            assert np.array_equal(a, b)  # the two-step form
+    x[7] = np.inf
+    assert np.isnan(bulk_model.row_softmax(x, 4, 512, 6, row=5, fuse=True)).all()
 
 
 def test_online_threads_of_only_minus_inf_hold_zeros_and_nan_spreads():
@@ -342,6 +361,7 @@ def test_pf3_sources_compile_without_spills(geos):
     plain = [g for g in pick if not g[1]["LAG"]]
     pick += [(g[0], dict(g[1], ONLINE=1)) + tuple(g[2:]) for g in plain]
     pick += [(g[0], dict(g[1], EXPOLY=2, ONLINE=o)) + tuple(g[2:]) for g in plain if g[3] == 6 for o in (0, 1)]
+    pick += [(g[0], dict(g[1], FUSE=1, ONLINE=o)) + tuple(g[2:]) for g in plain for o in (0, 1)]
     srcs = [b.render_all(g[1], shapes=[r.shape(g[-1], 1)])[0] for g in pick]
     for g, c in zip(pick, b._compile_all(srcs)):
         assert c.ok, (g[1], c.reason)

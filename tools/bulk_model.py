@@ -481,6 +481,22 @@ def _ex(v: np.ndarray, m: np.float32) -> np.ndarray:
         return np.exp2(((v - m).astype(np.float32) * L2E).astype(np.float32)).astype(np.float32)
 
 
+FUSE_MAX = 256.0  # softmax_rt.cu.j2's: below it the exponent is one FFMA (FUSE)
+
+
+def _ex_fused(v: np.ndarray, m) -> np.ndarray:
+    """FUSE's exponentials: 2^fma(v, log2 e, -m * log2 e), the product m * log2 e rounded once to
+    float32 and the FMA rounded once (the exact product of two floats fits a double), where
+    |m| < FUSE_MAX; elsewhere `_ex`'s two steps. `m` a scalar or one a value of v."""
+    m = np.broadcast_to(np.asarray(m, np.float32), v.shape)
+    ml = (m * L2E).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = (v.astype(np.float64) * np.float64(L2E) - ml.astype(np.float64)).astype(np.float32)
+        fused = np.exp2(t).astype(np.float32)
+        plain = np.exp2(((v - m).astype(np.float32) * L2E).astype(np.float32)).astype(np.float32)
+    return np.where(np.abs(m) < FUSE_MAX, fused, plain).astype(np.float32)
+
+
 def _merge(m, s, m2, s2):
     """common/row_reduce.cuh.j2's merge, in float32."""
     first = m >= m2
@@ -501,12 +517,14 @@ def _pairs(mt: np.ndarray, st: np.ndarray) -> tuple:
 
 
 def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, row: int = 0,
-                online: bool = False) -> np.ndarray:
+                online: bool = False, fuse: bool = False) -> np.ndarray:
     """The PF = 3 kernel's output for one row x (float32 values of bf16), as the row at index
     `row` of a tensor of rows of len(x) (its offset within a chunk), cut as the launch cuts it.
     The sums add in a different order from the kernel's (rounding only). online: ONLINE 1, each
     thread's exponentials against its own max (thread t holds the part's chunks t, t + TPR, ...),
-    the block's pair merged from the threads' pairs, the scale exp(thread max - row max) / sum."""
+    the block's pair merged from the threads' pairs, the scale exp(thread max - row max) / sum.
+    fuse: FUSE 1, the exponent as one FMA where the max it is taken against is below FUSE_MAX."""
+    ex = _ex_fused if fuse else _ex
     n = len(x)
     base, off, nv = span_of(row, n)
     P, _ = cut_of(n, cl, slot // 16)
@@ -522,7 +540,7 @@ def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, 
             mt = np.full(tpr, -np.inf, np.float32)
             np.fmax.at(mt, t, v)
             mtl = np.where(mt == -np.inf, np.float32(0), mt).astype(np.float32)
-            e = _ex(v, mtl[t])
+            e = ex(v, mtl[t])
             st = np.zeros(tpr, np.float32)
             np.add.at(st, t, e)
             pairs.append(_pairs(mt, st))
@@ -530,7 +548,7 @@ def row_softmax(x: np.ndarray, cl: int, tpr: int, items: int, slot: int = 8192, 
             continue
         mb = _f32(v.max()) if v.size else _f32(-np.inf)
         mbl = _f32(0) if mb == -np.inf else mb
-        e = _ex(v, mbl)
+        e = ex(v, mbl)
         pairs.append((mb, _f32(e.sum(dtype=np.float32))))
         parts.append((mb, e))
     # the cluster's log-depth merge (combine<RPAIR, CL>): lane l brings pair l % CL
@@ -581,9 +599,9 @@ def bulk_geometries(op: str = "softmax"):
 def takes_lag(cfg: dict) -> bool:
     """A PF = 3 configuration the template lets take LAG = 1: a cluster, stores not from the
     slots, the part's stream from its first chunk (ALIGN = 0), every exponential `exp2f`'s (no
-    EXPOLY and ONLINE: the template refuses either beside LAG)."""
+    EXPOLY, ONLINE or FUSE: the template refuses each beside LAG)."""
     return (cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
-            and not cfg.get("EXPOLY") and not cfg.get("ONLINE"))
+            and not cfg.get("EXPOLY") and not cfg.get("ONLINE") and not cfg.get("FUSE"))
 
 
 def with_lag(cfgs: list[dict]) -> list[dict]:

@@ -23,7 +23,7 @@ barriers), "nostore" (the whole chunks' stores behind a predicate that never hol
 (e.g. noexp/nopair/noreduce: the ring, the loads and the stores alone; / and not +, which
 tools/device-run.sh turns into commas). These kernels compute
 wrong rows by construction: they are timed, never verified, and are probes, not candidates
-(plain or streaming stores, ALIGN 0 and LAG 0 only; EXPOLY 0 for noexp).
+(plain or streaming stores, ALIGN 0 and LAG 0 only; EXPOLY 0 and FUSE 0 for noexp).
 
 --ncu W1/W2 launches each kernel whose kind and label hold every word once more after the
 timings, inside the profiler's range and an NVTX range named after it: under tools/device-run.sh's
@@ -252,8 +252,8 @@ def main() -> int:
         for which in [w for w in a.ablate.split(",") if w]:  # PF 3 with part of the chain out
             for c in r.configs:
                 if (c["PF"] == 3 and not c.get("LAG") and not c.get("ALIGN") and c["STORE"] != "bulk"
-                        and not (c.get("EXPOLY") and "noexp" in which.split("/")) and r.serves(c, n)):
-                    # (EXPOLY: noexp would leave its polynomial)
+                        and not ((c.get("EXPOLY") or c.get("FUSE")) and "noexp" in which.split("/"))
+                        and r.serves(c, n)):  # (EXPOLY, FUSE: noexp would leave their exponentials)
                     src = ablated(b.render_all(c, shapes=[shape])[0], a.op, which)
                     if src:
                         cands.append((f"PF 3 -{which} (not verified)", label(c), b, g, c, src))

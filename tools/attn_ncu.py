@@ -88,14 +88,9 @@ def main(argv=None) -> int:
     for name, call in launches:
         t = p.time(call, reps=20)
         print(f"  {name}: {t * 1e6:.2f} us (median of 20, graph replay as timed)", flush=True)
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, call in launches:
-        torch.cuda.nvtx.range_push(name)
-        call()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    from ncu_range import profiled
+
+    profiled(launches)
     return 0
 
 

@@ -323,14 +323,9 @@ def main() -> int:
                     call()
                     calls.append((f"N={n} {kind} {lab}", call))
             print(f"  ncu: {len(calls)} kernels, one launch each in the profiler's range", flush=True)
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStart()
-            for name, call in calls:
-                torch.cuda.nvtx.range_push(name)
-                call()
-                torch.cuda.nvtx.range_pop()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
+            from ncu_range import profiled
+
+            profiled(calls)
     print(f"\n{failures} failure(s)")
     return 1 if failures else 0
 

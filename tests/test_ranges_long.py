@@ -37,7 +37,7 @@ def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
     # sessions 21 and 22, 53 on an H100; slower without stores on an H100, session 55)
     pf3 = [(c["TPR"], c["ITEMS"], c["CL"], c["STORE"]) for c in r.configs if c["PF"] == 3]
     assert len(pf3) == 34 and len({p[:3] for p in pf3}) == 17
-    assert not any(c["EXPOLY"] or c["ONLINE"] or c["FUSE"] for c in r.configs)
+    assert not any(c["EXPOLY"] or c["ONLINE"] or c["FUSE"] or c["HOIST"] for c in r.configs)
     # clusters of 16 (past the portable size) only for PF = 3's two-blocks-an-SM geometry, TPR 256
     assert {p[:3] for p in pf3 if p[2] == 16} == {(256, 6, 16), (256, 8, 16)}
     assert all(c["PF"] == 3 and c["TPR"] == 256 for c in r.configs if c["CL"] == 16)
@@ -300,6 +300,55 @@ def test_fuse_stays_within_a_hair_of_the_two_step_exponent():
     assert np.isnan(bulk_model.row_softmax(x, 4, 512, 6, row=5, fuse=True)).all()
 
 
+def test_hoist_picks_the_chunks_the_per_chunk_tests_pick():
+    """HOIST (common/row_bulk.cuh.j2's mine_of): a thread's chunks in the part (it < mine) and its
+    partial ones (bit it of edges), worked out once a row, are those part_chunk's tests pick a
+    chunk at a time (q < pc, !whole) for every block and thread, at rows starting anywhere, long
+    and short, full and part-filled parts. The expressions emulated are the rendered source's."""
+    from runner.build.builder import Builder
+
+    r = bulk_model.bulk_geometries()[0][0]
+    cfg = next(c for c in r.configs if c["PF"] == 3 and c["STORE"] == "default")
+    src = Builder(r.spec).render_all(dict(cfg, HOIST=1), shapes=[r.shape(16384, 1)])[0]
+    for text in ("m.mine = pc > t ? (pc - t + TPR - 1) / TPR : 0;", "if (sp.off && a + t == 0) m.edges |= 1u;",
+                 "const int last = sp.nv - 1 - a - t;",
+                 "if (((sp.off + N) & 7) && last >= 0 && last % TPR == 0 && last / TPR < ITEMS) m.edges |= 1u << (last / TPR);",
+                 "const Mine mm = mine_of(sp, a, pc, N);", "part_store_at(v, row_scale(m, s, mb), y, ring, s0, mm, sp, a, N);"):
+        assert text in src, text
+
+    def mine_of(off, nv, n, a, pc, t, tpr, items):
+        mine = -(-(pc - t) // tpr) if pc > t else 0
+        edges = 1 if (off and a + t == 0) else 0
+        last = nv - 1 - a - t
+        if ((off + n) & 7) and last >= 0 and last % tpr == 0 and last // tpr < items:
+            edges |= 1 << (last // tpr)
+        return mine, edges
+
+    def whole(off, q, n):
+        return q * 8 >= off and q * 8 + 8 <= off + n
+
+    for tpr, items, cl in ((4, 3, 2), (8, 2, 4), (32, 8, 1), (512, 8, 8)):
+        cap = tpr * items * 8 * cl
+        for n in sorted({cap, cap - 1, cap - 7, cap // 2 + 1, cap * 3 // 4 + 5, 17, 8}):
+            if n < 8:
+                continue
+            p, _ = bulk_model.cut_of(n, cl, 1024)
+            if p > tpr * items:
+                continue
+            for row in range(8):
+                base, off, nv = bulk_model.span_of(row, n)
+                for rank in range(cl):
+                    a = rank * p
+                    pc = bulk_model.part_len(nv, a, p)
+                    for t in range(tpr):
+                        mine, edges = mine_of(off, nv, n, a, pc, t, tpr, items)
+                        for it in range(items):
+                            q = it * tpr + t
+                            assert (it < mine) == (q < pc), (tpr, items, cl, n, row, rank, t, it)
+                            if q < pc:
+                                assert bool(edges >> it & 1) == (not whole(off, a + q, n)), (n, row, rank, t, it)
+
+
 def test_online_threads_of_only_minus_inf_hold_zeros_and_nan_spreads():
     # ONLINE: a thread whose chunks are all -inf carries (-inf, 0) into the block's merge and
     # scales its exponentials (0) by 0; the others' come out as the reference's
@@ -362,6 +411,10 @@ def test_pf3_sources_compile_without_spills(geos):
     pick += [(g[0], dict(g[1], ONLINE=1)) + tuple(g[2:]) for g in plain]
     pick += [(g[0], dict(g[1], EXPOLY=2, ONLINE=o)) + tuple(g[2:]) for g in plain if g[3] == 6 for o in (0, 1)]
     pick += [(g[0], dict(g[1], FUSE=1, ONLINE=o)) + tuple(g[2:]) for g in plain for o in (0, 1)]
+    # (HOIST with FUSE, or with STORE bulk, at ITEMS 8: 8 to 32 bytes spilled at the 96 registers,
+    # so the spec refuses them there)
+    pick += [(g[0], dict(g[1], HOIST=1, FUSE=f)) + tuple(g[2:]) for g in plain for f in (0, 1)
+             if g[3] <= 6 or (f == 0 and g[1]["STORE"] == "default")]
     srcs = [b.render_all(g[1], shapes=[r.shape(g[-1], 1)])[0] for g in pick]
     for g, c in zip(pick, b._compile_all(srcs)):
         assert c.ok, (g[1], c.reason)

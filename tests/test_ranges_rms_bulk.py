@@ -109,6 +109,9 @@ def test_pf3_sources_compile_without_spills(rms):
 
     b = Builder(rms.spec)
     pick = [c for c in rms.configs + bulk_model.with_lag(rms.configs) if c["PF"] == 3 and (c["CL"] in (1, 8))]
+    # HOIST (the template's, out of the space): its reads on every pick without LAG or ALIGN
+    pick += [dict(c, HOIST=1) for c in pick if not c["LAG"] and not c["ALIGN"]]
+    assert not any(c["HOIST"] for c in rms.configs)
     srcs = [b.render_all(c, shapes=[rms.shape(rms.cap(c), 1)])[0] for c in pick]
     for cfg, res in zip(pick, b._compile_all(srcs)):
         assert res.ok, (cfg, res.reason)

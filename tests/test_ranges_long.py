@@ -312,8 +312,10 @@ def test_hoist_picks_the_chunks_the_per_chunk_tests_pick():
     src = Builder(r.spec).render_all(dict(cfg, HOIST=1), shapes=[r.shape(16384, 1)])[0]
     for text in ("m.mine = pc > t ? (pc - t + TPR - 1) / TPR : 0;", "if (sp.off && a + t == 0) m.edges |= 1u;",
                  "const int last = sp.nv - 1 - a - t;",
-                 "if (((sp.off + N) & 7) && last >= 0 && last % TPR == 0 && last / TPR < ITEMS) m.edges |= 1u << (last / TPR);",
-                 "const Mine mm = mine_of(sp, a, pc, N);", "part_store_at(v, row_scale(m, s, mb), y, ring, s0, mm, sp, a, N);"):
+                 "if (((sp.off + N) & 7) && last >= 0 && last % TPR == 0 && last / TPR < ITEMS) "
+                 "m.edges |= 1u << (last / TPR);",
+                 "const Mine mm = mine_of(sp, a, pc, N);",
+                 "part_store_at(v, row_scale(m, s, mb), y, ring, s0, mm, sp, a, N);"):
         assert text in src, text
 
     def mine_of(off, nv, n, a, pc, t, tpr, items):

@@ -221,10 +221,11 @@ def sweep(op, serves, box: dict, seed: int, n: int = SWEEP) -> list[dict]:
     where it holds no more than n; else, axis by axis (the others random inside the box), the
     box's ends and the ends of what is served in it, the RUN sizes at each end (a tail's every
     residue up to RUN), powers of two and their neighbours, then random log-uniform sizes (some
-    odd, some prime), and beyond n a quarter of the axis's share more of the sizes users call
-    (round_sizes: COMMON ones, then multiples of 64, 128 or 256). The other symbols are small (few rows: where the edges of a grid are and
-    verification is cheap) or, in about half the shapes, across what the op serves
-    (`wide_rows`), and LARGE shapes are at their tuning value."""
+    odd, some prime), and beyond n a quarter of the axis's share more (2 at least) of the sizes
+    users call (round_sizes: COMMON ones, then multiples of 64, 128 or 256). The other symbols
+    are small (few rows: where the edges of a grid are and verification is cheap) or, in about
+    half the shapes, across what the op serves (`wide_rows`), and LARGE shapes are at their
+    tuning value."""
     rng = random.Random(seed)
     axes = [a for a in op.axes if a in box]
     out: list[dict] = []

@@ -695,8 +695,12 @@ def trial_key_variant(key: str) -> str | None:
 
 
 def _needs_retime(t: Trial, best: Trial | None) -> bool:
+    """Whether Evaluator.decide re-times `t` against `best` (a worker's request): the same test
+    as decide's, against best's bar (evaluator.bar_of)."""
+    from .judge.evaluator import bar_of
+
     return (t.status == "ok" and "same_kernels_as" not in t.details and best is not None
-            and t.objective is not None and t.objective < best.objective)
+            and t.objective is not None and t.objective < bar_of(best))
 
 
 def _owed(spec, s: Session):

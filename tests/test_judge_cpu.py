@@ -539,3 +539,23 @@ def test_kernel_output_never_reaches_the_runner(bench, capfd):
     assert t.status == "wrong", explain(t)  # printing "ok" changes nothing
     out, err = capfd.readouterr()
     assert "PIPE-NOISE-MARKER" not in out + err
+
+
+def test_a_keep_sets_the_bar_from_its_pairing_not_its_own_lucky_figure(bench):
+    """The kept candidate's bar is the incumbent's times the re-timing's median ratio; a later
+    candidate under that bar is re-timed even where its figure is above the kept one's own
+    (a lucky evaluation of the keep no longer shuts it out)."""
+    from runner.judge.evaluator import bar_of
+
+    h, s = copy.deepcopy(bench.run("honest")), copy.deepcopy(bench.run("slowed"))
+    bench.ev.decide(h, s)
+    assert h.kept is True
+    assert h.details["bar_s"] == pytest.approx(s.objective * h.details["retime"]["median_ratio"], rel=1e-3)
+    assert bar_of(h) == h.details["bar_s"] and bar_of(s) == s.objective
+    lucky = copy.deepcopy(h)
+    lucky.objective = h.details["bar_s"] * 0.5  # its evaluation drew a figure far under its pairing
+    again = copy.deepcopy(bench.run("honest"))
+    again.objective = h.details["bar_s"] * 0.9  # above the lucky figure, under the bar
+    again.details.pop("retime", None)
+    bench.ev.decide(again, lucky)
+    assert "retime" in again.details  # re-timed, not shut out by the lucky figure

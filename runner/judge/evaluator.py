@@ -41,6 +41,16 @@ REBUILD_MARGIN = 0.05  # without a paired re-timing, a keep must be 5% faster
 CONFIRM_ROUNDS = 7  # paired rounds of a goal check (Evaluator.confirm_goal)
 
 
+def bar_of(best) -> float:
+    """The objective a candidate's own must be under before it is re-timed against `best`: best's
+    `bar_s` (the bar it passed, times the median ratio of the re-timing that kept it: a chain of
+    paired figures), else its own objective. With its own objective, a keep whose evaluation drew a
+    lucky figure set a bar its own kernel does not hold, and later candidates as fast as the real
+    one were never re-timed (session 55's red team)."""
+    bar = (best.details or {}).get("bar_s")
+    return float(bar) if isinstance(bar, (int, float)) and bar > 0 else best.objective
+
+
 def keep_rule(ratios: list[float]) -> str:
     """A paired re-timing's verdict from its per-round ratios (candidate / incumbent): "keep",
     "drop" or "more" (re-time more rounds, then call again with all of them). The median must be
@@ -315,7 +325,7 @@ class Evaluator:
         if best is None:
             cand.kept = True
             return
-        if cand.objective >= best.objective:
+        if cand.objective >= bar_of(best):
             return
         inc = self.artifacts.get(best.key)
         if inc is None:  # incumbent from an earlier session: compile it again (cached on disk)
@@ -359,9 +369,11 @@ class Evaluator:
             ratios += [figures.geomean(c) / figures.geomean(i) for c, i in r["medians"]]
             verdict = keep_rule(ratios)
         cand.kept = verdict == "keep"
-        cand.details["retime"] = {"ratios": [round(x, 4) for x in ratios],
-                                  "median_ratio": round(statistics.median(ratios), 4),
+        med = statistics.median(ratios)
+        cand.details["retime"] = {"ratios": [round(x, 4) for x in ratios], "median_ratio": round(med, 4),
                                   "wins": sum(x < 1 for x in ratios), "seconds": round(time.time() - t0, 3)}
+        if cand.kept:  # the bar a later candidate must pass to be re-timed: the incumbent's, scaled by the pairing
+            cand.details["bar_s"] = bar_of(best) * med
         cand.wall_s += time.time() - t0
 
     def confirm_goal(self, picks: list[Trial], rounds: int = CONFIRM_ROUNDS) -> dict:

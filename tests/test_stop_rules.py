@@ -157,6 +157,14 @@ def test_trials_that_all_fail_to_compile_alike_are_a_warning_never_a_stop():
     assert broken_reason(sized) is None
     built = trial(9, [20e-6, 20e-6])
     assert broken_reason([built] + h) is None and broken_reason(h + [built]) is None
+    # a template that fails to render alike (a division by zero in a Jinja expression) warns too,
+    # and a mix of render and compile errors does not (the parameters matter)
+    why0 = "template l2norm.cpp.j2:3: ZeroDivisionError: integer division or modulo by zero"
+    rendered = [dataclasses.replace(trial(i, None, status="render_error"), reason=why0)
+                for i in range(1, BROKEN_AFTER + 1)]
+    why = broken_reason(rendered)
+    assert why and "failed to render alike" in why and "ZeroDivisionError" in why
+    assert broken_reason(rendered[:2] + h[:2]) is None
 
 
 def test_a_run_whose_template_never_builds_warns_once_and_names_the_templates_line(tmp_path):

@@ -65,17 +65,20 @@ BROKEN_AFTER = 4  # trials, every one failing to build the same way, after which
 
 
 def broken_reason(history) -> str | None:
-    """A warning, once a run's first BROKEN_AFTER trials all failed to compile with one and the
-    same error, word for word, and none built: the template may not build at any parameters. Only
-    a warning: a parameter-dependent static_assert fails alike at every value it refuses."""
-    if len(history) < BROKEN_AFTER or any(t.status != "compile_error" for t in history):
+    """A warning, once a run's first BROKEN_AFTER trials all failed to compile (or all failed to
+    render) with one and the same error, word for word, and none built: the template may not
+    build at any parameters. Only a warning: a parameter-dependent static_assert fails alike at
+    every value it refuses."""
+    kinds = {t.status for t in history}
+    if len(history) < BROKEN_AFTER or len(kinds) != 1 or kinds - {"compile_error", "render_error"}:
         return None  # (one that built, or failed otherwise: the parameters matter)
     if len({t.reason or "" for t in history[:BROKEN_AFTER]}) != 1:
         return None
     why = (history[0].reason or "").strip()
     shape = re.match(r"at \{[^}]*\} \(pipe render (--shape \S+)\)", why)
     at = f" {shape.group(1)}" if shape else ""
-    return (f"the first {len(history)} trials failed to compile alike ({why[:300]}): the template may not build "
+    verb = "render" if kinds == {"render_error"} else "compile"
+    return (f"the first {len(history)} trials failed to {verb} alike ({why[:300]}): the template may not build "
             f"at any parameters; check it with pipe render SPEC --compile --set ...{at} (the run goes on)")
 
 

@@ -315,7 +315,7 @@ def test_hoist_picks_the_chunks_the_per_chunk_tests_pick():
                  "if (((sp.off + N) & 7) && last >= 0 && last % TPR == 0 && last / TPR < ITEMS) "
                  "m.edges |= 1u << (last / TPR);",
                  "const Mine mm = mine_of(sp, a, pc, N);",
-                 "part_store_at(v, row_scale(m, s, mb), y, ring, s0, mm, sp, a, N);"):
+                 "part_store(v, row_scale(m, s, mb), y, ring, s0, sh, sp, a, pc, N, &mm);"):
         assert text in src, text
 
     def mine_of(off, nv, n, a, pc, t, tpr, items):

@@ -395,7 +395,7 @@ class Judge:
         outs = []
         for t in self.op.outputs:
             dt = TORCH_DTYPES[t.dtype]
-            shift = place_shift(self.torch.empty((), dtype=dt).element_size()) if place else 0
+            shift = place_shift(dt.itemsize) if place else 0
             outs.append(poisoned(shape_of(t, env), dt, self.rt.device, shift))
         if getattr(self.rt, "share", None):
             outs = [o.moved(self.rt.share(o.buf)) for o in outs]
@@ -560,7 +560,6 @@ class Judge:
         for k in list(tensors):
             v = tensors.pop(k)
             out[k] = placed(v, place_shift(v.element_size()) if v.is_contiguous() else 0, share)
-            del v
         return out
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,

@@ -261,6 +261,12 @@ def test_other_commands_and_exit_codes(project, tmp_path):
                 "    from runner.ops.reference import rmsnorm as r\n    return r(x, w, eps)\n", "odd rows", "none"),
     ("oddrowsb", "    if x.shape[0] == 7:\n        raise ValueError('odd rows')\n"
                  "    from runner.ops.reference import rmsnorm as r\n    return r(x, w, eps)\n", "odd rows", "reference"),
+    # a reference that answers float64 inputs in float32: every kernel's error would be measured
+    # against float32's rounding (the baseline calls it in the inputs' dtype, where .float() is moot)
+    ("narrow", "    from runner.ops.reference import rmsnorm as r\n    return r(x, w, eps).float()\n",
+     "its output 'out' is float32", "reference"),
+    ("narrownb", "    from runner.ops.reference import rmsnorm as r\n    return r(x.float(), w.float(), eps)\n",
+     "its output 'out' is float32", "none"),
 ])
 def test_a_reference_that_raises_stops_the_run_before_any_trial(project, tmp_path, module, body, needle, baseline):
     (project / "pipelines" / f"{module}.py").write_text("def rmsnorm(x, w, eps):\n" + body)

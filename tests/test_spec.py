@@ -108,6 +108,22 @@ def test_semantic_errors(project, capsys):
         assert needle in err, needle
 
 
+def test_a_reference_that_is_not_found_is_named_beside_the_schema_errors(project, capsys):
+    """The schema's errors stop the checks after them; op.reference's lookup is still reported
+    with them, so that a spec is fixed in one pass (a first-hour user fixed the schema errors,
+    then met the misspelt reference)."""
+    d = copy.deepcopy(BASE)
+    d["op"]["reference"] = "runner.ops.reference:nope"
+    d["kernel"]["entry"] = 5  # a schema error
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2
+    assert_diagnostics(err)
+    assert "kernel.entry: expected string" in err and "op.reference:" in err and "has no function 'nope'" in err, err
+    d["op"]["reference"] = "runner.ops.reference:rmsnorm"  # found: the schema's error alone
+    rc, err = validate(capsys, write(project, d))
+    assert rc == 2 and "kernel.entry" in err and "op.reference" not in err, err
+
+
 def test_an_argument_passed_twice_is_an_error_at_its_line(project, capsys):
     d = copy.deepcopy(BASE)
     d["kernel"]["args"] = list(d["kernel"]["args"]) + [d["kernel"]["args"][-1]]

@@ -191,3 +191,8 @@ def test_a_run_whose_template_never_builds_warns_once_and_names_the_templates_li
     warned = [ln for ln in r.stdout.splitlines() if ln.startswith("warning: the first 4 trials failed to compile")]
     assert len(warned) == 1 and "not_a_declared_name" in warned[0], r.stdout
     assert f"[template kernel_templates/rmsnorm.cpp.j2:{at + 1}]" in warned[0]
+    assert "template.may_not_build" not in r.stderr  # the progress line is the terminal's one copy
+    # a log for machines still gets the event
+    r = pipe_main("--log-json", "run", "pipelines/b.yaml", "--run-dir", "run2", "--max-trials", "4", cwd=proj)
+    events = [json.loads(ln) for ln in r.stderr.splitlines() if ln.startswith("{")]
+    assert [e["reason"] for e in events if e["event"] == "template.may_not_build"] == [warned[0][len("warning: "):]]

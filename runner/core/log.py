@@ -19,6 +19,7 @@ import threading
 import structlog
 
 _live = None  # the rich Console of the live progress bar, while there is one
+_json = False  # whether log lines are JSON objects (--log-json), not lines for a person
 _lock = threading.Lock()
 
 
@@ -55,6 +56,8 @@ class LineLogger:
 
 
 def configure(json_logs: bool = False, verbose: bool = False) -> None:
+    global _json
+    _json = json_logs
     level = logging.DEBUG if verbose else logging.INFO
     processors = [
         structlog.processors.add_log_level,
@@ -70,6 +73,12 @@ def configure(json_logs: bool = False, verbose: bool = False) -> None:
         logger_factory=lambda *args: LineLogger(),
         cache_logger_on_first_use=False,
     )
+
+
+def for_machines() -> bool:
+    """Whether the log is JSON (--log-json): a warning a progress line already showed a person
+    is logged only then, so that a terminal does not show it twice."""
+    return _json
 
 
 def get():

@@ -1152,11 +1152,16 @@ class Judge:
             out.append(stats(times).as_dict())
         return {"status": "ok", "shapes": out, **({"heap": self.heap} if self.heap else {})}
 
-    def check_reference(self, extra_only: bool = False) -> dict:
+    def check_reference(self, extra_only: bool = False, smallest: bool = False) -> dict:
         """The float64 reference, called as verification calls it, at every listed and extra shape
-        (`extra_only`: the extra ones, where a timed baseline has shown the listed): a run stops
-        before its first trial if it raises or returns outputs other than op.outputs."""
+        (`extra_only`: the extra ones, where a timed baseline has shown the listed; `smallest`:
+        the listed shape of the fewest elements alone, where the baseline has called the reference
+        at every shape in its inputs' own dtypes, but never in float64): a run stops before its
+        first trial if it raises, returns outputs other than op.outputs, or answers float64
+        inputs in a narrower float (_reference_dtypes)."""
         shapes = self.op.extra_shapes if extra_only else self.op.all_shapes  # (extra shapes: verified every trial)
+        if smallest:
+            shapes = [min(self.op.shapes, key=lambda s: math.prod(max(1, int(v)) for v in s.values()))]
         for si, shape in enumerate(shapes):
             inputs = self._inputs(shape, _seed("reference", si), si)
             gemm = self.op.gemm_k is not None
@@ -1167,11 +1172,31 @@ class Judge:
                     raise  # the device's memory, not the function's: served again (_serve)
                 return {"status": "error", "reason": f"it raised {type(e).__name__}: {e} at {shape}"}
             if not gemm:
-                why = self._reference_shapes(got, shape)
+                why = self._reference_shapes(got, shape) or self._reference_dtypes(got, shape)
                 if why:
                     return {"status": "error", "reason": why}
             del got, inputs
         return {"status": "ok"}
+
+    def _reference_dtypes(self, got, shape: dict) -> str:
+        """Why what the reference returned for float64 copies of the inputs is not float64, or "":
+        the judge measures every kernel's error against that answer, so one worked out in float32
+        (a `.float()`, a `dtype=torch.float32`) would hold kernels to float32's own rounding.
+        (A reference with `widens` answers in float64 or raises: _call_reference.)"""
+        from ..spec.spec import INT_DTYPES
+
+        torch = self.torch
+        if all(t.dtype in INT_DTYPES for t in self.op.inputs):
+            return ""  # no float input was widened: the reference's dtype is its own business
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        for t, o in zip(self.op.outputs, got):
+            if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != torch.float64:
+                return (f"its output '{t.name}' is {str(o.dtype).replace('torch.', '')} at {shape}, where "
+                        f"the judge called it on float64 copies of the inputs: every kernel's error is "
+                        f"measured against this answer, so the reference must compute in its inputs' "
+                        f"dtype (a `.float()`, `.to(torch.float32)` or `dtype=torch.float32` in it "
+                        f"narrows the answer)")
+        return ""
 
     def _reference_shapes(self, got, shape: dict) -> str:
         """Why what the reference returned at a shape is not the spec's op.outputs (their number

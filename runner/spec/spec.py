@@ -1678,12 +1678,29 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError([loc.diag((), "a spec is a mapping of keys (name, hardware, op, ...)")])
     diags = schema_diagnostics(loc, SPEC)
     if diags:
-        raise SpecError(diags)
+        raise SpecError(sorted(diags + _reference_lookup(loc, diags), key=lambda d: (d.line, d.col)))
     checker = _Checker(loc)
     spec = checker.build()
     if spec is None:
         raise SpecError(checker.diags)
     return spec
+
+
+def _reference_lookup(loc, diags: list) -> list:
+    """op.reference's own lookup error beside the schema's diagnostics (which stop the checks
+    that would find it), where the key itself is well formed: a spec is fixed in one pass, not
+    one error a pass."""
+    op = loc.data.get("op")
+    ref = op.get("reference") if isinstance(op, dict) else None
+    if not isinstance(ref, str) or any(d.path.startswith("op.reference") for d in diags):
+        return []
+    try:
+        userpath.load_callable(ref, Path(loc.file).resolve().parent)
+    except userpath.ModuleLookupError as e:
+        return [loc.diag(("op", "reference"), str(e))]
+    except Exception:  # noqa: BLE001 - the full check reports it once the schema passes
+        return []
+    return []
 
 
 def parse_value(text: str):

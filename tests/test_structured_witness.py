@@ -47,7 +47,11 @@ def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
         assert 0 < int(zero.sum() + grid.sum()) <= SHAPE["M"] // inputs.WITNESS_SHARE
         seen_zero += int(zero.sum())
         seen_grid += int(grid.sum())
-        for r in full["x"][grid]:
+        for i in grid.nonzero().flatten().tolist():
+            r = full["x"][i]
+            others = torch.cat([full["x"][:i], full["x"][i + 1:]])
+            if bool((others == r).all(dim=1).any()):  # a copy of another row (session 56: users repeat rows)
+                continue
             assert on_grid(r, inputs.STRUCTURED_BITS)
             # exact repeats: few distinct values, most of the row's elements share one
             assert r.unique().numel() <= 2 ** (inputs.STRUCTURED_BITS + 1) + 1

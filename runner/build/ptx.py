@@ -156,6 +156,15 @@ _MARK = re.compile(r"^\s*//\s*(begin|end) inline asm\s*$")
 # the shared memory sm_90 reserves in each block: a kernel that reads or writes it could keep
 # state there from one launch to the next (the scrub writes it too, since session 30)
 _RESERVED_SMEM = re.compile(r"%reserved_smem_offset_\w+")
+# what tells one call from another without memory: the time (`%globaltimer` is the host's clock,
+# set at device attach: a kernel right only before a date passes every check the judge makes,
+# which all come before the export ships it), the clock counters, the performance counters, the
+# launch's sequence number (`%gridid`), and the device it runs on (`%nsmid`: the judge's H100 and
+# H200 have 132 SMs, an H100 PCIe 114, an H20 78, a MIG slice fewer; `%envreg`: the driver's).
+# Counted against the approved build's reads, as `cvta.param` is (session 56's red team).
+_TELLS = "%clocks and device registers"
+_TELL_REGS = re.compile(r"%(?:globaltimer(?:_lo|_hi)?|clock(?:64|_hi)?|pm\d+(?:_64)?|gridid|nsmid|nwarpid|envreg\d+)"
+                        r"(?![\w$])")
 
 
 def declared_globals(ptx: str) -> list[str]:
@@ -241,6 +250,9 @@ _COUNTED = {
     _CVTA_PARAM: ("'cvta.param' in the PTX: {n} vs {b} in the approved template's build; a generic address of a "
                   "kernel parameter lets a store keep a value in the launch's parameter memory, which a replayed "
                   "CUDA graph keeps from call to call"),
+    _TELLS: ("reads of the clocks or of device registers (%globaltimer, %clock64, %gridid, %nsmid, %envreg, ...) in the "
+             "PTX: {n} vs {b} in the approved template's build; the time, a launch's number or the device's size tell a "
+             "user's call from the judge's (a kernel right only before a date, or only on 132 SMs, passes every check)"),
     FOREIGN_CODE: ("{n} pieces of foreign code in the library ({what}) vs {b} in the approved template's build"),
     LOAD_TIME: ("{n} bytes of load-time function tables in the library vs {b} in the approved template's build: a "
                 "global object with a constructor or destructor, or a section attribute, runs code as the worker "
@@ -363,6 +375,9 @@ def analyze(ptx: str) -> dict:
     defined, called = set(), Counter()
     for r in _RESERVED_SMEM.findall(text):
         data[r] += 1
+    n_tells = len(_TELL_REGS.findall(text))
+    if n_tells:
+        data[_TELLS] += n_tells
     for a, b, st in _pieces(text):
         # inline asm if any line of the statement lies in a region (nothing is waived there)
         in_asm = any(inside[i] for i in range(bisect_right(starts, a) - 1, min(bisect_right(starts, b - 1), len(inside))))

@@ -322,7 +322,7 @@ STRUCTURED_BITS = 4
 def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last; with fewer rows than that, one secret row in half the value sets), each
-    at random either all 0 or rounded to STRUCTURED_BITS significant bits of the row's largest
+    at random all 0, a bitwise copy of another row (the one before it, or any), or rounded to STRUCTURED_BITS significant bits of the row's largest
     finite magnitude (-inf stays -inf, so a masked row keeps its mask). Never the first or the
     last row (where tails are handled: a zero there would hide a tail's error), never a 1-D
     input's elements (a zero weight element hides its output column in every row: a tail bug at
@@ -340,7 +340,20 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     if where is None:
         return x
     zero = torch.rand(where.numel(), generator=g) < 0.5
-    return _structure_rows(x, rows, where[zero], where[~zero])
+    # a third of the others (a sixth of all) a bitwise copy of another row: the row before it in
+    # half of them, else any row. A user's batch repeats rows (a token twice at layer 0, a prompt
+    # batched twice, padding by the last row); no continuous draw does, and a kernel wrong only
+    # where a row equals the one before it was `ok` (session 56's red team)
+    copy = ~zero & (torch.rand(where.numel(), generator=g) < 1 / 3)
+    src = torch.where(torch.rand(where.numel(), generator=g) < 0.5, where - 1,
+                      torch.randint(0, n, (where.numel(),), generator=g))
+    src = torch.where(src == where, where - 1, src)  # never a row copied onto itself (where >= 1)
+    out = _structure_rows(x, rows, where[zero], where[~zero & ~copy])
+    if bool(copy.any()):
+        flat = out.reshape(-1, x.shape[-1]).clone()
+        flat[where[copy].to(x.device)] = flat[src[copy].to(x.device)]
+        out = flat.view(x.shape)
+    return out
 
 
 def structurable(x: torch.Tensor, t) -> bool:
@@ -392,14 +405,19 @@ class _Rows:
 
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
-                timed: bool = False, subnormal: bool = False, structured: bool = False) -> dict[str, torch.Tensor]:
+                timed: bool = False, subnormal: bool = False, structured: bool = False,
+                serving=None) -> dict[str, torch.Tensor]:
     """One value set of the op's inputs. `timed`: the values of timed calls (the candidate's
     timed loop, the baseline's, pipe compare's arms and the checks on their outputs), where an
     input's `timed` override gives its own dist, low or high (say, every sequence at its full
     length, as op.bytes counts it); otherwise verification's. Shapes, dtypes and the draws'
     order are the same either way: only the values differ. `subnormal`: verification's floating
     inputs get subnormal witness rows (`_subnormal`) where their dists do not list `tiny`;
-    `structured`: rows of zeros and rows on a coarse grid (`_structured`)."""
+    `structured`: rows of zeros and rows on a coarse grid (`_structured`). `serving`: the
+    reference's `serving` draw (verification's values only), called on the finished value set
+    with a generator of its own: what a serving engine hands the op that no draw above makes
+    (memory the op does not read poisoned, out-of-pool table entries past a sequence's last page,
+    pages shared between sequences; runner/ops/reference.py)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -416,6 +434,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
                 out[t.name] = _subnormal(out[t.name], v, seed, i)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
+    if serving is not None and not timed:  # last: nothing drawn above overwrites what it poisons
+        serving(out, _side_generator(seed, len(op.inputs), 0x7FEB352D, 0x846CA68B))
     return out
 
 

@@ -1,8 +1,9 @@
 """Outputs with guard bands, the error budget, and the comparison with the reference.
 
 Each output lives in the middle of a larger buffer. The rest (the guard bands)
-is filled once with a sentinel and must still hold it bit for bit after every
-checked call: a kernel that writes out of bounds is caught. A kernel's scratch
+is filled once with secret values a user's memory could hold (`guard_values`; a
+fixed sentinel told a kernel it was judged) and must still hold them bit for bit
+after every checked call: a kernel that writes out of bounds is caught. A kernel's scratch
 buffers (kernel.scratch, `Scratch`) live in guard bands the same way; they are
 zeroed once, when allocated, and must be zero again after every checked call.
 
@@ -96,7 +97,14 @@ def placed(t: torch.Tensor, shift: int, share=None) -> torch.Tensor:
     if shift <= 0 or t.numel() == 0:
         return share(t) if share else t
     buf = torch.empty(t.numel() + shift, dtype=t.dtype, device=t.device)
-    buf[:shift].zero_()  # the pad holds nothing of the judge's (a freed tensor's values, say)
+    # the pad holds nothing of the judge's (a freed tensor's values, say), and nothing a kernel could
+    # tell from a user's memory either: elements of `t` itself at secret places, as the rows before
+    # `x[1:]` of a user's batch hold such values. Zeros there were a tell (session 56's red team: a
+    # kernel 1% off wherever x was off a 64-byte boundary with anything but zeros in the 16 bytes
+    # before it was `ok`, and off on every such view of a user's batch)
+    flat = t.reshape(-1)
+    pick = torch.randint(0, flat.numel(), (shift,), generator=_secret_generator(), device="cpu")
+    buf[:shift].copy_(flat[pick.to(flat.device)])
     if share:
         buf = share(buf)
     view = buf[shift:shift + t.numel()].view(t.shape)
@@ -123,11 +131,15 @@ class Poisoned:
         """The same buffer (guards and all) over `buf`, a copy of `self.buf` elsewhere (the CPU
         kernel host's arena)."""
         f = self.front
-        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f)
+        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f, self.guard)
+
+    guard: torch.Tensor | None = None  # the guard bands' bits as filled, kept on the host
 
     def guards_intact(self, which: int = 0) -> bool:
         g = torch.cat([self.buf[:self.front], self.buf[self.front + self.numel:]])
-        return bool((g == _poison(self.buf.dtype)).all())
+        if self.guard is None:  # (a buffer made by hand, not by `poisoned`: the sentinel)
+            return bool((g == _poison(self.buf.dtype)).all())
+        return bool(torch.equal(bits(g).cpu(), self.guard))
 
 
 def _poison(dtype: torch.dtype):
@@ -142,13 +154,54 @@ def _poison(dtype: torch.dtype):
 
 
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int = 0) -> Poisoned:
-    """An output inside guard bands of GUARD elements; `shift` more in front (place_shift)."""
+    """An output inside guard bands of GUARD elements (`guard_values`); `shift` more in front (place_shift)."""
     numel = 1
     for d in shape:
         numel *= d
     f = GUARD + shift
-    buf = torch.full((numel + 2 * GUARD + shift,), _poison(dtype), dtype=dtype, device=device)
-    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f)
+    band = guard_values(f + GUARD, dtype)  # the two bands, drawn on the host (a few KiB)
+    buf = torch.empty(numel + f + GUARD, dtype=dtype, device=device)
+    buf[:f].copy_(band[:f])
+    buf[f + numel:].copy_(band[f:])
+    if numel:  # the output itself (a decoy or the kernel's own output replaces it before a check):
+        # a block of such values tiled over it, with no temporary of the output's size
+        blk = guard_values(min(numel, 1 << 16), dtype).to(device)
+        out, w = buf[f:f + numel], blk.numel()
+        k = numel // w
+        out[:k * w].view(k, w).copy_(blk.expand(k, w))
+        out[k * w:].copy_(blk[:numel - k * w])
+    g = bits(band)
+    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g)
+
+
+def _secret_generator() -> torch.Generator:
+    g = torch.Generator(device="cpu")
+    g.manual_seed(secrets.randbits(62))
+    return g
+
+
+def guard_values(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """What a guard band holds (on the host): values a user's memory next to a tensor could hold,
+    drawn from `secrets`, never one fixed sentinel. The exported op's outputs come from torch.empty,
+    so the memory beside them holds other tensors' values; a band of -31337 beside every output the
+    judge ever gave let a kernel read one element past its output and know it was judged (session
+    56's red team: a kernel 1% off wherever that element was not -31337 was `ok` on rmsnorm-cpu
+    and rmsnorm-range-cpu, and off on every call made as the exported op makes them). Floating
+    bands: normal values times a secret scale (2^-8 to 2^8); integer bands: small values; never
+    0, so that a zero written past a scratch buffer shows (bool bands: True); a band is checked
+    bit for bit against its host copy."""
+    g = _secret_generator()
+    if dtype.is_floating_point:
+        scale = float(torch.exp2(torch.rand((), generator=g, dtype=torch.float64) * 16 - 8))
+        x = (torch.randn(n, generator=g, dtype=torch.float64) * scale).to(dtype)
+        # never 0 (nor -0): a kernel's clearing write one past its scratch must change the band
+        return torch.where(x == 0, torch.full_like(x, scale), x)
+    if dtype == torch.bool:  # (nonzero, as above: True)
+        return torch.ones(n, dtype=torch.bool)
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -1000), min(info.max, 1000)
+    small = torch.randint(lo, hi + 1, (n,), generator=g, dtype=torch.int64)
+    return torch.where(small == 0, torch.full_like(small, hi), small).to(dtype)
 
 
 @dataclass

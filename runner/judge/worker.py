@@ -159,11 +159,14 @@ class Judge:
         made again from it to check the buffers and work out its reference. Verification's
         take subnormal witness rows where the spec forbids fast_math (flushing them to zero;
         inputs.SUBNORMAL_BACKENDS), unless not `judged`: torch's arms answer to the spec's dists,
-        not to its forbidden actions (torch's own bf16 matmul on the CPU reads subnormals as 0)."""
+        not to its forbidden actions (torch's own bf16 matmul on the CPU reads subnormals as 0).
+        Verification's take the reference's `serving` draw where it has one (inputs.make_inputs:
+        memory the op does not read poisoned, pages shared), torch's arms' do not."""
         from .inputs import make_inputs
 
         return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, judged and self._no_flush,
-                           judged and not timed and self._structured)
+                           judged and not timed and self._structured,
+                           getattr(self.reference, "serving", None) if judged and not timed else None)
 
     @property
     def _structured(self) -> bool:
@@ -1183,10 +1186,10 @@ class Judge:
         the judge measures every kernel's error against that answer, so one worked out in float32
         (a `.float()`, a `dtype=torch.float32`) would hold kernels to float32's own rounding.
         (A reference with `widens` answers in float64 or raises: _call_reference.)"""
-        from ..spec.spec import INT_DTYPES
+        from .inputs import TORCH_DTYPES
 
         torch = self.torch
-        if all(t.dtype in INT_DTYPES for t in self.op.inputs):
+        if not any(TORCH_DTYPES[t.dtype].is_floating_point for t in self.op.inputs):
             return ""  # no float input was widened: the reference's dtype is its own business
         got = list(got) if isinstance(got, (tuple, list)) else [got]
         for t, o in zip(self.op.outputs, got):

@@ -56,6 +56,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: to
     s = torch.einsum("bhgd,blhd->bhgl", qf, kf) / math.sqrt(D)  # [B, HKV, G, L]
     s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1)
+    # V rows at and past lens[b] are memory the op does not read: a weight of 0 times what they
+    # hold (NaN or Inf in verification's serving draws, `serving` below) must not reach the answer
+    vf = torch.where(keep[:, :, None, None], vf, torch.zeros((), dtype=vf.dtype, device=vf.device))
     o = torch.einsum("bhgl,blhd->bhgd", p, vf)
     return o.reshape(B, HQ, D)
 
@@ -75,6 +78,17 @@ def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
     return cache.index_select(0, idx).view(B, maxp * page, hkv, d)
 
 
+def live_table(block_table: torch.Tensor, lens: torch.Tensor, page: int) -> torch.Tensor:
+    """The table with every entry past a sequence's last page (slot j >= ceil(lens[b] / PAGE)) set
+    to page 0: those entries may hold anything (-1, a page past the pool, a stale page; a serving
+    engine leaves them so), and an index_select through them faults. On the device, no host sync."""
+    maxp = block_table.shape[1]
+    used = (lens.to(device=block_table.device, dtype=torch.int64) + page - 1) // page
+    slot = torch.arange(maxp, device=block_table.device)
+    return torch.where(slot[None, :] < used[:, None], block_table, torch.zeros((), dtype=block_table.dtype,
+                                                                              device=block_table.device))
+
+
 def decode_attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """decode_attention over paged K and V: the pages gathered into contiguous [B, L, HKV, D]
@@ -84,6 +98,7 @@ def decode_attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     about 2^18 tokens of gathered float64 K and V beside the cache (4 GiB at 8 heads of 128);
     the caches may come in any floating dtype (the judge's copies keep theirs: `widens`)."""
     B, maxp = block_table.shape
+    block_table = live_table(block_table, lens, k_cache.shape[1])  # entries past the last page: never used
     if q.dtype != torch.float64:
         return decode_attention(q, gather_pages(k_cache, block_table), gather_pages(v_cache, block_table), lens)
     step = max(1, (1 << 18) // (maxp * k_cache.shape[1]))
@@ -99,6 +114,94 @@ def decode_attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 # here in their own dtype: the float64 path above widens each gathered part (decode_attention's
 # .to(float64)), so the caches are never whole in float64 (32 GiB at 2^21 tokens of 8 x 128).
 decode_attention_paged.widens = ("k_cache", "v_cache")
+
+
+# Verification's value sets as a serving engine hands them (`serving`, called by the judge on
+# every verification value set after it is drawn: judge/inputs.make_inputs; never on timed calls,
+# which hold every sequence at its full length). The judge's own draws kept three properties no
+# serving engine promises (red team, session 56): memory a sequence does not own (K and V rows at
+# and past lens[b], table entries past its last page) always held finite values of the spec's
+# distributions and in-pool pages, and no two sequences shared a page (a permutation). A kernel
+# that read past the length (whole last tiles, every page of a split, a prefetch through the next
+# entry) or that keyed its work by the physical page was `ok` and faults, or is wrong, for users.
+# Each draw below poisons what the op does not read and, in the paged op, shares prefixes.
+
+POISON_ROWS = (float("nan"), float("inf"), float("-inf"))
+
+
+def _poison(n: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """n poison values for rows the op does not read: NaN, +Inf, -Inf and the dtype's extremes."""
+    big = torch.finfo(dtype).max
+    vals = torch.tensor([*POISON_ROWS, big, -big], dtype=torch.float64)
+    return vals[torch.randint(0, len(vals), (n,), generator=gen)].to(dtype)
+
+
+def _poison_rows(x: torch.Tensor, rows: torch.Tensor, gen: torch.Generator) -> None:
+    """x [..., H, D] with each row of `rows` (a bool mask of x's leading dimensions) poisoned
+    whole, each row its own poison value (in place)."""
+    n = int(rows.sum())
+    if n:
+        vals = _poison(n, gen, x.dtype).to(x.device)
+        x[rows.to(x.device)] = vals.view(n, *([1] * (x.dim() - rows.dim())))
+
+
+def _serving_contiguous(inputs: dict, gen: torch.Generator) -> None:
+    """K and V rows at and past lens[b]: poisoned (the op never reads them)."""
+    k, v, lens = inputs["k"], inputs["v"], inputs["lens"]
+    L = k.shape[1]
+    past = torch.arange(L)[None, :] >= lens.cpu().long()[:, None]  # [B, L]
+    _poison_rows(k, past, gen)
+    _poison_rows(v, past, gen)
+
+
+decode_attention.serving = _serving_contiguous
+
+# out-of-pool values a serving engine's table may hold past a sequence's last page
+OUT_OF_POOL = ("-1", "pool", "pool + 2^20", "INT32_MAX", "INT32_MIN")
+
+
+def _serving_paged(inputs: dict, gen: torch.Generator) -> None:
+    """Shared prefixes (in half the value sets, each sequence but the first, at a coin's toss, has
+    its first j live entries pointing at the full pages of an earlier sequence's, as prefix caching
+    and parallel sampling map them), then every entry past a sequence's last page out of the pool
+    (-1, the pool's size, beyond it, INT32_MAX, INT32_MIN), then every pool slot no live entry
+    reads (slots past lens[b] in a last page, pages nobody's table names) poisoned in K and V."""
+    table, lens, kc, vc = inputs["block_table"], inputs["lens"], inputs["k_cache"], inputs["v_cache"]
+    B, maxp = table.shape
+    npool, page = kc.shape[:2]
+    t = table.cpu().long()
+    ln = lens.cpu().long()
+    used = (ln + page - 1) // page  # live entries of each row
+    full = ln // page  # full pages of each row (a shareable prefix)
+    if B > 1 and bool(torch.rand((), generator=gen) < 0.5):
+        for b in range(1, B):
+            if bool(torch.rand((), generator=gen) < 0.5):
+                d = int(torch.randint(0, b, (), generator=gen))
+                top = min(int(full[d]), int(used[b]))
+                if top >= 1:
+                    j = int(torch.randint(1, top + 1, (), generator=gen))
+                    t[b, :j] = t[d, :j]
+    slot = torch.arange(maxp)
+    live = slot[None, :] < used[:, None]  # [B, maxp]
+    past = ~live
+    n = int(past.sum())
+    if n:
+        kinds = torch.randint(0, len(OUT_OF_POOL), (n,), generator=gen)
+        vals = torch.tensor([-1, npool, npool + (1 << 20), 2 ** 31 - 1, -2 ** 31], dtype=torch.int64)[kinds]
+        t[past] = vals
+    table.copy_(t.to(table.dtype))
+    # the pool slots some live entry reads: rows 0 .. n - 1 of page t[b, j], n its tokens there
+    toks = (ln[:, None] - slot[None, :] * page).clamp(0, page)  # [B, maxp]
+    reads = (torch.arange(page)[None, None, :] < toks[:, :, None]) & live[:, :, None]  # [B, maxp, page]
+    read = torch.zeros(npool, page, dtype=torch.int32)
+    pages = t[live]
+    read.index_add_(0, pages, reads[live].to(torch.int32))
+    unread = read == 0  # [npool, page]
+    _poison_rows(kc, unread, gen)
+    _poison_rows(vc, unread, gen)
+
+
+decode_attention_paged.serving = _serving_paged
 
 
 # The kernel's workspace (kernel_templates/decode_attention.cu.j2, the spec's kernel.scratch):

@@ -599,9 +599,10 @@ def bulk_geometries(op: str = "softmax"):
 def takes_lag(cfg: dict) -> bool:
     """A PF = 3 configuration the template lets take LAG = 1: a cluster, stores not from the
     slots, the part's stream from its first chunk (ALIGN = 0), every exponential `exp2f`'s (no
-    EXPOLY, ONLINE or FUSE: the template refuses each beside LAG)."""
+    EXPOLY, ONLINE or FUSE: the template refuses each beside LAG), the chunks' tests a chunk at a
+    time (no HOIST, which only the unlagged path takes)."""
     return (cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
-            and not cfg.get("EXPOLY") and not cfg.get("ONLINE") and not cfg.get("FUSE"))
+            and not cfg.get("EXPOLY") and not cfg.get("ONLINE") and not cfg.get("FUSE") and not cfg.get("HOIST"))
 
 
 def with_lag(cfgs: list[dict]) -> list[dict]:

@@ -185,16 +185,20 @@ def test_a_scratch_buffer_is_zero_in_guard_bands_and_any_nonzero_bit_is_seen(dty
     w = scratch("ws", (3, 5), dtype, "cpu")
     assert w.view.shape == (3, 5) and w.ptr == w.view.data_ptr()
     assert w.problem() is None and first_nonzero(w.view) is None
-    assert w.mem.buf.numel() == 15 + 2 * GUARD and not bool((w.mem.buf[:GUARD] == 0).any())
+    f = w.mem.front  # GUARD elements of band before it, at a user's alignment (512 bytes)
+    assert f - w.mem.lead == GUARD and w.ptr % 512 == 0
+    assert w.mem.buf.numel() >= f + 15 + GUARD and not bool((w.mem.buf[f - GUARD:f] == 0).any())
     w.view.view(-1)[7] = True if dtype == torch.bool else 1
     why = w.problem()
     assert why.startswith("scratch 'ws' is not zero after the call: 1 of 15") and "flat index 7" in why
     w.view.zero_()
     assert w.problem() is None
-    w.mem.buf[GUARD + 15] = 0  # one past the end, a zero as the kernel's own clearing writes (uint8 too)
+    keep = w.mem.buf[f + 15].clone()
+    w.mem.buf[f + 15] = 0  # one past the end, a zero as the kernel's own clearing writes (uint8 too)
     assert w.problem() == "scratch 'ws': wrote outside its bounds (guard band changed)"
-    w.mem.buf[GUARD + 15] = w.mem.buf[0]
-    w.mem.buf[GUARD - 1] = 0  # one before the start
+    w.mem.buf[f + 15] = keep
+    assert w.problem() is None
+    w.mem.buf[f - 1] = 0  # one before the start
     assert w.problem() == "scratch 'ws': wrote outside its bounds (guard band changed)"
 
 

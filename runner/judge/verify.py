@@ -42,6 +42,9 @@ import torch
 import torch.nn.functional as F
 
 GUARD = 4096  # elements on each side of an output
+USER_BIG = 1 << 20  # bytes: torch's caching allocator gives tensors this large segments of their own
+USER_BIG_ALIGN = 2 << 20  # ... which start on 2 MiB boundaries
+USER_SMALL_ALIGN = 512  # the allocator's rounding of smaller blocks
 # A shape verified and not timed takes all its buffers (outputs, and the inputs of every round
 # with new buffers) at secret offsets of 16 bytes, up to PLACE_SPAN bytes past the allocator's
 # alignment, or, in PLACE_ALIGNED of the shapes (a secret draw), all of them where the allocator
@@ -131,12 +134,16 @@ class Poisoned:
         """The same buffer (guards and all) over `buf`, a copy of `self.buf` elsewhere (the CPU
         kernel host's arena)."""
         f = self.front
-        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f, self.guard)
+        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f, self.guard, self.lead,
+                        self.back)
 
     guard: torch.Tensor | None = None  # the guard bands' bits as filled, kept on the host
+    lead: int = 0  # elements before the front guard (the room that puts the output at a user's alignment)
+    back: int | None = None  # the back guard's elements (None: to the buffer's end)
 
     def guards_intact(self, which: int = 0) -> bool:
-        g = torch.cat([self.buf[:self.front], self.buf[self.front + self.numel:]])
+        end = None if self.back is None else self.front + self.numel + self.back
+        g = torch.cat([self.buf[self.lead:self.front], self.buf[self.front + self.numel:end]])
         if self.guard is None:  # (a buffer made by hand, not by `poisoned`: the sentinel)
             return bool((g == _poison(self.buf.dtype)).all())
         return bool(torch.equal(bits(g).cpu(), self.guard))
@@ -153,25 +160,44 @@ def _poison(dtype: torch.dtype):
     return max(info.min, min(info.max, INT_GUARD_POISON))
 
 
+def user_alignment(nbytes: int) -> int:
+    """Where torch's CUDA caching allocator starts a tensor of `nbytes`: a large one (USER_BIG or
+    more) at the start of a segment of its own, on a 2 MiB boundary, a small one on 512 bytes."""
+    return USER_BIG_ALIGN if nbytes >= USER_BIG else USER_SMALL_ALIGN
+
+
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int = 0) -> Poisoned:
-    """An output inside guard bands of GUARD elements (`guard_values`); `shift` more in front (place_shift)."""
+    """An output inside guard bands of at least GUARD elements (`guard_values`). Unplaced (`shift`
+    0), it starts where a user's `torch.empty` output of its size would (`user_alignment`: a
+    large output on a 2 MiB boundary, the front band as long as it takes); placed, `shift`
+    elements past the front band (place_shift). Every judged output once sat GUARD elements into
+    its allocation, never on a 2 MiB boundary, where a user's large outputs always are: a kernel
+    could tell the judge's calls by the output's address (session 56's red team)."""
     numel = 1
     for d in shape:
         numel *= d
-    f = GUARD + shift
-    band = guard_values(f + GUARD, dtype)  # the two bands, drawn on the host (a few KiB)
-    buf = torch.empty(numel + f + GUARD, dtype=dtype, device=device)
-    buf[:f].copy_(band[:f])
-    buf[f + numel:].copy_(band[f:])
-    if numel:  # the output itself (a decoy or the kernel's own output replaces it before a check):
-        # a block of such values tiled over it, with no temporary of the output's size
-        blk = guard_values(min(numel, 1 << 16), dtype).to(device)
-        out, w = buf[f:f + numel], blk.numel()
-        k = numel // w
+    isz = torch.empty((), dtype=dtype).element_size()
+    align = user_alignment(numel * isz) if not shift else 0
+    room = align // isz if align else 0
+    buf = torch.empty(numel + 2 * GUARD + shift + room, dtype=dtype, device=device)
+    # `lead` elements of room first, where unplaced: the output then starts past GUARD elements of
+    # band at the alignment a user's output has. The room is filled as the output is, not checked
+    # (as memory far from any buffer is not: a near write lands in the bands)
+    lead = (-(buf.data_ptr() + GUARD * isz) % align) // isz if align else 0
+    f = lead + GUARD + shift
+    band = guard_values(2 * GUARD + shift, dtype)  # the two bands, drawn on the host (a few KiB)
+    buf[lead:f].copy_(band[:f - lead])
+    buf[f + numel:f + numel + GUARD].copy_(band[f - lead:])
+    blk = guard_values(max(1, min(numel, 1 << 16)), dtype).to(device)
+    # the output itself (a decoy or the kernel's own output replaces it before a check) and the room
+    # on either side: a block of such values tiled over each, with no temporary of their size
+    for a, b in ((f, f + numel), (0, lead), (f + numel + GUARD, buf.numel())):
+        out, w, n = buf[a:b], blk.numel(), b - a
+        k = n // w
         out[:k * w].view(k, w).copy_(blk.expand(k, w))
-        out[k * w:].copy_(blk[:numel - k * w])
+        out[k * w:].copy_(blk[:n - k * w])
     g = bits(band)
-    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g)
+    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g, lead, GUARD)
 
 
 def _secret_generator() -> torch.Generator:

@@ -250,9 +250,10 @@ _COUNTED = {
     _CVTA_PARAM: ("'cvta.param' in the PTX: {n} vs {b} in the approved template's build; a generic address of a "
                   "kernel parameter lets a store keep a value in the launch's parameter memory, which a replayed "
                   "CUDA graph keeps from call to call"),
-    _TELLS: ("reads of the clocks or of device registers (%globaltimer, %clock64, %gridid, %nsmid, %envreg, ...) in the "
-             "PTX: {n} vs {b} in the approved template's build; the time, a launch's number or the device's size tell a "
-             "user's call from the judge's (a kernel right only before a date, or only on 132 SMs, passes every check)"),
+    _TELLS: ("reads of the clocks or of device registers (%globaltimer, %clock64, %gridid, %nsmid, %envreg, ...) "
+             "in the PTX: {n} vs {b} in the approved template's build; the time, a launch's number or the device's "
+             "size tell a user's call from the judge's (a kernel right only before a date, or only on 132 SMs, "
+             "passes every check)"),
     FOREIGN_CODE: ("{n} pieces of foreign code in the library ({what}) vs {b} in the approved template's build"),
     LOAD_TIME: ("{n} bytes of load-time function tables in the library vs {b} in the approved template's build: a "
                 "global object with a constructor or destructor, or a section attribute, runs code as the worker "

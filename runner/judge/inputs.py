@@ -322,8 +322,8 @@ STRUCTURED_BITS = 4
 def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last; with fewer rows than that, one secret row in half the value sets), each
-    at random all 0, a bitwise copy of another row (the one before it, or any), or rounded to STRUCTURED_BITS significant bits of the row's largest
-    finite magnitude (-inf stays -inf, so a masked row keeps its mask). Never the first or the
+    at random all 0, a bitwise copy of another row (the one before it, or any), or rounded to
+    STRUCTURED_BITS significant bits of the row's largest finite magnitude (-inf stays -inf, so a masked row keeps its mask). Never the first or the
     last row (where tails are handled: a zero there would hide a tail's error), never a 1-D
     input's elements (a zero weight element hides its output column in every row: a tail bug at
     the last column went unseen one value set in 30), never an input drawn only `positive` (a

@@ -64,12 +64,35 @@ def test_skewed_routings_are_what_they_say():
     assert int((one > 0).sum()) == 1 and int(one.max()) == 600
     single = routing_counts("routing_single", 64, 600, 6, _gen(2))
     assert sorted(c for c in single.tolist() if c) == [1, 599]
+    aligned = 0
     for seed in range(40):
         empty = routing_counts("routing_empty", 64, 6 * 1024, 6, _gen(seed))
         live = [c for c in empty.tolist() if c]
         assert 2 <= len(live) <= 63  # some expert always empty, two or more in use (one: routing_one)
-        if len(live) >= 8:  # uneven sizes, most no multiple of 16
+        rest = [c for c in sorted(live)[:-1] if c > 1]
+        if rest and all(c % 16 == 0 for c in rest):  # a router's groups padded to a tile
+            aligned += 1
+        elif len(live) >= 8:  # uneven sizes, most no multiple of 16
             assert any(c % 16 for c in live if c > 1) and max(live) > 4 * min(live)
+    assert 8 <= aligned <= 32  # about half the draws
+
+
+def test_empty_routings_draw_groups_aligned_to_every_tile():
+    """A router that pads its groups to the GEMM's tile hands the op groups ending on tile
+    boundaries; uneven weights alone drew every group a multiple of 16 in 0 to 0.25% of draws
+    and of 128 never (session 56's red team). Every group but the largest (and a single row's)
+    a multiple of the tile, for each tile, with the rows still summing to the total."""
+    seen = set()
+    for seed in range(400):
+        c = routing_counts("routing_empty", 8, 2 * 4096, 2, _gen(seed))
+        live = sorted(x for x in c.tolist() if x)
+        assert sum(live) == 2 * 4096 and len(live) >= 2
+        rest = [x for x in live[:-1] if x > 1]
+        for tile in (128, 64, 32, 16):
+            if rest and all(x % tile == 0 for x in rest):
+                seen.add(tile)
+                break
+    assert seen == {16, 32, 64, 128}, seen
     # the empty and the live experts sit at random places, not the first ones
     firsts = {tuple(routing_counts("routing_empty", 64, 600, 6, _gen(s))[:4].tolist()) for s in range(20)}
     assert len(firsts) > 10

@@ -77,18 +77,23 @@ def test_a_shifted_output_keeps_its_guards_on_both_sides():
 
 
 def test_an_unplaced_output_starts_where_a_users_would():
-    """A user's large output (torch.empty, a segment of its own) starts on a 2 MiB boundary, a small
-    one on 512 bytes; every judged output once sat GUARD elements into its allocation, never on a
-    2 MiB boundary (session 56's red team: a kernel could tell the judge's calls by that)."""
-    for shape, dtype, align in [((512, 1024), torch.float32, 2 << 20), ((1 << 20,), torch.bfloat16, 2 << 20),
-                                ((7, 33), torch.float32, 512), ((1,), torch.float64, 512)]:
-        p = poisoned(shape, dtype, "cpu")
-        assert p.view.data_ptr() % align == 0, (shape, dtype)
-        assert p.front - p.lead == GUARD  # the checked front band is GUARD elements still
-        p.fill(2.0)
-        assert p.guards_intact()
-        p.buf[p.front + p.numel + GUARD - 1] = 0  # the back band's last element
-        assert not p.guards_intact()
+    """A user's output (torch.empty) starts on 512 bytes, a large one often on a 2 MiB boundary (the
+    start of an allocator segment); every judged output once sat GUARD elements into its
+    allocation, never on a 2 MiB boundary (session 56's red team: a kernel could tell the judge's
+    calls by that). A large one takes either, a secret draw each (20 draws: both, but for 2^-19)."""
+    for shape, dtype, big in [((512, 1024), torch.float32, True), ((1 << 20,), torch.bfloat16, True),
+                              ((7, 33), torch.float32, False), ((1,), torch.float64, False)]:
+        on_2m = set()
+        for _ in range(20 if big else 3):
+            p = poisoned(shape, dtype, "cpu")
+            assert p.view.data_ptr() % 512 == 0, (shape, dtype)
+            on_2m.add(p.view.data_ptr() % (2 << 20) == 0)
+            assert p.front - p.lead == GUARD  # the front band is GUARD elements, and the room checked too
+            p.fill(2.0)
+            assert p.guards_intact()
+            p.buf[p.front + p.numel + GUARD - 1] = 0  # the back band's last element
+            assert not p.guards_intact()
+        assert on_2m == ({True, False} if big else on_2m), (shape, on_2m)
     # a placed one sits at its shift past the band, not at the user's alignment
     p = poisoned((512, 1024), torch.float32, "cpu", 4)
     assert p.lead == 0 and p.view.data_ptr() % 512 == (p.buf.data_ptr() + 4 * (GUARD + 4)) % 512
@@ -114,3 +119,19 @@ def test_a_kernel_wrong_off_a_512_byte_boundary_is_wrong(project, tmp_path):
         r = pipe_main("eval", spec, "--params", json.dumps({"ACC": 32, "UNROLL": 1}), "--variant",
                       project / f"{name}.cpp.j2", "--run-dir", tmp_path / name, "--json", cwd=project)
         assert json.loads(r.stdout)["status"] == want, (r.stdout + r.stderr)[-2000:]
+
+
+def test_a_write_in_the_room_of_an_unplaced_output_is_seen():
+    """Review of session 56: the room that puts an unplaced output at a user's alignment lay inside
+    the judge's buffer, unchecked, at an offset a kernel can work out from its own pointer."""
+    import torch
+
+    from runner.judge.verify import GUARD, poisoned
+
+    for numel, dt in ((1000, torch.float32), (1 << 19, torch.bfloat16)):
+        p = poisoned((numel,), dt, "cpu")
+        assert p.guards_intact()
+        end = p.front + p.numel + GUARD
+        if end < p.buf.numel():
+            p.buf[end] = 123.0
+            assert not p.guards_intact()

@@ -168,14 +168,17 @@ def test_the_paged_draws_meet_out_of_pool_entries_shared_pages_and_poisoned_slot
         if bool(pst.any()):
             past += 1
             vals = t[pst]
-            assert bool(((vals < 0) | (vals >= npool)).all())  # every entry past a last page
-            oob += 1
+            out = (vals < 0) | (vals >= npool)
+            # a value set's dead entries: all out of the pool, or all stale in-pool pages (a secret
+            # half each: always out of the pool was itself a tell, the review of session 56)
+            assert bool(out.all()) or not bool(out.any())
+            oob += bool(out.all())
         live = t[~pst]
         shared += live.unique().numel() < live.numel()
         poisoned += not bool(torch.isfinite(kc.float()).all())
-    assert oob == past > 0
+    assert past // 5 <= oob <= past - past // 5 and past > 0, (oob, past)
     assert shared >= n // 5, (shared, n)
-    assert poisoned >= n // 2, (poisoned, n)
+    assert n // 5 <= poisoned <= n - n // 5, (poisoned, n)  # a secret half: never always
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "paged16", "paged64"])
@@ -213,3 +216,32 @@ def test_the_fallback_takes_a_table_padded_past_the_last_page():
     x["block_table"][1, 3:] = 2 ** 31 - 1
     out = decode_attention_paged(**x)  # finiteness aside (SDPA's own 0 x NaN: the report)
     assert out.dtype == torch.bfloat16 and out.shape == (3, 32, 128)
+
+
+def test_unread_memory_is_not_always_poison():
+    """Review of session 56: with every unread row poison and every entry past the last page out of
+    the pool in every value set, a kernel finding a finite row at lens[b], or an in-pool entry, knew
+    it served a user. Both kinds must come in verification's value sets."""
+    import torch
+
+    from runner.judge.inputs import make_inputs
+    from runner.ops import reference as R
+    from runner.spec.spec import load_spec
+
+    op = load_spec("pipelines/decode-attention-paged16-h200.yaml").op
+    seen_rows, seen_table = set(), set()
+    for seed in range(60):
+        x = make_inputs(op, {"B": 3, "MAXP": 9}, seed, 0, "cpu", serving=R.decode_attention_paged.serving)
+        t, ln, kc = x["block_table"].long(), x["lens"].long(), x["k_cache"]
+        page, npool = kc.shape[1], kc.shape[0]
+        for b in range(t.shape[0]):
+            used = (int(ln[b]) + page - 1) // page
+            if used < t.shape[1]:
+                seen_table.add(0 <= int(t[b, used]) < npool)
+        pool_read = torch.zeros(npool, dtype=torch.bool)
+        for b in range(t.shape[0]):
+            pool_read[t[b, :(int(ln[b]) + page - 1) // page]] = True
+        unread = kc[~pool_read]
+        if unread.numel():
+            seen_rows.add(bool(torch.isfinite(unread.float()).all() and unread.float().abs().max() < 1e30))
+    assert seen_rows == {True, False} and seen_table == {True, False}

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 GUARD = 4096  # elements on each side of an output
-USER_BIG = 1 << 20  # bytes: torch's caching allocator gives tensors this large segments of their own
+USER_BIG = 1 << 20  # bytes: torch's caching allocator serves tensors this large from large segments
 USER_BIG_ALIGN = 2 << 20  # ... which start on 2 MiB boundaries
 USER_SMALL_ALIGN = 512  # the allocator's rounding of smaller blocks
 # A shape verified and not timed takes all its buffers (outputs, and the inputs of every round
@@ -135,15 +135,17 @@ class Poisoned:
         kernel host's arena)."""
         f = self.front
         return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f, self.guard, self.lead,
-                        self.back)
+                        self.back, self.whole)
 
     guard: torch.Tensor | None = None  # the guard bands' bits as filled, kept on the host
     lead: int = 0  # elements before the front guard (the room that puts the output at a user's alignment)
     back: int | None = None  # the back guard's elements (None: to the buffer's end)
+    whole: bool = False  # whether `guard` holds every element outside the output, the room included
 
     def guards_intact(self, which: int = 0) -> bool:
         end = None if self.back is None else self.front + self.numel + self.back
-        g = torch.cat([self.buf[self.lead:self.front], self.buf[self.front + self.numel:end]])
+        start = 0 if self.whole else self.lead  # `whole`: the room is checked too (`poisoned`)
+        g = torch.cat([self.buf[start:self.front], self.buf[self.front + self.numel:end]])
         if self.guard is None:  # (a buffer made by hand, not by `poisoned`: the sentinel)
             return bool((g == _poison(self.buf.dtype)).all())
         return bool(torch.equal(bits(g).cpu(), self.guard))
@@ -161,15 +163,22 @@ def _poison(dtype: torch.dtype):
 
 
 def user_alignment(nbytes: int) -> int:
-    """Where torch's CUDA caching allocator starts a tensor of `nbytes`: a large one (USER_BIG or
-    more) at the start of a segment of its own, on a 2 MiB boundary, a small one on 512 bytes."""
-    return USER_BIG_ALIGN if nbytes >= USER_BIG else USER_SMALL_ALIGN
+    """Where torch's CUDA caching allocator may start a tensor of `nbytes`: on 512 bytes always
+    (its rounding), and a large one (USER_BIG or more) often on a 2 MiB boundary, at the start of
+    a segment (of its own past 10 MiB; inside a 20 MiB one from 1 to 10 MiB, or split from a cached
+    one, it need not be). A secret draw for a large one: a 2 MiB boundary in half the outputs, so
+    that a kernel wrong at either placement is seen (the review of session 56: always 2 MiB made
+    the other a place no verification reached)."""
+    if nbytes >= USER_BIG and secrets.randbelow(2):
+        return USER_BIG_ALIGN
+    return USER_SMALL_ALIGN
 
 
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int = 0) -> Poisoned:
     """An output inside guard bands of at least GUARD elements (`guard_values`). Unplaced (`shift`
-    0), it starts where a user's `torch.empty` output of its size would (`user_alignment`: a
-    large output on a 2 MiB boundary, the front band as long as it takes); placed, `shift`
+    0), it starts where a user's `torch.empty` output of its size could (`user_alignment`: a
+    large output on a 2 MiB boundary in a secret half, the front band as long as it takes, every
+    element outside the output checked); placed, `shift`
     elements past the front band (place_shift). Every judged output once sat GUARD elements into
     its allocation, never on a 2 MiB boundary, where a user's large outputs always are: a kernel
     could tell the judge's calls by the output's address (session 56's red team)."""
@@ -196,8 +205,12 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int
         k = n // w
         out[:k * w].view(k, w).copy_(blk.expand(k, w))
         out[k * w:].copy_(blk[:n - k * w])
-    g = bits(band)
-    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g, lead, GUARD)
+    # every element of the buffer outside the output is checked, the room included: a room the
+    # check skipped was memory at an offset a kernel can work out from its own pointer, inside the
+    # judge's buffer, where a write (a mark kept from one call to the next) went unseen (review of
+    # session 56). Its host copy is the room's size more (up to 2 MiB, outputs of 1 MiB or more).
+    g = bits(torch.cat([buf[:f], buf[f + numel:]])).cpu()
+    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g, lead, None, True)
 
 
 def _secret_generator() -> torch.Generator:

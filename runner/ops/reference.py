@@ -150,8 +150,21 @@ def _serving_contiguous(inputs: dict, gen: torch.Generator) -> None:
     k, v, lens = inputs["k"], inputs["v"], inputs["lens"]
     L = k.shape[1]
     past = torch.arange(L)[None, :] >= lens.cpu().long()[:, None]  # [B, L]
+    if not _poisons(gen):  # a user's memory past the length: stale finite rows, as drawn
+        return
     _poison_rows(k, past, gen)
     _poison_rows(v, past, gen)
+
+
+POISON_SHARE = 0.5  # value sets whose unread memory is poisoned; the others keep the draws' values
+
+
+def _poisons(gen: torch.Generator) -> bool:
+    """Whether this value set's unread memory is poisoned (a draw of its own). Never always: with
+    every unread row NaN, Inf or the dtype's largest in every verification value set, a kernel that
+    finds an ordinary finite value at row lens[b] (a user's stale cache) knew it was not judged
+    (review of session 56)."""
+    return bool(torch.rand((), generator=gen) < POISON_SHARE)
 
 
 decode_attention.serving = _serving_contiguous
@@ -185,11 +198,15 @@ def _serving_paged(inputs: dict, gen: torch.Generator) -> None:
     live = slot[None, :] < used[:, None]  # [B, maxp]
     past = ~live
     n = int(past.sum())
-    if n:
+    if n and _poisons(gen):
         kinds = torch.randint(0, len(OUT_OF_POOL), (n,), generator=gen)
         vals = torch.tensor([-1, npool, npool + (1 << 20), 2 ** 31 - 1, -2 ** 31], dtype=torch.int64)[kinds]
         t[past] = vals
+    elif n:  # stale in-pool pages (a serving engine's table keeps freed pages' ids): never always out of pool
+        t[past] = torch.randint(0, npool, (n,), generator=gen)
     table.copy_(t.to(table.dtype))
+    if not _poisons(gen):  # the unread slots keep the draws' finite values, as a user's stale cache does
+        return
     # the pool slots some live entry reads: rows 0 .. n - 1 of page t[b, j], n its tokens there
     toks = (ln[:, None] - slot[None, :] * page).clamp(0, page)  # [B, maxp]
     reads = (torch.arange(page)[None, None, :] < toks[:, :, None]) & live[:, :, None]  # [B, maxp, page]

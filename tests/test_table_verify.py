@@ -24,7 +24,9 @@ TEMPLATE = (Path(__file__).resolve().parents[1] / "kernel_templates" / "rmsnorm.
 # of N mod 16, above the sizes a trial is sure to be verified at (the tuning points, the extra
 # shapes); the trial's few secret domain draws find it now and then, a table's sweep must
 RIGHT = "    for (int64_t k = 0; k < N; ++k) orow[k] = xr[k] * scale * w[k];\n"
-BUGGY = RIGHT + "{% if BUG %}    if (N > 1100 && N % 16 == 7) orow[N - 1] = 0;{% endif %}\n"
+# (the last element 1 off, not zeroed: a zero there passed where the secret draw made w[N - 1] so
+# small that every row's last output was within its budget of 0, a test flake in about 1 CI run in 5)
+BUGGY = RIGHT + "{% if BUG %}    if (N > 1100 && N % 16 == 7) orow[N - 1] += 1;{% endif %}\n"
 
 
 @pytest.fixture(scope="module")

@@ -305,9 +305,9 @@ class Session:
             # the reference at the shapes no baseline timing calls it on (every one with none), else
             # at the smallest listed one: the baseline calls it in the inputs' own dtypes, never on
             # the float64 copies verification gives it (a float32 answer there: check_reference)
-            args = (spec.baseline != "none", False) if spec.baseline == "none" or spec.op.extra_shapes \
-                else (False, True)
-            got = self.worker.request(("check_reference", *args), spec.runtime.timeout_s * 10)
+            extra_only, smallest = (False, False) if spec.baseline == "none" else \
+                (True, False) if spec.op.extra_shapes else (False, True)
+            got = self.worker.request(("check_reference", extra_only, smallest), spec.runtime.timeout_s * 10)
             if got["status"] != "ok":
                 raise self._reference_failed(f"op.reference {spec.op.reference}", got)
             self.ledger.set_meta("reference_checked", "1")

@@ -134,18 +134,13 @@ class Poisoned:
         """The same buffer (guards and all) over `buf`, a copy of `self.buf` elsewhere (the CPU
         kernel host's arena)."""
         f = self.front
-        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f, self.guard, self.lead,
-                        self.back, self.whole)
+        return Poisoned(buf, buf[f:f + self.numel].view(self.view.shape), self.numel, f, self.guard, self.lead)
 
-    guard: torch.Tensor | None = None  # the guard bands' bits as filled, kept on the host
+    guard: torch.Tensor | None = None  # the bits of every element outside the output as filled, on the host
     lead: int = 0  # elements before the front guard (the room that puts the output at a user's alignment)
-    back: int | None = None  # the back guard's elements (None: to the buffer's end)
-    whole: bool = False  # whether `guard` holds every element outside the output, the room included
 
     def guards_intact(self, which: int = 0) -> bool:
-        end = None if self.back is None else self.front + self.numel + self.back
-        start = 0 if self.whole else self.lead  # `whole`: the room is checked too (`poisoned`)
-        g = torch.cat([self.buf[start:self.front], self.buf[self.front + self.numel:end]])
+        g = torch.cat([self.buf[:self.front], self.buf[self.front + self.numel:]])
         if self.guard is None:  # (a buffer made by hand, not by `poisoned`: the sentinel)
             return bool((g == _poison(self.buf.dtype)).all())
         return bool(torch.equal(bits(g).cpu(), self.guard))
@@ -177,11 +172,11 @@ def user_alignment(nbytes: int) -> int:
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int = 0) -> Poisoned:
     """An output inside guard bands of at least GUARD elements (`guard_values`). Unplaced (`shift`
     0), it starts where a user's `torch.empty` output of its size could (`user_alignment`: a
-    large output on a 2 MiB boundary in a secret half, the front band as long as it takes, every
-    element outside the output checked); placed, `shift`
-    elements past the front band (place_shift). Every judged output once sat GUARD elements into
-    its allocation, never on a 2 MiB boundary, where a user's large outputs always are: a kernel
-    could tell the judge's calls by the output's address (session 56's red team)."""
+    large output on a 2 MiB boundary in a secret half, the front band as long as it takes);
+    placed, `shift` elements past the front band (place_shift). Every element outside the output
+    is checked. Every judged output once sat GUARD elements into its allocation, never on a 2 MiB
+    boundary, where a user's large outputs often are: a kernel could tell the judge's calls by the
+    output's address (session 56's red team)."""
     numel = 1
     for d in shape:
         numel *= d
@@ -190,8 +185,7 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int
     room = align // isz if align else 0
     buf = torch.empty(numel + 2 * GUARD + shift + room, dtype=dtype, device=device)
     # `lead` elements of room first, where unplaced: the output then starts past GUARD elements of
-    # band at the alignment a user's output has. The room is filled as the output is, not checked
-    # (as memory far from any buffer is not: a near write lands in the bands)
+    # band at the alignment a user's output has. The room is filled as the output is
     lead = (-(buf.data_ptr() + GUARD * isz) % align) // isz if align else 0
     f = lead + GUARD + shift
     band = guard_values(2 * GUARD + shift, dtype)  # the two bands, drawn on the host (a few KiB)
@@ -210,7 +204,7 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int
     # judge's buffer, where a write (a mark kept from one call to the next) went unseen (review of
     # session 56). Its host copy is the room's size more (up to 2 MiB, outputs of 1 MiB or more).
     g = bits(torch.cat([buf[:f], buf[f + numel:]])).cpu()
-    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g, lead, None, True)
+    return Poisoned(buf, buf[f:f + numel].view(shape), numel, f, g, lead)
 
 
 def _secret_generator() -> torch.Generator:

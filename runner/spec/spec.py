@@ -1696,10 +1696,8 @@ def _reference_lookup(loc, diags: list) -> list:
         return []
     try:
         userpath.load_callable(ref, Path(loc.file).resolve().parent)
-    except userpath.ModuleLookupError as e:
+    except userpath.ModuleLookupError as e:  # (load_callable reports any error of the module so)
         return [loc.diag(("op", "reference"), str(e))]
-    except Exception:  # noqa: BLE001 - the full check reports it once the schema passes
-        return []
     return []
 
 

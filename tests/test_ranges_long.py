@@ -323,6 +323,14 @@ def test_hoist_picks_the_chunks_the_per_chunk_tests_pick():
                  "const Mine mm = mine_of(sp, a, pc, N);",
                  "part_store(v, row_scale(m, s, mb), y, ring, s0, sh, sp, a, pc, N, &mm);"):
         assert text in src, text
+    # RMSNorm's reads and stores take the same tests (session 57: its stores had kept them a chunk at a time)
+    rr = bulk_model.bulk_geometries("rmsnorm")[0][0]
+    rcfg = next(c for c in rr.configs if c["PF"] == 3 and c["STORE"] != "bulk" and not c["ALIGN"])
+    rsrc = Builder(rr.spec).render_all(dict(rcfg, HOIST=1), shapes=[rr.shape(16384, 1)])[0]
+    for text in ("part_chunk(ring, s0, it, sh, sp, a, pc, N, 0u, &mm);",
+                 "part_rms(r, ws, y, ring, s0, sh, sp, a, pc, N, rsqrtf(ss / (float)N + eps), &mm);",
+                 "if (mm ? (mm->edges >> it & 1u) == 0u : whole(sp, qq, N)) {"):
+        assert text in rsrc, text
 
     def mine_of(off, nv, n, a, pc, t, tpr, items):
         mine = -(-(pc - t) // tpr) if pc > t else 0

@@ -59,7 +59,8 @@ def test_the_space_has_the_pf3_configurations_for_long_rows(geos):
 
 
 def test_pf3_geometry_fits_the_h200(geos):
-    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos:
+    assert bulk_model.inlined(geos)
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos + bulk_model.inlined(geos):
         env = r.env(cfg, {"M": 1000, "N": cap})
         minb = int(env["MINB"])
         # a producer warp besides the compute warps; slots of whole multiples of the block's chunks
@@ -72,7 +73,7 @@ def test_pf3_geometry_fits_the_h200(geos):
         assert ring + 3072 <= 232448
         assert minb * (ring + 3072) <= 233472
         # registers: the f32 hold of ITEMS * 8 floats under the launch bound's cap
-        warps = (tpr + 32) // 32 * minb
+        warps = (tpr + (0 if cfg.get("INLINE") else 32)) // 32 * minb  # INLINE: no producer warp
         cap_regs = 65536 // (warps * 32) // 8 * 8
         assert items * 8 + 24 <= cap_regs, (cfg, cap_regs)
         # clusters of 4 and 8 on 120 SMs, 2 and 1 on 132; M = 1 and M not a multiple of the grid
@@ -83,7 +84,8 @@ def test_pf3_geometry_fits_the_h200(geos):
             grid = compile_expr(spec["grid"])(e)
             block = compile_expr(spec["block"])(e)
             smem = compile_expr(spec["shared_mem"])(e)
-            assert block == tpr + 32 and smem == nslot * (slot + 128 * cfg["ALIGN"])  # ALIGN: the spill's 128 bytes
+            # INLINE: no producer warp; ALIGN: the spill's 128 bytes a slot
+            assert block == tpr + (0 if cfg.get("INLINE") else 32) and smem == nslot * (slot + 128 * cfg["ALIGN"])
             # clusters of 16: 14 resident at two blocks an SM (cuda.core on an H100, session 54)
             assert grid % cl == 0 and grid // cl == min(m, (132 if cl <= 2 else 120 if cl <= 8 else 112) * minb // cl)
 
@@ -137,11 +139,12 @@ def small_sizes(tpr, items, cl, rng):
     return out
 
 
-@pytest.mark.parametrize("bulk, align, lag", [(False, False, False), (True, False, False), (False, True, False),
-                                              (False, False, True)],
-                         ids=["plain", "bulk", "aligned", "lag"])
+@pytest.mark.parametrize("bulk, align, lag, inline", [(False, False, False, False), (True, False, False, False),
+                                                      (False, True, False, False), (False, False, True, False),
+                                                      (False, False, False, True), (False, True, False, True)],
+                         ids=["plain", "bulk", "aligned", "lag", "inline", "inline-aligned"])
 @pytest.mark.parametrize("geo", SMALL, ids=lambda g: "T{}-I{}-CL{}-S{}x{}".format(*g))
-def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, align, lag):
+def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, align, lag, inline):
     tpr, items, cl, slot, nslot = geo
     if lag and cl == 1:
         with pytest.raises(bulk_model.BulkError, match="LAG takes a cluster"):
@@ -154,14 +157,16 @@ def test_ring_reads_every_chunk_once_and_stores_every_element_once(geo, bulk, al
         _, sub = bulk_model.cut_of(n, cl, slot // 16)
         wrap = 2 * (nslot // max(sub, 1) + 2) + 1  # rows enough to wrap the ring twice a cluster
         for m, G, seed in ((1, 2, n), (3, 2, n + 1), (wrap, 2, n + 2), (wrap + 2, 3, n + 3)):
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed, align=align, lag=lag)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, m, G=G, seed=seed, align=align, lag=lag,
+                             inline=inline)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_ring_is_correct_under_many_schedules(seed):
     # rows at every offset within a chunk (N odd), the ring wrapping several times
-    for bulk, lag in ((False, False), (True, False), (False, True)):
-        bulk_model.check(64, 8, 2, 2048, 8, bulk, 8185 - 2 * seed, 23, G=2, seed=seed, lag=lag)
+    for bulk, lag, inline in ((False, False, False), (True, False, False), (False, True, False),
+                              (False, False, True)):
+        bulk_model.check(64, 8, 2, 2048, 8, bulk, 8185 - 2 * seed, 23, G=2, seed=seed, lag=lag, inline=inline)
 
 
 @pytest.mark.parametrize("broken, bulk, why", [
@@ -174,11 +179,15 @@ def test_ring_is_correct_under_many_schedules(seed):
     ((), "lag", None),
     (("lag_release_early",), "lag", "holds"),           # LAG: slots back before the part's second read
     (("lag_send_early",), "lag", "merged the pairs"),   # LAG: a pair sent before every warp read the last
+    ((), "inline", None),
+    (("inline_early",), "inline", "holds|lapped"),      # INLINE: a refill before the barriers
 ])
 def test_the_model_catches_a_protocol_out_of_step(broken, bulk, why):
     kw = dict(broken=frozenset(broken))
     if bulk == "lag":
         bulk, kw["lag"] = False, True
+    if bulk == "inline":
+        bulk, kw["inline"] = False, True
     if bulk == "aligned":  # full parts (N = 4089: 256 chunks a block) start anywhere in a line
         bulk, kw["align"] = False, True
         for seed in range(3):  # the same without the mistake passes
@@ -215,18 +224,19 @@ def test_a_row_longer_than_the_parts_is_refused_as_the_kernel_traps():
 def test_ring_on_the_specs_own_geometries(geos):
     rng = random.Random(3)
     done = set()
-    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos + bulk_model.lagged(geos):
-        align, lag = cfg["ALIGN"] == 1, cfg["LAG"] == 1
-        if cl == 8 and (tpr, items, bulk, align, lag) in done:
+    for r, cfg, tpr, items, cl, slot, nslot, bulk, cap in geos + bulk_model.lagged(geos) + bulk_model.inlined(geos):
+        align, lag, inline = cfg["ALIGN"] == 1, cfg["LAG"] == 1, cfg.get("INLINE") == 1
+        if cl == 8 and (tpr, items, bulk, align, lag, inline) in done:
             continue  # the largest clusters are slow to model: one each
-        done.add((tpr, items, bulk, align, lag))
+        done.add((tpr, items, bulk, align, lag, inline))
         lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
         ns = [n for n in (hi, hi - 7, lo, rng.randint(lo, hi) | 1) if r.serves(cfg, n)]
         for n in ns:
             _, sub = bulk_model.cut_of(n, cl, slot // 16)
-            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n, align=align, lag=lag)
+            bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, 1, G=1, seed=n, align=align, lag=lag,
+                             inline=inline)
             bulk_model.check(tpr, items, cl, slot, nslot, bulk, n, nslot // sub + 4, G=2, seed=n + 1, align=align,
-                             lag=lag)
+                             lag=lag, inline=inline)
 
 
 # -- the arithmetic of a row ---------------------------------------------------------------------

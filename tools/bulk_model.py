@@ -163,7 +163,8 @@ class Barrier:
 
 
 def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
-             seed: int = 0, broken: frozenset = frozenset(), align: bool = False, lag: bool = False) -> np.ndarray:
+             seed: int = 0, broken: frozenset = frozenset(), align: bool = False, lag: bool = False,
+             inline: bool = False) -> np.ndarray:
     """Runs clusters 0 ... G - 1 of a persistent grid over m rows of n; returns how many times
     each element of y (its 16-byte chunks' elements) was written. `broken` names mistakes the
     tests make on purpose: "release_early" (the bulk path gives a row's slots back as soon as
@@ -174,7 +175,12 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
     (a cluster, plain stores, ALIGN = 0): each row's slots read twice, its pairs received and
     its output stored after the next row's first read; "lag_release_early" gives the slots
     back after the first read, "lag_send_early" sends a row's pair with no barrier after the
-    block's reads of the row before's pairs."""
+    block's reads of the row before's pairs. `inline`: INLINE = 1 (plain stores, LAG 0): no producer
+    warp; warp 0 issues the ring's first NSLOT pieces, then a row's refill once both block
+    barriers followed its reads (a cluster: between its send and its wait); "inline_early"
+    issues the refill before the barriers."""
+    if inline and (bulk or lag):
+        raise BulkError("INLINE takes plain stores and LAG = 0")
     if align and bulk:
         raise BulkError("ALIGN takes plain stores")
     if lag and (bulk or align or cl == 1):
@@ -214,36 +220,45 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
             """part_shift: chunks the stream starts ahead of the part (ALIGN)."""
             return (base + a) & 7 if align and pc else 0
 
-        def producer(rank: int):
+        def fill(rank: int, nn: int) -> None:
+            """bulk_fill: piece nn of the block's stream (row nn // sub's piece nn % sub) into
+            slot nn % nslot, its bytes expected on the slot's full mbarrier."""
             a = rank * P
-            nn = 0
-            for k in range(mine):
-                base, off, nv = span_of(cid + k * G, n)
-                pc = part_len(nv, a, P)
-                sh = shift(base, a, pc)
-                for i in range(sub):
-                    sl = nn % nslot
-                    if nn >= nslot:
-                        e = empty[rank][sl]
-                        ph = nn // nslot - 1
-                        yield (lambda e=e, ph=ph: e.passed(ph & 1, ph))
-                    q = sh + pc - i * sc
-                    most = sc + 8 if align and i == sub - 1 and "no_spill" not in broken else sc
-                    ln = 0 if q <= 0 else min(q, most)
-                    full[rank][sl].expect_arrive(ln * 16)
-                    if ln:
-                        src = base + a - sh + i * sc + np.arange(ln)
-                        if src[0] < 0 or src[-1] >= nchunks:
-                            raise BulkError(f"a copy from outside x: chunks {src[0]}..{src[-1]} of {nchunks}")
-                        if ln > rings[rank].shape[1]:
-                            raise BulkError(f"a copy of {ln} chunks into a slot of {rings[rank].shape[1]}")
-                        rings[rank][sl, :ln] = GARBAGE  # in flight: nobody may rely on these bytes
+            k, i = divmod(nn, sub)
+            base, off, nv = span_of(cid + k * G, n)
+            pc = part_len(nv, a, P)
+            sh = shift(base, a, pc)
+            sl = nn % nslot
+            q = sh + pc - i * sc
+            most = sc + 8 if align and i == sub - 1 and "no_spill" not in broken else sc
+            ln = 0 if q <= 0 else min(q, most)
+            full[rank][sl].expect_arrive(ln * 16)
+            if ln:
+                src = base + a - sh + i * sc + np.arange(ln)
+                if src[0] < 0 or src[-1] >= nchunks:
+                    raise BulkError(f"a copy from outside x: chunks {src[0]}..{src[-1]} of {nchunks}")
+                if ln > rings[rank].shape[1]:
+                    raise BulkError(f"a copy of {ln} chunks into a slot of {rings[rank].shape[1]}")
+                rings[rank][sl, :ln] = GARBAGE  # in flight: nobody may rely on these bytes
 
-                        def land(rank=rank, sl=sl, ln=ln, src=src):
-                            rings[rank][sl, :ln] = src + 1  # x's chunk c is held as c + 1
-                            full[rank][sl].complete(ln * 16)
-                        sim.events.append(land)
-                    nn += 1
+                def land(rank=rank, sl=sl, ln=ln, src=src):
+                    rings[rank][sl, :ln] = src + 1  # x's chunk c is held as c + 1
+                    full[rank][sl].complete(ln * 16)
+                sim.events.append(land)
+
+        def producer(rank: int):
+            for nn in range(mine * sub):
+                sl = nn % nslot
+                if nn >= nslot:
+                    e = empty[rank][sl]
+                    ph = nn // nslot - 1
+                    yield (lambda e=e, ph=ph: e.passed(ph & 1, ph))
+                fill(rank, nn)
+
+        def issue(rank: int, n0: int, cnt: int) -> None:
+            """INLINE's bulk_issue (warp 0's lanes): pieces n0 ... n0 + cnt - 1 of the rows there are."""
+            for nn in range(n0, min(n0 + cnt, mine * sub)):
+                fill(rank, nn)
 
         def wait_full(rank: int, n0: int, s0: int):
             """bulk_wait: every piece of the part from n0 (slot s0) landed."""
@@ -376,21 +391,31 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
             n0 = s0 = 0
             pend = -1
             jc = 0
+            if inline and w == 0:
+                issue(rank, 0, nslot)  # the ring's first pieces
             for k in range(mine):
                 row = cid + k * G
                 base, off, nv = span_of(row, n)
                 pc = part_len(nv, a, P)
                 yield from wait_full(rank, n0, s0)
                 held = read(rank, w, k, s0, seen=True)
-                if not bulk or "release_early" in broken:
+                if inline:
+                    if "inline_early" in broken and w == 0:
+                        issue(rank, n0 + nslot, sub)  # before the barriers: a slow warp may still read
+                elif not bulk or "release_early" in broken:
                     release(rank, s0)
                 # block_reduce twice: two named barriers
                 yield bars[rank].sync()
                 yield bars[rank].sync()
+                refill = inline and w == 0 and "inline_early" not in broken
                 if cl > 1:
                     send(rank, w, jc, row, expect=True)
+                    if refill:
+                        issue(rank, n0 + nslot, sub)  # cluster_pair's hook: between the send and the wait
                     yield from recv(rank, w, jc, row, expect=False)
                     jc += 1
+                elif refill:
+                    issue(rank, n0 + nslot, sub)
                 output(rank, k, held)
                 if bulk:
                     yield bars[rank].sync()
@@ -432,7 +457,8 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
 
         agents = []
         for rank in range(cl):
-            agents.append(producer(rank))
+            if not inline:
+                agents.append(producer(rank))
             agents += [warp(rank, w) for w in range(nw)]
         sim.run(agents)
     if np.any(seen_all != 1):
@@ -442,8 +468,9 @@ def simulate(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n
 
 
 def check(tpr: int, items: int, cl: int, slot: int, nslot: int, bulk: bool, n: int, m: int, G: int = 2,
-          seed: int = 0, broken: frozenset = frozenset(), align: bool = False, lag: bool = False) -> None:
-    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken, align, lag)
+          seed: int = 0, broken: frozenset = frozenset(), align: bool = False, lag: bool = False,
+          inline: bool = False) -> None:
+    w = simulate(tpr, items, cl, slot, nslot, bulk, n, m, G, seed, broken, align, lag, inline)
     if np.any(w[: m * n] != 1) or np.any(w[m * n:] != 0):
         bad = int(np.argmax(w[: m * n] != 1)) if np.any(w[: m * n] != 1) else m * n
         raise BulkError(f"TPR={tpr} ITEMS={items} CL={cl} N={n} M={m}: y written {w[: m * n].min()}.."
@@ -600,9 +627,10 @@ def takes_lag(cfg: dict) -> bool:
     """A PF = 3 configuration the template lets take LAG = 1: a cluster, stores not from the
     slots, the part's stream from its first chunk (ALIGN = 0), every exponential `exp2f`'s (no
     EXPOLY, ONLINE or FUSE: the template refuses each beside LAG), the chunks' tests a chunk at a
-    time (no HOIST, which only the unlagged path takes)."""
+    time (no HOIST, which only the unlagged path takes), a producer warp (no INLINE)."""
     return (cfg.get("PF") == 3 and cfg["CL"] > 1 and cfg["STORE"] != "bulk" and not cfg.get("ALIGN")
-            and not cfg.get("EXPOLY") and not cfg.get("ONLINE") and not cfg.get("FUSE") and not cfg.get("HOIST"))
+            and not cfg.get("EXPOLY") and not cfg.get("ONLINE") and not cfg.get("FUSE") and not cfg.get("HOIST")
+            and not cfg.get("INLINE"))
 
 
 def with_lag(cfgs: list[dict]) -> list[dict]:
@@ -614,6 +642,17 @@ def with_lag(cfgs: list[dict]) -> list[dict]:
 def lagged(geos: list) -> list:
     """bulk_geometries' entries that may take LAG = 1, with it."""
     return [(g[0], dict(g[1], LAG=1)) + tuple(g[2:]) for g in geos if takes_lag(g[1])]
+
+
+def takes_inline(cfg: dict) -> bool:
+    """A PF = 3 configuration the template lets take INLINE = 1 (no producer warp): the unlagged
+    path with plain or streaming stores."""
+    return cfg.get("PF") == 3 and not cfg.get("LAG") and cfg["STORE"] != "bulk"
+
+
+def inlined(geos: list) -> list:
+    """bulk_geometries' entries that may take INLINE = 1, with it (those not already with it)."""
+    return [(g[0], dict(g[1], INLINE=1)) + tuple(g[2:]) for g in geos if takes_inline(g[1]) and not g[1].get("INLINE")]
 
 
 def main() -> int:
@@ -632,14 +671,14 @@ def main() -> int:
                 rows = 2 * (nslot // max(sub, 1) + 2) + 1  # the ring wraps twice in a cluster
                 for m in (1, rows):
                     check(tpr, items, cl, slot, nslot, bulk, n, m, G=2, seed=n + m, align=cfg.get("ALIGN") == 1,
-                          lag=cfg.get("LAG") == 1)
+                          lag=cfg.get("LAG") == 1, inline=cfg.get("INLINE") == 1)
             if a.every:
                 lo, hi = max(r.lo, cap // 4 + 1), min(r.hi, cap)
                 ns_all = np.arange(lo, hi + 1, dtype=np.int64)
                 nv = (ns_all + 8 - np.minimum(8, ns_all & -ns_all) + 7) // 8
                 check_fit(tpr, items, cl, ns_all[(nv <= cap // 8) & (4 * ns_all > cap)])
             print(f"ok   TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} ALIGN={cfg.get('ALIGN', 0)} "
-                  f"LAG={cfg.get('LAG', 0)} (CAP {cap}, NSLOT {nslot}): N {ns}")
+                  f"LAG={cfg.get('LAG', 0)} INLINE={cfg.get('INLINE', 0)} (CAP {cap}, NSLOT {nslot}): N {ns}")
         except BulkError as e:
             fails += 1
             print(f"FAIL TPR={tpr} ITEMS={items} CL={cl} STORE={cfg['STORE']} LAG={cfg.get('LAG', 0)}: {e}")

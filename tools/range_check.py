@@ -220,7 +220,7 @@ def check_resident(r: Range, b, compiled: list) -> None:
     """A persistent grid (PF > 0) launches as many blocks as MINB an SM: those blocks' shared
     memory (dynamic, static, and the 1 KiB the SM reserves a block) must fit the SM's, and their
     registers its register file, or the grid runs in waves and the ring's depth is not what the
-    spec assumed. PF = 3 also needs whole warps and its producer warp in the block."""
+    spec assumed. PF = 3 also needs whole warps and its producer warp in the block (INLINE: none)."""
     hw = r.spec.hw
     sm_smem = hw.get("shared_mem_per_sm_bytes", 233472)
     sm_regs = hw.get("registers_per_sm", 65536)
@@ -238,8 +238,9 @@ def check_resident(r: Range, b, compiled: list) -> None:
             fail(f"{r.name}: {label(cfg)}: {minb} blocks of {smem} bytes of shared memory exceed the SM's {sm_smem}")
         if minb * per_block_regs > sm_regs:
             fail(f"{r.name}: {label(cfg)}: {minb} blocks of {threads} threads at {regs} registers exceed the SM's {sm_regs}")
-        if cfg.get("PF") == 3 and threads != cfg["TPR"] + 32:
-            fail(f"{r.name}: {label(cfg)}: a block of {threads} threads, not TPR + the producer warp")
+        if cfg.get("PF") == 3 and threads != cfg["TPR"] + (0 if cfg.get("INLINE") else 32):
+            fail(f"{r.name}: {label(cfg)}: a block of {threads} threads, not TPR + the producer warp "
+                 "(INLINE: TPR alone)")
 
 
 # ----------------------------------------------------------------------------- on the GPU

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import re
 import struct
 import time
 from pathlib import Path
@@ -344,8 +345,10 @@ def test_partial_row_is_wrong(bench):
     t = bench.run("partial_row")
     assert t.status == "wrong", explain(t)
     assert "never written" in t.reason, t.reason
-    # 64 x 256: the first element missing is the first of the last row.
-    assert f"first at flat index {63 * 256}" in t.reason, t.reason
+    # 64 x 256: the first element wrong is in the last row (its first, unless the round's output held
+    # zeros, which a few of that row's answers, drawn around the smallest normal, are within budget of)
+    at = int(re.search(r"first at flat index (\d+)", t.reason).group(1))
+    assert 63 * 256 <= at < 64 * 256, t.reason
 
 
 def test_partial_element_is_wrong(bench):

@@ -41,7 +41,7 @@ def _op(kind):
 
 def judge_inputs(op, ref, shape, seed, round_, timed=False):
     """A value set as the judge's worker makes it (Judge._inputs), on the CPU."""
-    fake = SimpleNamespace(op=op, rt=SimpleNamespace(device="cpu"), _no_flush=False, _structured=False,
+    fake = SimpleNamespace(op=op, rt=SimpleNamespace(device="cpu"), _no_flush=False, _structured=False, _outliers=False,
                            reference=ref)
     return Judge._inputs(fake, shape, seed, round_, timed)
 

@@ -15,6 +15,7 @@ import torch
 
 from runner.build import ptx
 from runner.judge.inputs import make_inputs
+from runner.judge import verify
 from runner.judge.verify import GUARD_POISON, placed, poisoned, scratch
 
 from .conftest import PIPELINES, ROOT, pipe_main, shipped_spec
@@ -73,13 +74,91 @@ def test_value_sets_repeat_rows_as_users_batches_do():
 
 
 @pytest.mark.parametrize("tell,spec", [("guard_tell", "rmsnorm-cpu"), ("pad_tell", "rmsnorm-range-cpu"),
-                                       ("dup_tell", "rmsnorm-cpu")])
+                                       ("dup_tell", "rmsnorm-cpu"), ("zero_tell", "rmsnorm-cpu")])
 def test_a_kernel_right_only_where_it_sees_the_judge_is_wrong(project, tmp_path, tell, spec):
     """guard_tell: 1% off unless the elements before and after its output hold -31337; pad_tell: 1%
     off where x is off a 64-byte boundary and the 16 bytes before it are not all zero; dup_tell: 1%
-    off on a nonzero row equal to the row before it. Each was `ok` before (and off on calls made as
-    the exported op makes them: REPORT.md)."""
+    off on a nonzero row equal to the row before it; zero_tell (session 57): 1% off where 16 elements
+    spread over its output are all 0 before it writes, as in a user's fresh torch.empty output. Each
+    was `ok` before (and off on calls made as the exported op makes them: REPORT.md)."""
     r = pipe_main("eval", PIPELINES / f"{spec}.yaml", "--params", json.dumps({"ACC": 32, "UNROLL": 1, "THREADS": 1}),
                   "--variant", DATA / f"{tell}.cpp.j2", "--run-dir", tmp_path / tell, "--json", cwd=project)
+    got = json.loads(r.stdout)
+    assert got["status"] == "wrong", (r.stdout + r.stderr)[-2000:]
+
+
+def test_check_rounds_find_what_a_users_output_holds():
+    """Each check round: one run finds the kernel's own output, in either place; the other zeros,
+    a decoy or stale values, each in a share (session 57: verification's outputs never held zeros,
+    a fresh torch.empty output's usual content). Stale values are never 0 and are drawn afresh."""
+    got = [verify.prior_kinds() for _ in range(4000)]
+    assert all(sorted(k).count("own") == 1 for k in got)
+    assert 0.45 < sum(k[0] == "own" for k in got) / len(got) < 0.55
+    others = [k[1] if k[0] == "own" else k[0] for k in got]
+    for kind, share in (("zeros", 0.5), ("decoy", 0.25), ("stale", 0.25)):
+        assert abs(others.count(kind) / len(others) - share) < 0.04, kind
+    like = torch.empty(300, 700, dtype=torch.bfloat16)
+    a, b = verify.stale_values(like), verify.stale_values(like)
+    assert a.shape == like.shape and a.dtype == like.dtype and not torch.equal(a, b)
+    assert bool(torch.isfinite(a.float()).all()) and not bool((a == 0).any())
+    for dt in (torch.int64, torch.bool):
+        assert verify.stale_values(torch.empty(5, 3, dtype=dt)).shape == (5, 3)
+
+
+def test_an_output_left_at_zero_is_reported_never_written():
+    """The 'never written' count of compare's reason holds where the output found zeros."""
+    ref = torch.randn(64, 32, dtype=torch.float64)
+    out = ref.float().clone()
+    out[5:9] = 0  # rows a kernel skipped, on an output that held zeros
+    ok, why, _ = verify.compare(out, ref, 1e-5, 1e-5, prior=torch.zeros(64, 32))
+    assert not ok and "128 of them still hold what the buffer held before the call (never written?)" in why, why
+
+
+def test_value_sets_hold_outlier_channels_as_activations_do():
+    """In a secret share of verification's value sets (inputs.OUTLIER_SHARE), a few secret columns of
+    every row but the witness rows are 16 to 128 times the row's mean magnitude, one sign a column:
+    an LLM's hidden states (session 57). Finite in bf16 on rows drawn up to a quarter of its largest
+    value (softmax's `huge`), zero rows and copied rows kept; timed values never hold them."""
+    from runner.judge import inputs
+
+    op = shipped_spec(PIPELINES / "softmax-h200.yaml").op
+    sets = hits = 0
+    for seed in range(90):
+        x = make_inputs(op, {"M": 64, "N": 512}, 311 + seed, seed, "cpu", structured=True, outliers=True)["x"].float()
+        assert not bool(torch.isnan(x).any()) and not bool((x == float("inf")).any())  # -inf: `masked` rows only
+        fin = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
+        big = (fin > 12 * fin.mean(1, keepdim=True)).float().mean(0)  # per column: the rows where it is large
+        cols = (big > 0.7).nonzero().flatten()
+        sets += 1
+        hits += cols.numel() > 0
+        assert cols.numel() <= inputs.OUTLIER_MAX
+        for c in cols:  # one sign a column, in the rows where it is large
+            v = x[:, c][(fin[:, c] > 12 * fin.mean(1)) & torch.isfinite(x[:, c])]
+            assert bool((v > 0).all()) or bool((v < 0).all())
+    # 2/3 of the sets whose draw is an everyday one (inputs.OUTLIER_DISTS: half of softmax-h200's)
+    assert 0.2 * sets < hits < 0.5 * sets, (hits, sets)
+    timed = make_inputs(op, {"M": 64, "N": 512}, 5, 0, "cpu", timed=True, outliers=True)["x"].float()
+    assert not bool(((timed.abs() > 12 * timed.abs().mean(1, keepdim=True)).float().mean(0) > 0.7).any())
+    # the other draws are the same with the channels or without; zero rows stay zero
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    x[7] = 0
+    got = inputs._outlier_channels(x.clone(), op.inputs[0], 3, 0)
+    moved = (got != x).any(0)
+    assert not bool((got[7] != 0).any()) and int(moved.sum()) in (0, 1)  # 64 columns: one at most
+    big = torch.full((40, 64), 3.0e38 / 4, dtype=torch.bfloat16)  # `huge` rows are left as drawn
+    assert torch.equal(inputs._outlier_channels(big.clone(), op.inputs[0], 3, 0), big)
+
+
+def test_a_kernel_right_only_without_outlier_channels_is_wrong(project, tmp_path):
+    """outlier_tell: 1% off where the column of row 0's largest magnitude is 8 times its row's mean
+    in rows 0, M / 2 and M - 1, as an LLM's hidden states are. `ok` before (verification drew no
+    such columns); on rmsnorm-cpu with 12 check rounds (24 value sets of 8 rows or more, half of them
+    an everyday draw) it meets outlier channels in all but about 1 trial in 10^5."""
+    spec = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
+    spec = spec.replace("kernel_templates/rmsnorm.cpp.j2", str(ROOT / "kernel_templates" / "rmsnorm.cpp.j2"))
+    assert "  checks: 2\n" in spec
+    (tmp_path / "rmsnorm-cpu.yaml").write_text(spec.replace("  checks: 2\n", "  checks: 12\n"))
+    r = pipe_main("eval", tmp_path / "rmsnorm-cpu.yaml", "--params", json.dumps({"ACC": 32, "UNROLL": 1, "THREADS": 1}),
+                  "--variant", DATA / "outlier_tell.cpp.j2", "--run-dir", tmp_path / "run", "--json", cwd=project)
     got = json.loads(r.stdout)
     assert got["status"] == "wrong", (r.stdout + r.stderr)[-2000:]

@@ -8,10 +8,12 @@ buffers (kernel.scratch, `Scratch`) live in guard bands the same way; they are
 zeroed once, when allocated, and must be zero again after every checked call.
 
 Before a checked call the output holds a plausible wrong answer, never NaN
-poison a kernel could test for: in verification a *decoy* (the reference's
-answer for a value set the kernel is never given, cast to the output dtype; the
-second run of a round sees it reversed and scaled by 17/16), in the timed calls
-whatever the kernel's previous call left there (the other value set's output).
+poison a kernel could test for: in verification one run of each check round finds the
+kernel's own output for another value set, the other, in secret shares, what else a
+user's output holds (`prior_kinds`): zeros, a *decoy* (the reference's answer for a
+value set the kernel is never given, cast to the output dtype; reversed and scaled by
+17/16 in the second run) or stale values; in the timed calls whatever the kernel's
+previous call left there (the other value set's output).
 A kernel that skips elements, or stores only when the buffer looks empty, leaves
 a wrong answer there, and the error budget is tight enough to see it:
 
@@ -195,10 +197,7 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str, shift: int
     # the output itself (a decoy or the kernel's own output replaces it before a check) and the room
     # on either side: a block of such values tiled over each, with no temporary of their size
     for a, b in ((f, f + numel), (0, lead), (f + numel + GUARD, buf.numel())):
-        out, w, n = buf[a:b], blk.numel(), b - a
-        k = n // w
-        out[:k * w].view(k, w).copy_(blk.expand(k, w))
-        out[k * w:].copy_(blk[:n - k * w])
+        _tile(buf[a:b], blk)
     # every element of the buffer outside the output is checked, the room included: a room the
     # check skipped was memory at an offset a kernel can work out from its own pointer, inside the
     # judge's buffer, where a write (a mark kept from one call to the next) went unseen (review of
@@ -313,6 +312,46 @@ def decoys(answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         second = flat + 1
     return answer, second.to(answer.dtype)
+
+
+# What a check round's outputs hold before its two runs (`prior_kinds`). A user's output from
+# torch.empty very often holds zeros (fresh memory), else whatever an unrelated tensor left there
+# (another call's answer, other values); verification's never held zeros, so a kernel wrong only
+# on an output of zeros was `ok` (session 57's red team). One run of every round finds the kernel's
+# own output for another value set, as a timed call does (a mark hidden there must be met in
+# verification: session 49); the other, in secret shares, zeros, a decoy or stale values. Each of
+# the three but zeros leaves an unwritten element wrong by all but rare chance; zeros leave it
+# wrong wherever the answer is not 0, and the own run (or another round's decoy) does the rest.
+PRIOR_OTHER = (("zeros", 2), ("decoy", 1), ("stale", 1))
+
+
+def prior_kinds() -> tuple[str, str]:
+    """The kinds of content the two runs of one check round find in their outputs, drawn from
+    `secrets`: "own" in one run (which one is secret: a kernel counting its calls cannot tell
+    which run may find zeros), the other "zeros", "decoy" or "stale" (PRIOR_OTHER's weights)."""
+    pick = secrets.randbelow(sum(w for _, w in PRIOR_OTHER))
+    for other, w in PRIOR_OTHER:
+        if pick < w:
+            break
+        pick -= w
+    return ("own", other) if secrets.randbelow(2) else (other, "own")
+
+
+def _tile(out: torch.Tensor, blk: torch.Tensor) -> None:
+    """Contiguous 1-D `out` filled with `blk` repeated (no temporary of out's size)."""
+    w, n = blk.numel(), out.numel()
+    k = n // w
+    out[:k * w].view(k, w).copy_(blk.expand(k, w))
+    out[k * w:].copy_(blk[:n - k * w])
+
+
+def stale_values(like: torch.Tensor) -> torch.Tensor:
+    """Values an unrelated tensor could have left in an output's memory, shaped like `like`:
+    a block of `guard_values` (normal values at a secret scale; small integers) tiled over it."""
+    blk = guard_values(max(1, min(like.numel(), 1 << 16)), like.dtype).to(like.device)
+    out = torch.empty_like(like).reshape(-1)
+    _tile(out, blk)
+    return out.view(like.shape)
 
 
 NARROW = (torch.bfloat16, torch.float16)

@@ -122,6 +122,7 @@ class Judge:
         self.heap: str | None = None  # the worker's allocator setting (`steady_heap`), CPU backend
         self._cpu = _cpu_model() if spec.kernel.backend == "cpu" else None  # read before any sandbox
         self._structured_ok: bool | None = None  # structured witness rows: decided on first use (_structured)
+        self._outliers_ok: bool | None = None  # outlier channels: decided on first use (_outliers)
         if spec.kernel.backend == "cpu":
             from .threads import Census
 
@@ -166,7 +167,8 @@ class Judge:
 
         return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, judged and self._no_flush,
                            judged and not timed and self._structured,
-                           getattr(self.reference, "serving", None) if judged and not timed else None)
+                           getattr(self.reference, "serving", None) if judged and not timed else None,
+                           judged and not timed and self._outliers)
 
     @property
     def _structured(self) -> bool:
@@ -180,8 +182,22 @@ class Judge:
             self._structured_ok = self._reference_takes_structured()
         return self._structured_ok
 
-    def _reference_takes_structured(self) -> bool:
-        from .inputs import make_inputs, shape_of, structured_probe
+    @property
+    def _outliers(self) -> bool:
+        """Whether verification's value sets take outlier channels (inputs._outlier_channels): not
+        for a GEMM (op.tolerance.gemm_k: see inputs.py), nor where the reference answers them with
+        NaN or Inf (or an error) and the same values without them finitely (an exp with no max
+        subtracted, say). Decided once a worker, as `_structured` is."""
+        if self._outliers_ok is None:
+            from .inputs import outlier_probe
+
+            self._outliers_ok = self.op.gemm_k is None and self._reference_finite(outlier_probe)
+        return self._outliers_ok
+
+    def _reference_finite(self, probe) -> bool:
+        """Whether the reference answers `probe`'s value set (at the smallest listed shape) finitely,
+        or else answers the same value set without it no better."""
+        from .inputs import make_inputs, shape_of
 
         torch = self.torch
         shapes = list(self.op.all_shapes)
@@ -194,10 +210,10 @@ class Judge:
 
         shape = min(shapes, key=size)
 
-        def finite(structured: bool) -> bool:
+        def finite(probed: bool) -> bool:
             seed = _seed("structured probe")
-            inputs = (structured_probe(self.op, shape, seed, self.rt.device) if structured else
-                      make_inputs(self.op, shape, seed, 0, self.rt.device))
+            inputs = probe(self.op, shape, seed, self.rt.device) if probed else make_inputs(
+                self.op, shape, seed, 0, self.rt.device)
             try:
                 outs = self._call_reference(inputs)
             except Exception as e:  # noqa: BLE001 - the user's function: an error counts as not finite
@@ -208,6 +224,11 @@ class Judge:
                        if isinstance(o, torch.Tensor) and o.is_floating_point())
 
         return finite(True) or not finite(False)
+
+    def _reference_takes_structured(self) -> bool:
+        from .inputs import structured_probe
+
+        return self._reference_finite(structured_probe)
 
     @property
     def _no_flush(self) -> bool:
@@ -527,6 +548,21 @@ class Judge:
         """The decoys' value set at `shape`: verification's values, from this worker's secret seed."""
         return self._inputs(shape, _seed(self._decoy_secret, repr(sorted(shape.items())), "decoy"), 0)
 
+    @staticmethod
+    def _priors(kind: str, decoys: list, own: list) -> list:
+        """Per output, what one run of a check round finds in it (verify.prior_kinds): the kernel's
+        own output for another value set, zeros, the second decoy (reversed and scaled: the first
+        is the value set of the first round's own outputs, `_primed`) or stale values."""
+        from .verify import stale_values
+
+        if kind == "own":
+            return list(own)
+        if kind == "decoy":
+            return [d[1] for d in decoys]
+        if kind == "zeros":
+            return [d[0].new_zeros(d[0].shape) for d in decoys]
+        return [stale_values(d[0]) for d in decoys]
+
     def _primed(self, fn, shape: dict, outs: list, ws, geometry, mode, decoys: list) -> list:
         """The kernel's own outputs for the decoys' value set (verification's values from this
         worker's secret seed, `_decoys`), in buffers of their own, from one call that found the
@@ -627,7 +663,7 @@ class Judge:
         reference computed from them."""
         from .timing import stats
         from .verify import (NO_PAIRS, PAIRED_MIN, WIDE_MIN_ROWS, lean_text, leans_too_far, less_precise,
-                             pooled_lean, thin, widest_lean)
+                             pooled_lean, prior_kinds, thin, widest_lean)
 
         shapes_out = []
         pool: list = []  # the leans of verification's outputs (verify.lean), for the record
@@ -704,16 +740,17 @@ class Judge:
                 # graph replay or direct launches: the runner's choice for the shape (_mode)
                 run = self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
                 taken = []
-                # two runs, two decoys: both must pass. The first run finds the kernel's own
-                # outputs for another value set in its buffers (the round before's; in the first
+                # two runs, two kinds of content in the outputs: both must pass. One run finds the
+                # kernel's own outputs for another value set in its buffers (the round before's; in the first
                 # round the decoys' value set's, `_primed`), as a timed call finds its own of the
                 # call before: a mark a kernel hides in its own outputs (a syndrome of their low
                 # bits, set by a flip or two) then tells no verified call from a timed one
                 # (session 49: such a kernel read subnormal inputs as 0 where it found its mark,
-                # which only timed calls did, and was `ok`; datasets/judge-redteam/s49-mark)
-                priors = [[d[which] for d in decoys] for which in (0, 1)]
-                if own is not None:
-                    priors[0] = own
+                # which only timed calls did, and was `ok`; datasets/judge-redteam/s49-mark).
+                # Which run finds its own outputs, and what the other finds (zeros, a decoy or stale
+                # values, as a user's output holds), is drawn in secret each round (verify.prior_kinds):
+                # a kernel wrong only on an output of zeros, which verification never gave, was `ok`
+                priors = [self._priors(kind, decoys, own) for kind in prior_kinds()]
                 for which in (0, 1):
                     for o, d in zip(outs, priors[which]):
                         o.put(d)
@@ -748,7 +785,7 @@ class Judge:
                     if why:
                         return {"status": "wrong", "reason": f"{label}, check {r}: {why}"}
                 own = [snap.data for snap in taken[1]["snaps"]]
-                if fn_approved is not None:  # both runs: each found a decoy in the output
+                if fn_approved is not None:  # both runs: each found a plausible wrong answer, zeros or stale values
                     shape_pairs = shape_pairs + self._paired(fn_approved, shape, pristine, geometry, mode, taken, refs)
                 mine = [x for _, b in refs for x in getattr(b, "leans", ())]
                 pool.extend(mine)

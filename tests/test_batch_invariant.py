@@ -299,7 +299,8 @@ def test_the_evaluator_works_out_each_sub_batch_launch_for_its_shape(tmp_path):
 
 class InProcess:
     """The Judge in this process with a Python kernel (row sums through torch): the check's own
-    logic without native code. `behaviour(x, lens, B, calls)` returns the row sums."""
+    logic without native code. `behaviour(x, B, calls)` returns the row sums (`behaviour(x, B, calls,
+    out)`: and sees what the output held before the call)."""
 
     def __init__(self, spec, behaviour):
         from runner.judge.worker import Judge
@@ -314,7 +315,9 @@ class InProcess:
             self.calls += 1
             self.batches.append((B, L))
             keep = torch.arange(L) < lens.to(torch.int64)[:, None]
-            out.copy_(behaviour(torch.where(keep[..., None], x, torch.zeros(())), B, self.calls))
+            xm = torch.where(keep[..., None], x, torch.zeros(()))
+            extra = (out.clone(),) if behaviour.__code__.co_argcount == 4 else ()
+            out.copy_(behaviour(xm, B, self.calls, *extra))
             assert ws.shape == (B, 16) and not bool(ws.any())  # its own workspace, zero, for its batch
 
         j.rt.load = lambda artifact, entry, kinds: kernel
@@ -383,6 +386,17 @@ def test_in_process_a_kernel_that_takes_another_path_for_one_row_is_not_invarian
     assert bi["invariant"] is False and bi["run_to_run"] is True
     assert "alone (a batch of 1): output 'out' at place 0 differs from row" in bi["reason"], bi["reason"]
     assert "8 of 8 elements differ" in bi["reason"] and "bits 0x" in bi["reason"]
+
+
+def test_in_process_a_kernel_invariant_only_on_a_filled_output_is_not_invariant(in_process):
+    # a batch of one (at L >= 100, which only the sub-batch calls meet) takes another path where
+    # its output held zeros, as a user's fresh one does; the sub-batch calls always found a decoy
+    # there, and the kernel was recorded invariant
+    def zeros_alone(x, B, n, out):
+        return _nudged(_sums(x)) if B == 1 and x.shape[1] >= 100 and not bool(out.any()) else _sums(x)
+
+    flags = [in_process(zeros_alone).evaluate(seed=s)["batch_invariance"]["invariant"] for s in range(6)]
+    assert False in flags, flags  # each shape's alone call finds zeros in half the evaluations
 
 
 def test_in_process_required_invariance_makes_it_wrong(in_process):

@@ -325,15 +325,23 @@ def decoys(answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 PRIOR_OTHER = (("zeros", 2), ("decoy", 1), ("stale", 1))
 
 
-def prior_kinds() -> tuple[str, str]:
-    """The kinds of content the two runs of one check round find in their outputs, drawn from
-    `secrets`: "own" in one run (which one is secret: a kernel counting its calls cannot tell
-    which run may find zeros), the other "zeros", "decoy" or "stale" (PRIOR_OTHER's weights)."""
+def prior_other() -> str:
+    """"zeros", "decoy" or "stale", drawn from `secrets` with PRIOR_OTHER's weights: what an
+    output holds before a call that does not find the kernel's own output (the other run of a
+    check round, a sub-batch call)."""
     pick = secrets.randbelow(sum(w for _, w in PRIOR_OTHER))
     for other, w in PRIOR_OTHER:
         if pick < w:
-            break
+            return other
         pick -= w
+    return PRIOR_OTHER[-1][0]
+
+
+def prior_kinds() -> tuple[str, str]:
+    """The kinds of content the two runs of one check round find in their outputs, drawn from
+    `secrets`: "own" in one run (which one is secret: a kernel counting its calls cannot tell
+    which run may find zeros), the other `prior_other`'s."""
+    other = prior_other()
     return ("own", other) if secrets.randbelow(2) else (other, "own")
 
 

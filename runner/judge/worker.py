@@ -888,6 +888,7 @@ class Judge:
         allocations; every rule of a checked call holds. `full` is the full batch's snapshot of
         the round's first call. (why it is wrong, or None; [differing rows])."""
         from . import invariance
+        from .verify import prior_other, stale_values
 
         axis = self.op.batch_axis
         found = []
@@ -903,8 +904,13 @@ class Judge:
             ws = self._workspace(sub["geometry"])  # its own, zeroed once
             # in the verification's mode (a CUDA graph's capture calls the kernel once first)
             call = self._prepare(fn, self._values(sub_shape, xs, outs, ws, sub["geometry"]), sub["geometry"], mode)
-            for o, d in zip(outs, decoys):  # a plausible wrong answer, never NaN
-                o.put(d[k % 2][:len(rows)])
+            # what a user's output holds (verify.prior_other: zeros, a decoy's rows or stale values), never
+            # NaN: always a decoy told these calls from a user's, and a kernel invariant only there was flagged
+            kind = prior_other()
+            for o, d in zip(outs, decoys):
+                rows_d = d[k % 2][:len(rows)]
+                o.put(rows_d if kind == "decoy" else rows_d.new_zeros(rows_d.shape) if kind == "zeros"
+                      else stale_values(rows_d))
             self.rt.sync()
             call()
             self._guard()

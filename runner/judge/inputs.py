@@ -388,7 +388,7 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
 # such a column puts every output tens of times its usual size (silu's flat ends), where a model's
 # learned weights keep it small, and the paired tests lost their power (an approximate exp2 on
 # moe-swiglu-cpu's T = 1 passed).
-OUTLIER_SHARE = 2 / 3  # of verification's value sets (a tell in 4 of rmsnorm-cpu's is met in all but 1 trial in 80)
+OUTLIER_SHARE = 2 / 3  # of the eligible value sets (a tell with 4 of them in a trial is met in all but 1 trial in 80)
 OUTLIER_MIN_COLS = 16  # rows shorter than this have no "few of many" columns
 OUTLIER_MAX = 8  # columns at most (and one in 64 of a row's)
 # only on the everyday draws: on `offset` rows (nearly equal squares, each rounded the same way

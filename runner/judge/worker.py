@@ -211,7 +211,7 @@ class Judge:
         shape = min(shapes, key=size)
 
         def finite(probed: bool) -> bool:
-            seed = _seed("structured probe")
+            seed = _seed(probe.__name__)  # (structured_probe, outlier_probe)
             inputs = probe(self.op, shape, seed, self.rt.device) if probed else make_inputs(
                 self.op, shape, seed, 0, self.rt.device)
             try:

@@ -451,7 +451,10 @@ def test_partial_sums_narrowed_by_integers_are_refused_on_the_plain_gemm(tmp_pat
     r = pipe_main("eval", PIPELINES / "moe-cpu.yaml", "--params", PARAMS, "--variant", project / "cut.cpp.j2",
                   "--run-dir", tmp_path / "cut", "--json", cwd=project)
     out = r.stdout + r.stderr
-    assert '"wrong"' in out and "less precise than the approved template's build" in out, out[-3000:]
+    # refused by the pairing; on some secret value sets (about 1 eval in 8, session 57) one element's
+    # cut error passes the GEMM budget itself first, which refuses it as well
+    assert '"wrong"' in out and ("less precise than the approved template's build" in out
+                                 or "outside the GEMM budget" in out), out[-3000:]
 
 
 # rmsnorm-cpu: an fp32 output, paired by verify.wide_error

@@ -375,6 +375,33 @@ def test_hoist_picks_the_chunks_the_per_chunk_tests_pick():
                                 assert bool(edges >> it & 1) == (not whole(off, a + q, n)), (n, row, rank, t, it)
 
 
+def test_inline_sources_issue_the_copies_the_host_model_issues():
+    """INLINE (no producer warp): the rendered sources of both ops issue the ring's first NSLOT
+    pieces from warp 0 before the first row and a row's refill after its block reductions (a
+    cluster: inside cluster_pair, between the send and the wait), as bulk_model's `inline` does;
+    no warp gives slots back through the empty mbarriers, and the block is TPR threads."""
+    from runner.build.builder import Builder
+
+    first = "if (warp == 0) bulk_issue(ring, full, x, cid, G, mine, N, c, rank, 0, NSLOT);"
+    refill = "if (warp == 0) bulk_issue(ring, full, x, cid, G, mine, N, c, rank, n0 + NSLOT, c.sub);"
+    for op, pair in (("softmax", "cluster_pair<RPAIR>(m, s, clv, clb, rank, jc++, refill);"),
+                     ("rmsnorm", "cluster_pair<RSUM>(unused, ss, clv, clb, rank, jc++, refill);")):
+        r = bulk_model.bulk_geometries(op)[0][0]
+        cfg = next(c for c in r.configs if c["PF"] == 3 and c["STORE"] != "bulk" and c["CL"] == 8)
+        on = Builder(r.spec).render_all(dict(cfg, INLINE=1), shapes=[r.shape(131072, 1)])[0]
+        off = Builder(r.spec).render_all(dict(cfg, INLINE=0), shapes=[r.shape(131072, 1)])[0]
+        assert "#define INLINE 1" in on and "#define INLINE 0" in off
+        for text in (first, refill, pair):
+            assert text in on, (op, text)
+        body = on[on.index("rmsnorm_bf16(" if op == "rmsnorm" else "softmax_bf16("):]
+        # the refill comes after the row's block reductions, never between its reads and them
+        assert body.index("block_reduce<RSUM>") < body.index(refill)
+        hook = on[on.index("__device__ __forceinline__ void cluster_pair("):]
+        assert hook.index("hook();") < hook.index("mbar_wait_cluster(cb")
+        for inline, threads in ((1, cfg["TPR"]), (0, cfg["TPR"] + 32)):
+            assert Builder(r.spec).geometry(dict(cfg, INLINE=inline), [r.shape(131072, 1)])[0]["block"] == [threads]
+
+
 def test_online_threads_of_only_minus_inf_hold_zeros_and_nan_spreads():
     # ONLINE: a thread whose chunks are all -inf carries (-inf, 0) into the block's merge and
     # scales its exponentials (0) by 0; the others' come out as the reference's

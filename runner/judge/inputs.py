@@ -397,7 +397,7 @@ OUTLIER_MAX = 8  # columns at most (and one in 64 of a row's)
 OUTLIER_DISTS = ("normal", "uniform", "outliers", "large", "masked")
 
 
-def _outlier_channels(x: torch.Tensor, t, seed: int, which: int, always: bool = False) -> torch.Tensor:
+def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = False) -> torch.Tensor:
     """`x` (an input `_structured` takes) with, in a secret OUTLIER_SHARE of the value sets, 1 to
     OUTLIER_MAX secret columns of its last dimension set in every row to a sign of the column's
     times 2^4 to 2^7 (the column's own secret factor) times the row's mean finite magnitude plus
@@ -456,7 +456,7 @@ def outlier_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Te
     out = make_inputs(op, shape, seed, 0, device)
     for i, t in enumerate(op.inputs):
         if structurable(out[t.name], t):
-            out[t.name] = _outlier_channels(out[t.name], t, seed, i, always=True)
+            out[t.name] = _outlier_channels(out[t.name], seed, i, always=True)
     return out
 
 
@@ -519,7 +519,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             # elements, which became equal zeros: a tell on equal neighbours was met 6 times in 8);
             # a zero row stays 0 and a copied row stays its source's copy (each row's values its own)
             if outliers and dist in OUTLIER_DISTS and structurable(out[t.name], v):
-                out[t.name] = _outlier_channels(out[t.name], v, seed, i)
+                out[t.name] = _outlier_channels(out[t.name], seed, i)
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
                 out[t.name] = _subnormal(out[t.name], v, seed, i)

@@ -345,6 +345,16 @@ def prior_kinds() -> tuple[str, str]:
     return ("own", other) if secrets.randbelow(2) else (other, "own")
 
 
+def prior_content(kind: str, decoy: torch.Tensor) -> torch.Tensor:
+    """What an output holds before a call of `prior_other`'s `kind`, shaped like `decoy` (a
+    plausible wrong answer for it): the decoy itself, zeros or stale values."""
+    if kind == "decoy":
+        return decoy
+    if kind == "zeros":
+        return decoy.new_zeros(decoy.shape)
+    return stale_values(decoy)
+
+
 def _tile(out: torch.Tensor, blk: torch.Tensor) -> None:
     """Contiguous 1-D `out` filled with `blk` repeated (no temporary of out's size)."""
     w, n = blk.numel(), out.numel()

@@ -553,15 +553,9 @@ class Judge:
         """Per output, what one run of a check round finds in it (verify.prior_kinds): the kernel's
         own output for another value set, zeros, the second decoy (reversed and scaled: the first
         is the value set of the first round's own outputs, `_primed`) or stale values."""
-        from .verify import stale_values
+        from .verify import prior_content
 
-        if kind == "own":
-            return list(own)
-        if kind == "decoy":
-            return [d[1] for d in decoys]
-        if kind == "zeros":
-            return [d[0].new_zeros(d[0].shape) for d in decoys]
-        return [stale_values(d[0]) for d in decoys]
+        return list(own) if kind == "own" else [prior_content(kind, d[1]) for d in decoys]
 
     def _primed(self, fn, shape: dict, outs: list, ws, geometry, mode, decoys: list) -> list:
         """The kernel's own outputs for the decoys' value set (verification's values from this
@@ -888,7 +882,7 @@ class Judge:
         allocations; every rule of a checked call holds. `full` is the full batch's snapshot of
         the round's first call. (why it is wrong, or None; [differing rows])."""
         from . import invariance
-        from .verify import prior_other, stale_values
+        from .verify import prior_content, prior_other
 
         axis = self.op.batch_axis
         found = []
@@ -908,9 +902,7 @@ class Judge:
             # NaN: always a decoy told these calls from a user's, and a kernel invariant only there was flagged
             kind = prior_other()
             for o, d in zip(outs, decoys):
-                rows_d = d[k % 2][:len(rows)]
-                o.put(rows_d if kind == "decoy" else rows_d.new_zeros(rows_d.shape) if kind == "zeros"
-                      else stale_values(rows_d))
+                o.put(prior_content(kind, d[k % 2][:len(rows)]))
             self.rt.sync()
             call()
             self._guard()

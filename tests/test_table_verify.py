@@ -223,7 +223,7 @@ def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, t
     first.parts_dir = tmp_path / "compare-parts"
     t = table()
     ranges.verify_table(spec, t, first, seed=4, per=20)  # its size with the bug has 41 rows (above)
-    assert first.requests == 2 and t["verified"]["dropped"] == [1]
+    assert first.requests == 2 and t["verified"]["dropped"] == [1], t["dropped"]
     # the next compare of the run (a resume): both verdicts kept, no worker request, not counted
     # as timed shapes kept; the same kernel dropped for the same reason
     again = ranges.Prober(spec, pr.builder, pr.worker, pr.by_id, rounds=2, timeout_s=120)

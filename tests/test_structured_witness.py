@@ -38,7 +38,7 @@ def on_grid(row: torch.Tensor, bits: int) -> bool:
 
 
 def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
-    seen_zero = seen_grid = 0
+    seen_zero = seen_grid = unlike = 0
     for seed in range(4):
         full = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu", structured=True)
         plain = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")
@@ -52,7 +52,12 @@ def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
             others = torch.cat([full["x"][:i], full["x"][i + 1:]])
             if bool((others == r).all(dim=1).any()):  # a copy of another row (session 56: users repeat rows)
                 continue
-            assert on_grid(r, inputs.STRUCTURED_BITS)
+            rc, oc = r.double() - r.double().mean(), others.double() - others.double().mean(1, keepdim=True)
+            if float((oc @ rc / (oc.norm(dim=1) * rc.norm()).clamp_min(1e-300)).max()) > 0.25:
+                continue  # alike another row, not equal (session 58: a prompt twice at other positions)
+            if not on_grid(r, inputs.STRUCTURED_BITS):  # alike a row a witness row then took the place of
+                unlike += 1
+                continue
             # exact repeats: few distinct values, most of the row's elements share one
             assert r.unique().numel() <= 2 ** (inputs.STRUCTURED_BITS + 1) + 1
         # where they are is the seed's secret: another seed, other rows
@@ -60,7 +65,7 @@ def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
             first = zero | grid
         else:
             assert not torch.equal(first, zero | grid)
-    assert seen_zero > 0 and seen_grid > 0
+    assert seen_zero > 0 and seen_grid > 0 and unlike <= 8
     # timed calls' values never (nothing times on zeros), and the set is made again the same
     timed = inputs.make_inputs(RMS.op, SHAPE, 3, 0, "cpu", timed=True, structured=False)
     assert not bool((timed["x"] == 0).all(dim=1).any())
@@ -69,11 +74,14 @@ def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
 
 
 def test_no_1d_input_nor_first_or_last_row_and_a_masked_row_keeps_its_mask():
-    # rmsnorm-cpu's weight is one dimension: a zero element would hide its output column in every
-    # row (a tail bug at the last column went unseen one value set in 30 with them)
+    # rmsnorm-cpu's weight is one dimension: no structured rows there (a zero element in every value
+    # set would hide its output column in every row: a tail bug at the last column went unseen one
+    # value set in 30 with them); its first and last elements are as drawn (session 58's `_spread`
+    # changes others, in a share of the value sets)
     for seed in range(8):
         full = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu", structured=True)
-        assert torch.equal(full["w"], inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")["w"])
+        plain_w = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")["w"]
+        assert full["w"][0] == plain_w[0] and full["w"][-1] == plain_w[-1]
         zero, grid = structured_rows(full["x"], inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")["x"])
         assert not bool((zero | grid)[0]) and not bool((zero | grid)[-1])  # where tails are handled
     # softmax's `masked` rows: -inf stays -inf on the coarse grid, and the other values move
@@ -84,7 +92,11 @@ def test_no_1d_input_nor_first_or_last_row_and_a_masked_row_keeps_its_mask():
     zero, grid = structured_rows(full, plain)
     assert int(grid.sum()) > 0
     for i in grid.nonzero().flatten().tolist():
-        assert torch.equal(torch.isinf(full[i]), torch.isinf(plain[i])) and on_grid(full[i], inputs.STRUCTURED_BITS)
+        assert not bool(torch.isnan(full[i]).any()) and not bool((full[i] == float("inf")).any())
+        if on_grid(full[i], inputs.STRUCTURED_BITS):
+            assert torch.equal(torch.isinf(full[i]), torch.isinf(plain[i]))
+        else:  # a copy of another row, or alike another (session 58): its mask within theirs and its own
+            assert bool((torch.isinf(full[i]) <= (torch.isinf(plain[i]) | torch.isinf(full).any(0))).all())
 
 
 def test_a_positive_input_gets_none():

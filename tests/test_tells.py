@@ -74,12 +74,16 @@ def test_value_sets_repeat_rows_as_users_batches_do():
 
 
 @pytest.mark.parametrize("tell,spec", [("guard_tell", "rmsnorm-cpu"), ("pad_tell", "rmsnorm-range-cpu"),
-                                       ("dup_tell", "rmsnorm-cpu"), ("zero_tell", "rmsnorm-cpu")])
+                                       ("dup_tell", "rmsnorm-cpu"), ("zero_tell", "rmsnorm-cpu"),
+                                       ("weight_tell", "rmsnorm-cpu"), ("near_tell", "rmsnorm-cpu")])
 def test_a_kernel_right_only_where_it_sees_the_judge_is_wrong(project, tmp_path, tell, spec):
     """guard_tell: 1% off unless the elements before and after its output hold -31337; pad_tell: 1%
     off where x is off a 64-byte boundary and the 16 bytes before it are not all zero; dup_tell: 1%
     off on a nonzero row equal to the row before it; zero_tell (session 57): 1% off where 16 elements
-    spread over its output are all 0 before it writes, as in a user's fresh torch.empty output. Each
+    spread over its output are all 0 before it writes, as in a user's fresh torch.empty output;
+    weight_tell (session 58): 1% off where an element of w is 0 or of normal size below 0.25, as a
+    trained gamma's are; near_tell (session 58): 1% off on a row alike the row before it (centred
+    cosine above 0.5) but not equal, as a prompt batched twice at other positions is. Each
     was `ok` before (and off on calls made as the exported op makes them: REPORT.md)."""
     r = pipe_main("eval", PIPELINES / f"{spec}.yaml", "--params", json.dumps({"ACC": 32, "UNROLL": 1, "THREADS": 1}),
                   "--variant", DATA / f"{tell}.cpp.j2", "--run-dir", tmp_path / tell, "--json", cwd=project)
@@ -203,3 +207,28 @@ def test_stale_values_do_not_repeat():
         got = verify.stale_values(torch.empty(512, 4096, dtype=dt)).reshape(-1)
         assert int((got[:-65536] == got[65536:]).sum()) < 0.01 * got.numel(), dt
         assert not bool((got == 0).any()), dt
+
+
+def test_value_sets_hold_weights_and_rows_as_users_do():
+    """Session 58: a 1-D weight drawn `positive` held [0.5, 1.5) only, and rows were independent or
+    exact copies. Now, in verification's value sets, a weight vector has small elements in a secret
+    share of them, negative ones and a zero where it is not drawn `positive` alone (never at the
+    first or last element), and a share of the structured rows are alike another row, not equal.
+    Timed values keep neither."""
+    op = shipped_spec(PIPELINES / "rmsnorm-cpu.yaml").op
+    pos = shipped_spec(PIPELINES / "rmsnorm-h200.yaml").op  # w: positive alone
+    small = neg = near = 0
+    for seed in range(40):
+        v = make_inputs(op, {"M": 256, "N": 1024}, 900 + seed, 0, "cpu", structured=True)
+        w, x = v["w"], v["x"]
+        assert bool(torch.isfinite(x).all()) and float(w[0]) >= 0.5 and float(w[-1]) >= 0.5
+        small += bool(((w > 0) & (w < 0.25)).any())
+        neg += bool((w < 0).any()) and int((w == 0).sum()) == 1
+        xc = x.double() - x.double().mean(1, keepdim=True)
+        cos = (xc[1:] * xc[:-1]).sum(1) / (xc[1:].norm(dim=1) * xc[:-1].norm(dim=1)).clamp_min(1e-300)
+        near += bool(((cos > 0.5) & ~(x[1:] == x[:-1]).all(1)).any())
+        p = make_inputs(pos, {"M": 256, "N": 1024}, 900 + seed, 0, "cpu", structured=True)["w"]
+        assert bool((p > 0).all())
+    assert 20 < small < 40 and 20 < neg < 40 and near > 30, (small, neg, near)
+    t = make_inputs(op, {"M": 256, "N": 1024}, 5, 0, "cpu", timed=True, structured=True)
+    assert bool((t["w"] >= 0.5).all())

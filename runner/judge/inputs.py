@@ -362,21 +362,85 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     where = _secret_rows(g, n, 1, n - 1)
     if where is None:
         return x
-    zero = torch.rand(where.numel(), generator=g) < 0.5
-    # a third of the others (a sixth of all) a bitwise copy of another row: the row before it in
-    # half of them, else any row. A user's batch repeats rows (a token twice at layer 0, a prompt
-    # batched twice, padding by the last row); no continuous draw does, and a kernel wrong only
-    # where a row equals the one before it was `ok` (session 56's red team)
-    copy = ~zero & (torch.rand(where.numel(), generator=g) < 1 / 3)
+    zero = torch.rand(where.numel(), generator=g) < ZERO_SHARE
+    # a third of the others a bitwise copy of another row: the row before it in half of them, else
+    # any row. A user's batch repeats rows (a token twice at layer 0, a prompt batched twice, padding
+    # by the last row); no continuous draw does, and a kernel wrong only where a row equals the one
+    # before it was `ok` (session 56's red team)
+    kind = torch.rand(where.numel(), generator=g)
+    copy = ~zero & (kind < 1 / 3)
+    # a third a row alike another but not equal: the other row plus this row's own values times
+    # 2^1 to 2^-21 of the other's magnitude (a cosine of about 0.4 to 1 - 1e-13). A user's batch
+    # holds such rows (a prompt twice at other positions, beams that share a prefix, a token's
+    # embedding plus another position's); the judge's rows were independent draws or exact copies,
+    # and a kernel wrong only where a row was near the one before it was `ok` (session 58's red team)
+    alike = ~zero & ~copy & (kind < 2 / 3)
     src = torch.where(torch.rand(where.numel(), generator=g) < 0.5, where - 1,
                       torch.randint(0, n, (where.numel(),), generator=g))
     src = torch.where(src == where, where - 1, src)  # never a row copied onto itself (where >= 1)
-    out = _structure_rows(x, rows, where[zero], where[~zero & ~copy])
-    if bool(copy.any()):
+    mix = torch.exp2(1 - 22 * torch.rand(where.numel(), 1, generator=g, dtype=torch.float64))
+    out = _structure_rows(x, rows, where[zero], where[~zero & ~copy & ~alike])
+    if bool((copy | alike).any()):
         flat = out.reshape(-1, x.shape[-1]).clone()
+        if bool(alike.any()):
+            at, of = where[alike].to(x.device), src[alike].to(x.device)
+            a, own = flat[of].to(torch.float64), flat[at].to(torch.float64)
+            tiny = torch.finfo(torch.float64).tiny
+            scale = mix[alike].to(x.device) * _mean_finite(a) / _mean_finite(own).clamp_min(tiny)
+            got = a + own * scale  # -inf stays -inf (no +inf is drawn): a mask's union
+            # a row whose sum would pass a quarter of the dtype's largest value (huge rows) a copy
+            big = (got.abs() > torch.finfo(x.dtype).max / 4) & torch.isfinite(a) & torch.isfinite(own)
+            flat[at] = torch.where(big.any(1, keepdim=True), a, got).to(x.dtype)
         flat[where[copy].to(x.device)] = flat[src[copy].to(x.device)]
         out = flat.view(x.shape)
     return out
+
+
+ZERO_SHARE = 3 / 8  # of the structured rows: all 0; the others a third each copies, alike rows, grid rows
+
+
+def _mean_finite(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's mean finite magnitude (non-finite elements counted as 0), as a column."""
+    return torch.where(torch.isfinite(rows), rows.abs(), torch.zeros_like(rows)).mean(1, keepdim=True)
+
+
+# Weight vectors (verification's value sets, `make_inputs`' `structured`): a 1-D floating input (a
+# norm's gamma, a bias) drawn `positive` took values in [0.5, 1.5) only, never the small, zero or
+# negative elements a trained model's weights hold (a Llama's first layers have most of their gamma
+# below 0.1), and a kernel wrong only where an element of w was 0 or of normal size below 0.25 was
+# `ok` on rmsnorm-cpu in 5 evals of 5 (session 58's red team). In a secret share of the value sets,
+# a quarter of the elements (never the first or the last: where tails are handled) scaled by 2^-1
+# to 2^-7, and, where the input is not drawn `positive` alone, an eighth negated and one set to 0.
+# Not below 2^-7: a bf16 spec's budget has a floor of 2^-7 times the output's mean magnitude, and a
+# column whose weight is far under it holds outputs under the floor in every row, where a bug in
+# that column passes (the reason 1-D inputs take no structured rows). Only on the everyday draws
+# (`tiny` keeps its purpose, and a vector's large elements among tiny ones put the budget's floor
+# above them, session 49).
+SPREAD_SHARE = 3 / 4
+SPREAD_DISTS = ("positive", "normal", "uniform", "outliers", "large")
+SPREAD_MIN = 16  # elements
+
+
+def _spread(x: torch.Tensor, t, dist: str, seed: int, which: int) -> torch.Tensor:
+    """`x` (a 1-D floating input drawn from `dist`) with, in a secret SPREAD_SHARE of the value sets,
+    small elements and, unless the input is drawn `positive` alone, negative ones and a zero, at
+    secret places (never the first or the last). From a generator of its own, so the value set's
+    other draws are the same with them or without."""
+    n = x.numel()
+    if x.dim() != 1 or not x.is_floating_point() or n < SPREAD_MIN or dist not in SPREAD_DISTS:
+        return x
+    g = _side_generator(seed, which, 0x27D4EB2D, 0x3C6EF372)
+    if float(torch.rand((), generator=g)) >= SPREAD_SHARE:
+        return x
+    y = x.to(torch.float64).cpu()
+    inner = torch.zeros(n, dtype=torch.bool)
+    inner[1:-1] = True
+    small = inner & (torch.rand(n, generator=g) < 0.25)
+    y = torch.where(small, y * torch.exp2(-1 - 6 * torch.rand(n, generator=g, dtype=torch.float64)), y)
+    if not set(t.dists) <= POSITIVE_DISTS:
+        y = torch.where(inner & (torch.rand(n, generator=g) < 0.125), -y, y)
+        y[1 + int(torch.randint(0, n - 2, (), generator=g))] = 0
+    return y.to(dtype=x.dtype, device=x.device)
 
 
 # Outlier channels (verification's value sets, `make_inputs`' `outliers`): an LLM's hidden
@@ -465,7 +529,9 @@ def outlier_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Te
 
 def structured_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Tensor]:
     """Verification's value set at `shape` with, in every input `_structured` takes, its first
-    row all 0 and its last on the coarse grid, whatever its number of rows: what the judge asks
+    row all 0 and its last on the coarse grid, whatever its number of rows, and in every 1-D
+    floating input small elements and (unless drawn `positive` alone) negative ones and a zero
+    (`_spread`): what the judge asks
     the reference once, to learn whether the op is defined there (worker.Judge._structured)."""
     out = make_inputs(op, shape, seed, 0, device)
     for t in op.inputs:
@@ -474,6 +540,13 @@ def structured_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch
             rows = x.reshape(-1, x.shape[-1])
             n = rows.shape[0]
             out[t.name] = _structure_rows(x, rows, torch.tensor([0]), torch.tensor([n - 1] if n > 1 else []).long())
+        elif x.dim() == 1 and x.is_floating_point() and x.numel() >= SPREAD_MIN:  # `_spread`'s, whatever its share
+            y = x.clone()
+            y[1:-1:4] *= 2.0 ** -7
+            if not set(t.dists) <= POSITIVE_DISTS:
+                y[2:-1:8] *= -1
+                y[1] = 0
+            out[t.name] = y
     return out
 
 
@@ -523,6 +596,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             # a zero row stays 0 and a copied row stays its source's copy (each row's values its own)
             if outliers and dist in OUTLIER_DISTS and structurable(out[t.name], v):
                 out[t.name] = _outlier_channels(out[t.name], seed, i)
+            if structured:  # weight vectors: small, negative and zero elements (`_spread`)
+                out[t.name] = _spread(out[t.name], v, dist, seed, i)
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
                 out[t.name] = _subnormal(out[t.name], v, seed, i)

@@ -76,12 +76,14 @@ def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
 def test_no_1d_input_nor_first_or_last_row_and_a_masked_row_keeps_its_mask():
     # rmsnorm-cpu's weight is one dimension: no structured rows there (a zero element in every value
     # set would hide its output column in every row: a tail bug at the last column went unseen one
-    # value set in 30 with them); its first and last elements are as drawn (session 58's `_spread`
-    # changes others, in a share of the value sets)
+    # value set in 30 with them); session 58's `_spread` scales and negates its elements in a share
+    # of the value sets, and zeroes one, never the first or the last
     for seed in range(8):
         full = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu", structured=True)
         plain_w = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")["w"]
-        assert full["w"][0] == plain_w[0] and full["w"][-1] == plain_w[-1]
+        ratio = (full["w"].double() / plain_w.double()).abs()
+        assert int((full["w"] == 0).sum()) <= 1 and full["w"][0] != 0 and full["w"][-1] != 0
+        assert bool(((ratio == 0) | ((ratio >= 2.0 ** -7) & (ratio <= 1))).all())
         zero, grid = structured_rows(full["x"], inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")["x"])
         assert not bool((zero | grid)[0]) and not bool((zero | grid)[-1])  # where tails are handled
     # softmax's `masked` rows: -inf stays -inf on the coarse grid, and the other values move

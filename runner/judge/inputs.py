@@ -409,8 +409,10 @@ def _mean_finite(rows: torch.Tensor) -> torch.Tensor:
 # negative elements a trained model's weights hold (a Llama's first layers have most of their gamma
 # below 0.1), and a kernel wrong only where an element of w was 0 or of normal size below 0.25 was
 # `ok` on rmsnorm-cpu in 5 evals of 5 (session 58's red team). In a secret share of the value sets,
-# a quarter of the elements (never the first or the last: where tails are handled) scaled by 2^-1
-# to 2^-7, and, where the input is not drawn `positive` alone, an eighth negated and one set to 0.
+# a quarter of the elements scaled by 2^-1 to 2^-7, and, where the input is not drawn `positive`
+# alone, an eighth negated and one set to 0 (never the first or the last: a zero hides its column,
+# and tails are handled there). The first and last are scaled and negated as the others are: kept
+# as drawn, they were a tell (a kernel wrong only where w[0] is small passed).
 # Not below 2^-7: a bf16 spec's budget has a floor of 2^-7 times the output's mean magnitude, and a
 # column whose weight is far under it holds outputs under the floor in every row, where a bug in
 # that column passes (the reason 1-D inputs take no structured rows). Only on the everyday draws
@@ -424,8 +426,8 @@ SPREAD_MIN = 16  # elements
 def _spread(x: torch.Tensor, t, dist: str, seed: int, which: int) -> torch.Tensor:
     """`x` (a 1-D floating input drawn from `dist`) with, in a secret SPREAD_SHARE of the value sets,
     small elements and, unless the input is drawn `positive` alone, negative ones and a zero, at
-    secret places (never the first or the last). From a generator of its own, so the value set's
-    other draws are the same with them or without."""
+    secret places (the zero never the first or the last). From a generator of its own, so the
+    value set's other draws are the same with them or without."""
     n = x.numel()
     if x.dim() != 1 or not x.is_floating_point() or n < SPREAD_MIN or dist not in SPREAD_DISTS:
         return x
@@ -433,12 +435,10 @@ def _spread(x: torch.Tensor, t, dist: str, seed: int, which: int) -> torch.Tenso
     if float(torch.rand((), generator=g)) >= SPREAD_SHARE:
         return x
     y = x.to(torch.float64).cpu()
-    inner = torch.zeros(n, dtype=torch.bool)
-    inner[1:-1] = True
-    small = inner & (torch.rand(n, generator=g) < 0.25)
+    small = torch.rand(n, generator=g) < 0.25
     y = torch.where(small, y * torch.exp2(-1 - 6 * torch.rand(n, generator=g, dtype=torch.float64)), y)
     if not set(t.dists) <= POSITIVE_DISTS:
-        y = torch.where(inner & (torch.rand(n, generator=g) < 0.125), -y, y)
+        y = torch.where(torch.rand(n, generator=g) < 0.125, -y, y)
         y[1 + int(torch.randint(0, n - 2, (), generator=g))] = 0
     return y.to(dtype=x.dtype, device=x.device)
 

@@ -13,7 +13,7 @@ import pytest
 from runner.ship.export import NOISE, baked_symbols, dispatch_table, launch_table
 from runner.core.records import Trial
 
-from .conftest import H200_RUNS, PIPELINES, ROOT, pipe_main, shipped_spec
+from .conftest import H200_RUNS, PIPELINES, ROOT, frozen_spec, pipe_main, shipped_spec
 
 RUNS = H200_RUNS
 
@@ -366,3 +366,72 @@ def test_an_exact_run_verified_at_another_scalar_value_is_not_the_same_op(tmp_pa
     same.write_text(base.read_text())
     assert same_op(load_spec(same)) == same_op(load_spec(base))
     assert same_op(load_spec(other)) != same_op(load_spec(base))
+
+
+def test_a_compare_json_naming_a_kernel_the_ledger_does_not_hold_is_refused():
+    """compare.json names each shape's kernel by trial, parameters and variant, and export builds
+    what it names: parameters no trial was judged with, or a trial the ledger lacks, are refused
+    (an edited compare.json shipped a configuration never judged under a judged trial's number)."""
+    from runner.ship.export import ExportError, held_out_entries
+
+    spec = shipped_spec(PIPELINES / "softmax-h200.yaml")  # four shapes
+    hist = [Trial(params={"A": 1}, status="ok", agent="x", times=[1e-4] * 4, id=1, kept=True)]
+    good = {"shapes": [_cmp(100e-6, 200e-6)] * 4}
+    assert [r["use"] for r in dispatch_table(spec, hist, good, None)] == ["kernel"] * 4
+    for edit in ({"params": {"A": 2}}, {"trial": 7}, {"variant": "0396ffca85e8"}):
+        bad = json.loads(json.dumps(good))
+        bad["shapes"][2]["tuned"].update(edit)
+        with pytest.raises(ExportError, match="not an ok trial of this run's ledger"):
+            dispatch_table(spec, hist, bad, None)
+    held = {"shapes": [], "held_out": [{"shape": {"M": 4, "N": 2048}, "label": "4x2048",
+                                        "ship": {"trial": 1, "params": {"A": 3}, "time_s": 1e-5, "baseline_s": 2e-5}}]}
+    with pytest.raises(ExportError, match="held-out shape"):
+        held_out_entries(held, ["N"], hist)
+
+
+def test_a_variant_text_changed_after_its_trial_is_refused(tmp_path):
+    """A template variant is named by the hash of its text; the ledger's variants table is not
+    chained, so a text swapped under a judged id would be what compare and export build and a
+    resumed run judges: the ledger's check (pipe show, a resume, compare, export) finds it."""
+    import shutil
+    import sqlite3
+
+    from runner.core.errors import LedgerBroken
+    from runner.core.records import variant_id
+    from runner.ledger.ledger import Ledger
+    from runner.ship.rundata import open_run
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS["rmsnorm"], run)
+    open_run(run, frozen_spec(RUNS["rmsnorm"]), "export packages")  # intact: opened
+    db = sqlite3.connect(run / "ledger.db")
+    db.execute("INSERT INTO variants VALUES (?,?,?,?,?,?)", (variant_id("judged"), "template", "x", 0.0, "swapped", ""))
+    db.commit()
+    db.close()
+    with pytest.raises(LedgerBroken, match=f"template variant {variant_id('judged')} was edited"):
+        open_run(run, frozen_spec(RUNS["rmsnorm"]), "export packages")
+    led = Ledger.read(run, damaged_ok=True)
+    try:
+        assert not led.verify().intact and "does not hash to its id" in led.verify().reason
+    finally:
+        led.close()
+
+
+def test_a_cached_artifact_replaced_after_its_compile_is_compiled_again(tmp_path, monkeypatch):
+    """The compile cache keys a build by its source; a file put in its place afterwards (another
+    kernel's build) must not be what a trial, pipe compare or pipe export takes for it."""
+    import shutil
+
+    from runner.build.builder import Builder
+
+    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path))
+    spec = shipped_spec(PIPELINES / "rmsnorm-cpu.yaml")
+    b = Builder(spec)
+    a, c = (b.render_all({"ACC": acc, "THREADS": 1, "UNROLL": 1})[0] for acc in (1, 4))
+    assert a != c
+    (pa,), _ = b.compiled([a])
+    (pc,), _ = b.compiled([c])
+    judged = open(pa, "rb").read()
+    shutil.copyfile(pc, pa)  # another configuration's build under a's key
+    (again,), _ = Builder(spec).compiled([a])
+    assert open(again, "rb").read() == judged

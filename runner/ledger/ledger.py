@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import RunDirError
-from ..core.records import STATUSES, Trial
+from ..core.records import STATUSES, Trial, variant_id
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -413,6 +413,10 @@ class Ledger:
             upto = max((x for x in ((head or {}).get("rows"), (anchor or {}).get("rows"), *(tsv_ids or []))
                         if isinstance(x, int)), default=0)
             rows, unreadable = self._read_rows(upto)
+            try:
+                texts = {k: v["text"] for k, v in self.variants().items()}
+            except sqlite3.DatabaseError:  # a damaged file: the rows above name what was lost
+                texts = {}
         finally:
             if own and self.db.in_transaction:
                 try:
@@ -435,6 +439,14 @@ class Ledger:
                 found.append((t.id, f"row {t.id} was edited (its digest does not match its content)"))
                 break
             prev, expect = t.chain, expect + 1
+        # the variants table is not chained: a variant is named by the hash of its text, and the
+        # chained rows name it by that id, so a text that does not hash to its id was changed after
+        # it was judged (what compare and export would build, and a resumed run judge, under it)
+        for vid, text in texts.items():
+            if variant_id(text) != vid:
+                first = next((t.id for t in rows if t.variant == vid), None)
+                found.append((first, f"template variant {vid} was edited (its text does not hash to its id)"))
+                break
         chains = {t.id: t.chain for t in rows}
         last = rows[-1].id if rows else 0
         vouched = 0

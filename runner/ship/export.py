@@ -63,6 +63,8 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
             c = compare["shapes"][i]
             t, eager = c.get("tuned"), c["arms"].get("torch eager", {})
             row["evidence"] = "pipe compare"
+            if t:  # the kernel compare.json names is built from the ledger's trial: they must agree
+                judged_as(by_id, t["trial"], t["params"], t.get("variant"), f"shape {i}")
             if t and eager.get("time_s") and not eager.get("error"):
                 # the smaller of the two eager figures (compare's, the run's own baseline): conservative
                 ref = min(eager["time_s"], baseline[i]) if baseline else eager["time_s"]
@@ -91,6 +93,17 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
                 if row["trial"] in by_id else None
         rows.append(row)
     return rows
+
+
+def judged_as(by_id: dict, tid, params: dict, variant, where: str) -> None:
+    """compare.json names a kernel by trial id, parameters and variant; export builds what it
+    names. It must be an ok trial of the ledger with those very parameters and that variant,
+    else compare.json was edited or made for another run (ExportError): what ships is what
+    the judge judged."""
+    t = by_id.get(tid) if isinstance(tid, int) else None
+    if t is None or t.status != "ok" or t.params != params or (t.variant or None) != (variant or None):
+        raise ExportError(f"compare.json ({where}) names trial #{tid} with parameters {params} and variant "
+                          f"{variant}, which is not an ok trial of this run's ledger: run pipe compare again")
 
 
 def range_section(spec, rt: dict, history, ship) -> dict:
@@ -231,14 +244,18 @@ def rule_text(baked: list[str], symbols: list[str]) -> str:
             "and non-contiguous inputs use the torch reference")
 
 
-def held_out_entries(compare: dict | None, baked: list[str]) -> list[dict]:
+def held_out_entries(compare: dict | None, baked: list[str], history=None) -> list[dict]:
     """Table rows for held-out shapes where pipe compare found the nearest tuned configuration,
-    compiled for that shape, faster than torch eager (its `ship` record)."""
+    compiled for that shape, faster than torch eager (its `ship` record). With `history`, each
+    must be an ok trial of the ledger with the parameters and variant compare.json names."""
     out: list[dict] = []
+    by_id = {t.id: t for t in history} if history is not None else None
     for h in (compare or {}).get("held_out") or []:
         sh = h.get("ship")
         if not sh:
             continue
+        if by_id is not None:
+            judged_as(by_id, sh["trial"], sh["params"], sh.get("variant"), f"held-out shape {h.get('label')}")
         key = [h["shape"][s] for s in baked]
         same = [o for o in out if o["key"] == key]
         if same:  # pipe compare ships one kernel per size; a compare.json that does not is refused
@@ -376,7 +393,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
                                       f"kernels/shape{i}-trial{row['trial']}.cubin",
                                       f"trial #{row['trial']} does not compile any more")
             entries.append(entry)
-        for i, entry in enumerate(held_out_entries(compare, baked)):
+        for i, entry in enumerate(held_out_entries(compare, baked, history)):
             if any(e["key"] == entry["key"] for e in entries):
                 raise ExportError(f"compare.json ships a held-out kernel for tuned sizes {entry['key']}: it was made "
                                   "by another version of the table; run pipe compare again")

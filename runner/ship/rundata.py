@@ -40,7 +40,7 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
         recorded = led.get_meta("spec_hash")
         path = spec_path or recorded_spec_path(run_dir, led.get_meta("spec_path"), led.get_meta("spec_abspath"),
                                                recorded)
-        variants = {k: v["text"] for k, v in led.variants().items()}
+        variants = {k: v["text"] for k, v in led.variants().items()}  # each checked against its id (guard)
         base = led.get_meta("baseline")
     finally:
         led.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,27 @@ def cache_dir() -> Path:
     d = Path(os.environ.get("PIPE_CACHE_DIR") or Path.home() / ".cache" / "pipe")
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def seal(path: Path, data: bytes | None = None) -> None:
+    """Write the sha256 of a cached artifact beside it (PATH.sha256): of `data`, the bytes the
+    compiler gave, else of the file as it stands. The temporary name is the thread's own (builds
+    ahead compile on several threads, and two may finish the same source)."""
+    digest = hashlib.sha256(path.read_bytes() if data is None else data).hexdigest()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.seal.tmp")
+    tmp.write_text(digest)
+    os.replace(tmp, path.with_name(path.name + ".sha256"))
+
+
+def sealed(path: Path) -> bool:
+    """Whether a cached artifact still has the bytes it was compiled with (its seal): a file
+    put in its place afterwards is a cache miss, compiled again, never run, shipped or judged
+    as the source's build."""
+    try:
+        want = path.with_name(path.name + ".sha256").read_text().strip()
+        return hashlib.sha256(path.read_bytes()).hexdigest() == want
+    except OSError:
+        return False
 
 
 def artifact_key(*parts: str) -> str:

@@ -18,9 +18,10 @@ import subprocess
 import tempfile
 import time
 from functools import lru_cache
+from pathlib import Path
 
 from .. import x86
-from . import Compiled, artifact_key, cache_dir, wall_timer
+from . import Compiled, artifact_key, cache_dir, seal, sealed, wall_timer
 
 # the reader of a variant's machine code (builder._judge_machine): its x86 instructions
 machine_reader = x86
@@ -449,7 +450,7 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         return Compiled(False, None, why, time.perf_counter() - t0, status=status, reason=why)
     key = artifact_key(source, " ".join(options), compiler_version(), "cpu")
     out = cache_dir() / "cpu" / f"{key}.so"
-    if out.exists():
+    if out.exists() and sealed(out):
         bad = _judge_library(str(out), tuple(options))
         if bad:
             return Compiled(False, None, bad, time.perf_counter() - t0, status="forbidden", reason=bad)
@@ -485,6 +486,7 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         tmp_out = out.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(lib, tmp_out)
         os.replace(tmp_out, out)  # atomic: a reader sees the whole file or none
+        seal(out, Path(lib).read_bytes())
     return Compiled(True, str(out), log, time.perf_counter() - t0, ptx=data)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from .. import machine, ptx, sass
 
 machine_reader = sass  # the reader of a variant's machine code (builder._judge_machine)
-from . import Compiled, artifact_key, cache_dir
+from . import Compiled, artifact_key, cache_dir, seal, sealed
 
 # a prepared call without a mode, in auto mode: replayed as a CUDA graph when its own device
 # time is under this. The judge never asks for one: it names every arm's mode from the
@@ -144,7 +144,7 @@ def _cached(source: str, entry: str, options: tuple[str, ...], hw):
     # the PTX itself, judged again on every hit by this version's rules (ptx.analyze): counts
     # kept from an older reader would let a build it misread pass after the reader was fixed
     kept = out.with_suffix(".ptx")
-    if out.exists() and meta.exists() and kept.exists():
+    if out.exists() and meta.exists() and kept.exists() and sealed(out):
         log = meta.read_text()
         try:
             counts = ptx.analyze(kept.read_text())
@@ -291,6 +291,7 @@ def compile(source: str, entry: str, options: tuple[str, ...], hw) -> Compiled:
         tmp = path.with_suffix(path.suffix + f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+    seal(out, code)
     return Compiled(True, str(out), log, time.perf_counter() - t0, resources=parse_ptxas(log, entry),
                     ptx=ptx_counts)
 

@@ -154,7 +154,7 @@ def test_eval_builds_nothing_ahead(project, tmp_path):
     r = pipe_main("eval", spec, "--params", json.dumps(starts[0]), "--run-dir", str(project / "ev"), cwd=project,
                   env={"PIPE_BUILD_AHEAD": "1", "PIPE_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
-    built = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".log", ".txt", ".json")]
+    built = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".log", ".txt", ".json", ".sha256")]
     assert len({p.stem for p in built}) == 1, built
 
 

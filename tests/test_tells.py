@@ -155,6 +155,47 @@ def test_value_sets_hold_outlier_channels_as_activations_do():
     assert torch.equal(inputs._outlier_channels(big.clone(), 3, 0), big)
 
 
+def test_a_gemms_weights_are_small_where_its_activations_channels_are_large():
+    """A GEMM's value sets (op.tolerance.gemm_k) take outlier channels in the activation (the input
+    whose last dimension is K and whose rows are the output's), and its weights, along their K
+    dimension, are divided there by the same factors, as a trained model's are: the outputs keep
+    their size (the GEMM budget's |x| @ |w| its meaning). The roles come from the spec's shapes,
+    whatever the inputs' names or the weight's layout; timed values never hold them."""
+    from types import SimpleNamespace
+
+    from runner.judge import inputs
+    from runner.ops.reference import moe_gemm
+
+    op = shipped_spec(PIPELINES / "moe-cpu.yaml").op
+    assert inputs.gemm_roles(op, op.shape_env({"T": 16})) == (0, {1: 2})
+    sets = hits = 0
+    for seed in range(48):
+        got = make_inputs(op, {"T": 16}, 700 + seed, seed, "cpu", structured=True, outliers=True)
+        plain = make_inputs(op, {"T": 16}, 700 + seed, seed, "cpu", structured=True)
+        x, w = got["x"].float(), got["w"].float()
+        big = ((x.abs() > 12 * x.abs().mean(1, keepdim=True)).float().mean(0) > 0.7).nonzero().flatten()
+        small = ((w / plain["w"].float()).nan_to_num(1.0) < 1 / 8).float().mean((0, 1)) > 0.9
+        assert set(big.tolist()) == set(small.nonzero().flatten().tolist()), seed  # the same channels
+        assert torch.equal(got["offs"], plain["offs"])
+        sets, hits = sets + 1, hits + (big.numel() > 0)
+        ya = moe_gemm(got["x"].double(), got["w"].double(), got["offs"])
+        yb = moe_gemm(plain["x"].double(), plain["w"].double(), plain["offs"])
+        med = [float(y.abs().median()) for y in (ya, yb)]
+        assert med[0] < 2.5 * med[1], (seed, med)  # the outputs keep their usual size
+    assert 0.3 * sets < hits < 0.75 * sets, (hits, sets)  # 2/3 of the sets whose draw is an everyday one
+    timed = make_inputs(op, {"T": 16}, 5, 0, "cpu", timed=True, outliers=True)
+    assert torch.equal(timed["w"], make_inputs(op, {"T": 16}, 5, 0, "cpu", timed=True)["w"])
+    # the roles from the shapes: a weight laid out [K, N] (its K first), the activation named anything
+    tensor = lambda shape, dtype="bf16": SimpleNamespace(shape=[lambda env, n=n: n for n in shape], dtype=dtype)
+    fake = SimpleNamespace(gemm_k=lambda env: 64, outputs=[tensor((8, 32))],
+                           inputs=[tensor((4,), "int32"), tensor((64, 32)), tensor((8, 64))])
+    assert inputs.gemm_roles(fake, {}) == (2, {1: 0})
+    w = torch.randn(64, 32, dtype=torch.bfloat16)
+    cols = inputs._outlier_plan(64, 9, 2, always=True)[0]
+    got = inputs._outlier_weights(w.clone(), 0, 9, 2, always=True)
+    assert set((got != w).any(1).nonzero().flatten().tolist()) <= set(cols.tolist())
+
+
 def test_an_honest_fp32_sum_of_squares_stays_inside_the_tolerance_with_outlier_channels():
     """rmsnorm-range-cpu's kernel (rmsnorm.cpp.j2 at ACC 4: four sequential fp32 sums of squares),
     emulated in numpy on verification's value sets at its largest row length, against float64: the
@@ -183,6 +224,18 @@ def test_an_honest_fp32_sum_of_squares_stays_inside_the_tolerance_with_outlier_c
             normal = (ref > 1e-20) & (ref < 1e37)  # not the `tiny` and `huge` rows (the atol's, the overflow's)
             worst = max(worst, float(np.abs(s[normal] / ref[normal] - 1).max()))
     assert 0 < worst < op.rtol / 2, (worst, inputs.OUTLIER_DISTS)
+
+
+@pytest.mark.parametrize("spec", ["moe-cpu", "moe-swiglu-cpu"])
+def test_a_gemm_right_only_where_its_activations_hold_no_outlier_channels_is_wrong(project, tmp_path, spec):
+    """moe_outlier_tell: the MoE template, 1% off where a column of x is 8 times its row's mean in
+    at least half the rows and two, as an LLM's hidden states are. `ok` before (a GEMM's inputs took
+    no outlier channels: 12 evals of 12, session 58's red team); its activation takes them now, with
+    the weights small there, in 2/3 of the everyday value sets."""
+    r = pipe_main("eval", PIPELINES / f"{spec}.yaml", "--params", json.dumps({"MR": 2, "NR": 8}),
+                  "--variant", DATA / "moe_outlier_tell.cpp.j2", "--run-dir", tmp_path / "run", "--json", cwd=project)
+    out = r.stdout + r.stderr
+    assert '"wrong"' in out and "outside the GEMM budget" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("tell,checks", [("outlier_tell", 12), ("bulk_tell", 12)])

@@ -17,7 +17,8 @@ normal (subnormal witnesses: `_subnormal`); one row in 16 more holds exact zeros
 a coarse grid (structured witnesses: `_structured`, exact repeats and zeros, which no continuous
 draw makes); in two value sets of three of an everyday draw a few secret columns of every row are
 tens to hundreds of times the rest (outlier channels, as an LLM's hidden states hold:
-`_outlier_channels`); which round of a shape draws which dist is the trial's secret (worker._turn).
+`_outlier_channels`; a GEMM's in its activation, its weights small there: `gemm_roles`);
+which round of a shape draws which dist is the trial's secret (worker._turn).
 Integer tensors take `randint` (low, high) or `perm`: a random permutation of 0 .. numel - 1
 laid out in the tensor's shape, so that every value appears once (a block table over a pool of
 pages, each page owned by one sequence, in shuffled order).
@@ -460,10 +461,10 @@ def _spread(x: torch.Tensor, t, dist: str, seed: int, which: int) -> torch.Tenso
 # tens to hundreds of times the others, of one sign mostly); no draw above made them, so a kernel
 # wrong only where one column is large across rows was `ok` (session 56's red team). In a secret
 # share of the value sets, a few secret columns of every row but the witness rows drawn after.
-# Not for a GEMM's inputs (op.tolerance.gemm_k, worker.Judge._outliers): against random weights
-# such a column puts every output tens of times its usual size (silu's flat ends), where a model's
-# learned weights keep it small, and the paired tests lost their power (an approximate exp2 on
-# moe-swiglu-cpu's T = 1 passed).
+# A GEMM's (op.tolerance.gemm_k) in its activation alone, its weights made small at the same
+# channels (`gemm_roles`, `_outlier_weights`): against random weights such a column put every output
+# tens of times its usual size (silu's flat ends), where a model's learned weights keep it small,
+# and the paired tests lost their power (an approximate exp2 on moe-swiglu-cpu's T = 1 passed).
 OUTLIER_SHARE = 2 / 3  # of the eligible value sets (a tell with 4 of them in a trial is met in all but 1 trial in 80)
 OUTLIER_MIN_COLS = 16  # rows shorter than this have no "few of many" columns
 OUTLIER_MAX = 8  # columns at most (and one in 64 of a row's)
@@ -490,13 +491,11 @@ def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = Fal
     n = x.shape[-1] if x.dim() >= 2 else 0
     if n < OUTLIER_MIN_COLS or x.numel() == 0:
         return x
-    g = _side_generator(seed, which, 0xC2B2AE35, 0x165667B1)
-    if float(torch.rand((), generator=g)) >= OUTLIER_SHARE and not always:
+    plan = _outlier_plan(n, seed, which, always)
+    if plan is None:
         return x
-    k = 1 + int(torch.randint(0, max(1, min(OUTLIER_MAX, n // 64)), (), generator=g))
-    cols = torch.randperm(n, generator=g)[:k].to(x.device)
-    fac = torch.exp2(4 + 3 * torch.rand(k, generator=g, dtype=torch.float64))
-    sign = torch.where(torch.rand(k, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    cols, fac, sign = plan
+    cols = cols.to(x.device)
     rows = x.reshape(-1, n)
     # each row's mean magnitude in one float32 pass (an input of 2^27 elements: no float64 copy
     # of it), non-finite elements counted as 0; then the k columns alone in float64
@@ -514,6 +513,81 @@ def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = Fal
     safe = float(fac.max()) * 2 * mean <= torch.finfo(x.dtype).max / 64
     rows[:, cols] = torch.where(torch.isfinite(col) & safe, big, col).to(x.dtype)
     return rows.view(x.shape)
+
+
+def _outlier_plan(n: int, seed: int, which: int, always: bool = False):
+    """The outlier channels of input `which` (rows of `n` columns) in this value set: (columns,
+    factors 2^4 to 2^7 in float64, signs in float64), or None where the share leaves it none. A
+    function of the seed and the input's place alone, so that a GEMM's weights can take the
+    channels of its activation (`_outlier_weights`)."""
+    g = _side_generator(seed, which, 0xC2B2AE35, 0x165667B1)
+    if float(torch.rand((), generator=g)) >= OUTLIER_SHARE and not always:
+        return None
+    k = 1 + int(torch.randint(0, max(1, min(OUTLIER_MAX, n // 64)), (), generator=g))
+    cols = torch.randperm(n, generator=g)[:k]
+    fac = torch.exp2(4 + 3 * torch.rand(k, generator=g, dtype=torch.float64))
+    sign = torch.where(torch.rand(k, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    return cols, fac, sign
+
+
+# A GEMM's outlier channels (op.tolerance.gemm_k): a trained model's weights are small where its
+# activations' channels are large (the products keep their scale: SmoothQuant's observation, which
+# is why smoothing moves the one's magnitude into the other), so the judge draws them as a pair. The
+# activation (the one input whose last dimension is the reduction, K, and whose other dimensions are
+# the output's rows) takes outlier channels as any input does; every other floating input with a
+# dimension of length K (a weight: its last such dimension where there are several, the layout of
+# nn.Linear's [out, in]) takes the same channels along it divided by the same factors. Outputs keep
+# their usual size and the GEMM budget (|x| @ |w| magnitudes) its meaning; before session 58's
+# red team a GEMM's inputs took no channels at all, against random weights they put outputs tens of
+# times their size (silu's flat ends), and a kernel 1% off only where x held them was `ok`.
+
+
+def _floating(t) -> bool:
+    return TORCH_DTYPES[t.dtype].is_floating_point
+
+
+def gemm_roles(op, env: dict) -> tuple[int, dict[int, int]] | None:
+    """A GEMM op's (op.gemm_k) activation and weights for outlier channels, from the spec's shapes
+    at `env`: (the activation's index among op.inputs, {a weight's index: its K dimension}), or None
+    where the op is no GEMM or no single activation is found (its inputs then take no channels)."""
+    if getattr(op, "gemm_k", None) is None or len(op.outputs) != 1:
+        return None
+    k = int(op.gemm_k(env))
+    rows = shape_of(op.outputs[0], env)[:-1]
+    shapes = [shape_of(t, env) if _floating(t) else None for t in op.inputs]
+    acts = [i for i, s in enumerate(shapes) if s is not None and len(s) >= 2 and s[-1] == k and s[:-1] == rows]
+    if len(acts) != 1:
+        return None
+    weights = {}
+    for i, s in enumerate(shapes):
+        dims = [d for d, n in enumerate(s or ()) if n == k]
+        if i != acts[0] and len(s or ()) >= 2 and dims:
+            weights[i] = dims[-1]
+    return acts[0], weights
+
+
+def _takes_outliers(t, env: dict, dist: str) -> bool:
+    """Whether input `t` drawn from `dist` takes outlier channels (as `structurable` says of its value)."""
+    s = shape_of(t, env)
+    return (dist in OUTLIER_DISTS and _floating(t) and len(s) >= 2 and math.prod(s) > 0
+            and not set(t.dists) <= POSITIVE_DISTS)
+
+
+def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: bool = False) -> torch.Tensor:
+    """`w` (a GEMM's weight, `dim` its K dimension) with the elements at the outlier channels of
+    input `which` (the activation, `_outlier_plan`) divided by each channel's factor, in place."""
+    n = w.shape[dim]
+    if n < OUTLIER_MIN_COLS or w.numel() == 0:
+        return w
+    plan = _outlier_plan(n, seed, which, always)
+    if plan is None:
+        return w
+    cols, fac, _ = plan
+    idx = cols.to(w.device)
+    at = [1] * w.dim()
+    at[dim] = idx.numel()
+    small = w.index_select(dim, idx).to(torch.float64) / fac.to(w.device).view(at)
+    return w.index_copy_(dim, idx, small.to(w.dtype))
 
 
 def structurable(x: torch.Tensor, t) -> bool:
@@ -540,7 +614,14 @@ def outlier_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Te
     """Verification's value set at `shape` with outlier channels in every input that takes them
     (`_outlier_channels`, whatever the share): what the judge asks the reference once."""
     out = make_inputs(op, shape, seed, 0, device)
+    roles = gemm_roles(op, op.shape_env(shape)) if getattr(op, "gemm_k", None) is not None else None
     for i, t in enumerate(op.inputs):
+        if roles is not None:  # a GEMM: its activation's channels, and its weights small there
+            act = op.inputs[roles[0]]
+            if i in roles[1] and structurable(out[act.name], act):
+                out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0], always=True)
+            if i != roles[0]:
+                continue
         if structurable(out[t.name], t):
             out[t.name] = _outlier_channels(out[t.name], seed, i, always=True)
     return out
@@ -602,6 +683,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
+    gemm = outliers and not timed and getattr(op, "gemm_k", None) is not None
+    roles = gemm_roles(op, env) if gemm else None  # a GEMM's activation and weights
     out = {}
     for i, t in enumerate(op.inputs):
         v = t.drawn(timed)
@@ -614,8 +697,13 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             # columns (before them, a row's large columns put its grid's step past the other
             # elements, which became equal zeros: a tell on equal neighbours was met 6 times in 8);
             # a zero row stays 0 and a copied row stays its source's copy (each row's values its own)
-            if outliers and dist in OUTLIER_DISTS and structurable(out[t.name], v):
+            if outliers and dist in OUTLIER_DISTS and structurable(out[t.name], v) and (
+                    not gemm or (roles is not None and i == roles[0])):  # a GEMM's activation alone
                 out[t.name] = _outlier_channels(out[t.name], seed, i)
+            if roles is not None and i in roles[1]:  # a GEMM's weight: small at its activation's channels
+                act = op.inputs[roles[0]].drawn(timed)
+                if _takes_outliers(act, env, act.dists[round_ % len(act.dists)]):
+                    out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0])
             if structured:  # weight vectors: small, negative and zero elements (`_spread`)
                 out[t.name] = _spread(out[t.name], v, dist, seed, i)
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)

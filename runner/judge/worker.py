@@ -184,14 +184,15 @@ class Judge:
 
     @property
     def _outliers(self) -> bool:
-        """Whether verification's value sets take outlier channels (inputs._outlier_channels): not
-        for a GEMM (op.tolerance.gemm_k: see inputs.py), nor where the reference answers them with
-        NaN or Inf (or an error) and the same values without them finitely (an exp with no max
-        subtracted, say). Decided once a worker, as `_structured` is."""
+        """Whether verification's value sets take outlier channels (inputs._outlier_channels; a
+        GEMM's, op.tolerance.gemm_k, in its activation with its weights small there:
+        inputs.gemm_roles): not where the reference answers them with NaN or Inf (or an error)
+        and the same values without them finitely (an exp with no max subtracted, say). Decided
+        once a worker, as `_structured` is."""
         if self._outliers_ok is None:
             from .inputs import outlier_probe
 
-            self._outliers_ok = self.op.gemm_k is None and self._reference_finite(outlier_probe)
+            self._outliers_ok = self._reference_finite(outlier_probe)
         return self._outliers_ok
 
     def _reference_finite(self, probe) -> bool:

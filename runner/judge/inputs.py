@@ -484,14 +484,12 @@ def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = Fal
     mean, and an honest fp32 sum of squares lost its small terms to the big one's rounding, 1.5e-5
     off (rmsnorm-range-cpu at N = 16383, past its rtol; a clean-clone CI failed on it). Nor m plus
     min(a, m): about 4 rows in 10 were 2 f m exactly (review of session 58, below). Non-finite
-    elements (a mask's -inf) and zero rows stay as they are; a row where the largest result would pass 1/64 of the
-    dtype's largest value is left as drawn (huge rows; fp16's offset rows). From a generator of
-    its own, so the value set's other draws are the same with them or without. `always`: in this
-    value set whatever the share says (the worker's probe, `Judge._outliers`)."""
+    elements (a mask's -inf) and zero rows stay as they are; a row where the largest result would
+    pass 1/64 of the dtype's largest value is left as drawn (huge rows; fp16's offset rows). From
+    a generator of its own, so the value set's other draws are the same with them or without.
+    `always`: in this value set whatever the share says (the worker's probe, `Judge._outliers`)."""
     n = x.shape[-1] if x.dim() >= 2 else 0
-    if n < OUTLIER_MIN_COLS or x.numel() == 0:
-        return x
-    plan = _outlier_plan(n, seed, which, always)
+    plan = _outlier_plan(n, seed, which, always) if x.numel() else None
     if plan is None:
         return x
     cols, fac, sign = plan
@@ -517,9 +515,11 @@ def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = Fal
 
 def _outlier_plan(n: int, seed: int, which: int, always: bool = False):
     """The outlier channels of input `which` (rows of `n` columns) in this value set: (columns,
-    factors 2^4 to 2^7 in float64, signs in float64), or None where the share leaves it none. A
-    function of the seed and the input's place alone, so that a GEMM's weights can take the
-    channels of its activation (`_outlier_weights`)."""
+    factors 2^4 to 2^7 in float64, signs in float64), or None where the share leaves it none or
+    rows are shorter than OUTLIER_MIN_COLS. A function of the seed and the input's place alone,
+    so that a GEMM's weights can take the channels of its activation (`_outlier_weights`)."""
+    if n < OUTLIER_MIN_COLS:  # no "few of many" columns
+        return None
     g = _side_generator(seed, which, 0xC2B2AE35, 0x165667B1)
     if float(torch.rand((), generator=g)) >= OUTLIER_SHARE and not always:
         return None
@@ -576,10 +576,7 @@ def _takes_outliers(t, env: dict, dist: str) -> bool:
 def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: bool = False) -> torch.Tensor:
     """`w` (a GEMM's weight, `dim` its K dimension) with the elements at the outlier channels of
     input `which` (the activation, `_outlier_plan`) divided by each channel's factor, in place."""
-    n = w.shape[dim]
-    if n < OUTLIER_MIN_COLS or w.numel() == 0:
-        return w
-    plan = _outlier_plan(n, seed, which, always)
+    plan = _outlier_plan(w.shape[dim], seed, which, always) if w.numel() else None
     if plan is None:
         return w
     cols, fac, _ = plan

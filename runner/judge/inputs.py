@@ -567,7 +567,9 @@ def gemm_roles(op, env: dict) -> tuple[int, dict[int, int]] | None:
 
 
 def _takes_outliers(t, env: dict, dist: str) -> bool:
-    """Whether input `t` drawn from `dist` takes outlier channels (as `structurable` says of its value)."""
+    """Whether input `t` drawn from `dist` takes outlier channels: an everyday draw of an input
+    `structurable` takes, decided from the spec alone, so that a GEMM's weights ask it of their
+    activation whether it is drawn before them or after."""
     s = shape_of(t, env)
     return (dist in OUTLIER_DISTS and _floating(t) and len(s) >= 2 and math.prod(s) > 0
             and not set(t.dists) <= POSITIVE_DISTS)
@@ -694,7 +696,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             # columns (before them, a row's large columns put its grid's step past the other
             # elements, which became equal zeros: a tell on equal neighbours was met 6 times in 8);
             # a zero row stays 0 and a copied row stays its source's copy (each row's values its own)
-            if outliers and dist in OUTLIER_DISTS and structurable(out[t.name], v) and (
+            if outliers and _takes_outliers(v, env, dist) and (
                     not gemm or (roles is not None and i == roles[0])):  # a GEMM's activation alone
                 out[t.name] = _outlier_channels(out[t.name], seed, i)
             if roles is not None and i in roles[1]:  # a GEMM's weight: small at its activation's channels

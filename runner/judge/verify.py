@@ -49,13 +49,15 @@ USER_BIG_ALIGN = 2 << 20  # ... which start on 2 MiB boundaries
 USER_SMALL_ALIGN = 512  # the allocator's rounding of smaller blocks
 # A shape verified and not timed takes all its buffers (outputs, and the inputs of every round
 # with new buffers) at secret offsets of 16 bytes, up to PLACE_SPAN bytes past the allocator's
-# alignment, or, in PLACE_ALIGNED of the shapes (a secret draw), all of them where the allocator
-# puts them. The exported op serves any 16-byte aligned tensor (x[1:] of a user's rows), so a
-# kernel must be right there; with every verified pointer on the allocator's 512-byte (CPU arena:
-# page) boundary, a kernel wrong off it was `ok` (session 55's red team). Decided a shape and
-# not a buffer, so that shapes whose every pointer is aligned stay as common as the others.
+# alignment, or all of them where the allocator puts them: a secret half of a trial's such shapes
+# each way (Placement). The exported op serves any 16-byte aligned tensor (x[1:] of a user's
+# rows), so a kernel must be right there; with every verified pointer on the allocator's 512-byte
+# (CPU arena: page) boundary, a kernel wrong off it was `ok` (session 55's red team). Decided a
+# shape and not a buffer, so that shapes whose every pointer is aligned stay as common as the
+# others; split across the trial's shapes and not drawn for each, since a draw for each left a
+# trial of 6 such shapes with none placed, or none off a 64-byte line, in 6% of trials (a kernel
+# wrong only off one was `ok` there: session 58's CI).
 PLACE_SPAN = 4096
-PLACE_ALIGNED = 0.5
 GUARD_POISON = -31337.0  # the guard bands' sentinel (floating outputs)
 INT_GUARD_POISON = -0x5A5A5A5A
 DEFAULT_FLOOR = 2.0 ** -7
@@ -78,20 +80,59 @@ LEAN_CLIP = 2.0  # each element's error clipped to +-2 units: cancellation's lar
 NORMAL_MIN = {torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -14}
 
 
-def place_shape(rng=None) -> bool:
-    """Whether a verified-only shape takes its buffers at secret offsets (place_shift): a secret
-    draw, False in PLACE_ALIGNED of them (`rng`: a random.Random, for tests)."""
-    draw = rng.random() if rng is not None else secrets.randbelow(1 << 30) / (1 << 30)
-    return draw >= PLACE_ALIGNED
+LINE = 64  # bytes: the line whose classes of offset (0, 16, 32, 48 bytes into it) Placement cycles
 
 
-def place_shift(element_size: int, rng=None) -> int:
+class Placement:
+    """Where a trial's `n` verified-only shapes put their buffers. A secret half of them (the odd
+    one's side a secret coin) take every buffer at a secret offset (`shift`), the rest where the
+    allocator puts them, so that a trial of two or more such shapes meets both kinds of call a
+    user makes. A buffer's offset (named by `key`: an input's name, an output's) steps through
+    the four 16-byte classes of a 64-byte line from a secret start, one class for each placement
+    of it, each class at a secret place among PLACE_SPAN's (class 0: never on a 512-byte boundary,
+    where the allocator's own pointers are): two placements of a buffer meet at least one offset
+    off a 64-byte line, four meet every class (`rng`: a random.Random, for tests; the judge's
+    own: the system's secret source)."""
+
+    def __init__(self, n: int, rng=None):
+        self._rng = rng if rng is not None else secrets.SystemRandom()
+        k = n // 2 + (n % 2 if self._rng.random() < 0.5 else 0)
+        kinds = [True] * k + [False] * (n - k)
+        self._rng.shuffle(kinds)
+        self.kinds = kinds
+        self._turns: dict = {}
+
+    def placed(self, i: int) -> bool:
+        """Whether verified-only shape `i` (0 for the first) takes its buffers at secret offsets."""
+        return 0 <= i < len(self.kinds) and self.kinds[i]
+
+    def shift(self, element_size: int, key) -> int:
+        """Elements buffer `key` starts past its allocation at its next placement: a multiple of 16
+        bytes from 16 to PLACE_SPAN - 16, in the next class of its turn; 0 where 16 bytes are no
+        whole number of elements."""
+        if element_size <= 0 or 16 % element_size:
+            return 0
+        start, used = self._turns.get(key) or (self._rng.randrange(LINE // 16), 0)
+        self._turns[key] = (start, used + 1)
+        cls = (start + used) % (LINE // 16)
+        return place_shift(element_size, self._rng, cls)
+
+
+def place_shift(element_size: int, rng=None, cls: int | None = None) -> int:
     """Elements a placed buffer starts past its allocation: a secret multiple of 16 bytes, from 16
-    to PLACE_SPAN - 16 (`rng`: a random.Random, for tests); 0 where 16 bytes are no whole number
-    of elements."""
+    to PLACE_SPAN - 16 (`rng`: a random.Random, for tests); with `cls`, one `cls` * 16 bytes past a
+    64-byte line (LINE) and, for class 0, never on a 512-byte boundary. 0 where 16 bytes are no
+    whole number of elements."""
     if element_size <= 0 or 16 % element_size:
         return 0
-    k = rng.randrange(1, PLACE_SPAN // 16) if rng is not None else 1 + secrets.randbelow(PLACE_SPAN // 16 - 1)
+    rng = rng if rng is not None else secrets.SystemRandom()
+    per = LINE // 16
+    if cls is None:
+        k = rng.randrange(1, PLACE_SPAN // 16)
+    elif cls % per:
+        k = cls % per + per * rng.randrange(PLACE_SPAN // LINE)
+    else:  # 64-byte steps, none a multiple of 512 bytes
+        k = per * rng.choice([m for m in range(1, PLACE_SPAN // LINE) if m % (512 // LINE)])
     return k * 16 // element_size
 
 

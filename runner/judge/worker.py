@@ -406,21 +406,21 @@ class Judge:
         if self.rt.device == "cuda":
             self.torch.cuda.empty_cache()
 
-    def _outputs(self, shape: dict, decoy: bool = False, place: bool = False) -> list:
-        """Each output inside its guard bands (verify.poisoned); with `place` (verification's), at
-        a secret offset of 16 bytes past the allocator's alignment (verify.place_shift). With `decoy`, the output itself
+    def _outputs(self, shape: dict, decoy: bool = False, place=None) -> list:
+        """Each output inside its guard bands (verify.poisoned); with `place` (verification's: a
+        verify.Placement), at a secret offset of 16 bytes past the allocator's alignment. With `decoy`, the output itself
         holds the first decoy (a plausible wrong answer) from the start, never the guards'
         sentinel: a loop that does not write decoys before each call (the re-timing, pipe
         compare) then gives its first call buffers that look like any later call's, so a
         kernel cannot tell a loop's first call on fresh buffers from the rest."""
         from .inputs import TORCH_DTYPES, shape_of
-        from .verify import place_shift, poisoned
+        from .verify import poisoned
 
         env = self.op.shape_env(shape)
         outs = []
         for t in self.op.outputs:
             dt = TORCH_DTYPES[t.dtype]
-            shift = place_shift(dt.itemsize) if place else 0
+            shift = place.shift(dt.itemsize, ("output", t.name)) if place else 0
             outs.append(poisoned(shape_of(t, env), dt, self.rt.device, shift))
         if getattr(self.rt, "share", None):
             outs = [o.moved(self.rt.share(o.buf)) for o in outs]
@@ -582,18 +582,18 @@ class Judge:
         share = getattr(self.rt, "share", None)
         return {k: share(v) for k, v in tensors.items()} if share else tensors
 
-    def _placed(self, tensors: dict) -> dict:
+    def _placed(self, tensors: dict, place) -> dict:
         """_shared's buffers, each starting at a secret offset of 16 bytes past the allocator's
-        alignment (verify.place_shift): verification's new buffers, so that a kernel is verified
+        alignment (`place`: the trial's verify.Placement): verification's new buffers, so that a kernel is verified
         wherever the exported op lets a user's tensor start. Takes the tensors out of `tensors`
         one by one (one extra copy on the device at a time)."""
-        from .verify import place_shift, placed
+        from .verify import placed
 
         share = getattr(self.rt, "share", None)
         out = {}
         for k in list(tensors):
             v = tensors.pop(k)
-            out[k] = placed(v, place_shift(v.element_size()) if v.is_contiguous() else 0, share)
+            out[k] = placed(v, place.shift(v.element_size(), ("input", k)) if v.is_contiguous() else 0, share)
         return out
 
     def _bench(self, call, budget_scale: float = 1.0, refresh=None, check_at=None,
@@ -689,8 +689,9 @@ class Judge:
                 return {"status": "wrong", "reason": "not batch-invariant as far as the judge can tell "
                         f"(op.batch_invariant requires it): no verified shape with {self.op.batch_axis} >= 3 "
                         "that the configuration serves, where the judge checks it"}
-        from .verify import place_shape
+        from .verify import Placement
 
+        placement = Placement(len(all_shapes) - n_timed)  # the verified-only shapes' placement (secret)
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
@@ -699,11 +700,11 @@ class Judge:
             geometry = job["geometry"][si]
             label = f"shape {si} {shape}" if si < n_timed else f"extra shape {si - n_timed} {shape}"
             # a shape verified and not timed (the domain's draws, the extra shapes) takes all its
-            # buffers at secret offsets of 16 bytes, or (a secret draw, verify.PLACE_ALIGNED) all of
-            # them where the allocator puts them: both kinds of call a user makes meet shapes
-            # verified only (verify.place_shape); a timed shape's stay where the allocator puts
-            # them, as a user's do, since its timed calls reuse them
-            place = si >= n_timed and place_shape()
+            # buffers at secret offsets of 16 bytes, or (a secret half of them, verify.Placement) all
+            # of them where the allocator puts them: both kinds of call a user makes meet shapes
+            # verified only; a timed shape's stay where the allocator puts them, as a user's do,
+            # since its timed calls reuse them
+            place = placement if placement.placed(si - n_timed) else None
             outs = self._outputs(shape, place=place)
             ws = self._workspace(geometry)  # zeroed once, here: every call after this one must leave it zero
             decoys = self._decoys(shape)
@@ -727,7 +728,7 @@ class Judge:
                     inputs, run = {}, None
                 fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses (`place`: at secret offsets of 16 bytes)
-                    inputs = self._placed(fresh) if place else self._shared(fresh)
+                    inputs = self._placed(fresh, place) if place else self._shared(fresh)
                 else:  # new values at the same addresses: defeats caching by pointer
                     for k, v in fresh.items():
                         inputs[k].copy_(v)

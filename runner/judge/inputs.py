@@ -371,6 +371,7 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     # continuous draw does, and a kernel wrong only where a row equals the one before it was `ok`
     # (session 56's red team)
     kind = torch.rand(where.numel(), generator=g)
+    pick = torch.rand(where.numel(), generator=g)
     copy = ~zero & (kind < 1 / 3)
     # a third a row alike another but not equal: the other row plus this row's own values times
     # 2^1 to 2^-21 of the other's magnitude (a cosine of about 0.45 to 1 - 1e-13). A user's batch
@@ -381,10 +382,11 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     # the source: the row before in half of them, the row half the batch away in a quarter (a
     # batch of two halves, as classifier-free guidance or a prompt sampled twice makes; review of
     # session 58), else any row
-    pick = torch.rand(where.numel(), generator=g)
     src = torch.where(pick < 0.5, where - 1, torch.where(pick < 0.75, (where + n // 2) % n,
                                                          torch.randint(0, n, (where.numel(),), generator=g)))
     src = torch.where(src == where, where - 1, src)  # never a row copied onto itself (where >= 1)
+    if where.numel() >= 2:
+        _cells(where, n, zero, copy, alike, src, g)
     mix = torch.exp2(1 - 22 * torch.rand(where.numel(), 1, generator=g, dtype=torch.float64))
     out = _structure_rows(x, rows, where[zero], where[~zero & ~copy & ~alike])
     if bool((copy | alike).any()):
@@ -404,6 +406,41 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
 
 
 ZERO_SHARE = 3 / 8  # of the structured rows: all 0; the others a third each copies, alike rows, grid rows
+# The kinds of structured row every value set of two or more such rows takes one of each of (as
+# many as it has rows for, in a secret order), the rest drawn each on its own: (zero, copy, alike,
+# source), source 0 the row before, 1 the row half the batch away, 2 any row. Drawn each alone, a
+# set of 32 such rows held no copy of the row before in 5% of sets, and a trial whose one value
+# set of many rows was such a set passed a kernel wrong only on such rows (audit of session 59).
+STRUCTURED_CELLS = ((True, False, False, None), (False, True, False, 0), (False, False, True, 0),
+                    (False, True, False, 1), (False, False, True, 1), (False, True, False, 2),
+                    (False, False, True, 2), (False, False, False, None))
+
+
+def _cells(where: torch.Tensor, n: int, zero, copy, alike, src, g: torch.Generator) -> None:
+    """Gives rows of `where` (in its secret order) one each of STRUCTURED_CELLS (a secret choice of
+    as many as `where` has rows), in place in the masks and `src`: a copy or alike row only where
+    its source is no row of `where` (whose values the other kinds replace, so that the kinship
+    holds in what the kernel is given)."""
+    taken = set(where.tolist())
+    free = list(range(where.numel()))
+    chosen = torch.randperm(len(STRUCTURED_CELLS), generator=g)[:where.numel()].tolist()
+    # those with a source first: the rows whose source is free are fewer than the rows
+    for c in sorted(chosen, key=lambda c: STRUCTURED_CELLS[c][3] is None):
+        z, cp, al, source = STRUCTURED_CELLS[c]
+        for j in free:
+            at = int(where[j])
+            if source == 2:  # any row that keeps its own values (a sixteenth of the rows are taken)
+                of = next((r for r in torch.randint(0, n, (64,), generator=g).tolist() if r not in taken), None)
+            else:
+                of = at - 1 if source == 0 else (at + n // 2) % n if source == 1 else -1
+            if of is None or (of >= 0 and of in taken):
+                continue
+            zero[j], copy[j], alike[j] = z, cp, al
+            if of >= 0:
+                src[j] = of
+            free.remove(j)
+            break
+
 
 
 def _mean_finite(rows: torch.Tensor) -> torch.Tensor:
@@ -661,6 +698,21 @@ class _Rows:
     @property
     def shape(self):
         return (lambda env, n=self._n: n, *self._t.shape[1:])
+
+
+# The draws where an op's outputs may sit under its tolerance's floor, or at its saturation, so that
+# an error there shows little: a round that draws one of them for any floating input is not plain
+EXTREME_DISTS = ("tiny", "huge")
+
+
+def plain_round(op, round_: int) -> bool:
+    """Whether verification's value set at round index `round_` draws every floating input from a
+    dist outside EXTREME_DISTS (inputs of no floating dtype count as plain)."""
+    for t in op.inputs:
+        v = t.drawn(False)
+        if _floating(v) and v.dists[round_ % len(v.dists)] in EXTREME_DISTS:
+            return False
+    return True
 
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,

@@ -91,6 +91,28 @@ def _turn(seed: int) -> int:
     return _seed(seed, "turn") % 720720  # a multiple of every list length up to 16
 
 
+def round_indices(op, seed: int, si: int, checks: int) -> list[int]:
+    """The round indices (which of each input's dists a round draws, inputs.make_inputs) of verified
+    shape `si`'s check rounds: consecutive from the trial's secret turn plus the shape's place, so
+    that the trial meets every dist of every input. Where none of them is plain (inputs.plain_round:
+    no input drawn `tiny` or `huge`), a secret round of the shape takes the next plain index after
+    them: a shape whose every round drew an extreme dist for some input held outputs under the
+    tolerance's floor in every round (x `tiny`, then w `tiny`: one shape in six of rmsnorm-cpu's),
+    where a kernel wrong on everyday values showed nothing, and a trial whose other shapes missed
+    such a kernel's case passed it (audit of session 59)."""
+    from .inputs import plain_round
+
+    base = si + _turn(seed)
+    got = [base + r for r in range(checks)]
+    if checks <= 0 or any(plain_round(op, i) for i in got):
+        return got
+    span = math.lcm(*(len(t.drawn(False).dists) for t in op.inputs)) if op.inputs else 1
+    nxt = next((i for i in range(base + checks, base + checks + min(span, 1 << 12)) if plain_round(op, i)), None)
+    if nxt is not None:
+        got[_seed(seed, si, "plain") % checks] = nxt
+    return got
+
+
 class Judge:
     """Runs inside the worker."""
 
@@ -714,13 +736,15 @@ class Judge:
             shape_pool: list = []  # the leans of this shape's outputs (verify.lean)
             shape_pairs = NO_PAIRS  # this shape's verification pairs (verify.paired_error)
             own = None  # the kernel's own outputs of the shape's last round (another value set's)
+            rounds = round_indices(self.op, job["seed"], si, checks)
             for r in range(checks):
                 # the distribution cycles with the shape too, so a trial meets every one of them,
                 # from a secret turn of the trial's: which shape's rounds draw which of an input's
                 # dists is not known ahead (a kernel that flushed only at the one shape whose
-                # rounds never drew `tiny` weights was `ok`: session 49's red team, c01);
-                # verification's values (never an input's `timed` override)
-                made = (_seed(job["seed"], si, r), r + si + _turn(job["seed"]), False)
+                # rounds never drew `tiny` weights was `ok`: session 49's red team, c01), and
+                # every shape has a plain round (round_indices); verification's values (never an
+                # input's `timed` override)
+                made = (_seed(job["seed"], si, r), rounds[r], False)
                 if own is None:  # the first round: the kernel's own outputs on the decoys' value set
                     # (before the round's inputs are made: one value set on the device at a time)
                     own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)

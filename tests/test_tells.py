@@ -165,6 +165,23 @@ def test_check_rounds_find_what_a_users_output_holds():
     others = [k[1] if k[0] == "own" else k[0] for k in got]
     for kind, share in (("zeros", 0.5), ("decoy", 0.25), ("stale", 0.25)):
         assert abs(others.count(kind) / len(others) - share) < 0.04, kind
+    # a trial's rounds take the shares as counts (audit of session 59: drawn each round alone, a
+    # trial of 10 rounds gave no run zeros one time in 1000), in a secret order
+    rng = random.Random(3)
+    orders = set()
+    for n in range(1, 25):
+        for _ in range(20):
+            plan = verify.PriorPlan(n, rng)
+            kinds = [plan.next() for _ in range(n)]
+            if n >= 3:
+                assert {"zeros", "decoy", "stale"} <= set(kinds), (n, kinds)
+            assert n // 2 - 1 <= kinds.count("zeros") <= n // 2 + 2, (n, kinds)  # the remainder drawn
+            if n == 10:
+                orders.add(tuple(kinds))
+            assert plan.next() in ("zeros", "decoy", "stale")  # past its rounds: a draw
+    assert len(orders) > 15
+    own = [verify.prior_kinds(verify.PriorPlan(4)) for _ in range(400)]
+    assert all(sorted(k).count("own") == 1 for k in own) and 150 < sum(k[0] == "own" for k in own) < 250
     like = torch.empty(300, 700, dtype=torch.bfloat16)
     a, b = verify.stale_values(like), verify.stale_values(like)
     assert a.shape == like.shape and a.dtype == like.dtype and not torch.equal(a, b)

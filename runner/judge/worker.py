@@ -711,9 +711,10 @@ class Judge:
                 return {"status": "wrong", "reason": "not batch-invariant as far as the judge can tell "
                         f"(op.batch_invariant requires it): no verified shape with {self.op.batch_axis} >= 3 "
                         "that the configuration serves, where the judge checks it"}
-        from .verify import Placement
+        from .verify import Placement, PriorPlan
 
         placement = Placement(len(all_shapes) - n_timed)  # the verified-only shapes' placement (secret)
+        prior_plan = PriorPlan(len(all_shapes) * checks)  # what the check rounds' outputs hold (secret)
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
@@ -768,9 +769,10 @@ class Judge:
                 # (session 49: such a kernel read subnormal inputs as 0 where it found its mark,
                 # which only timed calls did, and was `ok`; datasets/judge-redteam/s49-mark).
                 # Which run finds its own outputs, and what the other finds (zeros, a decoy or stale
-                # values, as a user's output holds), is drawn in secret each round (verify.prior_kinds):
+                # values, as a user's output holds), is drawn in secret each round (verify.prior_kinds,
+                # from the trial's shares, verify.PriorPlan):
                 # a kernel wrong only on an output of zeros, which verification never gave, was `ok`
-                priors = [self._priors(kind, decoys, own) for kind in prior_kinds()]
+                priors = [self._priors(kind, decoys, own) for kind in prior_kinds(prior_plan)]
                 for which in (0, 1):
                     for o, d in zip(outs, priors[which]):
                         o.put(d)

@@ -57,8 +57,8 @@ def shape_of(t, env: dict) -> tuple[int, ...]:
     return tuple(int(d(env)) for d in t.shape)
 
 
-def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
-    x = _draw(t, env, dist, gen, device)
+def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None) -> torch.Tensor:
+    x = _draw(t, env, dist, gen, device, form)
     special = getattr(t, "special", None)
     if special is not None:  # e.g. ignore indices among targets: a random share of the elements
         value, fraction = special
@@ -70,9 +70,12 @@ def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str) -> t
 ROUTING = ("routing", "routing_one", "routing_empty", "routing_single")
 
 
-def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Generator) -> torch.Tensor:
+def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Generator, form=None) -> torch.Tensor:
     """Rows per expert (int64 [experts], on the CPU, summing to `rows`) for a routing dist,
-    drawn from `gen` (the judge's seeded generator: the same seed gives the same routing)."""
+    drawn from `gen` (the judge's seeded generator: the same seed gives the same routing).
+    `form`: routing_empty's structure from the trial's plan (worker.feature_plan), in place of its
+    draws: (a count that picks how many experts have rows, whether one holds a single row, whether
+    the groups are tile-aligned)."""
     counts = torch.zeros(experts, dtype=torch.int64)
     if rows <= 0 or experts <= 0:
         return counts
@@ -102,9 +105,13 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
     # some far larger than others)
     top = min(experts - 1, rows)
     n = int(torch.randint(min(2, top), top + 1, (1,), generator=gen))  # one expert: routing_one's
+    if form is not None:
+        n = min(2, top) + form[0] % (top - min(2, top) + 1)
     live = order[:n]
     sizes = torch.ones(n, dtype=torch.int64)
     single = n > 1 and bool(torch.rand(1, generator=gen) < 0.5)
+    if form is not None:
+        single = n > 1 and bool(form[1])
     share_of = sizes[1:] if single else sizes  # the experts that share what is left (a view)
     if not single and rows >= 2 * n:
         share_of += 1  # no group of a single row: two each at least
@@ -120,7 +127,8 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
     # kernel's path for aligned groups went unverified. Every group but the largest (and a group
     # of a single row) rounded to a multiple of a secret tile, the largest taking the rest
     # (a smaller tile where the rows cannot give every group the one drawn)
-    if bool(torch.rand(1, generator=gen) < 0.5):
+    align = bool(torch.rand(1, generator=gen) < 0.5)
+    if align if form is None else form[2]:
         first = int(torch.randint(0, len(ALIGN_TILES), (1,), generator=gen))
         big = int(torch.argmax(sizes))
         for tile in ALIGN_TILES[first::-1]:
@@ -157,21 +165,21 @@ def _picks(experts: int, tokens: int, k: int, used: int, gen: torch.Generator) -
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def _routing(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
+def _routing(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None) -> torch.Tensor:
     """A routing dist's offsets: the cumulative row ends of `routing_counts`, in the input's
     dtype, on the device (drawn on the CPU: a few hundred numbers, with any generator)."""
     (experts,) = shape_of(t, env)
     rows, topk = int(t.rows(env)), int(t.topk)
     cpu = gen if gen.device.type == "cpu" else torch.Generator().manual_seed(
         int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device).item()))
-    counts = routing_counts(dist, experts, rows, topk, cpu)
+    counts = routing_counts(dist, experts, rows, topk, cpu, form)
     return torch.cumsum(counts, 0).to(device=device, dtype=TORCH_DTYPES[t.dtype])
 
 
-def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str) -> torch.Tensor:
+def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None) -> torch.Tensor:
     dtype = TORCH_DTYPES[t.dtype]
     if dist in ROUTING:
-        return _routing(t, env, dist, gen, device)
+        return _routing(t, env, dist, gen, device, form)
     shape = shape_of(t, env)
     # the everyday distributions are drawn in a 16-bit dtype directly (a third of the bytes
     # of drawing in float32 and rounding); the numerics' own ones in float32 or float64
@@ -467,16 +475,18 @@ SPREAD_DISTS = ("positive", "normal", "uniform", "outliers", "large")
 SPREAD_MIN = 16  # elements
 
 
-def _spread(x: torch.Tensor, t, dist: str, seed: int, which: int) -> torch.Tensor:
+def _spread(x: torch.Tensor, t, dist: str, seed: int, which: int, share: bool | None = None) -> torch.Tensor:
     """`x` (a 1-D floating input drawn from `dist`) with, in a secret SPREAD_SHARE of the value sets,
     small elements and, unless the input is drawn `positive` alone, negative ones and a zero, at
     secret places (the zero never the first or the last). From a generator of its own, so the
-    value set's other draws are the same with them or without."""
+    value set's other draws are the same with them or without. `share`: the trial's plan for this
+    value set (worker.feature_plan), in place of the share's draw."""
     n = x.numel()
-    if x.dim() != 1 or not x.is_floating_point() or n < SPREAD_MIN or dist not in SPREAD_DISTS:
+    if not spreads(t, x.shape, dist):
         return x
     g = _side_generator(seed, which, 0x27D4EB2D, 0x3C6EF372)
-    if float(torch.rand((), generator=g)) >= SPREAD_SHARE:
+    drawn = float(torch.rand((), generator=g)) < SPREAD_SHARE
+    if not (drawn if share is None else share):
         return x
     y = x.to(torch.float64).cpu()
     # the share of small elements the value set's own: all of them in a third of the sets, else
@@ -511,7 +521,8 @@ OUTLIER_MAX = 8  # columns at most (and one in 64 of a row's)
 OUTLIER_DISTS = ("normal", "uniform", "outliers", "large", "masked")
 
 
-def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = False) -> torch.Tensor:
+def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = False,
+                      share: bool | None = None) -> torch.Tensor:
     """`x` (an input `_structured` takes) with, in a secret OUTLIER_SHARE of the value sets, 1 to
     OUTLIER_MAX secret columns of its last dimension set in every row to a sign of the column's
     times 2^4 to 2^7 (the column's own secret factor) times the row's mean finite magnitude m
@@ -524,9 +535,10 @@ def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = Fal
     elements (a mask's -inf) and zero rows stay as they are; a row where the largest result would
     pass 1/64 of the dtype's largest value is left as drawn (huge rows; fp16's offset rows). From
     a generator of its own, so the value set's other draws are the same with them or without.
-    `always`: in this value set whatever the share says (the worker's probe, `Judge._outliers`)."""
+    `always`: in this value set whatever the share says (the worker's probe, `Judge._outliers`);
+    `share`: the trial's plan for this value set (worker.feature_plan), in place of the share's draw."""
     n = x.shape[-1] if x.dim() >= 2 else 0
-    plan = _outlier_plan(n, seed, which, always) if x.numel() else None
+    plan = _outlier_plan(n, seed, which, always, share) if x.numel() else None
     if plan is None:
         return x
     cols, fac, sign = plan
@@ -550,7 +562,7 @@ def _outlier_channels(x: torch.Tensor, seed: int, which: int, always: bool = Fal
     return rows.view(x.shape)
 
 
-def _outlier_plan(n: int, seed: int, which: int, always: bool = False):
+def _outlier_plan(n: int, seed: int, which: int, always: bool = False, share: bool | None = None):
     """The outlier channels of input `which` (rows of `n` columns) in this value set: (columns,
     factors 2^4 to 2^7 in float64, signs in float64), or None where the share leaves it none or
     rows are shorter than OUTLIER_MIN_COLS. A function of the seed and the input's place alone,
@@ -558,7 +570,8 @@ def _outlier_plan(n: int, seed: int, which: int, always: bool = False):
     if n < OUTLIER_MIN_COLS:  # no "few of many" columns
         return None
     g = _side_generator(seed, which, 0xC2B2AE35, 0x165667B1)
-    if float(torch.rand((), generator=g)) >= OUTLIER_SHARE and not always:
+    drawn = float(torch.rand((), generator=g)) < OUTLIER_SHARE
+    if not (always or (drawn if share is None else share)):
         return None
     k = 1 + int(torch.randint(0, max(1, min(OUTLIER_MAX, n // 64)), (), generator=g))
     cols = torch.randperm(n, generator=g)[:k]
@@ -612,10 +625,11 @@ def _takes_outliers(t, env: dict, dist: str) -> bool:
             and not set(t.dists) <= POSITIVE_DISTS)
 
 
-def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: bool = False) -> torch.Tensor:
+def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: bool = False,
+                     share: bool | None = None) -> torch.Tensor:
     """`w` (a GEMM's weight, `dim` its K dimension) with the elements at the outlier channels of
     input `which` (the activation, `_outlier_plan`) divided by each channel's factor, in place."""
-    plan = _outlier_plan(w.shape[dim], seed, which, always) if w.numel() else None
+    plan = _outlier_plan(w.shape[dim], seed, which, always, share) if w.numel() else None
     if plan is None:
         return w
     cols, fac, _ = plan
@@ -700,6 +714,29 @@ class _Rows:
         return (lambda env, n=self._n: n, *self._t.shape[1:])
 
 
+def spreads(t, shape, dist: str) -> bool:
+    """Whether input `t` of `shape` drawn from `dist` takes `_spread`'s small, negative and zero
+    elements in the value sets whose share says so: a 1-D floating input of SPREAD_MIN elements or
+    more, drawn from an everyday dist."""
+    return len(shape) == 1 and _floating(t) and math.prod(shape) >= SPREAD_MIN and dist in SPREAD_DISTS
+
+
+def features(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[bool, bool]:
+    """Whether verification's value set at round index `round_` of `shape` gives some input (spread
+    elements, outlier channels) where the value set's share says so (make_inputs' `structured` and
+    `outliers`): what a trial's plan of them (worker.feature_plan) counts."""
+    env = op.shape_env(shape)
+    roles = gemm_roles(op, env) if outliers and getattr(op, "gemm_k", None) is not None else None
+    spread = channels = False
+    for i, t in enumerate(op.inputs):
+        v = t.drawn(False)
+        dist = v.dists[round_ % len(v.dists)]
+        spread |= structured and spreads(v, shape_of(v, env), dist)
+        if outliers and (getattr(op, "gemm_k", None) is None or (roles is not None and i == roles[0])):
+            channels |= _takes_outliers(v, env, dist) and shape_of(v, env)[-1] >= OUTLIER_MIN_COLS
+    return spread, channels
+
+
 # The draws where an op's outputs may sit under its tolerance's floor, or at its saturation, so that
 # an error there shows little: a round that draws one of them for any floating input is not plain
 EXTREME_DISTS = ("tiny", "huge")
@@ -717,7 +754,7 @@ def plain_round(op, round_: int) -> bool:
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
                 timed: bool = False, subnormal: bool = False, structured: bool = False,
-                serving=None, outliers: bool = False) -> dict[str, torch.Tensor]:
+                serving=None, outliers: bool = False, shares=None) -> dict[str, torch.Tensor]:
     """One value set of the op's inputs. `timed`: the values of timed calls (the candidate's
     timed loop, the baseline's, pipe compare's arms and the checks on their outputs), where an
     input's `timed` override gives its own dist, low or high (say, every sequence at its full
@@ -730,7 +767,11 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     reference's `serving` draw (verification's values only), called on the finished value set
     with a generator of its own: what a serving engine hands the op that no draw above makes
     (memory the op does not read poisoned, out-of-pool table entries past a sequence's last page,
-    pages shared between sequences; runner/ops/reference.py)."""
+    pages shared between sequences; runner/ops/reference.py). `shares`: the trial's plan for this
+    value set (worker.feature_plan): spread, outlier channels (each True, False or None: drawn by its
+    share) and routing_empty's structure (routing_counts' `form`, or None: drawn), in place of the
+    draws."""
+    spread_share, outlier_share, form = (tuple(shares or ()) + (None, None, None))[:3]
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -740,7 +781,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     for i, t in enumerate(op.inputs):
         v = t.drawn(timed)
         dist = v.dists[round_ % len(v.dists)]
-        out[t.name] = make_tensor(v, env, dist, gen, device)
+        out[t.name] = make_tensor(v, env, dist, gen, device, form if dist == "routing_empty" and not timed else None)
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
             if structured:  # first: a witness row drawn below takes the place of one of these, never the reverse
                 out[t.name] = _structured(out[t.name], v, seed, i)
@@ -750,13 +791,13 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             # a zero row stays 0 and a copied row stays its source's copy (each row's values its own)
             if outliers and _takes_outliers(v, env, dist) and (
                     not gemm or (roles is not None and i == roles[0])):  # a GEMM's activation alone
-                out[t.name] = _outlier_channels(out[t.name], seed, i)
+                out[t.name] = _outlier_channels(out[t.name], seed, i, share=outlier_share)
             if roles is not None and i in roles[1]:  # a GEMM's weight: small at its activation's channels
                 act = op.inputs[roles[0]].drawn(timed)
                 if _takes_outliers(act, env, act.dists[round_ % len(act.dists)]):
-                    out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0])
+                    out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0], share=outlier_share)
             if structured:  # weight vectors: small, negative and zero elements (`_spread`)
-                out[t.name] = _spread(out[t.name], v, dist, seed, i)
+                out[t.name] = _spread(out[t.name], v, dist, seed, i, spread_share)
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
                 out[t.name] = _subnormal(out[t.name], v, seed, i)

@@ -93,13 +93,14 @@ def _turn(seed: int) -> int:
 
 def round_indices(op, seed: int, si: int, checks: int) -> list[int]:
     """The round indices (which of each input's dists a round draws, inputs.make_inputs) of verified
-    shape `si`'s check rounds: consecutive from the trial's secret turn plus the shape's place, so
-    that the trial meets every dist of every input. Where none of them is plain (inputs.plain_round:
-    no input drawn `tiny` or `huge`), a secret round of the shape takes the next plain index after
-    them: a shape whose every round drew an extreme dist for some input held outputs under the
-    tolerance's floor in every round (x `tiny`, then w `tiny`: one shape in six of rmsnorm-cpu's),
-    where a kernel wrong on everyday values showed nothing, and a trial whose other shapes missed
-    such a kernel's case passed it (audit of session 59)."""
+    shape `si`'s check rounds: `checks` consecutive ones from the trial's secret turn plus the
+    shape's place, so that the trial meets every dist of every input; where none of them is plain
+    (inputs.plain_round: no input drawn `tiny` or `huge`), one more round, at a secret place among
+    them, with the next plain index after them. A shape whose every round drew an extreme dist for
+    some input held outputs under the tolerance's floor in every round (x `tiny`, then w `tiny`: one
+    shape in six of rmsnorm-cpu's), where a kernel wrong on everyday values showed nothing, and a
+    trial whose other shapes missed such a kernel's case passed it (audit of session 59). One more
+    round and not one replaced: a replaced one was at times the trial's only round of a dist."""
     from .inputs import plain_round
 
     base = si + _turn(seed)
@@ -109,8 +110,71 @@ def round_indices(op, seed: int, si: int, checks: int) -> list[int]:
     span = math.lcm(*(len(t.drawn(False).dists) for t in op.inputs)) if op.inputs else 1
     nxt = next((i for i in range(base + checks, base + checks + min(span, 1 << 12)) if plain_round(op, i)), None)
     if nxt is not None:
-        got[_seed(seed, si, "plain") % checks] = nxt
+        got.insert(_seed(seed, si, "plain") % (checks + 1), nxt)
     return got
+
+
+def stratified(groups: list[list], share: float, rng=None) -> set:
+    """A secret choice of round(share * n) of the n items of `groups` (at least one and, from two
+    items, at least one left out; a single item by a coin of `share`), one of each group's first
+    where the count allows, so that as many groups as it can have one (`rng`: a random.Random,
+    for tests; the judge's own: the system's secret source)."""
+    rng = rng if rng is not None else secrets.SystemRandom()
+    items = [x for g in groups for x in g]
+    n = len(items)
+    if n <= 1:
+        return set(items) if n and rng.random() < share else set()
+    k = min(max(1, round(share * n)), n - 1)
+    firsts = [rng.choice(g) for g in groups if g]
+    rng.shuffle(firsts)
+    chosen = firsts[:k]
+    rest = [x for x in items if x not in chosen]
+    rng.shuffle(rest)
+    return set(chosen + rest[:k - len(chosen)])
+
+
+def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, outliers: bool, rng=None) -> dict:
+    """What each of a trial's verification value sets, (shape's place, round), takes of the features
+    drawn by a share (inputs.make_inputs' `shares`: spread weight elements, outlier channels): in
+    the plain rounds (inputs.plain_round) that give some input the feature (inputs.features), the
+    share's count of them, at least one in a trial and one in as many shapes as the count allows,
+    and at least one left out (stratified); elsewhere the share's draw (None). Drawn each value
+    set alone, a trial of 10 value sets gave no weight vector spread one time in 1000, and no
+    activation outlier channels one time in 4000 (audit of session 59). And routing_empty's
+    structure (inputs.routing_counts' `form`) for each value set that draws it. {(shape's place,
+    round): (spread, channels, form)}."""
+    from .inputs import OUTLIER_SHARE, SPREAD_SHARE, features, plain_round
+
+    eligible: list[list[list]] = [[], []]
+    for si, (shape, idx) in enumerate(zip(shapes, rounds)):
+        per = [[], []]
+        for r, i in enumerate(idx):
+            if plain_round(op, i):
+                for f, yes in enumerate(features(op, shape, i, structured, outliers)):
+                    if yes:
+                        per[f].append((si, r))
+        for f in (0, 1):
+            eligible[f].append(per[f])
+    rng = rng if rng is not None else secrets.SystemRandom()
+    chosen = [stratified(eligible[f], share, rng) for f, share in enumerate((SPREAD_SHARE, OUTLIER_SHARE))]
+    plan = {}
+    for f in (0, 1):
+        for g in eligible[f]:
+            for key in g:
+                plan.setdefault(key, [None, None, None])[f] = key in chosen[f]
+    # routing_empty's structure: the trial's such value sets, in a secret order, count through its
+    # classes (a group of a single row or not, then tile-aligned groups or not, then how many
+    # experts have rows) from secret starts, so that any four of them meet every pair of the first
+    # two (drawn each alone, a trial of 8 missed every set with no single-row group 1 time in 256,
+    # and a kernel wrong only there passed: audit of session 59)
+    empty = [(si, r) for si, idx in enumerate(rounds) for r, i in enumerate(idx)
+             if any(t.drawn(False).dists[i % len(t.drawn(False).dists)] == "routing_empty" for t in op.inputs)]
+    rng.shuffle(empty)
+    start = [rng.randrange(2), rng.randrange(2), rng.randrange(1 << 16)]
+    for j, key in enumerate(empty):
+        plan.setdefault(key, [None, None, None])[2] = (start[2] + j // 4, (start[0] + j) % 2 == 1,
+                                                       (start[1] + j // 2) % 2 == 1)
+    return {k: tuple(v) for k, v in plan.items()}
 
 
 class Judge:
@@ -176,10 +240,12 @@ class Judge:
 
         return launch_mode(self.spec, shape)
 
-    def _inputs(self, shape: dict, seed: int, round_: int, timed: bool = False, judged: bool = True) -> dict:
+    def _inputs(self, shape: dict, seed: int, round_: int, timed: bool = False, shares=None,
+                judged: bool = True) -> dict:
         """One value set: verification's, or with `timed` the values of timed calls (an input's
-        `timed` override). A value set is named by (seed, round, timed), `made` below, and
-        made again from it to check the buffers and work out its reference. Verification's
+        `timed` override). A value set is named by (seed, round, timed, shares), `made` below (`shares`:
+        the trial's plan of its features, feature_plan), and made again from it to check the buffers and
+        work out its reference. Verification's
         take subnormal witness rows where the spec forbids fast_math (flushing them to zero;
         inputs.SUBNORMAL_BACKENDS), unless not `judged`: torch's arms answer to the spec's dists,
         not to its forbidden actions (torch's own bf16 matmul on the CPU reads subnormals as 0).
@@ -190,7 +256,7 @@ class Judge:
         return make_inputs(self.op, shape, seed, round_, self.rt.device, timed, judged and self._no_flush,
                            judged and not timed and self._structured,
                            getattr(self.reference, "serving", None) if judged and not timed else None,
-                           judged and not timed and self._outliers)
+                           judged and not timed and self._outliers, shares)
 
     @property
     def _structured(self) -> bool:
@@ -705,8 +771,14 @@ class Judge:
         # job asks for them (a trial's evaluation; not pipe compare's verification of a ship)
         inv = None
         if self.op.batch_axis and job.get("invariance") is not None:
+            from .verify import PriorPlan
+
+            kinds = [sub["kind"] for p in job["invariance"] for sub in p["subs"]]
+            # what each sub-batch call's output holds: a plan for each kind of composition (alone,
+            # reordered, ...), so that each meets zeros, a decoy and stale values across the trial
             inv = {"plan": {p["index"]: p for p in job["invariance"]}, "run_to_run": None, "reason": None,
-                   "checked": [], "rows_differing": 0}
+                   "checked": [], "rows_differing": 0,
+                   "priors": {k: PriorPlan(kinds.count(k)) for k in set(kinds)}}
             if self.op.batch_required and not job["invariance"]:
                 return {"status": "wrong", "reason": "not batch-invariant as far as the judge can tell "
                         f"(op.batch_invariant requires it): no verified shape with {self.op.batch_axis} >= 3 "
@@ -714,7 +786,9 @@ class Judge:
         from .verify import Placement, PriorPlan
 
         placement = Placement(len(all_shapes) - n_timed)  # the verified-only shapes' placement (secret)
-        prior_plan = PriorPlan(len(all_shapes) * checks)  # what the check rounds' outputs hold (secret)
+        shape_rounds = [round_indices(self.op, job["seed"], si, checks) for si in range(len(all_shapes))]
+        prior_plan = PriorPlan(sum(map(len, shape_rounds)))  # what the check rounds' outputs hold (secret)
+        shares = feature_plan(self.op, all_shapes, shape_rounds, self._structured, self._outliers)
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)
@@ -737,15 +811,15 @@ class Judge:
             shape_pool: list = []  # the leans of this shape's outputs (verify.lean)
             shape_pairs = NO_PAIRS  # this shape's verification pairs (verify.paired_error)
             own = None  # the kernel's own outputs of the shape's last round (another value set's)
-            rounds = round_indices(self.op, job["seed"], si, checks)
-            for r in range(checks):
+            rounds = shape_rounds[si]
+            for r in range(len(rounds)):
                 # the distribution cycles with the shape too, so a trial meets every one of them,
                 # from a secret turn of the trial's: which shape's rounds draw which of an input's
                 # dists is not known ahead (a kernel that flushed only at the one shape whose
                 # rounds never drew `tiny` weights was `ok`: session 49's red team, c01), and
                 # every shape has a plain round (round_indices); verification's values (never an
                 # input's `timed` override)
-                made = (_seed(job["seed"], si, r), rounds[r], False)
+                made = (_seed(job["seed"], si, r), rounds[r], False, shares.get((si, r)))
                 if own is None:  # the first round: the kernel's own outputs on the decoys' value set
                     # (before the round's inputs are made: one value set on the device at a time)
                     own = self._primed(fn, shape, outs, ws, geometry, mode, decoys)
@@ -786,12 +860,12 @@ class Judge:
                         why = _run_to_run(taken, self.op.outputs)
                         if why:
                             inv["run_to_run"] = f"{label}, check {r}: {why}"
-                    if si in inv["plan"] and r == checks - 1:
+                    if si in inv["plan"] and r == len(rounds) - 1:
                         outlived = self._outlived()  # the round's own calls first
                         if outlived:
                             return {"status": "wrong", "reason": f"{label}, check {r}: {outlived}"}
                         why, found = self._sub_batches(inv["plan"][si], shape, fn, inputs, taken[0], decoys,
-                                                       job["seed"], si, r, mode)
+                                                       job["seed"], si, rounds[r], mode, inv["priors"])
                         if why:
                             return {"status": "wrong", "reason": f"{label}, batch invariance: {why}"}
                         inv["checked"].append(_checked(inv["plan"][si], shape))
@@ -824,12 +898,12 @@ class Judge:
             # of its own (a decode step's few rows) is judged with its shape's others
             pooled = pooled_lean(shape_pool)
             if leans_too_far(pooled):
-                return {"status": "wrong", "reason": f"{label}, its outputs over {checks} check rounds taken "
+                return {"status": "wrong", "reason": f"{label}, its outputs over {len(rounds)} check rounds taken "
                         "together: " + lean_text(pooled, "their error")}
             pairs = pairs + shape_pairs
             why = less_precise(shape_pairs)
             if why:
-                return {"status": "wrong", "reason": f"{label}, its outputs over {checks} check rounds: {why}"}
+                return {"status": "wrong", "reason": f"{label}, its outputs over {len(rounds)} check rounds: {why}"}
             why = less_precise(pairs)
             if why:
                 return {"status": "wrong", "reason": f"verification up to {label}, every shape's outputs: {why}"}
@@ -904,20 +978,22 @@ class Judge:
         return got
 
     def _sub_batches(self, plan: dict, shape: dict, fn, inputs: dict, full: dict, decoys: list, seed: int,
-                     si: int, r: int, mode) -> tuple[str | None, list]:
+                     si: int, round_: int, mode, priors: dict) -> tuple[str | None, list]:
         """The sub-batch calls of one shape (judge/invariance.py): each composition on a shape of
         its own (its batch), its geometry the plan's, its outputs, scratch and inputs new
         allocations; every rule of a checked call holds. `full` is the full batch's snapshot of
-        the round's first call. (why it is wrong, or None; [differing rows])."""
+        the round's first call (`round_`: its round index, which the fresh rows draw too). What
+        each call's output holds before it: the trial's plan for the composition's kind (`priors`,
+        a verify.PriorPlan each). (why it is wrong, or None; [differing rows])."""
         from . import invariance
-        from .verify import prior_content, prior_other
+        from .verify import prior_content
 
         axis = self.op.batch_axis
         found = []
         for k, sub in enumerate(plan["subs"]):
             sub_shape, rows = sub["shape"], sub["rows"]
             what = invariance.describe(sub)
-            made = (_seed(seed, si, "batch", k), r + si + _turn(seed), False)  # fresh rows: verification's values
+            made = (_seed(seed, si, "batch", k), round_, False)  # fresh rows: verification's values
             has_fresh = any(x is None for x in rows)
             fresh = self._inputs(sub_shape, *made) if has_fresh else None
             xs = self._shared(invariance.sub_inputs(self.op, axis, inputs, rows, fresh))
@@ -927,8 +1003,11 @@ class Judge:
             # in the verification's mode (a CUDA graph's capture calls the kernel once first)
             call = self._prepare(fn, self._values(sub_shape, xs, outs, ws, sub["geometry"]), sub["geometry"], mode)
             # what a user's output holds (verify.prior_other: zeros, a decoy's rows or stale values), never
-            # NaN: always a decoy told these calls from a user's, and a kernel invariant only there was flagged
-            kind = prior_other()
+            # NaN: always a decoy told these calls from a user's, and a kernel invariant only there was
+            # flagged; from the trial's shares for the composition's kind (a kernel invariant only on a
+            # filled output was met alone on zeros in all but 1 trial in 4000 when each call drew its
+            # own: audit of session 59)
+            kind = priors[sub["kind"]].next()
             for o, d in zip(outs, decoys):
                 o.put(prior_content(kind, d[k % 2][:len(rows)]))
             self.rt.sync()

@@ -752,6 +752,17 @@ def plain_round(op, round_: int) -> bool:
     return True
 
 
+def everyday_round(op, round_: int) -> bool:
+    """Whether verification's value set at round index `round_` draws every floating input from an
+    everyday dist (OUTLIER_DISTS, SPREAD_DISTS: those that take outlier channels and spread weights)."""
+    every = set(OUTLIER_DISTS) | set(SPREAD_DISTS)
+    for t in op.inputs:
+        v = t.drawn(False)
+        if _floating(v) and v.dists[round_ % len(v.dists)] not in every:
+            return False
+    return True
+
+
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
                 timed: bool = False, subnormal: bool = False, structured: bool = False,
                 serving=None, outliers: bool = False, shares=None) -> dict[str, torch.Tensor]:

@@ -91,7 +91,7 @@ def _turn(seed: int) -> int:
     return _seed(seed, "turn") % 720720  # a multiple of every list length up to 16
 
 
-def round_indices(op, seed: int, si: int, checks: int) -> list[int]:
+def round_indices(op, seed: int, si: int, checks: int, everyday: bool = False) -> list[int]:
     """The round indices (which of each input's dists a round draws, inputs.make_inputs) of verified
     shape `si`'s check rounds: `checks` consecutive ones from the trial's secret turn plus the
     shape's place, so that the trial meets every dist of every input; where none of them is plain
@@ -100,33 +100,56 @@ def round_indices(op, seed: int, si: int, checks: int) -> list[int]:
     some input held outputs under the tolerance's floor in every round (x `tiny`, then w `tiny`: one
     shape in six of rmsnorm-cpu's), where a kernel wrong on everyday values showed nothing, and a
     trial whose other shapes missed such a kernel's case passed it (audit of session 59). One more
-    round and not one replaced: a replaced one was at times the trial's only round of a dist."""
-    from .inputs import plain_round
+    round and not one replaced: a replaced one was at times the trial's only round of a dist. With
+    `everyday` (the trial's largest shape), a round whose every input is drawn from an everyday
+    dist (inputs.everyday_round), where outlier channels and spread weights are drawn: in one trial
+    in six of rmsnorm-cpu's, neither of its shapes of many rows had one, and a kernel wrong only on
+    many rows with outlier channels passed (audit of session 59)."""
+    from .inputs import everyday_round, plain_round
 
+    want = everyday_round if everyday else plain_round
     base = si + _turn(seed)
     got = [base + r for r in range(checks)]
-    if checks <= 0 or any(plain_round(op, i) for i in got):
+    if checks <= 0 or any(want(op, i) for i in got):
         return got
     span = math.lcm(*(len(t.drawn(False).dists) for t in op.inputs)) if op.inputs else 1
-    nxt = next((i for i in range(base + checks, base + checks + min(span, 1 << 12)) if plain_round(op, i)), None)
+    nxt = next((i for i in range(base + checks, base + checks + min(span, 1 << 12)) if want(op, i)), None)
     if nxt is not None:
         got.insert(_seed(seed, si, "plain") % (checks + 1), nxt)
     return got
 
 
-def stratified(groups: list[list], share: float, rng=None) -> set:
+def shape_size(op, shape: dict) -> int:
+    """The elements of the op's inputs at `shape`."""
+    from .inputs import shape_of
+
+    env = op.shape_env(shape)
+    return sum(math.prod(int(d) for d in shape_of(t, env)) for t in op.inputs)
+
+
+def largest_shape(op, shapes: list) -> int | None:
+    """The place of the shape of most input elements among `shapes` (the first of equals), or None."""
+    return max(range(len(shapes)), key=lambda si: (shape_size(op, shapes[si]), -si)) if shapes else None
+
+
+def stratified(groups: list[list], share: float, rng=None, order=None) -> set:
     """A secret choice of round(share * n) of the n items of `groups` (at least one and, from two
     items, at least one left out; a single item by a coin of `share`), one of each group's first
-    where the count allows, so that as many groups as it can have one (`rng`: a random.Random,
-    for tests; the judge's own: the system's secret source)."""
+    where the count allows, so that as many groups as it can have one: the groups first in
+    `order` (their places in `groups`: the largest shapes, say) where it cannot give every group
+    one, else in a secret order (`rng`: a random.Random, for tests; the judge's own: the system's
+    secret source)."""
     rng = rng if rng is not None else secrets.SystemRandom()
     items = [x for g in groups for x in g]
     n = len(items)
     if n <= 1:
         return set(items) if n and rng.random() < share else set()
     k = min(max(1, round(share * n)), n - 1)
-    firsts = [rng.choice(g) for g in groups if g]
-    rng.shuffle(firsts)
+    places = list(range(len(groups)))
+    rng.shuffle(places)
+    if order is not None:
+        places.sort(key=list(order).index)
+    firsts = [rng.choice(groups[p]) for p in places if groups[p]]
     chosen = firsts[:k]
     rest = [x for x in items if x not in chosen]
     rng.shuffle(rest)
@@ -156,7 +179,12 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
         for f in (0, 1):
             eligible[f].append(per[f])
     rng = rng if rng is not None else secrets.SystemRandom()
-    chosen = [stratified(eligible[f], share, rng) for f, share in enumerate((SPREAD_SHARE, OUTLIER_SHARE))]
+    # where the count cannot give every shape one, the largest shapes first: a kernel may be wrong
+    # only on many rows (a tell probing rows 0, M/2 and M - 1 for a large column passed rmsnorm-cpu
+    # in 39% of trials when the few-row shapes took the channels: audit of session 59)
+    largest = sorted(range(len(shapes)), key=lambda si: -shape_size(op, shapes[si]))
+    chosen = [stratified(eligible[f], share, rng, largest)
+              for f, share in enumerate((SPREAD_SHARE, OUTLIER_SHARE))]
     plan = {}
     for f in (0, 1):
         for g in eligible[f]:
@@ -286,18 +314,14 @@ class Judge:
     def _reference_finite(self, probe) -> bool:
         """Whether the reference answers `probe`'s value set (at the smallest listed shape) finitely,
         or else answers the same value set without it no better."""
-        from .inputs import make_inputs, shape_of
+        from .inputs import make_inputs
 
         torch = self.torch
         shapes = list(self.op.all_shapes)
         if not shapes:
             return True
 
-        def size(sh: dict) -> int:  # the elements of the op's inputs at a shape
-            e = self.op.shape_env(sh)
-            return sum(math.prod(int(d) for d in shape_of(t, e)) for t in self.op.inputs)
-
-        shape = min(shapes, key=size)
+        shape = min(shapes, key=lambda sh: shape_size(self.op, sh))
 
         def finite(probed: bool) -> bool:
             seed = _seed(probe.__name__)  # (structured_probe, outlier_probe)
@@ -786,7 +810,8 @@ class Judge:
         from .verify import Placement, PriorPlan
 
         placement = Placement(len(all_shapes) - n_timed)  # the verified-only shapes' placement (secret)
-        shape_rounds = [round_indices(self.op, job["seed"], si, checks) for si in range(len(all_shapes))]
+        big = largest_shape(self.op, all_shapes)
+        shape_rounds = [round_indices(self.op, job["seed"], si, checks, si == big) for si in range(len(all_shapes))]
         prior_plan = PriorPlan(sum(map(len, shape_rounds)))  # what the check rounds' outputs hold (secret)
         shares = feature_plan(self.op, all_shapes, shape_rounds, self._structured, self._outliers)
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed

@@ -429,24 +429,31 @@ def _cells(where: torch.Tensor, n: int, zero, copy, alike, src, g: torch.Generat
     as many as `where` has rows), in place in the masks and `src`: a copy or alike row only where
     its source is no row of `where` (whose values the other kinds replace, so that the kinship
     holds in what the kernel is given)."""
-    taken = set(where.tolist())
-    free = list(range(where.numel()))
+    ordered = torch.sort(where).values
+
+    def taken(r: int) -> bool:
+        i = int(torch.searchsorted(ordered, r))
+        return i < ordered.numel() and int(ordered[i]) == r
+
     chosen = torch.randperm(len(STRUCTURED_CELLS), generator=g)[:where.numel()].tolist()
+    used: set = set()
     # those with a source first: the rows whose source is free are fewer than the rows
     for c in sorted(chosen, key=lambda c: STRUCTURED_CELLS[c][3] is None):
         z, cp, al, source = STRUCTURED_CELLS[c]
-        for j in free:
+        for j in range(where.numel()):
+            if j in used:
+                continue
             at = int(where[j])
             if source == 2:  # any row that keeps its own values (a sixteenth of the rows are taken)
-                of = next((r for r in torch.randint(0, n, (64,), generator=g).tolist() if r not in taken), None)
+                of = next((r for r in torch.randint(0, n, (64,), generator=g).tolist() if not taken(r)), None)
             else:
                 of = at - 1 if source == 0 else (at + n // 2) % n if source == 1 else -1
-            if of is None or (of >= 0 and of in taken):
+            if of is None or (of >= 0 and taken(of)):
                 continue
             zero[j], copy[j], alike[j] = z, cp, al
             if of >= 0:
                 src[j] = of
-            free.remove(j)
+            used.add(j)
             break
 
 

@@ -347,8 +347,9 @@ RT = ROOT / "datasets" / "judge-redteam" / "s46-precision-rt"
     # exact when the output holds a decoy (verification), a degree-3 exp when it holds its own
     # marked output (every timed call): paired on the timed loop's checked calls
     ("mark_fexp3", "timed calls: its checked calls' outputs: less precise"),
-    # a degree-2 exp at T = 1 only (384 elements a check round): judged on that shape's own rounds
-    ("T1_fexp2", "shape 1 {'T': 1}, its outputs over"),
+    # a degree-2 exp at T = 1 only (384 elements a check round): judged on a T = 1 shape's own rounds
+    # (the tuning point's, or a domain draw's at T = 1, whichever's values show it first)
+    ("T1_fexp2", "{'T': 1}, its outputs over"),
     # a degree-4 exp (6e-5 relative): inside the first margin, outside this one
     ("always_fexp4", "less precise than the approved template's build"),
 ])

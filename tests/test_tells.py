@@ -149,6 +149,17 @@ def test_every_verified_shape_has_a_plain_round_and_a_trial_still_meets_every_di
         assert any(everyday_round(op, i) for i in got) and sorted(got)[1] == sorted(got)[0] + 1, got
         extra += len(got) == 3
     assert 100 < extra < 200  # x normal, outliers or uniform with w positive: 2 of every 6 indices
+    # an op with no everyday round at all: the largest shape takes a plain one, as any shape does
+    class _In:
+        dists, dtype = ("offset", "tiny", "scaled"), "fp32"
+
+        def drawn(self, timed):
+            return self
+
+    odd = type("Op", (), {"inputs": [_In()]})()
+    for seed in range(40):
+        got = round_indices(odd, seed, 0, 1, everyday=True)
+        assert any(plain_round(odd, i) for i in got) and not any(everyday_round(odd, i) for i in got), got
     # rounds that already hold a plain one stay consecutive
     assert all(round_indices(op, s, 1, 3) == [round_indices(op, s, 1, 3)[0] + r for r in range(3)]
                for s in range(50))
@@ -421,11 +432,11 @@ def test_a_trials_value_sets_take_spread_weights_and_outlier_channels_as_counts(
     for seed in range(200):
         rounds = [round_indices(op, seed, si, 2) for si in range(len(shapes))]
         plan = feature_plan(op, shapes, rounds, True, True, rng)
-        spread = [v[0] for v in plan.values() if v[0] is not None]
-        chans = [v[1] for v in plan.values() if v[1] is not None]
+        spread = [b for v in plan.values() for _, b in v[0] or ()]
+        chans = [b for v in plan.values() for _, b in v[1] or ()]
         assert True in spread and False in spread and True in chans and False in chans, plan
         assert all(plain_round(op, rounds[si][r]) for si, r in plan)
-        picks.add(tuple(sorted(k for k, v in plan.items() if v[0])))
+        picks.add(tuple(sorted(k for k, v in plan.items() if any(b for _, b in v[0] or ()))))
     assert len(picks) > 10  # which value sets: secret (the largest shapes first, a secret round of each)
     # the plan decides the value set's features in place of the shares' draws
     env = {"M": 64, "N": 512}
@@ -436,6 +447,39 @@ def test_a_trials_value_sets_take_spread_weights_and_outlier_channels_as_counts(
         assert bool((on["w"] < 0.4).any()) and bool((off["w"] >= 0.5).all()), seed
         big = on["x"].abs() > 8 * on["x"].abs().mean(1, keepdim=True)
         assert int((big.float().mean(0) > 0.8).sum()) >= 1 and torch.equal(off["x"], plain["x"]), seed
+
+    # a plan for each input (its place in op.inputs), as make_inputs takes it
+    for seed in range(4):
+        per = make_inputs(op, env, 60 + seed, 0, "cpu", structured=True, outliers=True,
+                          shares=(((1, True),), ((0, False),)))
+        alike = make_inputs(op, env, 60 + seed, 0, "cpu", structured=True, outliers=True, shares=(True, False))
+        assert all(torch.equal(per[k], alike[k]) for k in per), seed
+
+
+def test_a_trials_plan_gives_each_input_its_features_on_its_own():
+    """Review of session 59: one plan for every input of a value set gave decode-attention's q, k
+    and v outlier channels all together or none (its rounds are all plain, so every value set was
+    planned), never keys with channels and values without, as an LLM's KV cache has them: a kernel
+    wrong only there passed every trial, where each input's own draw met it in every trial."""
+    from runner.judge.worker import feature_plan, largest_shape, round_indices
+
+    op = shipped_spec(PIPELINES / "decode-attention-h200.yaml").op
+    shapes = list(op.all_shapes)
+    names = [t.name for t in op.inputs]
+    q, k, v = names.index("q"), names.index("k"), names.index("v")
+    rng = random.Random(5)
+    sets = split = 0
+    for seed in range(100):
+        big = largest_shape(op, shapes)
+        rounds = [round_indices(op, seed, si, 2, si == big) for si in range(len(shapes))]
+        plan = feature_plan(op, shapes, rounds, False, True, rng)
+        chans = [dict(c[1]) for c in plan.values() if c[1]]
+        assert chans and all(set(c) == {q, k, v} for c in chans)
+        for w in (q, k, v):  # each input: the share's count, some with and some without
+            assert {c[w] for c in chans} == {True, False}, (seed, chans)
+        sets += len(chans)
+        split += sum(c[k] and not c[v] for c in chans)
+    assert 0.12 < split / sets < 0.32  # about 2/3 * 1/3 of the sets: keys with channels, values without
 
 
 def test_outlier_channels_spread_as_activations_do():

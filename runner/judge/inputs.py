@@ -728,20 +728,39 @@ def spreads(t, shape, dist: str) -> bool:
     return len(shape) == 1 and _floating(t) and math.prod(shape) >= SPREAD_MIN and dist in SPREAD_DISTS
 
 
-def features(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[bool, bool]:
-    """Whether verification's value set at round index `round_` of `shape` gives some input (spread
-    elements, outlier channels) where the value set's share says so (make_inputs' `structured` and
-    `outliers`): what a trial's plan of them (worker.feature_plan) counts."""
+def feature_inputs(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[tuple, tuple]:
+    """The inputs (places in op.inputs) that verification's value set at round index `round_` of
+    `shape` gives spread elements and outlier channels where the share says so (make_inputs'
+    `structured` and `outliers`): what a trial's plan of them (worker.feature_plan) counts, each
+    input on its own."""
     env = op.shape_env(shape)
     roles = gemm_roles(op, env) if outliers and getattr(op, "gemm_k", None) is not None else None
-    spread = channels = False
+    spread, channels = [], []
     for i, t in enumerate(op.inputs):
         v = t.drawn(False)
         dist = v.dists[round_ % len(v.dists)]
-        spread |= structured and spreads(v, shape_of(v, env), dist)
+        if structured and spreads(v, shape_of(v, env), dist):
+            spread.append(i)
         if outliers and (getattr(op, "gemm_k", None) is None or (roles is not None and i == roles[0])):
-            channels |= _takes_outliers(v, env, dist) and shape_of(v, env)[-1] >= OUTLIER_MIN_COLS
-    return spread, channels
+            if _takes_outliers(v, env, dist) and shape_of(v, env)[-1] >= OUTLIER_MIN_COLS:
+                channels.append(i)
+    return tuple(spread), tuple(channels)
+
+
+def features(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[bool, bool]:
+    """Whether verification's value set at round index `round_` of `shape` gives some input (spread
+    elements, outlier channels) where the value set's share says so (feature_inputs)."""
+    spread, channels = feature_inputs(op, shape, round_, structured, outliers)
+    return bool(spread), bool(channels)
+
+
+def _share_of(share, i: int):
+    """Input `i`'s part of a value set's plan of a feature (make_inputs' `shares`): True, False or
+    None (drawn by its share) for every input alike, or ((input, True or False), ...) per input
+    (worker.feature_plan), None for an input it does not name."""
+    if isinstance(share, tuple):
+        return dict(share).get(i)
+    return share
 
 
 # The draws where an op's outputs may sit under its tolerance's floor, or at its saturation, so that
@@ -787,8 +806,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     (memory the op does not read poisoned, out-of-pool table entries past a sequence's last page,
     pages shared between sequences; runner/ops/reference.py). `shares`: the trial's plan for this
     value set (worker.feature_plan): spread, outlier channels (each True, False or None: drawn by its
-    share) and routing_empty's structure (routing_counts' `form`, or None: drawn), in place of the
-    draws."""
+    share, for every input alike; or per input, `_share_of`) and routing_empty's structure
+    (routing_counts' `form`, or None: drawn), in place of the draws."""
     spread_share, outlier_share, form = (tuple(shares or ()) + (None, None, None))[:3]
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -809,13 +828,14 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             # a zero row stays 0 and a copied row stays its source's copy (each row's values its own)
             if outliers and _takes_outliers(v, env, dist) and (
                     not gemm or (roles is not None and i == roles[0])):  # a GEMM's activation alone
-                out[t.name] = _outlier_channels(out[t.name], seed, i, share=outlier_share)
+                out[t.name] = _outlier_channels(out[t.name], seed, i, share=_share_of(outlier_share, i))
             if roles is not None and i in roles[1]:  # a GEMM's weight: small at its activation's channels
                 act = op.inputs[roles[0]].drawn(timed)
                 if _takes_outliers(act, env, act.dists[round_ % len(act.dists)]):
-                    out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0], share=outlier_share)
+                    out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0],
+                                                    share=_share_of(outlier_share, roles[0]))
             if structured:  # weight vectors: small, negative and zero elements (`_spread`)
-                out[t.name] = _spread(out[t.name], v, dist, seed, i, spread_share)
+                out[t.name] = _spread(out[t.name], v, dist, seed, i, _share_of(spread_share, i))
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
             if subnormal:
                 out[t.name] = _subnormal(out[t.name], v, seed, i)

@@ -89,8 +89,9 @@ class Placement:
     allocator puts them, so that a trial of two or more such shapes meets both kinds of call a
     user makes. A buffer's offset (named by `key`: an input's name, an output's) steps through
     the four 16-byte classes of a 64-byte line from a secret start, one class for each placement
-    of it, each class at a secret place among PLACE_SPAN's (class 0: never on a 512-byte boundary,
-    where the allocator's own pointers are): two placements of a buffer meet at least one offset
+    of it, each class at a secret place among PLACE_SPAN's (class 0: off a 512-byte boundary, where
+    the CUDA allocator's own pointers are, or on one off a 4 KiB page, where the CPU arena's are
+    not: place_shift): two placements of a buffer meet at least one offset
     off a 64-byte line, four meet every class (`rng`: a random.Random, for tests; the judge's
     own: the system's secret source)."""
 
@@ -115,14 +116,16 @@ class Placement:
         start, used = self._turns.get(key) or (self._rng.randrange(LINE // 16), 0)
         self._turns[key] = (start, used + 1)
         cls = (start + used) % (LINE // 16)
-        return place_shift(element_size, self._rng, cls)
+        # class 0 on 512 bytes (off a page) only once the buffer has met an offset off 512 bytes:
+        # its first placement is always off them, a boundary every allocator's pointer is on
+        return place_shift(element_size, self._rng, cls, block=used > 0)
 
 
-def place_shift(element_size: int, rng=None, cls: int | None = None) -> int:
+def place_shift(element_size: int, rng=None, cls: int | None = None, block: bool = False) -> int:
     """Elements a placed buffer starts past its allocation: a secret multiple of 16 bytes, from 16
     to PLACE_SPAN - 16 (`rng`: a random.Random, for tests); with `cls`, one `cls` * 16 bytes past a
-    64-byte line (LINE) and, for class 0, never on a 512-byte boundary. 0 where 16 bytes are no
-    whole number of elements."""
+    64-byte line (LINE) and, for class 0, off a 512-byte boundary or, with `block`, in a secret half
+    on one but off a 4 KiB page. 0 where 16 bytes are no whole number of elements."""
     if element_size <= 0 or 16 % element_size:
         return 0
     rng = rng if rng is not None else secrets.SystemRandom()
@@ -131,8 +134,13 @@ def place_shift(element_size: int, rng=None, cls: int | None = None) -> int:
         k = rng.randrange(1, PLACE_SPAN // 16)
     elif cls % per:
         k = cls % per + per * rng.randrange(PLACE_SPAN // LINE)
-    else:  # 64-byte steps, none a multiple of 512 bytes
+    elif not block or rng.random() < 0.5:  # 64-byte steps, none a multiple of 512 bytes
         k = per * rng.choice([m for m in range(1, PLACE_SPAN // LINE) if m % (512 // LINE)])
+    else:  # or (`block`, a secret coin) on 512 bytes off a 4 KiB page: the CPU arena's own pointers are all
+        # on a page, so with class 0 never on 512 bytes no verified pointer was there, where a
+        # user's CPU tensor (torch aligns to 64 bytes) is one time in nine, and a kernel wrong only
+        # there was `ok` in every trial (review of session 59, tests/data/block_tell.cpp.j2)
+        k = (512 // 16) * rng.randrange(1, PLACE_SPAN // 512)
     return k * 16 // element_size
 
 

@@ -114,6 +114,8 @@ def round_indices(op, seed: int, si: int, checks: int, everyday: bool = False) -
         return got
     span = math.lcm(*(len(t.drawn(False).dists) for t in op.inputs)) if op.inputs else 1
     nxt = next((i for i in range(base + checks, base + checks + min(span, 1 << 12)) if want(op, i)), None)
+    if nxt is None and everyday:  # an op with no everyday round at all: a plain one, as any shape takes
+        return round_indices(op, seed, si, checks)
     if nxt is not None:
         got.insert(_seed(seed, si, "plain") % (checks + 1), nxt)
     return got
@@ -165,31 +167,35 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
     set alone, a trial of 10 value sets gave no weight vector spread one time in 1000, and no
     activation outlier channels one time in 4000 (audit of session 59). And routing_empty's
     structure (inputs.routing_counts' `form`) for each value set that draws it. {(shape's place,
-    round): (spread, channels, form)}."""
-    from .inputs import OUTLIER_SHARE, SPREAD_SHARE, features, plain_round
+    round): (spread, channels, form)}, spread and channels each ((input's place, True or False), ...)
+    or None, every input planned on its own."""
+    from .inputs import OUTLIER_SHARE, SPREAD_SHARE, feature_inputs, plain_round
 
-    eligible: list[list[list]] = [[], []]
+    # each input on its own: one plan for every input of a value set gave q, k and v of
+    # decode-attention channels all together or none, never keys with channels and values without
+    # (an LLM's KV cache), and a kernel wrong only there passed every trial (review of session 59)
+    eligible: list[dict] = [{}, {}]  # per feature: {input: [per shape: [(shape's place, round)]]}
     for si, (shape, idx) in enumerate(zip(shapes, rounds)):
-        per = [[], []]
         for r, i in enumerate(idx):
             if plain_round(op, i):
-                for f, yes in enumerate(features(op, shape, i, structured, outliers)):
-                    if yes:
-                        per[f].append((si, r))
-        for f in (0, 1):
-            eligible[f].append(per[f])
+                for f, which in enumerate(feature_inputs(op, shape, i, structured, outliers)):
+                    for w in which:
+                        eligible[f].setdefault(w, [[] for _ in shapes])[si].append((si, r))
     rng = rng if rng is not None else secrets.SystemRandom()
     # where the count cannot give every shape one, the largest shapes first: a kernel may be wrong
     # only on many rows (a tell probing rows 0, M/2 and M - 1 for a large column passed rmsnorm-cpu
     # in 39% of trials when the few-row shapes took the channels: audit of session 59)
     largest = sorted(range(len(shapes)), key=lambda si: -shape_size(op, shapes[si]))
-    chosen = [stratified(eligible[f], share, rng, largest)
-              for f, share in enumerate((SPREAD_SHARE, OUTLIER_SHARE))]
+    picks: dict = {}
+    for f, share in enumerate((SPREAD_SHARE, OUTLIER_SHARE)):
+        for w in sorted(eligible[f]):
+            chosen = stratified(eligible[f][w], share, rng, largest)
+            for g in eligible[f][w]:
+                for key in g:
+                    picks.setdefault((key, f), []).append((w, key in chosen))
     plan = {}
-    for f in (0, 1):
-        for g in eligible[f]:
-            for key in g:
-                plan.setdefault(key, [None, None, None])[f] = key in chosen[f]
+    for (key, f), got in picks.items():
+        plan.setdefault(key, [None, None, None])[f] = tuple(got)
     # routing_empty's structure: the trial's such value sets, in a secret order, count through its
     # classes (a group of a single row or not, then tile-aligned groups or not, then how many
     # experts have rows) from secret starts, so that any four of them meet every pair of the first
@@ -520,8 +526,8 @@ class Judge:
 
     def _outputs(self, shape: dict, decoy: bool = False, place=None) -> list:
         """Each output inside its guard bands (verify.poisoned); with `place` (verification's: a
-        verify.Placement), at a secret offset of 16 bytes past the allocator's alignment. With `decoy`, the output itself
-        holds the first decoy (a plausible wrong answer) from the start, never the guards'
+        verify.Placement), at a secret offset of 16 bytes past the allocator's alignment. With
+        `decoy`, the output itself holds the first decoy (a plausible wrong answer) from the start, never the guards'
         sentinel: a loop that does not write decoys before each call (the re-timing, pipe
         compare) then gives its first call buffers that look like any later call's, so a
         kernel cannot tell a loop's first call on fresh buffers from the rest."""
@@ -696,8 +702,8 @@ class Judge:
 
     def _placed(self, tensors: dict, place) -> dict:
         """_shared's buffers, each starting at a secret offset of 16 bytes past the allocator's
-        alignment (`place`: the trial's verify.Placement): verification's new buffers, so that a kernel is verified
-        wherever the exported op lets a user's tensor start. Takes the tensors out of `tensors`
+        alignment (`place`: the trial's verify.Placement): verification's new buffers, so that a
+        kernel is verified wherever the exported op lets a user's tensor start. Takes the tensors out of `tensors`
         one by one (one extra copy on the device at a time)."""
         from .verify import placed
 

@@ -44,7 +44,9 @@ def test_verification_sets_hold_zero_rows_and_coarse_rows_at_secret_places():
         plain = inputs.make_inputs(RMS.op, SHAPE, seed, 0, "cpu")
         # every other row as it was (a generator of their own)
         zero, grid = structured_rows(full["x"], plain["x"])
-        assert 0 < int(zero.sum() + grid.sum()) <= SHAPE["M"] // inputs.WITNESS_SHARE
+        # (and the few sources of the rows of one of each kind, which the witness rows leave alone
+        # since session 59: where the plain set has a witness row there, the row differs)
+        assert 0 < int(zero.sum() + grid.sum()) <= SHAPE["M"] // inputs.WITNESS_SHARE * 5 // 4
         seen_zero += int(zero.sum())
         seen_grid += int(grid.sum())
         for i in grid.nonzero().flatten().tolist():

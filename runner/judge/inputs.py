@@ -267,7 +267,8 @@ def _side_generator(seed: int, which: int, mul: int, add: int) -> torch.Generato
     return g
 
 
-def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, device: str) -> torch.Tensor:
+def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, device: str,
+               avoid: list | None = None) -> torch.Tensor:
     """`x` (drawn from `main`) with a secret 1/WITNESS_SHARE of its rows (its leading index)
     drawn again from the input's other floating distributions, each row's own chosen at random.
     From a generator of their own (seeded from the value set's seed and the input's place), so
@@ -275,7 +276,10 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     elements: a weight vector's witness elements put large outputs in every row of a `tiny`
     round, and the budget's floor (a share of the output's mean magnitude) then covered a wrong
     element among the tiny ones (session 49); which round draws which dist is secret instead
-    (worker._turn)."""
+    (worker._turn). `avoid`: rows (of a 2-D input) left as they are: the structured rows each
+    value set takes one of each kind of, and their sources (`_structured`'s `keep`): a witness row
+    in their place broke the kinship, and a trial's only set of every kind lacked a row alike the
+    one before it in 1 trial in 300 (session 59). The other witness rows are drawn as without it."""
     others = [d for d in dict.fromkeys(t.dists) if d != main and d in FLOATING_DISTS]
     rows = x.shape[0] if x.dim() >= 2 else 0
     if main not in FLOATING_DISTS or not others or rows < WITNESS_SHARE:
@@ -284,14 +288,26 @@ def _witnessed(x: torch.Tensor, t, env: dict, main: str, seed: int, which: int, 
     k = rows // WITNESS_SHARE
     where = torch.randperm(rows, generator=g)[:k]
     pick = torch.randint(0, len(others), (k,), generator=g)
+    # drawn as without `avoid`, then left out where it says: the other rows' values stay the same
+    free = _free(where, avoid) if x.dim() == 2 else None
     gdev = torch.Generator(device=device)
     gdev.manual_seed(int(torch.randint(0, 1 << 62, (1,), generator=g)))
     for j, dist in enumerate(others):
         at = where[pick == j]
         if at.numel():
             part = _draw(_Rows(t, int(at.numel())), env, dist, gdev, device)
+            if free is not None:
+                ok = free[pick == j]
+                at, part = at[ok], part[ok.to(part.device)]
             x[at.to(x.device)] = part.to(x.dtype)
     return x
+
+
+def _free(where: torch.Tensor, avoid: list | None) -> torch.Tensor | None:
+    """Which of `where` are no row of `avoid` (None where nothing is avoided)."""
+    if not avoid:
+        return None
+    return ~torch.isin(where, torch.tensor(sorted(set(avoid)), dtype=where.dtype))
 
 
 def _secret_rows(g: torch.Generator, n: int, lo: int, hi: int) -> torch.Tensor | None:
@@ -304,7 +320,7 @@ def _secret_rows(g: torch.Generator, n: int, lo: int, hi: int) -> torch.Tensor |
     return None
 
 
-def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
+def _subnormal(x: torch.Tensor, t, seed: int, which: int, avoid: list | None = None) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last: an expert's weight rows too, not only its leading index; a 1-D input's
     elements), drawn around the smallest normal, most of them subnormal, the sign a positive
@@ -337,6 +353,9 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     mag = torch.finfo(x.dtype).tiny * torch.exp2(8 * u - 6) * torch.exp2(2 * e - 1)
     if not set(t.dists) <= POSITIVE_DISTS:
         mag = torch.where(torch.rand(mag.shape, generator=d, device=x.device) < 0.5, -mag, mag)
+    free = _free(where, avoid)  # the structured rows of one of each kind, and their sources, left alone
+    if free is not None:
+        where, mag = where[free], mag[free.to(mag.device)]
     rows = rows.clone()
     rows[where.to(x.device)] = mag.to(dtype=x.dtype)
     return rows.view(x.shape)
@@ -351,7 +370,7 @@ def _subnormal(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
 STRUCTURED_BITS = 4
 
 
-def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
+def _structured(x: torch.Tensor, t, seed: int, which: int, kinds=None, keep: list | None = None) -> torch.Tensor:
     """`x` with a secret 1/WITNESS_SHARE of its rows, as its last dimension makes them (every
     index but the last; with fewer rows than that, one secret row in half the value sets), each
     at random all 0 (ZERO_SHARE of them), or else a third each: a bitwise copy of another row (the
@@ -362,8 +381,12 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     input's elements (a zero weight element hides its output column in every row: a tail bug at
     the last column went unseen one value set in 30), never an input drawn only `positive` (a
     zero there may be outside the op's domain, a logarithm's). From a generator of its own, so the
-    value set's other draws are the same with them or without."""
-    if not structurable(x, t):
+    value set's other draws are the same with them or without. `kinds`: the trial's plan for this
+    value set (worker.feature_plan), places in STRUCTURED_CELLS: every such row of one of those
+    kinds alone (a user's padded batch holds zero rows and no copies), in place of the draw of
+    every kind. `keep`: a list given the rows `_cells` made and their sources (rows, as the last
+    dimension makes them), which the witness rows then leave alone."""
+    if not structurable(x, t) or kinds == ():
         return x
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
@@ -393,8 +416,18 @@ def _structured(x: torch.Tensor, t, seed: int, which: int) -> torch.Tensor:
     src = torch.where(pick < 0.5, where - 1, torch.where(pick < 0.75, (where + n // 2) % n,
                                                          torch.randint(0, n, (where.numel(),), generator=g)))
     src = torch.where(src == where, where - 1, src)  # never a row copied onto itself (where >= 1)
+    if kinds is not None:  # the plan's kinds alone, each row one of them at random
+        cell = torch.tensor(list(kinds))[torch.randint(0, len(kinds), (where.numel(),), generator=g)]
+        flags = torch.tensor([c[:3] for c in STRUCTURED_CELLS])[cell]
+        zero, copy, alike = flags[:, 0].clone(), flags[:, 1].clone(), flags[:, 2].clone()
+        source = torch.tensor([2 if c[3] is None else c[3] for c in STRUCTURED_CELLS])[cell]
+        src = torch.where(source == 0, where - 1, torch.where(source == 1, (where + n // 2) % n, src))
+        src = torch.where(src == where, where - 1, src)
     if where.numel() >= 2:
-        _cells(where, n, zero, copy, alike, src, g)
+        made = _cells(where, n, zero, copy, alike, src, g, kinds)
+        if keep is not None:
+            keep.extend(int(where[j]) for j in made)
+            keep.extend(int(src[j]) for j in made if copy[j] or alike[j])
     mix = torch.exp2(1 - 22 * torch.rand(where.numel(), 1, generator=g, dtype=torch.float64))
     out = _structure_rows(x, rows, where[zero], where[~zero & ~copy & ~alike])
     if bool((copy | alike).any()):
@@ -424,18 +457,24 @@ STRUCTURED_CELLS = ((True, False, False, None), (False, True, False, 0), (False,
                     (False, False, True, 2), (False, False, False, None))
 
 
-def _cells(where: torch.Tensor, n: int, zero, copy, alike, src, g: torch.Generator) -> None:
-    """Gives rows of `where` (in its secret order) one each of STRUCTURED_CELLS (a secret choice of
-    as many as `where` has rows), in place in the masks and `src`: a copy or alike row only where
-    its source is no row of `where` (whose values the other kinds replace, so that the kinship
-    holds in what the kernel is given)."""
+def _cells(where: torch.Tensor, n: int, zero, copy, alike, src, g: torch.Generator, kinds=None) -> set:
+    """Gives rows of `where` (in its secret order) one each of STRUCTURED_CELLS (`kinds` of them
+    where given; a secret choice of as many as `where` has rows; up to three each where it has more),
+    in place in the masks and `src`: a copy or alike row only where its source is no row of `where`
+    (whose values the other kinds replace, so that the kinship holds in what the kernel is given).
+    The places in `where` it gave a kind."""
     ordered = torch.sort(where).values
 
     def taken(r: int) -> bool:
         i = int(torch.searchsorted(ordered, r))
         return i < ordered.numel() and int(ordered[i]) == r
 
-    chosen = torch.randperm(len(STRUCTURED_CELLS), generator=g)[:where.numel()].tolist()
+    pool = list(kinds) if kinds is not None else list(range(len(STRUCTURED_CELLS)))
+    chosen = [pool[c] for c in torch.randperm(len(pool), generator=g)[:where.numel()].tolist()]
+    # up to three of each where the rows allow: a witness row drawn later takes the place of one,
+    # or of its source, one time in 8, and with one each a trial's only set of every kind lacked a
+    # copy of the row before in 1 trial in 300 (session 59)
+    chosen = chosen * max(1, min(3, where.numel() // max(1, len(pool))))
     used: set = set()
     # those with a source first: the rows whose source is free are fewer than the rows
     for c in sorted(chosen, key=lambda c: STRUCTURED_CELLS[c][3] is None):
@@ -455,6 +494,7 @@ def _cells(where: torch.Tensor, n: int, zero, copy, alike, src, g: torch.Generat
                 src[j] = of
             used.add(j)
             break
+    return used
 
 
 
@@ -728,29 +768,33 @@ def spreads(t, shape, dist: str) -> bool:
     return len(shape) == 1 and _floating(t) and math.prod(shape) >= SPREAD_MIN and dist in SPREAD_DISTS
 
 
-def feature_inputs(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[tuple, tuple]:
+def feature_inputs(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[tuple, tuple, tuple]:
     """The inputs (places in op.inputs) that verification's value set at round index `round_` of
-    `shape` gives spread elements and outlier channels where the share says so (make_inputs'
-    `structured` and `outliers`): what a trial's plan of them (worker.feature_plan) counts, each
-    input on its own."""
+    `shape` gives spread elements, outlier channels where the share says so, and two or more
+    structured rows (make_inputs' `structured` and `outliers`): what a trial's plan of them
+    (worker.feature_plan) counts, each input on its own."""
     env = op.shape_env(shape)
     roles = gemm_roles(op, env) if outliers and getattr(op, "gemm_k", None) is not None else None
-    spread, channels = [], []
+    spread, channels, rows = [], [], []
     for i, t in enumerate(op.inputs):
         v = t.drawn(False)
         dist = v.dists[round_ % len(v.dists)]
-        if structured and spreads(v, shape_of(v, env), dist):
+        s = shape_of(v, env)
+        if structured and spreads(v, s, dist):
             spread.append(i)
+        if (structured and _floating(v) and len(s) >= 2 and math.prod(s) > 0
+                and not set(v.dists) <= POSITIVE_DISTS and math.prod(s[:-1]) >= 2 * WITNESS_SHARE):
+            rows.append(i)
         if outliers and (getattr(op, "gemm_k", None) is None or (roles is not None and i == roles[0])):
             if _takes_outliers(v, env, dist) and shape_of(v, env)[-1] >= OUTLIER_MIN_COLS:
                 channels.append(i)
-    return tuple(spread), tuple(channels)
+    return tuple(spread), tuple(channels), tuple(rows)
 
 
 def features(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[bool, bool]:
     """Whether verification's value set at round index `round_` of `shape` gives some input (spread
     elements, outlier channels) where the value set's share says so (feature_inputs)."""
-    spread, channels = feature_inputs(op, shape, round_, structured, outliers)
+    spread, channels, _ = feature_inputs(op, shape, round_, structured, outliers)
     return bool(spread), bool(channels)
 
 
@@ -806,9 +850,10 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     (memory the op does not read poisoned, out-of-pool table entries past a sequence's last page,
     pages shared between sequences; runner/ops/reference.py). `shares`: the trial's plan for this
     value set (worker.feature_plan): spread, outlier channels (each True, False or None: drawn by its
-    share, for every input alike; or per input, `_share_of`) and routing_empty's structure
-    (routing_counts' `form`, or None: drawn), in place of the draws."""
-    spread_share, outlier_share, form = (tuple(shares or ()) + (None, None, None))[:3]
+    share, for every input alike; or per input, `_share_of`), routing_empty's structure
+    (routing_counts' `form`, or None: drawn) and the kinds of structured row (per input, `_structured`'s
+    `kinds`, or None: every kind), in place of the draws."""
+    spread_share, outlier_share, form, kinds = (tuple(shares or ()) + (None, None, None, None))[:4]
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -820,8 +865,9 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
         dist = v.dists[round_ % len(v.dists)]
         out[t.name] = make_tensor(v, env, dist, gen, device, form if dist == "routing_empty" and not timed else None)
         if not timed:  # verification's: every listed distribution at every shape, in secret rows
+            keep: list = []  # rows the witness rows leave alone (`_structured`'s one of each kind)
             if structured:  # first: a witness row drawn below takes the place of one of these, never the reverse
-                out[t.name] = _structured(out[t.name], v, seed, i)
+                out[t.name] = _structured(out[t.name], v, seed, i, _share_of(kinds, i), keep)
             # after the structured rows, whose grid and equal neighbours they keep but in their few
             # columns (before them, a row's large columns put its grid's step past the other
             # elements, which became equal zeros: a tell on equal neighbours was met 6 times in 8);
@@ -836,9 +882,9 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
                                                     share=_share_of(outlier_share, roles[0]))
             if structured:  # weight vectors: small, negative and zero elements (`_spread`)
                 out[t.name] = _spread(out[t.name], v, dist, seed, i, _share_of(spread_share, i))
-            out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device)
+            out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device, keep)
             if subnormal:
-                out[t.name] = _subnormal(out[t.name], v, seed, i)
+                out[t.name] = _subnormal(out[t.name], v, seed, i, keep)
         if v.argmax is not None:
             out[t.name] = _argmaxed(out[t.name], out[v.argmax[0]], v, seed, i)
     if serving is not None and not timed:  # last: nothing drawn above overwrites what it poisons

@@ -134,6 +134,20 @@ def largest_shape(op, shapes: list) -> int | None:
     return max(range(len(shapes)), key=lambda si: (shape_size(op, shapes[si]), -si)) if shapes else None
 
 
+WIDE_ROWS = 128  # rows of an input from which a value set holds every kind of structured row (inputs._cells)
+# The kinds of structured row (places in inputs.STRUCTURED_CELLS) of a trial's value sets that do not
+# take every kind, in turn: zero rows alone (a padded batch), none (a batch of distinct rows), copies
+# alone (a prompt repeated), alike rows alone, grid rows alone, then a secret choice (None)
+ROW_PATTERNS = ((0,), (), (1, 3, 5), (2, 4, 6), (7,), None)
+
+
+def _rows(op, shape: dict, i: int) -> int:
+    """The rows of input `i` at `shape` (every index but the last)."""
+    from .inputs import shape_of
+
+    return math.prod(int(d) for d in shape_of(op.inputs[i], op.shape_env(shape))[:-1])
+
+
 def stratified(groups: list[list], share: float, rng=None, order=None) -> set:
     """A secret choice of round(share * n) of the n items of `groups` (at least one and, from two
     items, at least one left out; a single item by a coin of `share`), one of each group's first
@@ -167,14 +181,15 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
     set alone, a trial of 10 value sets gave no weight vector spread one time in 1000, and no
     activation outlier channels one time in 4000 (audit of session 59). And routing_empty's
     structure (inputs.routing_counts' `form`) for each value set that draws it. {(shape's place,
-    round): (spread, channels, form)}, spread and channels each ((input's place, True or False), ...)
+    round): (spread, channels, form, kinds)}, spread and channels each ((input's place, True or
+    False), ...) or None, kinds ((input's place, kinds of structured row or None: every kind), ...)
     or None, every input planned on its own."""
     from .inputs import OUTLIER_SHARE, SPREAD_SHARE, feature_inputs, plain_round
 
     # each input on its own: one plan for every input of a value set gave q, k and v of
     # decode-attention channels all together or none, never keys with channels and values without
     # (an LLM's KV cache), and a kernel wrong only there passed every trial (review of session 59)
-    eligible: list[dict] = [{}, {}]  # per feature: {input: [per shape: [(shape's place, round)]]}
+    eligible: list[dict] = [{}, {}, {}]  # per feature: {input: [per shape: [(shape's place, round)]]}
     for si, (shape, idx) in enumerate(zip(shapes, rounds)):
         for r, i in enumerate(idx):
             if plain_round(op, i):
@@ -193,9 +208,30 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
             for g in eligible[f][w]:
                 for key in g:
                     picks.setdefault((key, f), []).append((w, key in chosen))
+    # the kinds of structured row: in a secret half of the value sets of many rows (WIDE_ROWS or
+    # more) and of the others, each split apart, the patterns a user's batch has (ROW_PATTERNS, in
+    # turn), the rest every kind: with every kind in every set of many rows, a kernel 1% off where
+    # a zero row came without a copy of the row before (a user's padded batch) passed 52 trials in
+    # 60 (review of session 59); a single such set keeps every kind (the copies a tell on repeats
+    # needs). The patterns' order needs no secret: each is what a user's batch may be
+    from .inputs import STRUCTURED_CELLS
+
+    for w in sorted(eligible[2]):
+        wide = [[key for key in g if _rows(op, shapes[key[0]], w) >= WIDE_ROWS] for g in eligible[2][w]]
+        few = [[key for key in g if _rows(op, shapes[key[0]], w) < WIDE_ROWS] for g in eligible[2][w]]
+        for groups in (wide, few):
+            if sum(map(len, groups)) < 2:
+                continue
+            chosen = sorted(stratified(groups, 0.5, rng))
+            rng.shuffle(chosen)
+            for j, key in enumerate(chosen):
+                pattern = ROW_PATTERNS[j % len(ROW_PATTERNS)]
+                if pattern is None:  # one to four kinds of a secret choice
+                    pattern = tuple(sorted(rng.sample(range(len(STRUCTURED_CELLS)), rng.randint(1, 4))))
+                picks.setdefault((key, 3), []).append((w, pattern))
     plan = {}
     for (key, f), got in picks.items():
-        plan.setdefault(key, [None, None, None])[f] = tuple(got)
+        plan.setdefault(key, [None, None, None, None])[f] = tuple(got)
     # routing_empty's structure: the trial's such value sets, in a secret order, count through its
     # classes (a group of a single row or not, then tile-aligned groups or not, then how many
     # experts have rows) from secret starts, so that any four of them meet every pair of the first
@@ -206,7 +242,7 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
     rng.shuffle(empty)
     start = [rng.randrange(2), rng.randrange(2), rng.randrange(1 << 16)]
     for j, key in enumerate(empty):
-        plan.setdefault(key, [None, None, None])[2] = (start[2] + j // 4, (start[0] + j) % 2 == 1,
+        plan.setdefault(key, [None, None, None, None])[2] = (start[2] + j // 4, (start[0] + j) % 2 == 1,
                                                        (start[1] + j // 2) % 2 == 1)
     return {k: tuple(v) for k, v in plan.items()}
 

@@ -156,6 +156,48 @@ def test_a_trials_value_sets_of_many_rows_lack_some_kinds_of_structured_row():
     assert split > 150
 
 
+def test_a_trial_verifies_a_size_nobody_timed_on_a_bare_value_set(project, tmp_path):
+    """Session 59: every verification set of a shape nobody timed held witness rows of the input's
+    other dists (and most, structured rows), so a kernel right wherever it found a row no user's
+    batch has, and 1% off elsewhere at sizes off the tuning grid, was `ok` in 3 evals of 3 on
+    rmsnorm-range-cpu (tests/data/mark_tell.cpp.j2). Each shape verified and not timed now takes
+    one more round, bare: none of the judge's own rows and features, calm dists."""
+    from runner.judge.worker import bare_rounds, feature_plan, round_indices
+
+    op = shipped_spec(PIPELINES / "rmsnorm-range-cpu.yaml").op
+    shapes = [{"M": 256, "N": 1024}, {"M": 64, "N": 4096}, {"M": 1, "N": 4096}, {"M": 3, "N": 1000},
+              {"M": 300, "N": 777}, {"M": 37, "N": 2048}]
+    n_timed = 1
+    places = set()
+    for seed in range(200):
+        rounds = [round_indices(op, seed, si, 2) for si in range(len(shapes))]
+        before = [list(r) for r in rounds]
+        bare = bare_rounds(op, rounds, n_timed, random.Random(seed))
+        assert sorted(si for si, _ in bare) == list(range(n_timed, len(shapes)))  # one for each shape not timed
+        for si, r in bare:  # one more round, the others as they were
+            assert rounds[si][:r] + rounds[si][r + 1:] == before[si] and len(rounds[si]) == len(before[si]) + 1
+        plan = feature_plan(op, shapes, rounds, True, True, random.Random(seed), bare=bare)
+        assert {k for k, v in plan.items() if v[4]} == bare
+        for k in bare:  # none of the features the plan gives
+            v = plan[k]
+            assert v[0] is None and v[1] is None and v[3] is None, v
+        places.update(r for _, r in bare)
+    assert {0, 1, 2} <= places  # at a secret place among the shape's rounds
+    r = pipe_main("eval", PIPELINES / "rmsnorm-range-cpu.yaml", "--params",
+                  json.dumps({"ACC": 32, "UNROLL": 1, "THREADS": 1}), "--variant", DATA / "mark_tell.cpp.j2",
+                  "--run-dir", tmp_path / "mark", "--json", cwd=project)
+    assert json.loads(r.stdout)["status"] == "wrong", (r.stdout + r.stderr)[-2000:]
+    # a bare set is the value set drawn with none of the judge's own rows or features, as timed ones are,
+    # from the calm dists (normal, uniform, positive: the first each input lists) whatever its round
+    env = {"M": 300, "N": 777}
+    for seed in range(10):
+        got = make_inputs(op, env, 90 + seed, seed, "cpu", subnormal=True, structured=True, outliers=True,
+                          shares=(None, None, None, None, True))
+        plain = make_inputs(op, env, 90 + seed, 0, "cpu", timed=True)  # round 0: x normal, w positive
+        full = make_inputs(op, env, 90 + seed, seed, "cpu", subnormal=True, structured=True, outliers=True)
+        assert all(torch.equal(got[k], plain[k]) for k in got) and not torch.equal(full["x"], plain["x"]), seed
+
+
 def test_every_verified_shape_has_a_plain_round_and_a_trial_still_meets_every_dist():
     """Audit of session 59: rmsnorm-cpu's x lists `tiny` fifth and w `tiny` third, so with two check
     rounds one shape in six drew x `tiny`, then w `tiny`: outputs under the tolerance's floor in

@@ -807,6 +807,12 @@ def _share_of(share, i: int):
     return share
 
 
+# The draws a bare value set (make_inputs' `bare`) takes where an input lists one: values as a user's
+# activations and weights are, which no reading of them tells from a user's (an `offset` or `outliers`
+# draw's large values, a `tiny` one's small ones, were marks a kernel could key on: session 59)
+CALM_DISTS = ("normal", "uniform", "positive")
+
+
 # The draws where an op's outputs may sit under its tolerance's floor, or at its saturation, so that
 # an error there shows little: a round that draws one of them for any floating input is not plain
 EXTREME_DISTS = ("tiny", "huge")
@@ -852,8 +858,10 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     value set (worker.feature_plan): spread, outlier channels (each True, False or None: drawn by its
     share, for every input alike; or per input, `_share_of`), routing_empty's structure
     (routing_counts' `form`, or None: drawn) and the kinds of structured row (per input, `_structured`'s
-    `kinds`, or None: every kind), in place of the draws."""
-    spread_share, outlier_share, form, kinds = (tuple(shares or ()) + (None, None, None, None))[:4]
+    `kinds`, or None: every kind), in place of the draws; and `bare` (True): none of the judge's own
+    rows and features (structured, outlier, spread, witness and subnormal rows), each floating input
+    drawn from its first CALM_DISTS dist where it lists one, as a user's."""
+    spread_share, outlier_share, form, kinds, bare = (tuple(shares or ()) + (None,) * 5)[:5]
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     env = op.shape_env(shape)
@@ -863,8 +871,10 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     for i, t in enumerate(op.inputs):
         v = t.drawn(timed)
         dist = v.dists[round_ % len(v.dists)]
+        if bare and not timed and _floating(v):  # a user's: the input's first calm dist where it lists one
+            dist = next((d for d in v.dists if d in CALM_DISTS), dist)
         out[t.name] = make_tensor(v, env, dist, gen, device, form if dist == "routing_empty" and not timed else None)
-        if not timed:  # verification's: every listed distribution at every shape, in secret rows
+        if not timed and not bare:  # verification's: every listed distribution at every shape, in secret rows
             keep: list = []  # rows the witness rows leave alone (`_structured`'s one of each kind)
             if structured:  # first: a witness row drawn below takes the place of one of these, never the reverse
                 out[t.name] = _structured(out[t.name], v, seed, i, _share_of(kinds, i), keep)

@@ -121,6 +121,24 @@ def round_indices(op, seed: int, si: int, checks: int, everyday: bool = False) -
     return got
 
 
+def bare_rounds(op, rounds: list[list[int]], untimed_from: int, rng=None) -> set:
+    """One more round for each shape verified and not timed (from `untimed_from`), at a secret place
+    among its rounds, bare (make_inputs' `bare`): none of the judge's own rows and features, calm
+    dists, the value set a user could hand the op, as the timed calls' are at the timed shapes.
+    Every verification set of a size nobody timed held witness rows of the input's other dists
+    (and most, structured rows), so a kernel right wherever it found a row no user's batch has
+    and 1% off elsewhere, at sizes off the tuning grid, was `ok` in 3 evals of 3 on
+    rmsnorm-range-cpu (tests/data/mark_tell.cpp.j2; session 59). Inserts them into `rounds` (the
+    index: the shape's first); the set of (shape's place, round) they are."""
+    rng = rng if rng is not None else secrets.SystemRandom()
+    got = set()
+    for si in range(untimed_from, len(rounds)):
+        at = rng.randrange(len(rounds[si]) + 1)
+        rounds[si].insert(at, rounds[si][0] if rounds[si] else 0)
+        got.add((si, at))
+    return got
+
+
 def shape_size(op, shape: dict) -> int:
     """The elements of the op's inputs at `shape`."""
     from .inputs import shape_of
@@ -172,7 +190,8 @@ def stratified(groups: list[list], share: float, rng=None, order=None) -> set:
     return set(chosen + rest[:k - len(chosen)])
 
 
-def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, outliers: bool, rng=None) -> dict:
+def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, outliers: bool, rng=None,
+                 bare=frozenset()) -> dict:
     """What each of a trial's verification value sets, (shape's place, round), takes of the features
     drawn by a share (inputs.make_inputs' `shares`: spread weight elements, outlier channels): in
     the plain rounds (inputs.plain_round) that give some input the feature (inputs.features), the
@@ -181,22 +200,23 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
     set alone, a trial of 10 value sets gave no weight vector spread one time in 1000, and no
     activation outlier channels one time in 4000 (audit of session 59). And routing_empty's
     structure (inputs.routing_counts' `form`) for each value set that draws it. {(shape's place,
-    round): (spread, channels, form, kinds)}, spread and channels each ((input's place, True or
-    False), ...) or None, kinds ((input's place, kinds of structured row or None: every kind), ...)
-    or None, every input planned on its own."""
+    round): (spread, channels, form, kinds, bare)}, spread and channels each ((input's place, True
+    or False), ...) or None, kinds ((input's place, kinds of structured row or None: every kind), ...)
+    or None, every input planned on its own; bare True for the value sets in `bare` (bare_rounds),
+    which take nothing else, else None."""
     from .inputs import OUTLIER_SHARE, SPREAD_SHARE, feature_inputs, plain_round
 
     # each input on its own: one plan for every input of a value set gave q, k and v of
     # decode-attention channels all together or none, never keys with channels and values without
     # (an LLM's KV cache), and a kernel wrong only there passed every trial (review of session 59)
+    rng = rng if rng is not None else secrets.SystemRandom()
     eligible: list[dict] = [{}, {}, {}]  # per feature: {input: [per shape: [(shape's place, round)]]}
     for si, (shape, idx) in enumerate(zip(shapes, rounds)):
         for r, i in enumerate(idx):
-            if plain_round(op, i):
+            if plain_round(op, i) and (si, r) not in bare:
                 for f, which in enumerate(feature_inputs(op, shape, i, structured, outliers)):
                     for w in which:
                         eligible[f].setdefault(w, [[] for _ in shapes])[si].append((si, r))
-    rng = rng if rng is not None else secrets.SystemRandom()
     # where the count cannot give every shape one, the largest shapes first: a kernel may be wrong
     # only on many rows (a tell probing rows 0, M/2 and M - 1 for a large column passed rmsnorm-cpu
     # in 39% of trials when the few-row shapes took the channels: audit of session 59)
@@ -231,7 +251,9 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
                 picks.setdefault((key, 3), []).append((w, pattern))
     plan = {}
     for (key, f), got in picks.items():
-        plan.setdefault(key, [None, None, None, None])[f] = tuple(got)
+        plan.setdefault(key, [None, None, None, None, None])[f] = tuple(got)
+    for key in bare:
+        plan.setdefault(key, [None, None, None, None, None])[4] = True
     # routing_empty's structure: the trial's such value sets, in a secret order, count through its
     # classes (a group of a single row or not, then tile-aligned groups or not, then how many
     # experts have rows) from secret starts, so that any four of them meet every pair of the first
@@ -242,7 +264,7 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
     rng.shuffle(empty)
     start = [rng.randrange(2), rng.randrange(2), rng.randrange(1 << 16)]
     for j, key in enumerate(empty):
-        plan.setdefault(key, [None, None, None, None])[2] = (start[2] + j // 4, (start[0] + j) % 2 == 1,
+        plan.setdefault(key, [None, None, None, None, None])[2] = (start[2] + j // 4, (start[0] + j) % 2 == 1,
                                                        (start[1] + j // 2) % 2 == 1)
     return {k: tuple(v) for k, v in plan.items()}
 
@@ -854,8 +876,9 @@ class Judge:
         placement = Placement(len(all_shapes) - n_timed)  # the verified-only shapes' placement (secret)
         big = largest_shape(self.op, all_shapes)
         shape_rounds = [round_indices(self.op, job["seed"], si, checks, si == big) for si in range(len(all_shapes))]
+        bare = bare_rounds(self.op, shape_rounds, n_timed)  # one bare round more for each shape not timed
         prior_plan = PriorPlan(sum(map(len, shape_rounds)))  # what the check rounds' outputs hold (secret)
-        shares = feature_plan(self.op, all_shapes, shape_rounds, self._structured, self._outliers)
+        shares = feature_plan(self.op, all_shapes, shape_rounds, self._structured, self._outliers, bare=bare)
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
             t0 = clock()
             fn = self.rt.load(job["artifacts"][si], self.spec.kernel.entry, self.kinds)

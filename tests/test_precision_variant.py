@@ -10,6 +10,7 @@ cannot tell it from an exact kernel, the approved build on the same inputs can."
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 import pytest
@@ -490,8 +491,9 @@ def test_an_fp32_output_is_held_to_the_approved_builds_error_too(tmp_path, proje
     r = pipe_main("eval", spec, "--params", params, "--variant", project / "newton.cpp.j2",
                   "--run-dir", tmp_path / "newton", "--json", cwd=project)
     out = r.stdout + r.stderr
-    # the shape's budget checks came first, in every round: the verdict is the pairing's
-    assert '"wrong"' in out and "its outputs over 2 check rounds: less precise" in out, out[-3000:]
+    # the shape's budget checks came first, in every round: the verdict is the pairing's (over the
+    # shape's rounds: two, or three where round_indices gives it one more)
+    assert '"wrong"' in out and re.search(r"its outputs over [23] check rounds: less precise", out), out[-3000:]
     assert "fp32/fp64 outputs' mean log2(1 + |error|" in out, out[-3000:]
     honest = tpl.replace(SCALE, SCALE.replace("{{ ctype }}(1) / std::sqrt(s / {{ ctype }}(N) + {{ ctype }}(eps))",
                                               "std::sqrt({{ ctype }}(1) / (s / {{ ctype }}(N) + {{ ctype }}(eps)))"))
@@ -541,7 +543,10 @@ def test_an_fp32_approximation_on_the_few_row_shapes_alone_is_refused(tmp_path, 
     r = pipe_main("eval", PIPELINES / "rmsnorm-cpu.yaml", "--params", json.dumps({"ACC": 8, "THREADS": 1, "UNROLL": 2}),
                   "--variant", project / "few.cpp.j2", "--run-dir", tmp_path / "few", "--json", cwd=project)
     out = r.stdout + r.stderr
-    assert '"wrong"' in out and "fewer than 32 rows" in out and "), together: " in out, out[-3000:]
+    # refused in the stratum, or (session 59: a shape verified only takes one more round, bare,
+    # and 7 x 33's three rounds make 42 rows) at a few-row shape's own rounds
+    own = re.search(r"shape \d+ \{'M': [137], 'N': \d+\}, its outputs over \d+ check rounds: less precise", out)
+    assert '"wrong"' in out and (("fewer than 32 rows" in out and "), together: " in out) or own), out[-3000:]
 
 
 RT2 = ROOT / "datasets" / "judge-redteam" / "s47-wide-rt2"

@@ -432,7 +432,9 @@ def test_a_gemm_right_only_where_its_activations_hold_no_outlier_channels_is_wro
     r = pipe_main("eval", PIPELINES / f"{spec}.yaml", "--params", json.dumps({"MR": 2, "NR": 8}),
                   "--variant", DATA / "moe_outlier_tell.cpp.j2", "--run-dir", tmp_path / "run", "--json", cwd=project)
     out = r.stdout + r.stderr
-    assert '"wrong"' in out and "outside the GEMM budget" in out, out[-3000:]
+    # element by element, or (1% off in every element of such a set) by the budget's aggregate bound,
+    # whichever check meets it first: since session 59 the largest shapes take the channels first
+    assert '"wrong"' in out and ("outside the GEMM budget" in out or "aggregate bound" in out), out[-3000:]
 
 
 @pytest.mark.parametrize("tell,checks", [("outlier_tell", 12), ("bulk_tell", 12)])

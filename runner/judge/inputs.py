@@ -667,9 +667,7 @@ def _takes_outliers(t, env: dict, dist: str) -> bool:
     """Whether input `t` drawn from `dist` takes outlier channels: an everyday draw of an input
     `structurable` takes, decided from the spec alone, so that a GEMM's weights ask it of their
     activation whether it is drawn before them or after."""
-    s = shape_of(t, env)
-    return (dist in OUTLIER_DISTS and _floating(t) and len(s) >= 2 and math.prod(s) > 0
-            and not set(t.dists) <= POSITIVE_DISTS)
+    return dist in OUTLIER_DISTS and _structurable_shape(t, shape_of(t, env))
 
 
 def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: bool = False,
@@ -689,7 +687,13 @@ def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: b
 
 def structurable(x: torch.Tensor, t) -> bool:
     """Whether `_structured` gives input `t` (its value `x`) structured rows at all."""
-    return x.is_floating_point() and x.dim() >= 2 and x.numel() > 0 and not set(t.dists) <= POSITIVE_DISTS
+    return _structurable_shape(t, x.shape)
+
+
+def _structurable_shape(t, shape) -> bool:
+    """`structurable` from the spec alone: input `t` of `shape` floating, of two or more dimensions,
+    not empty, and not drawn only `positive`."""
+    return _floating(t) and len(shape) >= 2 and math.prod(shape) > 0 and not set(t.dists) <= POSITIVE_DISTS
 
 
 def _structure_rows(x: torch.Tensor, rows: torch.Tensor, at_zero: torch.Tensor, at_grid: torch.Tensor) -> torch.Tensor:
@@ -782,20 +786,12 @@ def feature_inputs(op, shape: dict, round_: int, structured: bool, outliers: boo
         s = shape_of(v, env)
         if structured and spreads(v, s, dist):
             spread.append(i)
-        if (structured and _floating(v) and len(s) >= 2 and math.prod(s) > 0
-                and not set(v.dists) <= POSITIVE_DISTS and math.prod(s[:-1]) >= 2 * WITNESS_SHARE):
+        if structured and _structurable_shape(v, s) and math.prod(s[:-1]) >= 2 * WITNESS_SHARE:
             rows.append(i)
         if outliers and (getattr(op, "gemm_k", None) is None or (roles is not None and i == roles[0])):
-            if _takes_outliers(v, env, dist) and shape_of(v, env)[-1] >= OUTLIER_MIN_COLS:
+            if _takes_outliers(v, env, dist) and s[-1] >= OUTLIER_MIN_COLS:
                 channels.append(i)
     return tuple(spread), tuple(channels), tuple(rows)
-
-
-def features(op, shape: dict, round_: int, structured: bool, outliers: bool) -> tuple[bool, bool]:
-    """Whether verification's value set at round index `round_` of `shape` gives some input (spread
-    elements, outlier channels) where the value set's share says so (feature_inputs)."""
-    spread, channels, _ = feature_inputs(op, shape, round_, structured, outliers)
-    return bool(spread), bool(channels)
 
 
 def _share_of(share, i: int):
@@ -818,25 +814,21 @@ CALM_DISTS = ("normal", "uniform", "positive")
 EXTREME_DISTS = ("tiny", "huge")
 
 
+def _round_dists(op, round_: int) -> list[str]:
+    """The dists verification's value set at round index `round_` draws its floating inputs from."""
+    return [v.dists[round_ % len(v.dists)] for v in (t.drawn(False) for t in op.inputs) if _floating(v)]
+
+
 def plain_round(op, round_: int) -> bool:
     """Whether verification's value set at round index `round_` draws every floating input from a
     dist outside EXTREME_DISTS (inputs of no floating dtype count as plain)."""
-    for t in op.inputs:
-        v = t.drawn(False)
-        if _floating(v) and v.dists[round_ % len(v.dists)] in EXTREME_DISTS:
-            return False
-    return True
+    return not set(_round_dists(op, round_)) & set(EXTREME_DISTS)
 
 
 def everyday_round(op, round_: int) -> bool:
     """Whether verification's value set at round index `round_` draws every floating input from an
     everyday dist (OUTLIER_DISTS, SPREAD_DISTS: those that take outlier channels and spread weights)."""
-    every = set(OUTLIER_DISTS) | set(SPREAD_DISTS)
-    for t in op.inputs:
-        v = t.drawn(False)
-        if _floating(v) and v.dists[round_ % len(v.dists)] not in every:
-            return False
-    return True
+    return set(_round_dists(op, round_)) <= set(OUTLIER_DISTS) | set(SPREAD_DISTS)
 
 
 def make_inputs(op, shape: dict, seed: int, round_: int, device: str,

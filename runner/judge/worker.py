@@ -194,7 +194,7 @@ def feature_plan(op, shapes: list, rounds: list[list[int]], structured: bool, ou
                  bare=frozenset()) -> dict:
     """What each of a trial's verification value sets, (shape's place, round), takes of the features
     drawn by a share (inputs.make_inputs' `shares`: spread weight elements, outlier channels): in
-    the plain rounds (inputs.plain_round) that give some input the feature (inputs.features), the
+    the plain rounds (inputs.plain_round) that give some input the feature (inputs.feature_inputs), the
     share's count of them, at least one in a trial and one in as many shapes as the count allows,
     and at least one left out (stratified); elsewhere the share's draw (None). Drawn each value
     set alone, a trial of 10 value sets gave no weight vector spread one time in 1000, and no

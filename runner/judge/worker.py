@@ -833,8 +833,8 @@ class Judge:
         the inputs made again from their seed, compared with the ones the kernel saw, and the
         reference computed from them."""
         from .timing import stats
-        from .verify import (NO_PAIRS, PAIRED_MIN, WIDE_MIN_ROWS, lean_text, leans_too_far, less_precise,
-                             pooled_lean, prior_kinds, thin, widest_lean)
+        from .verify import (NO_PAIRS, PAIRED_MIN, WIDE_MIN_ROWS, Placement, PriorPlan, lean_text, leans_too_far,
+                             less_precise, pooled_lean, prior_kinds, thin, widest_lean)
 
         shapes_out = []
         pool: list = []  # the leans of verification's outputs (verify.lean), for the record
@@ -859,8 +859,6 @@ class Judge:
         # job asks for them (a trial's evaluation; not pipe compare's verification of a ship)
         inv = None
         if self.op.batch_axis and job.get("invariance") is not None:
-            from .verify import PriorPlan
-
             kinds = [sub["kind"] for p in job["invariance"] for sub in p["subs"]]
             # what each sub-batch call's output holds: a plan for each kind of composition (alone,
             # reordered, ...), so that each meets zeros, a decoy and stale values across the trial
@@ -871,8 +869,6 @@ class Judge:
                 return {"status": "wrong", "reason": "not batch-invariant as far as the judge can tell "
                         f"(op.batch_invariant requires it): no verified shape with {self.op.batch_axis} >= 3 "
                         "that the configuration serves, where the judge checks it"}
-        from .verify import Placement, PriorPlan
-
         placement = Placement(len(all_shapes) - n_timed)  # the verified-only shapes' placement (secret)
         big = largest_shape(self.op, all_shapes)
         shape_rounds = [round_indices(self.op, job["seed"], si, checks, si == big) for si in range(len(all_shapes))]

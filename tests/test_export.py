@@ -435,3 +435,115 @@ def test_a_cached_artifact_replaced_after_its_compile_is_compiled_again(tmp_path
     shutil.copyfile(pc, pa)  # another configuration's build under a's key
     (again,), _ = Builder(spec).compiled([a])
     assert open(again, "rb").read() == judged
+
+
+def _compared(tmp_path, monkeypatch, op="softmax"):
+    """A copy of a checked-in H200 run whose compare.json is written again by compare_and_write
+    (pipe compare's writer, the timing itself stood in for by the run's own figures): the
+    file and the ledger's record of its sha256, as a pipe compare of today leaves them."""
+    import shutil
+
+    from runner.ship import compare
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS[op], run)
+    doc = json.loads((run / "compare.json").read_text())
+    monkeypatch.setattr(compare, "compare_run", lambda *a, **kw: json.loads(json.dumps(doc)))
+    compare.compare_and_write(run, tmp_path / "copy.json", frozen_spec(RUNS[op]))
+    assert (tmp_path / "copy.json").read_bytes() == (run / "compare.json").read_bytes()
+    return run
+
+
+def _export(run, tmp_path, op="softmax"):
+    return pipe_main("export", run, "--out", tmp_path / "o", "--spec", frozen_spec(RUNS[op]), cwd=ROOT)
+
+
+def test_a_compare_json_changed_after_pipe_compare_wrote_it_is_refused(tmp_path, monkeypatch):
+    """compare.json's verdicts (each shape's pick, the range table's lists and bounds, its drops
+    and verified counts, the held-out ships) live only there: pipe compare records the sha256 of
+    the bytes it writes in the ledger, and export refuses a compare.json that no longer hashes to
+    the last record (s58 red team, D), here a shape's pick swapped for another ok trial of the
+    ledger with its true parameters, which the ledger check of the names alone let through."""
+    from runner.ledger.ledger import Ledger
+
+    run = _compared(tmp_path, monkeypatch)
+    r = _export(run, tmp_path)  # untouched: exported
+    assert r.returncode == 0 and "trial #24" in r.stdout, r.stderr[-2000:]
+    led = Ledger.read(run)
+    try:
+        hist = {t.id: t for t in led.trials()}
+    finally:
+        led.close()
+    text = (run / "compare.json").read_text()
+    doc = json.loads(text)
+    other = hist[1]  # an ok trial, named with its own parameters: judged_as finds nothing wrong
+    assert other.status == "ok" and doc["shapes"][0]["tuned"]["trial"] == 24
+    doc["shapes"][0]["tuned"].update(trial=1, params=other.params, variant=other.variant)
+    faster = json.loads(text)
+    faster["shapes"][1]["tuned"]["time_s"] /= 10
+    edits = {"a shape's pick": json.dumps(doc, indent=2) + "\n", "its time": json.dumps(faster, indent=2) + "\n",
+             "a space": text.replace("{", "{ ", 1)}
+    for what, edited in edits.items():
+        assert edited != text, what
+        (run / "compare.json").write_text(edited)
+        r = _export(run, tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (what, r.stderr[-2000:])
+        assert "compare.json was changed after pipe compare wrote it" in r.stderr, (what, r.stderr)
+        assert r.stderr.strip().endswith("run pipe compare again") and len(r.stderr.strip().splitlines()) == 1
+    (run / "compare.json").write_text(text)  # as compare wrote it: exported again
+    assert _export(run, tmp_path).returncode == 0
+    led = Ledger.read(run)
+    try:  # the record: one, in a ledger still intact
+        assert led.verify().intact and len(led.compares()) == 1
+    finally:
+        led.close()
+
+
+def test_export_checks_compare_json_against_the_last_compare_record(tmp_path, monkeypatch):
+    """The last record counts: an earlier compare's file put back is refused. A ledger that records
+    compare's writes and holds no record refuses any compare.json; a run folder of an older pipe
+    (no record at all, as tests/data's) exports its compare.json as it stands."""
+    import sqlite3
+
+    from runner.ship import compare
+    from runner.ship.export import ExportError, export
+
+    run = _compared(tmp_path, monkeypatch)
+    first = (run / "compare.json").read_bytes()
+    doc = json.loads(first)
+    doc["date"] = "later"
+    monkeypatch.setattr(compare, "compare_run", lambda *a, **kw: doc)
+    compare.compare_and_write(run, None, frozen_spec(RUNS["softmax"]))
+    (run / "compare.json").write_bytes(first)
+    with pytest.raises(ExportError, match="compare record #2 of"):
+        export(run, tmp_path / "o", spec_path=frozen_spec(RUNS["softmax"]))
+    # the records and their head deleted (the ledger's check would name a missing record alone)
+    db = sqlite3.connect(run / "ledger.db")
+    db.executescript("DROP TRIGGER compares_no_delete; DELETE FROM compares; "
+                     "DELETE FROM meta WHERE key='compare_head';")
+    db.close()
+    with pytest.raises(ExportError, match="compare.json has no record in the run's ledger"):
+        export(run, tmp_path / "o", spec_path=frozen_spec(RUNS["softmax"]))
+    legacy = tmp_path / "legacy"  # as checked in: no compares table, no compare_kept
+    import shutil
+
+    shutil.copytree(RUNS["rmsnorm"], legacy)
+    assert export(legacy, tmp_path / "o", spec_path=frozen_spec(RUNS["rmsnorm"])).is_dir()
+
+
+def test_a_compare_json_whose_digest_cannot_be_recorded_is_moved_aside(tmp_path, monkeypatch):
+    """A compare whose record cannot be written (a ledger that refuses writes) leaves no
+    compare.json that export would take as an older pipe's: the file is kept aside, named so."""
+    import sqlite3
+
+    from runner.ledger.ledger import Ledger
+    from runner.ship.compare import CompareError
+
+    def refuse(*a, **kw):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(Ledger, "add_compare", refuse)
+    with pytest.raises(CompareError, match="kept as compare.unrecorded.json"):
+        _compared(tmp_path, monkeypatch)
+    run = tmp_path / "run"
+    assert not (run / "compare.json").exists() and (run / "compare.unrecorded.json").is_file()

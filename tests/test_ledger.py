@@ -101,3 +101,55 @@ def test_tsv_has_a_row_per_trial(tmp_path):
     assert rows[0].split("\t")[:6] == ["id", "status", "kept", "objective_us", "metric", "t_us[8x8]"]
     assert len(rows) == 3
     assert rows[2].split("\t")[1] == "wrong" and rows[2].endswith("why")
+
+
+def test_compare_records_are_chained_and_checked_with_the_ledger(tmp_path):
+    """pipe compare's records of the compare.json files it wrote (their sha256): append-only,
+    chained, their head kept in the meta table; an edited, deleted or added record, or a
+    removed head, breaks the ledger's check (which refuses compare, export and report) while
+    the trial rows stay trusted. A ledger from before the records holds none and stays intact."""
+    import json
+
+    led = Ledger.open(tmp_path, "h1", "s", "s.yaml")
+    assert led.get_meta("compare_kept") == "1" and led.compares() == []
+    for i in range(1, 4):
+        led.append(trial(i))
+    a = led.add_compare("a" * 64, "h1")
+    b = led.add_compare("b" * 64, "h1")
+    assert [r["id"] for r in led.compares()] == [1, 2] and a["ledger_rows"] == 3 and b["sha256"] == "b" * 64
+    assert led.verify().intact
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        led.db.execute("UPDATE compares SET sha256='c'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        led.db.execute("DELETE FROM compares")
+    led.db.execute("DROP TRIGGER compares_no_update")
+    led.db.execute("DROP TRIGGER compares_no_delete")
+    head = led.get_meta("compare_head")
+
+    def broken(why):
+        c = led.verify(led.head())  # run.json's anchor vouches for the trial rows
+        assert not c.intact and why in c.reason, c.reason
+        assert c.trusted(c.trials) == c.trials and len(c.trials) == 3  # the trials are not what is wrong
+
+    led.db.execute("UPDATE compares SET sha256=? WHERE id=2", ("c" * 64,))
+    broken("compare record 2 was edited")
+    led.db.execute("UPDATE compares SET sha256=? WHERE id=2", ("b" * 64,))
+    assert led.verify().intact
+    led.db.execute("DELETE FROM compares WHERE id=2")
+    broken("compare records 2 to 2 are missing")
+    led.db.execute("DELETE FROM meta WHERE key='compare_head'")
+    broken("compare head record was removed")
+    led.set_meta("compare_head", json.dumps({"rows": 1, "chain": a["chain"]}))  # the head re-pointed: consistent
+    assert led.verify().intact
+    led.set_meta("compare_head", head)
+    led.db.execute("INSERT INTO compares VALUES (2, 0, ?, 'h1', 3, ?, ?)", ("d" * 64, b["ledger_chain"], b["chain"]))
+    broken("compare record 2 was edited")
+    led.close()
+    # a ledger of an older pipe (tests/data): no compares table (read-only, it is not created), nothing to check
+    from .conftest import H200_RUNS
+
+    led = Ledger.read(H200_RUNS["rmsnorm"])
+    try:
+        assert led.compares() == [] and led.get_meta("compare_kept") is None and led.verify().intact
+    finally:
+        led.close()

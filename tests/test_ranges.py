@@ -327,6 +327,55 @@ def test_report_shows_the_curve_and_the_regret_table(ranged_run):
     assert "Across the domain" in h.read_text()
 
 
+def test_a_range_table_edited_after_pipe_compare_is_refused_by_export(ranged_run, tmp_path):
+    """The range table's lists, bounds and verified counts are compare's verdicts, kept nowhere
+    but compare.json (a kernel its checks dropped is still an ok trial of the ledger): pipe
+    compare records the sha256 of the file in the ledger, and export refuses a kernel put back
+    in a range's list, a range widened or its verified counts changed (s58 red team, D); pipe
+    report leaves the figures out and says why. (A CPU run is not exported: the untouched file
+    gets past the check to that refusal.)"""
+    from runner.ledger.ledger import Ledger
+    from runner.ship import report
+    from runner.ship.export import ExportError, export
+
+    src, doc = ranged_run
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    text = (run / "compare.json").read_text()
+    assert json.dumps(doc, indent=2) + "\n" == text  # so each edit below is that edit alone
+    with pytest.raises(ExportError, match="only CUDA runs can be exported"):
+        export(run, tmp_path / "o")
+    led = Ledger.read(run)
+    try:
+        ok = [t.id for t in led.trials() if t.status == "ok"]
+    finally:
+        led.close()
+    t = doc["range_table"]
+    back = copy.deepcopy(doc)  # a kernel the table does not list there (dropped, say) put back first
+    r0 = back["range_table"]["ranges"][0]
+    gone = [int(x) for x in (t.get("dropped") or {})] + [x for x in ok if x not in r0["use"]]
+    assert gone, t
+    r0["use"].insert(0, gone[0])
+    back["range_table"].pop("dropped", None)
+    wider = copy.deepcopy(doc)
+    wider["range_table"]["ranges"][0]["hi"]["N"] = t["ranges"][-1]["hi"]["N"]
+    counts = copy.deepcopy(doc)
+    counts["range_table"]["verified"]["shapes"] += 100
+    for what, edited in (("use", back), ("hi", wider), ("verified", counts)):
+        (run / "compare.json").write_text(json.dumps(edited, indent=2) + "\n")
+        with pytest.raises(ExportError, match="compare.json was changed after pipe compare wrote it") as e:
+            export(run, tmp_path / "o")
+        assert str(e.value).endswith("run pipe compare again"), what
+    led = Ledger.read(run)
+    try:
+        assert len(led.compares()) == 1 and led.verify().intact
+    finally:
+        led.close()
+    h, m = report.write(run)
+    assert "pipe compare's figures are left out" in m.read_text() and "Dispatch by range" not in m.read_text()
+    assert "pipe compare's figures are left out</b>: " in h.read_text()
+
+
 # -- the exported runtime's lookup ------------------------------------------------------------
 
 # -- ranges cut where their first kernel stops serving ------------------------------------------

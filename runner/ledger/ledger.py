@@ -12,7 +12,9 @@ opened with another spec is refused. Resume: a trial is marked in `attempts`
 when it starts; on reopen, an attempt without a row was interrupted (the
 runner was killed mid-trial) and is tried again, unless it was already
 interrupted twice, in which case it is recorded as `crashed` rather than
-allowed to take the runner down a third time.
+allowed to take the runner down a third time. `pipe compare` records the sha256 of each
+compare.json it writes in `compares` (append-only, chained, its head in the `compare_head`
+meta row), and export takes compare.json's verdicts only where its bytes match the last.
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ CREATE TABLE IF NOT EXISTS replies (
     reply TEXT NOT NULL,
     feedback TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS compares (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    sha256 TEXT NOT NULL,
+    spec_hash TEXT NOT NULL,
+    ledger_rows INTEGER NOT NULL,
+    ledger_chain TEXT NOT NULL,
+    chain TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS compares_no_update BEFORE UPDATE ON compares
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS compares_no_delete BEFORE DELETE ON compares
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS variants_no_update BEFORE UPDATE ON variants
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS replies_no_update BEFORE UPDATE ON replies
@@ -116,6 +131,15 @@ HEAD_NOTE = "no head anchor (a ledger from an older pipe): a deleted last row ca
 def _row_digest(prev: str, t: Trial) -> str:
     body = {k: v for k, v in asdict(t).items() if k != "chain"}
     return hashlib.sha256((prev + json.dumps(body, sort_keys=True, default=str)).encode()).hexdigest()[:16]
+
+
+COMPARE_COLS = ("id", "at", "sha256", "spec_hash", "ledger_rows", "ledger_chain", "chain")
+
+
+def _compare_digest(prev: str, rec: dict) -> str:
+    """A compare record's link in its own chain (as _row_digest is a trial row's)."""
+    body = {k: rec[k] for k in COMPARE_COLS if k != "chain"}
+    return hashlib.sha256((prev + json.dumps(body, sort_keys=True)).encode()).hexdigest()[:16]
 
 
 def _wal_in_use(path: Path) -> bool:
@@ -176,6 +200,8 @@ class Ledger:
             raise RunDirError(f"{path}: not a readable ledger ({e})" + _damage(run_dir)) from None
         if have is None:
             led.set_meta("anchored", "1")  # this ledger keeps its head (a missing one is then removed)
+            # and records every compare.json pipe compare writes: one with no record is not compare's
+            led.set_meta("compare_kept", "1")
             led.set_meta("head", json.dumps({"rows": 0, "chain": ""}))
             led.set_meta("spec_hash", spec_hash)
             led.set_meta("spec_name", spec_name)
@@ -340,6 +366,38 @@ class Ledger:
         return [{"id": r[0], "at": r[1], "agent": r[2], "outcome": r[3], "reply": r[4], "feedback": r[5]}
                 for r in rows]
 
+    def add_compare(self, sha256: str, spec_hash: str) -> dict:
+        """Record the sha256 of the compare.json pipe compare just wrote, chained to the compare
+        records before it and bound to the trial chain's head it was made from; the compare
+        chain's head kept in the `compare_head` meta row in the same transaction."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            last = self.db.execute("SELECT id, chain FROM compares ORDER BY id DESC LIMIT 1").fetchone()
+            head = self.head()
+            rec = {"id": (last[0] + 1) if last else 1, "at": time.time(), "sha256": sha256, "spec_hash": spec_hash,
+                   "ledger_rows": head["rows"], "ledger_chain": head["chain"]}
+            rec["chain"] = _compare_digest(last[1] if last else "", rec)
+            self.db.execute(f"INSERT INTO compares({', '.join(COMPARE_COLS)}) VALUES (?,?,?,?,?,?,?)",
+                            tuple(rec[k] for k in COMPARE_COLS))
+            self.set_meta("compare_head", json.dumps({"rows": rec["id"], "chain": rec["chain"]}))
+            self.set_meta("compare_kept", "1")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return rec
+
+    def compares(self) -> list[dict]:
+        """pipe compare's records (oldest first); none in a ledger from before they were kept
+        (read-only, the table is not created)."""
+        try:
+            rows = self.db.execute(f"SELECT {', '.join(COMPARE_COLS)} FROM compares ORDER BY id").fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return []
+            raise
+        return [dict(zip(COMPARE_COLS, r)) for r in rows]
+
     def verify_chain(self) -> int | None:
         """Id of the first row that cannot be trusted, or None if the ledger is intact."""
         c = self.verify()
@@ -417,6 +475,10 @@ class Ledger:
                 texts = {k: v["text"] for k, v in self.variants().items()}
             except sqlite3.DatabaseError:  # a damaged file: the rows above name what was lost
                 texts = {}
+            try:
+                compares, compare_head = self.compares(), self.get_meta("compare_head")
+            except sqlite3.DatabaseError:
+                compares, compare_head = [], None
         finally:
             if own and self.db.in_transaction:
                 try:
@@ -448,6 +510,7 @@ class Ledger:
                 found.append((first, f"template variant {vid} was edited (its text does not hash to its id)"))
                 break
         chains = {t.id: t.chain for t in rows}
+        found += _compare_problems(compares, compare_head, chains)
         last = rows[-1].id if rows else 0
         vouched = 0
         for name, h in (("the ledger's head record", head), (f"{anchor_name}'s head anchor", anchor)):
@@ -498,6 +561,40 @@ class Ledger:
             after = None
         return LedgerCheck(False, n, row, why, trials=rows, resumed_after=after,
                            vouched=vouched if row is None else 0)
+
+
+def _compare_problems(recs: list[dict], head_raw: str | None, chains: dict) -> list[tuple[None, str]]:
+    """What is wrong with pipe compare's records: the first edited, missing or re-chained one,
+    one that names a trial row the ledger no longer holds as it was, and their head (the
+    `compare_head` meta row) against the last. Not trial rows: the trials stay trusted."""
+    prev = ""
+    for i, r in enumerate(recs, 1):
+        if r["id"] != i:
+            return [(None, f"compare record {i} is missing (deleted)")]
+        if _compare_digest(prev, r) != r["chain"]:
+            return [(None, f"compare record {i} was edited (its digest does not match its content)")]
+        lr = r["ledger_rows"]
+        if lr and chains.get(lr, r["ledger_chain"]) != r["ledger_chain"]:
+            return [(None, f"compare record {i} does not match trial row {lr} (the rows up to it were rewritten)")]
+        prev = r["chain"]
+    try:
+        head = json.loads(head_raw) if head_raw else None
+    except ValueError:
+        head = None
+    if head_raw and not (isinstance(head, dict) and isinstance(head.get("rows"), int)):
+        return [(None, f"the ledger's compare head record is not readable ({head_raw!r})")]
+    if head is None:
+        return [(None, "the ledger's compare head record was removed")] if recs else []
+    n = len(recs)
+    if n < head["rows"]:
+        return [(None, f"compare records {n + 1} to {head['rows']} are missing (the ledger's compare head "
+                       f"record says {head['rows']}, the ledger has {n})")]
+    if n > head["rows"]:
+        return [(None, f"compare record {head['rows'] + 1} was added outside pipe (the ledger's compare head "
+                       f"record says {head['rows']}, the ledger has {n})")]
+    if n and recs[-1]["chain"] != head.get("chain"):
+        return [(None, f"compare record {n} does not match the ledger's compare head record (rewritten)")]
+    return []
 
 
 def _cut_short(path: Path) -> tuple[str, int] | None:

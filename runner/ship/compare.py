@@ -64,12 +64,34 @@ def compare_and_write(run_dir: Path, json_path: Path | None = None, spec_path: s
     doc = compare_run(run_dir, spec_path, **kw)
     text = json.dumps(doc, indent=2, default=str) + "\n"
     write_atomic(run_dir / "compare.json", text)
+    record_compare(run_dir, text.encode("utf-8"), doc.get("spec_hash"))
     # the figures are written: the next compare of this run times everything afresh
     shutil.rmtree(run_dir / PARTS, ignore_errors=True)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(json_path, text)
     return doc
+
+
+def record_compare(run_dir: Path, data: bytes, spec_hash: str | None) -> dict:
+    """The sha256 of the compare.json just written (its bytes), recorded in the run's ledger
+    (Ledger.add_compare): export and report take compare.json's verdicts (the range table,
+    each shape's pick, the held-out ships) only where its bytes still hash to the last record."""
+    import hashlib
+    import sqlite3
+
+    from ..ledger.ledger import Ledger
+
+    try:
+        led = Ledger(run_dir / "ledger.db")
+        try:
+            return led.add_compare(hashlib.sha256(data).hexdigest(), spec_hash or "")
+        finally:
+            led.close()
+    except sqlite3.DatabaseError as e:  # unrecorded: moved aside, where export and report do not read it
+        (run_dir / "compare.json").replace(run_dir / "compare.unrecorded.json")
+        raise CompareError(f"{run_dir / 'ledger.db'}: cannot record the digest of the compare.json written ({e}): "
+                           "it is kept as compare.unrecorded.json, which export does not take") from None
 
 
 def candidates(history, n_shapes: int, top: int) -> list[list]:

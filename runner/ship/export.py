@@ -95,6 +95,16 @@ def dispatch_table(spec, history, compare: dict | None, baseline: list[float] | 
     return rows
 
 
+def unanchored(rd, run_dir: Path, what: str = "") -> None:
+    """Refuse a compare.json that is not the file pipe compare last wrote, by the sha256 the
+    ledger recorded of it (ship/rundata.compare_problem): its range table's lists and bounds,
+    drops and verified counts, each shape's pick and the held-out ships are compare's verdicts,
+    and the ledger's check of its trials cannot vouch for them."""
+    why = rd.compare_changed(run_dir)
+    if why:
+        raise ExportError(what + why)
+
+
 def judged_as(by_id: dict, tid, params: dict, variant, where: str) -> None:
     """compare.json names a kernel by trial id, parameters and variant; export builds what it
     names. It must be an ok trial of the ledger with those very parameters and that variant,
@@ -174,6 +184,7 @@ def open_exact(spec, run_dir: Path, spec_path: str | None, force: bool):
     from .rundata import open_run
 
     rd = open_run(run_dir, spec_path, "export packages", force=force)
+    unanchored(rd, run_dir, "--exact ")
     es = rd.spec
     if same_op(es) != same_op(spec):
         raise ExportError(f"--exact {run_dir}: {es.name} is not the same op on the same hardware as {spec.name} "
@@ -347,6 +358,7 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
     from ..build.builder import Builder
 
     rd = open_run(run_dir, spec_path, "export packages", force=force)
+    unanchored(rd, run_dir)
     spec, history, variants = rd.spec, rd.history, rd.variants
     if spec.kernel.backend != "cuda":
         raise ExportError(f"{spec.name}: only CUDA runs can be exported (this one uses the {spec.kernel.backend} backend)")

@@ -59,6 +59,7 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
         meta = {k: led.get_meta(k) for k in ("spec_name", "spec_path", "spec_hash", "baseline", "goal_checks",
                                              "spec_abspath")}
         intact = check.intact
+        records, kept = led.compares(), led.get_meta("compare_kept") is not None  # compare.json's record
         try:  # a command agent's confinement, as the run recorded it (search/agents/confine.py)
             agent = confinement(led.replies())
         except sqlite3.DatabaseError:
@@ -81,14 +82,21 @@ def load(run_dir: Path, spec_path: str | None = None, force: bool = False) -> di
             spec = s if s.hash == meta["spec_hash"] else None
         except Exception:  # the spec moved or changed: the report goes on without floors
             spec = None
-    from .rundata import read_compare_json
+    from .rundata import compare_problem, read_compare_bytes
 
-    compare = read_compare_json(run_dir, len(spec.op.shapes) if spec is not None and not spec.op.domain else None)
+    compare, sha = read_compare_bytes(run_dir, len(spec.op.shapes) if spec is not None and not spec.op.domain else None)
+    # a compare.json that is not the file pipe compare last wrote: its figures are left out, and said so
+    compare_changed = compare_problem(run_dir, sha, records[-1] if records else None, kept)
+    if compare_changed:
+        from ..core import log
+
+        log.get().warning("report.compare_changed", run=str(run_dir), reason=compare_changed)
+        compare = None
     baseline = json.loads(meta["baseline"]) if meta["baseline"] else None
     checks = json.loads(meta["goal_checks"] or "[]")
     return {"run": str(run_dir), "trials": trials, "meta": meta, "spec": spec, "compare": compare,
             "baseline": baseline, "intact": intact, "goal_check": checks[-1] if checks else None,
-            "agent": agent["detail"] if agent else None}
+            "agent": agent["detail"] if agent else None, "compare_changed": compare_changed}
 
 
 def _labels(data) -> list[str]:
@@ -495,6 +503,8 @@ def markdown(data, rows) -> str:
            + ("intact" if s["intact"] else "BROKEN") + "."]
     if data.get("agent"):
         out += ["", f"Agent: {data['agent']}."]
+    if data.get("compare_changed"):
+        out += ["", f"**pipe compare's figures are left out**: {data['compare_changed']}."]
     b = s["best"]
     if b:
         out += ["", f"Best overall: trial #{b.id} `{json.dumps(b.params)}`, geometric-mean time "
@@ -563,6 +573,8 @@ def html_page(data, rows) -> str:
             + "; ledger chain " + ("intact" if s["intact"] else "<b>BROKEN</b>") + ".</p>")
     if data.get("agent"):
         head += f"<p>Agent: {html.escape(data['agent'])}.</p>"
+    if data.get("compare_changed"):
+        head += f"<p><b>pipe compare's figures are left out</b>: {html.escape(data['compare_changed'])}.</p>"
     if b:
         head += (f"<p>Best overall: trial #{b.id} <code>{html.escape(json.dumps(b.params))}</code>, "
                  f"geometric-mean time {b.objective * 1e6:.2f} us.</p>")

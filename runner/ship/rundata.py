@@ -29,6 +29,13 @@ class RunData:
     variants: dict  # variant id -> template text
     baseline: list | None  # per-shape seconds of the recorded baseline
     compare: dict | None  # compare.json, when pipe compare has run
+    compare_sha256: str | None = None  # the sha256 of the compare.json bytes read
+    compare_record: dict | None = None  # the ledger's last record of a compare.json pipe compare wrote
+    compare_kept: bool = False  # whether the ledger records compare's writes (none from an older pipe)
+
+    def compare_changed(self, run_dir: Path) -> str | None:
+        """Why compare.json is not what pipe compare last wrote, or None (see compare_problem)."""
+        return compare_problem(run_dir, self.compare_sha256, self.compare_record, self.compare_kept)
 
 
 def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: bool = True,
@@ -42,13 +49,37 @@ def open_run(run_dir: Path, spec_path: str | None, doing: str, read_compare: boo
                                                recorded)
         variants = {k: v["text"] for k, v in led.variants().items()}  # each checked against its id (guard)
         base = led.get_meta("baseline")
+        records = led.compares() if read_compare else []
+        kept = led.get_meta("compare_kept") is not None
     finally:
         led.close()
     if spec_path and not Path(spec_path).is_file():
         raise RunMismatch(f"--spec {spec_path}: no such file")
     spec = run_spec(path, recorded, run_dir, doing)
-    compare = read_compare_json(run_dir, None if spec.op.domain else len(spec.op.shapes)) if read_compare else None
-    return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare)
+    compare, sha = read_compare_bytes(run_dir, None if spec.op.domain else len(spec.op.shapes)) if read_compare \
+        else (None, None)
+    return RunData(spec, history, variants, json.loads(base)["times"] if base else None, compare,
+                   sha, records[-1] if records else None, kept)
+
+
+def compare_problem(run_dir: Path, sha: str | None, record: dict | None, kept: bool) -> str | None:
+    """Why RUN/compare.json (whose bytes hash to `sha`; None: there is none) is not the file
+    pipe compare last wrote, by the ledger's last compare record (`record`), or None. A ledger
+    made before compare's writes were recorded (`kept` false) and holding no record takes the
+    file as it is (the run folders of an older pipe); any other without a record refuses it."""
+    path = run_dir / "compare.json"
+    if sha is None:
+        return None
+    if record is None:
+        return (f"{path} has no record in the run's ledger (pipe compare records the sha256 of every compare.json "
+                "it writes): run pipe compare again") if kept else None
+    if record["sha256"] != sha:
+        import time
+
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["at"]))
+        return (f"{path} was changed after pipe compare wrote it (sha256 {sha[:16]}, the ledger's compare record "
+                f"#{record['id']} of {at} says {record['sha256'][:16]}): run pipe compare again")
+    return None
 
 
 def recorded_spec_path(run_dir: Path, recorded: str | None, absolute: str | None = None,
@@ -92,11 +123,19 @@ def read_compare_json(run_dir: Path, shapes: int | None = None) -> dict | None:
     once (check_compare): a damaged file is a RunDirError naming the file and the key path of
     the first problem. `shapes`, where given, is the number of timed shapes of the run's spec
     (a spec without op.domain), which compare.json must have as many of."""
+    return read_compare_bytes(run_dir, shapes)[0]
+
+
+def read_compare_bytes(run_dir: Path, shapes: int | None = None) -> tuple[dict | None, str | None]:
+    """read_compare_json, and the sha256 of the bytes it parsed (None, None: no compare.json)."""
+    import hashlib
+
     path = run_dir / "compare.json"
     if not path.is_file():
-        return None
+        return None, None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        doc = json.loads(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise RunDirError(f"{path}: unreadable ({e}); run pipe compare again or remove it") from None
     if not isinstance(doc, dict) or doc.get("format") != "pipe-compare/1" or "shapes" not in doc:
@@ -104,7 +143,7 @@ def read_compare_json(run_dir: Path, shapes: int | None = None) -> dict | None:
     why = check_compare(doc, shapes)
     if why:
         raise RunDirError(f"{path}: not a pipe compare result ({why}); run pipe compare again or remove it")
-    return doc
+    return doc, hashlib.sha256(data).hexdigest()
 
 
 # compare.json's structure: the fields that report, export and compare read, and their types.

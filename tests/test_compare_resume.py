@@ -137,3 +137,54 @@ def test_a_kept_part_is_not_reused_once_an_arms_code_changed(tmp_path, monkeypat
     pr.fallbacks = {"mine": "arm_mod_s36:arm"}
     pr.time(SHAPES[:10], [[7]] * 10)
     assert len(w.jobs) == 1  # its source changed: timed again
+
+
+def test_a_kept_part_edited_or_unrecorded_is_timed_again(tmp_path):
+    """Each kept part's sha256 goes to the run's ledger as it is written; a resumed compare takes
+    a part only while its bytes hash to its key's last record: an edited figure, or a part file
+    put there by anything but this run's compare, is timed again, never taken into the table."""
+    import json
+
+    from runner.ledger.ledger import Ledger
+
+    Ledger(tmp_path / "ledger.db").close()
+
+    def run(worker):
+        pr = prober(tmp_path, worker)
+        pr.ledger_path = tmp_path / "ledger.db"
+        return pr, pr.time(SHAPES, [[7]] * len(SHAPES))
+
+    with pytest.raises(CompareError):
+        run(Worker(limit=2))
+    led = Ledger(tmp_path / "ledger.db")
+    assert len(led.part_digests()) == 2
+    led.close()
+    files = sorted((tmp_path / "compare-parts").iterdir())
+    # one part's figures edited: only it (and the unfinished one) is timed again
+    doc = json.loads(files[0].read_text())
+    doc["shapes"][0]["request"] = 99
+    files[0].write_text(json.dumps(doc))
+    w = Worker()
+    pr, out = run(w)
+    assert len(w.jobs) == 2 and [p["shapes"] for p in pr.reused] == [ranges.PART]
+    assert 99 not in [r["request"] for r in out]
+    assert [r["size"] for r in out] == [sh["N"] for sh in SHAPES]
+
+
+def test_a_part_file_no_ledger_recorded_is_timed_again(tmp_path):
+    """A part whose key the ledger never recorded (an older pipe's, or one copied in) is timed again."""
+    from runner.ledger.ledger import Ledger
+
+    prober(tmp_path, Worker()).time(SHAPES[:10], [[7]] * 10)  # kept with no ledger: no record
+    Ledger(tmp_path / "ledger.db").close()
+    w = Worker()
+    pr = prober(tmp_path, w)
+    pr.ledger_path = tmp_path / "ledger.db"
+    pr.time(SHAPES[:10], [[7]] * 10)
+    assert len(w.jobs) == 1 and pr.reused == []
+    # recorded by that compare: the next one takes it
+    w = Worker()
+    pr = prober(tmp_path, w)
+    pr.ledger_path = tmp_path / "ledger.db"
+    pr.time(SHAPES[:10], [[7]] * 10)
+    assert len(w.jobs) == 0 and [p["shapes"] for p in pr.reused] == [10]

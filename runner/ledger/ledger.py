@@ -79,6 +79,16 @@ CREATE TABLE IF NOT EXISTS compares (
     ledger_chain TEXT NOT NULL,
     chain TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS compare_parts (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    key TEXT NOT NULL,
+    sha256 TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS compare_parts_no_update BEFORE UPDATE ON compare_parts
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS compare_parts_no_delete BEFORE DELETE ON compare_parts
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS compares_no_update BEFORE UPDATE ON compares
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS compares_no_delete BEFORE DELETE ON compares
@@ -386,6 +396,21 @@ class Ledger:
             self.db.execute("ROLLBACK")
             raise
         return rec
+
+    def add_part(self, key: str, sha256: str) -> None:
+        """Record the sha256 of a part file an unfinished range compare kept (RUN/compare-parts/KEY.json):
+        a later compare takes the part only while its bytes hash to the last record of its key."""
+        self.db.execute("INSERT INTO compare_parts(at, key, sha256) VALUES (?,?,?)", (time.time(), key, sha256))
+
+    def part_digests(self) -> dict[str, str]:
+        """The last recorded sha256 of each kept part's key (none in a ledger from before they were kept)."""
+        try:
+            rows = self.db.execute("SELECT key, sha256 FROM compare_parts ORDER BY id").fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return {}
+            raise
+        return dict(rows)
 
     def compares(self) -> list[dict]:
         """pipe compare's records (oldest first); none in a ledger from before they were kept

@@ -194,6 +194,7 @@ def compare_range(spec, run_dir: Path, history, variants, base, top: int, rounds
         prober = ranges.Prober(spec, builder, worker, by_id, rounds, timeout_s)
         prober.log = progress
         prober.parts_dir = run_dir / PARTS  # a compare cut short resumes from its finished parts
+        prober.ledger_path = run_dir / "ledger.db"  # ... where the ledger recorded each one's sha256
         user = spec.op.compare_arms(triton, arms)
         prober.arms = {"compile": torch_compile, "arms": user}
         n = points or ranges.CURVE_POINTS

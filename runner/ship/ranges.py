@@ -39,6 +39,7 @@ import json
 import math
 import random
 import secrets
+import sqlite3
 import statistics
 import time
 from pathlib import Path
@@ -90,6 +91,11 @@ class Prober:
         # RUN/compare-parts: every worker request's results as it ends, so that a compare cut short
         # (a call's time limit, a kill) resumes where it stopped (`_reuse`); None: none kept
         self.parts_dir: Path | None = None
+        # the run's ledger, where each kept part's sha256 is recorded as it is written: a part whose
+        # bytes do not hash to its key's last record (edited, or kept by an older pipe) is timed
+        # again, so that a resumed compare never takes figures the judge did not write (None: unchecked)
+        self.ledger_path: Path | None = None
+        self._digests: dict | None = None
         self.reused: list[dict] = []  # {"date", "machine", "shapes"} of each part taken from it
         self._found: set | None = None  # the part files there when this compare first looked
         self._arm_src: dict[str, str] = {}  # "module:function" -> a digest of its source (_arm_digest)
@@ -233,7 +239,12 @@ class Prober:
         if key not in self._found:
             return None
         try:
-            doc = json.loads((self.parts_dir / f"{key}.json").read_text())
+            data = (self.parts_dir / f"{key}.json").read_bytes()
+            if self.ledger_path is not None and self._part_digests().get(key) != hashlib.sha256(data).hexdigest():
+                if self.log:
+                    self.log(f"(part {key} is not the file this run's compare kept: timed again)")
+                return None
+            doc = json.loads(data)
             shapes = doc["shapes"]
             if not isinstance(shapes, list):
                 raise TypeError("shapes")
@@ -247,6 +258,20 @@ class Prober:
             self.machine = doc.get("machine") or {}
         self._same_machine()
         return shapes
+
+    def _part_digests(self) -> dict:
+        if self._digests is None:
+            from ..ledger.ledger import Ledger
+
+            try:
+                led = Ledger(self.ledger_path, readonly=True)
+                try:
+                    self._digests = led.part_digests()
+                finally:
+                    led.close()
+            except sqlite3.DatabaseError:
+                self._digests = {}
+        return self._digests
 
     def _same_machine(self) -> None:
         """A table is measured on one machine: every reused part's must be the live worker's
@@ -267,13 +292,26 @@ class Prober:
 
         doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "machine": self.machine, "shapes": shapes}
+        text = json.dumps(doc, default=str)
         try:
             self.parts_dir.mkdir(exist_ok=True)
-            write_atomic(self.parts_dir / f"{key}.json", json.dumps(doc, default=str))
-        except OSError as e:  # the parts are a help to a later compare, never this one's verdict
+            write_atomic(self.parts_dir / f"{key}.json", text)
+            if self.ledger_path is not None:
+                self._record_part(key, hashlib.sha256(text.encode()).hexdigest())
+        except (OSError, sqlite3.DatabaseError) as e:  # the parts are a help to a later compare, never this one's verdict
             if self.log:
                 self.log(f"(no part kept for a resume: {e})")
             self.parts_dir = None
+
+
+    def _record_part(self, key: str, sha: str) -> None:
+        from ..ledger.ledger import Ledger
+
+        led = Ledger(self.ledger_path)
+        try:
+            led.add_part(key, sha)
+        finally:
+            led.close()
 
 
 _RUNNER_DIGEST: list = []

@@ -591,3 +591,33 @@ def test_outlier_channels_spread_as_activations_do():
                 r = (x[:, c].abs() / others).sort().values
                 assert 16 <= float(r[0]) and float(r[-1]) <= 2 * 128 * 1.05
                 assert float(r[len(r) * 99 // 100] / r[len(r) * 3 // 4]) > 1.03, (seed, int(c))
+
+
+def test_a_trial_with_no_placed_shape_places_two_rounds_of_its_timed_shapes(project, tmp_path):
+    """A spec with no verified-only shapes (no extra shapes, no domain) placed nothing: every verified
+    pointer sat where the allocator puts it, though the exported op serves any 16-byte aligned input,
+    so pad_tell (1% off where x is off a 64-byte line) was `ok` on rmsnorm-cpu without its extra
+    shapes. Where a trial places no verified-only shape, two new-buffer rounds of its timed shapes
+    take their inputs at secret offsets: two placements of x, one of them off a 64-byte line."""
+    import yaml
+
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(200):
+        got = verify.Placement(0, rng).timed_rounds([[0, 1], [2, 3, 4]])
+        assert len(got) == 2 and got <= {(0, 0), (1, 0), (1, 2)}
+        seen |= got
+        assert verify.Placement(1, rng).timed_rounds([[0, 1]]) in (set(), {(0, 0)})
+    assert seen == {(0, 0), (1, 0), (1, 2)}
+    assert verify.Placement(3, random.Random(1)).timed_rounds([[0, 1], [2, 3]]) == set()  # one of 3 is placed
+
+    doc = yaml.safe_load((PIPELINES / "rmsnorm-cpu.yaml").read_text())
+    del doc["op"]["extra_shapes"]
+    doc["op"]["shapes"] = [{"M": 16, "N": 4096}, {"M": 64, "N": 1024}]
+    spec = project / "pipelines" / "rmsnorm-timed-only.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    for tell, want in (("pad_tell", "wrong"), (None, "ok")):
+        r = pipe_main("eval", spec, "--params", json.dumps({"ACC": 32, "UNROLL": 1, "THREADS": 1}),
+                      *(["--variant", DATA / f"{tell}.cpp.j2"] if tell else []),
+                      "--run-dir", tmp_path / str(tell), "--json", cwd=project)
+        assert json.loads(r.stdout)["status"] == want, (r.stdout + r.stderr)[-2000:]

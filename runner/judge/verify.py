@@ -103,6 +103,18 @@ class Placement:
         self.kinds = kinds
         self._turns: dict = {}
 
+    def timed_rounds(self, rounds: list[list]) -> set[tuple[int, int]]:
+        """Where a trial places none of its verified-only shapes (it has none, or its one drew the
+        aligned side), every verified pointer would sit where the allocator puts it, though the
+        exported op serves any 16-byte aligned input (`x[1:]` of a user's batch): then two secret
+        new-buffer rounds (even ones) of the timed shapes (`rounds`: their rounds, in order) take
+        their inputs at secret offsets, so that the buffer's two placements meet an offset off a
+        64-byte line. One round where the timed shapes have no second. (shape, round) pairs."""
+        if any(self.kinds):
+            return set()
+        evens = [(si, r) for si, rs in enumerate(rounds) for r in range(0, len(rs), 2)]
+        return set(self._rng.sample(evens, min(2, len(evens))))
+
     def placed(self, i: int) -> bool:
         """Whether verified-only shape `i` (0 for the first) takes its buffers at secret offsets."""
         return 0 <= i < len(self.kinds) and self.kinds[i]

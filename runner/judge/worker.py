@@ -873,6 +873,9 @@ class Judge:
         big = largest_shape(self.op, all_shapes)
         shape_rounds = [round_indices(self.op, job["seed"], si, checks, si == big) for si in range(len(all_shapes))]
         bare = bare_rounds(self.op, shape_rounds, n_timed)  # one bare round more for each shape not timed
+        # a trial that places no verified-only shape: two rounds of its timed shapes take their new
+        # inputs at secret offsets (Placement.timed_rounds; their outputs, reused by their timed calls, stay)
+        timed_placed = placement.timed_rounds(shape_rounds[:n_timed])
         prior_plan = PriorPlan(sum(map(len, shape_rounds)))  # what the check rounds' outputs hold (secret)
         shares = feature_plan(self.op, all_shapes, shape_rounds, self._structured, self._outliers, bare=bare)
         for si, shape in enumerate(all_shapes):  # extra shapes: verified, not timed
@@ -913,7 +916,8 @@ class Judge:
                     inputs, run = {}, None
                 fresh = self._inputs(shape, *made)
                 if r % 2 == 0:  # new buffers, new addresses (`place`: at secret offsets of 16 bytes)
-                    inputs = self._placed(fresh, place) if place else self._shared(fresh)
+                    at = place or (placement if (si, r) in timed_placed else None)
+                    inputs = self._placed(fresh, at) if at else self._shared(fresh)
                 else:  # new values at the same addresses: defeats caching by pointer
                     for k, v in fresh.items():
                         inputs[k].copy_(v)
@@ -1003,6 +1007,9 @@ class Judge:
             phases["verify_s"] += t1 - t0
             if si >= n_timed:
                 continue
+            if (si, len(rounds) - 1 - (len(rounds) - 1) % 2) in timed_placed:  # timed inputs where a user's are
+                inputs = self._shared({k: v.clone() for k, v in inputs.items()})
+                run = self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
             held_to = None if fn_approved is None else (fn_approved, geometry, mode)
             got: list = []  # the checked calls' pairs with the approved build's outputs
             why, times = self._time_checked(job, si, shape, inputs, run, outs, phases, ws, held_to, got)

@@ -298,11 +298,10 @@ class Prober:
             write_atomic(self.parts_dir / f"{key}.json", text)
             if self.ledger_path is not None:
                 self._record_part(key, hashlib.sha256(text.encode()).hexdigest())
-        except (OSError, sqlite3.DatabaseError) as e:  # the parts are a help to a later compare, never this one's verdict
+        except (OSError, sqlite3.DatabaseError) as e:  # a help to a later compare, never this one's verdict
             if self.log:
                 self.log(f"(no part kept for a resume: {e})")
             self.parts_dir = None
-
 
     def _record_part(self, key: str, sha: str) -> None:
         from ..ledger.ledger import Ledger

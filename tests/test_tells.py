@@ -364,7 +364,7 @@ def test_a_gemms_weights_are_small_where_its_activations_channels_are_large():
     from runner.ops.reference import moe_gemm
 
     op = shipped_spec(PIPELINES / "moe-cpu.yaml").op
-    assert inputs.gemm_roles(op, op.shape_env({"T": 16})) == (0, {1: 2})
+    assert inputs.gemm_roles(op, op.shape_env({"T": 16})) == (0, {1: (2,)})
     sets = hits = 0
     for seed in range(48):
         got = make_inputs(op, {"T": 16}, 700 + seed, seed, "cpu", structured=True, outliers=True)
@@ -386,11 +386,23 @@ def test_a_gemms_weights_are_small_where_its_activations_channels_are_large():
     tensor = lambda shape, dtype="bf16": SimpleNamespace(shape=[lambda env, n=n: n for n in shape], dtype=dtype)
     fake = SimpleNamespace(gemm_k=lambda env: 64, outputs=[tensor((8, 32))],
                            inputs=[tensor((4,), "int32"), tensor((64, 32)), tensor((8, 64))])
-    assert inputs.gemm_roles(fake, {}) == (2, {1: 0})
+    assert inputs.gemm_roles(fake, {}) == (2, {1: (0,)})
     w = torch.randn(64, 32, dtype=torch.bfloat16)
     cols = inputs._outlier_plan(64, 9, 2, always=True)[0]
     got = inputs._outlier_weights(w.clone(), 0, 9, 2, always=True)
     assert set((got != w).any(1).nonzero().flatten().tolist()) <= set(cols.tolist())
+    # a square weight ([K, K]): which dimension the reference contracts is not in the shapes, and
+    # the last alone (nn.Linear's layout) left a [K, N] weight large at the channels: both, now
+    sq = SimpleNamespace(gemm_k=lambda env: 64, outputs=[tensor((8, 64))],
+                         inputs=[tensor((64, 64)), tensor((8, 64))])
+    assert inputs.gemm_roles(sq, {}) == (1, {0: (0, 1)})
+    w = torch.randn(64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    got = inputs._outlier_weights(w.clone(), (0, 1), 9, 1, always=True)
+    cols = inputs._outlier_plan(64, 9, 1, always=True)[0].tolist()
+    assert cols and bool((got[cols].abs() <= w[cols].abs() / 2).all())
+    assert bool((got[:, cols].abs() <= w[:, cols].abs() / 2).all())
+    rest = [c for c in range(64) if c not in cols]
+    assert torch.equal(got[rest][:, rest], w[rest][:, rest])
 
 
 def test_an_honest_fp32_sum_of_squares_stays_inside_the_tolerance_with_outlier_channels():

@@ -645,7 +645,8 @@ def _floating(t) -> bool:
 
 def gemm_roles(op, env: dict) -> tuple[int, dict[int, int]] | None:
     """A GEMM op's (op.gemm_k) activation and weights for outlier channels, from the spec's shapes
-    at `env`: (the activation's index among op.inputs, {a weight's index: its K dimension}), or None
+    at `env`: (the activation's index among op.inputs, {a weight's index: its dimensions of length
+    K}), or None
     where the op is no GEMM or no single activation is found (its inputs then take no channels)."""
     if getattr(op, "gemm_k", None) is None or len(op.outputs) != 1:
         return None
@@ -659,7 +660,10 @@ def gemm_roles(op, env: dict) -> tuple[int, dict[int, int]] | None:
     for i, s in enumerate(shapes):
         dims = [d for d, n in enumerate(s or ()) if n == k]
         if i != acts[0] and len(s or ()) >= 2 and dims:
-            weights[i] = dims[-1]
+            # every dimension of length K: which one the reference contracts is not in the shapes
+            # where a weight is square ([K, K], K first or last), and scaling only the last one
+            # (nn.Linear's layout) left a [K, N] weight's channels large (session 58's red team)
+            weights[i] = tuple(dims)
     return acts[0], weights
 
 
@@ -670,19 +674,24 @@ def _takes_outliers(t, env: dict, dist: str) -> bool:
     return dist in OUTLIER_DISTS and _structurable_shape(t, shape_of(t, env))
 
 
-def _outlier_weights(w: torch.Tensor, dim: int, seed: int, which: int, always: bool = False,
+def _outlier_weights(w: torch.Tensor, dims, seed: int, which: int, always: bool = False,
                      share: bool | None = None) -> torch.Tensor:
-    """`w` (a GEMM's weight, `dim` its K dimension) with the elements at the outlier channels of
-    input `which` (the activation, `_outlier_plan`) divided by each channel's factor, in place."""
-    plan = _outlier_plan(w.shape[dim], seed, which, always, share) if w.numel() else None
+    """`w` (a GEMM's weight, `dims` its dimensions of length K: an int or a tuple) with the elements
+    at the outlier channels of input `which` (the activation, `_outlier_plan`) divided by each
+    channel's factor along each of them, in place (a square weight's along both: whichever the
+    GEMM contracts, its weights are small where the activation is large)."""
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    plan = _outlier_plan(w.shape[dims[0]], seed, which, always, share) if w.numel() and dims else None
     if plan is None:
         return w
     cols, fac, _ = plan
     idx = cols.to(w.device)
-    at = [1] * w.dim()
-    at[dim] = idx.numel()
-    small = w.index_select(dim, idx).to(torch.float64) / fac.to(w.device).view(at)
-    return w.index_copy_(dim, idx, small.to(w.dtype))
+    for dim in dims:
+        at = [1] * w.dim()
+        at[dim] = idx.numel()
+        small = w.index_select(dim, idx).to(torch.float64) / fac.to(w.device).view(at)
+        w.index_copy_(dim, idx, small.to(w.dtype))
+    return w
 
 
 def structurable(x: torch.Tensor, t) -> bool:

@@ -85,25 +85,14 @@ CREATE TABLE IF NOT EXISTS compare_parts (
     key TEXT NOT NULL,
     sha256 TEXT NOT NULL
 );
-CREATE TRIGGER IF NOT EXISTS compare_parts_no_update BEFORE UPDATE ON compare_parts
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS compare_parts_no_delete BEFORE DELETE ON compare_parts
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS compares_no_update BEFORE UPDATE ON compares
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS compares_no_delete BEFORE DELETE ON compares
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS variants_no_update BEFORE UPDATE ON variants
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS replies_no_update BEFORE UPDATE ON replies
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS replies_no_delete BEFORE DELETE ON replies
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS trials_no_update BEFORE UPDATE ON trials
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS trials_no_delete BEFORE DELETE ON trials
-    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 """
+# append-only: each table's rows neither changed nor removed (variants: never changed)
+SCHEMA += "".join(f"CREATE TRIGGER IF NOT EXISTS {table}_no_{what.lower()} BEFORE {what} ON {table}\n"
+                  "    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;\n"
+                  for table, whats in (("trials", ("UPDATE", "DELETE")), ("variants", ("UPDATE",)),
+                                       ("replies", ("UPDATE", "DELETE")), ("compares", ("UPDATE", "DELETE")),
+                                       ("compare_parts", ("UPDATE", "DELETE")))
+                  for what in whats)
 
 @dataclass
 class LedgerCheck:

@@ -118,16 +118,11 @@ def run_spec(path: str, recorded: str | None, run_dir: Path, doing: str):
     return spec
 
 
-def read_compare_json(run_dir: Path, shapes: int | None = None) -> dict | None:
-    """RUN/compare.json, None where pipe compare has not run. Its structure is checked here,
-    once (check_compare): a damaged file is a RunDirError naming the file and the key path of
-    the first problem. `shapes`, where given, is the number of timed shapes of the run's spec
-    (a spec without op.domain), which compare.json must have as many of."""
-    return read_compare_bytes(run_dir, shapes)[0]
-
-
 def read_compare_bytes(run_dir: Path, shapes: int | None = None) -> tuple[dict | None, str | None]:
-    """read_compare_json, and the sha256 of the bytes it parsed (None, None: no compare.json)."""
+    """RUN/compare.json and the sha256 of the bytes it parsed, (None, None) where pipe compare has
+    not run. Its structure is checked here, once (check_compare): a damaged file is a RunDirError
+    naming the file and the key path of the first problem. `shapes`, where given, is the number of
+    timed shapes of the run's spec (a spec without op.domain), which compare.json must have as many of."""
     import hashlib
 
     path = run_dir / "compare.json"

@@ -432,3 +432,29 @@ def test_a_parameter_the_launch_alone_reads_is_used(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     with pytest.raises(SpecError, match="parameter 'WAVES' is not used by template .* nor by the launch"):
         load_spec(tmp_path / "s.yaml")
+
+
+def test_channel_pairs_name_two_floating_inputs_multiplied_along_one_last_dimension(project, capsys):
+    """op.channel_pairs (verification's outlier channels of each input made small in the other): an
+    unknown name, a 1-D or integer input, an input paired with itself or in two pairs, inputs whose
+    last dimensions differ, and a pair beside op.tolerance.gemm_k are each an error at the pair's
+    line; the decode-attention spec's pair loads as input places."""
+    decode = (PIPELINES / "decode-attention-h200.yaml").read_text()
+    assert load_spec(PIPELINES / "decode-attention-h200.yaml").op.channel_pairs == ((0, 1),)
+    cases = [
+        (BASE_TEXT, "[[x, nope]]", "'nope' is not an input"),
+        (BASE_TEXT, "[[x, w]]", "input 'w' is not a floating tensor of two or more dimensions"),
+        (BASE_TEXT, "[[x, x]]", "paired with itself"),
+        (decode, "[[q, lens]]", "input 'lens' is not a floating tensor"),
+        (decode, "[[q, k], [v, q]]", "input 'q' is already in pair 0"),
+        (decode.replace("q: {shape: [B, 32, 128]", "q: {shape: [B, 128, 32]"), "[[q, k]]",
+         "the last dimensions of 'q' (32 = 32) and 'k' (128 = 128) differ"),
+        ((PIPELINES / "moe-cpu.yaml").read_text(), "[[x, w]]", "op.tolerance.gemm_k pairs a GEMM's activation"),
+    ]
+    for n, (text, pairs, says) in enumerate(cases):
+        text = re.sub(r"(?m)^  channel_pairs: .*\n", "", text).replace("\nop:\n", f"\nop:\n  channel_pairs: {pairs}\n", 1)
+        rc, err = validate(capsys, write(project, text=text, name=f"pairs{n}.yaml"))
+        assert rc == 2, (pairs, err)
+        assert_diagnostics(err)
+        line = text.splitlines().index(f"  channel_pairs: {pairs}") + 1
+        assert any(f":{line}:" in ln and "op.channel_pairs" in ln and says in ln for ln in err.splitlines()), (says, err)

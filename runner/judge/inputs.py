@@ -667,6 +667,21 @@ def gemm_roles(op, env: dict) -> tuple[int, dict[int, int]] | None:
     return acts[0], weights
 
 
+# Paired channels (op.channel_pairs): two inputs multiplied together along their last dimension,
+# attention's q and k. Each takes outlier channels as any input does, and each is divided at the
+# other's channels by the other's factors (`_outlier_weights`), as a GEMM's weights are at its
+# activation's: a model's products keep their scale where one side is large. Unpaired, q's channels
+# times k's values (and k's times q's) put decode attention's scores at 3.6e4 to 7.2e4 on `large`
+# rows, a hard argmax whose answer hangs on the last bits of an fp32 dot product: an fp32 attention
+# came to 0.9 of the budget and an honest tensor-core kernel to 1.2 to 3.0: `wrong` in 4 of the 128
+# value sets that gave both channels on `large` rows (tools/attn_numerics.py on an H100, session 61).
+
+
+def partners(op, i: int) -> tuple[int, ...]:
+    """The inputs (places in op.inputs) that input `i` is paired with in op.channel_pairs."""
+    return tuple(b if a == i else a for a, b in getattr(op, "channel_pairs", ()) if i in (a, b))
+
+
 def _takes_outliers(t, env: dict, dist: str) -> bool:
     """Whether input `t` drawn from `dist` takes outlier channels: an everyday draw of an input
     `structurable` takes, decided from the spec alone, so that a GEMM's weights ask it of their
@@ -752,6 +767,9 @@ def outlier_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Te
                 continue
         if structurable(out[t.name], t):
             out[t.name] = _outlier_channels(out[t.name], seed, i, always=True)
+        for j in partners(op, i):  # op.channel_pairs: small at the partner's channels
+            if structurable(out[op.inputs[j].name], op.inputs[j]):
+                out[t.name] = _outlier_weights(out[t.name], out[t.name].dim() - 1, seed, j, always=True)
     return out
 
 
@@ -904,6 +922,11 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             if outliers and _takes_outliers(v, env, dist) and (
                     not gemm or (roles is not None and i == roles[0])):  # a GEMM's activation alone
                 out[t.name] = _outlier_channels(out[t.name], seed, i, share=_share_of(outlier_share, i))
+            for j in partners(op, i) if outliers else ():  # op.channel_pairs: small at the partner's channels
+                other = op.inputs[j].drawn(timed)
+                if _takes_outliers(other, env, other.dists[round_ % len(other.dists)]):
+                    out[t.name] = _outlier_weights(out[t.name], out[t.name].dim() - 1, seed, j,
+                                                    share=_share_of(outlier_share, j))
             if roles is not None and i in roles[1]:  # a GEMM's weight: small at its activation's channels
                 act = op.inputs[roles[0]].drawn(timed)
                 if _takes_outliers(act, env, act.dists[round_ % len(act.dists)]):

@@ -124,6 +124,10 @@ class OpSpec:
     # over the shape symbols; the error budget is then judge/verify.GemmBudget's (the reference
     # gives the GEMM's parts), not atol/rtol's
     gemm_k: Expr | None = None
+    # op.channel_pairs: pairs of input places (into `inputs`) multiplied together along their last
+    # dimension (attention's q and k); verification's outlier channels of each are made small in
+    # the other (judge/inputs.py, `_paired_channels`)
+    channel_pairs: tuple = ()
 
     def gemm_k_at(self, shape: dict) -> int:
         """op.tolerance.gemm_k at a shape (spec.py checked it is a whole number >= 1 there)."""
@@ -780,6 +784,7 @@ class _Checker:
         self.routing_sizes(inputs, timed + list(extra) + list(held), dtype)
         gemm_k = self.gemm_k(o, scope, outputs, timed + list(extra) + list(held), dtype)
         batch_axis, batch_required = self.batch_invariant(o, symbols, inputs, outputs, timed + list(extra))
+        pairs = self.channel_pairs(o, inputs, timed + list(extra) + list(held), dtype, gemm_k)
         return OpSpec(reference=ref, dtype=dtype, inputs=inputs, outputs=outputs, scalars=scalars,
                       batch_axis=batch_axis, batch_required=batch_required,
                       domain=domain, named=len(shapes), domain_where=where,
@@ -789,7 +794,7 @@ class _Checker:
                       arms=dict(o.get("arms") or {}), traffic=str(o.get("traffic", "copy")),
                       fallbacks=tuple(o.get("fallbacks") or ()),
                       held_out_shapes=tuple(dict(s) for s in held), ulps=float(tol.get("ulps", 1.0)),
-                      floor=float(tol.get("floor", 2.0 ** -7)), gemm_k=gemm_k)
+                      floor=float(tol.get("floor", 2.0 ** -7)), gemm_k=gemm_k, channel_pairs=pairs)
 
     def int_dists(self, path: tuple, tdtype: str, dists: tuple) -> None:
         """Integer tensors draw from `randint` (low, high) or `perm`; `perm` draws integers only."""
@@ -980,6 +985,61 @@ class _Checker:
                         self.err(path, f"dist 'perm' draws 0 .. {n - 1} ({n} elements at {at}); "
                                        f"{v.dtype} holds at most {PERM_MAX[v.dtype]}")
                         break
+
+    def channel_pairs(self, o: dict, inputs, shapes: list[dict], dtype: str, gemm_k) -> tuple:
+        """op.channel_pairs: ((input place, input place), ...). Each pair names two distinct
+        floating inputs of two or more dimensions whose last dimensions are equal at every verified
+        shape (the channels they are multiplied along), each input in one pair at most; not beside
+        op.tolerance.gemm_k, whose activation and weights the judge pairs already."""
+        pairs = o.get("channel_pairs")
+        if not pairs:
+            return ()
+        if gemm_k is not None:
+            self.err(("op", "channel_pairs"), "op.tolerance.gemm_k pairs a GEMM's activation with its weights "
+                     "already (outlier channels small in the weights); op.channel_pairs is for other products, "
+                     "such as attention's q and k", prefer_key=True)
+            return ()
+        place = {t.name: i for i, t in enumerate(inputs)}
+        out, seen = [], {}
+        for n, pair in enumerate(pairs):
+            good = True
+            for j, name in enumerate(pair):
+                path = ("op", "channel_pairs", n, j)
+                t = inputs[place[name]] if name in place else None
+                if t is None:
+                    self.err(path, f"'{name}' is not an input (they are {', '.join(place)})")
+                    good = False
+                elif (t.dtype or dtype) in INT_DTYPES or len(t.shape) < 2:
+                    self.err(path, f"input '{name}' is not a floating tensor of two or more dimensions: "
+                             "op.channel_pairs names inputs multiplied together along their last dimension")
+                    good = False
+                elif name in seen:
+                    self.err(path, f"input '{name}' is already in pair {seen[name]}: an input pairs with one "
+                             "other at most")
+                    good = False
+            if not good:
+                continue
+            if pair[0] == pair[1]:
+                self.err(("op", "channel_pairs", n), f"'{pair[0]}' is paired with itself: a pair names two inputs")
+                continue
+            a, b = (inputs[place[x]] for x in pair)
+            for sh in shapes:
+                env = {**sh, "elem": DTYPE_BYTES[dtype]}
+                try:
+                    la, lb = a.shape[-1](env), b.shape[-1](env)
+                except ExprError:  # the shapes' own checks name it
+                    break
+                if la != lb:
+                    at = ", ".join(f"{k}={x}" for k, x in sh.items())
+                    self.err(("op", "channel_pairs", n), f"the last dimensions of '{a.name}' ({a.shape[-1].text}"
+                             f" = {la}) and '{b.name}' ({b.shape[-1].text} = {lb}) differ at {at}: a pair is "
+                             "multiplied along the same channels", prefer_key=True)
+                    good = False
+                    break
+            if good:
+                seen.update({pair[0]: n, pair[1]: n})
+                out.append((place[pair[0]], place[pair[1]]))
+        return tuple(out)
 
     def batch_invariant(self, o: dict, symbols: list[str], inputs, outputs,
                         verified: list[dict]) -> tuple[str | None, bool]:

@@ -466,6 +466,30 @@ def test_paired_inputs_are_small_at_each_others_outlier_channels_and_scores_keep
     assert only and float(probe["k"][..., only].abs().float().mean()) < float(probe["k"].abs().float().mean()) / 8
 
 
+def test_no_mix_of_structured_rows_puts_nan_in_an_input_or_the_reference():
+    """Verification never hands a kernel a NaN its spec's dists do not draw, whatever mix of
+    structured rows a value set takes (every pair of kinds, as a trial's row patterns give them),
+    at every round of softmax-range-h200's dists (masked rows among them), and the float64
+    reference stays finite. A row alike a zero row drawn before it took its own values times 0,
+    and 0 * -inf put NaN at a masked row's mask: the reference answered NaN and every kernel was
+    `wrong` (softmax-range-h200 on an H100, session 61; 27 of 30 such value sets held one)."""
+    import itertools
+
+    from runner.judge.inputs import STRUCTURED_CELLS
+    from runner.ops.reference import softmax
+
+    op = shipped_spec(PIPELINES / "softmax-range-h200.yaml").op
+    pairs = list(itertools.combinations(range(len(STRUCTURED_CELLS)), 2))
+    masked = op.inputs[0].dists.index("masked")
+    for rnd in range(len(op.inputs[0].dists)):
+        for n, kinds in enumerate(pairs):
+            for seed in range(2 if rnd != masked else 4):
+                x = make_inputs(op, {"M": 1024, "N": 32}, 31 * n + seed, rnd, "cpu", structured=True, subnormal=True,
+                                outliers=True, shares=(None, None, None, ((0, kinds),), None))["x"]
+                assert not bool(torch.isnan(x.float()).any()), (rnd, kinds, seed)
+                assert bool(torch.isfinite(softmax(x.double())).all()), (rnd, kinds, seed)
+
+
 def test_an_honest_fp32_sum_of_squares_stays_inside_the_tolerance_with_outlier_channels():
     """rmsnorm-range-cpu's kernel (rmsnorm.cpp.j2 at ACC 4: four sequential fp32 sums of squares),
     emulated in numpy on verification's value sets at its largest row length, against float64: the

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 PLANS = {"none": (False, False, False), "q": (True, False, False), "k": (False, True, False),
          "v": (False, False, True), "qk": (True, True, False), "qkv": (True, True, True)}
@@ -52,11 +53,10 @@ def main() -> int:
 
     import torch
 
-    from runner.build.backends import cuda
-    from runner.build.builder import Builder
+    from kernel_launch import Launcher, parse_cfg
     from runner.core.userpath import load_callable
-    from runner.judge.inputs import TORCH_DTYPES, make_inputs, shape_of
-    from runner.judge.verify import Budget, poisoned, reference_dtype, scratch
+    from runner.judge.inputs import TORCH_DTYPES, make_inputs
+    from runner.judge.verify import Budget, reference_dtype
     from runner.spec.spec import load_spec
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -64,49 +64,23 @@ def main() -> int:
     op = spec.op
     ref_fn = load_callable(op.reference, spec.home)
     serving = getattr(ref_fn, "serving", None)
-    start = dict(spec.start or {})
-    cfgs = []
-    for text in a.cfg or [""]:
-        c = dict(start)
-        for kv in filter(None, text.split(",")):
-            k, v = kv.split("=")
-            c[k] = int(v) if v.lstrip("-").isdigit() else v
-        cfgs.append(c)
+    cfgs = [parse_cfg(spec, text) for text in a.cfg or [""]]
     shapes = [dict(zip("BL", map(int, s.split("x")))) for s in (a.shape or ["2x2048", "4x4096"])]
-    b = Builder(spec)
-    rt = cuda.Runtime(spec.hw, spec.runtime)
-    names = {t.name for t in (*op.inputs, *op.outputs, *spec.kernel.scratch)}
-    kinds = [("ptr" if x in names else rt.symbol_type) for x in spec.kernel.args]
     rng = random.Random(7)
     rows = []
+    t = op.outputs[0]
     for cfg in cfgs:
         label = " ".join(f"{k}={v}" for k, v in sorted(cfg.items()))
         for shape in shapes:
-            (src,) = b.render_all(cfg, shapes=[shape])
-            (comp,) = b._compile_all([src])
-            if not comp.ok:
-                print(f"{label}: {comp.status}: {comp.reason}")
-                return 1
-            fn = rt.load(comp.artifact, spec.kernel.entry, kinds)
-            geo = b.geometry(cfg, [shape])[0]
-            env = op.shape_env(shape)
+            k = Launcher(spec, cfg, shape)
             for plan in a.plans.split(","):
                 share = tuple(enumerate(PLANS[plan]))
                 for i in range(a.sets):
                     seed, round_ = rng.getrandbits(40), i % 2
                     x = make_inputs(op, shape, seed, round_, "cuda", subnormal=True, structured=True,
                                     serving=serving, outliers=True, shares=(None, share, None, None, None))
-                    t = op.outputs[0]
-                    out = poisoned(shape_of(t, env), TORCH_DTYPES[t.dtype], "cuda")
-                    ws = [scratch(sc.name, tuple(geo["scratch"][sc.name]), TORCH_DTYPES[sc.dtype], "cuda")
-                          for sc in spec.kernel.scratch]
-                    vals = {**{k: v.data_ptr() for k, v in x.items()}, t.name: out.view.data_ptr(),
-                            **{w.name: w.ptr for w in ws}}
-                    call = rt.prepare(fn, [vals[n] if n in vals else shape[n] for n in spec.kernel.args], geo,
-                                      mode="direct")
-                    call()
-                    torch.cuda.synchronize()
-                    wide = {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}
+                    (out,), _ = k.run(x)
+                    wide = {n: (v.double() if v.is_floating_point() else v) for n, v in x.items()}
                     ref = ref_fn(**wide).to(reference_dtype(TORCH_DTYPES[t.dtype]))
                     bound = Budget(ref, op.atol, op.rtol, TORCH_DTYPES[t.dtype], op.ulps, op.floor).tensor()
                     f32, smax = fp32_attention(x["q"], x["k"], x["v"], x["lens"])

@@ -437,7 +437,12 @@ def _structured(x: torch.Tensor, t, seed: int, which: int, kinds=None, keep: lis
             a, own = flat[of].to(torch.float64), flat[at].to(torch.float64)
             tiny = torch.finfo(torch.float64).tiny
             scale = mix[alike].to(x.device) * _mean_finite(a) / _mean_finite(own).clamp_min(tiny)
-            got = a + own * scale  # -inf stays -inf (no +inf is drawn): a mask's union
+            scale = torch.nan_to_num(scale, posinf=1.0)  # a source of normal size over a zero row's tiny
+            # -inf stays -inf (no +inf is drawn): a mask's union. Not own * scale there: a source that is
+            # a zero row (a structured row drawn before it) has scale 0, and 0 * -inf put NaN in the
+            # input where a masked row was alike it; the float64 reference answered NaN and every
+            # kernel was `wrong` (softmax-range-h200 on an H100, session 61: tools/verify_probe.py)
+            got = a + torch.where(torch.isneginf(own), own, own * scale)
             # a row whose sum would pass a quarter of the dtype's largest value (huge rows) a copy
             big = (got.abs() > torch.finfo(x.dtype).max / 4) & torch.isfinite(a) & torch.isfinite(own)
             flat[at] = torch.where(big.any(1, keepdim=True), a, got).to(x.dtype)

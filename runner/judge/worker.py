@@ -81,6 +81,26 @@ def _nbytes(made: list) -> int:
     return sum(d.numel() * d.element_size() for pair in made for d in pair)
 
 
+class ReferenceNotFinite(Exception):
+    """The float64 reference answered NaN or Inf on one of the judge's own value sets."""
+
+
+def _finite_reference(ref, name: str, shape: dict | None) -> None:
+    """Raise ReferenceNotFinite where `ref` holds NaN or Inf: no output passes such an element (the
+    budget admits neither), so a kernel judged against it would be `wrong` for the judge's draw, not
+    its own error. The trial is then an `error` that says so (the worker's catch-all). Session 61: a
+    row alike a zero row put NaN in masked inputs, the reference answered NaN, and every
+    softmax-range-h200 kernel verified there was `wrong`, "never written?"."""
+    import torch
+
+    if ref.numel() and not bool(torch.isfinite(ref).all()):
+        n = int((~torch.isfinite(ref)).sum())
+        raise ReferenceNotFinite(
+            f"the float64 reference answered NaN or Inf at {n} of {ref.numel()} elements of output '{name}' "
+            f"on one of verification's value sets at {shape}: no kernel can pass it, so this is the judge's "
+            "draw or the spec's reference, not this kernel's error")
+
+
 def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
@@ -467,6 +487,7 @@ class Judge:
             (t,) = self.op.outputs
             budget = GemmBudget(parts, self.op.gemm_k_at(shape), TORCH_DTYPES[t.dtype])
             del parts
+            _finite_reference(budget.ref, t.name, shape)
             return [(budget.ref, budget)]
         outs = self._call_reference(inputs)
         refs = []
@@ -475,6 +496,7 @@ class Judge:
             o = o.detach()
             if o.is_floating_point():  # float32 for a bf16 output, float64 otherwise
                 o = o.to(reference_dtype(dt))
+                _finite_reference(o, t.name, shape)
             refs.append((o, Budget(o, self.op.atol, self.op.rtol, dt, self.op.ulps, self.op.floor)))
         return refs
 

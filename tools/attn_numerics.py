@@ -10,7 +10,9 @@ budget (runner.judge.verify.Budget): the largest |error| / budget of the value s
 the same inputs, two references a user has: an fp32 attention (scores, softmax and P V in fp32,
 TF32 off) and torch's bf16 SDPA (the spec's baseline). Prints, per (round, channel plan), the
 worst ratio of each, and the ten worst value sets with their largest |score| (scaled by
-1/sqrt(D)). A ratio above 1 is a `wrong` verdict. Needs a CUDA GPU.
+1/sqrt(D)). A ratio above 1 is a `wrong` verdict; SDPA's is inf where the serving draw's poison
+(NaN in rows past a sequence's length) reaches its output through the mask's zero weights, as
+it would in a serving engine's. Needs a CUDA GPU.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class OpSpec:
     gemm_k: Expr | None = None
     # op.channel_pairs: pairs of input places (into `inputs`) multiplied together along their last
     # dimension (attention's q and k); verification's outlier channels of each are made small in
-    # the other (judge/inputs.py, `_paired_channels`)
+    # the other (judge/inputs.py, `partners`)
     channel_pairs: tuple = ()
 
     def gemm_k_at(self, shape: dict) -> int:

@@ -720,28 +720,39 @@ def test_a_trial_with_no_placed_shape_places_two_rounds_of_its_timed_shapes(proj
         assert json.loads(r.stdout)["status"] == want, (r.stdout + r.stderr)[-2000:]
 
 
+def _nan_reference_spec(project, when: str, value: str):
+    """rmsnorm-cpu with a reference that answers `value` at one element where `when` (a Python
+    condition on x and out) holds: a spec of the scratch project (its module named after `value`:
+    pipe refuses a second module of one name in a process, as the tests' in-process runs are)."""
+    module = f"ref_{value}"
+    (project / "pipelines" / f"{module}.py").write_text(
+        "import torch\n"
+        "from runner.ops.reference import rmsnorm\n\n\n"
+        "def rmsnorm_nan(x, w, eps):\n"
+        "    out = rmsnorm(x, w, eps)\n"
+        f"    if {when}:\n"
+        f"        out.view(-1)[-1] = float('{value}')\n"
+        "    return out\n")
+    text = (PIPELINES / "rmsnorm-cpu.yaml").read_text().replace(
+        "reference: runner.ops.reference:rmsnorm", f"reference: {module}:rmsnorm_nan")
+    (project / "pipelines" / "nan.yaml").write_text(text)
+    return project / "pipelines" / "nan.yaml"
+
+
 def test_a_reference_that_answers_nan_on_the_judges_draw_makes_an_error_not_a_wrong_kernel(project, tmp_path):
     """Where the float64 reference holds NaN or Inf on one of verification's value sets, no output
     passes (the budget admits neither): the trial is an `error` that names the reference and the
     shape, never a `wrong` kernel. Session 61: the judge's own draw put NaN in masked rows and every
     softmax-range-h200 kernel verified there was `wrong`, "never written?". The honest template
-    here, against a reference that answers NaN at one element in float64 alone."""
-    (project / "pipelines" / "nanref.py").write_text(
-        "import torch\n"
-        "from runner.ops.reference import rmsnorm\n\n\n"
-        "def rmsnorm_nan(x, w, eps):\n"
-        "    out = rmsnorm(x, w, eps)\n"
-        "    if out.dtype == torch.float64:\n"
-        "        out.view(-1)[0] = float('nan')\n"
-        "    return out\n")
-    text = (PIPELINES / "rmsnorm-cpu.yaml").read_text().replace(
-        "reference: runner.ops.reference:rmsnorm", "reference: nanref:rmsnorm_nan")
-    (project / "pipelines" / "nan.yaml").write_text(text)
-    r = pipe_main("eval", project / "pipelines" / "nan.yaml", "--params", "{}", "--run-dir", tmp_path / "run",
+    here, against a reference that answers NaN at one element in float64 at the 512-row timed
+    shape alone (the run's first check asks the extra shapes, where it is right)."""
+    spec = _nan_reference_spec(project, "out.dtype == torch.float64 and x.shape[0] == 512", "nan")
+    r = pipe_main("eval", spec, "--params", "{}", "--run-dir", tmp_path / "run",
                   "--json", cwd=project)
     v = json.loads(r.stdout)
     assert v["status"] == "error", v
     assert "float64 reference answered NaN or Inf at 1 of" in v["reason"] and "not this kernel's error" in v["reason"]
+    assert "'M': 512" in v["reason"]
 
 
 # Every shipped spec's reference on verification's value sets: the MoE H200 specs' weights are
@@ -805,3 +816,18 @@ def test_every_shipped_references_answer_is_finite_on_every_kind_of_value_set(na
                 if o.is_floating_point():
                     bad = int((~torch.isfinite(o)).sum())
                     assert bad == 0, (name, shape, rnd, kinds, bad, math.prod(o.shape))
+
+
+def test_a_run_whose_reference_answers_nan_stops_before_its_first_trial(project, tmp_path):
+    """pipe run asks the reference once before any trial (check_reference); an answer with NaN or
+    Inf on verification's value set stops the run there, exit 2, with one line naming it, before a
+    kernel could be blamed for it."""
+    spec = _nan_reference_spec(project, "out.dtype == torch.float64", "inf")
+    r = pipe_main("run", spec, "--run-dir", tmp_path / "run", "--max-trials", "2",
+                  cwd=project)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "float64 reference answered NaN or Inf at 1 of" in r.stderr and "Traceback" not in r.stderr
+    if (tmp_path / "run" / "ledger.db").exists():
+        from runner.ship.rundata import open_run
+
+        assert not open_run(tmp_path / "run", None, "test").history

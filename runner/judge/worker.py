@@ -1417,8 +1417,8 @@ class Judge:
         (`extra_only`: the extra ones, where a timed baseline has shown the listed; `smallest`:
         the listed shape of the fewest elements alone, where the baseline has called the reference
         at every shape in its inputs' own dtypes, but never in float64): a run stops before its
-        first trial if it raises, returns outputs other than op.outputs, or answers float64
-        inputs in a narrower float (_reference_dtypes)."""
+        first trial if it raises, returns outputs other than op.outputs, answers float64
+        inputs in a narrower float (_reference_dtypes) or answers NaN or Inf (_finite_reference)."""
         shapes = self.op.extra_shapes if extra_only else self.op.all_shapes  # (extra shapes: verified every trial)
         if smallest:
             shapes = [min(self.op.shapes, key=lambda s: math.prod(max(1, int(v)) for v in s.values()))]
@@ -1435,7 +1435,14 @@ class Judge:
                 why = self._reference_shapes(got, shape) or self._reference_dtypes(got, shape)
                 if why:
                     return {"status": "error", "reason": why}
-            del got, inputs
+            outs = [got["out"]] if gemm else (list(got) if isinstance(got, (tuple, list)) else [got])
+            try:  # a value set no kernel can pass stops the run here, before a trial is blamed for it
+                for t, o in zip(self.op.outputs, outs):
+                    if o.is_floating_point():
+                        _finite_reference(o, t.name, shape)
+            except ReferenceNotFinite as e:
+                return {"status": "error", "reason": str(e)}
+            del got, inputs, outs
         return {"status": "ok"}
 
     def _reference_dtypes(self, got, shape: dict) -> str:

@@ -763,11 +763,12 @@ FINITE_SPECS = sorted(p.name for p in PIPELINES.glob("*.yaml") if not (p.name.st
 
 @pytest.mark.parametrize("name", FINITE_SPECS)
 def test_every_shipped_references_answer_is_finite_on_every_kind_of_value_set(name):
-    """At every round of its dists, with every kind of structured row alone and all together,
-    outlier channels in every input that takes them, subnormal witness rows and the reference's
-    serving draw, a shipped spec's float64 reference answers finitely at its smallest verified shape,
-    and no input holds a NaN but the serving draw's poison (memory the op never reads): a value set
-    whose answer is not finite condemns every kernel (session 61: NaN at a masked row's mask)."""
+    """At every round of its dists, with every kind of structured row together and zero rows beside
+    each kind that takes another row's values, outlier channels in every input that takes them,
+    subnormal witness rows and the reference's serving draw, a shipped spec's float64 reference
+    answers finitely at its shape of most rows, and no input holds a NaN but the serving draw's
+    poison (memory the op never reads): a value set whose answer is not finite condemns every
+    kernel (session 61: NaN at a masked row's mask)."""
     import math
 
     from runner.core.userpath import load_callable
@@ -778,6 +779,7 @@ def test_every_shipped_references_answer_is_finite_on_every_kind_of_value_set(na
     op = spec.op
     ref = load_callable(op.reference, spec.home)
     serving = getattr(ref, "serving", None)
+
     def rows(s):  # the most rows a floating input of two or more dimensions has there
         env = op.shape_env(s)
         dims = [shape_of(t, env) for t in op.inputs if t.dtype not in ("int32", "int64") and len(t.shape) >= 2]

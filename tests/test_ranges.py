@@ -412,6 +412,7 @@ def bucketed_run(tmp_path_factory):
     return load_spec(path), doc["range_table"]
 
 
+@pytest.mark.slow  # its run and compare take 75 s of the quick suite's CPU, the most of any one test
 def test_a_range_is_cut_where_its_first_kernel_stops_serving(bucketed_run):
     spec, t = bucketed_run
     serves = lambda tid, shape: spec.kernel.serves_shape(t["kernels"][str(tid)]["params"], shape, 4)  # noqa: E731

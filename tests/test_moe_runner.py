@@ -791,6 +791,7 @@ def fragile(x, w, offs):
 '''
 
 
+@pytest.mark.slow  # a run, a compare and its fallback arms' checks: 36 s of the quick suite's CPU
 def test_fallback_arms_are_verified_on_the_judges_inputs_and_chosen_by_the_table(tmp_path, project):
     """op.fallbacks: the loop (exact for every routing) and an arm exact only on a router's
     counts. pipe compare times both at every point, verifies them on the judge's own inputs

@@ -687,6 +687,14 @@ def partners(op, i: int) -> tuple[int, ...]:
     return tuple(b if a == i else a for a, b in getattr(op, "channel_pairs", ()) if i in (a, b))
 
 
+def _divided_at(op, roles, i: int, rank: int) -> list[tuple[int, tuple]]:
+    """The inputs at whose outlier channels input `i` (of `rank` dimensions) is made small, each with
+    the dimensions of `i` it is divided along: a GEMM weight's activation (`roles`, gemm_roles) along
+    its dimensions of length K, and its op.channel_pairs partners along its last dimension."""
+    weight = [(roles[0], roles[1][i])] if roles is not None and i in roles[1] else []
+    return weight + [(j, (rank - 1,)) for j in partners(op, i)]
+
+
 def _takes_outliers(t, env: dict, dist: str) -> bool:
     """Whether input `t` drawn from `dist` takes outlier channels: an everyday draw of an input
     `structurable` takes, decided from the spec alone, so that a GEMM's weights ask it of their
@@ -764,17 +772,13 @@ def outlier_probe(op, shape: dict, seed: int, device: str) -> dict[str, torch.Te
     out = make_inputs(op, shape, seed, 0, device)
     roles = gemm_roles(op, op.shape_env(shape)) if getattr(op, "gemm_k", None) is not None else None
     for i, t in enumerate(op.inputs):
-        if roles is not None:  # a GEMM: its activation's channels, and its weights small there
-            act = op.inputs[roles[0]]
-            if i in roles[1] and structurable(out[act.name], act):
-                out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0], always=True)
-            if i != roles[0]:
-                continue
-        if structurable(out[t.name], t):
+        # a GEMM: its activation's channels alone, its weights small there; a pair: each its own and
+        # small at the other's
+        if (roles is None or i == roles[0]) and structurable(out[t.name], t):
             out[t.name] = _outlier_channels(out[t.name], seed, i, always=True)
-        for j in partners(op, i):  # op.channel_pairs: small at the partner's channels
+        for j, dims in _divided_at(op, roles, i, out[t.name].dim()):
             if structurable(out[op.inputs[j].name], op.inputs[j]):
-                out[t.name] = _outlier_weights(out[t.name], out[t.name].dim() - 1, seed, j, always=True)
+                out[t.name] = _outlier_weights(out[t.name], dims, seed, j, always=True)
     return out
 
 
@@ -927,16 +931,11 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
             if outliers and _takes_outliers(v, env, dist) and (
                     not gemm or (roles is not None and i == roles[0])):  # a GEMM's activation alone
                 out[t.name] = _outlier_channels(out[t.name], seed, i, share=_share_of(outlier_share, i))
-            for j in partners(op, i) if outliers else ():  # op.channel_pairs: small at the partner's channels
+            # a GEMM's weight small at its activation's channels, a paired input at its partner's
+            for j, dims in _divided_at(op, roles, i, out[t.name].dim()) if outliers else ():
                 other = op.inputs[j].drawn(timed)
                 if _takes_outliers(other, env, other.dists[round_ % len(other.dists)]):
-                    out[t.name] = _outlier_weights(out[t.name], out[t.name].dim() - 1, seed, j,
-                                                    share=_share_of(outlier_share, j))
-            if roles is not None and i in roles[1]:  # a GEMM's weight: small at its activation's channels
-                act = op.inputs[roles[0]].drawn(timed)
-                if _takes_outliers(act, env, act.dists[round_ % len(act.dists)]):
-                    out[t.name] = _outlier_weights(out[t.name], roles[1][i], seed, roles[0],
-                                                    share=_share_of(outlier_share, roles[0]))
+                    out[t.name] = _outlier_weights(out[t.name], dims, seed, j, share=_share_of(outlier_share, j))
             if structured:  # weight vectors: small, negative and zero elements (`_spread`)
                 out[t.name] = _spread(out[t.name], v, dist, seed, i, _share_of(spread_share, i))
             out[t.name] = _witnessed(out[t.name], v, env, dist, seed, i, device, keep)

@@ -105,6 +105,43 @@ def test_three_exported_ops_side_by_side_on_cpu_fall_back_and_check_inputs(expor
     assert "torch.Size([6, 4096]) torch.Size([6])" in out
 
 
+def test_a_package_whose_cubin_changed_after_its_export_is_refused_at_import(exported, tmp_path):
+    """Every shipped cubin's sha256 is in table.json: a copy of a package with one byte of a
+    kernel changed, or a cubin the export did not write, fails to import with an error naming
+    the file; the intact copy imports (and its digests cover every kernel it names)."""
+    import hashlib
+    import shutil
+
+    table = json.loads((exported / "softmax_h200" / "table.json").read_text())
+    named = {e["cubin"] for e in table["entries"] if e.get("cubin")}
+    assert named and set(table["digests"]) == named
+    assert all(hashlib.sha256((exported / "softmax_h200" / n).read_bytes()).hexdigest() == d
+               for n, d in table["digests"].items())
+    cases = {"intact": None, "flipped": "flip", "added": "add", "dropped": "drop"}
+    for case, how in cases.items():
+        d = tmp_path / case
+        shutil.copytree(exported / "softmax_h200", d / "softmax_h200")
+        victim = d / "softmax_h200" / sorted(named)[0]
+        if how == "flip":
+            blob = bytearray(victim.read_bytes())
+            blob[len(blob) // 2] ^= 1
+            victim.write_bytes(bytes(blob))
+        elif how == "add":
+            shutil.copyfile(victim, victim.with_name("extra.cubin"))
+        elif how == "drop":
+            t = json.loads((d / "softmax_h200" / "table.json").read_text())
+            del t["digests"][sorted(named)[0]]
+            (d / "softmax_h200" / "table.json").write_text(json.dumps(t))
+        r = subprocess.run([sys.executable, "-c", "import softmax_h200"], cwd=d, capture_output=True, text=True,
+                           timeout=300, env={"PYTHONPATH": str(d), "PATH": "/usr/bin:/bin"})
+        if how is None:
+            assert r.returncode == 0, r.stderr[-3000:]
+            continue
+        assert r.returncode != 0, case
+        want = "extra.cubin" if how == "add" else sorted(named)[0]
+        assert want in r.stderr and "is not the kernel pipe export shipped" in r.stderr, (case, r.stderr[-2000:])
+
+
 def test_export_refuses_a_changed_spec(tmp_path):
     import shutil
 

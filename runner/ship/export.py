@@ -19,6 +19,7 @@ compiler and no pipe.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import re
@@ -439,6 +440,9 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             "entries": entries,
             **({"by_range": by_range} if by_range else {}),
             "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
+            # every shipped cubin's sha256: the runtime loads none that differs (exported_runtime.Op._cubin)
+            "digests": {f"kernels/{c.name}": hashlib.sha256(c.read_bytes()).hexdigest()
+                        for c in sorted((pkg / "kernels").glob("*.cubin"))},
         }
         (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
         shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")

@@ -20,7 +20,11 @@ shipped cubins; no compiler and no pipe. One `Op` per exported op:
   only the kernels the judge found batch-invariant are used, and the size is looked up as
   if the batch were at its smallest, so every batch size takes the same kernel for the
   same other sizes (`Op.entry_for`); elsewhere the torch reference runs, which is itself
-  not guaranteed to be batch-invariant.
+  not guaranteed to be batch-invariant;
+- every shipped cubin is checked against the sha256 `pipe export` recorded for it
+  (`table.json`'s `digests`), when the package is imported and again as the bytes are
+  loaded: a kernel file changed, swapped or added after the export is refused with an
+  error naming it, never launched.
 
 Expressions (shapes, launch geometry) are the spec's, checked by pipe's safe
 parser when the package was written, and evaluated here with the helpers
@@ -29,6 +33,7 @@ below and no builtins.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -283,6 +288,7 @@ class Op:
         self._other_launch: dict = {}
         self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
         self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
+        self.digests = table.get("digests") or {}  # cubin path -> the sha256 pipe export recorded
 
     # -- checks ---------------------------------------------------------------
     def symbols_of(self, tensors: dict) -> dict:
@@ -502,10 +508,37 @@ class Op:
 
             dev = Device(device.index if device.index is not None else torch.cuda.current_device())
             dev.set_current()
-            mod = ObjectCode.from_cubin(str(self.root / e["cubin"]))
+            mod = ObjectCode.from_cubin(self._cubin(e["cubin"]))  # the bytes checked, not the path
             kern = mod.get_kernel((e.get("launch") or self.t)["entry"])
             k = self._kernels[key] = (dev, kern, [p.size for p in kern.arguments_info])
         return k
+
+    def check_files(self) -> int:
+        """Every cubin the table names, and every cubin in the package's kernels folder, checked
+        against the export's digests (register does it as the package is imported); how many."""
+        ranged = list((self.by_range or {}).get("kernels", {}).values())
+        names = {e["cubin"] for e in [*self.entries, *ranged] if e.get("cubin")}
+        names |= {f"kernels/{c.name}" for c in (self.root / "kernels").glob("*.cubin")}
+        for name in sorted(names):
+            self._cubin(name)
+        return len(names)
+
+    def _cubin(self, name: str) -> bytes:
+        """The shipped cubin `name`, checked against the digest pipe export recorded for it."""
+        path = self.root / name
+        try:
+            blob = path.read_bytes()
+        except OSError as ex:
+            raise RuntimeError(f"{self.t['op']}: the package's kernel {name} cannot be read ({ex.strerror}): "
+                               "export the run again") from None
+        want = self.digests.get(name)
+        got = hashlib.sha256(blob).hexdigest()
+        if want != got:
+            why = ("the table records no digest for it" if want is None
+                   else f"its sha256 is {got[:16]}..., the export recorded {want[:16]}...")
+            raise RuntimeError(f"{self.t['op']}: {path} is not the kernel pipe export shipped ({why}): the "
+                               "package was changed after its export; export the run again")
+        return blob
 
     def _full(self, e: dict, env: dict) -> dict:
         """The sizes, entry e's parameters and its derived values: what its launch is worked out from."""
@@ -740,6 +773,7 @@ def register(root: Path, reference) -> tuple[Op, object]:
     """The Op and its torch.library custom op `<namespace>::<name>`."""
     table = load_table(root)
     op = Op(root, table, reference)
+    op.check_files()
     qual = f"{table['namespace']}::{table['name']}"
     ins = [f"Tensor {t['name']}" for t in table["inputs"]]
     ins += [f"{'float' if s['type'].startswith('f') else 'int'} {s['name']}" for s in table["scalars"]]

@@ -673,6 +673,30 @@ def test_cpu_between_commands_is_forgiven_once_and_small(rig):
     assert "ran between calls" in (h.idle_problem() or "")
 
 
+def test_the_hosts_cpu_time_is_read_only_once_it_is_off_its_cpu(rig, monkeypatch):
+    """A thread's state reads S from the moment it starts to sleep, while it is still on its CPU
+    switching out, and the CPU clock of another process's thread still on a CPU stands at its
+    last tick or switch: two equal readings then do not mean its time is all counted. On a loaded
+    two-core VM an honest host seen so was charged its own call (60 us to 2.4 ms) as CPU time
+    between commands, and `wrong`. Here the state always reads S, as it can for that moment: the
+    judge must wait until the kernel says the thread has left its CPU (_switched_out), and then no
+    CPU time lands between commands, call after call of about 10 ms each (reads of a stale clock
+    would miss the time since the last tick)."""
+    h, census, x, out, call = rig
+    long_call = host.HostCall(h, [13, x.data_ptr(), 2_500_000, 0, out.data_ptr()])
+    long_call()  # before the state is faked: calibrated, settled
+    monkeypatch.setattr(h, "_state", lambda: b"S")
+    h.blipped = True  # nothing forgiven: any CPU time between commands counts
+    spent = []
+    for _ in range(6):
+        t0 = h.cpu_after
+        long_call()
+        spent.append(h.cpu_after - t0)
+        assert h.idle_problem() is None, (spent, h.cpu_after)
+    assert min(spent) > 1e-3, spent  # the calls did work the clock counted
+    assert census.take() is None
+
+
 def _alone_again(h) -> None:
     """Until the host runs its main thread alone again: the threads of `outlive_the_call` end when
     they see it asleep, which between two quick commands on a loaded machine they can miss."""

@@ -295,6 +295,7 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    import hashlib
     import shutil
 
     from runner.ship.exported_runtime import Op
@@ -314,7 +315,8 @@ def test_exported_runtime_launches_the_tma_ring_with_dynamic_shared_memory(tmp_p
     table = {**launch_table(spec), "op": "test.softmax", "entry": spec.kernel.entry, "args": list(spec.kernel.args),
              "inputs": [{"name": "x", "dtype": "bf16", "shape": ["M", "N"]}],
              "outputs": [{"name": "y", "dtype": "bf16", "shape": ["M", "N"]}], "scalars": [],
-             "symbols": ["M", "N"], "baked": ["N"], "entries": entries}
+             "symbols": ["M", "N"], "baked": ["N"], "entries": entries,
+             "digests": {e["cubin"]: hashlib.sha256((tmp_path / e["cubin"]).read_bytes()).hexdigest() for e in entries}}
     op = Op(tmp_path, table, lambda x: torch.softmax(x, -1))
     geos = [op.geometry(e, e["shape"]) for e in entries]
     assert geos[0]["shared_mem"] > 48 * 1024 and geos[1]["cluster"] == [2]

@@ -680,7 +680,7 @@ def test_the_hosts_cpu_time_is_read_only_once_it_is_off_its_cpu(rig, monkeypatch
     two-core VM an honest host seen so was charged its own call (60 us to 2.4 ms) as CPU time
     between commands, and `wrong`. Here the state always reads S, as it can for that moment: the
     judge must wait until the kernel says the thread has left its CPU (_switched_out), and then no
-    CPU time lands between commands, call after call of about 10 ms each (reads of a stale clock
+    CPU time lands between commands, call after call of about 4 ms each (reads of a stale clock
     would miss the time since the last tick)."""
     h, census, x, out, call = rig
     long_call = host.HostCall(h, [13, x.data_ptr(), 2_500_000, 0, out.data_ptr()])

@@ -13,11 +13,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def parse_cfg(spec, text: str) -> dict:
-    """K=V,... (+ for , where tools/device-run.sh splits on commas) over the spec's start."""
-    cfg = dict(spec.start or {})
+    """K=V,... (+ for , where tools/device-run.sh splits on commas) over the spec's start, and
+    the space's parameters of one value; any other parameter left out is an error that names it."""
+    cfg = {**{p.name: p.values[0] for p in spec.space.params if len(p.values) == 1}, **(spec.start or {})}
     for kv in filter(None, text.replace("+", ",").split(",")):
         k, v = kv.split("=")
         cfg[k] = int(v) if v.lstrip("-").isdigit() else v
+    why = spec.space.contains(cfg)
+    if why is not None and ("missing" in why or "unknown" in why):
+        raise SystemExit(f"--cfg {text}: {why} (the space's parameters: {', '.join(spec.space.names)})")
     return cfg
 
 

@@ -534,7 +534,7 @@ def test_a_gemm_right_only_where_its_activations_hold_no_outlier_channels_is_wro
     assert '"wrong"' in out and ("outside the GEMM budget" in out or "aggregate bound" in out), out[-3000:]
 
 
-@pytest.mark.parametrize("tell,checks", [("outlier_tell", 12), ("bulk_tell", 12)])
+@pytest.mark.parametrize("tell,checks", [("outlier_tell", 12), ("bulk_tell", 12), ("bf16_w_tell", 12)])
 def test_a_kernel_right_only_on_the_judges_value_statistics_is_wrong(project, tmp_path, tell, checks):
     """outlier_tell: 1% off where the column of row 0's largest magnitude is 8 times its row's mean
     in rows 0, M / 2 and M - 1, as an LLM's hidden states are. `ok` before (verification drew no
@@ -542,7 +542,11 @@ def test_a_kernel_right_only_on_the_judges_value_statistics_is_wrong(project, tm
     an everyday draw) it meets outlier channels in all but about 1 trial in 10^5. bulk_tell (review
     of session 58): 1% off where more than half of w is of normal size and under 0.25, as a trained
     gamma often is, where `_spread` scaled a fixed quarter; a value set has such a w about 1 time in
-    3 now, and 24 value sets miss it about 1 trial in 10^4."""
+    3 now, and 24 value sets miss it about 1 trial in 10^4. bf16_w_tell (session 62's red team): 1%
+    off where w holds bf16's values with more than 5 significant bits, as a bf16 checkpoint's gamma
+    upcast to float32 does; `ok` in every eval before, when no value set held such a w. w is
+    bf16-exact in about 3 value sets in 8 now (`inputs._narrowed`), and 24 value sets miss it about
+    1 trial in 10^5."""
     spec = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
     spec = spec.replace("kernel_templates/rmsnorm.cpp.j2", str(ROOT / "kernel_templates" / "rmsnorm.cpp.j2"))
     assert "  checks: 2\n" in spec
@@ -833,3 +837,37 @@ def test_a_run_whose_reference_answers_nan_stops_before_its_first_trial(project,
         from runner.ship.rundata import open_run
 
         assert not open_run(tmp_path / "run", None, "test").history
+
+
+def test_weight_vectors_hold_a_narrower_checkpoints_values_in_a_share_of_the_value_sets():
+    """Session 62's red team: no value set held a float32 weight vector whose values were a bf16 or
+    fp16 checkpoint's, and a kernel 1% off exactly there passed. Now each float32 1-D input is
+    bf16-exact in about 3 value sets in 8 and fp16-exact in about 1 in 8, in verification's and the
+    timed calls' value sets alike; the other half keep float32's bits, and rows (x) keep them always
+    (see `inputs._narrowed`). The rounding is kept only where it changes no zero, infinity or sign."""
+    from runner.judge import inputs
+
+    op = shipped_spec(PIPELINES / "rmsnorm-cpu.yaml").op
+    shape = {"M": 8, "N": 96}
+    seen = {timed: [0, 0, 0] for timed in (False, True)}
+    for seed in range(160):
+        for timed in (False, True):
+            got = make_inputs(op, shape, seed, seed % 3, "cpu", timed=timed, structured=not timed,
+                              outliers=not timed, subnormal=not timed)
+            w = got["w"]
+            bf = torch.equal(w.bfloat16().float(), w)
+            hf = not bf and torch.equal(w.half().float(), w)
+            seen[timed][0 if bf else 1 if hf else 2] += 1
+            assert not torch.equal(got["x"].bfloat16().float(), got["x"]), (seed, timed)
+    for timed, (bf, hf, full) in seen.items():
+        assert 0.22 < bf / 160 < 0.53 and 0 < hf / 160 < 0.25 and 0.35 < full / 160 < 0.65, (timed, bf, hf, full)
+    # a value set the rounding would change in kind (a subnormal flushed to 0) keeps float32's values
+    base = torch.tensor([0.0, -0.0, 3.1415927, -2.7182817, float("-inf"), 1e30])
+    narrowed = [inputs._narrowed(base, s, 0) for s in range(64)]
+    assert any(not torch.equal(n, base) for n in narrowed)
+    for n in narrowed:
+        assert torch.equal(torch.signbit(n), torch.signbit(base)) and bool(torch.isneginf(n[4])) and n[0] == 0
+    tiny = torch.cat([base, torch.tensor([1e-42])])
+    assert all(torch.equal(inputs._narrowed(tiny, s, 0), tiny) for s in range(64))
+    # inputs of other dtypes are never touched
+    assert all(torch.equal(inputs._narrowed(base.bfloat16(), s, 0), base.bfloat16()) for s in range(16))

@@ -69,8 +69,12 @@ def test_the_refusal_names_the_part_of_the_spec_that_changed(tmp_path):
     led = Ledger.open(tmp_path, "h1", "s", "s.yaml", hash_parts=parts)
     led.append(trial(1))  # a trial to keep: then only a new folder
     led.close()
-    with pytest.raises(RunDirError, match=r"this spec is h2: the reference changed\); use a new --run-dir"):
+    with pytest.raises(RunDirError, match=r"this spec is h2: the reference changed\); use a new --run-dir$"):
         Ledger.open(tmp_path, "h2", "s", "s.yaml", hash_parts={**parts, "reference": "e"})
+    # a template alone changed: its verdicts on the kernels that render the same can be taken
+    # (pipe record --reuse); with anything else changed that command refuses, so it is not offered
+    with pytest.raises(RunDirError, match=r"the template changed\); use a new --run-dir \(pipe record --reuse"):
+        Ledger.open(tmp_path, "h5", "s", "s.yaml", hash_parts={**parts, "template": "y"})
     with pytest.raises(RunDirError, match="the spec file and the template changed"):
         Ledger.open(tmp_path, "h3", "s", "s.yaml", hash_parts={**parts, "spec": "x", "template": "y"})
     with pytest.raises(RunDirError, match="the spec file, its template, hardware profile or reference changed"):

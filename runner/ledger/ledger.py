@@ -216,8 +216,9 @@ class Ledger:
                 f"{run_dir} holds a run of another spec (hash {have}, this spec is {spec_hash}: "
                 f"{_what_changed(led, hash_parts)} changed); "
                 + (f"it holds no trial: remove it (rm -r {run_dir}) to start again there, or use a new --run-dir"
-                   if empty else f"use a new --run-dir (pipe record --reuse {run_dir} takes its verdicts on "
-                   "kernels the change left the same)"))
+                   if empty else "use a new --run-dir" + (
+                       f" (pipe record --reuse {run_dir} takes its verdicts on kernels the change left the same)"
+                       if _changed(led, hash_parts) == ["template"] else "")))
         # what its verdicts depend on, for pipe record --reuse; a run begun before these were kept
         # gets them on its next resume (the same spec hash: the same spec, template, profile, reference)
         if hash_parts and led.get_meta("hash_parts") is None:
@@ -642,19 +643,29 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def _what_changed(led: "Ledger", parts: dict | None) -> str:
-    """Which of the spec's parts differ from those a run folder was made with: 'the template',
-    'the spec file and the reference', ...; the four of them where the folder does not say."""
-    names = {"spec": "the spec file", "template": "the template", "hardware": "the hardware profile",
-             "reference": "the reference"}
+_PART_NAMES = {"spec": "the spec file", "template": "the template", "hardware": "the hardware profile",
+               "reference": "the reference"}
+
+
+def _changed(led: "Ledger", parts: dict | None) -> list[str] | None:
+    """The spec's parts ('spec', 'template', 'hardware', 'reference') that differ from those a run
+    folder was made with, or None where the folder does not say."""
     try:
         old = json.loads(led.get_meta("hash_parts") or "null")
     except ValueError:
         old = None
     if isinstance(old, dict) and parts:
-        diff = [names[k] for k in names if k in parts and old.get(k) != parts[k]]
-        if diff:
-            return diff[0] if len(diff) == 1 else ", ".join(diff[:-1]) + " and " + diff[-1]
+        return [k for k in _PART_NAMES if k in parts and old.get(k) != parts[k]] or None
+    return None
+
+
+def _what_changed(led: "Ledger", parts: dict | None) -> str:
+    """Which of the spec's parts differ from those a run folder was made with: 'the template',
+    'the spec file and the reference', ...; the four of them where the folder does not say. Only a
+    changed template leaves verdicts pipe record --reuse can take (judge/reuse.py)."""
+    diff = [_PART_NAMES[k] for k in _changed(led, parts) or ()]
+    if diff:
+        return diff[0] if len(diff) == 1 else ", ".join(diff[:-1]) + " and " + diff[-1]
     return "the spec file, its template, hardware profile or reference"
 
 

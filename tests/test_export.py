@@ -107,39 +107,41 @@ def test_three_exported_ops_side_by_side_on_cpu_fall_back_and_check_inputs(expor
 
 def test_a_package_whose_cubin_changed_after_its_export_is_refused_at_import(exported, tmp_path):
     """Every shipped cubin's sha256 is in table.json: a copy of a package with one byte of a
-    kernel changed, or a cubin the export did not write, fails to import with an error naming
-    the file; the intact copy imports (and its digests cover every kernel it names)."""
+    kernel changed fails to import with an error naming the file; a cubin the export did not
+    write, or one whose digest was taken out of the table, fails the same check (Op.check_files,
+    which the package's register runs); the intact package passes it."""
     import hashlib
     import shutil
+
+    from runner.ship import exported_runtime as rt
 
     table = json.loads((exported / "softmax_h200" / "table.json").read_text())
     named = {e["cubin"] for e in table["entries"] if e.get("cubin")}
     assert named and set(table["digests"]) == named
     assert all(hashlib.sha256((exported / "softmax_h200" / n).read_bytes()).hexdigest() == d
                for n, d in table["digests"].items())
-    cases = {"intact": None, "flipped": "flip", "added": "add", "dropped": "drop"}
-    for case, how in cases.items():
-        d = tmp_path / case
-        shutil.copytree(exported / "softmax_h200", d / "softmax_h200")
-        victim = d / "softmax_h200" / sorted(named)[0]
-        if how == "flip":
-            blob = bytearray(victim.read_bytes())
+    victim = sorted(named)[0]
+    assert rt.Op(exported / "softmax_h200", table, None).check_files() == len(named)
+    for case in ("flipped", "added", "dropped"):
+        d = tmp_path / case / "softmax_h200"
+        shutil.copytree(exported / "softmax_h200", d)
+        t = json.loads((d / "table.json").read_text())
+        if case == "flipped":
+            blob = bytearray((d / victim).read_bytes())
             blob[len(blob) // 2] ^= 1
-            victim.write_bytes(bytes(blob))
-        elif how == "add":
-            shutil.copyfile(victim, victim.with_name("extra.cubin"))
-        elif how == "drop":
-            t = json.loads((d / "softmax_h200" / "table.json").read_text())
-            del t["digests"][sorted(named)[0]]
-            (d / "softmax_h200" / "table.json").write_text(json.dumps(t))
-        r = subprocess.run([sys.executable, "-c", "import softmax_h200"], cwd=d, capture_output=True, text=True,
-                           timeout=300, env={"PYTHONPATH": str(d), "PATH": "/usr/bin:/bin"})
-        if how is None:
-            assert r.returncode == 0, r.stderr[-3000:]
-            continue
-        assert r.returncode != 0, case
-        want = "extra.cubin" if how == "add" else sorted(named)[0]
-        assert want in r.stderr and "is not the kernel pipe export shipped" in r.stderr, (case, r.stderr[-2000:])
+            (d / victim).write_bytes(bytes(blob))
+        elif case == "added":
+            shutil.copyfile(d / victim, d / "kernels" / "extra.cubin")
+        else:
+            del t["digests"][victim]
+        with pytest.raises(RuntimeError, match="is not the kernel pipe export shipped") as e:
+            rt.Op(d, t, None).check_files()
+        assert ("extra.cubin" if case == "added" else victim) in str(e.value), (case, str(e.value))
+    # the package itself, imported as a user would: refused
+    r = subprocess.run([sys.executable, "-c", "import softmax_h200"], cwd=tmp_path / "flipped", capture_output=True,
+                       text=True, timeout=300, env={"PYTHONPATH": str(tmp_path / "flipped"), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and victim in r.stderr and "is not the kernel pipe export shipped" in r.stderr, \
+        r.stderr[-2000:]
 
 
 def test_export_refuses_a_changed_spec(tmp_path):

@@ -349,3 +349,25 @@ def test_a_ray_slot_ships_a_variants_approved_build_with_its_artifacts():
     plain = {"seed": 1, "artifacts": ["/a/p.so"], "geometry": []}  # the approved template's own trial
     assert artifact_paths(("evaluate", plain)) == ["/a/p.so"]
     assert "approved" not in rewrite(("evaluate", plain), {"/a/p.so": "/r/p.so"})[1]
+
+
+def test_an_actor_that_did_not_start_is_told_in_one_line():
+    """What Ray brings back from an actor that failed to start (a remote traceback in its text)
+    becomes one line: the remote error's own (the README's Ray command on a head with no CUDA
+    printed 12 lines of traceback after pipe's own)."""
+    from runner.scale.ray_slots import remote_why
+
+    remote = ("ray::JudgeActor.info() (pid=1, ip=192.0.2.2)\n  File \"w.py\", line 3, in info\n"
+              "    torch.cuda.init()\nAssertionError: Torch not compiled with CUDA enabled\n")
+
+    class TaskError(Exception):
+        def __init__(self, text, cause=None):
+            super().__init__(text)
+            self.cause = cause
+
+    got = remote_why(TaskError("RayTaskError(AssertionError): " + remote, AssertionError("Torch not compiled "
+                                                                                        "with CUDA enabled")))
+    assert got == "AssertionError: Torch not compiled with CUDA enabled"
+    got = remote_why(TaskError("RayTaskError(AssertionError): " + remote))  # no cause kept: the last line
+    assert got == "AssertionError: Torch not compiled with CUDA enabled"
+    assert remote_why(TimeoutError("no answer\nafter 60 s")) == "TimeoutError: no answer"

@@ -54,6 +54,19 @@ def check_address(address: str) -> None:
         raise PipeError(f"--ray {address}: cannot reach a Ray cluster: {why}")
 
 
+def remote_why(e: BaseException) -> str:
+    """One line for an error Ray brings back from an actor: the remote exception's own last line
+    (`AssertionError: Torch not compiled with CUDA enabled`), not the remote traceback Ray's text
+    holds; the error's type and first line where it names no cause."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+        return f"{type(cause).__name__}: {lines[0][:300]}" if lines else type(cause).__name__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    last = next((ln for ln in reversed(lines) if ln.partition(":")[0].strip().isidentifier()), None)
+    return (last or f"{type(e).__name__}: {lines[0] if lines else ''}")[:300]
+
+
 def artifact_paths(msg: tuple) -> list[str]:
     """The artifact files a request names (evaluate's job, retime's jobs)."""
     if msg[0] == "evaluate":  # a variant's job names the approved build too
@@ -225,7 +238,7 @@ def ray_slots(spec, run_dir, address: str, workers: int | None = None) -> list[R
     except Exception as e:
         for a in actors:
             ray.kill(a)
-        raise PipeError(f"--ray {address}: the judge actors did not start ({type(e).__name__}: {e})") from None
+        raise PipeError(f"--ray {address}: the judge actors did not start ({remote_why(e)})") from None
     names = [f"ray:{i['ip']}:" + (f"cuda{i['gpu']}" if "gpu" in i else f"cpu{n}") for n, i in enumerate(infos)]
     try:
         same_profiles({nm: i["profile"] for nm, i in zip(names, infos)})

@@ -158,6 +158,7 @@ def test_first_compiles_on_threads_in_a_fresh_process():
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
 
 
+@pytest.mark.slow  # 15 to 34 s of the quick suite, which CI keeps under 10 minutes
 def test_compare_checks_the_dispatch_table_on_held_out_shapes(tmp_path, project):
     text = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
     assert "\n  extra_shapes:" in text

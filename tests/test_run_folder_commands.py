@@ -82,6 +82,7 @@ def test_a_spec_found_nowhere_asks_for_spec(tmp_path, monkeypatch):
                     "compare times").spec.name == "rmsnorm-cpu"  # named: found
 
 
+@pytest.mark.slow  # 15 to 34 s of the quick suite, which CI keeps under 10 minutes
 def test_a_new_sweep_does_not_replace_a_recorded_dataset(tmp_path):
     """`pipe record SPEC` with no --out writes datasets/<name>.json: a new sweep where that file
     exists (the replay bench's own) is refused before anything is judged, and the file is kept."""

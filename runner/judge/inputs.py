@@ -951,7 +951,7 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     return out
 
 
-NARROW_SHARE = 1 / 2  # of the value sets, each float32 or float64 input on its own: a narrower format's values
+NARROW_SHARE = 1 / 2  # of the value sets, each float32 or float64 1-D input on its own: a narrower format's
 
 
 def _narrowed(x: torch.Tensor, seed: int, which: int) -> torch.Tensor:
@@ -967,8 +967,8 @@ def _narrowed(x: torch.Tensor, seed: int, which: int) -> torch.Tensor:
     with it or without. make_inputs narrows 1-D inputs alone: rows of bf16 values summed in an
     honest kernel's fp32 sequential sum err 10 to 50 times more than rows of float32's (few
     distinct squares round the same way: 6e-5 of the sum of squares at N = 16383, against
-    rmsnorm-range-cpu's rtol of 1e-5; `tests/test_tells.py::test_an_honest_fp32_sum_of_squares_stays_inside_the_tolerance_with_outlier_channels`),
-    so narrowing x waits for a budget that follows a row sum's error as the GEMM budget follows K."""
+    rmsnorm-range-cpu's rtol of 1e-5, in test_tells' honest fp32 sum of squares), so narrowing x
+    waits for a budget that follows a row sum's error as the GEMM budget follows K."""
     if x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
         return x
     g = _side_generator(seed, which, 0x5851F42D, 0x14057B7F)

@@ -685,7 +685,7 @@ def parser() -> argparse.ArgumentParser:
     rc.set_defaults(fn=cmd_record)
     mg = sub.add_parser("merge", help="join replay datasets of one spec recorded in parts (pipe record --only); "
                                       "a configuration in several takes the later file's trial")
-    mg.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset files, the oldest first")
+    mg.add_argument("datasets", nargs="+", metavar="DATASET", help="two or more dataset files, the oldest first")
     mg.add_argument("--out", required=True, help="the merged dataset file")
     mg.set_defaults(fn=cmd_merge)
     rp = sub.add_parser("replay", help="simulate tuning on recorded datasets (no GPU): evaluations to the best")

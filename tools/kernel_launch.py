@@ -19,8 +19,10 @@ def parse_cfg(spec, text: str) -> dict:
     for kv in filter(None, text.replace("+", ",").split(",")):
         k, v = kv.split("=")
         cfg[k] = int(v) if v.lstrip("-").isdigit() else v
-    why = spec.space.contains(cfg)
-    if why is not None and ("missing" in why or "unknown" in why):
+    missing, unknown = sorted(set(spec.space.names) - set(cfg)), sorted(set(cfg) - set(spec.space.names))
+    if missing or unknown:
+        why = "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                        + [f"unknown {', '.join(unknown)}"] * bool(unknown))
         raise SystemExit(f"--cfg {text}: {why} (the space's parameters: {', '.join(spec.space.names)})")
     return cfg
 

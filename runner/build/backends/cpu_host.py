@@ -340,11 +340,8 @@ class Host:
         has stopped (on a loaded two-core VM an honest host seen so while still switching out was
         charged its whole call, 60 us to 2.4 ms, as CPU time between calls). Unreadable: True (the
         readings alone decide, as before)."""
-        try:
-            with open(f"/proc/{self.pid}/syscall", "rb") as f:
-                return not f.read(16).startswith(b"running")
-        except OSError:
-            return True
+        parts = self._syscall()
+        return parts is None or parts[:1] != [b"running"]
 
     def _state(self) -> bytes:
         """The host's main thread's scheduler state (R running, S asleep, ...; b"" once gone)."""
@@ -608,15 +605,21 @@ class Host:
         except (OSError, ValueError, IndexError):
             return 0.0
 
+    def _syscall(self) -> list[bytes] | None:
+        """The fields of /proc/<pid>/syscall for the host's main thread ("running" where it is on a
+        CPU; the kernel answers a sleeping thread's only once it is off its CPU), or None where the
+        file cannot be read."""
+        try:
+            with open(f"/proc/{self.pid}/syscall", "rb") as f:
+                return f.read().split()
+        except OSError:
+            return None
+
     def _where(self) -> tuple | None:
         """Where the host's main thread sleeps: (system call, its first argument, stack pointer,
         program counter) from /proc/<pid>/syscall, or None (running, gone, or not readable)."""
-        try:
-            with open(f"/proc/{self.pid}/syscall", "rb") as f:
-                parts = f.read().split()
-        except OSError:
-            return None
-        if len(parts) < 9 or not parts[0].isdigit():
+        parts = self._syscall()
+        if parts is None or len(parts) < 9 or not parts[0].isdigit():
             return None
         return int(parts[0]), int(parts[1], 16), int(parts[7], 16), int(parts[8], 16)
 

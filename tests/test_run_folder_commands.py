@@ -110,6 +110,7 @@ def test_a_new_sweep_does_not_replace_a_recorded_dataset(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.slow  # 17 s of the quick suite (two pipe evals), which CI keeps under 10 minutes
 def test_eval_on_a_finished_run_keeps_its_status(tmp_path):
     from .conftest import pipe_main
 

@@ -111,6 +111,7 @@ def test_two_workers_give_the_verdicts_of_one(project):
     assert got[1] == got[2]
 
 
+@pytest.mark.slow  # 16 s of the quick suite, which CI keeps under 10 minutes
 def test_a_slot_finds_its_build_ahead_as_one_worker_does(project):
     """Scaled out, the driver compiles what the agent proposes next while the slots judge,
     as the one-worker loop does: on one slot every grid point after the first two was

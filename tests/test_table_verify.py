@@ -217,6 +217,7 @@ def test_a_kernel_that_serves_no_size_the_sweep_can_draw_is_dropped_and_a_worker
     assert "OutOfMemoryError" in str(e.value) and "Give the rows a max in op.domain" in str(e.value)
 
 
+@pytest.mark.slow  # 23 s of the quick suite, which CI keeps under 10 minutes
 def test_a_compare_cut_short_keeps_each_kernels_verdict_over_its_ranges(bench, tmp_path):
     spec, pr = bench
     first = ranges.Prober(spec, pr.builder, pr.worker, pr.by_id, rounds=2, timeout_s=120)

@@ -173,15 +173,10 @@ def test_make_inputs_cycles_the_routings_and_times_on_the_router():
 
 
 def _seeded(op, shape, seed, round_):
-    """The judge's generator at the offsets input's draw (x and w are drawn first)."""
-    g = torch.Generator().manual_seed(seed)
-    env = op.shape_env(shape)
-    from runner.judge.inputs import make_tensor
-
-    for t in op.inputs[:2]:
-        v = t.drawn(False)
-        make_tensor(v, env, v.dists[round_ % len(v.dists)], g, "cpu")
-    return g
+    """The judge's generator at the offsets input's draw: its first, since x gathers the routing's
+    tokens (`gather: offs`: inputs.make_inputs draws a gathered input's routing before the rest)."""
+    assert next(t for t in op.inputs if t.name == "x").gather == "offs"
+    return torch.Generator().manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------- spec errors
@@ -229,6 +224,13 @@ def _errors(path: Path, capsys) -> list[tuple[int, int, str, str]]:
     (lambda d: _inp(d, "offs").update(topk=0), "op.inputs.offs.topk", "", "topk:"),
     (lambda d: _inp(d, "offs").update(special={"value": 0, "fraction": 0.5}), "op.inputs.offs.special",
      "`special` would overwrite some of the cumulative ends", "special:"),
+    (lambda d: _inp(d, "x").update(gather="w"), "op.inputs.x.gather",
+     "'w' is not an input drawn by a routing dist (with rows and topk)", "gather: w"),
+    (lambda d: _inp(d, "offs").update(gather="offs"), "op.inputs.offs.gather",
+     "a floating input of two or more dimensions, not 1-D int32", "gather: offs"),
+    (lambda d: (_inp(d, "x").update(shape=["T * 2 + 1", 64]), d["op"]["outputs"]["y"].update(shape=["T * 2 + 1", 96])),
+     "op.inputs.x.gather", "'x' has 33 rows at T=16, and 'offs' routes 32 (its rows 'T * 2')", "gather: offs"),
+    (lambda d: d["op"]["outputs"]["y"].update(gather="offs"), "op.outputs.y.gather", "an output has none", "gather"),
     (lambda d: d["op"]["tolerance"].update(atol=0.01), "op.tolerance.atol",
      "op.tolerance.gemm_k sets the whole error budget", "atol"),
     (lambda d: d["op"]["tolerance"].update(gemm_k="T / 3"), "op.tolerance.gemm_k",

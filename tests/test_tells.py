@@ -871,3 +871,109 @@ def test_weight_vectors_hold_a_narrower_checkpoints_values_in_a_share_of_the_val
     assert all(torch.equal(inputs._narrowed(tiny, s, 0), tiny) for s in range(64))
     # inputs of other dtypes are never touched
     assert all(torch.equal(inputs._narrowed(base.bfloat16(), s, 0), base.bfloat16()) for s in range(16))
+
+
+def _twinned_rows(x: torch.Tensor, ends: torch.Tensor) -> int:
+    """Rows of `x` with a bitwise twin in another group (groups: the cumulative END rows `ends`)."""
+    group = torch.bucketize(torch.arange(x.shape[0]), ends.to(torch.int64).cpu(), right=True)
+    seen: dict[bytes, set] = {}
+    keys = [bytes(r.view(torch.int16).numpy().tobytes()) for r in x.cpu()]
+    for k, gi in zip(keys, group.tolist()):
+        seen.setdefault(k, set()).add(gi)
+    return sum(len(seen[k]) > 1 for k in keys)
+
+
+def test_a_moe_layers_rows_are_gathered_by_token_in_most_value_sets():
+    """Session 62's red team: a MoE layer's caller gathers each token's hidden state once for each
+    of its top-k experts, so every row of x has bitwise twins in other experts' groups; no value
+    set of the judge's had them (0 of 360), and a kernel 1% off where half the rows had such a twin
+    passed every eval. With `gather: offs` (moe-cpu) x is a gather in a secret 3/4 of the value sets,
+    verification's, timed and bare alike, on every routing: under a `routing` draw each token's
+    rows are in topk distinct groups; w and offs are the same with the gather or without."""
+    from runner.judge import inputs
+
+    op = shipped_spec(PIPELINES / "moe-cpu.yaml").op
+    assert [t.gather for t in op.inputs] == ["offs", None, None]
+    shape = {"T": 16}
+    rows = 32
+    gathered = {(timed, bare): 0 for timed in (False, True) for bare in (False, True)}
+    n = 48
+    for seed in range(n):
+        for timed, bare in gathered:
+            shares = (None, None, None, None, True) if bare else None
+            got = make_inputs(op, shape, seed, 0, "cpu", timed=timed, structured=not timed and not bare,
+                              outliers=not timed and not bare, shares=shares)
+            x, ends = got["x"], got["offs"]
+            twins = _twinned_rows(x, ends)
+            if twins >= rows // 2:
+                gathered[(timed, bare)] += 1
+                if timed or bare:  # a `routing` draw with nothing of the judge's on top: every row
+                    assert twins == rows, (seed, timed, bare, twins)
+                    counts = torch.unique(x.view(torch.int16), dim=0, return_counts=True)[1]
+                    assert counts.tolist() == [2] * 16, (seed, timed, bare)
+            else:
+                assert twins <= 4, (seed, timed, bare, twins)  # the judge's few structured copies at most
+    for key, k in gathered.items():
+        assert 0.55 < k / n < 0.93, (key, k)
+    # every routing dist, timed or not: the gather places every row, with no token twice in a group
+    # where the groups' sizes allow it
+    for round_ in range(4):
+        got = make_inputs(op, {"T": 37}, 7 + round_, round_, "cpu")
+        counts = torch.diff(got["offs"].long(), prepend=torch.zeros(1, dtype=torch.long))
+        assert int(counts.sum()) == 74
+    # the other inputs' values are the gather's own generator's business: unchanged without it
+    saved = inputs.GATHER_SHARE
+    try:
+        inputs.GATHER_SHARE = 0.0
+        for seed in range(6):
+            plain = make_inputs(op, shape, seed, 0, "cpu")
+            inputs.GATHER_SHARE = 1.0
+            full = make_inputs(op, shape, seed, 0, "cpu")
+            inputs.GATHER_SHARE = 0.0
+            assert torch.equal(plain["w"], full["w"]) and torch.equal(plain["offs"], full["offs"])
+            assert _twinned_rows(plain["x"], plain["offs"]) <= 4 < _twinned_rows(full["x"], full["offs"])
+    finally:
+        inputs.GATHER_SHARE = saved
+
+
+def test_the_gather_puts_each_token_in_distinct_groups_wherever_the_sizes_allow():
+    """Ryser's construction in `inputs._gathered`: groups of any sizes that a top-k routing could
+    give (each at most the tokens) get each token in topk distinct groups; a group larger than the
+    tokens (a skewed routing's) repeats tokens, and every row is placed."""
+    from runner.judge import inputs
+
+    saved = inputs.GATHER_SHARE
+    inputs.GATHER_SHARE = 1.0
+    try:
+        for seed, (counts, k) in enumerate([([5, 0, 7, 3, 9, 0, 6, 6], 3), ([12, 12, 12, 12], 4), ([1, 2, 3], 2),
+                                            ([30, 2], 2), ([0, 0, 9], 3), ([4, 4, 4, 4, 4, 4], 6)]):
+            rows = sum(counts)
+            tokens = -(-rows // k)
+            x = torch.randn(rows, 8).bfloat16()
+            ends = torch.tensor(counts).cumsum(0).to(torch.int32)
+            y = inputs._gathered(x, ends, k, seed, 0)
+            assert all(any(torch.equal(r, t) for t in x[:tokens]) for r in y)  # every row a token's
+            starts = [0] + ends.tolist()[:-1]
+            for e, (s, c) in enumerate(zip(starts, counts)):
+                grp = y[s:s + c].view(torch.int16)
+                distinct = torch.unique(grp, dim=0).shape[0] if c else 0
+                assert distinct == min(c, tokens), (counts, e)
+            uses = torch.unique(y.view(torch.int16), dim=0, return_counts=True)[1]
+            if max(counts) <= tokens and rows % k == 0:
+                assert uses.tolist() == [k] * tokens, counts
+        # groups that do not add up to the rows are not a routing of them: x stays as drawn
+        x = torch.randn(10, 4)
+        assert torch.equal(inputs._gathered(x, torch.tensor([3, 7, 9]), 2, 0, 0), x)
+    finally:
+        inputs.GATHER_SHARE = saved
+
+
+@pytest.mark.parametrize("spec", ["moe-cpu", "moe-swiglu-cpu"])
+def test_a_gemm_right_only_on_rows_no_caller_gathers_is_wrong(project, tmp_path, spec):
+    """moe_topk_twin_tell (session 62's red team): the MoE template, 1% off where at least half the
+    rows have a bitwise twin in another expert's group, as a top-k gather always makes. `ok` in every
+    eval before (no value set held such rows); x is gathered by token in 3/4 of the value sets now."""
+    r = pipe_main("eval", PIPELINES / f"{spec}.yaml", "--params", json.dumps({"MR": 1, "NR": 4}),
+                  "--variant", DATA / "moe_topk_twin_tell.cpp.j2", "--run-dir", tmp_path / "run", "--json",
+                  cwd=project)
+    assert '"wrong"' in r.stdout, (r.stdout + r.stderr)[-3000:]

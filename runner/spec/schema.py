@@ -46,6 +46,8 @@ TENSOR = _obj({
     # experts each token picks (spec.py checks them)
     "rows": EXPR,
     "topk": POS_INT,
+    # a floating input whose rows gather the tokens of that routing input (spec.py, judge/inputs.py)
+    "gather": NAME,
     # an input's values in timed calls, where they differ from verification's (spec.py)
     "timed": _obj({
         "dist": {"oneOf": [{"enum": DISTS}, {"type": "array", "items": {"enum": DISTS}, "minItems": 1}]},

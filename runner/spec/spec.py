@@ -68,6 +68,9 @@ class TensorSpec:
     # named input's last dimension at the same leading index (targets a model predicts: a
     # cross-entropy loss near 0, where an absolute error shows); `special` elements are kept
     argmax: tuple[str, float] | None = None
+    # the routing input whose tokens this input's rows gather (a MoE layer's x: each token's row
+    # once in the group of every expert it picks; judge/inputs.py `_gathered`)
+    gather: str | None = None
 
     def drawn(self, timed: bool = False) -> "TensorSpec":
         """The tensor as its values are drawn: for timed calls (`timed`) or for verification."""
@@ -699,8 +702,12 @@ class _Checker:
                     self.err(base + ("special", "value"), f"an integer tensor ({tdtype}) needs an integer value")
             rows, topk = self.routing_keys(kind, base, t, tdtype, dims, scope)
             argmax = self.argmax_key(kind, base, t, tdtype, dims, earlier)
+            gather = t.get("gather")
+            if gather is not None and kind != "inputs":
+                self.err(base + ("gather",), "`gather` draws an input's rows; an output has none", prefer_key=True)
+                gather = None
             spec_ = TensorSpec(name, tuple(dims), tdtype, dists, low, high, special, rows=rows, topk=topk,
-                               argmax=argmax)
+                               argmax=argmax, gather=gather)
             if "timed" in t:
                 spec_ = timed_override(kind, base, t, spec_)
             return spec_
@@ -782,6 +789,7 @@ class _Checker:
         self.randint_bounds(inputs, timed + list(extra) + list(held), dtype)
         self.perm_sizes(inputs, timed + list(extra) + list(held), dtype)
         self.routing_sizes(inputs, timed + list(extra) + list(held), dtype)
+        self.gather_keys(inputs, timed + list(extra) + list(held), dtype)
         gemm_k = self.gemm_k(o, scope, outputs, timed + list(extra) + list(held), dtype)
         batch_axis, batch_required = self.batch_invariant(o, symbols, inputs, outputs, timed + list(extra))
         pairs = self.channel_pairs(o, inputs, timed + list(extra) + list(held), dtype, gemm_k)
@@ -917,6 +925,37 @@ class _Checker:
                 if isinstance(experts, (int, float)) and experts < t.topk:
                     self.err(path + ("topk",), f"topk {t.topk} is more than the {experts} experts at {at}: a token "
                                                "picks topk distinct experts")
+                    break
+
+    def gather_keys(self, inputs, shapes: list[dict], dtype: str) -> None:
+        """`gather: OFFS` on a floating input of two or more dimensions: OFFS is another input drawn
+        by a routing dist, and this input's first dimension is OFFS's `rows` at every timed, extra
+        and held-out shape (its rows are the routed rows, sorted by expert)."""
+        by_name = {t.name: t for t in inputs}
+        for t in inputs:
+            if t.gather is None:
+                continue
+            path = ("op", "inputs", t.name, "gather")
+            if t.dtype in INT_DTYPES or len(t.shape) < 2:
+                self.err(path, f"`gather` repeats rows of a token's values: a floating input of two or more "
+                               f"dimensions, not {len(t.shape)}-D {t.dtype}", prefer_key=True)
+                continue
+            src = by_name.get(t.gather)
+            if src is None or src.rows is None:
+                routed = ", ".join(n for n, u in by_name.items() if u.rows is not None) or "none"
+                self.err(path, f"'{t.gather}' is not an input drawn by a routing dist (with rows and topk): "
+                               f"`gather` names the routing whose tokens '{t.name}' gathers (routing inputs: {routed})")
+                continue
+            for sh in shapes:
+                env = {**sh, "elem": DTYPE_BYTES[dtype]}
+                try:
+                    lead, rows = t.shape[0](env), src.rows(env)
+                except ExprError:
+                    break  # routing_sizes and the shapes' own checks name it
+                if lead != rows:
+                    at = ", ".join(f"{k}={x}" for k, x in sh.items())
+                    self.err(path, f"'{t.name}' has {lead} rows at {at}, and '{t.gather}' routes {rows} "
+                                   f"(its rows '{src.rows.text}'): a gathered input has a row for each routed row")
                     break
 
     def gemm_k(self, o: dict, scope: set, outputs, shapes: list[dict], dtype: str) -> Expr | None:

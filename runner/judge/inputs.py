@@ -451,6 +451,7 @@ def _structured(x: torch.Tensor, t, seed: int, which: int, kinds=None, keep: lis
     return out
 
 
+SIGNED_ZERO_SHARE = 1 / 2  # of the zero rows: each element's sign kept (a mask's product)
 ZERO_SHARE = 3 / 8  # of the structured rows: all 0; the others a third each copies, alike rows, grid rows
 # The kinds of structured row every value set of two or more such rows takes one of each of (as
 # many as it has rows for, in a secret order), the rest drawn each on its own: (zero, copy, alike,
@@ -748,7 +749,15 @@ def _structure_rows(x: torch.Tensor, rows: torch.Tensor, at_zero: torch.Tensor, 
     rows = rows.clone()
     at_zero, at_grid = at_zero.to(x.device), at_grid.to(x.device)
     if at_zero.numel():
-        rows[at_zero] = 0
+        # with `g`, a secret half of the zero rows as a mask's product leaves them (`hidden * mask`):
+        # each element's sign kept, -0.0 where the row was negative. All +0.0 before, and a kernel
+        # wrong only on a zero row holding a -0.0 passed whenever the trial's draws held none
+        # (session 62's red team: caught 3 evals in 4, by chance)
+        z = rows[at_zero]
+        signed = torch.zeros(at_zero.numel(), dtype=torch.bool) if g is None else (
+            torch.rand(at_zero.numel(), generator=g) < SIGNED_ZERO_SHARE)
+        rows[at_zero] = torch.where(signed.to(x.device)[:, None], torch.copysign(torch.zeros_like(z), z),
+                                    torch.zeros_like(z))
     if at_grid.numel():
         r = rows[at_grid].to(torch.float64)
         top = torch.where(torch.isfinite(r), r.abs(), torch.zeros_like(r)).amax(dim=1, keepdim=True)

@@ -440,12 +440,17 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             "entries": entries,
             **({"by_range": by_range} if by_range else {}),
             "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
+            # the judge's tolerance, for the runtime's check of a share of a user's calls (Op.check_call)
+            "check": {"atol": op.atol, "rtol": op.rtol, "ulps": op.ulps, "floor": op.floor,
+                      "gemm_k": op.gemm_k.text if op.gemm_k is not None else None},
             # every shipped cubin's sha256: the runtime loads none that differs (exported_runtime.Op._cubin)
             "digests": {f"kernels/{c.name}": hashlib.sha256(c.read_bytes()).hexdigest()
                         for c in sorted((pkg / "kernels").glob("*.cubin"))},
         }
         (pkg / "table.json").write_text(json.dumps(table, indent=1) + "\n")
         shutil.copyfile(Path(__file__).with_name("exported_runtime.py"), pkg / "_runtime.py")
+        # the judge's error budgets, for the runtime's checks (it imports nothing but math and torch)
+        shutil.copyfile(Path(__file__).parents[1] / "judge" / "verify.py", pkg / "_verify.py")
         mod, _, fn = op.reference.partition(":")
         from ..core.userpath import load_callable
 
@@ -498,6 +503,21 @@ def set_deterministic(on=True):
 
 def deterministic():
     return op.deterministic
+
+
+def set_check(share, action="fallback"):
+    """Check `share` (0 to 1) of the kernels' calls, at random, against the float64 reference
+    under the judge's error budget; `action` on a failure: "fallback" (the kernel leaves dispatch,
+    the call returns the reference's answer, a RuntimeWarning says why), "raise" or "warn".
+    PIPE_CHECK=SHARE (and PIPE_CHECK_ACTION) at import set it too. `checks()` says what they found."""
+    op.set_check(share, action)
+
+
+def checks():
+    return dict(op.checks)
+
+
+KernelCheckError = _runtime.KernelCheckError
 
 
 def {name}(*args, **kwargs):

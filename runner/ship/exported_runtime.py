@@ -24,7 +24,11 @@ shipped cubins; no compiler and no pipe. One `Op` per exported op:
 - every shipped cubin is checked against the sha256 `pipe export` recorded for it
   (`table.json`'s `digests`), when the package is imported and again as the bytes are
   loaded: a kernel file changed, swapped or added after the export is refused with an
-  error naming it, never launched.
+  error naming it, never launched;
+- a share of the kernel's own calls can be checked against the float64 reference under the
+  judge's error budget (`Op.set_check`, or PIPE_CHECK=SHARE at import): a kernel right on
+  every value set the judge drew but wrong on a user's data (one that tells the two apart)
+  is found in use, and by default leaves dispatch (`Op.check_call`, `Op._checked`).
 
 Expressions (shapes, launch geometry) are the spec's, checked by pipe's safe
 parser when the package was written, and evaluated here with the helpers
@@ -182,6 +186,46 @@ def _env_deterministic() -> bool:
     return os.environ.get(DETERMINISTIC_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+class KernelCheckError(RuntimeError):
+    """A checked call's kernel output was outside the judge's budget (the check's action `raise`)."""
+
+
+CHECK_ENV, CHECK_ACTION_ENV = "PIPE_CHECK", "PIPE_CHECK_ACTION"  # the share of kernel calls checked; the action
+CHECK_ACTIONS = ("fallback", "raise", "warn")
+
+
+def _env_check() -> tuple[float, str]:
+    """(share, action) from PIPE_CHECK and PIPE_CHECK_ACTION at import; a malformed value is an error
+    that names the variable, never a silent 0."""
+    import os
+
+    raw = os.environ.get(CHECK_ENV, "").strip()
+    try:
+        share = float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{CHECK_ENV}={raw!r}: the share of kernel calls to check, a number from 0 to 1") from None
+    action = os.environ.get(CHECK_ACTION_ENV, "").strip().lower() or "fallback"
+    _check_args(share, action, f"{CHECK_ENV}={raw!r}", f"{CHECK_ACTION_ENV}={action!r}")
+    return share, action
+
+
+def _check_args(share, action: str, what_share: str = "share", what_action: str = "action") -> None:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= float(share) <= 1.0:
+        raise ValueError(f"{what_share}: the share of kernel calls to check, a number from 0 to 1")
+    if action not in CHECK_ACTIONS:
+        raise ValueError(f"{what_action}: the action on a failed check, one of {', '.join(CHECK_ACTIONS)}")
+
+
+def _verify_module():
+    """The judge's error budgets (runner/judge/verify.py), shipped beside this file as _verify.py."""
+    try:
+        from . import _verify  # in an exported package
+        return _verify
+    except ImportError:
+        from ..judge import verify  # in pipe itself (runner/ship)
+        return verify
+
+
 def _expr(text: str):
     code = compile(text, "<spec expression>", "eval")
 
@@ -289,6 +333,14 @@ class Op:
         self._smem: dict = {}  # (cubin, device) -> the dynamic shared memory allowed so far
         self.calls = {"kernel": 0, "fallback": 0}  # what dispatch chose, for tests and curious users
         self.digests = table.get("digests") or {}  # cubin path -> the sha256 pipe export recorded
+        # the check of a share of the kernel's own calls against the float64 reference (`check_call`)
+        self.check_spec = table.get("check")  # the judge's tolerance, as the spec gave it (pipe export)
+        self.check_share, self.check_action = _env_check() if self.check_spec else (0.0, "fallback")
+        self.checks = {"checked": 0, "failed": 0, "last": None}  # what the checks found
+        self._disabled: set = set()  # kernels a failed check took out of dispatch (the action `fallback`)
+        import random
+
+        self._check_rng = random.Random()
 
     # -- checks ---------------------------------------------------------------
     def symbols_of(self, tensors: dict) -> dict:
@@ -329,6 +381,83 @@ class Op:
             raise ValueError(f"{self.t['op']}: no deterministic mode: the spec it was exported from names no batch "
                              "axis (op.batch_invariant), so the judge checked no kernel of it for batch invariance")
         self.deterministic = bool(on)
+
+    def set_check(self, share: float, action: str = "fallback") -> None:
+        """Check `share` (0 to 1) of the kernel's calls, chosen at random, against the float64
+        reference under the judge's error budget (`check_call`); `action` on a failed check:
+        `fallback` (the kernel leaves dispatch for the rest of the process, the call returns the
+        reference's answer, a RuntimeWarning says why), `raise` (KernelCheckError) or `warn` (the
+        kernel's output is returned and stays in use). A checked call waits for its stream; calls
+        inside a CUDA graph capture are never checked."""
+        if not self.check_spec:
+            raise ValueError(f"{self.t['op']}: this package carries no tolerance to check against (exported by an "
+                             "older pipe): export it again")
+        _check_args(share, action)
+        self.check_share, self.check_action = float(share), action
+
+    def check_call(self, tensors: dict, scalars: dict, outs: list) -> str | None:
+        """Why `outs`, a kernel's outputs for these inputs, fail the judge's element-wise budget
+        and its lean and aggregate bounds against the float64 reference (judge/verify.py, shipped
+        as _verify.py), or None where they pass. The reference gets float64 copies of the floating
+        inputs (those it widens itself, `widens`, as given). No check of the approved build's
+        error: the package has no approved build to run."""
+        v = _verify_module()
+        c = self.check_spec
+        widens = set(getattr(self.reference, "widens", ()) or ())
+        wide = {k: (t.to(torch.float64) if t.is_floating_point() and k not in widens else t)
+                for k, t in tensors.items()}
+        outs = list(outs)
+        with torch.no_grad():
+            if c.get("gemm_k"):
+                parts = self.reference(**wide, **scalars, parts=True)
+                k = int(_expr(c["gemm_k"])(self.symbols_of(tensors)))
+                budgets = [v.GemmBudget(parts, k, outs[0].dtype)]
+                refs = [parts["out"]]
+            else:
+                got = self.reference(**wide, **scalars)
+                refs = [got] if isinstance(got, torch.Tensor) else list(got)
+                budgets = [v.Budget(r, c["atol"], c["rtol"], o.dtype, c["ulps"], c["floor"]) if o.is_floating_point()
+                           else None for r, o in zip(refs, outs)]
+            for spec, out, ref, b in zip(self.outputs, outs, refs, budgets):
+                ok, why, _ = v.compare(out, ref if b is None else b.ref, c["atol"], c["rtol"], bound=b)
+                if not ok:
+                    return f"output '{spec['name']}': {why}"
+        return None
+
+    def _checked(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> list:
+        """`outs` after the check of a sampled call (`set_check`): the kernel's, or the reference's
+        answer where the check failed and the action is `fallback`."""
+        import warnings
+
+        why = self.check_call(tensors, scalars, outs)
+        self.checks["checked"] += 1
+        if why is None:
+            return outs
+        self.checks["failed"] += 1
+        sizes = ", ".join(f"{s}={env[s]}" for s in self.symbols)
+        msg = (f"{self.t['op']}: the kernel {e.get('cubin') or e.get('params')} failed a check of a user's call "
+               f"at {sizes} against the float64 reference: {why}")
+        self.checks["last"] = msg
+        if self.check_action == "raise":
+            raise KernelCheckError(msg)
+        if self.check_action == "warn":
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            return outs
+        self._disabled.add(self._key(e))
+        self._chosen.clear()
+        warnings.warn(msg + "; it takes no more calls in this process (the fallback serves its sizes)",
+                      RuntimeWarning, stacklevel=3)
+        got = self.fallback_for(env)(**tensors, **scalars)
+        got = [got] if isinstance(got, torch.Tensor) else list(got)
+        return [g.to(o.dtype).contiguous() for g, o in zip(got, outs)]
+
+    @staticmethod
+    def _key(e: dict):
+        return e.get("cubin") or repr(sorted((e.get("params") or {}).items()))
+
+    def _sampled(self) -> bool:
+        return self.check_share > 0 and self._check_rng.random() < self.check_share \
+            and not torch.cuda.is_current_stream_capturing()
 
     def entry_for(self, env: dict) -> dict | None:
         """The table's kernel for these sizes, or None for the fallback (the rule is in
@@ -741,6 +870,8 @@ class Op:
         env = self.symbols_of(tensors)
         x0 = tensors[self.inputs[0]["name"]]
         e = self.entry_for(env) if x0.is_cuda and self.verified_scalars(scalars) else None
+        if e is not None and self._disabled and self._key(e) in self._disabled:
+            e = None  # a failed check of a user's call took it out of dispatch
         shapes = self.output_shapes(env) if e is not None else []
         # the kernels use 16-byte accesses: a contiguous view at an odd offset takes the fallback
         if e is not None and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors.values()) \
@@ -751,6 +882,8 @@ class Op:
             if self._maps_fit(e, tensors, outs, env, full):
                 self.launch(e, env, tensors, scalars, outs, full)
                 self.calls["kernel"] += 1
+                if self._sampled():
+                    outs = self._checked(e, env, tensors, scalars, outs)
                 return outs[0] if len(outs) == 1 else tuple(outs)
         self.calls["fallback"] += 1
         out = (self.fallback_for(env) if x0.is_cuda else self.reference)(**tensors, **scalars)

@@ -11,6 +11,8 @@ kernel; the CPU runtime is given a mode and its prepared calls report the other 
 runtime probe fooled by such a kernel would."""
 from __future__ import annotations
 
+import json
+
 import torch
 import yaml
 
@@ -19,7 +21,7 @@ from runner.core.figures import GRAPH_BELOW_S, floors, launch_mode
 from runner.judge import worker
 from runner.spec.spec import load_spec
 
-from .conftest import FEW_ROWS, PIPELINES, shipped_spec
+from .conftest import FEW_ROWS, PIPELINES, pipe_main, shipped_spec
 
 
 def test_auto_mode_goes_by_the_floor_and_a_named_mode_stands():
@@ -420,3 +422,29 @@ def test_pooled_loops_check_a_secret_few_fresh_calls_of_every_loop():
         refresh()
         loops |= {state["salt"].loop} if state["salt"] is not None else set()
     assert loops == {2}
+
+
+def test_the_judges_own_work_past_the_deadline_is_no_hang_while_it_reports_progress(project, tmp_path):
+    """The deadline (runtime.timeout_s) runs from the judge's last report of progress (Judge.beat),
+    not from the request's start: a trial whose own float64 references take 0.05 s each (about 90
+    them) is `ok` under a 2 s deadline (before: `hang`, the kernel blamed for the judge's work, as
+    an honest decode-attention kernel was on an H100, session 63). A kernel that hangs in a call
+    still reports nothing and is killed (test_hang_is_killed_by_the_watchdog)."""
+    (project / "pipelines" / "slowref.py").write_text(
+        "import time\nimport torch\n\n\n"
+        "def rmsnorm(x, w, eps):\n"
+        "    if x.dtype == torch.float64:  # the verdict's reference: slow, as a float64 one at 2^30 elements is\n"
+        "        time.sleep(0.05)\n"
+        "    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)\n")
+    text = (PIPELINES / "rmsnorm-cpu.yaml").read_text()
+    assert "reference: runner.ops.reference:rmsnorm" in text and "  timeout_s: 30\n" in text
+    spec = project / "pipelines" / "slow.yaml"
+    spec.write_text(text.replace("reference: runner.ops.reference:rmsnorm", "reference: slowref:rmsnorm")
+                    .replace("  timeout_s: 30\n", "  timeout_s: 2\n"))
+    r = pipe_main("eval", spec, "--params", json.dumps({"ACC": 8, "UNROLL": 1, "THREADS": 1}),
+                  "--run-dir", tmp_path / "run", "--json", cwd=project)
+    assert json.loads(r.stdout)["status"] == "ok", (r.stdout + r.stderr)[-2000:]
+    from runner.ship.rundata import open_run
+
+    (trial,) = open_run(tmp_path / "run", None, "test").history
+    assert trial.details["judge_wall_s"] > 3, trial.details["judge_wall_s"]  # past the 2 s, reporting progress

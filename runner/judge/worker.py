@@ -38,6 +38,11 @@ DECOY_CACHE_BYTES = 2 << 30
 # a request out of device memory is served again only if its first attempt took at most this
 # share of its time limit (_serve)
 RETRY_SHARE = 0.4
+# a request's progress (Judge.beat): the runner's deadline (the spec's runtime.timeout_s) runs from
+# the judge's last report of progress, never more often than BEAT_MIN_S apart, and a request ends
+# as a hang after HANG_CAP times the deadline whatever it reports (Worker.request)
+BEAT_MIN_S = 0.05
+HANG_CAP = 10
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -298,6 +303,8 @@ class Judge:
         from ..build import backends
 
         self.torch = torch
+        self._beat_fn = None  # sends a progress report to the runner while a request is served (worker_main)
+        self._beat_at = 0.0
         self.spec = spec
         self.op = spec.op
         self._clocks = False  # the clock sampler: not started yet (_clock_watch)
@@ -468,6 +475,20 @@ class Judge:
         paged cache's block table: a copied entry would make it none)."""
         return frozenset(t.name for t in self.op.inputs if t.rows is not None or "perm" in t.dists)
 
+    def beat(self, what: str) -> None:
+        """Tells the runner the request goes on (`what`: where it is; at most one report in
+        BEAT_MIN_S): its deadline runs from the last report (Worker.request). Reported between the
+        judge's own steps (before a check round's calls, after its reference, before a shape's
+        timing), so a kernel that hangs in a call reports nothing, and the judge's own work at the
+        domain's largest shapes (float64 references of 2^30 elements) is not taken for the kernel's
+        hang: an honest decode-attention kernel was judged `hang` on an H100 (session 63), its
+        trial's verification past the spec's 120 s."""
+        if self._beat_fn is not None:
+            now = time.monotonic()
+            if now - self._beat_at >= BEAT_MIN_S:
+                self._beat_at = now
+                self._beat_fn(what)
+
     def _reference(self, inputs: dict, shape: dict | None = None) -> list:
         """[(float64 reference, error budget)] per output, on private float64 copies (but those
         the reference's `widens` names: _call_reference). The judge computes it only once the
@@ -477,6 +498,12 @@ class Judge:
         With op.tolerance.gemm_k the reference gives the GEMM's parts (`parts=True`) and the
         budget is the GEMM's (verify.GemmBudget, over the reduction length at `shape`, which
         it then needs)."""
+        self.beat(f"the float64 reference at {shape}")
+        got = self._reference_made(inputs, shape)
+        self.beat(f"the float64 reference at {shape} made")
+        return got
+
+    def _reference_made(self, inputs: dict, shape: dict | None = None) -> list:
         from .inputs import TORCH_DTYPES
         from .verify import Budget, GemmBudget, reference_dtype
 
@@ -924,6 +951,7 @@ class Judge:
             own = None  # the kernel's own outputs of the shape's last round (another value set's)
             rounds = shape_rounds[si]
             for r in range(len(rounds)):
+                self.beat(f"{label}, check {r}")
                 # the distribution cycles with the shape too, so a trial meets every one of them,
                 # from a secret turn of the trial's: which shape's rounds draw which of an input's
                 # dists is not known ahead (a kernel that flushed only at the one shape whose
@@ -1034,6 +1062,7 @@ class Judge:
                 run = self._prepare(fn, self._values(shape, inputs, outs, ws, geometry), geometry, mode)
             held_to = None if fn_approved is None else (fn_approved, geometry, mode)
             got: list = []  # the checked calls' pairs with the approved build's outputs
+            self.beat(f"{label}: timing")
             why, times = self._time_checked(job, si, shape, inputs, run, outs, phases, ws, held_to, got)
             phases["time_s"] += clock() - t1
             shape_timed = sum(got, NO_PAIRS)
@@ -2524,12 +2553,14 @@ def worker_main(conn, spec, log_path: str) -> None:
         if judge.census is not None and kind in ("evaluate", "retime", "compare"):
             judge.census.rebase()  # a kernel's thread seen alive never joins these (`convicted`)
         log.start()
+        judge._beat_fn = lambda what, nonce=nonce: _send(conn, {"alive": str(what)[:200], "nonce": nonce})
         try:
             if prof is not None:
                 prof.enable()
             try:
                 result = _serve(judge, kind, args, limit)
             finally:
+                judge._beat_fn = None
                 if prof is not None:
                     prof.disable()
             if prof is not None:
@@ -2621,21 +2652,34 @@ class Worker:
             self.conn.send((msg[0], nonce, float(timeout), *msg[1:]))
         except (BrokenPipeError, OSError):
             return self._died("before the request")
-        t0 = time.monotonic()
-        if not self.conn.poll(timeout):
-            self._kill()
-            return {"status": "hang", "reason": f"no verdict within {timeout:g} s; worker killed",
-                    "seconds": time.monotonic() - t0}
-        try:
-            result = read_reply(self.conn)
-        except (EOFError, ConnectionResetError):
-            return self._died("during the trial")
-        except Exception as e:  # noqa: BLE001 - too long, or names code, or not a pickle: not from the judge
-            self._kill()
-            return {"status": "tampered",
-                    "reason": f"unreadable reply from the worker ({type(e).__name__}: {str(e)[:160]}): more than "
-                              f"{REPLY_MAX_BYTES >> 20} MiB, or not plain data; something in the worker wrote to the "
-                              "verdict pipe; worker killed"}
+        # the deadline runs from the judge's last report of progress (Judge.beat), up to HANG_CAP
+        # times it in all: a kernel that hangs in a call reports nothing
+        t0 = last = time.monotonic()
+        where = None
+        while True:
+            if not self.conn.poll(max(0.0, timeout - (time.monotonic() - last))):
+                self._kill()
+                after = f" after its last progress ({where}, {last - t0:.0f} s into the request)" if where else ""
+                return {"status": "hang", "reason": f"no verdict within {timeout:g} s{after}; worker killed",
+                        "seconds": time.monotonic() - t0}
+            try:
+                result = read_reply(self.conn)
+            except (EOFError, ConnectionResetError):
+                return self._died("during the trial")
+            except Exception as e:  # noqa: BLE001 - too long, or names code, or not a pickle: not from the judge
+                self._kill()
+                return {"status": "tampered",
+                        "reason": f"unreadable reply from the worker ({type(e).__name__}: {str(e)[:160]}): more "
+                                  f"than {REPLY_MAX_BYTES >> 20} MiB, or not plain data; something in the worker wrote "
+                                  "to the verdict pipe; worker killed"}
+            if not (isinstance(result, dict) and set(result) == {"alive", "nonce"} and result["nonce"] == nonce):
+                break
+            last, where = time.monotonic(), str(result["alive"])
+            if last - t0 > HANG_CAP * timeout:
+                self._kill()
+                return {"status": "hang", "reason": f"no verdict within {HANG_CAP * timeout:g} s ({HANG_CAP} times "
+                        f"runtime.timeout_s), though the judge went on ({where}); worker killed",
+                        "seconds": last - t0}
         if not isinstance(result, dict) or result.get("nonce") != nonce or self.conn.poll(0.05):
             self._kill()
             return {"status": "tampered",

@@ -105,6 +105,7 @@ def test_record_in_slices_of_minutes_resumes_where_it_stopped(tmp_path, project)
     assert r.returncode == 2 and "--minutes must be a positive number" in r.stderr
 
 
+@pytest.mark.slow  # 45 s of the quick suite (torch.compile's C++ builds), which CI keeps under 10 minutes
 def test_compare_on_a_cpu_run_times_every_arm_and_checks_the_spec(tmp_path, project):
     spec = project / "pipelines" / "rmsnorm-cpu.yaml"
     spec.write_text(_short_timing((PIPELINES / "rmsnorm-cpu.yaml").read_text()))

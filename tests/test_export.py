@@ -167,12 +167,24 @@ def test_a_package_checks_a_share_of_its_kernels_calls_against_the_float64_refer
         print("checked")
     """)
     assert "checked" in out
-    # PIPE_CHECK at import: read, and a malformed value is an error naming the variable
-    for value, want in (("0.25", "0.25 fallback"), ("half", "PIPE_CHECK='half'")):
-        r = subprocess.run([sys.executable, "-c", "import softmax_h200 as sm; print(sm.op.check_share, sm.op.check_action)"],
-                           cwd=exported, capture_output=True, text=True, timeout=600,
-                           env={"PYTHONPATH": str(exported), "PATH": "/usr/bin:/bin", "PIPE_CHECK": value})
-        assert want in r.stdout + r.stderr, r.stdout + r.stderr[-2000:]
+    # PIPE_CHECK and PIPE_CHECK_ACTION at import: read, and a malformed value is an error naming the variable
+    from runner.ship import exported_runtime as rt
+
+    for env, want in (({"PIPE_CHECK": "0.25"}, (0.25, "fallback")), ({"PIPE_CHECK": "1", "PIPE_CHECK_ACTION": "Raise"},
+                                                                     (1.0, "raise")), ({}, (0.0, "fallback"))):
+        with pytest.MonkeyPatch.context() as mp:
+            for k in ("PIPE_CHECK", "PIPE_CHECK_ACTION"):
+                mp.delenv(k, raising=False)
+            for k, v in env.items():
+                mp.setenv(k, v)
+            assert rt._env_check() == want
+    for env, want in (({"PIPE_CHECK": "half"}, "PIPE_CHECK='half'"), ({"PIPE_CHECK": "2"}, "PIPE_CHECK='2'"),
+                      ({"PIPE_CHECK": "0.1", "PIPE_CHECK_ACTION": "log"}, "PIPE_CHECK_ACTION='log'")):
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            with pytest.raises(ValueError, match=want):
+                rt._env_check()
 
 
 def test_a_package_whose_cubin_changed_after_its_export_is_refused_at_import(exported, tmp_path):

@@ -118,7 +118,8 @@ def test_a_package_checks_a_share_of_its_kernels_calls_against_the_float64_refer
         import sys, warnings, torch
         import softmax_h200 as sm, rmsnorm_h200 as rn, cross_entropy_h200 as ce
         assert "runner" not in sys.modules  # the check runs on what the package ships
-        assert sm.table["check"] == {"atol": 1e-3, "rtol": 1.6e-2, "ulps": 1.0, "floor": 2.0 ** -7, "gemm_k": None}
+        assert sm.table["check"] == {"atol": 1e-3, "rtol": 1.6e-2, "ulps": 1.0, "floor": 2.0 ** -7, "gemm_k": None,
+                                     "in_place": False}
         torch.manual_seed(0)
         x = torch.randn(64, 4096).bfloat16()
         ref = torch.softmax(x.double(), -1)
@@ -136,6 +137,18 @@ def test_a_package_checks_a_share_of_its_kernels_calls_against_the_float64_refer
         loss = torch.nn.functional.cross_entropy(lg.double(), t, ignore_index=-100, reduction="none").float()
         assert ce.op.check_call({"logits": lg, "targets": t}, {"ignore_index": -100}, [loss]) is None
         assert ce.op.check_call({"logits": lg, "targets": t}, {"ignore_index": -100}, [loss + 2e-3]) is not None
+        # the reference is of the inputs as they were before the launch, and a changed input fails
+        zeroed = torch.zeros_like(x)
+        assert sm.op.check_call({"x": zeroed}, {}, [torch.softmax(zeroed.double(), -1).bfloat16()], before={"x": x}) \
+            == "input 'x' was changed by the kernel"
+        assert sm.op.check_call({"x": x}, {}, [ref.bfloat16()], before={"x": x.clone()}) is None
+        # a reference that is not finite on the user's data judges nothing (torch's own answer there)
+        masked = x.clone(); masked[3] = float("-inf")
+        try:
+            sm.op.check_call({"x": masked}, {}, [torch.softmax(masked, -1)])
+            raise SystemExit("judged a call whose reference is NaN")
+        except sm._runtime.Unjudged:
+            pass
         # what a failed check does: the kernel leaves dispatch, the call gets the reference's answer
         e = next(e for e in sm.table["entries"] if e["use"] == "kernel")
         env = {"M": 64, "N": 4096}
@@ -158,6 +171,14 @@ def test_a_package_checks_a_share_of_its_kernels_calls_against_the_float64_refer
             warnings.simplefilter("always")
             kept = sm.op._checked(e, env, {"x": x}, {}, [bad])[0]
         assert torch.isnan(kept).any()  # passed on as the kernel gave it
+        # a check with no verdict leaves the call as the kernel answered it, the kernel in dispatch
+        sm.set_check(1.0)
+        sm.op._disabled.clear()
+        before = dict(sm.checks())
+        passed = torch.softmax(masked, -1)
+        got = sm.op._checked(e, env, {"x": masked}, {}, [passed])
+        assert got[0] is passed and sm.op._key(e) not in sm.op._disabled
+        assert sm.checks()["unjudged"] == before["unjudged"] + 1 and sm.checks()["failed"] == before["failed"]
         for share, action in ((1.5, "fallback"), (0.1, "retry"), (True, "warn")):
             try:
                 sm.set_check(share, action)
@@ -288,7 +309,7 @@ def test_exported_kernels_on_the_gpu(exported):
         assert torch.allclose(f(x).float(), 2 * torch.softmax(x.float(), -1), atol=3e-3, rtol=1.6e-2)
         # every kernel call but the captured one was checked, and passed
         assert sm.checks()["checked"] == sm.op.calls["kernel"] - 1 >= 5 and sm.checks()["failed"] == 0, sm.checks()
-        assert rn.checks() == {"checked": 1, "failed": 0, "last": None} and ce.checks()["checked"] == 1
+        assert rn.checks() == {"checked": 1, "failed": 0, "unjudged": 0, "last": None} and ce.checks()["checked"] == 1
         print("ok")
     """)
 

@@ -889,7 +889,8 @@ def test_a_moe_layers_rows_are_gathered_by_token_in_most_value_sets():
     set of the judge's had them (0 of 360), and a kernel 1% off where half the rows had such a twin
     passed every eval. With `gather: offs` (moe-cpu) x is a gather in a secret 3/4 of the value sets,
     verification's, timed and bare alike, on every routing: under a `routing` draw each token's
-    rows are in topk distinct groups; w and offs are the same with the gather or without."""
+    rows are in the topk distinct groups the router picked for it; w and offs are the same with the
+    gather or without."""
     from runner.judge import inputs
 
     op = shipped_spec(PIPELINES / "moe-cpu.yaml").op
@@ -915,6 +916,19 @@ def test_a_moe_layers_rows_are_gathered_by_token_in_most_value_sets():
                 assert twins <= 4, (seed, timed, bare, twins)  # the judge's few structured copies at most
     for key, k in gathered.items():
         assert 0.55 < k / n < 0.93, (key, k)
+    # under a `routing` draw the rows follow the router's own picks: every pair of experts shares
+    # tokens, as uniform top-2 picks of 64 tokens over 4 experts do (a pair with none: (5/6)^64); a
+    # greedy placement by group sizes left the two largest groups sharing none (review of session 63)
+    import itertools
+
+    for seed in range(12):
+        got = make_inputs(op, {"T": 64}, seed, 0, "cpu", timed=True)
+        x, ends = got["x"], got["offs"].long()
+        if _twinned_rows(x, ends) < 64:
+            continue  # not gathered (a quarter of the sets)
+        starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+        groups = [{bytes(r.view(torch.int16).numpy().tobytes()) for r in x[a:b]} for a, b in zip(starts, ends)]
+        assert all(groups[a] & groups[b] for a, b in itertools.combinations(range(4), 2)), seed
     # every routing dist, timed or not: the gather places every row, with no token twice in a group
     # where the groups' sizes allow it
     for round_ in range(4):

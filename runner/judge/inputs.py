@@ -57,8 +57,10 @@ def shape_of(t, env: dict) -> tuple[int, ...]:
     return tuple(int(d(env)) for d in t.shape)
 
 
-def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None) -> torch.Tensor:
-    x = _draw(t, env, dist, gen, device, form)
+def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None,
+                picks: list | None = None) -> torch.Tensor:
+    """`picks`: a list that a `routing` draw fills with each token's experts (routing_counts)."""
+    x = _draw(t, env, dist, gen, device, form, picks)
     special = getattr(t, "special", None)
     if special is not None:  # e.g. ignore indices among targets: a random share of the elements
         value, fraction = special
@@ -70,12 +72,15 @@ def make_tensor(t, env: dict, dist: str, gen: torch.Generator, device: str, form
 ROUTING = ("routing", "routing_one", "routing_empty", "routing_single")
 
 
-def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Generator, form=None) -> torch.Tensor:
+def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Generator, form=None,
+                   picks: list | None = None) -> torch.Tensor:
     """Rows per expert (int64 [experts], on the CPU, summing to `rows`) for a routing dist,
     drawn from `gen` (the judge's seeded generator: the same seed gives the same routing).
     `form`: routing_empty's structure from the trial's plan (worker.feature_plan), in place of its
     draws: (a count that picks how many experts have rows, whether one holds a single row, whether
-    the groups are tile-aligned)."""
+    the groups are tile-aligned). `picks`: a list given each token's experts (a list of lists, one a
+    token in order) by a `routing` draw, which a gathered input's rows follow (`_gathered`); the
+    draws from `gen` are the same with it or without."""
     counts = torch.zeros(experts, dtype=torch.int64)
     if rows <= 0 or experts <= 0:
         return counts
@@ -83,10 +88,15 @@ def routing_counts(dist: str, experts: int, rows: int, topk: int, gen: torch.Gen
         k = max(1, min(topk, experts))
         tokens, left = divmod(rows, k)
         if tokens:  # the first k of a random permutation of the experts, per token
-            picks = _picks(experts, tokens, k, experts_used(experts, tokens, k), gen)
-            counts += torch.bincount(picks.reshape(-1), minlength=experts)
+            got = _picks(experts, tokens, k, experts_used(experts, tokens, k), gen)
+            counts += torch.bincount(got.reshape(-1), minlength=experts)
+            if picks is not None:
+                picks.extend(got.tolist())
         if left:  # rows not a multiple of topk: one more token with fewer experts
-            counts[torch.randperm(experts, generator=gen)[:left]] += 1
+            extra = torch.randperm(experts, generator=gen)[:left]
+            counts[extra] += 1
+            if picks is not None:
+                picks.append(extra.tolist())
         return counts
     order = torch.randperm(experts, generator=gen)  # which experts, in random places
     if dist == "routing_one" or experts == 1 or rows == 1:
@@ -165,21 +175,23 @@ def _picks(experts: int, tokens: int, k: int, used: int, gen: torch.Generator) -
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def _routing(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None) -> torch.Tensor:
+def _routing(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None,
+             picks: list | None = None) -> torch.Tensor:
     """A routing dist's offsets: the cumulative row ends of `routing_counts`, in the input's
     dtype, on the device (drawn on the CPU: a few hundred numbers, with any generator)."""
     (experts,) = shape_of(t, env)
     rows, topk = int(t.rows(env)), int(t.topk)
     cpu = gen if gen.device.type == "cpu" else torch.Generator().manual_seed(
         int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device).item()))
-    counts = routing_counts(dist, experts, rows, topk, cpu, form)
+    counts = routing_counts(dist, experts, rows, topk, cpu, form, picks)
     return torch.cumsum(counts, 0).to(device=device, dtype=TORCH_DTYPES[t.dtype])
 
 
-def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None) -> torch.Tensor:
+def _draw(t, env: dict, dist: str, gen: torch.Generator, device: str, form=None,
+          picks: list | None = None) -> torch.Tensor:
     dtype = TORCH_DTYPES[t.dtype]
     if dist in ROUTING:
-        return _routing(t, env, dist, gen, device, form)
+        return _routing(t, env, dist, gen, device, form, picks)
     shape = shape_of(t, env)
     # the everyday distributions are drawn in a 16-bit dtype directly (a third of the bytes
     # of drawing in float32 and rounding); the numerics' own ones in float32 or float64
@@ -926,16 +938,20 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
     # a routing that another input's rows gather (`gather`) first: its groups place the gathered rows
     first = {t.gather for t in op.inputs if t.gather is not None}
     order = sorted(range(len(op.inputs)), key=lambda i: op.inputs[i].name not in first)
+    picks: dict = {}  # a gathered routing's draw: each token's experts (a `routing` draw's own)
     for i in order:
         t = op.inputs[i]
         v = t.drawn(timed)
         dist = v.dists[round_ % len(v.dists)]
         if bare and not timed and _floating(v):  # a user's: the input's first calm dist where it lists one
             dist = next((d for d in v.dists if d in CALM_DISTS), dist)
-        out[t.name] = make_tensor(v, env, dist, gen, device, form if dist == "routing_empty" and not timed else None)
+        if t.name in first:
+            picks[t.name] = []
+        out[t.name] = make_tensor(v, env, dist, gen, device, form if dist == "routing_empty" and not timed else None,
+                                  picks.get(t.name))
         if t.gather is not None:  # before the judge's own rows, which land on gathered rows as on any
             src = next(u for u in op.inputs if u.name == t.gather)
-            out[t.name] = _gathered(out[t.name], out[t.gather], src.topk, seed, i)
+            out[t.name] = _gathered(out[t.name], out[t.gather], src.topk, seed, i, picks.get(t.gather) or None)
         if not timed and not bare:  # verification's: every listed distribution at every shape, in secret rows
             keep: list = []  # rows the witness rows leave alone (`_structured`'s one of each kind)
             if structured:  # first: a witness row drawn below takes the place of one of these, never the reverse
@@ -970,7 +986,8 @@ def make_inputs(op, shape: dict, seed: int, round_: int, device: str,
 GATHER_SHARE = 3 / 4  # of the value sets, each gathered input on its own: rows gathered by token
 
 
-def _gathered(x: torch.Tensor, ends: torch.Tensor, topk: int, seed: int, which: int) -> torch.Tensor:
+def _gathered(x: torch.Tensor, ends: torch.Tensor, topk: int, seed: int, which: int,
+              picks: list | None = None) -> torch.Tensor:
     """`x` (rows sorted by expert, the groups' cumulative END rows `ends`) as a MoE layer's
     gather makes it, in a secret GATHER_SHARE of the value sets (timed and bare ones too): each
     of ceil(rows / topk) tokens' rows (x's first rows, as drawn) once in the group of each of
@@ -978,12 +995,14 @@ def _gathered(x: torch.Tensor, ends: torch.Tensor, topk: int, seed: int, which: 
     always has. No draw of the judge's made such rows (0 of 360 value sets of moe-cpu), and a
     kernel 1% off where half the rows had a twin in another group was `ok` in every eval
     (session 62's red team, tests/data/moe_topk_twin_tell.cpp.j2). Which tokens an expert's
-    group holds: the groups from the largest, each taking the tokens with the most picks left,
-    ties broken at random (Ryser's construction: wherever the groups' sizes allow a token in
-    `topk` distinct groups, as every `routing` draw does, it gets them), each group's tokens in
-    ascending order, as a stable sort by expert leaves them; a group larger than the tokens (a
-    skewed routing's) takes some twice. From a generator of its own: the value set's other draws
-    are the same with it or without."""
+    group holds: under a `routing` draw, the experts each token picked in it (`picks`, the
+    router's own draw: a real gather's structure, every pair of experts sharing tokens as
+    uniform picks share them); under a skewed routing (no router gives one), the groups from the
+    largest, each taking the tokens with the most picks left, ties broken at random (Ryser's
+    construction: a token in topk distinct groups wherever the sizes allow; a group larger than
+    the tokens takes some twice). Each group's tokens in ascending order, as a stable sort by
+    expert leaves them. From a generator of its own: the value set's other draws are the same
+    with it or without."""
     rows = x.shape[0]
     if rows < 2 or topk < 2 or ends.numel() == 0:
         return x
@@ -995,6 +1014,12 @@ def _gathered(x: torch.Tensor, ends: torch.Tensor, topk: int, seed: int, which: 
     if int(ends[-1]) != rows or bool((counts < 0).any()):  # not groups of these rows: left as drawn
         return x
     tokens = -(-rows // topk)
+    if picks is not None and len(picks) == tokens:  # the router's own draw: each token's experts
+        experts = torch.tensor([e for p in picks for e in p], dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.arange(tokens), torch.tensor([len(p) for p in picks]))
+        if experts.numel() == rows and torch.equal(torch.bincount(experts, minlength=counts.numel()), counts):
+            src = owner[torch.sort(experts, stable=True).indices]  # by expert, tokens ascending within
+            return x[:tokens][src.to(x.device)]
     left = torch.full((tokens,), topk, dtype=torch.int64)
     left[-1] = rows - (tokens - 1) * topk  # rows not a multiple of topk: one token with fewer picks
     src = torch.empty(rows, dtype=torch.int64)

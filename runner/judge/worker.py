@@ -38,9 +38,10 @@ DECOY_CACHE_BYTES = 2 << 30
 # a request out of device memory is served again only if its first attempt took at most this
 # share of its time limit (_serve)
 RETRY_SHARE = 0.4
-# a request's progress (Judge.beat): the runner's deadline (the spec's runtime.timeout_s) runs from
-# the judge's last report of progress, never more often than BEAT_MIN_S apart, and a request ends
-# as a hang after HANG_CAP times the deadline whatever it reports (Worker.request)
+# a request's progress (Judge.beat): the runner's deadline (the spec's runtime.timeout_s for a
+# trial) runs from the judge's last report of progress, never more often than BEAT_MIN_S apart,
+# and a request ends as a hang at HANG_CAP times the deadline whatever it reports (Worker.request;
+# a Ray slot waits as long, runner/scale/ray_slots.py)
 BEAT_MIN_S = 0.05
 HANG_CAP = 10
 
@@ -498,12 +499,6 @@ class Judge:
         With op.tolerance.gemm_k the reference gives the GEMM's parts (`parts=True`) and the
         budget is the GEMM's (verify.GemmBudget, over the reduction length at `shape`, which
         it then needs)."""
-        self.beat(f"the float64 reference at {shape}")
-        got = self._reference_made(inputs, shape)
-        self.beat(f"the float64 reference at {shape} made")
-        return got
-
-    def _reference_made(self, inputs: dict, shape: dict | None = None) -> list:
         from .inputs import TORCH_DTYPES
         from .verify import Budget, GemmBudget, reference_dtype
 
@@ -561,13 +556,18 @@ class Judge:
         rows = {int(inputs[k].shape[0]) for k in with_axis}
         n = rows.pop() if len(rows) == 1 else 0
         per_row = sum(inputs[k].shape[1:].numel() * 8 for k in with_axis)
+        # the judge's own work, reported as progress before and after (Judge.beat), a chunk at a time
+        where = ", ".join(f"{t.name} {list(inputs[t.name].shape)}" for t in self.op.inputs if t.name in inputs)
         if parts or n * per_row <= REF_CHUNK_BYTES:
+            self.beat(f"the float64 reference ({where})")
             out = widened(self.reference(**private(inputs), **self.scalars, **({"parts": True} if parts else {})))
+            self.beat(f"the float64 reference ({where}) made")
             return out if whole else (list(out) if isinstance(out, (tuple, list)) else [out])
         step = max(1, REF_CHUNK_BYTES // per_row)
         common = private({k: v for k, v in inputs.items() if k not in with_axis})
         chunks, many = [], False
         for r0 in range(0, n, step):
+            self.beat(f"the float64 reference ({where}), rows {r0} on")
             got = widened(self.reference(**common, **private({k: inputs[k][r0:r0 + step] for k in with_axis}),
                                          **self.scalars))
             many = isinstance(got, (tuple, list))
@@ -2657,8 +2657,14 @@ class Worker:
         t0 = last = time.monotonic()
         where = None
         while True:
-            if not self.conn.poll(max(0.0, timeout - (time.monotonic() - last))):
+            now = time.monotonic()
+            wait = min(timeout - (now - last), HANG_CAP * timeout - (now - t0))
+            if not self.conn.poll(max(0.0, wait)):
                 self._kill()
+                if time.monotonic() - t0 >= HANG_CAP * timeout:
+                    return {"status": "hang", "reason": f"no verdict within {HANG_CAP * timeout:g} s ({HANG_CAP} "
+                            f"times the request's deadline), though the judge went on ({where}); worker killed",
+                            "seconds": time.monotonic() - t0}
                 after = f" after its last progress ({where}, {last - t0:.0f} s into the request)" if where else ""
                 return {"status": "hang", "reason": f"no verdict within {timeout:g} s{after}; worker killed",
                         "seconds": time.monotonic() - t0}
@@ -2675,11 +2681,6 @@ class Worker:
             if not (isinstance(result, dict) and set(result) == {"alive", "nonce"} and result["nonce"] == nonce):
                 break
             last, where = time.monotonic(), str(result["alive"])
-            if last - t0 > HANG_CAP * timeout:
-                self._kill()
-                return {"status": "hang", "reason": f"no verdict within {HANG_CAP * timeout:g} s ({HANG_CAP} times "
-                        f"runtime.timeout_s), though the judge went on ({where}); worker killed",
-                        "seconds": last - t0}
         if not isinstance(result, dict) or result.get("nonce") != nonce or self.conn.poll(0.05):
             self._kill()
             return {"status": "tampered",

@@ -15,6 +15,7 @@ import socket
 import tempfile
 
 from ..core.errors import PipeError
+from ..judge.worker import HANG_CAP
 from .slots import SlotLost, cpu_threads, device_profile, lost_reason, same_profiles
 
 READY_S = 180  # an actor's start (its node's Python, torch, the judge worker)
@@ -163,12 +164,15 @@ class RaySlot:
         self.busy_since = time.monotonic()
         try:
             blobs = None
+            # the worker's own deadline runs from the judge's last progress, HANG_CAP times it in all
+            # (judge/worker.Worker.request): the slot waits for that, and two minutes more
+            wait = HANG_CAP * timeout + 120
             for _ in range(2):
                 try:
-                    r = ray.get(self.actor.request.remote(msg, timeout, blobs), timeout=timeout + 120)
+                    r = ray.get(self.actor.request.remote(msg, timeout, blobs), timeout=wait)
                 except ray.exceptions.GetTimeoutError:
                     self.gone = True
-                    raise SlotLost(f"{self.name}: no answer within {timeout + 120:g} s") from None
+                    raise SlotLost(f"{self.name}: no answer within {wait:g} s") from None
                 except ray.exceptions.RayError as e:  # the actor, its process or its node died
                     self.gone = True
                     raise SlotLost(f"{self.name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None

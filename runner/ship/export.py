@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -441,8 +442,9 @@ def export(run_dir: Path, out_dir: Path, name: str | None = None, spec_path: str
             **({"by_range": by_range} if by_range else {}),
             "compare": {"date": compare.get("date"), "machine": compare.get("machine")} if compare else None,
             # the judge's tolerance, for the runtime's check of a share of a user's calls (Op.check_call)
-            "check": {"atol": op.atol, "rtol": op.rtol, "ulps": op.ulps, "floor": op.floor,
-                      "gemm_k": op.gemm_k.text if op.gemm_k is not None else None},
+            "check": {"atol": op.atol, "rtol": op.rtol, "ulps": op.ulps,
+                      "floor": None if math.isinf(op.floor) else op.floor,  # None: .inf (strict JSON has no Infinity)
+                      "gemm_k": op.gemm_k.text if op.gemm_k is not None else None, "in_place": op.in_place},
             # every shipped cubin's sha256: the runtime loads none that differs (exported_runtime.Op._cubin)
             "digests": {f"kernels/{c.name}": hashlib.sha256(c.read_bytes()).hexdigest()
                         for c in sorted((pkg / "kernels").glob("*.cubin"))},

@@ -186,6 +186,10 @@ def _env_deterministic() -> bool:
     return os.environ.get(DETERMINISTIC_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+class Unjudged(Exception):
+    """A check with no verdict: the reference is not finite on the user's inputs."""
+
+
 class KernelCheckError(RuntimeError):
     """A checked call's kernel output was outside the judge's budget (the check's action `raise`)."""
 
@@ -336,7 +340,9 @@ class Op:
         # the check of a share of the kernel's own calls against the float64 reference (`check_call`)
         self.check_spec = table.get("check")  # the judge's tolerance, as the spec gave it (pipe export)
         self.check_share, self.check_action = _env_check() if self.check_spec else (0.0, "fallback")
-        self.checks = {"checked": 0, "failed": 0, "last": None}  # what the checks found
+        # what the checks found: passed or failed; unjudged where the reference is not finite on the
+        # user's data (the judge's own rule: no verdict there) or the check itself failed (memory)
+        self.checks = {"checked": 0, "failed": 0, "unjudged": 0, "last": None}
         self._disabled: set = set()  # kernels a failed check took out of dispatch (the action `fallback`)
         import random
 
@@ -386,7 +392,7 @@ class Op:
         """Check `share` (0 to 1) of the kernel's calls, chosen at random, against the float64
         reference under the judge's error budget (`check_call`); `action` on a failed check:
         `fallback` (the kernel leaves dispatch for the rest of the process, the call returns the
-        reference's answer, a RuntimeWarning says why), `raise` (KernelCheckError) or `warn` (the
+        fallback's answer, a RuntimeWarning says why), `raise` (KernelCheckError) or `warn` (the
         kernel's output is returned and stays in use). A checked call waits for its stream; calls
         inside a CUDA graph capture are never checked."""
         if not self.check_spec:
@@ -395,14 +401,24 @@ class Op:
         _check_args(share, action)
         self.check_share, self.check_action = float(share), action
 
-    def check_call(self, tensors: dict, scalars: dict, outs: list) -> str | None:
+    def check_call(self, tensors: dict, scalars: dict, outs: list, before: dict | None = None) -> str | None:
         """Why `outs`, a kernel's outputs for these inputs, fail the judge's element-wise budget
         and its lean and aggregate bounds against the float64 reference (judge/verify.py, shipped
-        as _verify.py), or None where they pass. The reference gets float64 copies of the floating
-        inputs (those it widens itself, `widens`, as given). No check of the approved build's
-        error: the package has no approved build to run."""
+        as _verify.py), or None where they pass; `before`: copies of the inputs taken before the
+        kernel ran (the reference is computed from those, and an input the kernel changed fails).
+        The reference gets float64 copies of the floating inputs (those it widens itself,
+        `widens`, as given). Raises Unjudged where the reference is not finite on these inputs (the
+        judge's rule: no verdict there). No check of the approved build's error: the package has no
+        approved build to run."""
         v = _verify_module()
         c = self.check_spec
+        if before is not None:
+            for k, was in before.items() if not c.get("in_place") else ():
+                now = tensors[k]
+                if not torch.equal(now.view(torch.uint8) if now.dtype.is_floating_point else now,
+                                   was.view(torch.uint8) if was.dtype.is_floating_point else was):
+                    return f"input '{k}' was changed by the kernel"
+            tensors = before
         widens = set(getattr(self.reference, "widens", ()) or ())
         wide = {k: (t.to(torch.float64) if t.is_floating_point() and k not in widens else t)
                 for k, t in tensors.items()}
@@ -416,20 +432,35 @@ class Op:
             else:
                 got = self.reference(**wide, **scalars)
                 refs = [got] if isinstance(got, torch.Tensor) else list(got)
-                budgets = [v.Budget(r, c["atol"], c["rtol"], o.dtype, c["ulps"], c["floor"]) if o.is_floating_point()
+                floor = float("inf") if c["floor"] is None else c["floor"]  # None: .inf, kept out of the JSON
+                budgets = [v.Budget(r, c["atol"], c["rtol"], o.dtype, c["ulps"], floor) if o.is_floating_point()
                            else None for r, o in zip(refs, outs)]
+            for ref in refs:
+                if ref.is_floating_point() and not bool(torch.isfinite(ref).all()):
+                    raise Unjudged("the float64 reference is not finite on these inputs")
             for spec, out, ref, b in zip(self.outputs, outs, refs, budgets):
                 ok, why, _ = v.compare(out, ref if b is None else b.ref, c["atol"], c["rtol"], bound=b)
                 if not ok:
                     return f"output '{spec['name']}': {why}"
         return None
 
-    def _checked(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list) -> list:
-        """`outs` after the check of a sampled call (`set_check`): the kernel's, or the reference's
-        answer where the check failed and the action is `fallback`."""
+    def _checked(self, e: dict, env: dict, tensors: dict, scalars: dict, outs: list,
+                 before: dict | None = None) -> list:
+        """`outs` after the check of a sampled call (`set_check`; `before`: the inputs as they were
+        before the launch): the kernel's, or the fallback's answer where the check failed and the
+        action is `fallback`. A check that cannot judge (a reference not finite on the user's data)
+        or that fails itself (out of memory: the float64 copies are the inputs' size four times
+        over) counts as unjudged and leaves the call as the kernel answered it."""
         import warnings
 
-        why = self.check_call(tensors, scalars, outs)
+        try:
+            why = self.check_call(tensors, scalars, outs, before)
+        except Exception as err:  # noqa: BLE001 - the check is the package's, never the user's call's failure
+            self.checks["unjudged"] += 1
+            if not isinstance(err, Unjudged) and self.checks["unjudged"] == 1:
+                warnings.warn(f"{self.t['op']}: a check of a kernel's call could not run ({type(err).__name__}: "
+                              f"{str(err)[:200]}); the call keeps the kernel's answer", RuntimeWarning, stacklevel=3)
+            return outs
         self.checks["checked"] += 1
         if why is None:
             return outs
@@ -444,10 +475,9 @@ class Op:
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
             return outs
         self._disabled.add(self._key(e))
-        self._chosen.clear()
         warnings.warn(msg + "; it takes no more calls in this process (the fallback serves its sizes)",
                       RuntimeWarning, stacklevel=3)
-        got = self.fallback_for(env)(**tensors, **scalars)
+        got = self.fallback_for(env)(**(before if before is not None else tensors), **scalars)
         got = [got] if isinstance(got, torch.Tensor) else list(got)
         return [g.to(o.dtype).contiguous() for g, o in zip(got, outs)]
 
@@ -880,10 +910,13 @@ class Op:
                     for t, shape in zip(self.outputs, shapes)]
             full = self._full(e, env)  # the sizes, the entry's parameters and derived values: once a call
             if self._maps_fit(e, tensors, outs, env, full):
+                # a checked call's inputs copied before the launch: its reference is of what the user
+                # passed, and an input the kernel changes fails the check
+                before = {k: t.clone() for k, t in tensors.items()} if self._sampled() else None
                 self.launch(e, env, tensors, scalars, outs, full)
                 self.calls["kernel"] += 1
-                if self._sampled():
-                    outs = self._checked(e, env, tensors, scalars, outs)
+                if before is not None:
+                    outs = self._checked(e, env, tensors, scalars, outs, before)
                 return outs[0] if len(outs) == 1 else tuple(outs)
         self.calls["fallback"] += 1
         out = (self.fallback_for(env) if x0.is_cuda else self.reference)(**tensors, **scalars)

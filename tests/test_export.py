@@ -697,3 +697,30 @@ def test_a_compare_json_whose_digest_cannot_be_recorded_is_moved_aside(tmp_path,
         _compared(tmp_path, monkeypatch)
     run = tmp_path / "run"
     assert not (run / "compare.json").exists() and (run / "compare.unrecorded.json").is_file()
+
+
+def test_a_size_given_only_inside_a_dimension_is_solved_from_the_inputs():
+    """A MoE layer's rows are `T * 6`: no input has T as a dimension of its own, and the exported op
+    named it in a NameError. The runtime now solves an affine dimension for its one unknown size
+    (T = rows / 6), the shape check then holds every input to it, and a size no shape gives is an
+    InputError that names it."""
+    import torch
+
+    from runner.ship.exported_runtime import InputError, Op
+
+    spec = shipped_spec(PIPELINES / "moe-fine-h200.yaml")
+    table = {**launch_table(spec), "op": "moe", "symbols": ["T"], "baked": [], "entries": [], "scalars": [],
+             "inputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in spec.op.inputs],
+             "outputs": [{"name": t.name, "dtype": t.dtype, "shape": [d.text for d in t.shape]} for t in spec.op.outputs]}
+    op = Op(ROOT, table, None)
+    x, w = torch.empty(37 * 6, 2048, dtype=torch.bfloat16), torch.empty(64, 2816, 2048, dtype=torch.bfloat16)
+    offs = torch.empty(64, dtype=torch.int32)
+    env = op.symbols_of({"x": x, "w": w, "offs": offs})
+    assert env == {"T": 37} and op.output_shapes(env) == [[222, 2816]]
+    with pytest.raises(InputError, match="cannot tell the size 'T' from the inputs' shapes"):
+        op.symbols_of({"x": torch.empty(221, 2048, dtype=torch.bfloat16), "w": w, "offs": offs})  # no whole T
+    with pytest.raises(InputError, match=r"'w' must have shape \[64, 2816, 2048\]"):
+        op.symbols_of({"x": x, "w": w[:, :100], "offs": offs})
+    table["inputs"] = [{"name": "x", "dtype": "bf16", "shape": ["T * U", "2048"]}]
+    with pytest.raises(InputError, match="cannot tell the size 'T' from the inputs' shapes"):
+        Op(ROOT, table, None).symbols_of({"x": x})

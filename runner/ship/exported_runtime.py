@@ -220,14 +220,28 @@ def _check_args(share, action: str, what_share: str = "share", what_action: str 
         raise ValueError(f"{what_action}: the action on a failed check, one of {', '.join(CHECK_ACTIONS)}")
 
 
+_VERIFY: list = []
+
+
 def _verify_module():
-    """The judge's error budgets (runner/judge/verify.py), shipped beside this file as _verify.py."""
-    try:
-        from . import _verify  # in an exported package
-        return _verify
-    except ImportError:
-        from ..judge import verify  # in pipe itself (runner/ship)
-        return verify
+    """The judge's error budgets (runner/judge/verify.py), shipped beside this file as _verify.py
+    (in pipe's own tree, the file itself): loaded from its file, as the runtime imports nothing of
+    pipe and nothing of the package it sits in by name."""
+    if not _VERIFY:
+        import importlib.util
+        import sys
+
+        here = Path(__file__)
+        path = here.with_name("_verify.py")
+        if not path.exists():
+            path = here.parents[1] / "judge" / "verify.py"  # runner/ship/exported_runtime.py in pipe
+        name = f"{__name__}__verify"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(mod)
+        _VERIFY.append(mod)
+    return _VERIFY[0]
 
 
 def _expr(text: str):
@@ -312,6 +326,10 @@ class Op:
         self.baked = table["baked"]
         self.entries = table["entries"]
         self._shape_fns = {t["name"]: [_expr(d) for d in t["shape"]] for t in (*self.inputs, *self.outputs)}
+        # each input dimension's names (sizes), once: `_solve_sizes` looks for the unbound ones
+        self._dim_names = {t["name"]: [tuple(n for n in compile(d, "<dim>", "eval").co_names if n not in HELPERS)
+                                       for d in t["shape"]] for t in self.inputs}
+        self._all_dim_names = {n for dims in self._dim_names.values() for names in dims for n in names}
         self._derive = [(n, _expr(x)) for n, x in table["derive"]]
         self._geo = {k: [_expr(x) for x in v] for k, v in table["geometry"].items()}
         self._scratch = _scratch_exprs(table.get("scratch"))  # [(name, dtype, [dimension expressions])]
@@ -364,9 +382,14 @@ class Op:
             for d, size in zip(t["shape"], x.shape):
                 if d.isidentifier() and d not in env:
                     env[d] = int(size)
+        self._solve_sizes(tensors, env)
         for t in self.inputs:
             x = tensors[t["name"]]
-            want = [int(f(env)) for f in self._shape_fns[t["name"]]]
+            try:
+                want = [int(f(env)) for f in self._shape_fns[t["name"]]]
+            except NameError as e:  # a size no input's shape gives (and no expression solves for)
+                raise InputError(f"{self.t['op']}: cannot tell the size '{getattr(e, 'name', None) or e}' from "
+                                 "the inputs' shapes") from None
             if list(x.shape) != want:
                 raise InputError(f"{self.t['op']}: '{t['name']}' must have shape [{', '.join(t['shape'])}] = {want} "
                                  f"for {env}, got {tuple(x.shape)}")
@@ -374,6 +397,32 @@ class Op:
         if len(devices) > 1:
             raise InputError(f"{self.t['op']}: inputs on several devices: {sorted(map(str, devices))}")
         return env
+
+    def _solve_sizes(self, tensors: dict, env: dict) -> None:
+        """Binds in `env` each size that appears in a dimension only inside an expression (a MoE
+        layer's rows, `T * 6`): where a dimension's expression has one unbound name and is affine in
+        it, the value that gives the tensor's size, if it is a whole number (the shape check after
+        this confirms every dimension). Repeated while a pass binds something."""
+        bound = not self._all_dim_names <= env.keys()  # the common case: every size a dimension of its own
+        while bound:
+            bound = False
+            for t in self.inputs:
+                n = t["name"]
+                for names, f, size in zip(self._dim_names[n], self._shape_fns[n], tensors[n].shape):
+                    free = [n for n in names if n not in env]
+                    if len(free) != 1:
+                        continue
+                    (name,) = free
+                    try:
+                        a = f({**env, name: 0})
+                        b = f({**env, name: 1}) - a
+                    except (ArithmeticError, TypeError, ValueError):
+                        continue
+                    if b and (int(size) - a) % b == 0:
+                        v = (int(size) - a) // b
+                        if v >= 0 and f({**env, name: v}) == int(size):
+                            env[name] = int(v)
+                            bound = True
 
     def output_shapes(self, env: dict) -> list[list[int]]:
         return [[int(f(env)) for f in self._shape_fns[t["name"]]] for t in self.outputs]

@@ -409,7 +409,7 @@ class Op:
             for t in self.inputs:
                 n = t["name"]
                 for names, f, size in zip(self._dim_names[n], self._shape_fns[n], tensors[n].shape):
-                    free = [n for n in names if n not in env]
+                    free = [s for s in names if s not in env]
                     if len(free) != 1:
                         continue
                     (name,) = free

@@ -651,6 +651,7 @@ def test_a_kernel_wrong_only_on_routings_with_no_single_row_group_is_caught(tmp_
     assert "wrong" in r.stdout + r.stderr and "GEMM budget" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
 
 
+@pytest.mark.slow  # 20 s of the quick suite (a run and a compare); routings are caught in quick tests too
 def test_the_cpu_pipeline_runs_compares_and_catches_a_wrong_routing(tmp_path, project):
     """pipelines/moe-cpu.yaml end to end: a run (every routing verified on every shape), then
     pipe compare with the arms (the loop and torch._grouped_mm timed and checked, Triton n/a

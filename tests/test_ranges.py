@@ -774,6 +774,7 @@ def test_the_curve_draws_inside_ranges_the_uniform_points_missed():
     assert len({tuple(p["T"] for p in ranges.range_points(spec, table, s, 3, taken)) for s in range(20)}) > 5
 
 
+@pytest.mark.slow  # 23 s of the quick suite (a second compare), which CI keeps under 10 minutes
 def test_compare_says_each_stage_and_timing_request_on_stderr(ranged_run, tmp_path, capsys):
     """A range compare runs for minutes on a GPU: its stages and each timing request (with its
     time) go to stderr as they happen, the table alone to stdout; -q leaves them out."""

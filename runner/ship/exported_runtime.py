@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 from pathlib import Path
 
 import torch
@@ -362,8 +363,6 @@ class Op:
         # user's data (the judge's own rule: no verdict there) or the check itself failed (memory)
         self.checks = {"checked": 0, "failed": 0, "unjudged": 0, "last": None}
         self._disabled: set = set()  # kernels a failed check took out of dispatch (the action `fallback`)
-        import random
-
         self._check_rng = random.Random()
 
     # -- checks ---------------------------------------------------------------

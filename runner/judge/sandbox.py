@@ -15,7 +15,10 @@ trial into a crash, so the list below names what reaches outside the process ins
 (files, processes, sockets, io_uring, bpf, perf, userfaultfd, anonymous files, keys,
 namespaces, modules). mmap/mprotect with PROT_EXEC stay allowed under it: dlopen and oneDNN's
 JIT need them; a kernel host stacks a second filter once its library is loaded
-(`no_new_code`), after which no new executable memory can be made.
+(`no_new_code`), after which no new executable memory can be made, and a third, an allow list
+(`loop_only`, LOOP_ALLOW): a loaded host is small and its system calls known, so there the
+tighter list holds; with it, Landlock (`read_only_beneath`) leaves the host only its own threads'
+/proc entries to open.
 
 What it cannot stop is a kernel writing to the descriptors its process already
 has. A kernel host holds stdout and stderr (the worker's capped log), the socket it reports
@@ -205,6 +208,90 @@ def _no_exec_program() -> list[tuple[int, int, int, int]]:
     return p
 
 
+# The kernel host's third filter, once its library is loaded: an allow list. What a loaded host
+# still does is small and known (kernel_host.py's loop: futex waits, sched_yield, the census's
+# fstat, openat, getdents64, read and close, its report's write, the GS base, the stack scrub's
+# signal mask, Python's allocator), and so is what a kernel's own code needs (threads and their
+# stacks, futexes, memory, printf, sleeps, its affinity); everything else is refused. Refused in
+# particular: every clock (clock_gettime, gettimeofday, time, times, getrusage, sysinfo, timerfd,
+# the waits that report what is left of a timeout): the time-stamp counter is already off
+# (PR_SET_TSC), and a kernel that reads the time by a system call instead could key its work to
+# it (session 38's fourth red team was slow in most rounds of a comparison and fast in one);
+# prctl, which would turn that counter back on; madvise's advice that drops or pages out shared
+# memory (MADV_REMOVE punches the arena, MADV_PAGEOUT and MADV_COLD evict a rival's pages); and
+# the futex operations that move or take another process's waiters on shared memory (a
+# requeue of a rival host's sleep on its command word would leave it asleep for good, a hang
+# charged to the rival).
+LOOP_ALLOW = {
+    0: "read", 1: "write", 3: "close", 5: "fstat", 8: "lseek", 9: "mmap", 10: "mprotect", 11: "munmap",
+    12: "brk", 14: "rt_sigprocmask", 15: "rt_sigreturn", 17: "pread64", 19: "readv", 20: "writev",
+    24: "sched_yield", 25: "mremap", 35: "nanosleep", 39: "getpid", 56: "clone", 60: "exit", 63: "uname",
+    72: "fcntl", 97: "getrlimit", 102: "getuid", 104: "getgid", 107: "geteuid", 108: "getegid",
+    110: "getppid", 131: "sigaltstack", 140: "getpriority", 141: "setpriority", 143: "sched_getparam",
+    145: "sched_getscheduler", 158: "arch_prctl", 186: "gettid", 203: "sched_setaffinity",
+    204: "sched_getaffinity", 217: "getdents64", 218: "set_tid_address", 219: "restart_syscall",
+    230: "clock_nanosleep", 231: "exit_group", 234: "tgkill", 257: "openat", 262: "newfstatat",
+    273: "set_robust_list", 302: "prlimit64", 309: "getcpu", 318: "getrandom", 324: "membarrier",
+    332: "statx", 334: "rseq", 435: "clone3",
+}
+# (clone, clone3, tgkill, setpriority, sched_setaffinity, prlimit64, close, mmap, mprotect and
+# mremap pass here and stay under the first two filters' rules: threads only, this process only,
+# the census's descriptors kept, no executable memory)
+IOCTL, TCGETS, FUTEX, MADVISE = 16, 0x5401, 202, 28
+FUTEX_PRIVATE, FUTEX_CLOCK_REALTIME = 128, 256
+# on a shared word (one another process may sleep on): WAIT and WAIT_BITSET only, what a join needs
+# (glibc waits on a thread's id, which the kernel itself clears and wakes at the thread's exit). A
+# wake would rouse a rival host asleep on its command word, its CPU spent between its commands;
+# a kernel's own threads wake each other with private operations (std::thread, OpenMP, glibc's locks)
+FUTEX_SHARED_OPS = (0, 9)
+# MADV_NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED (a shared page read again from the arena,
+# unchanged), FREE, HUGEPAGE, NOHUGEPAGE, DONTDUMP, DODUMP: what allocators and thread stacks use
+MADV_ALLOWED = (0, 1, 2, 3, 4, 8, 14, 15, 16, 17)
+
+
+ALU_AND_K = 0x54
+FUTEX_CMD_MASK = 0x7F  # the operation itself, without the private and clock flags
+
+
+def _assemble(rows: list) -> list[tuple[int, int, int, int]]:
+    """Rows of (code, jt, jf, k) whose jumps may name a label (a string), and labels as one-element
+    tuples ("name",), into rows whose jumps are relative to the next row."""
+    at, n = {}, 0
+    for r in rows:
+        if len(r) == 1:
+            at[r[0]] = n
+        else:
+            n += 1
+    out: list[tuple[int, int, int, int]] = []
+    for r in rows:
+        if len(r) == 1:
+            continue
+        code, jt, jf, k = r
+        here = len(out) + 1
+        jt = at[jt] - here if isinstance(jt, str) else jt
+        jf = at[jf] - here if isinstance(jf, str) else jf
+        assert 0 <= jt < 256 and 0 <= jf < 256, r
+        out.append((code, jt, jf, k))
+    return out
+
+
+def _loop_program() -> list[tuple[int, int, int, int]]:
+    """The allow list (LOOP_ALLOW) as (code, jt, jf, k) rows; ioctl only to ask whether a
+    descriptor is a terminal (TCGETS, stdio's question), futex operations on shared words only
+    those of FUTEX_SHARED_OPS, madvise only the advice of MADV_ALLOWED; the rest EPERM."""
+    rows: list = [(LD_W_ABS, 0, 0, 0)]
+    rows += [(JEQ_K, "allow", 0, nr) for nr in sorted(LOOP_ALLOW)]
+    rows += [(JEQ_K, "ioctl", 0, IOCTL), (JEQ_K, "futex", 0, FUTEX), (JEQ_K, "madvise", "deny", MADVISE)]
+    rows += [("ioctl",), (LD_W_ABS, 0, 0, 16 + 8), (JEQ_K, "allow", "deny", TCGETS)]
+    rows += [("futex",), (LD_W_ABS, 0, 0, 16 + 8), (JSET_K, "allow", 0, FUTEX_PRIVATE),
+             (ALU_AND_K, 0, 0, FUTEX_CMD_MASK)]
+    rows += [(JEQ_K, "allow", 0, op) for op in FUTEX_SHARED_OPS] + [(RET_K, 0, 0, RET_ERRNO | EPERM)]
+    rows += [("madvise",), (LD_W_ABS, 0, 0, 16 + 16)]
+    rows += [(JEQ_K, "allow", 0, a) for a in MADV_ALLOWED]
+    rows += [("deny",), (RET_K, 0, 0, RET_ERRNO | EPERM), ("allow",), (RET_K, 0, 0, RET_ALLOW)]
+    return _assemble(rows)
+
+
 def _load(rows) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     arr = (_Filter * len(rows))(*[_Filter(*r) for r in rows])
@@ -221,6 +308,72 @@ def no_new_code() -> bool:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     return _load(_no_exec_program())
+
+
+def loop_only() -> bool:
+    """Stack the allow list (_loop_program) on this process; True if it is in force. For a kernel
+    host after LOAD, beside `no_new_code`: from then on it runs only its loop and the kernel's calls."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    return _load(_loop_program())
+
+
+# Landlock (Linux 5.13 and later): the files a kernel host may still open once its library is
+# loaded. Its census opens /proc/<host>/task/<tid>/stat (kernel_host._Census); nothing else it does
+# opens a file, and a kernel has no need to: without this, it read whatever the user can (the
+# run's ledger, the spec, the cache, /proc's clocks and other processes' state).
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_READ_FILE, LANDLOCK_READ_DIR = 1 << 2, 1 << 3
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+class _LandlockRuleset(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _LandlockBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where there is none."""
+    if platform.system() != "Linux":
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    r = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return int(r) if r > 0 else 0
+
+
+def read_only_beneath(dir_fd: int) -> int:
+    """Restrict this process for good to reading files and listing folders beneath the folder
+    `dir_fd` is open on (the descriptor, held open, keeps that folder's inode the rule names);
+    every other filesystem access is refused (EACCES), and where the ABI has them (6), signals
+    and abstract unix sockets stay inside the process. The ABI in force, or 0 where the kernel
+    has no Landlock or the restriction failed (the seccomp filters stand alone)."""
+    v = landlock_abi()
+    if v < 1:
+        return 0
+    fs = (1 << 13) - 1 | (1 << 13 if v >= 2 else 0) | (1 << 14 if v >= 3 else 0) | (1 << 15 if v >= 5 else 0)
+    attr = _LandlockRuleset(fs, 0, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL if v >= 6 else 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                      ctypes.c_size_t(24 if v >= 6 else 8), ctypes.c_uint32(0))
+    if fd < 0:
+        return 0
+    try:
+        rule = _LandlockBeneath(LANDLOCK_READ_FILE | LANDLOCK_READ_DIR, dir_fd)
+        if libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
+                        ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            return 0
+        if libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            return 0
+        return v
+    finally:
+        os.close(fd)
 
 
 def install(own_pid: int | None = None, keep_fds: tuple[int, ...] = ()) -> bool:

@@ -5,8 +5,10 @@ SANDBOX_PY REPORT_FD`, with the shared arena's descriptor and its end of the cen
 only ones besides stdout and stderr. It maps the arena (the inputs, outputs and scratch buffers of
 the calls, and this host's control block), takes away its own capabilities and goes under the
 seccomp filter (judge/sandbox.py, with the checks that need its own pid), and only then loads the
-candidate's library: the library's load-time code already runs confined. From then on it does what
-the control block says and nothing else, sleeping on a futex between commands:
+candidate's library: the library's load-time code already runs confined. Once it is loaded, two more
+filters (no new executable memory; an allow list of the loop's calls and a kernel's own needs, no
+clock among them) and Landlock (no file but its own threads' /proc entries) close the rest. From
+then on it does what the control block says and nothing else, sleeping on a futex between commands:
 
 - LOAD: the library and its entry (once);
 - PRIME, every call's, timed or not: the stack scrubbed (all of the stack a call can reach below
@@ -375,8 +377,12 @@ def main(argv: list[str]) -> int:
                 fn.argtypes = [types[k] for k in kinds]
                 callee = fn
                 # loaded: no executable memory is made from here on (code written at run time is
-                # code no reader of the compiled code saw)
+                # code no reader of the compiled code saw); no file opened but the census's
+                # (Landlock, where the kernel has it); no system call but the loop's and what a
+                # kernel's own code needs (sandbox.LOOP_ALLOW: no clock, no prctl)
                 sandbox.no_new_code()
+                sandbox.read_only_beneath(census.fd)
+                sandbox.loop_only()
                 u32[STATUS // 4] = 0
             except (OSError, AttributeError) as e:
                 msg = f"{type(e).__name__}: {e}".encode()[:TEXT_BYTES - 1]

@@ -212,9 +212,9 @@ def _no_exec_program() -> list[tuple[int, int, int, int]]:
 # still does is small and known (kernel_host.py's loop: futex waits, sched_yield, the census's
 # fstat, openat, getdents64, read and close, its report's write, the GS base, the stack scrub's
 # signal mask, Python's allocator), and so is what a kernel's own code needs (threads and their
-# stacks, futexes, memory, printf, sleeps, its affinity); everything else is refused. Refused in
-# particular: every clock (clock_gettime, gettimeofday, time, times, getrusage, sysinfo, timerfd,
-# the waits that report what is left of a timeout): the time-stamp counter is already off
+# stacks, futexes, memory, printf, sleeps); everything else is refused. Refused in particular:
+# every clock (clock_gettime, gettimeofday, time, times, getrusage, sysinfo, timerfd, the waits
+# that report what is left of a timeout, absolute deadlines): the time-stamp counter is already off
 # (PR_SET_TSC), and a kernel that reads the time by a system call instead could key its work to
 # it (session 38's fourth red team was slow in most rounds of a comparison and fast in one);
 # prctl, which would turn that counter back on; madvise's advice that drops or pages out shared
@@ -223,34 +223,40 @@ def _no_exec_program() -> list[tuple[int, int, int, int]]:
 # requeue of a rival host's sleep on its command word would leave it asleep for good, a hang
 # charged to the rival).
 LOOP_ALLOW = {
-    0: "read", 1: "write", 3: "close", 5: "fstat", 8: "lseek", 9: "mmap", 10: "mprotect", 11: "munmap",
+    0: "read", 1: "write", 3: "close", 8: "lseek", 9: "mmap", 10: "mprotect", 11: "munmap",
     12: "brk", 14: "rt_sigprocmask", 15: "rt_sigreturn", 17: "pread64", 19: "readv", 20: "writev",
     24: "sched_yield", 25: "mremap", 35: "nanosleep", 39: "getpid", 56: "clone", 60: "exit", 63: "uname",
     72: "fcntl", 97: "getrlimit", 102: "getuid", 104: "getgid", 107: "geteuid", 108: "getegid",
-    110: "getppid", 131: "sigaltstack", 140: "getpriority", 141: "setpriority", 143: "sched_getparam",
-    145: "sched_getscheduler", 158: "arch_prctl", 186: "gettid", 203: "sched_setaffinity",
-    204: "sched_getaffinity", 217: "getdents64", 218: "set_tid_address", 219: "restart_syscall",
-    230: "clock_nanosleep", 231: "exit_group", 234: "tgkill", 257: "openat", 262: "newfstatat",
-    273: "set_robust_list", 302: "prlimit64", 309: "getcpu", 318: "getrandom", 324: "membarrier",
-    332: "statx", 334: "rseq", 435: "clone3",
+    110: "getppid", 131: "sigaltstack", 141: "setpriority", 143: "sched_getparam",
+    145: "sched_getscheduler", 158: "arch_prctl", 186: "gettid", 204: "sched_getaffinity",
+    217: "getdents64", 218: "set_tid_address", 219: "restart_syscall", 231: "exit_group", 234: "tgkill",
+    257: "openat", 273: "set_robust_list", 302: "prlimit64", 309: "getcpu", 318: "getrandom",
+    334: "rseq", 435: "clone3",
 }
-# (clone, clone3, tgkill, setpriority, sched_setaffinity, prlimit64, close, mmap, mprotect and
-# mremap pass here and stay under the first two filters' rules: threads only, this process only,
-# the census's descriptors kept, no executable memory)
-IOCTL, TCGETS, FUTEX, MADVISE = 16, 0x5401, 202, 28
-FUTEX_PRIVATE, FUTEX_CLOCK_REALTIME = 128, 256
+# (clone, clone3, tgkill, setpriority, prlimit64, close, mmap, mprotect and mremap pass here and
+# stay under the first two filters' rules: threads only, this process only, the census's
+# descriptors kept, no executable memory.) Not on the list: sched_setaffinity (a host runs on the
+# cores the judge pinned it to, runtime.threads of them, as the baseline does: a kernel that
+# widened its own set ran on more), membarrier (its global command interrupts every CPU), the
+# stat calls that take a path (newfstatat, statx: a file's times are a clock, the log the host
+# writes to is stamped at every write, and Landlock does not mediate them)
+IOCTL, TCGETS, FUTEX, MADVISE, FSTAT, CLOCK_NANOSLEEP = 16, 0x5401, 202, 28, 5, 230
+FUTEX_PRIVATE = 128
+FUTEX_CMD_MASK = 0x7F  # the operation itself, without the private and clock flags
 # on a shared word (one another process may sleep on): WAIT and WAIT_BITSET only, what a join needs
 # (glibc waits on a thread's id, which the kernel itself clears and wakes at the thread's exit). A
 # wake would rouse a rival host asleep on its command word, its CPU spent between its commands;
-# a kernel's own threads wake each other with private operations (std::thread, OpenMP, glibc's locks)
+# a kernel's own threads wake each other with private operations (std::thread, glibc's locks).
+# (The judge wakes every waiter on a host's words, so a kernel's wait there steals no wake.)
 FUTEX_SHARED_OPS = (0, 9)
+# the operations whose timeout is an absolute time (WAIT_BITSET, LOCK_PI, WAIT_REQUEUE_PI,
+# LOCK_PI2): a deadline in the past returns at once and one in the future waits, a comparator
+# with the clock, so only without a timeout
+FUTEX_DEADLINE_OPS = (9, 6, 11, 13)
 # MADV_NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED (a shared page read again from the arena,
 # unchanged), FREE, HUGEPAGE, NOHUGEPAGE, DONTDUMP, DODUMP: what allocators and thread stacks use
 MADV_ALLOWED = (0, 1, 2, 3, 4, 8, 14, 15, 16, 17)
-
-
 ALU_AND_K = 0x54
-FUTEX_CMD_MASK = 0x7F  # the operation itself, without the private and clock flags
 
 
 def _assemble(rows: list) -> list[tuple[int, int, int, int]]:
@@ -275,18 +281,30 @@ def _assemble(rows: list) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _loop_program() -> list[tuple[int, int, int, int]]:
-    """The allow list (LOOP_ALLOW) as (code, jt, jf, k) rows; ioctl only to ask whether a
-    descriptor is a terminal (TCGETS, stdio's question), futex operations on shared words only
-    those of FUTEX_SHARED_OPS, madvise only the advice of MADV_ALLOWED; the rest EPERM."""
+def _loop_program(census_fd: int) -> list[tuple[int, int, int, int]]:
+    """The allow list (LOOP_ALLOW) as (code, jt, jf, k) rows; and with their arguments checked:
+    fstat of the census's folder only (`census_fd`: its link count is the host's thread count);
+    ioctl only to ask whether a descriptor is a terminal (TCGETS, stdio's question); futex
+    operations on shared words only FUTEX_SHARED_OPS, and those of FUTEX_DEADLINE_OPS only without
+    a timeout (by either clock: glibc's join waits with FUTEX_CLOCK_REALTIME and none);
+    clock_nanosleep only for a relative time; madvise only the advice of MADV_ALLOWED; the rest
+    EPERM."""
+    def arg(i: int, high: bool = False) -> tuple:
+        return (LD_W_ABS, 0, 0, 16 + 8 * i + (4 if high else 0))
+
     rows: list = [(LD_W_ABS, 0, 0, 0)]
     rows += [(JEQ_K, "allow", 0, nr) for nr in sorted(LOOP_ALLOW)]
-    rows += [(JEQ_K, "ioctl", 0, IOCTL), (JEQ_K, "futex", 0, FUTEX), (JEQ_K, "madvise", "deny", MADVISE)]
-    rows += [("ioctl",), (LD_W_ABS, 0, 0, 16 + 8), (JEQ_K, "allow", "deny", TCGETS)]
-    rows += [("futex",), (LD_W_ABS, 0, 0, 16 + 8), (JSET_K, "allow", 0, FUTEX_PRIVATE),
-             (ALU_AND_K, 0, 0, FUTEX_CMD_MASK)]
-    rows += [(JEQ_K, "allow", 0, op) for op in FUTEX_SHARED_OPS] + [(RET_K, 0, 0, RET_ERRNO | EPERM)]
-    rows += [("madvise",), (LD_W_ABS, 0, 0, 16 + 16)]
+    rows += [(JEQ_K, "ioctl", 0, IOCTL), (JEQ_K, "futex", 0, FUTEX), (JEQ_K, "fstat", 0, FSTAT),
+             (JEQ_K, "sleep", 0, CLOCK_NANOSLEEP), (JEQ_K, "madvise", "deny", MADVISE)]
+    rows += [("ioctl",), arg(1), (JEQ_K, "allow", "deny", TCGETS)]
+    rows += [("fstat",), arg(0), (JEQ_K, "allow", "deny", census_fd & 0xFFFFFFFF)]
+    rows += [("sleep",), arg(1), (JEQ_K, "allow", "deny", 0)]  # flags: not TIMER_ABSTIME
+    rows += [("futex",), arg(1), (ALU_AND_K, 0, 0, FUTEX_CMD_MASK)]
+    rows += [(JEQ_K, "no_deadline", 0, op) for op in FUTEX_DEADLINE_OPS] + [(JEQ_K, "shared", "shared", 0)]
+    rows += [("no_deadline",), arg(3), (JEQ_K, 0, "deny", 0), arg(3, high=True), (JEQ_K, "shared", "deny", 0)]
+    rows += [("shared",), arg(1), (JSET_K, "allow", 0, FUTEX_PRIVATE), (ALU_AND_K, 0, 0, FUTEX_CMD_MASK)]
+    rows += [(JEQ_K, "allow", 0, op) for op in FUTEX_SHARED_OPS] + [(JEQ_K, "deny", "deny", 0)]
+    rows += [("madvise",), arg(2)]
     rows += [(JEQ_K, "allow", 0, a) for a in MADV_ALLOWED]
     rows += [("deny",), (RET_K, 0, 0, RET_ERRNO | EPERM), ("allow",), (RET_K, 0, 0, RET_ALLOW)]
     return _assemble(rows)
@@ -310,12 +328,13 @@ def no_new_code() -> bool:
     return _load(_no_exec_program())
 
 
-def loop_only() -> bool:
+def loop_only(census_fd: int) -> bool:
     """Stack the allow list (_loop_program) on this process; True if it is in force. For a kernel
-    host after LOAD, beside `no_new_code`: from then on it runs only its loop and the kernel's calls."""
+    host after LOAD, beside `no_new_code`: from then on it runs only its loop and the kernel's calls
+    (`census_fd`: the folder its census counts threads in, the one descriptor fstat may read)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
-    return _load(_loop_program())
+    return _load(_loop_program(census_fd))
 
 
 # Landlock (Linux 5.13 and later): the files a kernel host may still open once its library is

@@ -473,7 +473,7 @@ class Host:
         self.u32[kh.CMD // 4] = cmd
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         self.u32[kh.SEQ // 4] = self.seq
-        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._seq_p, kh.FUTEX_WAKE, 1, None, None, 0)
+        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._seq_p, kh.FUTEX_WAKE, kh.WAKE_ALL, None, None, 0)
         return self.seq
 
     def _wait(self, s: int, timeout: float | None = None, what: str = "a call", word: int = kh.DONE) -> float:
@@ -536,7 +536,7 @@ class Host:
     def _abort(self) -> None:
         s, self.pending = self.pending, None
         self.u32[kh.GO // 4] = s ^ kh.ABORT
-        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
+        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, kh.WAKE_ALL, None, None, 0)
         self._wait(s)
         self._settle()
 
@@ -556,7 +556,7 @@ class Host:
         c0, m0 = self._at_go  # (anything the host does from here on is the call's CPU time)
         u32[kh.STARTED // 4] = 0
         u32[kh.GO // 4] = s ^ kh.WAKE
-        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, 1, None, None, 0)
+        self._libc.syscall(ctypes.c_long(kh.SYS_FUTEX), self._go_p, kh.FUTEX_WAKE, kh.WAKE_ALL, None, None, 0)
         # bounded: a `go` word written ahead by another host's kernel (the arena holds every
         # host's control block) leaves this host aborted, never started (session 38's red team)
         self._wait(s, ACK_TIMEOUT_S, "starting a call", word=kh.STARTED)

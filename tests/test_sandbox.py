@@ -91,3 +91,69 @@ def test_a_host_renices_only_itself_never_its_group_or_user():
     assert lines["installed"] == "True"
     assert ast.literal_eval(lines["prio"]) == [0, errno.EPERM, errno.EPERM], r.stdout
     assert ast.literal_eval(lines["ioprio"]) == [0, errno.EPERM, errno.EPERM], r.stdout
+
+
+def _decide(prog: list, nr: int, args: tuple = ()) -> str:
+    """`prog` (classic BPF rows) run on one x86-64 system call, as the kernel's seccomp would:
+    "allow" or the errno it returns."""
+    import struct
+
+    from runner.judge import sandbox
+
+    data = struct.pack("<iIQ", nr, sandbox.AUDIT_ARCH_X86_64, 0) + b"".join(
+        struct.pack("<Q", a & (2 ** 64 - 1)) for a in (*args, *[0] * (6 - len(args))))
+    a, pc = 0, 0
+    for _ in range(len(prog)):
+        code, jt, jf, k = prog[pc]
+        if code == sandbox.LD_W_ABS:
+            a, pc = struct.unpack_from("<I", data, k)[0], pc + 1
+        elif code == sandbox.ALU_AND_K:
+            a, pc = a & k, pc + 1
+        elif code in (sandbox.JEQ_K, sandbox.JSET_K, sandbox.JGE_K):
+            taken = a == k if code == sandbox.JEQ_K else (a & k) != 0 if code == sandbox.JSET_K else a >= k
+            pc += 1 + (jt if taken else jf)
+        elif code == sandbox.RET_K:
+            return "allow" if k == sandbox.RET_ALLOW else k & 0xFFFF
+        else:
+            raise AssertionError(f"row {pc}: an instruction the program should not hold: {prog[pc]}")
+    raise AssertionError("the program ran past its length")
+
+
+def test_the_loaded_hosts_allow_list_decides_each_call_by_its_arguments():
+    """The kernel host's third filter (sandbox.loop_only), run call by call: the loop's calls and a
+    kernel's own needs allowed; clocks, path stats, deadlines and shared-memory futex operations but
+    a wait refused; fstat only of the census's folder (session 64: its review read the time five
+    ways past a first version)."""
+    import errno
+
+    from runner.judge import sandbox
+
+    census = 7
+    prog = sandbox._loop_program(census)
+    assert all(i + 1 + max(r[1], r[2]) < len(prog) for i, r in enumerate(prog)
+               if r[0] in (sandbox.JEQ_K, sandbox.JSET_K, sandbox.JGE_K))
+    priv, bitset, realtime = 128, 9, 256
+    cases = {
+        "write": (1, ()), "futex WAIT, shared": (202, (0, 0)), "futex WAKE, private": (202, (0, 1 | priv)),
+        "futex WAIT_BITSET, no timeout, realtime (a join)": (202, (0, bitset | realtime, 0, 0)),
+        "futex CMP_REQUEUE, private": (202, (0, 4 | priv)), "futex WAIT, shared, relative timeout": (202, (0, 0, 0, 8)),
+        "fstat of the census": (5, (census,)), "clock_nanosleep, relative": (230, (1, 0, 8)),
+        "madvise DONTNEED": (28, (0, 4096, 4)), "ioctl TCGETS": (16, (1, 0x5401)), "clone": (56, ()),
+        "openat": (257, ()), "getdents64": (217, ()),
+    }
+    refused = {
+        "clock_gettime": (228, ()), "gettimeofday": (96, ()), "times": (100, ()), "sysinfo": (99, ()),
+        "prctl": (157, ()), "newfstatat": (262, ()), "statx": (332, ()), "fstat of stdout": (5, (1,)),
+        "futex WAKE, shared": (202, (0, 1)), "futex CMP_REQUEUE, shared": (202, (0, 4)),
+        "futex WAIT_BITSET with a deadline": (202, (0, bitset | priv, 0, 8)),
+        "futex WAIT_BITSET, a deadline past 4 GiB": (202, (0, bitset, 0, 1 << 32)),
+        "futex LOCK_PI with a deadline": (202, (0, 6 | priv, 0, 8)),
+        "clock_nanosleep, absolute": (230, (1, 1, 8)), "madvise REMOVE": (28, (0, 4096, 9)),
+        "madvise PAGEOUT": (28, (0, 4096, 21)), "ioctl TIOCSTI": (16, (0, 0x5412)), "mincore": (27, ()),
+        "sched_setaffinity": (203, ()), "membarrier": (324, ()), "getpriority": (140, ()), "setsockopt": (54, ()),
+    }
+    got = {k: _decide(prog, nr, a) for k, (nr, a) in cases.items()}
+    assert got == {k: "allow" for k in cases}, got
+    got = {k: _decide(prog, nr, a) for k, (nr, a) in refused.items()}
+    assert got == {k: errno.EPERM for k in refused}, got
+    assert all(_decide(prog, nr) == "allow" for nr in sandbox.LOOP_ALLOW)

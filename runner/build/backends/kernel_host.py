@@ -416,7 +416,7 @@ def main(argv: list[str]) -> int:
             # clock was slow in most rounds of a comparison and fast in one (session 38's fourth red
             # team); this loop reads no clock (futex waits without timeouts), and the judge times
             # from its own process. A kernel that reads one now faults: `fault`, never a figure
-            # nor the vDSO's clocks: its coarse ones read the kernel's time from the vvar pages
+            # Nor the vDSO's clocks: its coarse ones read the kernel's time from the vvar pages
             # with no counter and no system call (session 64's review read CLOCK_MONOTONIC_COARSE
             # after the allow list): those pages are zeros now (first: this interpreter reads its
             # files through a path that reads the clock, a fault once the counter is off)

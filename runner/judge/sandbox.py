@@ -340,29 +340,41 @@ def loop_only(census_fd: int) -> bool:
 # Landlock (Linux 5.13 and later): the files a kernel host may still open once its library is
 # loaded. Its census opens /proc/<host>/task/<tid>/stat (kernel_host._Census); nothing else it does
 # opens a file, and a kernel has no need to: without this, it read whatever the user can (the
-# run's ledger, the spec, the cache, /proc's clocks and other processes' state).
-SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+# run's ledger, the spec, the cache, /proc's clocks and other processes' state). The primitives
+# below serve the command agents' confinement too (search/agents/confine.py loads this file).
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446  # x86-64, arm64
 LANDLOCK_RULE_PATH_BENEATH = 1
 LANDLOCK_READ_FILE, LANDLOCK_READ_DIR = 1 << 2, 1 << 3
 LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 
-class _LandlockRuleset(ctypes.Structure):
-    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+class LandlockRuleset(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
-class _LandlockBeneath(ctypes.Structure):
+class LandlockBeneath(ctypes.Structure):
     _pack_ = 1
-    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_fs_rights(abi: int) -> int:
+    """Every filesystem right the ABI knows (all handled, so none is allowed by default): the
+    first 13, then REFER (2), TRUNCATE (3), IOCTL_DEV (5)."""
+    return (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
 
 
 def landlock_abi() -> int:
-    """The kernel's Landlock ABI version; 0 where there is none."""
-    if platform.system() != "Linux":
+    """The kernel's Landlock ABI version; 0 where there is none (not Linux, too old a kernel,
+    Landlock not among the kernel's security modules)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
         return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    r = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        r = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except (OSError, AttributeError):
+        return 0
     return int(r) if r > 0 else 0
 
 
@@ -375,8 +387,8 @@ def read_only_beneath(dir_fd: int) -> int:
     v = landlock_abi()
     if v < 1:
         return 0
-    fs = (1 << 13) - 1 | (1 << 13 if v >= 2 else 0) | (1 << 14 if v >= 3 else 0) | (1 << 15 if v >= 5 else 0)
-    attr = _LandlockRuleset(fs, 0, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL if v >= 6 else 0)
+    attr = LandlockRuleset(landlock_fs_rights(v), 0,
+                           LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL if v >= 6 else 0)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     fd = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
@@ -384,7 +396,7 @@ def read_only_beneath(dir_fd: int) -> int:
     if fd < 0:
         return 0
     try:
-        rule = _LandlockBeneath(LANDLOCK_READ_FILE | LANDLOCK_READ_DIR, dir_fd)
+        rule = LandlockBeneath(LANDLOCK_READ_FILE | LANDLOCK_READ_DIR, dir_fd)
         if libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
                         ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
             return 0

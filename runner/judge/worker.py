@@ -480,10 +480,11 @@ class Judge:
         """Tells the runner the request goes on (`what`: where it is; at most one report in
         BEAT_MIN_S): its deadline runs from the last report (Worker.request). Reported between the
         judge's own steps (before a check round's calls, around every reference call or chunk of
-        one in `_call_reference`, before a shape's timing), so a kernel that hangs in a call reports nothing, and the judge's own work at the
-        domain's largest shapes (float64 references of 2^30 elements) is not taken for the kernel's
-        hang: an honest decode-attention kernel was judged `hang` on an H100 (session 63), its
-        trial's verification past the spec's 120 s."""
+        one in `_call_reference`, before a shape's timing), so a kernel that hangs in a call
+        reports nothing, and the judge's own work at the domain's largest shapes (float64
+        references of 2^30 elements) is not taken for the kernel's hang: an honest
+        decode-attention kernel was judged `hang` on an H100 (session 63), its trial's
+        verification past the spec's 120 s."""
         if self._beat_fn is not None:
             now = time.monotonic()
             if now - self._beat_at >= BEAT_MIN_S:

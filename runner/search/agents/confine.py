@@ -52,9 +52,25 @@ import time
 
 MIN_ABI = 6  # signals scoped (6.12); the filesystem since 1, TCP ports since 4, device ioctls since 5
 
-SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and arm64
-CREATE_RULESET_VERSION = 1
-RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
+
+def _sandbox():
+    """judge/sandbox.py (the Landlock primitives, shared with the kernel hosts), loaded from its
+    file: this file also runs as the trampoline (`python -I -S confine.py`), where pipe's package
+    is not on the path."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "judge", "sandbox.py")
+    spec = importlib.util.spec_from_file_location("pipe_confine_sandbox", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_SB = _sandbox()
+SYS_CREATE_RULESET = _SB.SYS_LANDLOCK_CREATE_RULESET
+SYS_ADD_RULE, SYS_RESTRICT_SELF = _SB.SYS_LANDLOCK_ADD_RULE, _SB.SYS_LANDLOCK_RESTRICT_SELF
+RULE_PATH_BENEATH, RULE_NET_PORT = _SB.LANDLOCK_RULE_PATH_BENEATH, 2
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 38, 1, 36
 
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -72,16 +88,7 @@ KILLED_ON_TIMEOUT = 124  # the trampoline's exit code when the agent's time ran 
 CANNOT_CONFINE = 125  # ... when the restriction could not be made (its message on stderr)
 
 
-def fs_rights(abi: int) -> int:
-    """Every filesystem right the ABI knows: all handled, so none is allowed by default."""
-    rights = (1 << 13) - 1
-    if abi >= 2:
-        rights |= FS_REFER
-    if abi >= 3:
-        rights |= FS_TRUNCATE
-    if abi >= 5:
-        rights |= FS_IOCTL_DEV
-    return rights
+fs_rights = _SB.landlock_fs_rights  # every filesystem right the ABI knows: all handled
 
 
 def _libc():
@@ -90,16 +97,7 @@ def _libc():
     return libc
 
 
-def abi() -> int:
-    """The kernel's Landlock ABI version; 0 where there is none (not Linux, too old a kernel,
-    Landlock not among the kernel's security modules)."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
-        return 0
-    try:
-        r = _libc().syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
-    except (OSError, AttributeError):
-        return 0
-    return int(r) if r > 0 else 0
+abi = _SB.landlock_abi  # the kernel's Landlock ABI version; 0 where there is none
 
 
 def unavailable(need: int = MIN_ABI) -> str | None:
@@ -114,14 +112,7 @@ def unavailable(need: int = MIN_ABI) -> str | None:
             f"needs ABI {need} (Linux 6.12 or later)")
 
 
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+_RulesetAttr, _PathBeneath = _SB.LandlockRuleset, _SB.LandlockBeneath
 
 
 class _NetPort(ctypes.Structure):

@@ -139,7 +139,7 @@ def test_the_loaded_hosts_allow_list_decides_each_call_by_its_arguments():
         "futex CMP_REQUEUE, private": (202, (0, 4 | priv)), "futex WAIT, shared, relative timeout": (202, (0, 0, 0, 8)),
         "fstat of the census": (5, (census,)), "clock_nanosleep, relative": (230, (1, 0, 8)),
         "madvise DONTNEED": (28, (0, 4096, 4)), "ioctl TCGETS": (16, (1, 0x5401)), "clone": (56, ()),
-        "openat": (257, ()), "getdents64": (217, ()),
+        "tgkill (the census's stop)": (234, ()),
     }
     refused = {
         "clock_gettime": (228, ()), "gettimeofday": (96, ()), "times": (100, ()), "sysinfo": (99, ()),
@@ -151,9 +151,47 @@ def test_the_loaded_hosts_allow_list_decides_each_call_by_its_arguments():
         "clock_nanosleep, absolute": (230, (1, 1, 8)), "madvise REMOVE": (28, (0, 4096, 9)),
         "madvise PAGEOUT": (28, (0, 4096, 21)), "ioctl TIOCSTI": (16, (0, 0x5412)), "mincore": (27, ()),
         "sched_setaffinity": (203, ()), "membarrier": (324, ()), "getpriority": (140, ()), "setsockopt": (54, ()),
+        "openat": (257, ()), "open": (2, ()), "getdents64": (217, ()),
     }
     got = {k: _decide(prog, nr, a) for k, (nr, a) in cases.items()}
     assert got == {k: "allow" for k in cases}, got
     got = {k: _decide(prog, nr, a) for k, (nr, a) in refused.items()}
     assert got == {k: errno.EPERM for k in refused}, got
     assert all(_decide(prog, nr) == "allow" for nr in sandbox.LOOP_ALLOW)
+
+
+NO_FILES = textwrap.dedent("""
+    import errno, os, threading
+    from runner.judge import sandbox
+    held = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY)
+    print("abi", sandbox.landlock_abi(), "in force", sandbox.no_files())
+    tid = []
+    t = threading.Thread(target=lambda: tid.append(threading.get_native_id()))
+    t.start(); t.join()
+    for path in ("/etc/hostname", f"/proc/self/task/{os.getpid()}/schedstat", "/proc/uptime", "/tmp"):
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+            print(path, "OPENED")
+        except OSError as e:
+            print(path, "refused", errno.errorcode[e.errno])
+    print("held", os.fstat(held).st_nlink >= 3, len(os.listdir(held)) >= 1)
+""")
+
+
+def test_landlock_leaves_a_loaded_host_no_file_to_open():
+    """The loaded host's Landlock layer (beneath its allow list, which refuses every open itself):
+    no path at all, not even its own threads' /proc files (a thread's CPU time and the scheduler's
+    clock to the nanosecond; session 64's layer granted them, for the census that read them);
+    what was open before stays usable. Where the kernel has no Landlock it says so (0) and the
+    allow list stands alone."""
+    from runner.judge import sandbox
+
+    r = subprocess.run([sys.executable, "-c", NO_FILES], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    abi = sandbox.landlock_abi()
+    assert f"abi {abi} in force {abi if abi >= 1 else 0}" in r.stdout, r.stdout
+    if abi >= 1:
+        assert r.stdout.count("refused EACCES") == 4 and "OPENED" not in r.stdout, r.stdout
+    else:
+        assert "refused" not in r.stdout, r.stdout
+    assert "held True True" in r.stdout, r.stdout

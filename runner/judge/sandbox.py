@@ -17,8 +17,7 @@ namespaces, modules). mmap/mprotect with PROT_EXEC stay allowed under it: dlopen
 JIT need them; a kernel host stacks a second filter once its library is loaded
 (`no_new_code`), after which no new executable memory can be made, and a third, an allow list
 (`loop_only`, LOOP_ALLOW): a loaded host is small and its system calls known, so there the
-tighter list holds; with it, Landlock (`read_only_beneath`) leaves the host only its own threads'
-/proc entries to open.
+tighter list holds, and it has no open; with it, Landlock (`no_files`) grants no file at all.
 
 What it cannot stop is a kernel writing to the descriptors its process already
 has. A kernel host holds stdout and stderr (the worker's capped log), the socket it reports
@@ -210,14 +209,17 @@ def _no_exec_program() -> list[tuple[int, int, int, int]]:
 
 # The kernel host's third filter, once its library is loaded: an allow list. What a loaded host
 # still does is small and known (kernel_host.py's loop: futex waits, sched_yield, the census's
-# fstat, openat, getdents64, read and close, its report's write, the GS base, the stack scrub's
-# signal mask, Python's allocator), and so is what a kernel's own code needs (threads and their
-# stacks, futexes, memory, printf, sleeps); everything else is refused. Refused in particular:
+# fstat and its stop (tgkill), its report's write, the GS base, the stack scrub's signal mask,
+# Python's allocator), and so is what a kernel's own code needs (threads and their stacks,
+# futexes, memory, printf, sleeps); everything else is refused. Refused in particular:
 # every clock (clock_gettime, gettimeofday, time, times, getrusage, sysinfo, timerfd, the waits
 # that report what is left of a timeout, absolute deadlines): the time-stamp counter is already off
 # (PR_SET_TSC), and a kernel that reads the time by a system call instead could key its work to
 # it (session 38's fourth red team was slow in most rounds of a comparison and fast in one);
-# prctl, which would turn that counter back on; madvise's advice that drops or pages out shared
+# prctl, which would turn that counter back on; every open (a thread's /proc files hold its
+# CPU time and the scheduler's clock: schedstat, sched, stat; /proc/uptime the time since
+# boot): the census counts threads by its folder's link count, and the judge reads their flags;
+# madvise's advice that drops or pages out shared
 # memory (MADV_REMOVE punches the arena, MADV_PAGEOUT and MADV_COLD evict a rival's pages); and
 # the futex operations that move or take another process's waiters on shared memory (a
 # requeue of a rival host's sleep on its command word would leave it asleep for good, a hang
@@ -229,8 +231,8 @@ LOOP_ALLOW = {
     72: "fcntl", 97: "getrlimit", 102: "getuid", 104: "getgid", 107: "geteuid", 108: "getegid",
     110: "getppid", 131: "sigaltstack", 141: "setpriority", 143: "sched_getparam",
     145: "sched_getscheduler", 158: "arch_prctl", 186: "gettid", 204: "sched_getaffinity",
-    217: "getdents64", 218: "set_tid_address", 219: "restart_syscall", 231: "exit_group", 234: "tgkill",
-    257: "openat", 273: "set_robust_list", 302: "prlimit64", 309: "getcpu", 318: "getrandom",
+    218: "set_tid_address", 219: "restart_syscall", 231: "exit_group", 234: "tgkill",
+    273: "set_robust_list", 302: "prlimit64", 309: "getcpu", 318: "getrandom",
     334: "rseq", 435: "clone3",
 }
 # (clone, clone3, tgkill, setpriority, prlimit64, close, mmap, mprotect and mremap pass here and
@@ -378,12 +380,12 @@ def landlock_abi() -> int:
     return int(r) if r > 0 else 0
 
 
-def read_only_beneath(dir_fd: int) -> int:
-    """Restrict this process for good to reading files and listing folders beneath the folder
-    `dir_fd` is open on (the descriptor, held open, keeps that folder's inode the rule names);
-    every other filesystem access is refused (EACCES), and where the ABI has them (6), signals
-    and abstract unix sockets stay inside the process. The ABI in force, or 0 where the kernel
-    has no Landlock or the restriction failed (the seccomp filters stand alone)."""
+def no_files() -> int:
+    """Restrict this process for good to no file access at all (every open, whatever the path,
+    EACCES; descriptors already open stay usable), and where the ABI has them (6), signals and
+    abstract unix sockets inside the process. The ABI in force, or 0 where the kernel has no
+    Landlock or the restriction failed (the seccomp filters stand alone: a loaded host's allow
+    list has no open either)."""
     v = landlock_abi()
     if v < 1:
         return 0
@@ -396,10 +398,6 @@ def read_only_beneath(dir_fd: int) -> int:
     if fd < 0:
         return 0
     try:
-        rule = LandlockBeneath(LANDLOCK_READ_FILE | LANDLOCK_READ_DIR, dir_fd)
-        if libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
-                        ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-            return 0
         if libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             return 0
         return v

@@ -29,18 +29,20 @@ never seen (the `deferred_thread` red-team kernel passed 4 runs of 4 alone on an
 machine, session 44). So the host takes a census of its own threads first, at once after the
 call returns, with nothing of its own before it but `done` (kernel_host._Census): the link
 count of /proc/self/task, opened before the filter (2 and the threads, an exiting one
-included; about 1 us), and only with more than the main thread a listing and each thread's
-flags, as here. It writes one record a command (the command's number, the threads alive but
-the main one and not exiting) to a socket whose other end only the judge holds, and the
-judge takes exactly one record for each command (Host._reported): a count above none is a
-thread that outlived its call, however soon it ended after; a missing record, a second one
-or a message of another size is the channel tampered with. The kernel can add records but
-never take one back, and the filter keeps it from closing, replacing or shutting down the
-host's end (judge/sandbox.py, `keep_fds`), so a forged "none" hides nothing. Left: a thread
-that ends within the microseconds the host takes to see it (the return through ctypes,
-`done`, the fstat, and, as it is there, the listing and the opening of its flags: about 10
-us in all), whose CPU time is charged to the call (the host's CPU beyond its own path's,
-shared over its cores); and a kernel that rewrites the host's own code or data (the
+included; about 1 us). With more than the main thread, the host stops itself (SIGSTOP: every
+thread not already exiting stops where it is) and the judge lists its threads and their
+flags, as here, then continues it (cpu_host.Host._look_while_held): the host itself opens no
+file, as a thread's flags sit beside its clocks in /proc. It writes one record a command (the
+command's number, the threads alive but the main one) to a socket whose other end only the
+judge holds, and the judge takes exactly one record for each command (Host._reported): a
+thread alive and not exiting in the stopped process outlived its call, however soon it would
+have ended after; a missing record, a second one, a message of another size, or a count with
+no stop is the channel tampered with. The kernel can add records but never take one back,
+and the filter keeps it from closing, replacing or shutting down the host's end
+(judge/sandbox.py, `keep_fds`), so a forged "none" hides nothing. Left: a thread that ends
+within the microseconds the host takes to see it (the return through ctypes, `done`, the
+fstat and the stop: a few us in all), whose CPU time is charged to the call (the host's CPU
+beyond its own path's, shared over its cores); and a kernel that rewrites the host's own code or data (the
 interpreter's memory is its to write) so that the census is not taken or lies, which is a
 different class (tampering with the host) from work left running. Where the worker runs the
 kernel itself, this listing right after the return is the census: the thread that it misses

@@ -302,6 +302,9 @@ class Host:
         self.clock = _cpu_clock(self.pid)
         self.loop_where = None  # (calibrate)
         self.blipped = False  # CPU between commands forgiven once (idle_problem)
+        # the command's hold (kernel_host._Census.hold): whether the host stopped itself for a
+        # listing, and the threads then alive but its main one and not exiting
+        self.held, self.held_strays = False, 0
         self.pending, self.pending_words = None, None  # a primed call's seq and arguments
         self._wait(1, START_TIMEOUT_S, "starting")
         self._settle()
@@ -371,8 +374,12 @@ class Host:
         # exiting, whose last work is counted when it is gone: 102 us once on 2 threads)
         t0 = time.perf_counter()
         prev = None
+        self.held, self.held_strays = False, 0
         while True:
             t = time.perf_counter()
+            if self._state() in (b"T", b"t"):
+                self._look_while_held()
+                continue
             if self._asleep() and self._alone() and self._switched_out():
                 c = self._cpu()
                 if c == prev:
@@ -396,14 +403,31 @@ class Host:
         self.census.watch(skip=self)  # the others slept through this one's call
         return t
 
+    def _look_while_held(self) -> None:
+        """The host stopped itself (its census found threads besides its main one, kernel_host.
+        _Census.hold): every thread of it not already exiting is stopped where it was, so none can
+        finish its work and leave before it is seen. Its threads listed with their flags (the
+        host itself may open no file: /proc's hold clocks), then it goes on."""
+        try:
+            others = [t for t in os.listdir(self._task) if t != str(self.pid)]
+        except OSError:
+            others = []
+        self.held = True
+        self.held_strays = max(self.held_strays, sum(not exiting(t, self._task) for t in others))
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
     def _reported(self) -> None:
         """The host's own census of the command just settled (kernel_host._Census: its threads
-        but the main one, alive and not exiting, counted at once after a call returned): exactly
-        one record, for this command, with none. The host is asleep in its loop by now, so its
-        record was written; the kernel can add records (forged ones: more than one), not take
-        one away, and cannot close or replace the host's end. A count above none is a thread of
-        the kernel's that outlived its call, however soon it ended after; any other tally, the
-        channel written to or broken by the kernel."""
+        but the main one, counted at once after a call returned; with any, it stopped itself and
+        the judge listed them, _look_while_held): a thread then alive and not exiting outlived its
+        call, however soon it ended after. Exactly one record, for this command: the host is
+        asleep in its loop by now, so its record was written; the kernel can add records (forged
+        ones: more than one), not take one away, and cannot close or replace the host's end. Any
+        other tally is the channel written to or broken by the kernel, and a count with no stop
+        the host continued by something else."""
         recs, closed = [], False
         while True:
             try:
@@ -417,17 +441,21 @@ class Host:
                 closed = True  # every write end gone (or shut down)
                 break
             recs.append(b)
-        if not closed and len(recs) == 1 and recs[0] == kh.REPORT.pack(self.seq, 0):
-            return
+        if self.held_strays:
+            self.census.convicted.add(f"{self.pid}/census")
+            self.census.note(f"{self.held_strays} thread(s) the kernel started were still running after the call "
+                             "returned (its process counted them at once and stopped for the judge to list them): "
+                             "work outside the timed call (a kernel must join its threads before it returns)")
         if self.proc.poll() is not None:
             return  # died: the death is the finding (HostDied at the next wait)
         ours = [c for q, c in (kh.REPORT.unpack(b) for b in recs if len(b) == kh.REPORT.size) if q == self.seq]
-        if max(ours, default=0):
-            self.census.convicted.add(f"{self.pid}/census")
-            self.census.note(f"{max(ours)} thread(s) the kernel started were still running after the call returned "
-                             "(its process counted them at once): work outside the timed call (a kernel must join "
-                             "its threads before it returns)")
-        else:
+        if not closed and len(recs) == 1 and len(ours) == 1:
+            if ours[0] and not self.held:
+                self.census.note("the kernel's process counted threads besides its main one after the call, and went "
+                                 "on before the judge had listed them (something else continued it): work outside the "
+                                 "timed call could have gone unseen")
+            return
+        if not self.held_strays:  # (with one, the finding above says it)
             self.census.note(f"the kernel's process did not report its thread census once for the command "
                              f"({len(ours)} records of it, {len(recs)} messages in all"
                              f"{', its channel closed' if closed else ''}): the kernel wrote to or broke the channel, "

@@ -7,7 +7,7 @@ the calls, and this host's control block), takes away its own capabilities and g
 seccomp filter (judge/sandbox.py, with the checks that need its own pid), and only then loads the
 candidate's library: the library's load-time code already runs confined. Once it is loaded, two more
 filters (no new executable memory; an allow list of the loop's calls and a kernel's own needs, no
-clock among them) and Landlock (no file but its own threads' /proc entries) close the rest. From
+clock and no open among them) and Landlock (no file at all) close the rest. From
 then on it does what the control block says and nothing else, sleeping on a futex between commands:
 
 - LOAD: the library and its entry (once);
@@ -17,16 +17,17 @@ then on it does what the control block says and nothing else, sleeping on a fute
   floating-point environment and the control block's unused words reset, `ack`, then asleep on
   `go` (the judge reads this process's CPU time then, exact while it sleeps) until `go` says
   WAKE, `started`, a spin on `go` (the judge starts its clock as it writes it), the entry,
-  `done`, at once this process's census of its own threads (`_Census`), the floating-point
-  check; `go` with ABORT calls it off. The
-  judge waits for `ack`, and for this process asleep on `go` where this loop sleeps, before it
-  refreshes the inputs and flushes, so the host's wake-up is never timed; the CPU this process
-  spent from its last command to that sleep, beyond its own path's, is charged to the call. `done` is the kernel's to write too (it is in this process's memory): the judge
-  takes the call's time as at least the CPU this process spent from its sleep on `go` to its
+  `done`, at once this process's census of its own threads (`_Census`: with any besides the
+  main one, it stops itself for the judge to list them), the floating-point check; `go` with
+  ABORT calls it off. The judge waits for `ack`, and for this process asleep on `go` where this
+  loop sleeps, before it refreshes the inputs and flushes, so the host's wake-up is never timed;
+  the CPU this process spent from its last command to that sleep, beyond its own path's, is
+  charged to the call. `done` is the kernel's to write too (it is in this process's memory): the
+  judge takes the call's time as at least the CPU this process spent from its sleep on `go` to its
   sleep on the next command, beyond the host's own (cpu_host.Host.timed).
 
 After every command, a record of the census (`REPORT`: the command's sequence number, the
-threads alive but the main one and not exiting) goes to the census socket, whose other end only
+threads alive but the main one) goes to the census socket, whose other end only
 the worker holds: the kernel can add records there (the judge then finds more than one) but
 never take one back, and the filter keeps it from closing or replacing the descriptor.
 
@@ -63,22 +64,22 @@ ABORT = 0x80000000  # `go` as seq ^ ABORT: a primed call called off (the judge p
 WAKE = 0x40000000  # `go` as seq ^ WAKE: up from the sleep after `ack`, to spin on `go`
 KIND_CODES = {"i32": 1, "i64": 2, "f32": 3, "f64": 4, "ptr": 5}
 # the census's record after every command: its sequence number, the threads found alive in this
-# process but its main one and not exiting (one datagram of exactly this size)
+# process but its main one, exiting ones included (one datagram of exactly this size); with any,
+# the process stops itself for the judge's listing once the record is written (_Census.hold)
 REPORT = struct.Struct("<II")
 PF_EXITING = 0x4  # set by the kernel as a thread starts to exit, before a join can return
 
 
 def stat_exiting(stat: bytes) -> bool:
     """A thread's /proc stat line says it is exiting or gone (it runs no more user code): the
-    judge's listing (cpu_host.exiting) and this host's census (_Census) read it alike."""
+    judge's listings (cpu_host.exiting) read it so."""
     # fields after the command (which may hold spaces and parentheses): state is field 3, flags 9
     rest = stat[stat.rindex(b")") + 2:].split()
     return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & PF_EXITING)
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
-SYS_FSTAT, SYS_GETDENTS64 = 5, 217
+SYS_FSTAT, SYS_TGKILL, SIGSTOP = 5, 234, 19
 STAT_BYTES, STAT_NLINK_AT = 144, 16  # x86-64's struct stat, and st_nlink in it
-DENTS_BYTES = 1 << 15
 MAP_FIXED = 0x10
 WAKE_ALL = 0x7FFFFFFF  # the judge wakes every waiter on a host's words: a kernel asleep there steals none
 SYS_CAPSET = 126
@@ -186,83 +187,39 @@ class _Census:
     The judge's own listing (cpu_host.HostCensus) comes after the host is asleep again, and a thread
     that ends in between (tens of microseconds) was never seen: the `deferred_thread` red-team
     kernel, which hands its rows to a thread and returns, passed so on an idle machine. Counted
-    here, with nothing of the host's before it but `done`, it has to have ended by the time the
-    host looks: the return through ctypes and the fstat below, and with other threads there the
-    listing and the opening of their flags (about 10 us in all; what it did meanwhile is in the
-    process's CPU time, charged to the call). The directory /proc/self/task, opened once (before
-    the filter, which keeps it open and in place): its link count is 2 and the number of threads
-    (a thread is counted from its start until it is gone, exiting or not), read with fstat
-    (about 1 us); only where there is more than the main thread are they listed and each one's
-    flags read: one already exiting (PF_EXITING, set before its join returns; it runs no more
-    code of the kernel's) is let through, as the judge's listing does."""
+    here, with nothing of the host's before it but `done`: the link count of the directory
+    /proc/self/task, opened once (before the filters, which keep it open and in place), is 2 and
+    the number of threads (a thread is counted from its start until it is gone, exiting or not),
+    read with the bare fstat (about 1 us). Where there is more than the main thread, this process
+    stops itself (SIGSTOP: every thread of it that is not already exiting stops at once, before it
+    runs another instruction of the kernel's) and the judge, which may read every file, lists the
+    threads and their flags while it is stopped, then lets it go on (Host._hold): a thread already
+    exiting (PF_EXITING, set before its join returns; it runs no more code of the kernel's) is let
+    through, any other is work outside the call. Nothing here opens a file: the flags of a thread
+    sit beside its times (its stat, schedstat and sched files: clocks), so a host that could read
+    them would leave a kernel a clock to key its work on (the loaded host's allow list refuses
+    every open)."""
 
     def __init__(self, libc):
         self.fd = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.me = str(os.getpid())
-        # the link count and the listing by the bare system calls (fstat, getdents64) on the
-        # folder's descriptor: a loaded host's allow list refuses the stat calls that take a path
-        # (newfstatat, which glibc's fstat and fdopendir use) and lets fstat read this one folder
+        self.pid = os.getpid()
+        # the link count by the bare system call on the folder's descriptor: a loaded host's allow
+        # list refuses the stat calls that take a path (newfstatat, which glibc's fstat uses) and
+        # lets fstat read this one folder
         self._syscall = libc.syscall
         self._stat = ctypes.create_string_buffer(STAT_BYTES)
-        self._dents = ctypes.create_string_buffer(DENTS_BYTES)
 
-    def _nlink(self) -> int:
+    def others(self) -> int:
+        """The threads alive now but the main one, exiting ones included (a link count that cannot
+        be read: one, so that the judge looks)."""
         if self._syscall(ctypes.c_long(SYS_FSTAT), ctypes.c_long(self.fd), self._stat) != 0:
-            raise OSError(ctypes.get_errno(), "fstat")
-        return struct.unpack_from("<Q", self._stat.raw, STAT_NLINK_AT)[0]
+            return 1
+        return max(struct.unpack_from("<Q", self._stat.raw, STAT_NLINK_AT)[0] - 3, 0)
 
-    def _listing(self) -> list[str]:
-        os.lseek(self.fd, 0, os.SEEK_SET)
-        names = []
-        while (n := self._syscall(ctypes.c_long(SYS_GETDENTS64), ctypes.c_long(self.fd), self._dents,
-                                  ctypes.c_long(DENTS_BYTES))) > 0:
-            raw, at = self._dents.raw, 0
-            while at < n:
-                reclen = struct.unpack_from("<H", raw, at + 16)[0]
-                name = raw[at + 19:at + reclen].split(b"\0", 1)[0].decode()
-                if name not in (".", ".."):
-                    names.append(name)
-                at += reclen
-        if n < 0:
-            raise OSError(ctypes.get_errno(), "getdents64")
-        return names
-
-    def strays(self) -> int:
-        """The threads alive now but the main one and not exiting."""
-        fd = self.fd
-        others = self._nlink() - 3
-        if others <= 0:
-            return 0
-        # a thread that cannot be looked at counts: only a kernel leaves the host without a
-        # descriptor to look with (its table full, or its limit lowered: EMFILE)
-        try:
-            tids = self._listing()
-        except OSError:
-            return others
-        n = 0
-        for t in tids:
-            if t == self.me:
-                continue
-            try:
-                f = os.open(t + "/stat", os.O_RDONLY, dir_fd=fd)
-            except (FileNotFoundError, ProcessLookupError):
-                continue  # gone since the listing
-            except OSError:
-                n += 1
-                continue
-            try:
-                stat = os.read(f, 1024)
-            except ProcessLookupError:
-                stat = b""  # gone since it was opened
-            except OSError:
-                stat = None
-            finally:
-                os.close(f)
-            if stat is None:
-                n += 1
-            elif b")" in stat and not stat_exiting(stat):
-                n += 1
-        return n
+    def hold(self) -> None:
+        """Stop this whole process until the judge, having listed its threads, continues it."""
+        self._syscall(ctypes.c_long(SYS_TGKILL), ctypes.c_long(self.pid), ctypes.c_long(self.pid),
+                      ctypes.c_long(SIGSTOP))
 
 
 def _blank_vvar(libc) -> None:
@@ -320,16 +277,19 @@ def main(argv: list[str]) -> int:
         return (cw & _X87_CONTROL) != _X87_DEFAULT or (mx & _MXCSR_CONTROL) != _MXCSR_DEFAULT
     struct_f, struct_d = struct.Struct("<f"), struct.Struct("<d")
     census = _Census(libc)
-    strays = census.strays
+    others, hold = census.others, census.hold
     pack, write = REPORT.pack, os.write
 
     def report(s: int, n: int) -> None:
         """The census of command `s` to the judge (a full or broken socket: no record, which the
-        judge takes for what it is)."""
+        judge takes for what it is); with threads besides the main one, stopped for the judge's
+        listing."""
         try:
             write(report_fd, pack(s, n))
         except OSError:
             pass
+        if n:
+            hold()
     if os.geteuid() == 0:
         _drop_capabilities(libc)
     # the census's socket and directory stay what they are: no call closes or replaces them
@@ -337,7 +297,7 @@ def main(argv: list[str]) -> int:
     u64[ARGS_AT // 8] = base  # the arena's address here, for the judge's pointer translation
     u32[STATUS // 4] = 1 if confined else 2
     u32[DONE // 4] = s = u32[SEQ // 4]
-    report(s, strays())
+    report(s, others())
 
     fn, kinds, callee = None, [], None  # what a call calls: the kernel's entry once loaded, before it a stand-in
     types = {1: ctypes.c_int32, 2: ctypes.c_int64, 3: ctypes.c_float, 4: ctypes.c_double, 5: ctypes.c_void_p}
@@ -388,13 +348,14 @@ def main(argv: list[str]) -> int:
                 # it as a kernel's call, so that the path's own time is calibrated out)
                 callee(*args)
                 u32[DONE // 4] = s  # the judge's clock stops
-                n = strays()  # at once: a thread of the kernel's alive now outlived its call
+                # at once: a thread of the kernel's alive now, not exiting, outlived its call (with
+                # any, the process stops here and the judge lists them)
+                report(s, others())
                 # after the kernel returned: its control state as it left it (the judge reads
                 # STATUS once the host is asleep again)
                 if fenv_changed() and fn is not None:
                     u32[STATUS // 4] = FENV_CHANGED
                     fesetenv(FE_DFL_ENV)
-                report(s, n)
                 continue
         elif cmd == STAND_IN and fn is None:
             # before LOAD, for the judge's calibration: the arguments' kinds (as LOAD reads them)
@@ -428,11 +389,12 @@ def main(argv: list[str]) -> int:
                 fn.argtypes = [types[k] for k in kinds]
                 callee = fn
                 # loaded: no executable memory is made from here on (code written at run time is
-                # code no reader of the compiled code saw); no file opened but the census's
-                # (Landlock, where the kernel has it); no system call but the loop's and what a
-                # kernel's own code needs (sandbox.LOOP_ALLOW: no clock, no prctl)
+                # code no reader of the compiled code saw); no file opened at all (the allow list
+                # has no open, and Landlock, where the kernel has it, grants none: /proc's files
+                # hold clocks); no system call but the loop's and what a kernel's own code needs
+                # (sandbox.LOOP_ALLOW: no clock, no prctl)
                 sandbox.no_new_code()
-                sandbox.read_only_beneath(census.fd)
+                sandbox.no_files()
                 sandbox.loop_only(census.fd)
                 u32[STATUS // 4] = 0
             except (OSError, AttributeError) as e:
@@ -440,7 +402,7 @@ def main(argv: list[str]) -> int:
                 ctypes.memmove(ctl + TEXT_AT, msg + b"\0", len(msg) + 1)
                 u32[STATUS // 4] = 4
         u32[DONE // 4] = s  # the judge spins on it (no wake-up), then waits for this process asleep
-        report(s, strays())
+        report(s, others())
 
 
 if __name__ == "__main__":

@@ -62,13 +62,14 @@ static void busy(int64_t units) {
 }
 
 // the first descriptor of a kind (S_IFSOCK: the host's census socket; S_IFDIR: its task directory):
-// a loaded host's fstat system call reads only the directory (glibc's fstat, by newfstatat, nothing),
-// so the socket is the other open descriptor past 2
+// a loaded host lists only the directory (getdents64) and stats nothing, so the socket is the other
+// open descriptor past 2
 static int first_fd(unsigned kind) {
-  struct stat st;
+  static char dents[1 << 12];
   for (int fd = 3; fd < 1024; ++fd) {
     if (fcntl(fd, F_GETFD) == -1) continue;
-    const bool dir = syscall(SYS_fstat, fd, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR;
+    const bool dir = syscall(SYS_getdents64, fd, dents, sizeof dents) >= 0;
+    if (dir) lseek(fd, 0, SEEK_SET);
     if (dir == (kind == S_IFDIR)) return fd;
   }
   return -1;
@@ -183,6 +184,7 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     struct stat st;
     out[17] = e(stat("/etc/passwd", &st));  // a file's times, by its path
     out[18] = e(fstat(1, &st));  // the log's, stamped at every write
+    out[24] = e(syscall(SYS_fstat, first_fd(S_IFDIR), &st));  // the census folder's: the realtime clock at its open
     cpu_set_t all;
     CPU_ZERO(&all);
     for (int c = 0; c < 64; ++c) CPU_SET(c, &all);
@@ -291,6 +293,12 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
     work(n, x);
     return;
   }
+  if (mode == 35) { syscall(SYS_tgkill, getpid(), getpid(), SIGSTOP); return; }  // its process stopped, mid-call
+  if (mode == 36) {  // `done` written, then its process stopped: as if the census had asked for a listing
+    ctl[1] = ctl[0];
+    syscall(SYS_tgkill, getpid(), getpid(), SIGSTOP);
+    return;
+  }
   if (mode == 33) {  // many threads started and joined: the last ones joined may still be exiting at the return
     std::thread team[32];
     for (auto& t : team) t = std::thread([] {});
@@ -315,6 +323,10 @@ extern "C" void k(int64_t mode, float* x, int64_t n, uint32_t* ctl, int64_t* out
 """
 
 
+# the test library's entry: k(mode, x, n, ctl (this host's control block, in the host), out)
+KINDS = ["i64", "ptr", "i64", "i64", "ptr"]
+
+
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     d = tmp_path_factory.mktemp("host")
@@ -327,11 +339,11 @@ def lib(tmp_path_factory):
 @pytest.fixture()
 def rig(lib):
     arena, census = host.Arena(1 << 26), host.HostCensus()
-    h = host.Host(arena, lib, "k", ["i64", "ptr", "i64", "ptr", "ptr"], census)
+    h = host.Host(arena, lib, "k", KINDS, census)
     census.hosts, census.arena = [h], arena
     x = arena.tensor(torch.zeros(4096))
     out = arena.tensor(torch.zeros(4, dtype=torch.int64))
-    ctl = arena.base + h.ctl_off  # the candidate can find its control block anyway: here it is told
+    ctl = h.host_ctl  # the candidate can find its control block anyway: here it is told
 
     def call(mode):
         return host.HostCall(h, [mode, x.data_ptr(), x.numel(), ctl, out.data_ptr()])
@@ -432,11 +444,11 @@ def test_work_after_a_done_written_first_is_timed(lib, first, plain):
     bounds the time, on the main thread or on a thread of its own (the host's calls run on
     runtime.threads cores: one here)."""
     arena, census = host.Arena(1 << 24), host.HostCensus()
-    h = host.Host(arena, lib, "k", ["i64", "ptr", "i64", "ptr", "ptr"], census, threads=1)
+    h = host.Host(arena, lib, "k", KINDS, census, threads=1)
     census.hosts, census.arena = [h], arena
     try:
         x = arena.tensor(torch.zeros(16))
-        ctl = arena.base + h.ctl_off
+        ctl = h.host_ctl
         units = 12_000  # about 50 us of work: less than the gap allowance (60 to 100 us)
         calls = {m: host.HostCall(h, [m, x.data_ptr(), units, ctl, 0]) for m in (first, plain)}
         honest = min(_work_s(lib, units, 20), _timed(calls[plain])[0])
@@ -481,7 +493,7 @@ def test_work_before_go_is_caught_or_charged(tmp_path):
             h.go_where = None
         try:
             x, y = arena.tensor(torch.rand(16)), arena.tensor(torch.zeros(16))
-            c = host.HostCall(h, [mode, x.data_ptr(), steps, y.data_ptr(), arena.base + h.ctl_off])
+            c = host.HostCall(h, [mode, x.data_ptr(), steps, y.data_ptr(), h.host_ctl])
             for _ in range(3):
                 c()
             rng, times, notes = random.Random(1), [], []
@@ -563,7 +575,7 @@ def test_a_host_working_while_another_is_called_is_caught(lib, rig, monkeypatch)
     then works while B's calls are timed (for B, or in its gaps). Every host is watched at every
     post and after every call, not only the one being called."""
     h, census, x, out, call = rig
-    other = host.Host(h.arena, lib, "k", ["i64", "ptr", "i64", "ptr", "ptr"], census)
+    other = host.Host(h.arena, lib, "k", KINDS, census)
     census.hosts = [h, other]
     try:
         b = host.HostCall(other, [0, x.data_ptr(), x.numel(), 0, out.data_ptr()])
@@ -671,7 +683,7 @@ def test_no_stack_below_a_call_keeps_a_value_for_the_next_one(lib, rig):
         assert int(out[0]) == 0, (depth, hex(int(out[0])))
     assert census.take() is None
     arena2, census2 = host.Arena(1 << 22), host.HostCensus()
-    h2 = host.Host(arena2, lib, "k", ["i64", "ptr", "i64", "ptr", "ptr"], census2)
+    h2 = host.Host(arena2, lib, "k", KINDS, census2)
     out2 = arena2.tensor(torch.zeros(4, dtype=torch.int64))
     x2 = arena2.tensor(torch.zeros(16))
     with pytest.raises(host.HostDied, match="SIGSEGV"):
@@ -751,14 +763,14 @@ def test_a_loaded_host_allows_only_its_loop_and_what_a_kernel_needs(lib, rig):
     own threads' /proc entries (the census read their flags there), where a thread's CPU time and
     the scheduler's clock are, to the nanosecond."""
     h, census, x, out, call = rig
-    res = h.arena.tensor(torch.full((24,), -7, dtype=torch.int64))
+    res = h.arena.tensor(torch.full((25,), -7, dtype=torch.int64))
     host.HostCall(h, [31, x.data_ptr(), 0, 0, res.data_ptr()])()
     got = [int(v) for v in res]
     refused = {"clock_gettime": 0, "gettimeofday": 1, "time": 2, "getrusage": 3, "sysinfo": 4,
                "prctl": 5, "mincore": 6, "madvise REMOVE": 7, "madvise PAGEOUT": 8, "futex CMP_REQUEUE": 9,
                "futex WAKE, shared": 16, "stat by path": 17, "fstat of the log": 18, "sched_setaffinity": 19,
                "futex deadline": 20, "clock_nanosleep deadline": 21, "membarrier": 22, "a file anywhere": 10,
-               "its thread's schedstat": 11, "its thread's sched": 23}
+               "its thread's schedstat": 11, "its thread's sched": 23, "fstat of the census folder": 24}
     assert {k: got[i] for k, i in refused.items()} == {k: errno.EPERM for k in refused}, got
     assert got[12:16] == [0] * 4, got  # a thread, a private futex, madvise, a sleep, printf
     assert census.take() is None
@@ -779,7 +791,7 @@ def test_a_kernel_asleep_on_a_rival_hosts_word_steals_no_wake(lib, rig):
     h, census, x, out, call = rig
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    seq = ctypes.c_void_p(h.arena.base + h.ctl_off + kh.SEQ)
+    seq = ctypes.c_void_p(h.ctl_addr + kh.SEQ)
     word = (ctypes.c_uint32 * 1).from_address(seq.value)
     woke = []
 
@@ -802,6 +814,34 @@ def test_a_kernel_asleep_on_a_rival_hosts_word_steals_no_wake(lib, rig):
         t.join(10)
         assert woke and woke[-1] == 0, woke  # woken by the post, not by its own timeout
     assert census.take() is None
+
+
+def _ctl_files(pid: int) -> set[str]:
+    """The inodes of the control-block files a host maps (memfd "pipe-host-ctl")."""
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split()[4] for line in f if "pipe-host-ctl" in line}
+
+
+def test_no_host_maps_another_hosts_control_block(lib, rig):
+    """Every host of a request maps the whole arena, and the control blocks were in it: a kernel
+    read a rival's command count there (its place in a round), and a thread's exit (the kernel's
+    own write of 0 and wake at its clear_child_tid, which the filter never sees) aimed at a rival's
+    command word woke the rival on a command the judge never posted, and its next request hung
+    (session 65's red team). Each host's control block is now a file of its own: no other host
+    maps it, so no kernel can name its words."""
+    h, census, x, out, call = rig
+    other = host.Host(h.arena, lib, "k", KINDS, census)
+    census.hosts = [h, other]
+    try:
+        mine, theirs = _ctl_files(h.pid), _ctl_files(other.pid)
+        assert len(mine) == 1 and len(theirs) == 1 and mine != theirs, (mine, theirs)
+        with open(f"/proc/{h.pid}/maps") as f:
+            assert any("pipe-arena" in line for line in f)  # (the arena is shared, as before)
+        call(0)()
+        host.HostCall(other, [0, x.data_ptr(), x.numel(), other.host_ctl, out.data_ptr()])()
+        assert float(x[0]) == 2.0 and census.take() is None
+    finally:
+        other.close()
 
 
 def test_cpu_between_commands_is_forgiven_once_and_small(rig):
@@ -892,6 +932,37 @@ def test_threads_joined_inside_the_call_pass_the_hold(rig):
     assert census.take() is None
 
 
+def test_a_kernel_that_stops_its_own_process_is_caught(rig):
+    """The census stops its process (SIGSTOP) for the judge's listing, and a kernel may send the
+    same signal to its own process. Stopped inside its call, the host never answers: the judge
+    said nothing and waited for good (session 65's red team). Stopped after writing `done` itself,
+    the judge took the stop for the census's, and a later stop could then be cancelled unseen.
+    The first is the host stopped inside its call; the second, a stop with no record asking for
+    it."""
+    import signal
+    import threading
+
+    h, census, x, out, call = rig
+    rescue = threading.Timer(20, lambda: os.kill(h.pid, signal.SIGCONT))  # a hang fails, not hangs
+    rescue.start()
+    try:
+        with pytest.raises(host.HostDied, match="stopped itself"):
+            call(35)()
+    finally:
+        rescue.cancel()
+    h.close()
+
+
+def test_a_stop_the_census_did_not_ask_for_is_a_finding(rig):
+    """(The second half of the test above: `done` written, then the process stopped.)"""
+    h, census, x, out, call = rig
+    call(36)()
+    why = census.take()
+    assert why is not None and "stopped itself after its call" in why, why
+    call(0)()
+    assert census.take() is None
+
+
 def test_a_census_record_missing_or_forged_is_caught(rig):
     """The census socket is in the kernel's process: the kernel can add records to it, not take one
     back, nor close, replace or shut down the host's end of it (the filter). Exactly one record a
@@ -909,6 +980,8 @@ def test_a_census_record_missing_or_forged_is_caught(rig):
     why = census.take()
     assert why is not None and "still running after the call returned" in why, why
     _alone_again(h)
+    h.cpu_after = h._cpu()  # (the CPU its thread spent after the host slept: charged to the next command)
+    census.take()
     call(28)()
     # its send buffer cannot be shrunk to crowd the host's record out (the allow list refuses
     # setsockopt), and the long message beside that record is a finding all the same

@@ -122,8 +122,9 @@ def _decide(prog: list, nr: int, args: tuple = ()) -> str:
 def test_the_loaded_hosts_allow_list_decides_each_call_by_its_arguments():
     """The kernel host's third filter (sandbox.loop_only), run call by call: the loop's calls and a
     kernel's own needs allowed; clocks, path stats, deadlines and shared-memory futex operations but
-    a wait refused; fstat only of the census's folder (session 64: its review read the time five
-    ways past a first version)."""
+    a wait refused (session 64: its review read the time five ways past a first version); no open,
+    no stat at all (the census folder's times are the realtime clock when the host opened it:
+    session 65's red team), and getdents64 only of the census's folder."""
     import errno
 
     from runner.judge import sandbox
@@ -137,7 +138,7 @@ def test_the_loaded_hosts_allow_list_decides_each_call_by_its_arguments():
         "write": (1, ()), "futex WAIT, shared": (202, (0, 0)), "futex WAKE, private": (202, (0, 1 | priv)),
         "futex WAIT_BITSET, no timeout, realtime (a join)": (202, (0, bitset | realtime, 0, 0)),
         "futex CMP_REQUEUE, private": (202, (0, 4 | priv)), "futex WAIT, shared, relative timeout": (202, (0, 0, 0, 8)),
-        "fstat of the census": (5, (census,)), "clock_nanosleep, relative": (230, (1, 0, 8)),
+        "getdents64 of the census": (217, (census,)), "clock_nanosleep, relative": (230, (1, 0, 8)),
         "madvise DONTNEED": (28, (0, 4096, 4)), "ioctl TCGETS": (16, (1, 0x5401)), "clone": (56, ()),
         "tgkill (the census's stop)": (234, ()),
     }
@@ -151,7 +152,8 @@ def test_the_loaded_hosts_allow_list_decides_each_call_by_its_arguments():
         "clock_nanosleep, absolute": (230, (1, 1, 8)), "madvise REMOVE": (28, (0, 4096, 9)),
         "madvise PAGEOUT": (28, (0, 4096, 21)), "ioctl TIOCSTI": (16, (0, 0x5412)), "mincore": (27, ()),
         "sched_setaffinity": (203, ()), "membarrier": (324, ()), "getpriority": (140, ()), "setsockopt": (54, ()),
-        "openat": (257, ()), "open": (2, ()), "getdents64": (217, ()),
+        "openat": (257, ()), "open": (2, ()), "getdents64 of another folder": (217, (3,)),
+        "fstat of the census": (5, (census,)),
     }
     got = {k: _decide(prog, nr, a) for k, (nr, a) in cases.items()}
     assert got == {k: "allow" for k in cases}, got

@@ -209,7 +209,7 @@ def _no_exec_program() -> list[tuple[int, int, int, int]]:
 
 # The kernel host's third filter, once its library is loaded: an allow list. What a loaded host
 # still does is small and known (kernel_host.py's loop: futex waits, sched_yield, the census's
-# fstat and its stop (tgkill), its report's write, the GS base, the stack scrub's signal mask,
+# listing and its stop (tgkill), its report's write, the GS base, the stack scrub's signal mask,
 # Python's allocator), and so is what a kernel's own code needs (threads and their stacks,
 # futexes, memory, printf, sleeps); everything else is refused. Refused in particular:
 # every clock (clock_gettime, gettimeofday, time, times, getrusage, sysinfo, timerfd, the waits
@@ -240,9 +240,10 @@ LOOP_ALLOW = {
 # descriptors kept, no executable memory.) Not on the list: sched_setaffinity (a host runs on the
 # cores the judge pinned it to, runtime.threads of them, as the baseline does: a kernel that
 # widened its own set ran on more), membarrier (its global command interrupts every CPU), the
-# stat calls that take a path (newfstatat, statx: a file's times are a clock, the log the host
-# writes to is stamped at every write, and Landlock does not mediate them)
-IOCTL, TCGETS, FUTEX, MADVISE, FSTAT, CLOCK_NANOSLEEP = 16, 0x5401, 202, 28, 5, 230
+# stat calls (newfstatat, statx, fstat: a file's times are a clock, the log the host writes to
+# is stamped at every write, the census's folder holds the realtime clock when the host opened it,
+# and Landlock does not mediate them)
+IOCTL, TCGETS, FUTEX, MADVISE, GETDENTS64, CLOCK_NANOSLEEP = 16, 0x5401, 202, 28, 217, 230
 FUTEX_PRIVATE = 128
 FUTEX_CMD_MASK = 0x7F  # the operation itself, without the private and clock flags
 # on a shared word (one another process may sleep on): WAIT and WAIT_BITSET only, what a join needs
@@ -285,7 +286,8 @@ def _assemble(rows: list) -> list[tuple[int, int, int, int]]:
 
 def _loop_program(census_fd: int) -> list[tuple[int, int, int, int]]:
     """The allow list (LOOP_ALLOW) as (code, jt, jf, k) rows; and with their arguments checked:
-    fstat of the census's folder only (`census_fd`: its link count is the host's thread count);
+    getdents64 of the census's folder only (`census_fd`: its entries are the host's threads; no
+    stat of it, whose times are the realtime clock when the host opened it);
     ioctl only to ask whether a descriptor is a terminal (TCGETS, stdio's question); futex
     operations on shared words only FUTEX_SHARED_OPS, and those of FUTEX_DEADLINE_OPS only without
     a timeout (by either clock: glibc's join waits with FUTEX_CLOCK_REALTIME and none);
@@ -296,10 +298,10 @@ def _loop_program(census_fd: int) -> list[tuple[int, int, int, int]]:
 
     rows: list = [(LD_W_ABS, 0, 0, 0)]
     rows += [(JEQ_K, "allow", 0, nr) for nr in sorted(LOOP_ALLOW)]
-    rows += [(JEQ_K, "ioctl", 0, IOCTL), (JEQ_K, "futex", 0, FUTEX), (JEQ_K, "fstat", 0, FSTAT),
+    rows += [(JEQ_K, "ioctl", 0, IOCTL), (JEQ_K, "futex", 0, FUTEX), (JEQ_K, "getdents64", 0, GETDENTS64),
              (JEQ_K, "sleep", 0, CLOCK_NANOSLEEP), (JEQ_K, "madvise", "deny", MADVISE)]
     rows += [("ioctl",), arg(1), (JEQ_K, "allow", "deny", TCGETS)]
-    rows += [("fstat",), arg(0), (JEQ_K, "allow", "deny", census_fd & 0xFFFFFFFF)]
+    rows += [("getdents64",), arg(0), (JEQ_K, "allow", "deny", census_fd & 0xFFFFFFFF)]
     rows += [("sleep",), arg(1), (JEQ_K, "allow", "deny", 0)]  # flags: not TIMER_ABSTIME
     rows += [("futex",), arg(1), (ALU_AND_K, 0, 0, FUTEX_CMD_MASK)]
     rows += [(JEQ_K, "no_deadline", 0, op) for op in FUTEX_DEADLINE_OPS] + [(JEQ_K, "shared", "shared", 0)]
@@ -333,7 +335,7 @@ def no_new_code() -> bool:
 def loop_only(census_fd: int) -> bool:
     """Stack the allow list (_loop_program) on this process; True if it is in force. For a kernel
     host after LOAD, beside `no_new_code`: from then on it runs only its loop and the kernel's calls
-    (`census_fd`: the folder its census counts threads in, the one descriptor fstat may read)."""
+    (`census_fd`: the folder its census counts threads in, the one descriptor getdents64 may read)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     return _load(_loop_program(census_fd))

@@ -1,9 +1,10 @@
 """The kernel host: the process a CPU candidate's library runs in (the judge's side: cpu_host.py).
 
-Started by the judge's worker as `python -I -S kernel_host.py ARENA_FD ARENA_BYTES CTL_OFFSET PPID
-SANDBOX_PY REPORT_FD`, with the shared arena's descriptor and its end of the census socket its
-only ones besides stdout and stderr. It maps the arena (the inputs, outputs and scratch buffers of
-the calls, and this host's control block), takes away its own capabilities and goes under the
+Started by the judge's worker as `python -I -S kernel_host.py ARENA_FD ARENA_BYTES CTL_FD PPID
+SANDBOX_PY REPORT_FD`, with the shared arena's descriptor, its control block's and its end of the
+census socket its only ones besides stdout and stderr. It maps the arena (the inputs, outputs and
+scratch buffers of the calls, which every host of a request maps) and its control block (a file
+of its own, which only the judge maps besides), takes away its own capabilities and goes under the
 seccomp filter (judge/sandbox.py, with the checks that need its own pid), and only then loads the
 candidate's library: the library's load-time code already runs confined. Once it is loaded, two more
 filters (no new executable memory; an allow list of the loop's calls and a kernel's own needs, no
@@ -78,8 +79,8 @@ def stat_exiting(stat: bytes) -> bool:
     return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & PF_EXITING)
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
-SYS_FSTAT, SYS_TGKILL, SIGSTOP = 5, 234, 19
-STAT_BYTES, STAT_NLINK_AT = 144, 16  # x86-64's struct stat, and st_nlink in it
+SYS_GETDENTS64, SYS_TGKILL, SIGSTOP = 217, 234, 19
+DENTS_BYTES = 1 << 15
 MAP_FIXED = 0x10
 WAKE_ALL = 0x7FFFFFFF  # the judge wakes every waiter on a host's words: a kernel asleep there steals none
 SYS_CAPSET = 126
@@ -187,10 +188,11 @@ class _Census:
     The judge's own listing (cpu_host.HostCensus) comes after the host is asleep again, and a thread
     that ends in between (tens of microseconds) was never seen: the `deferred_thread` red-team
     kernel, which hands its rows to a thread and returns, passed so on an idle machine. Counted
-    here, with nothing of the host's before it but `done`: the link count of the directory
-    /proc/self/task, opened once (before the filters, which keep it open and in place), is 2 and
-    the number of threads (a thread is counted from its start until it is gone, exiting or not),
-    read with the bare fstat (about 1 us). Where there is more than the main thread, this process
+    here, with nothing of the host's before it but `done`: the entries of the directory
+    /proc/self/task, opened once (before the filters, which keep it open and in place), one a
+    thread (a thread is listed from its start until it is gone, exiting or not), read with the
+    bare getdents64 (a few us; not its link count, by fstat: the folder's times are the realtime
+    clock when it was opened, a date a kernel could key on). Where there is more than the main thread, this process
     stops itself (SIGSTOP: every thread of it that is not already exiting stops at once, before it
     runs another instruction of the kernel's) and the judge, which may read every file, lists the
     threads and their flags while it is stopped, then lets it go on (Host._hold): a thread already
@@ -203,18 +205,29 @@ class _Census:
     def __init__(self, libc):
         self.fd = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.pid = os.getpid()
-        # the link count by the bare system call on the folder's descriptor: a loaded host's allow
-        # list refuses the stat calls that take a path (newfstatat, which glibc's fstat uses) and
-        # lets fstat read this one folder
+        # the entries by the bare system call on the folder's descriptor, read from its start (no
+        # stat of it: its times are the realtime clock when it was opened, and the loaded host's
+        # allow list refuses every stat call; glibc's readdir would stat it)
         self._syscall = libc.syscall
-        self._stat = ctypes.create_string_buffer(STAT_BYTES)
+        self._dents = ctypes.create_string_buffer(DENTS_BYTES)
 
     def others(self) -> int:
-        """The threads alive now but the main one, exiting ones included (a link count that cannot
-        be read: one, so that the judge looks)."""
-        if self._syscall(ctypes.c_long(SYS_FSTAT), ctypes.c_long(self.fd), self._stat) != 0:
+        """The threads alive now but the main one, exiting ones included (a folder that cannot be
+        read: one, so that the judge looks)."""
+        n, raw_at = 0, self._dents
+        try:
+            os.lseek(self.fd, 0, os.SEEK_SET)
+        except OSError:
             return 1
-        return max(struct.unpack_from("<Q", self._stat.raw, STAT_NLINK_AT)[0] - 3, 0)
+        while (got := self._syscall(ctypes.c_long(SYS_GETDENTS64), ctypes.c_long(self.fd), raw_at,
+                                    ctypes.c_long(DENTS_BYTES))) > 0:
+            raw, at = raw_at.raw, 0
+            while at < got:
+                n += 1
+                at += struct.unpack_from("<H", raw, at + 16)[0]
+        if got < 0:
+            return 1
+        return max(n - 3, 0)  # ".", ".." and the main thread
 
     def hold(self) -> None:
         """Stop this whole process until the judge, having listed its threads, continues it."""
@@ -237,7 +250,7 @@ def _blank_vvar(libc) -> None:
 
 
 def main(argv: list[str]) -> int:
-    fd, size, ctl_at, parent, sandbox_py = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+    fd, size, ctl_fd, parent, sandbox_py = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
     report_fd = int(argv[6])
     libc = _libc()
     libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the worker gone: this process too
@@ -250,9 +263,12 @@ def main(argv: list[str]) -> int:
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     base = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     os.close(fd)
-    if base in (None, ctypes.c_void_p(-1).value):
+    # the control block, a file of this host's own (no other host maps it: none can read its
+    # words or wake this process on them), likewise
+    ctl = libc.mmap(None, CTL_BYTES, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, ctl_fd, 0)
+    os.close(ctl_fd)
+    if base in (None, ctypes.c_void_p(-1).value) or ctl in (None, ctypes.c_void_p(-1).value):
         return 4
-    ctl = base + ctl_at
     u32 = (ctypes.c_uint32 * (CTL_BYTES // 4)).from_address(ctl)
     u64 = (ctypes.c_uint64 * (CTL_BYTES // 8)).from_address(ctl)
     seq_p = ctypes.c_void_p(ctl + SEQ)
@@ -295,6 +311,7 @@ def main(argv: list[str]) -> int:
     # the census's socket and directory stay what they are: no call closes or replaces them
     confined = sandbox.install(own_pid=os.getpid(), keep_fds=(report_fd, census.fd))
     u64[ARGS_AT // 8] = base  # the arena's address here, for the judge's pointer translation
+    u64[ARGS_AT // 8 + 1] = ctl  # and the control block's
     u32[STATUS // 4] = 1 if confined else 2
     u32[DONE // 4] = s = u32[SEQ // 4]
     report(s, others())

@@ -651,8 +651,11 @@ def takes_inline(cfg: dict) -> bool:
 
 
 def inlined(geos: list) -> list:
-    """bulk_geometries' entries that may take INLINE = 1, with it (those not already with it)."""
-    return [(g[0], dict(g[1], INLINE=1)) + tuple(g[2:]) for g in geos if takes_inline(g[1]) and not g[1].get("INLINE")]
+    """bulk_geometries' entries that may take INLINE = 1, with it (those not already with it, and
+    not already in `geos` with it: the spaces hold INLINE 1 where it measured faster)."""
+    have = {tuple(sorted(g[1].items())) for g in geos}
+    out = [(g[0], dict(g[1], INLINE=1)) + tuple(g[2:]) for g in geos if takes_inline(g[1]) and not g[1].get("INLINE")]
+    return [g for g in out if tuple(sorted(g[1].items())) not in have]
 
 
 def main() -> int:

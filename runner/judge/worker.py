@@ -456,18 +456,51 @@ class Judge:
         """Whether the salted calls at `shape` change every element too (_alternate's `dense`):
         where the op's flops at the profile's peak take at least half as long as its bytes at
         its bandwidth, a memo corrected for a few changed elements would cost less than the
-        work; where the bytes bind, finding the changes costs the work."""
+        work; where the bytes bind, finding the changes costs the work, unless no output moves
+        past its budget for the few changed elements (_salt_unseen)."""
         from ..core.figures import floors
 
         try:
             f = floors(self.spec, [shape])[0]
         except Exception:  # noqa: BLE001 - an op without figures at this shape: the row salt alone
-            return False
+            return self._salt_unseen(shape)
         # the op's dtype's peak, else the fastest the profile lists (a CPU's fp32 for bf16 data)
         hw = self.spec.hw
         peak = hw.peak_flops(self.spec.op.dtype) or max(
             (float(v) for v in hw.data.get("peak_flops", {}).values() if v), default=0.0)
-        return bool(f["flops"]) and peak > 0 and f["flops"] / peak >= f["t_bw"] / 2
+        return bool(f["flops"]) and peak > 0 and f["flops"] / peak >= f["t_bw"] / 2 or self._salt_unseen(shape)
+
+    def _salt_unseen(self, shape: dict) -> bool:
+        """Whether the last timed call's salt (a few elements of each salted input replaced,
+        _draw_salt) leaves every output within its budget of the unsalted answer at `shape`:
+        then a memo of the two value sets' answers, or a copy of another arm's output for the
+        same set, passes every check of every salted call. A long row reduced to one value
+        moves by about 1/N of the change (cross-entropy at V = 32768: 1e-5 nats against a budget
+        of 1e-3; session 65's red team kept both). Measured once a shape for this process, from a
+        value set of its own and a salt drawn in secret: two references."""
+        import torch
+
+        key = tuple(sorted(shape.items()))
+        seen = self.__dict__.setdefault("_salt_probe", {})
+        if key not in seen:
+            inputs = self._inputs(shape, _seed("salt-probe", key, secrets.randbits(63)), 0, True)
+            targets = _salt_targets(inputs, self._unsalted)
+            unseen = False
+            if targets:
+                rng = random.Random(secrets.randbits(64))
+                salt = [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)]
+                plain = self._reference(inputs, shape)
+                salted = self._reference(_salted(inputs, salt), shape)
+                unseen = True
+                for (r0, _), (r1, budget) in zip(plain, salted):
+                    if not r1.is_floating_point():
+                        unseen = unseen and bool(torch.equal(r0, r1))
+                        continue
+                    bound = budget.tensor() if hasattr(budget, "tensor") else budget
+                    moved = (r0.to(r1.dtype) - r1).abs_() > bound
+                    unseen = unseen and not bool(moved.any())
+            seen[key] = unseen
+        return seen[key]
 
     @property
     def _unsalted(self) -> frozenset:
@@ -1611,7 +1644,7 @@ class Judge:
                     row[j][si] = _mid(ts)
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
                         taken.append((si, j, r, state["cur"], state["salt"],
-                                      self._snap(outs_row[j], guards=False, ws=ws_row[j])))
+                                      self._snap(outs_row[j], ws=ws_row[j])))
             medians.append(row)
         # no candidate code runs from here on: the positions, then every sampled call
         for si in range(len(which)):
@@ -1728,7 +1761,7 @@ class Judge:
                         self.census.rebase()  # threads torch started are the judge's
                     if name in outs_of:
                         taken.append((name, "after timing: ", state["cur"], state["salt"],
-                                      self._snap(outs_of[name], guards=False, ws=ws_of[name])))
+                                      self._snap(outs_of[name], ws=ws_of[name])))
             # the candidates are done on this shape: the references can be worked out
             for name, f in results.items():
                 refs, why = answers(0)

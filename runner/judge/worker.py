@@ -489,9 +489,12 @@ class Judge:
             if targets:
                 rng = random.Random(secrets.randbits(64))
                 salt = [sw for t in targets for sw in _draw_salt(inputs[t], t, rng)]
-                plain = self._reference(inputs, shape)
-                salted = self._reference(_salted(inputs, salt), shape)
-                unseen = True
+                try:
+                    plain = self._reference(inputs, shape)
+                    salted = self._reference(_salted(inputs, salt), shape)
+                except Exception:  # noqa: BLE001 - a reference that fails here fails the checks with its own error
+                    plain = salted = []
+                unseen = bool(plain)
                 for (r0, _), (r1, budget) in zip(plain, salted):
                     if not r1.is_floating_point():
                         unseen = unseen and bool(torch.equal(r0, r1))

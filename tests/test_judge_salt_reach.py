@@ -27,7 +27,8 @@ def _judge(tmp_path):
     from runner.spec.spec import load_spec
 
     tpl = tmp_path / "xent.cpp.j2"
-    tpl.write_text('// X={{ X }}\nextern "C" void xent(const float* x, const long* t, float* l, long M, long V, int ig) {}\n')
+    tpl.write_text('// X={{ X }}\n'
+                   'extern "C" void xent(const float* x, const long* t, float* l, long M, long V, int ig) {}\n')
     (tmp_path / "spec.yaml").write_text(hack_spec(
         "xent-salt", tpl, op=XENT_OP, params={"X": [0]},
         kernel={"entry": "xent", "args": ["logits", "targets", "loss", "M", "V", "ignore_index"]}))

@@ -192,10 +192,11 @@ class _Census:
     /proc/self/task, opened once (before the filters, which keep it open and in place), one a
     thread (a thread is listed from its start until it is gone, exiting or not), read with the
     bare getdents64 (a few us; not its link count, by fstat: the folder's times are the realtime
-    clock when it was opened, a date a kernel could key on). Where there is more than the main thread, this process
-    stops itself (SIGSTOP: every thread of it that is not already exiting stops at once, before it
-    runs another instruction of the kernel's) and the judge, which may read every file, lists the
-    threads and their flags while it is stopped, then lets it go on (Host._hold): a thread already
+    clock when it was opened, a date a kernel could key on). Where there is more than the main
+    thread, this process stops itself (SIGSTOP: every thread of it that is not already exiting
+    stops at once, before it runs another instruction of the kernel's) and the judge, which may
+    read every file, lists the threads and their flags while it is stopped, then lets it go on
+    (cpu_host.Host._look_while_held): a thread already
     exiting (PF_EXITING, set before its join returns; it runs no more code of the kernel's) is let
     through, any other is work outside the call. Nothing here opens a file: the flags of a thread
     sit beside its times (its stat, schedstat and sched files: clocks), so a host that could read
@@ -221,7 +222,7 @@ class _Census:
             return 1
         while (got := self._syscall(ctypes.c_long(SYS_GETDENTS64), ctypes.c_long(self.fd), raw_at,
                                     ctypes.c_long(DENTS_BYTES))) > 0:
-            raw, at = raw_at.raw, 0
+            raw, at = ctypes.string_at(raw_at, got), 0
             while at < got:
                 n += 1
                 at += struct.unpack_from("<H", raw, at + 16)[0]

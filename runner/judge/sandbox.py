@@ -218,7 +218,7 @@ def _no_exec_program() -> list[tuple[int, int, int, int]]:
 # it (session 38's fourth red team was slow in most rounds of a comparison and fast in one);
 # prctl, which would turn that counter back on; every open (a thread's /proc files hold its
 # CPU time and the scheduler's clock: schedstat, sched, stat; /proc/uptime the time since
-# boot): the census counts threads by its folder's link count, and the judge reads their flags;
+# boot): the census lists its folder's entries, and the judge reads the threads' flags;
 # madvise's advice that drops or pages out shared
 # memory (MADV_REMOVE punches the arena, MADV_PAGEOUT and MADV_COLD evict a rival's pages); and
 # the futex operations that move or take another process's waiters on shared memory (a

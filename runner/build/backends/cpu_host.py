@@ -311,10 +311,6 @@ class Host:
         self.clock = _cpu_clock(self.pid)
         self.loop_where = None  # (calibrate)
         self.blipped = False  # CPU between commands forgiven once (idle_problem)
-        # the command's hold (kernel_host._Census.hold): whether the host stopped itself for a
-        # listing, and the threads then alive but its main one and not exiting
-        self.held, self.held_strays, self.stopped_itself = False, 0, False
-        self._recs, self._closed = [], False
         self.pending, self.pending_words = None, None  # a primed call's seq and arguments
         self._wait(1, START_TIMEOUT_S, "starting")
         self._settle()
@@ -385,8 +381,11 @@ class Host:
         # exiting, whose last work is counted when it is gone: 102 us once on 2 threads)
         t0 = time.perf_counter()
         prev = None
+        # the command's hold (kernel_host._Census.hold): whether the host stopped itself for a
+        # listing, the threads then alive but its main one and not exiting, and whether it stopped
+        # with no record asking for it; the census socket's messages for this command
         self.held, self.held_strays, self.stopped_itself = False, 0, False
-        self._recs, self._closed = [], False  # the census socket's messages for this command
+        self._recs, self._closed = [], False
         while True:
             t = time.perf_counter()
             if self._state() in (b"T", b"t"):

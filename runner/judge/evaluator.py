@@ -358,6 +358,13 @@ class Evaluator:
                 cand.details["retime"] = {"status": r["status"], "reason": r.get("reason", "")}
                 if r["status"] == "wrong" and r.get("job") == 0:  # right when checked, wrong when re-timed
                     cand.status, cand.reason = "wrong", r.get("reason", "")
+                elif r["status"] == "wrong" and r.get("job") == 1 and r.get("charged"):
+                    # the incumbent broke a rule of memory while its own calls alone ran (the
+                    # candidate's bands or scratch, or its own): no incumbent, so the candidate,
+                    # correct when judged, is kept in its place; a kept kernel that wrote its
+                    # challengers' memory would otherwise turn every one of them away
+                    cand.kept = True
+                    cand.details["retime"]["incumbent"] = best.id
                 cand.wall_s += time.time() - t0
                 return
             bad = _below_floor(self.spec, shapes, [c for c, _ in r["medians"]])

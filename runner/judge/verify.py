@@ -208,6 +208,19 @@ class Poisoned:
             return bool((g == _poison(self.buf.dtype)).all())
         return bool(torch.equal(bits(g).cpu(), self.guard))
 
+    def restore_guards(self) -> None:
+        """Every element outside the output put back as filled (from the bands' host copy): where
+        another candidate's write changed them, so that the change is charged to that candidate
+        alone (Judge._bystanders), never to this buffer's at its next check."""
+        f, n = self.front, self.numel
+        if self.guard is None:
+            self.buf[:f].fill_(_poison(self.buf.dtype))
+            self.buf[f + n:].fill_(_poison(self.buf.dtype))
+            return
+        g = self.guard.to(self.buf.device)
+        bits(self.buf[:f]).copy_(g[:f])
+        bits(self.buf[f + n:]).copy_(g[f:])
+
 
 def _poison(dtype: torch.dtype):
     if dtype.is_floating_point:
@@ -319,6 +332,12 @@ class Scratch:
     @property
     def ptr(self) -> int:
         return self.mem.view.data_ptr()
+
+    def restore(self) -> None:
+        """Zero again within its bands as filled (another candidate's write undone: see
+        Poisoned.restore_guards)."""
+        self.mem.restore_guards()
+        self.mem.view.zero_()
 
     def problem(self) -> str | None:
         """Why the buffer breaks the rule now (guard band changed, an element not zero), or None."""

@@ -751,6 +751,38 @@ class Judge:
         bad = next((t.name for t, o in zip(self.op.outputs, outs) if guards and not o.guards_intact()), None)
         return {"snaps": [Snapshot(o.view) for o in outs], "guard": bad, "scratch": _scratch_problem(ws)}
 
+    def _bystanders(self, ran, arms: dict) -> str | None:
+        """After candidate `ran`'s calls in a loop that times several candidates with their
+        buffers in one arena (pipe compare, the re-timing), why `ran` broke a rule of memory, or
+        None: every candidate's guard bands, scratch and secret sample positions (`arms`: name ->
+        (outputs, scratch buffers, positions, their host copies)) are looked at, and any change is `ran`'s, the only code that ran since the last
+        look: its own bands or scratch, or another candidate's. Whatever changed is put back, so
+        no candidate's verdict rests on memory another one can write (session 66's red team: a
+        slower variant flipped a bit in the band of a faster rival after its own calls in pipe
+        compare, and the rival, not it, failed "after timing": guard band changed)."""
+        self.rt.sync()
+        why = None
+        for name, (outs, ws, where, held) in arms.items():
+            hit = [f"output '{t.name}': wrote outside its bounds (guard band changed)"
+                   for t, o in zip(self.op.outputs, outs) if not o.guards_intact()]
+            hit += [p for w in ws if (p := w.problem())]
+            moved = [i for i, (p, h) in enumerate(zip(where, held)) if not self.torch.equal(p.cpu(), h)]
+            if moved:
+                hit.append(_positions_moved(where, held))
+            if not hit:
+                continue
+            for o in outs:
+                o.restore_guards()
+            for w in ws:
+                w.restore()
+            for i in moved:
+                where[i].copy_(held[i])
+            if why is None:
+                why = hit[0] if name == ran else (
+                    f"wrote the memory of another candidate timed beside it, while its own calls alone ran "
+                    f"({name if isinstance(name, str) else f'job {name[1]}, shape {name[0]}'}: {hit[0]})")
+        return why
+
     def _settle(self, taken: dict, refs: list, priors: list | None = None) -> str | None:
         from .verify import compare
 
@@ -1648,6 +1680,14 @@ class Judge:
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
                         taken.append((si, j, r, state["cur"], state["salt"],
                                       self._snap(outs_row[j], ws=ws_row[j])))
+                    if cand:
+                        # every shape's buffers are live through the rounds: all of them are looked at
+                        why = self._bystanders((si, j), {(s, i): (o, w, wheres[s][i], held[s][i])
+                                                         for s, (outs, _, _, wss) in enumerate(checkers)
+                                                         for i, (o, w) in enumerate(zip(outs, wss)) if o is not None})
+                        if why:  # `charged`: only job j's calls ran since the last look, so it is j's
+                            return {"status": "wrong", "job": j, "charged": True,
+                                    "reason": f"re-timing, shape {si}, round {r}: {why}"}
             medians.append(row)
         # no candidate code runs from here on: the positions, then every sampled call
         for si in range(len(which)):
@@ -1701,6 +1741,12 @@ class Judge:
                     fn = self.rt.load(cand["artifact"], self.spec.kernel.entry, self.kinds)
                     geo = cand["geometry"]
                     call = self._prepare(fn, self._values(shape, inputs, outs, ws, geo), geo, mode=mode)
+                    # each candidate's first call on the value set itself: an earlier one's first
+                    # call may have written the shared inputs, and the rounds' refresh has not run
+                    # yet (session 66's red team: a rival's first answer failed on inputs a
+                    # candidate listed before it had changed)
+                    for k, v in sets[state["cur"]].items():
+                        inputs[k].copy_(v)
                     self.rt.sync()
                     call()
                     self._guard()
@@ -1712,6 +1758,12 @@ class Judge:
                     continue
                 errors[name] = self._outlived()  # None unless its threads outlived the call
                 calls[name], outs_of[name], ws_of[name] = call, outs, ws
+                changed = None if self.op.in_place else next(
+                    (k for k, v in sets[state["cur"]].items() if not torch.equal(inputs[k], v)), None)
+                why = (f"input '{changed}' was modified by the kernel" if changed else None) \
+                    or self._bystanders(name, {n: (outs_of[n], ws_of[n], [], []) for n in outs_of})
+                if why and errors.get(name) is None:
+                    errors[name] = why
             for name, f in others.items():
                 try:
                     res = f(**inputs, **self.scalars)  # it runs; its answer is checked after the rounds
@@ -1765,6 +1817,10 @@ class Judge:
                     if name in outs_of:
                         taken.append((name, "after timing: ", state["cur"], state["salt"],
                                       self._snap(outs_of[name], ws=ws_of[name])))
+                        why = self._bystanders(name, {n: (outs_of[n], ws_of[n], where[n], held[n])
+                                                      for n in outs_of})
+                        if why and errors.get(name) is None:
+                            errors[name] = "timed: " + why
             # the candidates are done on this shape: the references can be worked out
             for name, f in results.items():
                 refs, why = answers(0)

@@ -259,7 +259,15 @@ def test_compare_bisection_never_times_a_midpoint_outside_it(project):
     go = ranges.Cut(64, 16384, lambda v: {**op.shapes[0], "N": v} if v % 2 == 0 else None, [1], [2], "N")
     alone = ranges._bisect([go], prober, 3, None)
     assert len(prober.timed) == 3  # three steps, one shape each
-    assert ranges._bisect([stop, go], prober, 3, None) == [ranges._geo_mid(512, 1000), alone[0]]
+    # the steps' sizes are drawn in secret (the middle half of each stretch, log scale): each
+    # one closes in on the choices' crossing, never past it
+    lo, hi = 64, 16384
+    for sh in prober.timed:
+        assert lo < sh["N"] < hi and abs(math.log(sh["N"] / math.sqrt(lo * hi))) <= math.log(hi / lo) / 4 + 1e-9
+        lo, hi = (sh["N"], hi) if sh["N"] < prober.cut else (lo, sh["N"])
+    assert lo < prober.cut <= hi and alone[0] == ranges._geo_mid(lo, hi)
+    both = ranges._bisect([stop, go], prober, 3, None)
+    assert both[0] == ranges._geo_mid(512, 1000) and 64 < both[1] < 16384
 
 
 # -- 1. the exported op -----------------------------------------------------------------------------

@@ -801,3 +801,63 @@ def test_compare_says_each_stage_and_timing_request_on_stderr(ranged_run, tmp_pa
     assert out.err == "" and "dispatch by range" in out.out
     assert cli.main([*args[:-1], "0"]) == cli.EXIT_INPUT
     assert capsys.readouterr().err == "--verify-sizes: 0 is not a positive number of sizes\n"
+
+
+class _PublicSizes:
+    """A stand-in prober: kernel #1 fast (1 ns an element) at the sizes the spec makes public
+    (its shapes: the grid, the typical and named sizes) and slow (3 ns) everywhere else, as a
+    fast path at those sizes would be; #2 2 ns an element everywhere; torch eager 10 ns."""
+
+    def __init__(self, op, public: bool = True):
+        self.public = [dict(s) for s in op.shapes] if public else None
+        self.fallbacks, self.requests, self.asked = {}, 0, []
+
+    def serves(self, tid, shape):
+        return True
+
+    def ns(self, tid, sh):
+        if tid == 1:
+            return 1.0 if self.public is None or sh in self.public else 3.0
+        return 2.0
+
+    def time(self, shapes, kernels, others=False, mode_of=None):
+        self.requests += 1
+        self.asked.append([dict(s) for s in shapes])
+        out = []
+        for sh, ks in zip(shapes, kernels):
+            n = sh["M"] * sh["N"] * 1e-9
+            d = {f"#{k}": {"rounds": [self.ns(k, sh) * n] * 4, "median": self.ns(k, sh) * n, "error": None}
+                 for k in ks}
+            d["torch eager"] = {"rounds": [10 * n] * 4, "median": 10 * n, "error": None}
+            out.append(d)
+        return out
+
+
+def test_a_kernel_fast_only_at_the_public_sizes_takes_no_range():
+    """Every size the table ranked kernels at was public (the grid, its log-midpoints, the
+    typical sizes): a kernel fast at those alone took whole ranges from one faster at every
+    other size of them (session 66's red team: 1.2 to 1.8 times at the secret sizes). The
+    kernels of each point are now timed again at a size of its range drawn in secret, and
+    ordered by their mean over the two; the bisection's sizes are drawn in secret too."""
+    from types import SimpleNamespace
+
+    spec = load_spec(RANGE_CPU)
+    op = spec.op
+    history = [SimpleNamespace(id=k, status="ok", params={"ACC": 1}, variant=None, details={},
+                               times=[(1.0 if k == 1 else 2.0) * s["M"] * s["N"] * 1e-9 for s in op.shapes])
+               for k in (1, 2)]
+    pr = _PublicSizes(op)
+    table = ranges.build(spec, history, pr, top=2, log=None)
+    firsts = {r["use"][0] for r in table["ranges"]} | {w["use"][0] for r in table["ranges"] for w in r.get("rows", ())}
+    assert firsts == {2}, table["ranges"]
+    # the secret sizes: one request after the points', a size inside each point's range, none public
+    secret = pr.asked[1]
+    assert len(secret) == len(op.shapes) and not any(s in op.shapes for s in secret)
+    assert all(op.in_domain(s) is None for s in secret)
+    assert len(table["reordered"]) == len(op.shapes)
+    assert all(r["by_point"] == [1, 2] and r["use"] == [2, 1] for r in table["reordered"])
+    # the control: a kernel fast at every size keeps its ranges, and nothing is reordered
+    fast = ranges.build(spec, history, _PublicSizes(op, public=False), top=2, log=None)
+    assert {r["use"][0] for r in fast["ranges"]} == {1} and "reordered" not in fast
+    text = ranges.format_ranges(table)
+    assert f"ordered at a secret size of its range: {len(op.shapes)} point(s)" in text, text

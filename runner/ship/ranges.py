@@ -4,13 +4,16 @@
 
 1. **The points.** At every tuning point (and named shape) it times side by side the
    `top` fastest configurations the run recorded there and torch eager, in rounds that
-   alternate the order. A point's choice is its fastest kernel by the even rounds, if it
-   beat torch eager by more than NOISE, else the fallback (torch). Where the point stands
-   for a range, the fallback's time is its mean over the point and its TWINS next sizes.
+   alternate the order. A point's choices are the kernels that beat torch eager there by
+   more than NOISE (else it takes the fallback, torch), fastest first by the even rounds:
+   where two or more ran, by their times at a size of the point's range drawn in secret
+   (the point itself is public). Where the point stands for a range, the fallback's time
+   is its mean over the point and its TWINS next sizes.
 2. **The boundaries.** Along a range axis, each stretch between two neighbouring points
    belongs to the nearer one (log scale) until measured: where the two points choose
    differently, the two contenders (a kernel or the fallback) are timed against each
-   other at the log-midpoint, and the boundary moves by bisection, REFINE times. Each
+   other at a size drawn in secret in the middle of the stretch, and the boundary
+   moves by bisection, REFINE times. Each
    range keeps an ordered list of kernels (its own point's choices, then its
    neighbours'): a shape takes the first whose `kernel.serves` holds for it, else the
    fallback. Where the kernel that takes a range's low end stops serving inside it (a
@@ -70,6 +73,15 @@ def _split(rounds: list[float]) -> tuple[float | None, float | None]:
 
 def _geo_mid(a: int, b: int) -> int:
     return int(round(math.sqrt(a * b)))
+
+
+MID_TRIES = 8
+
+
+def _secret_mid(a: int, b: int, rng: random.Random) -> int:
+    """A value drawn in secret in the middle half of [a, b] on a log scale."""
+    la, lb = math.log(max(a, 1)), math.log(max(b, 1))
+    return int(round(math.exp(rng.uniform(la + (lb - la) / 4, lb - (lb - la) / 4))))
 
 
 class Prober:
@@ -433,14 +445,21 @@ def time_with_twins(prober: "Prober", shapes: list[dict], kernels: list[list[int
     return [(res[i], res[i + 1:i + 1 + len(ts)]) for i, ts in zip(at, twins)]
 
 
-def choices_at(res: dict, tids: list[int], fallbacks=(), twins=()) -> tuple[list[tuple[int, float]], float | None,
-                                                                              float | None, str | None]:
+def choices_at(res: dict, tids: list[int], fallbacks=(), twins=(), secret: dict | None = None
+               ) -> tuple[list[tuple[int, float]], float | None, float | None, str | None]:
     """From one shape's timings: the kernels that beat the fastest fallback (torch eager, or an
     arm of op.fallbacks; over the shape and its `twins`, best_fallback) by more than NOISE,
     fastest first ((tid, reported time)), the fallback's pick and reported times, and its name
-    (None: torch eager)."""
+    (None: torch eager). With `secret` (the same kernels' timings at a size of the shape's range
+    drawn in secret, `_secret_size`), the order is by each kernel's pick there, and a kernel with
+    no time there (an error: wrong, or failed) is no choice: the shape is public, one size of
+    its range, and a kernel fast at the public sizes alone does not take the range (session 66's
+    red team); the shape's own times still say which kernels beat the fallback."""
     fb, e_pick, e_rep = best_fallback(res, fallbacks, twins)
     ranked = sorted(k for k in _kernel_times(res, tids) if e_pick is None or k[0] < e_pick * (1 - NOISE))
+    if secret is not None:
+        at = {tid: pick for pick, tid, _ in _kernel_times(secret, tids)}
+        ranked = sorted((at[tid], tid, rep) for pick, tid, rep in ranked if tid in at)
     return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep, fb
 
 
@@ -487,11 +506,19 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
 
     def box_hi(sh):  # where the point's own range ends on each axis (its midpoint with the next)
         return {a: next((_geo_mid(sh[a], v) + 1 for v in vals[a] if v > sh[a]), op.domain[a].max + 1) for a in axes}
+
+    def box_lo(sh):  # ... and where it starts (its midpoint with the one before)
+        return {a: next((_geo_mid(v, sh[a]) + 1 for v in reversed(vals[a]) if v < sh[a]), op.domain[a].min)
+                for a in axes}
     timed = time_with_twins(prober, list(op.shapes), cands,
                             [[] if boxed else _twins(op, axes, sh, box_hi(sh)) for sh in op.shapes])
+    secret = _secret_timings(op, timed, cands, prober, box_lo, box_hi, log)
     points = []
     for i, (shape, (r, rt)) in enumerate(zip(op.shapes, timed)):
-        ranked, e_pick, e_rep, fb = choices_at(r, cands[i], fbs, rt)
+        ranked, e_pick, e_rep, fb = choices_at(r, cands[i], fbs, rt, (secret.get(i) or {}).get("res"))
+        if i in secret:  # (the order by the point alone beside it, for the table's `reordered`)
+            secret[i]["use"] = [tid for tid, _ in ranked]
+            secret[i]["by_point"] = [tid for tid, _ in choices_at(r, cands[i], fbs, rt)[0]]
         # eager_s: the fallback's time (torch eager's, or the named fallback arm's)
         p = {"shape": shape, "named": i < op.named, "use": [tid for tid, _ in ranked],
              "times_s": {str(tid): t for tid, t in ranked}, "eager_s": e_rep,
@@ -526,7 +553,10 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
         ranges = _split_unserved(spec, axes[0], ranges, history, prober, top, log)
         ranges = _refine_fallbacks(spec, axes[0], ranges, prober, log)
     lists = [r["use"] for r in ranges + exact] + [w["use"] for r in ranges for w in r.get("rows", ())]
-    return {"axes": axes, "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
+    # where the secret size changed a point's order: the report says so
+    moved = [{"point": op.shapes[i], "secret": d["shape"], "by_point": d["by_point"], "use": d["use"]}
+             for i, d in sorted(secret.items()) if d["use"] != d["by_point"]]
+    return {"axes": axes, **({"reordered": moved} if moved else {}), "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
             **({"fallbacks": {n: prober.fallbacks[n] for n in prober.fallbacks}} if prober.fallbacks else {}),
             **({"levels": sym} if nlv > 1 else {}),
             # a `tune` symbol with no max: served up to ROWS_CAP times its tuning value (Op.row_cap)
@@ -539,6 +569,56 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
             "kernels": {str(t.id): {"params": t.params, "variant": t.variant,
                                     **({"batch_invariant": t.details.get("batch_invariant")} if op.batch_axis else {})}
                         for t in history if any(str(t.id) in map(str, u) for u in lists)}}
+
+
+SECRET_TRIES = 40  # draws for a secret size of a point's range that its kernels all serve
+
+
+def _secret_size(op, shape: dict, lo: dict, hi: dict, ok, rng: random.Random) -> dict | None:
+    """A size drawn in secret inside [lo, hi) on each range axis (log-uniform), at the shape's
+    own `tune` level (its rows where it has none), inside op.domain_where and op.domain, not the
+    shape itself, and one `ok` takes; None after SECRET_TRIES draws."""
+    level = op.level_of(shape)
+    for _ in range(SECRET_TRIES):
+        env = {}
+        for a in op.axes:
+            lw, h = lo[a], hi[a] - 1
+            v = lw if h <= lw else int(round(math.exp(rng.uniform(math.log(max(lw, 1)), math.log(h)))))
+            env[a] = min(max(v, lw), h)
+        sh = op.point(env, level or 0)
+        if level is None:  # a named shape off the grid's levels: its own rows
+            sh.update({x: shape[x] for x in op.symbols if x not in op.axes})
+        if sh != shape and op.where_holds(sh) and op.in_domain(sh) is None and ok(sh):
+            return sh
+    return None
+
+
+def _secret_timings(op, timed: list, cands: list[list[int]], prober: "Prober", box_lo, box_hi, log) -> dict:
+    """{point index: {"shape", "res"}}: each point where two or more kernels ran, its
+    kernels timed again at a size of its range drawn in secret that they all serve (one request
+    for all points), which orders them (choices_at). Every other size the table's kernels are ranked at is public: the grid, its
+    log-midpoints and the typical sizes follow from the spec, so a kernel fast at those alone
+    (a fast path at powers of two, or at the grid's own sizes, and a slower one elsewhere) took
+    whole ranges from one faster at every other size of them, 1.2 to 1.8 times (session 66's
+    red team); the curve and its confirmations time the table only against the fallbacks."""
+    rng = random.Random(secrets.randbits(64))
+    at = {}
+    for i, (shape, (r, _)) in enumerate(zip(op.shapes, timed)):
+        ran = [tid for _, tid, _ in _kernel_times(r, cands[i])]
+        if len(ran) < 2:
+            continue  # one kernel (or none): no order to decide
+        sh = _secret_size(op, shape, box_lo(shape), box_hi(shape),
+                          lambda s, ran=ran: all(prober.serves(t, s) for t in ran), rng)
+        if sh is not None:
+            at[i] = {"shape": sh, "tids": ran}
+    if not at:
+        return {}
+    if log:
+        log(f"the kernels of {len(at)} points at a size of each one's range drawn in secret")
+    got = prober.time([d["shape"] for d in at.values()], [d.pop("tids") for d in at.values()])
+    for d, res in zip(at.values(), got):
+        d["res"] = res
+    return at
 
 
 def drop(table: dict, tid: int, why: str) -> None:
@@ -789,22 +869,28 @@ class Cut(NamedTuple):
 def _bisect(cuts: list[Cut], prober: Prober, refine: int, log) -> list[int]:
     """The cut of each boundary between two neighbouring points' choices on one symbol: the
     first value that goes to b. Where their first choices differ, the two contenders (a kernel
-    or the fallback) are timed against each other at the log-midpoint, REFINE times. The
+    or the fallback) are timed against each other at a size drawn in secret in the middle half
+    of the stretch on a log scale (`_secret_mid`: a log-midpoint follows from the grid, and a
+    kernel fast at those sizes alone won the stretch), REFINE times. The
     bisections are independent, so they go in lockstep: each step's midpoints of every
     bisection still going are timed in one request (a request costs a round trip to the worker
     and its set-up; one a step and boundary made most of a small compare's requests). A
-    bisection stops where both sides choose the same (the cut does not matter there) or its
-    shape lies outside op.domain_where (nothing to time there: the cut stays put)."""
+    bisection stops where both sides choose the same (the cut does not matter there) or
+    MID_TRIES draws lie outside op.domain_where (nothing to time there: the cut stays put)."""
     lo, hi = [c.lo for c in cuts], [c.hi for c in cuts]
     live = range(len(cuts))
+    rng = random.Random(secrets.randbits(64))
     for _ in range(refine):
         step = []
         for i in live:
             c = cuts[i]
             if hi[i] - lo[i] <= 1:
                 continue
-            mid = min(max(_geo_mid(lo[i], hi[i]), lo[i] + 1), hi[i] - 1)
-            shape = c.shape_at(mid)
+            for _ in range(MID_TRIES):  # (a draw outside op.domain_where is drawn again)
+                mid = min(max(_secret_mid(lo[i], hi[i], rng), lo[i] + 1), hi[i] - 1)
+                shape = c.shape_at(mid)
+                if shape is not None:
+                    break
             if shape is None:
                 continue
             ka, kb = _first(c.a_list, prober, shape), _first(c.b_list, prober, shape)
@@ -1561,6 +1647,14 @@ def format_ranges(table: dict) -> str:
         lines.append(f"  dropped #{tid}: {why[:300]}")
     for why in table.get("cut", ()):
         lines.append(f"  cut from its range: {why[:300]}")
+    if table.get("reordered"):
+        def at(sh):
+            return "x".join(str(v) for v in sh.values())
+        moved = table["reordered"]
+        lines.append(f"  ordered at a secret size of its range: {len(moved)} point(s) whose order the point's own "
+                     "times would have had otherwise, e.g. " + "; ".join(
+                         f"{at(m['point'])}: #{m['by_point'][0] if m['by_point'] else '-'} there, "
+                         f"#{m['use'][0] if m['use'] else '-'} at {at(m['secret'])}" for m in moved[:3]))
     if table.get("batch_axis"):
         lines.append(invariance_line(table["batch_axis"], {k: v.get("batch_invariant")
                                                            for k, v in table.get("kernels", {}).items()}))

@@ -419,6 +419,48 @@ def test_decide_uses_paired_retiming(bench):
     assert not slow.kept, slow.details
 
 
+def test_a_rivals_band_written_on_the_device_is_charged_to_the_writer(bench):
+    """Candidates timed side by side share the device's memory: after each one's calls the judge
+    looks at every candidate's bands, scratch and sample positions, and a change is the doing of
+    the one whose calls alone ran (Judge._bystanders). Here the second candidate's calls are
+    followed, on the device, by a write to the first one's back band: in pipe compare the second
+    is charged and the first never; in the re-timing job 1 is `charged`."""
+    import secrets
+
+    from runner.judge import worker
+
+    judge = worker.Judge(bench.spec)
+    made, outputs, prepare = [], judge._outputs, judge._prepare
+
+    def outputs_kept(shape, decoy=False, place=None):
+        made.append(outputs(shape, decoy, place))
+        return made[-1]
+
+    def prepared(fn, values, geometry, mode=None):
+        call = prepare(fn, values, geometry, mode)
+        if len(made) % 2:  # the first candidate's
+            return call
+        victim = made[-2][0]
+
+        def writer():
+            call()
+            victim.buf[victim.front + victim.numel] += 1
+        return writer
+    judge._outputs, judge._prepare = outputs_kept, prepared
+    t = bench.run("honest")
+    arts, geo = bench.ev.artifacts[t.key], bench.ev.builder.geometry(t.params)
+    job = {"seed": secrets.randbits(48), "rounds": 2, "eager": False, "compile": False, "arms": {}, "copy": False,
+           "candidates": [[{"label": k, "trial": 0, "artifact": arts[i], "geometry": geo[i]} for k in ("a", "b")]
+                          for i in range(len(bench.spec.op.shapes))]}
+    r = judge.compare(job)
+    for s in r["shapes"]:
+        assert s["a"]["error"] is None, s
+        assert "memory of another candidate" in (s["b"]["error"] or ""), s
+    made.clear()
+    r = judge.retime([{"artifacts": arts, "geometry": geo}, {"artifacts": arts, "geometry": geo}], 2, 7)
+    assert r["status"] == "wrong" and r["job"] == 1 and r.get("charged"), r
+
+
 @pytest.mark.parametrize("hack,needle", [
     # outputs hold a plausible wrong answer (a decoy) before every checked call, not NaN poison:
     # a kernel that writes nothing, or skips when the buffer looks finished, leaves the decoy

@@ -360,11 +360,12 @@ class Evaluator:
                     cand.status, cand.reason = "wrong", r.get("reason", "")
                 elif r["status"] == "wrong" and r.get("job") == 1 and r.get("charged"):
                     # the incumbent broke a rule of memory while its own calls alone ran (the
-                    # candidate's bands or scratch, or its own): no incumbent, so the candidate,
-                    # correct when judged, is kept in its place; a kept kernel that wrote its
-                    # challengers' memory would otherwise turn every one of them away
-                    cand.kept = True
-                    cand.details["retime"]["incumbent"] = best.id
+                    # candidate's bands or scratch, or its own): the record says so, and the
+                    # candidate is not kept, nor wrong. Never kept in its place unpaired: a
+                    # challenger that wrote what the incumbent reads (a value set's offsets, its
+                    # module's globals, all in reach on a GPU) had the incumbent charged and was
+                    # kept with no time compared (session 66's review)
+                    cand.details["retime"]["incumbent_charged"] = best.id
                 cand.wall_s += time.time() - t0
                 return
             bad = _below_floor(self.spec, shapes, [c for c, _ in r["medians"]])

@@ -367,6 +367,15 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype == torch.bool else flat.view(_BITS[flat.element_size()])
 
 
+def checksum(t: torch.Tensor) -> int:
+    """The sum of a tensor's bits as 64-bit words (wrapping), or of its elements' bit patterns
+    where its bytes do not fill whole words: one pass on its own device."""
+    flat = t.reshape(-1)
+    if flat.numel() and flat.numel() * flat.element_size() % 8 == 0:
+        return int(flat.view(torch.int64).sum())
+    return int(bits(flat).sum(dtype=torch.int64))
+
+
 def first_nonzero(t: torch.Tensor) -> tuple[int, int, str] | None:
     """(how many elements are not all-zero bits, the first's flat index, its value and bits),
     or None when every element's bits are zero (so -0.0 and NaN count as not zero)."""

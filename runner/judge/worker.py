@@ -751,24 +751,54 @@ class Judge:
         bad = next((t.name for t, o in zip(self.op.outputs, outs) if guards and not o.guards_intact()), None)
         return {"snaps": [Snapshot(o.view) for o in outs], "guard": bad, "scratch": _scratch_problem(ws)}
 
-    def _bystanders(self, ran, arms: dict) -> str | None:
+    def _watched(self, sets: list[dict], remake) -> dict:
+        """The judge's value sets of a loop that times several candidates, for `_bystanders` to
+        look at: each tensor's checksum, and `remake(k)` (set k made again from its seed)."""
+        from .verify import checksum
+
+        return {"sets": sets, "sums": [{n: checksum(v) for n, v in st.items()} for st in sets], "remake": remake}
+
+    def _bystanders(self, ran, arms: dict, shared: list | None = None) -> str | None:
         """After candidate `ran`'s calls in a loop that times several candidates with their
         buffers in one arena (pipe compare, the re-timing), why `ran` broke a rule of memory, or
         None: every candidate's guard bands, scratch and secret sample positions (`arms`: name ->
-        (outputs, scratch buffers, positions, their host copies)) are looked at, and any change is `ran`'s, the only code that ran since the last
+        (outputs, scratch buffers, positions, their host copies[, its calls' samples, its
+        snapshots])), the snapshots the judge took of the others' outputs and the judge's value
+        sets (`shared`, `_watched`) are looked at, and any change is `ran`'s, the only code that ran since the last
         look: its own bands or scratch, or another candidate's. Whatever changed is put back, so
         no candidate's verdict rests on memory another one can write (session 66's red team: a
         slower variant flipped a bit in the band of a faster rival after its own calls in pipe
         compare, and the rival, not it, failed "after timing": guard band changed)."""
+        from .verify import checksum
+
         self.rt.sync()
         why = None
-        for name, (outs, ws, where, held) in arms.items():
+        # the judge's value sets, which every candidate's calls are refreshed from (on a GPU in
+        # reach of every kernel): a change is the runner's, and the set is made again
+        for w in shared or ():
+            for k, (st, sums) in enumerate(zip(w["sets"], w["sums"])):
+                bad = [n for n, v in st.items() if checksum(v) != sums[n]]
+                if bad:
+                    for n, v in w["remake"](k).items():
+                        st[n].copy_(v)
+                    why = why or (f"wrote the judge's own copy of input '{bad[0]}' (value set {k}) while its own "
+                                  f"calls alone ran")
+        for name, arm in arms.items():
+            outs, ws, where, held = arm[:4]
+            samples, snaps = (arm[4], arm[5]) if len(arm) > 4 else ((), ())
             hit = [f"output '{t.name}': wrote outside its bounds (guard band changed)"
                    for t, o in zip(self.op.outputs, outs) if not o.guards_intact()]
             hit += [p for w in ws if (p := w.problem())]
             moved = [i for i, (p, h) in enumerate(zip(where, held)) if not self.torch.equal(p.cpu(), h)]
             if moved:
                 hit.append(_positions_moved(where, held))
+            if name != ran:  # the judge's copies of another's outputs (its own are its own to spoil)
+                hit += ["the judge's copy of its output taken after a call (a snapshot) changed"
+                        for snap in snaps if not snap.intact()][:1]
+            else:  # its calls' samples, out of every kernel's reach from now on
+                for i, (k, salt, got) in enumerate(samples):
+                    if any(g.device.type != "cpu" for g in got):
+                        samples[i] = (k, salt, [g.cpu() for g in got])
             if not hit:
                 continue
             for o in outs:
@@ -1607,6 +1637,7 @@ class Judge:
                     (self._reference(pristine, shape), None)
             return done[k]
 
+        answers.remake = lambda k: self._inputs(shape, *made[k])  # set k again (Judge._watched)
         return (inputs, sets, answers, *_alternate(inputs, sets, self._unsalted, fresh=True, dense=self._dense(shape)))
 
     def retime(self, jobs: list[dict], rounds: int, seed: int = 0, budget_scale: float = 0.3,
@@ -1620,7 +1651,7 @@ class Judge:
         The runner draws `seed` afresh for every request: the inputs are unpredictable.
         `only`: the indices of the spec's timed shapes to time (all by default); a job's
         artifacts, geometry and the medians then follow that list."""
-        prepared, refreshers, checkers, keep, wheres = [], [], [], [], []
+        prepared, refreshers, checkers, keep, wheres, watches = [], [], [], [], [], []
         which = list(range(len(self.op.shapes))) if only is None else list(only)
         for si, shape in enumerate(self.op.shapes[i] for i in which):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("retime", seed, si))
@@ -1647,6 +1678,7 @@ class Judge:
             refreshers.append(refresh)
             checkers.append((outs_row, answers, state, ws_row))
             keep.append((inputs, sets))  # the prepared calls point into these buffers
+            watches.append(self._watched(sets, answers.remake))
             # every timed call of a candidate sampled as it returns, at secret positions, as in
             # evaluate's timed loop (_time_checked): one protocol for every loop that times
             # candidate code, so no call of a re-timing may skip its work either
@@ -1682,9 +1714,11 @@ class Judge:
                                       self._snap(outs_row[j], ws=ws_row[j])))
                     if cand:
                         # every shape's buffers are live through the rounds: all of them are looked at
-                        why = self._bystanders((si, j), {(s, i): (o, w, wheres[s][i], held[s][i])
-                                                         for s, (outs, _, _, wss) in enumerate(checkers)
-                                                         for i, (o, w) in enumerate(zip(outs, wss)) if o is not None})
+                        why = self._bystanders(
+                            (si, j), {(s, i): (o, w, wheres[s][i], held[s][i], samples[(s, i)],
+                                               [x for t in taken if t[:2] == (s, i) for x in t[5]["snaps"]])
+                                      for s, (outs, _, _, wss) in enumerate(checkers)
+                                      for i, (o, w) in enumerate(zip(outs, wss)) if o is not None}, watches)
                         if why:  # `charged`: only job j's calls ran since the last look, so it is j's
                             return {"status": "wrong", "job": j, "charged": True,
                                     "reason": f"re-timing, shape {si}, round {r}: {why}"}
@@ -1726,6 +1760,10 @@ class Judge:
         modes: dict = {}  # shape index -> the launch mode its arms ran in
         for si, shape in enumerate(job.get("shapes") or self.op.shapes):
             inputs, sets, answers, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
+            watch = [self._watched(sets, answers.remake)]
+
+            def snaps_of(n):  # the judge's snapshots of candidate n's outputs so far
+                return [x for t in taken if t[0] == n for x in t[4]["snaps"]]
 
             calls, errors, outs_of, taken, results, ws_of = {}, dict(notes), {}, [], {}, {}
             # every arm of a shape runs in the runner's mode for it (_mode: graph replay or direct,
@@ -1761,7 +1799,8 @@ class Judge:
                 changed = None if self.op.in_place else next(
                     (k for k, v in sets[state["cur"]].items() if not torch.equal(inputs[k], v)), None)
                 why = (f"input '{changed}' was modified by the kernel" if changed else None) \
-                    or self._bystanders(name, {n: (outs_of[n], ws_of[n], [], []) for n in outs_of})
+                    or self._bystanders(name, {n: (outs_of[n], ws_of[n], [], [], [], snaps_of(n)) for n in outs_of},
+                                        watch)
                 if why and errors.get(name) is None:
                     errors[name] = why
             for name, f in others.items():
@@ -1817,8 +1856,8 @@ class Judge:
                     if name in outs_of:
                         taken.append((name, "after timing: ", state["cur"], state["salt"],
                                       self._snap(outs_of[name], ws=ws_of[name])))
-                        why = self._bystanders(name, {n: (outs_of[n], ws_of[n], where[n], held[n])
-                                                      for n in outs_of})
+                        why = self._bystanders(name, {n: (outs_of[n], ws_of[n], where[n], held[n], sampled[n],
+                                                          snaps_of(n)) for n in outs_of}, watch)
                         if why and errors.get(name) is None:
                             errors[name] = "timed: " + why
             # the candidates are done on this shape: the references can be worked out
@@ -2369,7 +2408,7 @@ def _sampled(samples: list, k: int, refs: list, where: list, outputs, n_calls: i
     if not calls:
         return None
     for j, (t, (ref, bound), pos) in enumerate(zip(outputs, refs, where)):
-        got = torch.stack([s[j] for _, s in calls]).to(torch.float64)
+        got = torch.stack([s[j].to(ref.device) for _, s in calls]).to(torch.float64)  # (host copies: _bystanders)
         r = ref.reshape(-1).index_select(0, pos).to(torch.float64)
         b = bound.at(pos)
         if ref.dtype.is_floating_point:

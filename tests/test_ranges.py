@@ -838,7 +838,7 @@ def test_a_kernel_fast_only_at_the_public_sizes_takes_no_range():
     typical sizes): a kernel fast at those alone took whole ranges from one faster at every
     other size of them (session 66's red team: 1.2 to 1.8 times at the secret sizes). The
     kernels of each point are now timed again at a size of its range drawn in secret, and
-    ordered by their mean over the two; the bisection's sizes are drawn in secret too."""
+    ordered by their times there; the bisection's sizes are drawn in secret too."""
     from types import SimpleNamespace
 
     spec = load_spec(RANGE_CPU)
@@ -861,3 +861,88 @@ def test_a_kernel_fast_only_at_the_public_sizes_takes_no_range():
     assert {r["use"][0] for r in fast["ranges"]} == {1} and "reordered" not in fast
     text = ranges.format_ranges(table)
     assert f"ordered at a secret size of its range: {len(op.shapes)} point(s)" in text, text
+
+
+def test_a_kernel_that_serves_few_sizes_is_still_ordered_at_a_secret_one():
+    """Session 66's review: a kernel that serves only some sizes (N a multiple of 64, say: a
+    BLOCK the agent picks) left no size all a point's kernels serve in about half its ranges, and
+    kept its public order there. Where no size all serve is drawn, one the point's fastest
+    serves is; a kernel that does not serve it keeps its turn after those timed there."""
+    from types import SimpleNamespace
+
+    spec = load_spec(RANGE_CPU)
+    op = spec.op
+
+    class FewSizes(_PublicSizes):
+        def serves(self, tid, shape):
+            return tid != 1 or shape["N"] % 64 == 0
+
+    history = [SimpleNamespace(id=k, status="ok", params={"ACC": 1}, variant=None, details={},
+                               times=[(1.0 if k == 1 else 2.0) * s["M"] * s["N"] * 1e-9 if k == 2 or s["N"] % 64 == 0
+                                      else None for s in op.shapes])
+               for k in (1, 2)]
+    pr = FewSizes(op)
+    table = ranges.build(spec, history, pr, top=2, log=None)
+    secret = pr.asked[1]
+    both = [s for s in op.shapes if s["N"] % 64 == 0]
+    assert all(s["N"] % 64 == 0 for s in secret)  # drawn where the fastest at the point serves
+    ns = sorted({s["N"] for s in op.shapes})
+
+    def room(n):  # another multiple of 64 in the point's range (its midpoints with its neighbours)
+        i = ns.index(n)
+        lo = ranges._geo_mid(ns[i - 1], n) + 1 if i else op.domain["N"].min
+        hi = ranges._geo_mid(n, ns[i + 1]) + 1 if i + 1 < len(ns) else op.domain["N"].max + 1
+        return any(v % 64 == 0 and v != n for v in range(lo, hi))
+    assert len(secret) == sum(room(s["N"]) for s in both) >= len(both) - 4
+    moved = {tuple(m["point"].values()) for m in table.get("reordered", ())}
+    for r in table["ranges"]:
+        if r["use"] and r["use"][0] == 1:
+            assert tuple(r["point"].values()) not in moved and not room(r["point"]["N"]), r
+    assert len(moved) == len(secret)
+    # choices_at: a kernel not served at the secret size comes after those timed there
+    res = {"#1": {"rounds": [1.0] * 4}, "#2": {"rounds": [2.0] * 4}, "#3": {"rounds": [3.0] * 4},
+           "torch eager": {"rounds": [9.0] * 4}}
+    sec = {"#2": {"rounds": [1.0] * 4}, "#3": {"rounds": [0.5] * 4}, "torch eager": {"rounds": [9.0] * 4}}
+    assert [t for t, _ in ranges.choices_at(res, [1, 2, 3], secret=sec)[0]] == [3, 2, 1]
+    sec["#3"] = {"rounds": [], "error": "wrong"}  # an error there: no choice
+    assert [t for t, _ in ranges.choices_at(res, [1, 2, 3], secret=sec)[0]] == [2, 1]
+
+
+def test_the_parts_of_a_box_are_ordered_at_secret_sizes():
+    """Two range axes (B x L): each grid point's box is cut into parts, each part's list measured
+    at its own centre, which replaced the point's secretly ordered list; at the log-centre (a
+    public size) a kernel fast at public sizes alone led 32 parts of 32 (session 66's review).
+    The parts are measured at sizes drawn in secret in their middles."""
+    from types import SimpleNamespace
+
+    from .test_domain_where import RAGGED
+
+    spec = load_spec(RAGGED)
+    op = spec.op
+    history = [SimpleNamespace(id=k, status="ok", params={}, variant=None, details={},
+                               times=[(1.0 if k == 1 else 2.0) * math.prod(s.values()) * 1e-9 for s in op.shapes])
+               for k in (1, 2)]
+
+    class Boxes(_PublicSizes):
+        def time(self, shapes, kernels, others=False, mode_of=None):
+            self.requests += 1
+            self.asked.append([dict(s) for s in shapes])
+            out = []
+            for sh, ks in zip(shapes, kernels):
+                n = math.prod(sh.values()) * 1e-9
+                d = {f"#{k}": {"rounds": [self.ns(k, sh) * n] * 4, "error": None} for k in ks}
+                d["torch eager"] = {"rounds": [10 * n] * 4, "error": None}
+                out.append(d)
+            return out
+
+    # public: the spec's sizes and each part's log-centre (the parts' bounds follow from the grid)
+    first = Boxes(op, public=False)
+    parts = ranges.build(spec, history, first, top=2, log=None)["ranges"]
+    pr = Boxes(op)
+    pr.public += [op.point({a: ranges._geo_mid(r["lo"][a], r["hi"][a] - 1) for a in op.axes}) for r in parts]
+    table = ranges.build(spec, history, pr, top=2, log=None)
+    assert len(table["ranges"]) == len(parts) > len(op.shapes)
+    # #1 leads no part but one whose secret size fell on a public one (a part of a few sizes)
+    led = [r for r in table["ranges"] if r["use"] and r["use"][0] == 1]
+    assert all(r["point"] in pr.public for r in led), led
+    assert len(led) <= len(parts) // 4, len(led)

@@ -457,9 +457,10 @@ def choices_at(res: dict, tids: list[int], fallbacks=(), twins=(), secret: dict 
     red team); the shape's own times still say which kernels beat the fallback."""
     fb, e_pick, e_rep = best_fallback(res, fallbacks, twins)
     ranked = sorted(k for k in _kernel_times(res, tids) if e_pick is None or k[0] < e_pick * (1 - NOISE))
-    if secret is not None:
+    if secret is not None:  # (a kernel that does not serve the secret size comes after, in the shape's order)
         at = {tid: pick for pick, tid, _ in _kernel_times(secret, tids)}
-        ranked = sorted((at[tid], tid, rep) for pick, tid, rep in ranked if tid in at)
+        ranked = (sorted((at[tid], tid, rep) for pick, tid, rep in ranked if tid in at)
+                  + [k for k in ranked if f"#{k[1]}" not in secret])
     return [(tid, rep) for _, tid, rep in ranked], e_pick, e_rep, fb
 
 
@@ -571,7 +572,8 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
                         for t in history if any(str(t.id) in map(str, u) for u in lists)}}
 
 
-SECRET_TRIES = 40  # draws for a secret size of a point's range that its kernels all serve
+SECRET_TRIES = 8  # draws for a secret size of a point's range that its kernels all serve ...
+SECRET_SCAN = 512  # ... each followed by the sizes next to it, both ways, up to this far
 
 
 def _secret_size(op, shape: dict, lo: dict, hi: dict, ok, rng: random.Random) -> dict | None:
@@ -579,24 +581,34 @@ def _secret_size(op, shape: dict, lo: dict, hi: dict, ok, rng: random.Random) ->
     own `tune` level (its rows where it has none), inside op.domain_where and op.domain, not the
     shape itself, and one `ok` takes; None after SECRET_TRIES draws."""
     level = op.level_of(shape)
+
+    def at(env):
+        sh = op.point(env, level or 0)
+        if level is None:  # a named shape off the grid's levels: its own rows
+            sh.update({x: shape[x] for x in op.symbols if x not in op.axes})
+        return sh if sh != shape and op.where_holds(sh) and op.in_domain(sh) is None and ok(sh) else None
+
+    a0 = max(op.axes, key=lambda a: shape[a])
     for _ in range(SECRET_TRIES):
         env = {}
         for a in op.axes:
             lw, h = lo[a], hi[a] - 1
             v = lw if h <= lw else int(round(math.exp(rng.uniform(math.log(max(lw, 1)), math.log(h)))))
             env[a] = min(max(v, lw), h)
-        sh = op.point(env, level or 0)
-        if level is None:  # a named shape off the grid's levels: its own rows
-            sh.update({x: shape[x] for x in op.symbols if x not in op.axes})
-        if sh != shape and op.where_holds(sh) and op.in_domain(sh) is None and ok(sh):
-            return sh
+        # the draw, else the nearest size along the largest axis that passes (a kernel may serve
+        # one size in 64: a draw alone found one in about half the ranges, session 66's review)
+        for d in range(SECRET_SCAN):
+            for v in {env[a0] + d, env[a0] - d}:
+                if lo[a0] <= v < hi[a0] and (sh := at({**env, a0: v})) is not None:
+                    return sh
     return None
 
 
 def _secret_timings(op, timed: list, cands: list[list[int]], prober: "Prober", box_lo, box_hi, log) -> dict:
     """{point index: {"shape", "res"}}: each point where two or more kernels ran, its
-    kernels timed again at a size of its range drawn in secret that they all serve (one request
-    for all points), which orders them (choices_at). Every other size the table's kernels are ranked at is public: the grid, its
+    kernels timed again at a size of its range drawn in secret that they all serve (else one the
+    fastest of them at the point serves; one request for all points), which orders them
+    (choices_at). Every other size the table's kernels are ranked at is public: the grid, its
     log-midpoints and the typical sizes follow from the spec, so a kernel fast at those alone
     (a fast path at powers of two, or at the grid's own sizes, and a slower one elsewhere) took
     whole ranges from one faster at every other size of them, 1.2 to 1.8 times (session 66's
@@ -609,8 +621,12 @@ def _secret_timings(op, timed: list, cands: list[list[int]], prober: "Prober", b
             continue  # one kernel (or none): no order to decide
         sh = _secret_size(op, shape, box_lo(shape), box_hi(shape),
                           lambda s, ran=ran: all(prober.serves(t, s) for t in ran), rng)
+        if sh is None:  # none they all serve: one the fastest at the point serves (a kernel that
+            # serves few sizes kept its place at the public point so, session 66's review)
+            first = min(_kernel_times(r, cands[i]))[1]
+            sh = _secret_size(op, shape, box_lo(shape), box_hi(shape), lambda s: prober.serves(first, s), rng)
         if sh is not None:
-            at[i] = {"shape": sh, "tids": ran}
+            at[i] = {"shape": sh, "tids": [t for t in ran if prober.serves(t, sh)]}
     if not at:
         return {}
     if log:
@@ -1158,10 +1174,11 @@ def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober
     it (a bucket's largest row, say: the point at 2^k chose the bucket of 2^k, and the range runs
     on above it) would hand the rest to whichever kernel of its list serves next, never timed
     there. Such a range is cut where that kernel stops serving; the new range's lists are
-    measured at its log-midpoint: the old list's kernels and the `top` trials nearest in time a
+    measured at a size drawn in secret in its middle (`_secret_mid`): the old list's kernels and the `top` trials nearest in time a
     byte at the closest tuning point, that serve there, against the fallback. The new lists
     keep the old ones' untimed kernels last (they serve elsewhere in the range)."""
     op = spec.op
+    rng = random.Random(secrets.randbits(64))
 
     def shape_at(point: dict, v: int) -> dict | None:
         return _inside(op, {**point, axis: v})
@@ -1189,7 +1206,7 @@ def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober
                 stop = min(stop, _edge(ok, lo, hi - 1) + 1)
             if stop >= hi:
                 break
-            mid = _geo_mid(stop, hi - 1)
+            mid = _secret_mid(stop, hi - 1, rng)  # (a log-midpoint follows from `serves`: public)
             new = {**cur, "lo": {axis: stop}, "hi": {axis: hi}}
             if "rows" in cur:
                 new["rows"] = [dict(w) for w in cur["rows"]]
@@ -1248,11 +1265,13 @@ def _touch(a: dict, b: dict, axes: list[str]) -> bool:
 def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) -> list[dict]:
     """A grid point's box spans an octave of every axis, and what a kernel's launch does at
     a size (its blocks, in whole waves or not) can change across it. So each box is cut in
-    two at its log-midpoint on every axis, and each part takes the kernels measured at its
-    own centre: the box's list and the first choice of every box it touches, timed there
+    two at its log-midpoint on every axis, and each part takes the kernels measured at a size
+    drawn in secret in its middle (its centre: a log-centre would be public, session 66's
+    review): the box's list and the first choice of every box it touches, timed there
     against the fallback, fastest first; the box's kernels that do not serve the centre come
     after. A part whose centre lies outside op.domain_where keeps the box's list."""
     op = spec.op
+    rng = random.Random(secrets.randbits(64))
     parts = []  # (part, its centre and candidates where they are timed, else None)
     for b in boxes:
         # the box's own list, then the first choice of each box it touches
@@ -1263,7 +1282,12 @@ def _split_boxes(spec, axes: list[str], boxes: list[dict], prober: Prober, log) 
             cuts = [c + [(a, lo, hi)] for c in cuts for lo, hi in _halves(b["lo"][a], b["hi"][a])]
         for c in cuts:
             part = {**b, "lo": {a: lo for a, lo, _ in c}, "hi": {a: hi for a, _, hi in c}}
-            centre = _inside(op, op.point({a: _geo_mid(lo, hi - 1) for a, lo, hi in c}))
+            centre = None  # drawn in secret in the part's middle: its log-centre follows from the grid
+            for _ in range(MID_TRIES):
+                centre = _inside(op, op.point({a: lo if hi - 1 <= lo else _secret_mid(lo, hi - 1, rng)
+                                               for a, lo, hi in c}))
+                if centre is not None:
+                    break
             timed = len(cuts) > 1 and centre is not None and near
             parts.append((part, (centre, near) if timed else None))
     todo = [(p, t) for p, t in parts if t is not None]

@@ -50,7 +50,6 @@ def alive(pid: int) -> bool:
 LEAVE_A_DAEMON = r'''
 import os, sys, time
 if os.fork() == 0:
-    os.setsid()
     if os.fork() == 0:
         open("daemon.pid", "w").write(str(os.getpid()))
         time.sleep(600)
@@ -156,7 +155,7 @@ def test_nothing_the_agent_started_outlives_its_answer_or_its_timeout(tmp_path):
     r = subprocess.run([*argv, sys.executable, "-c", LEAVE_A_DAEMON], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "answered", r.stderr
     pid = int((tmp_path / "work" / "daemon.pid").read_text())
-    assert not alive(pid)  # a double fork and setsid do not escape the subreaper
+    assert not alive(pid)  # a double fork does not escape the subreaper
     assert "left running were killed" in r.stderr
 
     (tmp_path / "work" / "daemon.pid").unlink()
@@ -167,6 +166,65 @@ def test_nothing_the_agent_started_outlives_its_answer_or_its_timeout(tmp_path):
     assert r.returncode == confine.KILLED_ON_TIMEOUT
     assert time.monotonic() - t0 < 20
     assert not alive(int((tmp_path / "work" / "daemon.pid").read_text()))
+
+
+# CHAINS processes, each forking its successor and exiting at once, for HOP seconds (longer than
+# the sweep's 30), then writing a heartbeat: the walk of the tree never caught up with them
+# (session 66's red team: one chain lived through later trials and past the run); each chain
+# first writes its process group and whether setsid and setpgid were refused
+HOPPER = r'''
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <unistd.h>
+static double now(void) { struct timeval t; gettimeofday(&t, 0); return t.tv_sec + t.tv_usec / 1e6; }
+int main(int argc, char **argv) {
+  int chains = atoi(argv[1]);
+  double until = now() + atof(argv[2]);
+  for (int i = 0; i < chains; i++) {
+    if (fork() != 0) continue;
+    int a = setsid(), ea = errno, b = setpgid(0, 0), eb = errno;
+    FILE *f = fopen("chains", "a");
+    fprintf(f, "%d %d %d %d %d\n", (int)getpgrp(), a, ea, b, eb);
+    fclose(f);
+    int fd = open("/dev/null", O_RDWR); dup2(fd, 1); dup2(fd, 2);
+    while (now() < until) { pid_t p = fork(); if (p > 0) _exit(0); }
+    FILE *h = fopen("beat", "a"); fprintf(h, "%d\n", (int)getpid()); fclose(h);
+    _exit(0);
+  }
+  while (1) { FILE *f = fopen("chains", "r"); int n = 0, c; if (f) { while ((c = fgetc(f)) != EOF) n += c == '\n'; fclose(f); }
+              if (n >= chains) break; usleep(1000); }
+  puts("answered");
+  return 0;
+}
+'''
+
+
+@pytest.mark.skipif(not CONFINED, reason="the refusal is what the other tests check here")
+def test_processes_that_fork_and_exit_over_and_over_are_killed_at_once(tmp_path):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "hop.c").write_text(HOPPER)
+    subprocess.run([cc, "-O1", "-o", str(tmp_path / "hop"), str(tmp_path / "hop.c")], check=True)
+    argv, cfg = jail(tmp_path)
+    t0 = time.monotonic()
+    r = subprocess.run([*argv, str(tmp_path / "hop"), "8", "45"], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 0 and r.stdout.strip() == "answered", r.stderr
+    rows = [ln.split() for ln in (tmp_path / "work" / "chains").read_text().splitlines()]
+    assert len(rows) == 8
+    # no process of the agent leaves its group: setsid and setpgid are refused (EPERM)
+    assert all(int(x[1]) == -1 and int(x[2]) == 1 and int(x[3]) == -1 and int(x[4]) == 1 for x in rows), rows
+    group = {int(x[0]) for x in rows}
+    assert len(group) == 1
+    assert took < 20, took  # the walk alone ran to its 30 s deadline and gave up
+    assert confine._group(group.pop()) == []
+    assert "left running were killed" in r.stderr
+    time.sleep(0.2)
+    assert not (tmp_path / "work" / "beat").exists()
 
 
 CHAIN_FROM_THREADS = r'''
@@ -186,7 +244,6 @@ def level(n):
     threading.Thread(target=spawn, daemon=True).start()
     time.sleep(600)
 if os.fork() == 0:
-    os.setsid()
     level(depth)
     os._exit(0)
 while len(open("chain.pids").read().split()) < depth + 1 if os.path.exists("chain.pids") else True:
@@ -245,6 +302,27 @@ def test_a_folder_swapped_for_a_link_between_calls_is_refused(tmp_path):
                        timeout=60, cwd=tmp_path)
     assert r.returncode == confine.CANNOT_CONFINE and "not the folder the run set up" in r.stderr
     assert not (target / "x").exists()
+
+
+def test_folders_the_environment_names_for_the_judge_are_the_runners(tmp_path, monkeypatch):
+    """Session 66's red team: a writable folder that PYTHONPYCACHEPREFIX named took a .pyc of the
+    judge's figures module, and the judge's metric went into the ledger times 100. Every folder
+    an environment variable names for the judge's processes (bytecode, headers, libraries,
+    compilers, tools' caches) and the compiler's own folder are the runner's."""
+    for var, sub in (("PYTHONPYCACHEPREFIX", "pyc"), ("CPLUS_INCLUDE_PATH", "inc"), ("TRITON_CACHE_DIR", "tc")):
+        (tmp_path / sub / "deep").mkdir(parents=True)
+        monkeypatch.setenv(var, str(tmp_path / sub) + os.pathsep + "relative/ignored")
+    (tmp_path / "bin").mkdir()
+    cxx = tmp_path / "bin" / "my-g++"
+    cxx.write_text("#!/bin/sh\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    owned = confine.owned_paths(None, None)
+    for sub, var in (("pyc", "PYTHONPYCACHEPREFIX"), ("inc", "CPLUS_INCLUDE_PATH"), ("tc", "TRITON_CACHE_DIR")):
+        assert var in (confine.clash(tmp_path / sub, owned) or "")
+        assert var in (confine.clash(tmp_path / sub / "deep", owned) or "")
+    assert "compiles with" in (confine.clash(tmp_path / "bin", owned) or "")
+    assert confine.clash(tmp_path / "elsewhere", owned) is None
 
 
 def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_path):
@@ -341,8 +419,9 @@ for k in kids:
     t(f"stop_worker", lambda: os.kill(k, signal.SIGSTOP))
 t("tcp", lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
 t("unix_socket", lambda: socket.socket(socket.AF_UNIX))
+t("setsid", os.setsid)  # a session of its own: out of the group the runner ends in one kill
+t("setpgid", lambda: os.setpgid(0, 0))
 if os.fork() == 0:  # a process left behind, to work while candidates are timed
-    os.setsid()
     if os.fork() == 0:
         with open("daemon.pids", "a") as f:
             f.write(f"{os.getpid()}\n")

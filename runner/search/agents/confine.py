@@ -45,6 +45,7 @@ import ctypes
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
@@ -226,6 +227,18 @@ def owned_paths(spec, run_dir, cache=None) -> list:
               os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if p and os.path.isdir(p):
             add(p, "is the system's (its compilers' headers and libraries among it)")
+    # what the judge's processes read where the environment says: bytecode, headers, libraries,
+    # compilers and tools' caches (an agent given a writable folder that PYTHONPYCACHEPREFIX named
+    # wrote a .pyc of the judge's figures module there and its metric went into the ledger times
+    # 100, the chain intact: session 66's red team); PATH and the compiler's own folder too
+    for var in ENV_PATHS:
+        for p in os.environ.get(var, "").split(os.pathsep):
+            if p and os.path.isabs(p) and os.path.isdir(p):
+                add(p, f"is named by ${var}, which the judge's processes read")
+    for tool in (os.environ.get("CXX") or "g++", os.environ.get("CC") or "cc", "nvcc"):
+        found = shutil.which(tool)
+        if found:
+            add(Path(found).resolve().parent, f"holds {tool}, which the judge compiles with")
     # folders that hold what the runner makes while it runs (the CPU backend compiles each
     # candidate in a folder of its own under the temporary folder): one inside them is the
     # agent's own, one that holds them is not
@@ -236,6 +249,11 @@ def owned_paths(spec, run_dir, cache=None) -> list:
 
 
 HOLDS_ONLY = "\0"  # an owned entry a folder may lie inside, but not hold or be
+# environment variables whose folders the judge's processes read (owned_paths)
+ENV_PATHS = ("PATH", "PYTHONPYCACHEPREFIX", "PYTHONHOME", "PYTHONUSERBASE", "CPATH", "C_INCLUDE_PATH",
+             "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "LD_LIBRARY_PATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+             "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME",
+             "CUDA_HOME", "CUDA_PATH")
 
 
 def clash(path, owned) -> str | None:
@@ -311,6 +329,11 @@ def nested(folders) -> str | None:
 # - SysV IPC objects and message queues, which outlive the agent (a 64 MiB segment was left
 #   behind), the keyrings (the user's session keyring is inherited: a key was read and revoked),
 #   new namespaces, clone3 (ENOSYS: its flags are in memory, CLONE_INTO_CGROUP among them);
+# - a session or process group of its own (setsid, setpgid): every process the agent starts
+#   stays in the one group the trampoline gave it, which one kill ends at once, forks in flight
+#   included; a process that left it (setsid) and forked its successor and exited, over and
+#   over, outran the walk of the tree, lived past the sweep and the run, and ran through later
+#   trials' timings (session 66's red team);
 # - device nodes, file owners, modes and extended attributes, the immutable flag (a root agent
 #   locked the ledger through a read-only descriptor) and TIOCSTI (keys typed into a terminal). A
 #   file's owner may change its mode without any write right (Landlock has none for it): an
@@ -331,7 +354,7 @@ _NR = {  # per architecture: the audit arch, then the system calls by name
         "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302, "ioctl": 16, "capset": 126,
         "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "keyctl": 250, "add_key": 248,
         "request_key": 249, "file_setattr": 469, "unshare": 272, "open_by_handle_at": 304,
-        "fanotify_init": 300, "clone": 56, "clone3": 435}),
+        "fanotify_init": 300, "clone": 56, "clone3": 435, "setsid": 112, "setpgid": 109}),
     "aarch64": (0xC00000B7, {
         "socket": 198, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "perf_event_open": 241,
@@ -345,7 +368,8 @@ _NR = {  # per architecture: the audit arch, then the system calls by name
         "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
         "prlimit64": 261, "ioctl": 29, "capset": 91, "shmget": 194, "semget": 190, "msgget": 186,
         "mq_open": 180, "keyctl": 219, "add_key": 217, "request_key": 218, "file_setattr": 469,
-        "unshare": 97, "open_by_handle_at": 265, "fanotify_init": 262, "clone": 220, "clone3": 435}),
+        "unshare": 97, "open_by_handle_at": 265, "fanotify_init": 262, "clone": 220, "clone3": 435,
+        "setsid": 157, "setpgid": 154}),
 }
 _NR["AMD64"], _NR["arm64"] = _NR["x86_64"], _NR["aarch64"]
 REFUSED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "process_vm_readv",
@@ -355,7 +379,7 @@ REFUSED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "p
            "mknodat", "chown", "fchown", "lchown", "fchownat", "chmod", "fchmod", "fchmodat", "fchmodat2",
            "setxattr", "lsetxattr", "fsetxattr",
            "removexattr", "lremovexattr", "fremovexattr", "setxattrat", "removexattrat", "shmget", "semget", "msgget", "mq_open", "keyctl", "add_key",
-           "request_key", "file_setattr", "unshare", "open_by_handle_at", "fanotify_init")
+           "request_key", "file_setattr", "unshare", "open_by_handle_at", "fanotify_init", "setsid", "setpgid")
 SELF_ONLY = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr", "prlimit64")  # pid 0
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 SOCK_STREAM, SOCK_DGRAM = 1, 2
@@ -518,13 +542,38 @@ def _reap() -> None:
 SWEEP_S = 30.0  # at most this long to empty the tree
 
 
-def sweep(limit_s: float = SWEEP_S) -> int:
+def _group(pgid: int | None) -> list[int]:
+    """The live members of a process group (its id: the agent's pid), by /proc."""
+    if not pgid:
+        return []
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+                if int(rest[2]) == pgid and rest[0] != "Z":
+                    out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def sweep(limit_s: float = SWEEP_S, group: int | None = None) -> int:
     """Kills every descendant and reaps them, until none is left (or `limit_s` passes); the
-    number killed. The tree is frozen first: every process found is stopped, and the walk is
-    repeated until it finds no process it has not stopped (a stopped process starts no other),
-    then all are killed at once; what a process started while it was being stopped is
-    reparented here and caught by the next pass."""
-    killed: set[int] = set()
+    number killed. The agent's process group (`group`: no process of the agent can leave it)
+    is killed first, in one step: the kernel delivers a group's signal to a child forked while
+    it is sent as well, so nothing that forks and exits over and over outruns it. Then the tree
+    is frozen: every process found is stopped, and the walk is repeated until it finds no
+    process it has not stopped (a stopped process starts no other), then all are killed at once;
+    what a process started while it was being stopped is reparented here and caught by the next
+    pass."""
+    killed: set[int] = set(_group(group))  # (none: its id may be another's by now)
+    if killed:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            killed.clear()
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         stopped: set[int] = set()
@@ -586,6 +635,7 @@ def trampoline(config: dict, argv: list[str]) -> int:
         os.close(r)
         try:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            os.setpgid(0, 0)  # a process group of the agent's own (its pid), which it cannot leave
             drop_capabilities()
             restrict_self(fds, config.get("ports"), config.get("abi"))
             seccomp_filter()
@@ -617,7 +667,7 @@ def trampoline(config: dict, argv: list[str]) -> int:
             code = os.waitstatus_to_exitcode(status)
         elif got == 0:
             if time.monotonic() > deadline:
-                sweep()
+                sweep(group=pid)
                 os.close(r)
                 return KILLED_ON_TIMEOUT
             time.sleep(0.005)
@@ -625,9 +675,9 @@ def trampoline(config: dict, argv: list[str]) -> int:
     os.close(r)
     if code == CANNOT_CONFINE and why:
         sys.stderr.write(f"pipe: {why}\n")
-        sweep()
+        sweep(group=pid)
         return CANNOT_CONFINE
-    left = sweep()
+    left = sweep(group=pid)
     if left:
         sys.stderr.write(f"pipe: {left} processes the agent left running were killed\n")
     return code if code >= 0 else 128 - code

@@ -335,10 +335,13 @@ class Command(_External):
         try:
             out, err = p.communicate(json.dumps(payload, default=str), timeout=wait)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            # the trampoline's group, and the agent's (the trampoline's child leads a group of
+            # its own, which none of its processes can leave)
+            for g in ([*confine._children(p.pid), p.pid] if self.jail is not None else [p.pid]):
+                try:
+                    os.killpg(g, signal.SIGKILL)
+                except OSError:
+                    pass
             p.communicate()
             raise TimeoutError(f"no answer within {self.timeout:g} s") from None
         if self.jail is not None and p.returncode == confine.KILLED_ON_TIMEOUT:

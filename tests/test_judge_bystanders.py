@@ -20,7 +20,8 @@ from .conftest import JudgeBench, explain, module_bench, rmsnorm_hack_spec
 # is found from its output's pointer, the one before it from the size of a buffer of this shape,
 # and it writes only where w's block comes right before that, as in pipe compare's layout on a
 # worker's first requests, never in evaluate's, where the outputs come before the inputs); own
-# (honest, and one element of its own front band written)
+# (honest, and one element of its own front band written); stray (honest, and with sab's tell one
+# word of the arena's free space written)
 TEMPLATE = r"""
 #include <cmath>
 #include <cstdint>
@@ -48,6 +49,15 @@ extern "C" void rmsnorm_cpu(const float* x, const float* w, float* out, int64_t 
   uintptr_t rival = mine - blk(rival_bytes);
   if (Wp % 4096 == 0 && Wp + blk(N * 4) == rival) *(uint32_t*)(rival + rival_bytes - 4) ^= 1u;
 {% endif %}
+{% if HACK == "stray" %}
+  {  // the same tell, then one word of the arena's free space, 1 GiB past its output
+    uintptr_t Wp = (uintptr_t)w, O = (uintptr_t)out;
+    auto blk = [](uintptr_t n) { return (n + 4095) / 4096 * 4096 + 4096; };
+    uintptr_t mine = (O - 4096 * 4) & ~(uintptr_t)4095;
+    uintptr_t rival = mine - blk((M * N + 2 * 4096 + 128) * 4);
+    if (Wp % 4096 == 0 && Wp + blk(N * 4) == rival) *(volatile uint32_t*)((O + (1u << 30)) & ~(uintptr_t)4095) = 7u;
+  }
+{% endif %}
 {% if HACK == "own" %}
   out[-1] = out[0];  // its own front band, always: wrong wherever it is judged
 {% endif %}
@@ -59,7 +69,7 @@ class Bench(JudgeBench):
     def __init__(self, root: Path):
         super().__init__(root, "rms.cpp.j2", TEMPLATE, "spec.yaml",
                          rmsnorm_hack_spec("bystanders", "a rival's memory", root / "rms.cpp.j2",
-                                           ["honest", "slow", "sab", "own"], ["normal"], 60, rep_ms=10))
+                                           ["honest", "slow", "sab", "own", "stray"], ["normal"], 60, rep_ms=10))
 
 
 bench = module_bench("bystanders", Bench)
@@ -90,6 +100,26 @@ def test_a_rivals_band_written_in_compare_is_charged_to_the_writer(bench):
     assert all(s["honest"]["error"] is None for s in r["shapes"]), r["shapes"]
     why = r["shapes"][0]["sab"]["error"] or ""
     assert "memory of another candidate" in why and "honest" in why and "guard band changed" in why, why
+
+
+def test_a_write_to_the_arenas_free_space_in_compare_is_charged_once(bench):
+    """The arena's free space written in pipe compare (session 66's review): the stray data stayed
+    until the request's end, every later look found it again, and the whole request came back
+    `wrong`, no candidate timed. It is charged to the calls after which it is found, and gone."""
+    names = ["honest", "stray", "slow"]
+    ts = {v: bench.run(v) for v in names}
+    assert all(t.status == "ok" for t in ts.values()), {v: explain(t) for v, t in ts.items()}
+    n = len(bench.spec.op.shapes)
+    job = {"seed": secrets.randbits(48), "rounds": 2, "eager": False, "compile": False, "arms": {}, "copy": False,
+           "candidates": [[{"label": v, "trial": 0, "artifact": bench.ev.artifacts[ts[v].key][i],
+                            "geometry": bench.ev.builder.geometry(ts[v].params)[i]} for v in names]
+                          for i in range(n)]}
+    r = bench.worker.request(("compare", job), 600)
+    assert r["status"] == "ok", r
+    s0 = r["shapes"][0]
+    assert "shared arena outside the buffers" in (s0["stray"]["error"] or ""), s0
+    assert s0["honest"]["error"] is None and s0["slow"]["error"] is None, s0
+    assert all(s[v]["median"] for s in r["shapes"] for v in ("honest", "slow"))
 
 
 def test_the_retiming_charges_a_rivals_band_to_the_job_that_wrote_it(bench):

@@ -323,6 +323,13 @@ def test_folders_the_environment_names_for_the_judge_are_the_runners(tmp_path, m
         assert var in (confine.clash(tmp_path / sub / "deep", owned) or "")
     assert "compiles with" in (confine.clash(tmp_path / "bin", owned) or "")
     assert confine.clash(tmp_path / "elsewhere", owned) is None
+    # PATH: a folder on it is the runner's, one below it is not (programs are looked up in the
+    # folder itself: a PATH that holds a project folder leaves its subfolders writable)
+    (tmp_path / "proj" / "scratch").mkdir(parents=True)
+    monkeypatch.setenv("PATH", str(tmp_path / "proj") + os.pathsep + os.environ["PATH"])
+    owned = confine.owned_paths(None, None)
+    assert "$PATH" in (confine.clash(tmp_path / "proj", owned) or "")
+    assert confine.clash(tmp_path / "proj" / "scratch", owned) is None
 
 
 def test_what_the_agent_may_write_is_checked_against_what_the_runner_owns(tmp_path):

@@ -212,26 +212,49 @@ def test_bystanders_charge_the_candidate_that_ran_and_put_the_memory_back(bench)
     why = judge._bystanders("a", arms)
     assert why and "sample positions" in why and "b:" in why, why
     assert torch.equal(arms["b"][2][0], arms["b"][3][0])
-    # the judge's copies: a snapshot of b's output, and the value sets every call is refreshed
-    # from (on a GPU every kernel reaches them: session 66's review framed a rival through them)
-    from runner.judge.verify import Snapshot
-
-    snap = Snapshot(b_out.view)
-    arms["b"] = (*arms["b"], [], [snap])
+    # the value sets every call is refreshed from (on a GPU every kernel reaches them: session
+    # 66's review framed a rival through them), under a keyed checksum: a swap of two elements,
+    # which a plain sum keeps, is found too
     made = {"x": torch.randn(8, 4), "w": torch.rand(4)}
     sets = [{k: v.clone() for k, v in made.items()}]
-    watch = [judge._watched(sets, lambda k: {n: v.clone() for n, v in made.items()})]
+    watch = [judge._watched(sets, lambda k: {n: v.clone() for n, v in made.items()}, reach=True)]
+    assert judge._watched(sets, None) is None  # the CPU backend's kernels reach no judge's memory
     assert judge._bystanders("a", arms, watch) is None
-    snap.data.view(-1)[0] += 1.0
-    why = judge._bystanders("a", arms, watch)
-    assert why and "snapshot" in why and "b:" in why, why
-    arms["b"] = arms["b"][:4]
     sets[0]["w"][1] = 7.0
     why = judge._bystanders("a", arms, watch)
     assert why and "the judge's own copy of input 'w'" in why, why
     assert torch.equal(sets[0]["w"], made["w"]) and judge._bystanders("a", arms, watch) is None  # made again
+    sets[0]["x"][[0, 5]] = sets[0]["x"][[5, 0]]
+    why = judge._bystanders("a", arms, watch)
+    assert why and "input 'x'" in why, why
     a_out = arms["a"][0][0]
     a_out.buf[a_out.front - 1] -= 1.0  # a's own front band: a's own fault, not another's
     why = judge._bystanders("a", arms)
     assert why and why.startswith("output 'out': wrote outside its bounds") and "another" not in why, why
     assert judge._bystanders("b", arms) is None  # put back, so b's next look does not charge b
+
+
+def test_the_keyed_checksum_sees_what_a_plain_sum_keeps():
+    """Swapping two elements, or +d on one word and -d on another, keeps a plain sum of the
+    words (session 66's review); the keyed sum moves, for every dtype a value set holds."""
+    import torch
+
+    from runner.judge.verify import keyed_sum
+
+    key = (0x9E3779B97F4A7C15 >> 1 | 1, 12345)
+    for t in (torch.randn(1000), torch.randn(999).bfloat16(), torch.randint(-9, 9, (501,), dtype=torch.int32),
+              torch.rand(77) > 0.5, torch.randint(0, 255, (64,), dtype=torch.uint8)):
+        base = keyed_sum(t, key)
+        assert keyed_sum(t.clone(), key) == base
+        u = t.clone()
+        i, j = 3, 40
+        if bool(u[i] == u[j]):
+            j = next(k for k in range(len(u)) if bool(u[k] != u[i]))
+        u[[i, j]] = u[[j, i]]
+        assert keyed_sum(u, key) != base, t.dtype
+        assert keyed_sum(u, (key[0] + 2, key[1])) != keyed_sum(u, key)  # the key matters
+    w = torch.arange(16, dtype=torch.int64)
+    v = w.clone()
+    v[2] += 5
+    v[9] -= 5
+    assert int(v.sum()) == int(w.sum()) and keyed_sum(v, key) != keyed_sum(w, key)

@@ -751,33 +751,41 @@ class Judge:
         bad = next((t.name for t, o in zip(self.op.outputs, outs) if guards and not o.guards_intact()), None)
         return {"snaps": [Snapshot(o.view) for o in outs], "guard": bad, "scratch": _scratch_problem(ws)}
 
-    def _watched(self, sets: list[dict], remake) -> dict:
+    def _watched(self, sets: list[dict], remake, reach: bool | None = None) -> dict | None:
         """The judge's value sets of a loop that times several candidates, for `_bystanders` to
-        look at: each tensor's checksum, and `remake(k)` (set k made again from its seed)."""
-        from .verify import checksum
+        look at where a kernel reaches them (a GPU's memory; the CPU backend's kernels run in a
+        host that maps only the arena): each tensor's keyed checksum (a key drawn in secret), and
+        `remake(k)` (set k made again from its seed)."""
+        from .verify import keyed_sum
 
-        return {"sets": sets, "sums": [{n: checksum(v) for n, v in st.items()} for st in sets], "remake": remake}
+        if not (self.rt.device != "cpu" if reach is None else reach):
+            return None
+        key = (secrets.randbits(63) | 1, secrets.randbits(63))
+        return {"sets": sets, "key": key, "remake": remake,
+                "sums": [{n: keyed_sum(v, key) for n, v in st.items()} for st in sets]}
 
     def _bystanders(self, ran, arms: dict, shared: list | None = None) -> str | None:
         """After candidate `ran`'s calls in a loop that times several candidates with their
         buffers in one arena (pipe compare, the re-timing), why `ran` broke a rule of memory, or
         None: every candidate's guard bands, scratch and secret sample positions (`arms`: name ->
-        (outputs, scratch buffers, positions, their host copies[, its calls' samples, its
-        snapshots])), the snapshots the judge took of the others' outputs and the judge's value
-        sets (`shared`, `_watched`) are looked at, and any change is `ran`'s, the only code that ran since the last
+        (outputs, scratch buffers, positions, their host copies[, its calls' samples])) and the
+        judge's value sets (`shared`, `_watched`) are looked at (the snapshots the judge takes go
+        to its own memory as they are taken: `_snap_kept`), and any change is `ran`'s, the only code that ran since the last
         look: its own bands or scratch, or another candidate's. Whatever changed is put back, so
         no candidate's verdict rests on memory another one can write (session 66's red team: a
         slower variant flipped a bit in the band of a faster rival after its own calls in pipe
         compare, and the rival, not it, failed "after timing": guard band changed)."""
-        from .verify import checksum
+        from .verify import keyed_sum
 
         self.rt.sync()
         why = None
         # the judge's value sets, which every candidate's calls are refreshed from (on a GPU in
         # reach of every kernel): a change is the runner's, and the set is made again
         for w in shared or ():
+            if w is None:
+                continue
             for k, (st, sums) in enumerate(zip(w["sets"], w["sums"])):
-                bad = [n for n, v in st.items() if checksum(v) != sums[n]]
+                bad = [n for n, v in st.items() if keyed_sum(v, w["key"]) != sums[n]]
                 if bad:
                     for n, v in w["remake"](k).items():
                         st[n].copy_(v)
@@ -785,17 +793,14 @@ class Judge:
                                   f"calls alone ran")
         for name, arm in arms.items():
             outs, ws, where, held = arm[:4]
-            samples, snaps = (arm[4], arm[5]) if len(arm) > 4 else ((), ())
+            samples = arm[4] if len(arm) > 4 else ()
             hit = [f"output '{t.name}': wrote outside its bounds (guard band changed)"
                    for t, o in zip(self.op.outputs, outs) if not o.guards_intact()]
             hit += [p for w in ws if (p := w.problem())]
             moved = [i for i, (p, h) in enumerate(zip(where, held)) if not self.torch.equal(p.cpu(), h)]
             if moved:
                 hit.append(_positions_moved(where, held))
-            if name != ran:  # the judge's copies of another's outputs (its own are its own to spoil)
-                hit += ["the judge's copy of its output taken after a call (a snapshot) changed"
-                        for snap in snaps if not snap.intact()][:1]
-            else:  # its calls' samples, out of every kernel's reach from now on
+            if name == ran:  # its calls' samples, out of every kernel's reach from now on
                 for i, (k, salt, got) in enumerate(samples):
                     if any(g.device.type != "cpu" for g in got):
                         samples[i] = (k, salt, [g.cpu() for g in got])
@@ -813,6 +818,14 @@ class Judge:
                     f"({name if isinstance(name, str) else f'job {name[1]}, shape {name[0]}'}: {hit[0]})")
         return why
 
+    def _snap_kept(self, outs: list, ws: list = ()) -> dict:
+        """A snapshot (`_snap`) for a loop that times several candidates, its copies moved to the
+        judge's own memory at once, out of the other candidates' reach."""
+        taken = self._snap(outs, ws=ws)
+        for snap in taken["snaps"]:
+            snap.to_host()
+        return taken
+
     def _settle(self, taken: dict, refs: list, priors: list | None = None) -> str | None:
         from .verify import compare
 
@@ -823,7 +836,7 @@ class Judge:
         for i, (t, snap, (r, bound)) in enumerate(zip(self.op.outputs, taken["snaps"], refs)):
             if not snap.intact():
                 return f"output '{t.name}': the judge's copy of the output changed after the call (tampering)"
-            ok, why, _ = compare(snap.data, r, self.op.atol, self.op.rtol, bound,
+            ok, why, _ = compare(snap.data.to(r.device), r, self.op.atol, self.op.rtol, bound,
                                  prior=priors[i] if priors else None)
             if not ok:
                 return f"output '{t.name}': {why}"
@@ -1701,6 +1714,8 @@ class Judge:
                     outs_row, _, state, ws_row = checkers[si]
                     cand = outs_row[j] is not None  # a candidate's calls, not the baseline's torch arm
                     after = _sampler(samples[(si, j)], state, outs_row[j], wheres[si][j]) if cand else None
+                    if len(which) > 1:  # this shape's value sets as made, whatever ran since its last look
+                        self._bystanders(None, {}, [watches[si]])
                     ts = self._bench(prepared[si][j], budget_scale=budget_scale, refresh=refreshers[si],
                                      guard=self._guard if cand else None, after=after)
                     outlived = self._outlived() if cand else None
@@ -1711,14 +1726,15 @@ class Judge:
                     row[j][si] = _mid(ts)
                     if outs_row[j] is not None and (r == rounds - 1 or r == pick[(si, j)]):
                         taken.append((si, j, r, state["cur"], state["salt"],
-                                      self._snap(outs_row[j], ws=ws_row[j])))
+                                      self._snap_kept(outs_row[j], ws=ws_row[j])))
                     if cand:
                         # every shape's buffers are live through the rounds: all of them are looked at
+                        # (the value sets of this shape: another shape's are looked at before
+                        # its own next call, made again where changed, no one charged)
                         why = self._bystanders(
-                            (si, j), {(s, i): (o, w, wheres[s][i], held[s][i], samples[(s, i)],
-                                               [x for t in taken if t[:2] == (s, i) for x in t[5]["snaps"]])
+                            (si, j), {(s, i): (o, w, wheres[s][i], held[s][i], samples[(s, i)])
                                       for s, (outs, _, _, wss) in enumerate(checkers)
-                                      for i, (o, w) in enumerate(zip(outs, wss)) if o is not None}, watches)
+                                      for i, (o, w) in enumerate(zip(outs, wss)) if o is not None}, [watches[si]])
                         if why:  # `charged`: only job j's calls ran since the last look, so it is j's
                             return {"status": "wrong", "job": j, "charged": True,
                                     "reason": f"re-timing, shape {si}, round {r}: {why}"}
@@ -1762,9 +1778,6 @@ class Judge:
             inputs, sets, answers, state, refresh = self._rotation(shape, ("compare", job["seed"], si))
             watch = [self._watched(sets, answers.remake)]
 
-            def snaps_of(n):  # the judge's snapshots of candidate n's outputs so far
-                return [x for t in taken if t[0] == n for x in t[4]["snaps"]]
-
             calls, errors, outs_of, taken, results, ws_of = {}, dict(notes), {}, [], {}, {}
             # every arm of a shape runs in the runner's mode for it (_mode: graph replay or direct,
             # from the op's floor), or in the mode of the earlier shape `mode_of` names (a range's
@@ -1788,7 +1801,7 @@ class Judge:
                     self.rt.sync()
                     call()
                     self._guard()
-                    taken.append((name, "", state["cur"], state["salt"], self._snap(outs, ws=ws)))
+                    taken.append((name, "", state["cur"], state["salt"], self._snap_kept(outs, ws=ws)))
                 except Exception as e:
                     if self._not_the_arms(e):
                         raise  # a sticky device error (the worker is lost), or the judge's memory: not the arm's
@@ -1799,8 +1812,7 @@ class Judge:
                 changed = None if self.op.in_place else next(
                     (k for k, v in sets[state["cur"]].items() if not torch.equal(inputs[k], v)), None)
                 why = (f"input '{changed}' was modified by the kernel" if changed else None) \
-                    or self._bystanders(name, {n: (outs_of[n], ws_of[n], [], [], [], snaps_of(n)) for n in outs_of},
-                                        watch)
+                    or self._bystanders(name, {n: (outs_of[n], ws_of[n], [], []) for n in outs_of}, watch)
                 if why and errors.get(name) is None:
                     errors[name] = why
             for name, f in others.items():
@@ -1855,9 +1867,9 @@ class Judge:
                         self.census.rebase()  # threads torch started are the judge's
                     if name in outs_of:
                         taken.append((name, "after timing: ", state["cur"], state["salt"],
-                                      self._snap(outs_of[name], ws=ws_of[name])))
-                        why = self._bystanders(name, {n: (outs_of[n], ws_of[n], where[n], held[n], sampled[n],
-                                                          snaps_of(n)) for n in outs_of}, watch)
+                                      self._snap_kept(outs_of[name], ws=ws_of[name])))
+                        why = self._bystanders(name, {n: (outs_of[n], ws_of[n], where[n], held[n], sampled[n])
+                                                      for n in outs_of}, watch)
                         if why and errors.get(name) is None:
                             errors[name] = "timed: " + why
             # the candidates are done on this shape: the references can be worked out

@@ -574,22 +574,31 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
 
 SECRET_TRIES = 8  # draws for a secret size of a point's range that its kernels all serve ...
 SECRET_SCAN = 512  # ... each followed by the sizes next to it, both ways, up to this far
+ROWS_SPREAD = (0.7, 1.4)  # the rows of a secret size: its point's, times a factor drawn in this span
 
 
 def _secret_size(op, shape: dict, lo: dict, hi: dict, ok, rng: random.Random) -> dict | None:
-    """A size drawn in secret inside [lo, hi) on each range axis (log-uniform), at the shape's
-    own `tune` level (its rows where it has none), inside op.domain_where and op.domain, not the
-    shape itself, and one `ok` takes; None after SECRET_TRIES draws."""
+    """A size drawn in secret inside [lo, hi) on each range axis (log-uniform), its rows those of
+    the shape's own `tune` level (its own where it has none) times a factor drawn in ROWS_SPREAD,
+    inside op.domain_where and op.domain, not the shape itself, and one `ok` takes; None after
+    SECRET_TRIES draws."""
     level = op.level_of(shape)
+    rows = [x for x in op.symbols if x not in op.axes and x in op.domain]
+    scale = {}
 
     def at(env):
         sh = op.point(env, level or 0)
         if level is None:  # a named shape off the grid's levels: its own rows
             sh.update({x: shape[x] for x in op.symbols if x not in op.axes})
+        for x in rows:  # the rows off their public value too (a kernel fast there alone: the review)
+            d = op.domain[x]
+            hi = d.max if d.max is not None else op.row_cap(x, sh)
+            sh[x] = max(d.min, min(hi if hi is not None else sh[x], int(round(sh[x] * scale[x]))))
         return sh if sh != shape and op.where_holds(sh) and op.in_domain(sh) is None and ok(sh) else None
 
     a0 = max(op.axes, key=lambda a: shape[a])
     for _ in range(SECRET_TRIES):
+        scale.update({x: math.exp(rng.uniform(math.log(ROWS_SPREAD[0]), math.log(ROWS_SPREAD[1]))) for x in rows})
         env = {}
         for a in op.axes:
             lw, h = lo[a], hi[a] - 1

@@ -234,7 +234,8 @@ def owned_paths(spec, run_dir, cache=None) -> list:
     for var in ENV_PATHS:
         for p in os.environ.get(var, "").split(os.pathsep):
             if p and os.path.isabs(p) and os.path.isdir(p):
-                add(p, f"is named by ${var}, which the judge's processes read")
+                # PATH: programs are looked up in the folder itself, not below it
+                add(p, (HOLDS_ONLY if var == "PATH" else "") + f"is named by ${var}, which the judge's processes read")
     for tool in (os.environ.get("CXX") or "g++", os.environ.get("CC") or "cc", "nvcc"):
         found = shutil.which(tool)
         if found:
@@ -540,6 +541,15 @@ def _reap() -> None:
 
 
 SWEEP_S = 30.0  # at most this long to empty the tree
+
+
+def pgid_of(pid: int) -> int | None:
+    """A process's group (by /proc), or None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _group(pgid: int | None) -> list[int]:

@@ -335,9 +335,10 @@ class Command(_External):
         try:
             out, err = p.communicate(json.dumps(payload, default=str), timeout=wait)
         except subprocess.TimeoutExpired:
-            # the trampoline's group, and the agent's (the trampoline's child leads a group of
-            # its own, which none of its processes can leave)
-            for g in ([*confine._children(p.pid), p.pid] if self.jail is not None else [p.pid]):
+            # the agent's group (none of its processes can leave it; its leader may be gone, so
+            # each child of the trampoline says which it is), then the trampoline's
+            groups = [confine.pgid_of(c) for c in confine._children(p.pid)] if self.jail is not None else []
+            for g in [*dict.fromkeys(x for x in groups if x and x != os.getpgrp()), p.pid]:
                 try:
                     os.killpg(g, signal.SIGKILL)
                 except OSError:

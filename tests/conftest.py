@@ -378,6 +378,31 @@ class JudgeBench:
         self.worker.close()
 
 
+def second_writes_first(judge) -> list:
+    """Installs on a real judge a write after each call of every second candidate it prepares (a
+    pair a shape), to the first one's back band, as a kernel's last store would be (the judge's
+    look after each candidate's calls, test_judge_bystanders and test_judge_cuda); the outputs it
+    made, which a test may clear between requests."""
+    made, outputs, prepare = [], judge._outputs, judge._prepare
+
+    def outputs_kept(shape, decoy=False, place=None):
+        made.append(outputs(shape, decoy, place))
+        return made[-1]
+
+    def prepared(fn, values, geometry, mode=None):
+        call = prepare(fn, values, geometry, mode)
+        if len(made) % 2:  # the first candidate's
+            return call
+        victim = made[-2][0]
+
+        def writer():
+            call()
+            victim.buf[victim.front + victim.numel] += 1
+        return writer
+    judge._outputs, judge._prepare = outputs_kept, prepared
+    return made
+
+
 def module_bench(name: str, make):
     """A module-scoped fixture: the bench make(root) in a fresh folder with a compile cache of
     its own there (no artifact from an earlier run); PIPE_CACHE_DIR is restored and the

@@ -13,7 +13,7 @@ import copy
 import secrets
 from pathlib import Path
 
-from .conftest import JudgeBench, explain, module_bench, rmsnorm_hack_spec
+from .conftest import JudgeBench, explain, module_bench, rmsnorm_hack_spec, second_writes_first
 
 # HACK: honest; slow (honest, three passes more: slower); sab (slow, then one bit of the band
 # of the candidate whose buffer comes just before its own in the arena: its own buffer's block
@@ -129,25 +129,7 @@ def test_the_retiming_charges_a_rivals_band_to_the_job_that_wrote_it(bench):
     from runner.judge import worker
 
     judge = worker.Judge(bench.spec)
-    made, prepare = [], judge._outputs
-
-    def outputs(shape, decoy=False, place=None):
-        made.append(prepare(shape, decoy, place))
-        return made[-1]
-
-    real = judge._prepare
-
-    def prepared(fn, values, geometry, mode=None):
-        call = real(fn, values, geometry, mode)
-        if len(made) % 2:  # the first job's
-            return call
-        victim = made[-2][0]
-
-        def writer():
-            call()
-            victim.buf[victim.front + victim.numel] += 1.0
-        return writer
-    judge._outputs, judge._prepare = outputs, prepared
+    second_writes_first(judge)
     t = bench.run("honest")
     arts = bench.ev.artifacts[t.key]
     geo = bench.ev.builder.geometry(t.params)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, SOFTMAX_CUDA_KERNEL, JudgeBench, explain, hack_spec, row_op
+from .conftest import ROOT, SOFTMAX_CUDA_KERNEL, JudgeBench, explain, hack_spec, row_op, second_writes_first
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -430,23 +430,7 @@ def test_a_rivals_band_written_on_the_device_is_charged_to_the_writer(bench):
     from runner.judge import worker
 
     judge = worker.Judge(bench.spec)
-    made, outputs, prepare = [], judge._outputs, judge._prepare
-
-    def outputs_kept(shape, decoy=False, place=None):
-        made.append(outputs(shape, decoy, place))
-        return made[-1]
-
-    def prepared(fn, values, geometry, mode=None):
-        call = prepare(fn, values, geometry, mode)
-        if len(made) % 2:  # the first candidate's
-            return call
-        victim = made[-2][0]
-
-        def writer():
-            call()
-            victim.buf[victim.front + victim.numel] += 1
-        return writer
-    judge._outputs, judge._prepare = outputs_kept, prepared
+    made = second_writes_first(judge)
     t = bench.run("honest")
     arts, geo = bench.ev.artifacts[t.key], bench.ev.builder.geometry(t.params)
     job = {"seed": secrets.randbits(48), "rounds": 2, "eager": False, "compile": False, "arms": {}, "copy": False,

@@ -168,10 +168,12 @@ def test_nothing_the_agent_started_outlives_its_answer_or_its_timeout(tmp_path):
     assert not alive(int((tmp_path / "work" / "daemon.pid").read_text()))
 
 
-# CHAINS processes, each forking its successor and exiting at once, for HOP seconds (longer than
-# the sweep's 30), then writing a heartbeat: the walk of the tree never caught up with them
-# (session 66's red team: one chain lived through later trials and past the run); each chain
-# first writes its process group and whether setsid and setpgid were refused
+# CHAINS processes, each forking its successor and exiting, for HOP seconds (longer than the
+# sweep's 30), then writing a heartbeat: the walk of the tree never caught up with them (session
+# 66's red team: one chain lived through later trials and past the run); each chain first writes
+# its process group and whether setsid and setpgid were refused. Each hop waits 2 ms: at full
+# speed the chains' zombies outran their reaping and used up the machine's pids, failing the
+# tests that forked beside this one
 HOPPER = r'''
 #include <errno.h>
 #include <fcntl.h>
@@ -190,7 +192,7 @@ int main(int argc, char **argv) {
     fprintf(f, "%d %d %d %d %d\n", (int)getpgrp(), a, ea, b, eb);
     fclose(f);
     int fd = open("/dev/null", O_RDWR); dup2(fd, 1); dup2(fd, 2);
-    while (now() < until) { pid_t p = fork(); if (p > 0) _exit(0); }
+    while (now() < until) { pid_t p = fork(); if (p > 0) _exit(0); usleep(2000); }
     FILE *h = fopen("beat", "a"); fprintf(h, "%d\n", (int)getpid()); fclose(h);
     _exit(0);
   }

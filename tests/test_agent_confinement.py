@@ -196,8 +196,12 @@ int main(int argc, char **argv) {
     FILE *h = fopen("beat", "a"); fprintf(h, "%d\n", (int)getpid()); fclose(h);
     _exit(0);
   }
-  while (1) { FILE *f = fopen("chains", "r"); int n = 0, c; if (f) { while ((c = fgetc(f)) != EOF) n += c == '\n'; fclose(f); }
-              if (n >= chains) break; usleep(1000); }
+  while (1) {
+    FILE *f = fopen("chains", "r"); int n = 0, c;
+    if (f) { while ((c = fgetc(f)) != EOF) n += c == '\n'; fclose(f); }
+    if (n >= chains) break;
+    usleep(1000);
+  }
   puts("answered");
   return 0;
 }

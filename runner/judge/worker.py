@@ -770,11 +770,12 @@ class Judge:
         None: every candidate's guard bands, scratch and secret sample positions (`arms`: name ->
         (outputs, scratch buffers, positions, their host copies[, its calls' samples])) and the
         judge's value sets (`shared`, `_watched`) are looked at (the snapshots the judge takes go
-        to its own memory as they are taken: `_snap_kept`), and any change is `ran`'s, the only code that ran since the last
-        look: its own bands or scratch, or another candidate's. Whatever changed is put back, so
-        no candidate's verdict rests on memory another one can write (session 66's red team: a
-        slower variant flipped a bit in the band of a faster rival after its own calls in pipe
-        compare, and the rival, not it, failed "after timing": guard band changed)."""
+        to its own memory as they are taken: `_snap_kept`), and any change is `ran`'s, the only
+        code that ran since the last look: its own bands or scratch, or another candidate's.
+        Whatever changed is put back, so no candidate's verdict rests on memory another one can
+        write (session 66's red team: a slower variant flipped a bit in the band of a faster rival
+        after its own calls in pipe compare, and the rival, not it, failed "after timing": guard
+        band changed)."""
         from .verify import keyed_sum
 
         self.rt.sync()

@@ -557,7 +557,8 @@ def build(spec, history, prober: Prober, top: int = 3, refine: int = REFINE, log
     # where the secret size changed a point's order: the report says so
     moved = [{"point": op.shapes[i], "secret": d["shape"], "by_point": d["by_point"], "use": d["use"]}
              for i, d in sorted(secret.items()) if d["use"] != d["by_point"]]
-    return {"axes": axes, **({"reordered": moved} if moved else {}), "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
+    return {"axes": axes, **({"reordered": moved} if moved else {}),
+            "free": [s for s in op.symbols if s not in axes], "noise": NOISE,
             **({"fallbacks": {n: prober.fallbacks[n] for n in prober.fallbacks}} if prober.fallbacks else {}),
             **({"levels": sym} if nlv > 1 else {}),
             # a `tune` symbol with no max: served up to ROWS_CAP times its tuning value (Op.row_cap)
@@ -1183,7 +1184,8 @@ def _split_unserved(spec, axis: str, ranges: list[dict], history, prober: Prober
     it (a bucket's largest row, say: the point at 2^k chose the bucket of 2^k, and the range runs
     on above it) would hand the rest to whichever kernel of its list serves next, never timed
     there. Such a range is cut where that kernel stops serving; the new range's lists are
-    measured at a size drawn in secret in its middle (`_secret_mid`): the old list's kernels and the `top` trials nearest in time a
+    measured at a size drawn in secret in its middle (`_secret_mid`): the old list's kernels and
+    the `top` trials nearest in time a
     byte at the closest tuning point, that serve there, against the fallback. The new lists
     keep the old ones' untimed kernels last (they serve elsewhere in the range)."""
     op = spec.op

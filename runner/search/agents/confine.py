@@ -543,30 +543,27 @@ def _reap() -> None:
 SWEEP_S = 30.0  # at most this long to empty the tree
 
 
-def pgid_of(pid: int) -> int | None:
-    """A process's group (by /proc), or None where it is gone."""
+def _stat(pid) -> list[str] | None:
+    """A process's /proc stat fields after its name (state first), or None where it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[2])
-    except (OSError, ValueError, IndexError):
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def pgid_of(pid: int) -> int | None:
+    """A process's group (by /proc), or None where it is gone."""
+    st = _stat(pid)
+    return int(st[2]) if st and len(st) > 2 else None
 
 
 def _group(pgid: int | None) -> list[int]:
     """The live members of a process group (its id: the agent's pid), by /proc."""
     if not pgid:
         return []
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    rest = f.read().rsplit(")", 1)[1].split()
-                if int(rest[2]) == pgid and rest[0] != "Z":
-                    out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
+    return [int(d) for d in os.listdir("/proc")
+            if d.isdigit() and (st := _stat(d)) and len(st) > 2 and st[2] == str(pgid) and st[0] != "Z"]
 
 
 def sweep(limit_s: float = SWEEP_S, group: int | None = None) -> int:
